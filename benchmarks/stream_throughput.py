@@ -1,0 +1,214 @@
+"""Streaming throughput against the FFmpeg ceiling and a naive seek-per-frame loader.
+
+Everything is measured in one run on the same files: nuScenes-like clips (6 cameras, 1600x900
+H.265, GOP 30, no B-frames, 12 fps).
+
+- ceiling: plain sequential PyAV decoding of every file to RGB, one process per core, FFmpeg
+  threading on, no loader.
+- stream loader: ``StreamVideoDataModule`` train loader, delivered camera-frames/sec over one
+  epoch after the first batch, plus its decode amplification.
+- naive loader: a map-style dataset whose every item opens the camera files, seeks to the frame
+  and decodes forward (what most first loaders do), in a DataLoader with the same workers.
+
+Usage::
+
+    python benchmarks/stream_throughput.py                 # full run (generates data once)
+    python benchmarks/stream_throughput.py --quick         # smaller data, fewer repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_vstream.datamodule import StreamVideoDataModule
+from lightning_vstream.index import load_index
+from lightning_vstream.synth import write_dataset
+
+
+def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int], preset: str) -> Path:
+    tag = f"hevc_{size[0]}x{size[1]}_g30_c{clips}_f{frames}_{preset}"
+    root = data_dir / tag
+    index = root / "index.json"
+    if not index.exists():
+        print(f"generating {clips} clips x 6 cameras x {frames} frames of {size[0]}x{size[1]} HEVC in {root} ...")
+        start = time.perf_counter()
+        write_dataset(root, clips=clips, cameras=6, frames=frames, size=size, codec="hevc", gop=30, bframes=0,
+                      fps=12, preset=preset, jobs=os.cpu_count() or 1)
+        print(f"  done in {time.perf_counter() - start:.0f} s")
+    return index
+
+
+def _decode_files(paths: list[str]) -> int:
+    import av
+
+    count = 0
+    for path in paths:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for frame in container.decode(stream):
+                frame.to_ndarray(format="rgb24")
+                count += 1
+    return count
+
+
+def measure_ceiling(paths: list[str], processes: int) -> float:
+    shards = [paths[i::processes] for i in range(processes)]
+    with mp.get_context("fork").Pool(processes) as pool:
+        pool.map(_decode_files, [[p] for p in paths[:processes]])  # warm-up: page cache, imports
+        start = time.perf_counter()
+        counts = pool.map(_decode_files, shards)
+        elapsed = time.perf_counter() - start
+    return sum(counts) / elapsed
+
+
+def measure_stream(index: Path, *, batch_size: int, num_workers: int, decoder_threads: int) -> dict[str, float]:
+    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=num_workers,
+                               decoder_threads=decoder_threads, persistent_workers=False, seed=0)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    frames = 0
+    start = None
+    for batch in loader:
+        if start is None:  # the first batch pays for worker start-up
+            start = time.perf_counter()
+            continue
+        frames += batch["frames"].shape[0] * batch["frames"].shape[1]
+    assert start is not None
+    elapsed = time.perf_counter() - start
+    return {"fps": frames / elapsed, "amplification": loader.stats.amplification, "frames": frames}
+
+
+class NaiveSeekDataset(Dataset):
+    """Each item opens every camera file, seeks to the frame and decodes forward to it."""
+
+    def __init__(self, index_path: Path, items: list[tuple[int, int]]) -> None:
+        self.index = load_index(index_path)
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import av
+
+        clip_pos, frame_index = self.items[i]
+        frames = []
+        for camera in self.index.clips[clip_pos].cameras:
+            with av.open(str(camera.path)) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                rate = stream.average_rate
+                target = int(frame_index / rate / stream.time_base)
+                container.seek(target, stream=stream, backward=True)
+                for frame in container.decode(stream):
+                    if frame.pts >= target:
+                        frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1))
+                        break
+        return torch.stack(frames)
+
+
+def measure_naive(index: Path, *, batch_size: int, num_workers: int, steps: int) -> float:
+    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=0, seed=0)
+    dm.setup("fit")
+    plan = dm.train_dataloader().sampler.schedule()  # type: ignore[attr-defined]
+    items = [(r.clip, r.frame) for step in range(min(steps, plan.num_steps)) for r in plan.reads(step) if r]
+    loader = DataLoader(NaiveSeekDataset(index, items), batch_size=batch_size, num_workers=num_workers)
+    frames = 0
+    start = None
+    for batch in loader:
+        if start is None:
+            start = time.perf_counter()
+            continue
+        frames += batch.shape[0] * batch.shape[1]
+    assert start is not None
+    return frames / (time.perf_counter() - start)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/data"))
+    parser.add_argument("--clips", type=int, default=4)
+    parser.add_argument("--frames", type=int, default=60)
+    parser.add_argument("--size", default="1600x900")
+    parser.add_argument("--preset", default="veryfast", help="x265 preset of the generated files")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--decoder-threads", type=int, nargs="+", default=[0, 1],
+                        help="FFmpeg threads per decoder to try in the stream loader (0 = FFmpeg's choice)")
+    parser.add_argument("--naive-steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 clips x 30 frames, 1 repeat")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/stream_throughput.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.clips, args.frames, args.repeats, args.naive_steps = 2, 30, 1, 6
+    width, height = (int(v) for v in args.size.split("x"))
+    index = _ensure_data(args.data_dir, args.clips, args.frames, (width, height), args.preset)
+    paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
+    cores = os.cpu_count() or 1
+
+    ceiling = [measure_ceiling(paths, cores) for _ in range(args.repeats)]
+    stream: dict[int, list[dict[str, float]]] = {}
+    for threads in args.decoder_threads:
+        stream[threads] = [
+            measure_stream(index, batch_size=args.batch_size, num_workers=args.workers, decoder_threads=threads)
+            for _ in range(args.repeats)
+        ]
+    naive = [measure_naive(index, batch_size=args.batch_size, num_workers=args.workers, steps=args.naive_steps)
+             for _ in range(max(1, args.repeats - 1))]
+
+    ceiling_fps = statistics.median(ceiling)
+    naive_fps = statistics.median(naive)
+    best_threads = max(stream, key=lambda t: statistics.median(r["fps"] for r in stream[t]))
+    rows = [("ceiling: PyAV -> RGB, 1 process/core", ceiling_fps, 1.0, None)]
+    for threads, runs in stream.items():
+        fps = statistics.median(r["fps"] for r in runs)
+        amp = statistics.median(r["amplification"] for r in runs)
+        rows.append((f"stream loader, {args.workers} workers, decoder_threads={threads}", fps, fps / ceiling_fps, amp))
+    rows.append((f"naive seek-per-frame loader, {args.workers} workers", naive_fps, naive_fps / ceiling_fps, None))
+    print(f"\n{len(paths)} files, {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30; "
+          f"{cores} cores; batch_size={args.batch_size}")
+    print(f"{'configuration':<58}{'frames/s':>10}{'x ceiling':>11}{'decode amp':>12}")
+    for name, fps, ratio, amp in rows:
+        print(f"{name:<58}{fps:>10.1f}{ratio:>11.2f}{'' if amp is None else f'{amp:.3f}':>12}")
+    best = statistics.median(r["fps"] for r in stream[best_threads])
+    print(f"\nbest stream loader / ceiling = {best / ceiling_fps:.2f}; stream loader / naive = {best / naive_fps:.1f}x")
+    result = {
+        "machine": {"cores": cores, "platform": platform.platform(), "python": platform.python_version()},
+        "data": {"clips": args.clips, "cameras": 6, "frames": args.frames, "size": [width, height], "codec": "hevc",
+                 "gop": 30, "preset": args.preset},
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "ceiling_fps": _summary(ceiling),
+        "stream": {str(t): {"fps": _summary([r["fps"] for r in runs]),
+                            "amplification": statistics.median(r["amplification"] for r in runs)}
+                   for t, runs in stream.items()},
+        "naive_fps": _summary(naive),
+        "best_decoder_threads": best_threads,
+        "ratio_to_ceiling": best / ceiling_fps,
+        "ratio_to_naive": best / naive_fps,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Worker side of streaming: decode the camera streams one part of a batch asks for.
+
+A *stream* is one (slot, camera) pair of the batch; the loader splits each step's streams
+into ``num_parts`` parts and always sends part ``p`` to worker ``p``, so every worker keeps
+decoding the same streams sequentially, without seeking (see :mod:`lightning_vstream.loader`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import torch
+from torch.utils.data import Dataset
+
+from lightning_vstream.decode import make_decoder
+from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
+
+__all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
+
+OnError = Literal["raise", "skip"]
+
+
+class StreamRead(NamedTuple):
+    """One frame of one camera stream: ``position = slot * num_cameras + camera``."""
+
+    position: int
+    clip: int
+    camera: int
+    frame: int
+
+
+class StreamTask(NamedTuple):
+    """The index the sampler hands to the dataset: one part of one step."""
+
+    epoch: int
+    step: int
+    part: int
+    reads: tuple[StreamRead, ...]
+
+
+@dataclass
+class DecodeStats:
+    """Decoding counters.
+
+    ``amplification`` is frames decoded per frame delivered. With ``on_error="skip"``,
+    ``read_errors`` counts failed camera reads, ``skipped_clips`` the clip segments abandoned
+    because of them, ``skipped_samples`` the slot-steps delivered as ``valid=False`` instead,
+    and ``bad_files`` the distinct files that failed.
+    """
+
+    frames_decoded: int = 0
+    frames_delivered: int = 0
+    seeks: int = 0
+    files_opened: int = 0
+    read_errors: int = 0
+    skipped_clips: int = 0
+    skipped_samples: int = 0
+    bad_files: int = 0
+
+    @property
+    def amplification(self) -> float:
+        return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
+
+    def _values(self) -> tuple[int, ...]:
+        return (self.frames_decoded, self.frames_delivered, self.seeks, self.files_opened, self.read_errors,
+                self.skipped_clips, self.skipped_samples, self.bad_files)
+
+
+@dataclass
+class StreamPart:
+    """What a worker returns for one :class:`StreamTask`."""
+
+    epoch: int
+    step: int
+    part: int
+    worker_key: tuple[int, int]
+    positions: list[int]
+    frames: torch.Tensor | None
+    timestamps: list[float]
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
+
+
+class StreamDataset(Dataset):
+    """Decodes the parts of streaming batches; decoders are created lazily where it runs.
+
+    Constructing it opens nothing, so it can be built in the main process and pickled into
+    spawn workers. Each camera stream keeps its decoder while its slot stays on the same clip,
+    so consecutive steps decode consecutive frames with no seek.
+
+    Args:
+        index: The clips to read.
+        max_open_files: Open decoders kept per process (least recently used are closed);
+            None keeps one per stream.
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
+        transform: Applied to every part's frames ``[n, 3, H, W]`` uint8 in the worker, on
+            the device they were decoded on.
+        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
+        on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
+            clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
+            moves the slot on to its next clip) and stops decoding that clip in this process.
+
+    Example::
+
+        >>> ds = StreamDataset(index=load_index("data/index.json"))  # doctest: +SKIP
+        >>> part = ds[StreamTask(0, 0, 0, (StreamRead(0, 0, 0, 0),))]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        index: VideoIndex,
+        max_open_files: int | None = None,
+        decoder_threads: int = 0,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        device: str = "cpu",
+        on_error: OnError = "raise",
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+        if max_open_files is not None and max_open_files < 1:
+            raise ValueError(f"max_open_files={max_open_files!r} must be >= 1 or None.")
+        self.index = index
+        self.max_open_files = max_open_files
+        self.decoder_threads = decoder_threads
+        self.transform = transform
+        self.device = device
+        self.on_error = on_error
+        self._bad_clips: set[int] = set()
+        self._epoch = -1
+        self._read_errors = 0
+        self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
+        self._closed = DecodeStats()
+        self._delivered = 0
+
+    def __len__(self) -> int:
+        return self.index.total_frames * len(self.index.camera_names)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_decoders"] = OrderedDict()  # decoders never travel between processes
+        return state
+
+    @property
+    def stats(self) -> DecodeStats:
+        """Counters of this process, open decoders included."""
+        live = DecodeStats()
+        for _, dec in self._decoders.values():
+            live.frames_decoded += dec.frames_decoded
+            live.seeks += getattr(dec, "seeks", 0)
+        live.frames_delivered = self._delivered
+        live.read_errors = self._read_errors
+        return self._closed + live
+
+    @property
+    def open_files(self) -> int:
+        """Decoders currently open in this process."""
+        return len(self._decoders)
+
+    def _close(self, position: int) -> None:
+        _, dec = self._decoders.pop(position)
+        self._closed.frames_decoded += dec.frames_decoded
+        self._closed.seeks += getattr(dec, "seeks", 0)
+        dec.close()
+
+    def close(self) -> None:
+        """Close every decoder of this process."""
+        for position in list(self._decoders):
+            self._close(position)
+
+    def _decoder(self, read: StreamRead) -> FrameDecoder:
+        entry = self._decoders.get(read.position)
+        if entry is not None and entry[0] == read.clip:
+            self._decoders.move_to_end(read.position)
+            return entry[1]
+        if entry is not None:
+            self._close(read.position)
+        limit = self.max_open_files
+        while limit is not None and len(self._decoders) >= limit:
+            self._close(next(iter(self._decoders)))
+        clip = self.index.clips[read.clip]
+        camera = clip.cameras[read.camera]
+        dec = make_decoder(
+            camera.path,
+            info=camera.info,
+            threads=self.decoder_threads,
+            label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
+            device=self.device,
+        )
+        self._decoders[read.position] = (read.clip, dec)
+        self._closed.files_opened += 1
+        return dec
+
+    def _read(self, read: StreamRead) -> torch.Tensor:
+        """Decode one camera frame; every failure becomes a VideoDecodeError with full context."""
+        clip = self.index.clips[read.clip]
+        camera = clip.cameras[read.camera]
+        try:
+            dec = self._decoder(read)
+            with nvtx_range(RANGE_DECODE):
+                image = dec.get(read.frame)
+        except VideoDecodeError:
+            raise
+        except (OSError, IndexError, ValueError, RuntimeError) as err:
+            raise VideoDecodeError(
+                f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}): {err}"
+            ) from err
+        if image.device.type != torch.device(self.device).type:
+            image = image.to(self.device)  # image folders decode on the CPU
+        return image
+
+    def __getitem__(self, task: StreamTask) -> StreamPart:
+        worker = torch.utils.data.get_worker_info()
+        worker_key = (os.getpid(), worker.id if worker is not None else -1)
+        frames: torch.Tensor | None = None
+        timestamps = [float("nan")] * len(task.reads)
+        failed: list[tuple[int, str, str]] = []
+        if task.epoch != self._epoch:
+            self._epoch = task.epoch
+            self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
+        for i, read in enumerate(task.reads):
+            path = str(self.index.clips[read.clip].cameras[read.camera].path)
+            if read.clip in self._bad_clips:
+                failed.append((read.position, path, "clip abandoned after an earlier error"))
+                continue
+            try:
+                image = self._read(read)
+            except VideoDecodeError as err:
+                if self.on_error == "raise":
+                    raise
+                self._read_errors += 1
+                self._bad_clips.add(read.clip)
+                if read.position in self._decoders:
+                    self._close(read.position)
+                failed.append((read.position, path, str(err)))
+                continue
+            if frames is None:
+                frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
+                if worker is not None and frames.device.type == "cpu":
+                    frames.share_memory_()  # handed to the main process without another copy
+            elif image.shape != frames.shape[1:]:
+                clip = self.index.clips[read.clip]
+                first = self.index.clips[task.reads[0].clip]
+                raise ValueError(
+                    f"clip {clip.clip_id!r}, camera {clip.cameras[read.camera].name!r} frame {read.frame} is "
+                    f"{tuple(image.shape)} but clip {first.clip_id!r}, camera "
+                    f"{first.cameras[task.reads[0].camera].name!r} in the same batch is "
+                    f"{tuple(frames.shape[1:])}; batches stack frames, so configure a resize transform "
+                    "or give every file the same size."
+                )
+            frames[i].copy_(image)
+            timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
+            self._delivered += 1
+        if frames is not None and self.transform is not None:
+            frames = self.transform(frames)
+        return StreamPart(
+            task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
+            self.stats, failed,
+        )

@@ -1,0 +1,52 @@
+"""Decoding backends behind one protocol: PyAV on the CPU, PyNvVideoCodec on NVIDIA GPUs, image folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
+
+__all__ = ["FrameDecoder", "VideoDecodeError", "VideoInfo", "make_decoder"]
+
+
+def make_decoder(
+    path: Path | str,
+    *,
+    info: VideoInfo | None = None,
+    layout: Layout = "chw",
+    threads: int = 0,
+    label: str = "",
+    device: str = "cpu",
+) -> FrameDecoder:
+    """Create the decoder for a camera stream: a video file or a folder of images.
+
+    Videos decode with PyAV when ``device`` is ``"cpu"`` and with NVDEC (PyNvVideoCodec) when it
+    is a CUDA device such as ``"cuda:0"``; image folders always decode on the CPU. Nothing is
+    opened until the first frame is requested.
+
+    Args:
+        path: Video file or image folder.
+        info: Frame table if already known (from index metadata).
+        layout: ``"chw"`` or ``"hwc"``.
+        threads: FFmpeg threads for video files (0 lets FFmpeg choose).
+        label: Clip and camera, for error messages.
+        device: ``"cpu"`` or a CUDA device for video files.
+
+    Example::
+
+        >>> dec = make_decoder("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        >>> dec.get(5).shape  # doctest: +SKIP
+        torch.Size([3, 48, 64])
+    """
+    path = Path(path)
+    if path.is_dir():
+        from lightning_vstream.decode.images import ImageFolderDecoder
+
+        return ImageFolderDecoder(path, info=info, layout=layout, label=label)
+    if device != "cpu":
+        from lightning_vstream.decode.gpu import NvDecoder
+
+        return NvDecoder(path, info=info, device=device, layout=layout, label=label)
+    from lightning_vstream.decode.cpu import PyAVDecoder
+
+    return PyAVDecoder(path, info=info, layout=layout, threads=threads, label=label)

@@ -1,0 +1,456 @@
+"""CPU decoding with PyAV (FFmpeg): frame tables by demuxing, frame-exact seeks, RGB output."""
+
+from __future__ import annotations
+
+import os
+import weakref
+import zlib
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
+
+if TYPE_CHECKING:
+    import av
+    import torch
+
+__all__ = ["PyAVDecoder", "probe_video"]
+
+# FFmpeg's decoding threads do not survive fork(). A forked child that frees an inherited
+# decoder (even garbage the parent had not collected yet) joins threads that no longer exist
+# and hangs. So after a fork the child takes every live decoder's FFmpeg objects into a list
+# that is never freed; the decoders themselves reopen their files lazily when used.
+_LIVE_DECODERS: weakref.WeakSet[PyAVDecoder] = weakref.WeakSet()
+_INHERITED_FFMPEG_OBJECTS: list[Any] = []
+
+
+def _disown_decoders_after_fork() -> None:
+    for decoder in list(_LIVE_DECODERS):
+        decoder._disown()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_decoders_after_fork)
+
+
+def _open_container(path: Path) -> av.container.InputContainer:
+    import av
+
+    if not path.is_file():
+        raise FileNotFoundError(f"video file {str(path)!r} does not exist.")
+    try:
+        # Damaged files can carry tags that are not valid UTF-8; replace those characters
+        # rather than fail on metadata nobody reads.
+        return av.open(str(path), mode="r", metadata_errors="replace")
+    except av.FFmpegError as err:
+        raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
+
+
+def _video_stream(container: Any, path: Path) -> Any:
+    if not container.streams.video:
+        raise VideoDecodeError(f"{str(path)!r} holds no video stream (streams: {list(container.streams)}).")
+    stream = container.streams.video[0]
+    if stream.codec_context is None:
+        # A damaged sample description can name a codec FFmpeg does not know.
+        raise VideoDecodeError(
+            f"{str(path)!r}: FFmpeg has no decoder for its video stream; the file is damaged or "
+            "uses a codec this FFmpeg build cannot decode."
+        )
+    return stream
+
+
+def probe_video(path: Path | str) -> VideoInfo:
+    """Build a file's frame table by demuxing its packets (no frame is decoded).
+
+    The frame count comes from the packets the stream really holds, not from container
+    metadata, and every frame's presentation timestamp is recorded, so variable frame rates
+    and B-frame reordering are handled exactly.
+
+    Args:
+        path: Video file.
+
+    Returns:
+        The stream's :class:`VideoInfo`.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        VideoDecodeError: The file cannot be demuxed, holds no video stream or no frames, or
+            two frames share a timestamp.
+
+    Example::
+
+        >>> info = probe_video("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        >>> info.frame_count, info.key_indices[:3]  # doctest: +SKIP
+        (40, (0, 10, 20))
+    """
+    import av
+
+    path = Path(path)
+    container = _open_container(path)
+    try:
+        stream = _video_stream(container, path)
+        records: list[tuple[int, int, bool, int]] = []
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0 or packet.is_discard:
+                    continue
+                pts = packet.pts if packet.pts is not None else packet.dts
+                if pts is None:
+                    continue
+                dts = packet.dts if packet.dts is not None else pts
+                records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(packet)))
+        except av.FFmpegError as err:
+            raise VideoDecodeError(
+                f"{str(path)!r} could not be demuxed after {len(records)} packets "
+                f"(truncated or corrupt file?): {err}"
+            ) from err
+        if not records:
+            raise VideoDecodeError(f"{str(path)!r} holds a video stream with no frames.")
+        records.sort(key=lambda r: r[0])
+        pts = tuple(r[0] for r in records)
+        for i in range(1, len(pts)):
+            if pts[i] == pts[i - 1]:
+                raise VideoDecodeError(
+                    f"{str(path)!r}: frames {i - 1} and {i} share the timestamp {pts[i]}; "
+                    "frame-exact access needs distinct presentation timestamps. Remux the file "
+                    "(for example `ffmpeg -i in.mp4 -c copy -fflags +genpts out.mp4`)."
+                )
+        key_indices = [i for i, r in enumerate(records) if r[2]]
+        # MP4's demuxer matches a seek target against each keyframe's decode time shifted by the
+        # edit list (the first packet's pts - dts); with B-frames that can lie before the
+        # keyframe's pts (open GOPs) or after it (variable frame rates), so seeking to the pts
+        # lands a GOP early or late there. Other demuxers match the pts. The decoder steps back
+        # if a demuxer still overshoots.
+        if "mp4" in container.format.name.split(","):
+            first = min(records, key=lambda r: r[1])
+            shift = first[0] - first[1]
+            key_seek = [records[i][1] + shift for i in key_indices]
+        elif "mpegts" in container.format.name.split(","):
+            key_seek = [records[i][1] for i in key_indices]  # TS seeks compare decode timestamps
+        else:
+            key_seek = [records[i][0] for i in key_indices]
+        if not key_indices or key_indices[0] != 0:
+            # Frames before the first keyframe: seeking to the start is the only way in.
+            key_indices.insert(0, 0)
+            key_seek.insert(0, min(r[1] for r in records))
+        time_base = stream.time_base or Fraction(1, 1)
+        span = (pts[-1] - pts[0]) * time_base
+        if len(pts) > 1 and span > 0:
+            fps = float((len(pts) - 1) / span)
+        else:
+            fps = float(stream.average_rate or stream.guessed_rate or 0.0)
+        codec_ctx = stream.codec_context
+        return VideoInfo(
+            codec=str(codec_ctx.name),
+            width=int(codec_ctx.width),
+            height=int(codec_ctx.height),
+            time_base=(time_base.numerator, time_base.denominator),
+            pts=pts,
+            key_indices=tuple(key_indices),
+            key_seek=tuple(key_seek),
+            crc32=tuple(r[3] for r in records),
+            average_fps=fps,
+        )
+    finally:
+        container.close()
+
+
+class PyAVDecoder:
+    """Frame-exact decoder for one video file on the CPU.
+
+    Opens the file lazily on first use. Sequential :meth:`read` calls decode each frame once;
+    :meth:`seek` decodes forward when the target lies in the current GOP ahead of the cursor,
+    and otherwise jumps to the nearest keyframe at or before the target, so a seek never
+    decodes more than one GOP (never from the file start unless the target is in the first
+    GOP). Every decoded frame's timestamp is checked against the frame table, so a frame is
+    never returned under the wrong index.
+
+    Args:
+        path: Video file.
+        info: Frame table, if already known (from an index's metadata); probed otherwise.
+        layout: ``"chw"`` (default) or ``"hwc"`` for the returned uint8 RGB tensors.
+        threads: FFmpeg decoding threads; 0 lets FFmpeg choose.
+        label: Where the file comes from (clip and camera), used in error messages.
+
+    Example::
+
+        >>> dec = PyAVDecoder("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        >>> dec.seek(17); frame = dec.read()  # doctest: +SKIP
+        >>> frame.shape, dec.position  # doctest: +SKIP
+        (torch.Size([3, 900, 1600]), 18)
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        info: VideoInfo | None = None,
+        layout: Layout = "chw",
+        threads: int = 0,
+        label: str = "",
+    ) -> None:
+        if layout not in ("chw", "hwc"):
+            raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+        if threads < 0:
+            raise ValueError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
+        self.path = Path(path)
+        self.layout = layout
+        self.threads = threads
+        self.label = label
+        self._info = info
+        self._container: Any = None
+        self._frames: Iterator[Any] | None = None
+        self._next = 0  # index the frame iterator yields next
+        self._target = 0  # index the next read() returns
+        self._needs_seek = False
+        self._frames_decoded = 0
+        self._seeks = 0
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def info(self) -> VideoInfo:
+        if self._info is None:
+            self._info = probe_video(self.path)
+        return self._info
+
+    @property
+    def position(self) -> int:
+        return self._target
+
+    @property
+    def frames_decoded(self) -> int:
+        return self._frames_decoded
+
+    @property
+    def seeks(self) -> int:
+        """Number of demuxer seeks performed."""
+        return self._seeks
+
+    def _where(self, index: int | None = None) -> str:
+        where = f"{str(self.path)!r}"
+        if self.label:
+            where += f" ({self.label})"
+        if index is not None:
+            where += f" frame {index}"
+        return where
+
+    # -- core -------------------------------------------------------------------------------
+    def _disown(self) -> None:
+        if self._container is not None:
+            _INHERITED_FFMPEG_OBJECTS.append((self._container, self._stream, self._frames))
+        self._container = None
+        self._frames = None
+        self._needs_seek = True
+
+    def _open(self) -> None:
+        container = _open_container(self.path)
+        stream = _video_stream(container, self.path)
+        stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = self.threads
+        self._container = container
+        self._stream = stream
+        self._frames = self._decode_iter()
+        self._next = 0
+        _LIVE_DECODERS.add(self)
+
+    def _decode_iter(self) -> Iterator[Any]:
+        info = self.info
+        for packet in self._container.demux(self._stream):
+            if info.crc32 is not None and packet.size and packet.pts is not None:
+                index = info.index_of_pts(packet.pts)
+                if index is not None and zlib.crc32(packet) != info.crc32[index]:
+                    raise VideoDecodeError(
+                        f"{self._where(index)}: the compressed data differs from the checksum recorded when "
+                        "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
+                        "index with `vstream index` if it was replaced on purpose."
+                    )
+            yield from packet.decode()
+
+    def seek(self, index: int) -> None:
+        info = self.info
+        if not 0 <= index < info.frame_count:
+            raise IndexError(
+                f"frame {index} is out of range for {self._where()}, which holds "
+                f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
+            )
+        forward_ok = (
+            self._frames is not None
+            and not self._needs_seek
+            and info.keyframe_at_or_before(index) <= self._next <= index
+        )
+        self._target = index
+        self._needs_seek = not forward_ok
+
+    def _jump(self, key_ordinal: int) -> None:
+        """Position the demuxer on keyframe ``key_ordinal`` (in ``info.key_indices``)."""
+        if self._container is None:
+            self._open()
+        info = self.info
+        import av
+
+        try:
+            self._container.seek(info.key_seek[key_ordinal], stream=self._stream, backward=True)
+        except av.FFmpegError as err:
+            self._reset()
+            raise VideoDecodeError(
+                f"{self._where(info.key_indices[key_ordinal])}: seeking to this keyframe failed "
+                f"(truncated or corrupt file, or a stale index: rebuild it with `vstream index`): {err}"
+            ) from err
+        self._seeks += 1
+        self._frames = self._decode_iter()
+        self._next = -1  # unknown until the first frame comes out
+
+    def read(self) -> torch.Tensor:
+        info = self.info
+        target = self._target
+        if target >= info.frame_count:
+            raise IndexError(
+                f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
+                f"(valid: 0..{info.frame_count - 1})."
+            )
+        if self._container is None:
+            self._open()
+            self._needs_seek = target != 0
+        key_ordinal = info.gop_of(target)
+        just_jumped = False
+        if self._needs_seek:
+            self._jump(key_ordinal)
+            self._needs_seek = False
+            just_jumped = True
+        import av
+
+        while True:
+            try:
+                frame = next(self._frames)  # type: ignore[arg-type]
+            except StopIteration:
+                if just_jumped and key_ordinal > 0:
+                    # The demuxer landed after the keyframe and nothing decoded until the end.
+                    key_ordinal -= 1
+                    self._jump(key_ordinal)
+                    continue
+                if just_jumped:
+                    self._reset()
+                    self._open()
+                    just_jumped = False
+                    continue
+                self._reset()
+                raise VideoDecodeError(
+                    f"{self._where(target)}: the file ended before this frame although its frame "
+                    f"table lists {info.frame_count} frames (truncated file?)."
+                ) from None
+            except VideoDecodeError:
+                self._reset()
+                raise
+            except av.FFmpegError as err:
+                self._reset()
+                raise VideoDecodeError(f"{self._where(target)}: decoding failed: {err}") from err
+            self._frames_decoded += 1
+            if frame.is_corrupt:
+                self._reset()
+                raise VideoDecodeError(
+                    f"{self._where(target)}: the decoder flagged a corrupt frame (timestamp {frame.pts!r}); "
+                    "the file is damaged."
+                )
+            index = info.index_of_pts(frame.pts) if frame.pts is not None else None
+            if index is None:
+                self._reset()
+                raise VideoDecodeError(
+                    f"{self._where(target)}: the decoder produced a frame with timestamp "
+                    f"{frame.pts!r}, which is not in the file's frame table (corrupt file, or a "
+                    "stale index: rebuild it with `vstream index`)."
+                )
+            if index < target:
+                continue
+            if index > target:
+                if just_jumped and key_ordinal > 0:
+                    # The demuxer landed past the wanted keyframe; step back one GOP.
+                    key_ordinal -= 1
+                    self._jump(key_ordinal)
+                    continue
+                if just_jumped:
+                    # Overshot even the first keyframe (MPEG-TS with B-frames does): read from the start.
+                    self._reset()
+                    self._open()
+                    just_jumped = False
+                    continue
+                self._reset()
+                raise VideoDecodeError(
+                    f"{self._where(target)}: the decoder produced frame {index} where frame {target} was "
+                    "due; the frames between are missing or corrupt."
+                )
+            self._next = index + 1
+            self._target = index + 1
+            return self._to_tensor(frame)
+
+    def get(self, index: int) -> torch.Tensor:
+        """Return frame ``index`` (see :meth:`seek` for the cost)."""
+        self.seek(index)
+        return self.read()
+
+    def get_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
+        """Return the frames at ``indices`` (any order, repeats allowed), in that order.
+
+        Needed frames are decoded in ascending order: each GOP is decoded at most once, up
+        to the last needed frame in it, and the demuxer seeks only when the next needed
+        frame's keyframe lies ahead of the cursor (or the cursor is past it). The file is
+        never scanned from its start unless a needed frame is in the first GOP.
+
+        Args:
+            indices: Frame indices.
+
+        Returns:
+            One tensor per entry of ``indices``.
+
+        Raises:
+            IndexError: An index is out of range (nothing is decoded then).
+        """
+        info = self.info
+        wanted = sorted(set(indices))
+        if wanted and not (0 <= wanted[0] and wanted[-1] < info.frame_count):
+            bad = wanted[0] if wanted[0] < 0 else wanted[-1]
+            self.seek(bad)  # raises the IndexError that names the file
+        decoded = {i: self.get(i) for i in wanted}
+        return [decoded[i] for i in indices]
+
+    def _to_tensor(self, frame: Any) -> torch.Tensor:
+        import numpy as np
+        import torch
+
+        if self.layout == "hwc":
+            return torch.from_numpy(frame.to_ndarray(format="rgb24"))
+        # Planar RGB straight from swscale: three contiguous plane copies instead of a strided
+        # HWC -> CHW transpose, which costs more than decoding on large frames.
+        planar = frame.reformat(format="gbrp")
+        out = torch.empty((3, planar.height, planar.width), dtype=torch.uint8)
+        for channel, plane in zip((1, 2, 0), planar.planes):  # planes are G, B, R
+            rows = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
+            out[channel].numpy()[:] = rows[:, : plane.width]
+        return out
+
+    def _reset(self) -> None:
+        """Drop the open file so the next use starts clean."""
+        if self._container is not None:
+            try:
+                self._container.close()
+            except Exception:  # noqa: BLE001 - closing a broken container must not mask the real error
+                pass
+        self._container = None
+        self._frames = None
+        self._needs_seek = True
+
+    def close(self) -> None:
+        target = self._target
+        self._reset()
+        self._target = target
+
+    def __enter__(self) -> PyAVDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "open" if self._container is not None else "closed"
+        return f"PyAVDecoder({str(self.path)!r}, position={self._target}, {state})"

@@ -1,0 +1,427 @@
+"""Main-process side of streaming: the rank-aware sampler and the stream-affine DataLoader.
+
+Why parts: the plain design, where the DataLoader hands consecutive steps to different workers
+in turn, decodes about ``num_workers`` times more than it delivers on P-frame streams, because
+each worker must decode through the frames the other workers delivered. Here every step is
+split into ``num_workers`` parts by camera stream; the sampler emits the parts of each step in
+order and PyTorch dispatches indices to workers round-robin, so part ``p`` always reaches
+worker ``p``, which keeps decoding the same streams frame after frame. The loader reassembles
+the parts into the full batch.
+
+Why a ``DistributedSampler`` subclass: Lightning leaves a loader whose ``sampler`` is a
+``DistributedSampler`` alone under DDP (whether or not ``use_distributed_sampler`` is set) and
+calls ``set_epoch`` on it at every epoch start. Our sampler shards by rank itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from lightning_vstream.dataset import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
+from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
+from lightning_vstream.schedule import Remainder, SlotRead, StreamSchedule
+
+__all__ = ["StreamDataLoader", "StreamSampler"]
+
+STATE_VERSION = 1
+log = logging.getLogger("lightning_vstream")
+
+
+class StreamSampler(DistributedSampler):
+    """Emits :class:`StreamTask` indices: ``num_parts`` per step, for this rank's slots.
+
+    Args:
+        clip_lengths: Frame count of every clip, in index order.
+        num_cameras: Cameras per clip (streams per slot).
+        batch_size: Slots per batch on this rank.
+        num_replicas: World size.
+        rank: This rank.
+        seed: Shuffle seed (same on every rank).
+        shuffle: Shuffle segments per epoch.
+        segment_length: Split clips into segments of at most this many frames.
+        frame_stride: Read every ``frame_stride``-th frame.
+        remainder: ``"drop"`` or ``"pad"`` (see :mod:`lightning_vstream.schedule`).
+        num_parts: Parts per step (the number of workers, or 1).
+
+    Example::
+
+        >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
+        >>> len(sampler), next(iter(sampler)).reads[:2]
+        (16, (StreamRead(position=0, clip=2, camera=0, frame=0), StreamRead(position=1, clip=2, camera=1, frame=0)))
+    """
+
+    def __init__(
+        self,
+        clip_lengths: list[int],
+        *,
+        num_cameras: int,
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+        segment_length: int | None = None,
+        frame_stride: int = 1,
+        remainder: Remainder = "drop",
+        num_parts: int = 1,
+    ) -> None:
+        if num_parts < 1:
+            raise ValueError(f"num_parts={num_parts!r} must be >= 1.")
+        super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.clip_lengths = list(clip_lengths)
+        self.num_cameras = num_cameras
+        self.batch_size = batch_size
+        self.segment_length = segment_length
+        self.frame_stride = frame_stride
+        self.remainder = remainder
+        self.num_parts = num_parts
+        self.start_step = 0
+        self._cache: tuple[int, StreamSchedule] | None = None
+        # Per-slot step offsets: a slot whose clip failed (on_error="skip") jumps ahead to its
+        # next segment and pads at the end of the epoch, so all ranks keep the same length.
+        self.shifts = [0] * batch_size
+        self._issued: dict[int, tuple[list[SlotRead | None], list[int]]] = {}
+        self._next_step = 0
+        self.schedule()  # validate the configuration now, not in a worker
+
+    def schedule(self, epoch: int | None = None) -> StreamSchedule:
+        """The plan of ``epoch`` (default: the current one) for this rank."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._cache is None or self._cache[0] != epoch:
+            plan = StreamSchedule(
+                self.clip_lengths,
+                batch_size=self.batch_size,
+                world_size=self.num_replicas,
+                rank=self.rank,
+                seed=self.seed,
+                epoch=epoch,
+                shuffle=self.shuffle,
+                segment_length=self.segment_length,
+                frame_stride=self.frame_stride,
+                remainder=self.remainder,
+            )
+            self._cache = (epoch, plan)
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration follows."""
+        if epoch != self.epoch:
+            self.shifts = [0] * self.batch_size
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.schedule()) * self.num_parts
+
+    def reads(self, step: int) -> list[SlotRead | None]:
+        """What each slot reads at ``step`` under the current shifts (None: padding)."""
+        plan = self.schedule()
+        reads: list[SlotRead | None] = []
+        for slot, shift in enumerate(self.shifts):
+            position = step + shift
+            reads.append(plan.read(position, slot) if position < plan.num_steps else None)
+        return reads
+
+    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int]]:
+        """The reads and shifts ``step`` was issued with (the loader labels batches with them)."""
+        return self._issued.pop(step)
+
+    def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> None:
+        """Move ``slot`` past the segment of ``read`` for every step not issued yet.
+
+        ``read`` was issued at ``step`` with the slot's shift ``shift``; steps already issued
+        keep their reads (the loader marks them invalid).
+        """
+        segment = self.schedule().segments[read.segment]
+        offset = (read.frame - segment.start) // segment.stride
+        next_segment = step + shift + segment.length - offset  # plan position of the next segment
+        if self._next_step + self.shifts[slot] < next_segment:
+            self.shifts[slot] = next_segment - self._next_step
+
+    def tasks(self, step: int) -> list[StreamTask]:
+        """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
+        parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
+        reads = self.reads(step)
+        self._issued[step] = (reads, list(self.shifts))
+        self._next_step = step + 1
+        for slot, read in enumerate(reads):
+            if read is None:
+                continue
+            for camera in range(self.num_cameras):
+                position = slot * self.num_cameras + camera
+                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame))
+        return [StreamTask(self.epoch, step, p, tuple(reads)) for p, reads in enumerate(parts)]
+
+    def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
+        self._issued.clear()
+        if self.start_step == 0:
+            self.shifts = [0] * self.batch_size
+        for step in range(self.start_step, len(self.schedule())):
+            yield from self.tasks(step)
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class StreamDataLoader(DataLoader):
+    """DataLoader that assembles stream-affine parts into full streaming batches.
+
+    Each batch is a dict:
+
+    - ``frames``: ``[batch_size, cameras, 3, H, W]`` (uint8 unless a transform changes it)
+    - ``clip_id``: list of clip ids (``""`` for padding)
+    - ``frame_index``: LongTensor ``[batch_size]`` (-1 for padding)
+    - ``is_first``: BoolTensor ``[batch_size]``, True where the slot starts a clip or segment
+    - ``valid``: BoolTensor ``[batch_size]``, False for padding (``remainder="pad"``)
+    - ``timestamp``: float64 ``[batch_size]`` seconds (first camera; NaN for padding)
+    - ``camera_timestamp``: float64 ``[batch_size, cameras]``
+    - ``camera_names``: list of camera names
+    - ``epoch``, ``step``: the batch's position in the stream plan
+
+    It is stateful: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch at the first batch
+    the training loop has not consumed (see :meth:`mark_consumed`).
+
+    Args:
+        dataset: The worker-side dataset.
+        sampler: The stream sampler; ``sampler.num_parts`` must equal ``max(1, num_workers)``.
+        num_workers: Worker processes.
+        pin_memory: Allocate assembled batches in pinned memory (when CUDA is available).
+        prefetch_factor: Parts each worker prepares ahead.
+        persistent_workers: Keep workers (and their open decoders) between epochs.
+        multiprocessing_context: ``"spawn"``, ``"fork"``, ``"forkserver"`` or None.
+        timeout: Seconds to wait for a worker's part before raising (0 waits forever).
+        batch_sampler: Must be None (accepted so Lightning can re-create the loader).
+        shuffle: Must be None or False (likewise).
+
+    Example::
+
+        >>> loader = StreamDataLoader(dataset, sampler=sampler, num_workers=2)  # doctest: +SKIP
+        >>> batch = next(iter(loader)); batch["frames"].shape  # doctest: +SKIP
+        torch.Size([4, 6, 3, 900, 1600])
+    """
+
+    def __init__(
+        self,
+        dataset: StreamDataset,
+        *,
+        sampler: StreamSampler,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        multiprocessing_context: str | None = None,
+        timeout: float = 0.0,
+        batch_sampler: None = None,
+        shuffle: bool | None = None,
+    ) -> None:
+        # batch_sampler and shuffle exist only so that Lightning can re-create the loader (it
+        # does so for prediction); the sampler decides both.
+        if batch_sampler is not None or shuffle:
+            raise ValueError(
+                "StreamDataLoader takes neither batch_sampler nor shuffle: the StreamSampler batches and shuffles."
+            )
+        if sampler.num_parts != max(1, num_workers):
+            raise ValueError(
+                f"sampler.num_parts={sampler.num_parts} must equal max(1, num_workers)={max(1, num_workers)} "
+                "so that every worker always serves the same camera streams."
+            )
+        super().__init__(
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            collate_fn=_identity,
+            num_workers=num_workers,
+            pin_memory=False,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+            persistent_workers=persistent_workers and num_workers > 0,
+            multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
+            timeout=timeout if num_workers > 0 else 0.0,  # nothing to wait for without workers
+        )
+        self.pin_output = pin_memory
+        self._worker_stats: dict[tuple[int, int], DecodeStats] = {}
+        self._yielded: tuple[int, int] | None = None
+        self._consumed: tuple[int, int] | None = None
+        self._resume: tuple[int, int] | None = None
+        self._resume_shifts: list[int] = []
+        self._shift_log: dict[int, list[int]] = {}
+        self._skips = DecodeStats()
+        self._bad_files: set[str] = set()
+        self._abandoned = set()
+        self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
+
+    # -- iteration -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.sampler.schedule())  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        plan = sampler.schedule()
+        start = 0
+        if self._resume is not None and self._resume[0] == sampler.epoch:
+            start = self._resume[1]
+            sampler.shifts = list(self._resume_shifts)
+        sampler.start_step = start
+        self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up this pass
+        parts_iter = super().__iter__()
+        try:
+            for step in range(start, len(plan)):
+                parts = [next(parts_iter) for _ in range(sampler.num_parts)]
+                with nvtx_range(RANGE_COLLATE):
+                    batch = self._assemble(sampler, step, parts)
+                self._yielded = (sampler.epoch, step + 1)
+                yield batch
+        finally:
+            sampler.start_step = 0
+        self._resume = None
+
+    def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> dict[str, Any]:
+        index = self.dataset.index  # type: ignore[attr-defined]
+        cams = sampler.num_cameras
+        batch_size = sampler.batch_size
+        for p, part in enumerate(parts):
+            if (part.epoch, part.step, part.part) != (sampler.epoch, step, p):
+                raise RuntimeError(
+                    f"expected part {p} of step {step} (epoch {sampler.epoch}) but received part {part.part} of "
+                    f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
+                )
+            self._worker_stats[part.worker_key] = part.stats
+        reads, shifts = sampler.issued(step)
+        self._shift_log[step] = shifts
+        for old in [s for s in self._shift_log if s < step - 256]:
+            del self._shift_log[old]
+        valid = [r is not None and (slot, r.segment) not in self._abandoned for slot, r in enumerate(reads)]
+        for part in parts:
+            for position, path, error in part.failed:
+                slot = position // cams
+                read = reads[slot]
+                if read is None:
+                    continue
+                if (slot, read.segment) not in self._abandoned:
+                    self._abandoned.add((slot, read.segment))
+                    sampler.abandon(slot, step, shifts[slot], read)
+                    self._skips.skipped_clips += 1
+                    if path not in self._bad_files:
+                        self._bad_files.add(path)
+                        log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id,
+                                    read.frame, error)
+                valid[slot] = False
+        self._skips.skipped_samples += sum(
+            1 for slot, r in enumerate(reads) if r is not None and not valid[slot]
+        )
+        self._skips.bad_files = len(self._bad_files)
+        with_frames = [part for part in parts if part.frames is not None]
+        if with_frames:
+            sample = with_frames[0].frames
+            assert sample is not None
+            self._template = (tuple(sample.shape[1:]), sample.dtype, sample.device)
+        elif self._template is None:
+            raise RuntimeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
+        shape, dtype, device = self._template
+        complete = all(valid)
+        if len(parts) == 1 and complete and not self.pin_output:
+            frames = with_frames[0].frames
+        else:
+            pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
+            alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
+            frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pin)
+            for part in with_frames:
+                rows = [i for i, pos in enumerate(part.positions) if valid[pos // cams]]
+                if len(rows) == len(part.positions):
+                    frames.index_copy_(0, torch.tensor(part.positions, device=device), part.frames)  # type: ignore[arg-type]
+                elif rows:
+                    keep = torch.tensor(rows, device=device)
+                    targets = torch.tensor([part.positions[i] for i in rows], device=device)
+                    frames.index_copy_(0, targets, part.frames.index_select(0, keep))  # type: ignore[union-attr]
+        camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
+        for part in with_frames:
+            for pos, ts in zip(part.positions, part.timestamps):
+                if valid[pos // cams]:
+                    camera_ts[pos] = ts
+        camera_ts = camera_ts.view(batch_size, cams)
+        labels = [r if ok else None for r, ok in zip(reads, valid)]
+        return {
+            "frames": frames.view(batch_size, cams, *shape),  # type: ignore[union-attr]
+            "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
+            "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
+            "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
+            "valid": torch.tensor(valid, dtype=torch.bool),
+            "timestamp": camera_ts[:, 0].clone(),
+            "camera_timestamp": camera_ts,
+            "camera_names": list(index.camera_names),
+            "epoch": sampler.epoch,
+            "step": step,
+        }
+
+    def close(self) -> None:
+        """Shut down persistent workers and close the decoders of this process."""
+        # DataLoader keeps the iterator of persistent workers in `_iterator`; dropping it is
+        # how its workers are shut down (its __del__ joins them).
+        self._iterator = None
+        self.dataset.close()  # type: ignore[attr-defined]
+
+    # -- counters --------------------------------------------------------------------------
+    @property
+    def stats(self) -> DecodeStats:
+        """Decoding counters summed over every process that served this loader."""
+        total = self._skips
+        for stats in self._worker_stats.values():
+            total = total + stats
+        return total
+
+    # -- resumable state -------------------------------------------------------------------
+    def mark_consumed(self, batch: dict[str, Any]) -> None:
+        """Record that the training loop used ``batch`` (the DataModule calls this).
+
+        Loops prefetch batches, so the number yielded runs ahead of the number used; a resume
+        must start after the last batch used.
+        """
+        self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
+
+    def _config(self) -> dict[str, Any]:
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        return {
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+            "batch_size": sampler.batch_size,
+            "world_size": sampler.num_replicas,
+            "num_clips": len(sampler.clip_lengths),
+            "total_frames": sum(sampler.clip_lengths),
+            "segment_length": sampler.segment_length,
+            "frame_stride": sampler.frame_stride,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-dict position: the epoch and the first step not yet consumed."""
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
+        epoch, step = position
+        shifts = self._shift_log.get(step, sampler.shifts) if epoch == sampler.epoch else [0] * sampler.batch_size
+        if step >= len(sampler.schedule(epoch)):
+            epoch, step, shifts = epoch + 1, 0, [0] * sampler.batch_size
+        return {"version": STATE_VERSION, "epoch": epoch, "step": step, "shifts": list(shifts), **self._config()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the position of :meth:`state_dict`; the configuration must match."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not supported (expected {STATE_VERSION}).")
+        for key, value in self._config().items():
+            if key in state and state[key] != value:
+                raise ValueError(
+                    f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
+                    f"{key}={value!r}; resume with the same data and loader settings."
+                )
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        self._resume = (int(state["epoch"]), int(state["step"]))
+        shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
+        if len(shifts) != sampler.batch_size:
+            raise ValueError(f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size="
+                             f"{sampler.batch_size}.")
+        self._resume_shifts = shifts
+        self._consumed = self._yielded = None
+        sampler.set_epoch(self._resume[0])

@@ -1,0 +1,37 @@
+"""Run by test_lightning_stream.py: two-process CPU DDP fit; each rank writes what it saw.
+
+Usage: python _ddp_stream.py INDEX OUT_DIR USE_DISTRIBUTED_SAMPLER(0|1)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import lightning.pytorch as pl  # noqa: E402
+from _stream_models import RecordingModel  # noqa: E402
+
+from lightning_vstream.datamodule import StreamVideoDataModule  # noqa: E402
+
+
+def main() -> None:
+    index, out_dir, use_sampler = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3)
+    model = RecordingModel()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=use_sampler,
+    )
+    trainer.fit(model, datamodule=dm)
+    rank = trainer.global_rank
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({
+        "seen": model.seen, "errors": model.stamp_errors, "num_batches": trainer.num_training_batches,
+        "world_size": trainer.world_size,
+    }))
+
+
+if __name__ == "__main__":
+    main()

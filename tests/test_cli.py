@@ -1,0 +1,148 @@
+"""The ``vstream`` command, run in-process through ``lightning_vstream.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lightning_vstream.cli import main
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.index import load_index, metadata_path
+from lightning_vstream.synth import Stamp, read_stamp
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dataset written by ``vstream synth`` (2 clips x 2 cameras, 6 and 8 frames)."""
+    root = tmp_path_factory.mktemp("cli") / "data"
+    argv = ["synth", str(root), "--clips", "2", "--cameras", "2", "--frames", "6,8", "--size", "64x48", "--gop", "4"]
+    assert main(argv) == 0
+    return root
+
+
+def test_synth_writes_a_dataset(synth_root: Path) -> None:
+    index_path = synth_root / "index.json"
+    assert json.loads(index_path.read_text()) == {"videos": {"scene-0000": 6, "scene-0001": 8}}
+    assert metadata_path(index_path).is_file()
+    index = load_index(index_path)
+    assert index.camera_names == ("CAM_BACK", "CAM_BACK_LEFT")
+    cam = index["scene-0001"].cameras[1]
+    assert cam.info is not None and (cam.info.width, cam.info.height) == (64, 48)
+    assert read_stamp(PyAVDecoder(cam.path).get(7)) == Stamp(1, 1, 7)
+
+
+def test_synth_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "one"
+    argv = ["synth", str(root), "--clips", "1", "--cameras", "1", "--frames", "2", "--size", "32x32", "--gop", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"wrote 1 clips x 1 cameras to {root}; index: {root / 'index.json'}" in out
+
+
+def test_index_then_check(synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "elsewhere" / "out.json"
+    assert main(["index", str(synth_root), "-o", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}: 2 clips, cameras ['CAM_BACK', 'CAM_BACK_LEFT'], 14 frames per camera" in printed
+    data = json.loads(out.read_text())
+    assert list(data.values()) == [{"scene-0000": 6, "scene-0001": 8}]
+    assert metadata_path(out).is_file()
+
+    assert main(["index", str(out), "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out}: 2 clips, 2 cameras, 14 frames per camera: all files match." in printed
+
+
+def test_index_default_output_and_no_metadata(
+    tmp_path: Path, synth_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(synth_root / "videos", root / "videos")
+    assert main(["index", str(root), "--no-metadata", "--quiet"]) == 0
+    assert (root / "index.json").is_file()
+    assert not metadata_path(root / "index.json").exists()
+    assert "2 clips" in capsys.readouterr().out
+
+
+def test_check_reports_problems(synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({str(synth_root / "videos"): {"scene-0000": 9, "scene-0001": 8, "scene-0404": 3}}))
+    assert main(["index", str(bad), "--check"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"vstream index: error: {str(bad)!r} has 3 problems:")
+    assert "clip 'scene-0000' lists 9 frames, but camera 'CAM_BACK' (CAM_BACK.mp4) holds 6" in captured.err
+    assert "clip 'scene-0404': folder" in captured.err
+
+
+def test_check_of_a_missing_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(tmp_path / "missing.json"), "--check"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"vstream index: error: index file {str(tmp_path / 'missing.json')!r} does not exist." in captured.err
+
+
+def test_index_of_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(tmp_path / "nowhere"), "-q"]) == 2
+    assert "vstream index: error: dataset folder" in capsys.readouterr().err
+
+
+def test_index_of_a_folder_without_videos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(tmp_path), "-q"]) == 2
+    assert "no clip folders with video files or image folders found" in capsys.readouterr().err
+
+
+def test_synth_rejects_a_too_small_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["synth", str(tmp_path / "d"), "--size", "16x16", "--clips", "1", "--cameras", "1", "--frames", "2"]
+    assert main(argv) == 2
+    assert "vstream synth: error: frames of 16x16 are too small for a stamp" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["abc", "64", "64x48x3", "64xx48", "wide"])
+def test_bad_size_is_an_argparse_error(tmp_path: Path, size: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synth", str(tmp_path), "--size", size])
+    assert exit_info.value.code == 2
+    assert f"argument --size: size {size!r} must look like WIDTHxHEIGHT" in capsys.readouterr().err
+    assert not (tmp_path / "index.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("frames", "message"), [("0", "must be positive"), ("5,x", "must be a count or a comma-separated list")]
+)
+def test_bad_frames_is_an_argparse_error(
+    tmp_path: Path, frames: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synth", str(tmp_path), "--frames", frames])
+    assert exit_info.value.code == 2
+    assert f"argument --frames: frames {frames!r} {message}" in capsys.readouterr().err
+
+
+def test_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "required: command" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("synth", "index", "demo"):
+        assert command in out
+
+
+def test_index_of_an_index_file_points_to_check(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(synth_root / "index.json")]) == 2
+    assert "is a file; `vstream index` scans a dataset folder" in capsys.readouterr().err
+
+
+def test_check_of_a_folder_points_to_the_index_file(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", "--check", str(synth_root)]) == 2
+    assert "is a folder; --check validates an index file" in capsys.readouterr().err

@@ -1,0 +1,219 @@
+"""Bad data: errors that name the file, or skips that are counted; no hangs, no leftover workers."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import psutil
+import pytest
+from _stream_models import RecordingModel
+
+from lightning_vstream.datamodule import StreamVideoDataModule
+from lightning_vstream.dataset import StreamDataset, StreamTask
+from lightning_vstream.decode.base import VideoDecodeError
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.index import build_index, load_index
+from lightning_vstream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.synth import clip_name, read_stamp, write_stamped_video
+
+LENGTHS = [20, 13, 27, 16, 22]
+BAD_CLIP = 2  # scene-0002, 27 frames
+BAD_CAMERA = "CAM_BACK_LEFT"
+
+
+def _dataset(root: Path) -> Path:
+    """Five faststart clips (index first, so truncated files still open), two cameras, GOP 6."""
+    for clip, frames in enumerate(LENGTHS):
+        for cam, name in enumerate(["CAM_BACK", "CAM_BACK_LEFT"]):
+            write_stamped_video(root / "videos" / clip_name(clip) / f"{name}.mp4", clip=clip, camera=cam,
+                                frames=frames, size=(64, 48), gop=6, faststart=True)
+    return build_index(root, output=root / "index.json", progress=False)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _dataset(tmp_path_factory.mktemp("pristine")).parent
+
+
+def _copy(pristine: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    shutil.copytree(pristine, tmp_path / "ds")
+    return tmp_path / "ds"
+
+
+def _bad_file(root: Path) -> Path:
+    return root / "videos" / clip_name(BAD_CLIP) / f"{BAD_CAMERA}.mp4"
+
+
+def _truncate(path: Path, keep: float = 0.55) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _flip_bits(path: Path, seed: int = 0) -> None:
+    """Flip bits inside the frame data, after the index (faststart puts it first)."""
+    data = bytearray(path.read_bytes())
+    rng = random.Random(seed)
+    for _ in range(8):
+        i = rng.randrange(int(len(data) * 0.5), int(len(data) * 0.9))
+        data[i] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+
+
+def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[str, Any]], Any]:
+    dm = StreamVideoDataModule(index_file=root / "index.json", batch_size=2, num_workers=num_workers,
+                               on_error=on_error, shuffle=False)  # type: ignore[arg-type]
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = list(loader)
+    return batches, loader
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_bits], ids=["truncated", "bit-flipped"])
+def test_raise_names_file_clip_camera_and_frame(pristine: Path, tmp_path: Path, damage: Any) -> None:
+    root = _copy(pristine, tmp_path)
+    damage(_bad_file(root))
+    with pytest.raises(VideoDecodeError, match=rf"{BAD_CAMERA}\.mp4.*clip 'scene-0002', camera '{BAD_CAMERA}'.* frame \d+"):
+        _stream(root, num_workers=0, on_error="raise")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("damage", [_truncate, _flip_bits], ids=["truncated", "bit-flipped"])
+def test_skip_delivers_only_right_frames_and_counts_exactly(
+    pristine: Path, tmp_path: Path, damage: Any, num_workers: int
+) -> None:
+    root = _copy(pristine, tmp_path)
+    damage(_bad_file(root))
+    batches, loader = _stream(root, num_workers=num_workers, on_error="skip")
+    delivered: dict[str, list[int]] = {}
+    for batch in batches:
+        for slot in range(2):
+            if not batch["valid"][slot]:
+                assert batch["clip_id"][slot] == "" and not batch["frames"][slot].any()
+                continue
+            clip_id, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])
+            delivered.setdefault(clip_id, []).append(frame)
+            for cam in range(2):
+                stamp = read_stamp(batch["frames"][slot, cam])
+                assert (stamp.clip, stamp.camera, stamp.frame) == (int(clip_id[-4:]), cam, frame)
+    stats = loader.stats
+    assert (stats.skipped_clips, stats.bad_files) == (1, 1)
+    assert stats.read_errors >= 1
+    # The damaged clip stops at the failure and never resumes; other clips are complete prefixes.
+    bad = delivered.get(clip_name(BAD_CLIP), [])
+    assert bad == list(range(len(bad))) and len(bad) < LENGTHS[BAD_CLIP]
+    for clip_id, frames in delivered.items():
+        assert frames == list(range(len(frames)))
+    # Every step keeps both slots: invalid slot-steps are exactly those counted as skipped or padded.
+    invalid = sum(int((~b["valid"]).sum()) for b in batches)
+    assert invalid >= stats.skipped_samples >= 1
+
+
+def test_skipping_moves_the_slot_to_its_next_clip(pristine: Path, tmp_path: Path) -> None:
+    root = _copy(pristine, tmp_path)
+    _truncate(_bad_file(root), keep=0.3)
+    batches, _ = _stream(root, num_workers=0, on_error="skip")
+    # Find the slot that followed the bad clip and check what it reads right after.
+    for step, batch in enumerate(batches):
+        if clip_name(BAD_CLIP) in batch["clip_id"]:
+            slot = batch["clip_id"].index(clip_name(BAD_CLIP))
+            break
+    else:
+        pytest.fail("the damaged clip was never started")
+    following = [(b["clip_id"][slot], bool(b["is_first"][slot]), bool(b["valid"][slot])) for b in batches[step:]]
+    after = [f for f in following if f[0] != clip_name(BAD_CLIP)]
+    first_valid = next(f for f in after if f[2])
+    assert first_valid[1] is True  # the next clip starts flagged is_first
+    skipped = sum(1 for f in following[: following.index(first_valid)] if not f[2])
+    assert skipped <= 1  # without workers nothing was prefetched: the slot moves on at once
+
+
+def test_checksums_catch_corruption_that_ffmpeg_conceals(pristine: Path, tmp_path: Path) -> None:
+    root = _copy(pristine, tmp_path)
+    path = root / "videos" / clip_name(0) / "CAM_BACK.mp4"
+    _flip_bits(path, seed=3)
+    info = load_index(root / "index.json")[clip_name(0)].cameras[0].info
+    assert info is not None and info.crc32 is not None
+    decoder = PyAVDecoder(path, info=info)
+    with pytest.raises(VideoDecodeError, match="differs from the checksum recorded when the index was built"):
+        for k in range(info.frame_count):
+            assert read_stamp(decoder.read()).frame == k
+
+
+class _StallingDataset(StreamDataset):
+    """A dataset whose worker blocks forever on step 2 (an event nobody sets)."""
+
+    def __getitem__(self, task: StreamTask) -> Any:
+        if task.step == 2:
+            threading.Event().wait()
+        return super().__getitem__(task)
+
+
+class _DyingDataset(StreamDataset):
+    def __getitem__(self, task: StreamTask) -> Any:
+        if task.step == 2:
+            os._exit(3)
+        return super().__getitem__(task)
+
+
+@pytest.mark.parametrize(("dataset_cls", "match"), [
+    (_StallingDataset, "timed out after 2 seconds"),
+    (_DyingDataset, "exited unexpectedly|killed"),
+])
+def test_stalled_or_dead_worker_surfaces_as_an_error(pristine: Path, dataset_cls: type, match: str) -> None:
+    index = load_index(pristine / "index.json")
+    sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2)
+    loader = StreamDataLoader(dataset_cls(index=index), sampler=sampler, num_workers=2, timeout=2)
+    with pytest.raises(RuntimeError, match=match):
+        for _ in loader:
+            pass
+
+
+def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:
+    for persistent in (False, True):
+        dm = StreamVideoDataModule(index_file=pristine / "index.json", batch_size=2, num_workers=2,
+                                   persistent_workers=persistent)
+        trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        trainer.fit(RecordingModel(), datamodule=dm)
+        children = psutil.Process().children(recursive=True)
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"workers still running after fit (persistent_workers={persistent}): {alive}"
+        assert dm.train_dataloader().dataset.open_files == 0
+
+
+def test_unknown_on_error_policy_is_rejected(pristine: Path) -> None:
+    with pytest.raises(ValueError, match=r"on_error='ignore' is invalid; expected 'raise' or 'skip'"):
+        StreamVideoDataModule(index_file=pristine / "index.json", on_error="ignore")  # type: ignore[arg-type]
+
+
+def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path: Path) -> None:
+    import json
+
+    from lightning_vstream.index import IndexValidationError, metadata_path
+
+    root = _copy(pristine, tmp_path)
+    meta_file = metadata_path(root / "index.json")
+    meta = json.loads(meta_file.read_text())
+    meta["files"]["videos/scene-0001/CAM_BACK.mp4"]["info"]["codec"] = "not-a-codec"
+    meta_file.write_text(json.dumps(meta))
+    index = json.loads((root / "index.json").read_text())
+    index["videos"]["scene-0003"] = 99  # more frames than the files hold
+    (root / "index.json").write_text(json.dumps(index))
+    (root / "videos" / "scene-0004" / "CAM_BACK.mp4").unlink()
+    with pytest.raises(IndexValidationError) as err:
+        load_index(root / "index.json", check="thorough")
+    problems = err.value.problems
+    assert len(problems) == 4, problems  # the frame-count mismatch is reported for both cameras
+    text = str(err.value)
+    assert "has 4 problems" in text
+    assert "clip 'scene-0001', camera 'CAM_BACK' (CAM_BACK.mp4) uses codec 'not-a-codec'" in text
+    assert "clip 'scene-0003' lists 99 frames, but camera 'CAM_BACK' (CAM_BACK.mp4) holds 16" in text
+    assert "clip 'scene-0004' is missing camera file(s) ['CAM_BACK']" in text
