@@ -1,0 +1,550 @@
+"""Frame selection: which frames of which clip one sample holds.
+
+A :class:`ClipRequest` names a clip and its frames, either as frame indices or as times in
+seconds. Times are resolved against the clip's frame table (real presentation timestamps,
+so variable-frame-rate files are handled exactly) with a documented policy:
+
+``"nearest"``
+    The frame whose timestamp is closest to the time; a tie goes to the earlier frame.
+``"at_or_before"``
+    The last frame whose timestamp is at or before the time (the frame on screen then).
+
+A time within :data:`TIME_TOLERANCE` (one microsecond) of a frame's timestamp counts as that
+frame's time, so computed times such as ``0.1 + 0.2`` hit the intended frame. Times are
+presentation timestamps, the same values as a sample's ``timestamp`` field, so a returned
+timestamp can be requested again. A time more than one average frame interval after the last
+frame is out of range (``IndexError``), and so is a time before the first frame by more than
+that interval (``"nearest"``) or at all (``"at_or_before"``, which has no frame to show then).
+
+Glossary: a *window* is the shape of a sample in time (:class:`FrameWindow`: ``count`` frames
+``stride`` frames apart; :class:`TimeWindow`: rate segments laid end to end). A *segment* is
+``(rate in frames per second, number of frames)``. The helpers :func:`random_clips` and
+:func:`regular_clips` place windows over a set of clips and return requests.
+
+This module imports neither torch nor a decoder library.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.index import CameraStream, Clip
+
+__all__ = [
+    "TIME_TOLERANCE",
+    "ClipRequest",
+    "FrameWindow",
+    "TimePolicy",
+    "TimeWindow",
+    "Weighting",
+    "at_indices",
+    "at_times",
+    "frame_table",
+    "multi_rate",
+    "random_clips",
+    "regular_clips",
+    "resolve_times",
+    "segment_times",
+]
+
+TimePolicy = Literal["nearest", "at_or_before"]
+Weighting = Literal["frames", "videos"]
+#: Seconds within which a requested time counts as equal to a frame's timestamp.
+TIME_TOLERANCE = 1e-6
+_POLICIES = ("nearest", "at_or_before")
+
+
+@dataclass(frozen=True)
+class ClipRequest:
+    """The frames one sample holds: frame indices or times of one clip.
+
+    Exactly one of ``frames`` and ``times`` is non-empty. Frames come back in the order given;
+    repeats are allowed (the frame is decoded once).
+
+    Args:
+        clip_id: Clip id as listed in the index.
+        frames: Frame indices (presentation order, 0-based).
+        times: Times in seconds, resolved with ``policy`` against the frame table of the first
+            requested camera (cameras of a clip are frame-aligned, as the index assumes).
+        policy: ``"nearest"`` or ``"at_or_before"`` (see the module docs).
+        cameras: Cameras to return, in this order; all of the dataset's cameras when None.
+
+    Example::
+
+        >>> ClipRequest("scene-0001", frames=(0, 5, 10)).num_frames
+        3
+        >>> ClipRequest("scene-0001", times=(0.5, 1.0), policy="at_or_before").times
+        (0.5, 1.0)
+    """
+
+    clip_id: str
+    frames: tuple[int, ...] = ()
+    times: tuple[float, ...] = ()
+    policy: TimePolicy = "nearest"
+    cameras: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.clip_id, str) or not self.clip_id:
+            raise TypeError(f"clip_id={self.clip_id!r} must be a non-empty string (a clip id from the index).")
+        frames = tuple(self.frames)
+        times = tuple(self.times)
+        if bool(frames) == bool(times):
+            raise ValueError(
+                f"request for clip {self.clip_id!r} must give either frames or times (exactly one, non-empty); "
+                f"got frames={frames!r}, times={times!r}."
+            )
+        for f in frames:
+            try:
+                if isinstance(f, bool):
+                    raise TypeError
+                operator.index(f)
+            except TypeError:
+                raise TypeError(
+                    f"request for clip {self.clip_id!r}: frame {f!r} is a {type(f).__name__}; "
+                    "frame indices must be integers (use times=... for seconds)."
+                ) from None
+        if self.policy not in _POLICIES:
+            raise ValueError(
+                f"request for clip {self.clip_id!r}: policy={self.policy!r} is not supported; "
+                f"use 'nearest' or 'at_or_before'."
+            )
+        cameras = None if self.cameras is None else tuple(self.cameras)
+        if cameras is not None and (not cameras or len(set(cameras)) != len(cameras)):
+            raise ValueError(
+                f"request for clip {self.clip_id!r}: cameras={cameras!r} must be None (all cameras) or a "
+                "non-empty list of distinct camera names."
+            )
+        object.__setattr__(self, "frames", tuple(operator.index(f) for f in frames))
+        object.__setattr__(self, "times", tuple(float(t) for t in times))
+        object.__setattr__(self, "cameras", cameras)
+
+    @property
+    def num_frames(self) -> int:
+        """Frames the sample holds per camera (``T`` in the batch layout)."""
+        return len(self.frames) or len(self.times)
+
+
+def at_indices(clip_id: str, indices: Iterable[int], *, cameras: Sequence[str] | None = None) -> ClipRequest:
+    """Request explicit frame indices of a clip.
+
+    Example::
+
+        >>> at_indices("scene-0003", [0, 4, 8]).frames
+        (0, 4, 8)
+    """
+    return ClipRequest(clip_id, frames=tuple(indices), cameras=None if cameras is None else tuple(cameras))
+
+
+def at_times(
+    clip_id: str,
+    times: Iterable[float],
+    *,
+    policy: TimePolicy = "nearest",
+    cameras: Sequence[str] | None = None,
+) -> ClipRequest:
+    """Request the frames shown at the given times (seconds), resolved with ``policy``.
+
+    Example::
+
+        >>> at_times("scene-0003", [0.0, 0.5], policy="at_or_before").policy
+        'at_or_before'
+    """
+    return ClipRequest(
+        clip_id, times=tuple(times), policy=policy, cameras=None if cameras is None else tuple(cameras)
+    )
+
+
+def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    checked = []
+    if not segments:
+        raise ValueError("segments must hold at least one (rate, count) pair, for example [(1.0, 8), (2.0, 8)].")
+    for k, segment in enumerate(segments):
+        try:
+            rate, count = segment
+        except (TypeError, ValueError):
+            raise ValueError(f"segments[{k}]={segment!r} must be a (rate in fps, number of frames) pair.") from None
+        if not (isinstance(rate, (int, float)) and rate > 0):
+            raise ValueError(f"segments[{k}]: rate {rate!r} must be a positive number of frames per second.")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"segments[{k}]: count {count!r} must be a positive integer number of frames.")
+        checked.append((float(rate), count))
+    return checked
+
+
+def segment_times(start: float, segments: Sequence[tuple[float, int]]) -> list[float]:
+    """Times of multi-rate segments laid end to end from ``start``.
+
+    Segment ``(rate, count)`` contributes ``count`` times ``1 / rate`` seconds apart and lasts
+    ``count / rate`` seconds; the next segment starts where it ends.
+
+    Args:
+        start: Time of the first frame, in seconds.
+        segments: ``(rate in fps, number of frames)`` pairs.
+
+    Returns:
+        ``sum(count)`` increasing times in seconds.
+
+    Raises:
+        ValueError: A segment has a non-positive rate or count.
+
+    Example::
+
+        >>> segment_times(10.0, [(1.0, 3), (2.0, 2)])
+        [10.0, 11.0, 12.0, 13.0, 13.5]
+    """
+    times: list[float] = []
+    origin = float(start)
+    for rate, count in _check_segments(segments):
+        # Multiply rather than accumulate, so long segments do not drift.
+        times.extend(origin + k / rate for k in range(count))
+        origin += count / rate
+    return times
+
+
+def multi_rate(
+    clip_id: str,
+    *,
+    start: float,
+    segments: Sequence[tuple[float, int]],
+    policy: TimePolicy = "nearest",
+    cameras: Sequence[str] | None = None,
+) -> ClipRequest:
+    """Request multi-rate segments (see :func:`segment_times`) of a clip.
+
+    Example::
+
+        >>> req = multi_rate("scene-0001", start=2.0, segments=[(1.0, 8), (2.0, 8)])
+        >>> req.num_frames, req.times[7:9]
+        (16, (9.0, 10.0))
+    """
+    return at_times(clip_id, segment_times(start, segments), policy=policy, cameras=cameras)
+
+
+def resolve_times(
+    info: VideoInfo,
+    times: Sequence[float],
+    *,
+    policy: TimePolicy = "nearest",
+    frame_count: int | None = None,
+    where: str = "",
+) -> list[int]:
+    """Frame indices for times in seconds, by ``policy`` (see the module docs).
+
+    Args:
+        info: The camera's frame table.
+        times: Times in seconds (presentation timestamps).
+        policy: ``"nearest"`` or ``"at_or_before"``.
+        frame_count: Only the first ``frame_count`` frames are eligible (the clip's length in
+            the index); all frames when None.
+        where: Clip and camera, for error messages.
+
+    Returns:
+        One frame index per time.
+
+    Raises:
+        ValueError: ``policy`` is unknown.
+        IndexError: A time lies outside the frames (message gives the valid range).
+
+    Example::
+
+        >>> info = VideoInfo("h264", 64, 48, (1, 10), (0, 1, 3, 4), (0,), (0,), 10.0)
+        >>> resolve_times(info, [0.2, 0.25, 0.29], policy="nearest")  # 0.2 is a tie: earlier frame
+        [1, 2, 2]
+        >>> resolve_times(info, [0.2, 0.29], policy="at_or_before")
+        [1, 1]
+    """
+    if policy not in _POLICIES:
+        raise ValueError(f"policy={policy!r} is not supported; use 'nearest' or 'at_or_before'.")
+    # Search the integer pts directly: building every frame's time in seconds would make each
+    # request cost time proportional to the video's length.
+    num, den = info.time_base
+    count = info.frame_count if frame_count is None else min(frame_count, info.frame_count)
+    pts = info.pts
+    first, last = info.timestamp(0), info.timestamp(count - 1)
+    tail = 1.0 / info.average_fps if info.average_fps > 0 else 0.0
+    lowest = first - TIME_TOLERANCE if policy == "at_or_before" else first - tail
+    result = []
+    for t in times:
+        if not lowest <= t <= last + tail:
+            at = f" in {where}" if where else ""
+            raise IndexError(
+                f"time {t!r} s is outside the frames{at}: frames span {first!r}..{last!r} s "
+                f"({count} frames; policy {policy!r} accepts {lowest!r}..{last + tail!r} s). "
+                "Request times within the video (timestamps are presentation times, as in a sample's "
+                "'timestamp' field)."
+            )
+        after = bisect.bisect_right(pts, (t + TIME_TOLERANCE) * den / num, 0, count)  # frames at or before t
+        if policy == "at_or_before":
+            result.append(max(after - 1, 0))
+            continue
+        if after == 0:
+            result.append(0)
+        elif after == count or t - info.timestamp(after - 1) <= info.timestamp(after) - t + TIME_TOLERANCE:
+            result.append(after - 1)
+        else:
+            result.append(after)
+    return result
+
+
+def frame_table(camera: CameraStream) -> VideoInfo:
+    """A camera's frame table: from the index metadata when present, else by probing the file."""
+    if camera.info is not None:
+        return camera.info
+    from lightning_vstream.index import probe
+
+    return probe(camera.path)
+
+
+# -- windows and clip sampling ------------------------------------------------------------------
+@dataclass(frozen=True)
+class FrameWindow:
+    """A sample shape in frame units: ``count`` frames, ``stride`` frames apart.
+
+    Example::
+
+        >>> FrameWindow(4, stride=3).offsets
+        (0, 3, 6, 9)
+    """
+
+    count: int
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("count", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"FrameWindow {name}={value!r} must be a positive integer.")
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Frame offsets from the window's first frame."""
+        return tuple(k * self.stride for k in range(self.count))
+
+    @property
+    def span(self) -> int:
+        """Frames from the first to the last frame of the window, inclusive."""
+        return (self.count - 1) * self.stride + 1
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """A sample shape in time: multi-rate segments laid end to end (see :func:`segment_times`).
+
+    Args:
+        segments: ``(rate in fps, number of frames)`` pairs.
+        policy: How times map to frames (see the module docs).
+
+    Example::
+
+        >>> TimeWindow([(1.0, 2), (4.0, 2)]).offsets
+        (0.0, 1.0, 2.0, 2.25)
+        >>> TimeWindow.at_rate(2.0, 3).duration
+        1.5
+    """
+
+    segments: tuple[tuple[float, int], ...]
+    policy: TimePolicy = "nearest"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple(_check_segments(self.segments)))
+        if self.policy not in _POLICIES:
+            raise ValueError(f"TimeWindow policy={self.policy!r} is not supported; use 'nearest' or 'at_or_before'.")
+
+    @classmethod
+    def at_rate(cls, rate: float, count: int, *, policy: TimePolicy = "nearest") -> TimeWindow:
+        """``count`` frames at ``rate`` frames per second."""
+        return cls(((rate, count),), policy)
+
+    @property
+    def offsets(self) -> tuple[float, ...]:
+        """Times of the window's frames relative to its first frame, in seconds."""
+        return tuple(segment_times(0.0, self.segments))
+
+    @property
+    def duration(self) -> float:
+        """Seconds the segments last end to end (``sum(count / rate)``)."""
+        return sum(count / rate for rate, count in self.segments)
+
+    @property
+    def count(self) -> int:
+        """Frames per sample."""
+        return sum(count for _, count in self.segments)
+
+
+Window = FrameWindow | TimeWindow
+
+
+def _reference(clip: Clip, cameras: Sequence[str] | None) -> CameraStream:
+    if cameras is None:
+        return clip.cameras[0]
+    for cam in clip.cameras:
+        if cam.name == cameras[0]:
+            return cam
+    raise ValueError(
+        f"clip {clip.clip_id!r} has no camera {cameras[0]!r} (cameras: {list(clip.camera_names)})."
+    )
+
+
+def _starts(clips: Sequence[Clip], window: Window, cameras: Sequence[str] | None) -> list[list[float]]:
+    """For each clip, the valid start positions (frame indices, or times in seconds)."""
+    result: list[list[float]] = []
+    for clip in clips:
+        if isinstance(window, FrameWindow):
+            result.append(list(range(max(clip.frame_count - window.span + 1, 0))))
+            continue
+        stamps = frame_table(_reference(clip, cameras)).timestamps[: clip.frame_count]
+        span = window.offsets[-1]
+        valid = bisect.bisect_right(stamps, stamps[-1] - span + TIME_TOLERANCE)
+        result.append(stamps[:valid])
+    return result
+
+
+def _too_short(clips: Sequence[Clip], window: Window, cameras: Sequence[str] | None) -> ValueError:
+    longest = max(clips, key=lambda c: c.frame_count)
+    has = f"{longest.frame_count} frames"
+    if isinstance(window, FrameWindow):
+        need = f"{window.span} frames (count {window.count}, stride {window.stride})"
+    else:
+        need = f"{window.offsets[-1]:.6g} s from first to last frame (segments {list(window.segments)})"
+        stamps = frame_table(_reference(longest, cameras)).timestamps[: longest.frame_count]
+        has += f" spanning {stamps[-1] - stamps[0]:.6g} s"
+    return ValueError(
+        f"no clip is long enough for the window: it needs {need}, and the longest clip, "
+        f"{longest.clip_id!r}, has {has}. Use fewer frames or a shorter spacing."
+    )
+
+
+def _request(clip: Clip, window: Window, start: float, cameras: Sequence[str] | None) -> ClipRequest:
+    cams = None if cameras is None else tuple(cameras)
+    if isinstance(window, FrameWindow):
+        return ClipRequest(clip.clip_id, frames=tuple(int(start) + o for o in window.offsets), cameras=cams)
+    return ClipRequest(
+        clip.clip_id, times=tuple(start + o for o in window.offsets), policy=window.policy, cameras=cams
+    )
+
+
+def random_clips(
+    index: Iterable[Clip],
+    window: Window,
+    *,
+    count: int,
+    seed: int = 0,
+    weighting: Weighting = "frames",
+    cameras: Sequence[str] | None = None,
+) -> list[ClipRequest]:
+    """Draw ``count`` windows at random places in a set of clips.
+
+    Every window lies wholly inside its clip; clips shorter than the window are never drawn.
+    A window starts on a frame (for a :class:`TimeWindow`, at that frame's timestamp).
+
+    Args:
+        index: A :class:`~lightning_vstream.VideoIndex` or any sequence of its clips.
+        window: :class:`FrameWindow` or :class:`TimeWindow`.
+        count: Number of requests.
+        seed: Seed of the random generator; the same seed gives the same requests.
+        weighting: ``"frames"`` draws uniformly over all valid start frames of all clips (long
+            clips are drawn more often); ``"videos"`` first draws a clip uniformly, then a start
+            uniformly within it.
+        cameras: Cameras each request returns; all when None.
+
+    Returns:
+        ``count`` requests.
+
+    Raises:
+        ValueError: ``count`` or ``weighting`` is invalid, or no clip is long enough.
+
+    Example::
+
+        >>> reqs = random_clips(load_index("index.json"), TimeWindow.at_rate(1.0, 16), count=100)  # doctest: +SKIP
+    """
+    import numpy as np
+
+    clips = list(index)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count={count!r} must be a non-negative integer number of requests.")
+    if weighting not in ("frames", "videos"):
+        raise ValueError(f"weighting={weighting!r} is not supported; use 'frames' or 'videos'.")
+    if not clips:
+        raise ValueError("random_clips needs at least one clip.")
+    starts = _starts(clips, window, cameras)
+    usable = [k for k, s in enumerate(starts) if s]
+    if not usable:
+        raise _too_short(clips, window, cameras)
+    rng = np.random.default_rng(seed)
+    requests = []
+    if weighting == "frames":
+        cumulative = np.cumsum([len(starts[k]) for k in usable])
+        for draw in rng.integers(0, int(cumulative[-1]), size=count):
+            pos = int(np.searchsorted(cumulative, draw, side="right"))
+            k = usable[pos]
+            offset = int(draw) - (int(cumulative[pos - 1]) if pos else 0)
+            requests.append(_request(clips[k], window, starts[k][offset], cameras))
+    else:
+        for pick in rng.integers(0, len(usable), size=count):
+            k = usable[int(pick)]
+            requests.append(_request(clips[k], window, starts[k][int(rng.integers(0, len(starts[k])))], cameras))
+    return requests
+
+
+def regular_clips(
+    index: Iterable[Clip],
+    window: Window,
+    *,
+    hop: float | None = None,
+    cameras: Sequence[str] | None = None,
+) -> list[ClipRequest]:
+    """Lay windows at regular steps over every clip, in index order.
+
+    Args:
+        index: A :class:`~lightning_vstream.VideoIndex` or any sequence of its clips.
+        window: :class:`FrameWindow` or :class:`TimeWindow`.
+        hop: Step between window starts, in the window's unit: frames for a
+            :class:`FrameWindow`, seconds for a :class:`TimeWindow`. Defaults to the window's
+            length (``span`` frames, or ``duration`` seconds), so windows do not overlap.
+        cameras: Cameras each request returns; all when None.
+
+    Returns:
+        Every window that fits wholly inside its clip (clips shorter than the window add none).
+
+    Raises:
+        ValueError: ``hop`` is not positive (or not an integer for a frame window), or no
+            clip is long enough.
+
+    Example::
+
+        >>> reqs = regular_clips(load_index("index.json"), FrameWindow(8, stride=2))  # doctest: +SKIP
+    """
+    clips = list(index)
+    if not clips:
+        raise ValueError("regular_clips needs at least one clip.")
+    if isinstance(window, FrameWindow):
+        step: float = window.span if hop is None else hop
+        if isinstance(step, float) and step.is_integer():  # configs may spell 4 as 4.0
+            step = int(step)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"hop={hop!r} must be a positive integer number of frames for a FrameWindow.")
+    else:
+        step = window.duration if hop is None else hop
+        if not (isinstance(step, (int, float)) and step > 0):
+            raise ValueError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
+    requests = []
+    for clip, starts in zip(clips, _starts(clips, window, cameras)):
+        if not starts:
+            continue
+        if isinstance(window, FrameWindow):
+            positions: list[float] = list(range(0, len(starts), int(step)))
+        else:
+            positions = []
+            k = 0
+            while (t := starts[0] + k * step) <= starts[-1] + TIME_TOLERANCE:
+                positions.append(t)
+                k += 1
+        requests.extend(_request(clip, window, p, cameras) for p in positions)
+    if not requests:
+        raise _too_short(clips, window, cameras)
+    return requests
