@@ -1,0 +1,268 @@
+"""StreamThroughputMonitor: how fast frames reach the model, and how long the loop waits for them.
+
+Timing model. For every training batch the monitor takes three clock readings: the *mark*
+(the end of the previous batch, or the start of the epoch, or the end of a validation run),
+``on_train_batch_start`` and ``on_train_batch_end``. The loop fetches the next batch (and moves
+it to the device) between the mark and the batch start, so
+
+- *wait* = batch start - mark: the time the loop spent getting data;
+- *batch time* = batch end - mark: wait plus forward, backward and optimizer step.
+
+Windowed figures are ratios of sums over the last ``window`` batches of this rank:
+``frames_per_sec = sum(camera-frames) / sum(batch time)`` and
+``data_wait_fraction = sum(wait) / sum(batch time)``. Time spent in validation is left out;
+other work between two batches (checkpoint saving, for example) counts as wait.
+
+Across ranks (DDP), rates are summed (each rank's own frames over its own time), the wait
+fraction is averaged and its maximum is reported too, and decode counters are summed before
+the amplification is computed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+__all__ = ["StreamThroughputMonitor"]
+
+PREFIX = "vstream/"
+#: Per-rank figures gathered at each log, in this order.
+_FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered",
+           "has_stats")
+#: Error counters of :class:`~lightning_vstream.dataset.DecodeStats` (``on_error="skip"``) -> metric names.
+_COUNTERS = {"skipped_samples": "skipped", "skipped_clips": "skipped_clips", "read_errors": "read_errors",
+             "bad_files": "bad_files"}
+
+
+@dataclass
+class _Batch:
+    wait: float
+    total: float
+    samples: torch.Tensor | int
+    cameras: int
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _as_int(value: torch.Tensor | int) -> int:
+    return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+
+
+def _find_loaders(obj: Any, depth: int = 0) -> list[Any]:
+    """Every loader inside ``obj`` (a loader, list, dict or CombinedLoader) that reports decode counters."""
+    if obj is None or depth > 4:
+        return []
+    stats = getattr(obj, "stats", None)
+    if stats is not None and hasattr(stats, "frames_decoded") and hasattr(stats, "frames_delivered"):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [loader for item in obj for loader in _find_loaders(item, depth + 1)]
+    iterables = getattr(obj, "iterables", None)  # lightning's CombinedLoader
+    return _find_loaders(iterables, depth + 1) if iterables is not None else []
+
+
+class StreamThroughputMonitor(pl.Callback):
+    """Logs delivered frames/sec, samples/sec, data-wait fraction and decode counters of training.
+
+    Every ``log_every_n_steps`` training batches it sends to all of the Trainer's loggers
+    (``logger.log_metrics``, at ``step=trainer.global_step``):
+
+    - ``vstream/frames_per_sec``: camera-frames delivered per second (slots x cameras, valid
+      slots only), summed over ranks;
+    - ``vstream/samples_per_sec``: valid slots per second, summed over ranks;
+    - ``vstream/data_wait_fraction``: share of batch time the loop spent waiting for data
+      (mean over ranks) and ``vstream/data_wait_fraction_max`` (the slowest rank);
+    - ``vstream/decode_amplification``: frames decoded per frame delivered since the previous
+      log, all ranks together (1.0 is ideal; present when the train loader reports
+      :class:`~lightning_vstream.dataset.DecodeStats`);
+    - ``vstream/skipped``, ``vstream/skipped_clips``, ``vstream/read_errors`` and
+      ``vstream/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
+      failed frames, clip segments abandoned, failed camera reads and distinct bad files (per
+      worker) since the loader was created, all ranks together (0 when nothing failed).
+
+    Rates and the wait fraction cover the last ``window`` batches. See the module docstring for
+    the timing model.
+
+    Args:
+        window: Batches the rates and the wait fraction average over.
+        log_every_n_steps: Batches between two logs; the Trainer's ``log_every_n_steps`` when None.
+        prog_bar: Also show frames/sec and the wait fraction in the progress bar.
+        clock: Monotonic clock in seconds (injectable for tests).
+
+    Raises:
+        ValueError: ``window`` or ``log_every_n_steps`` is not a positive integer.
+
+    Example::
+
+        >>> from lightning_vstream.callbacks import StreamThroughputMonitor
+        >>> monitor = StreamThroughputMonitor(window=50, prog_bar=True)
+        >>> trainer = pl.Trainer(callbacks=[monitor], max_steps=100)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
+        >>> monitor.metrics["vstream/frames_per_sec"]  # doctest: +SKIP
+        1843.2
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 20,
+        log_every_n_steps: int | None = None,
+        prog_bar: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__()
+        if not _positive_int(window):
+            raise ValueError(f"StreamThroughputMonitor: window={window!r} is invalid; expected an integer >= 1.")
+        if log_every_n_steps is not None and not _positive_int(log_every_n_steps):
+            raise ValueError(
+                f"StreamThroughputMonitor: log_every_n_steps={log_every_n_steps!r} is invalid; expected an integer "
+                ">= 1, or None for the Trainer's log_every_n_steps."
+            )
+        self.window = window
+        self.log_every_n_steps = log_every_n_steps
+        self.prog_bar = prog_bar
+        self.clock = clock
+        #: The figures of the latest log (what the loggers received).
+        self.metrics: dict[str, float] = {}
+        self._batches: deque[_Batch] = deque(maxlen=window)
+        self._mark: float | None = None
+        self._start: float | None = None
+        self._count = 0
+        self._last_decode = (0, 0)
+        self._decode_source: tuple[int, ...] = ()
+        self._total_wait = 0.0
+        self._total_time = 0.0
+        # Device tensors while training on an accelerator: summed without a sync, read at the end.
+        self._total_samples: torch.Tensor | int = 0
+        self._total_frames: torch.Tensor | int = 0
+
+    # -- timing hooks ----------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._batches.clear()
+        self._count = 0
+        self._last_decode = (0, 0)
+        self._decode_source = ()
+        self._total_wait = self._total_time = 0.0
+        self._total_samples = self._total_frames = 0
+        self._mark = self.clock()  # a run resumed mid-epoch skips on_train_epoch_start
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._mark = self.clock()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._mark is not None:  # validation inside a training epoch: its time is not data wait
+            self._mark = self.clock()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = self.clock()
+        if self._mark is None:  # hooks called outside a Trainer's fit
+            self._mark = now
+        self._start = now
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = self.clock()
+        if self._start is None or self._mark is None:
+            return
+        samples, cameras = _count(batch)
+        record = _Batch(wait=self._start - self._mark, total=now - self._mark, samples=samples, cameras=cameras)
+        self._batches.append(record)
+        self._total_wait += record.wait
+        self._total_time += record.total
+        self._total_samples = self._total_samples + samples
+        self._total_frames = self._total_frames + samples * cameras
+        self._mark, self._start = now, None
+        self._count += 1
+        every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50)))
+        if self._count % every == 0:
+            self._log(trainer, pl_module)
+
+    # -- figures ---------------------------------------------------------------------------
+    def _local(self, trainer: pl.Trainer) -> list[float]:
+        # Summed on the device first: one synchronisation per log, not one per batch.
+        samples = _as_int(sum((b.samples for b in self._batches), 0))
+        frames = _as_int(sum((b.samples * b.cameras for b in self._batches), 0))
+        elapsed = sum(b.total for b in self._batches)
+        wait = sum(b.wait for b in self._batches)
+        loaders = _find_loaders(trainer.train_dataloader)
+        stats = [loader.stats for loader in loaders]
+        decoded = sum(int(s.frames_decoded) for s in stats)
+        delivered = sum(int(s.frames_delivered) for s in stats)
+        counters = [sum(int(getattr(s, field, 0)) for s in stats) for field in _COUNTERS]
+        # Counters restart when Lightning re-creates the loader; compare with the same loaders only.
+        identity = tuple(id(loader) for loader in loaders)
+        base = self._last_decode if identity == self._decode_source else (0, 0)
+        self._decode_source, self._last_decode = identity, (decoded, delivered)
+        decoded, delivered = decoded - base[0], delivered - base[1]
+        if elapsed <= 0:
+            return [0.0, 0.0, 0.0, decoded, delivered, float(bool(stats)), *counters]
+        return [frames / elapsed, samples / elapsed, wait / elapsed, decoded, delivered, float(bool(stats)), *counters]
+
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Every rank reaches this at the same batch count, so the collective below lines up.
+        local = torch.tensor(self._local(trainer), dtype=torch.float64, device=pl_module.device)
+        gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu()
+        fields = dict(zip((*_FIELDS, *_COUNTERS.values()), gathered.unbind(dim=1), strict=True))
+        metrics = {
+            PREFIX + "frames_per_sec": float(fields["frames_per_sec"].sum()),
+            PREFIX + "samples_per_sec": float(fields["samples_per_sec"].sum()),
+            PREFIX + "data_wait_fraction": float(fields["data_wait_fraction"].mean()),
+            PREFIX + "data_wait_fraction_max": float(fields["data_wait_fraction"].max()),
+        }
+        delivered = float(fields["frames_delivered"].sum())
+        if bool(fields["has_stats"].all()) and delivered > 0:
+            metrics[PREFIX + "decode_amplification"] = float(fields["frames_decoded"].sum()) / delivered
+        for name in _COUNTERS.values():
+            metrics[PREFIX + name] = float(fields[name].sum())
+        self.metrics = metrics
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        if self.prog_bar:
+            for name in ("frames_per_sec", "data_wait_fraction"):
+                pl_module.log(PREFIX + name, metrics[PREFIX + name], prog_bar=True, logger=False, on_step=True,
+                              on_epoch=False, batch_size=1)
+
+    def summary(self) -> dict[str, float]:
+        """Figures over every training batch of this process since training started.
+
+        Returns:
+            ``frames_per_sec``, ``samples_per_sec`` and ``data_wait_fraction`` of this rank,
+            un-windowed (no communication between ranks).
+        """
+        elapsed = self._total_time
+        if elapsed <= 0:
+            return {"frames_per_sec": 0.0, "samples_per_sec": 0.0, "data_wait_fraction": 0.0}
+        return {
+            "frames_per_sec": _as_int(self._total_frames) / elapsed,
+            "samples_per_sec": _as_int(self._total_samples) / elapsed,
+            "data_wait_fraction": self._total_wait / elapsed,
+        }
+
+
+def _count(batch: Any) -> tuple[torch.Tensor | int, int]:
+    """Valid slots (kept on the batch's device, read at log time) and cameras of a streaming batch."""
+    frames = batch.get("frames") if isinstance(batch, dict) else None
+    if not isinstance(frames, torch.Tensor) or frames.dim() < 2:
+        got = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
+        raise TypeError(
+            "StreamThroughputMonitor counts frames of streaming batches: dicts whose 'frames' tensor is "
+            f"[slots, cameras, ...] (as StreamVideoDataModule yields), but the training batch is {got}. "
+            "Remove the callback for other data, or yield such dicts."
+        )
+    valid = batch.get("valid")
+    samples: torch.Tensor | int = valid.sum() if isinstance(valid, torch.Tensor) else int(frames.shape[0])
+    return samples, int(frames.shape[1])
+

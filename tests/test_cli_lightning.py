@@ -1,0 +1,107 @@
+"""examples/train_stream.py: LightningCLI parses examples/configs/stream.yaml, fits, and rejects bad values early."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import io
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
+from lightning_vstream.datamodule import StreamVideoDataModule
+from lightning_vstream.models import TinyStreamPETR
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "configs" / "stream.yaml"
+#: DataModule arguments the example config leaves out on purpose (the Trainer provides them).
+FROM_TRAINER = {"rank", "world_size"}
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_stream", ROOT / "examples" / "train_stream.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _no_pytest_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["train_stream.py"])  # LightningCLI(args=...) warns about extra argv
+
+
+@pytest.fixture(scope="module")
+def cli_index(make_dataset: Any) -> Path:
+    return make_dataset(clips=4, cameras=2, frames=[8, 6, 7, 9], size=(64, 48), gop=4)
+
+
+def _args(index: Path, *extra: str) -> list[str]:
+    return ["--config", str(CONFIG), "--data.index_file", str(index), "--data.num_workers", "0",
+            "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false", *extra]
+
+
+def test_config_sets_every_datamodule_option() -> None:
+    data = yaml.safe_load(CONFIG.read_text())["data"]
+    options = set(inspect.signature(StreamVideoDataModule.__init__).parameters) - {"self"}
+    assert set(data) == options - FROM_TRAINER, "examples/configs/stream.yaml must list every DataModule option"
+
+
+def test_cli_parses_the_config_and_fits(cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cli = _example().main(_args(cli_index, "--data.batch_size", "2", "--data.segment_length", "4"), run=False)
+    dm, model, trainer = cli.datamodule, cli.model, cli.trainer
+    assert isinstance(dm, StreamVideoDataModule) and isinstance(model, TinyStreamPETR)
+    assert (dm.batch_size, dm.segment_length, dm.num_workers, dm.decoder_threads, dm.on_error) == (2, 4, 0, 1, "raise")
+    monitors = [c for c in trainer.callbacks if isinstance(c, StreamThroughputMonitor)]
+    resets = [c for c in trainer.callbacks if isinstance(c, TemporalStateReset)]
+    assert len(monitors) == len(resets) == 1 and monitors[0].window == 10 and monitors[0].prog_bar
+    trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 3
+    assert monitors[0].metrics["vstream/samples_per_sec"] > 0
+    assert model.slots_reset >= 2  # the first batch starts a clip in both slots
+
+
+def test_cli_fit_subcommand_runs(cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cli = _example().main(["fit", *_args(cli_index)])
+    assert cli.trainer.global_step == 3
+    assert (tmp_path / "runs" / "stream").is_dir()
+
+
+def _bad_config(tmp_path: Path, index: Path, **data: Any) -> Path:
+    config = yaml.safe_load(CONFIG.read_text())
+    config["data"].update(index_file=str(index), **data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_wrong_choice_in_yaml_fails_at_parse_time_naming_the_option(cli_index: Path, tmp_path: Path) -> None:
+    config = _bad_config(tmp_path, cli_index, decode_device="tpu")
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
+        _example().main(["--config", str(config)], run=False)
+    assert 'Parser key "data.decode_device"' in stderr.getvalue()
+    assert "Expected a typing.Literal['cpu', 'cuda', 'auto']. Got value: tpu" in stderr.getvalue()
+
+
+def test_wrong_number_in_yaml_fails_before_training_with_a_clear_message(cli_index: Path, tmp_path: Path) -> None:
+    config = _bad_config(tmp_path, cli_index, batch_size=-1)
+    with pytest.raises(ValueError, match=r"StreamVideoDataModule: batch_size=-1 is invalid; expected an integer >= 1"):
+        _example().main(["--config", str(config)], run=False)
+
+
+def test_unknown_option_fails_naming_it(cli_index: Path, tmp_path: Path) -> None:
+    config = _bad_config(tmp_path, cli_index, batch_sze=2)
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
+        _example().main(["--config", str(config)], run=False)
+    assert "batch_sze" in stderr.getvalue()
