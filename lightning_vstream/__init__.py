@@ -3,26 +3,48 @@
 Importing the package does no I/O and touches no GPU; decoders open files lazily where they run.
 """
 
+from lightning_vstream.clip_datamodule import ClipVideoDataModule
+from lightning_vstream.clips import DecoderCache, VideoClipDataset, collate_clips, index_from_files
 from lightning_vstream.datamodule import StreamVideoDataModule
 from lightning_vstream.dataset import DecodeStats, StreamDataset
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.decode.gpu import DecoderPool, NvDecoder, resolve_decode_device
+from lightning_vstream.decode.images import ImageFolderDecoder, probe_image_folder, with_image_fps
 from lightning_vstream.index import CameraStream, Clip, IndexValidationError, VideoIndex, build_index, load_index
-from lightning_vstream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.loader import BufferPool, StreamDataLoader, StreamSampler
+from lightning_vstream.models import TinyStreamPETR
 from lightning_vstream.schedule import StreamSchedule
+from lightning_vstream.selection import (
+    ClipRequest,
+    FrameWindow,
+    TimeWindow,
+    at_indices,
+    at_times,
+    multi_rate,
+    random_clips,
+    regular_clips,
+    resolve_times,
+    segment_times,
+)
 from lightning_vstream.transforms import FrameTransform
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BufferPool",
     "CameraStream",
     "Clip",
+    "ClipRequest",
+    "ClipVideoDataModule",
     "DecodeStats",
+    "DecoderCache",
     "DecoderPool",
     "FrameDecoder",
     "FrameTransform",
+    "FrameWindow",
+    "ImageFolderDecoder",
     "IndexValidationError",
     "NvDecoder",
     "PyAVDecoder",
@@ -31,13 +53,27 @@ __all__ = [
     "StreamSampler",
     "StreamSchedule",
     "StreamVideoDataModule",
+    "TimeWindow",
+    "TinyStreamPETR",
+    "VideoClipDataset",
     "VideoDecodeError",
     "VideoIndex",
     "VideoInfo",
-    "__version__",
+    "at_indices",
+    "at_times",
     "build_index",
+    "collate_clips",
+    "index_from_files",
     "load_index",
     "make_decoder",
+    "multi_rate",
+    "probe_image_folder",
     "probe_video",
+    "random_clips",
+    "regular_clips",
     "resolve_decode_device",
+    "resolve_times",
+    "segment_times",
+    "with_image_fps",
+    "__version__",
 ]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_vstream.dataset import DecodeStats, StreamDataset
 from lightning_vstream.index import VideoIndex, load_index
@@ -243,11 +244,19 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     # -- hooks -----------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Record which training batch the loop is about to use, for mid-epoch resume."""
+        """Record which training batch the loop is about to use, for mid-epoch resume.
+
+        Lightning calls only the DataModule's hook when the model defines one too (with a
+        warning); the model's ``on_before_batch_transfer`` is therefore called from here, so it
+        keeps working.
+        """
         trainer = self.trainer
         loader = self._loaders.get("train")
         if loader is not None and trainer is not None and trainer.training and isinstance(batch, dict) and "step" in batch:
             loader.mark_consumed(batch)
+        model = trainer.lightning_module if trainer is not None else None
+        if model is not None and is_overridden("on_before_batch_transfer", model, pl.LightningModule):
+            batch = model.on_before_batch_transfer(batch, dataloader_idx)
         return batch
 
     def teardown(self, stage: str | None = None) -> None:

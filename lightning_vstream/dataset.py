@@ -7,8 +7,10 @@ decoding the same streams sequentially, without seeking (see :mod:`lightning_vst
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -18,12 +20,36 @@ from torch.utils.data import Dataset
 
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
+from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 
 __all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
 
 OnError = Literal["raise", "skip"]
+TRIM_EVERY_CLOSES = 8
+RECENT_BUFFERS = 8
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc.malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None  # not glibc: nothing to do
+
+
+def trim_heap() -> None:
+    """Give memory freed by closed decoders back to the OS (glibc; a no-op elsewhere).
+
+    FFmpeg's decoding threads allocate from many glibc arenas; after decoders close, glibc keeps
+    the freed pages, and a process that opens thousands of files grows by about a megabyte per
+    thousand steps although nothing leaks. Trimming now and then keeps resident memory flat.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class StreamRead(NamedTuple):
@@ -36,12 +62,17 @@ class StreamRead(NamedTuple):
 
 
 class StreamTask(NamedTuple):
-    """The index the sampler hands to the dataset: one part of one step."""
+    """The index the sampler hands to the dataset: one part of one step.
+
+    ``buffer``, when given, is the step's whole batch ``[slots * cameras, ...]`` (in shared
+    memory when workers decode): the dataset writes its reads into their rows directly.
+    """
 
     epoch: int
     step: int
     part: int
     reads: tuple[StreamRead, ...]
+    buffer: torch.Tensor | None = None
 
 
 @dataclass
@@ -88,6 +119,7 @@ class StreamPart:
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
+    in_buffer: bool = False  # frames were written into the task's buffer
 
 
 class StreamDataset(Dataset):
@@ -137,6 +169,11 @@ class StreamDataset(Dataset):
         self.on_error = on_error
         self._bad_clips: set[int] = set()
         self._epoch = -1
+        self._closes = 0
+        # The loader recycles a handful of shared batch buffers. torch maps a received buffer
+        # again unless this process still holds it, so holding the last few keeps them mapped
+        # and paged in (a few MB of page faults per step otherwise).
+        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS)
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
@@ -148,6 +185,7 @@ class StreamDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
+        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS)
         return state
 
     @property
@@ -171,6 +209,9 @@ class StreamDataset(Dataset):
         self._closed.frames_decoded += dec.frames_decoded
         self._closed.seeks += getattr(dec, "seeks", 0)
         dec.close()
+        self._closes += 1
+        if self._closes % TRIM_EVERY_CLOSES == 0:
+            trim_heap()
 
     def close(self) -> None:
         """Close every decoder of this process."""
@@ -200,15 +241,21 @@ class StreamDataset(Dataset):
         self._closed.files_opened += 1
         return dec
 
-    def _read(self, read: StreamRead) -> torch.Tensor:
-        """Decode one camera frame; every failure becomes a VideoDecodeError with full context."""
+    def _read(self, read: StreamRead, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode one camera frame (into ``out`` when the backend can); failures become VideoDecodeErrors."""
         clip = self.index.clips[read.clip]
         camera = clip.cameras[read.camera]
         try:
             dec = self._decoder(read)
             with nvtx_range(RANGE_DECODE):
-                image = dec.get(read.frame)
-        except VideoDecodeError:
+                if out is not None and isinstance(dec, PyAVDecoder):
+                    info = dec.info
+                    if tuple(out.shape) != (3, info.height, info.width):
+                        raise _SizeMismatch(tuple(out.shape), (3, info.height, info.width))
+                    image = dec.get(read.frame, out=out)
+                else:
+                    image = dec.get(read.frame)
+        except (VideoDecodeError, _SizeMismatch):
             raise
         except (OSError, IndexError, ValueError, RuntimeError) as err:
             raise VideoDecodeError(
@@ -218,9 +265,20 @@ class StreamDataset(Dataset):
             image = image.to(self.device)  # image folders decode on the CPU
         return image
 
+    def _size_error(self, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], other: str) -> ValueError:
+        clip = self.index.clips[read.clip]
+        return ValueError(
+            f"clip {clip.clip_id!r}, camera {clip.cameras[read.camera].name!r} frame {read.frame} is {got} but "
+            f"{other} is {expected}; batches stack frames, so configure a resize transform or give every "
+            "file the same size."
+        )
+
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
         worker_key = (os.getpid(), worker.id if worker is not None else -1)
+        buffer = task.buffer
+        if buffer is not None and worker is not None:
+            self._recent_buffers.append(buffer)
         frames: torch.Tensor | None = None
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
@@ -232,8 +290,11 @@ class StreamDataset(Dataset):
             if read.clip in self._bad_clips:
                 failed.append((read.position, path, "clip abandoned after an earlier error"))
                 continue
+            direct = buffer is not None and self.transform is None
             try:
-                image = self._read(read)
+                image = self._read(read, buffer[read.position] if direct else None)  # type: ignore[index]
+            except _SizeMismatch as err:
+                raise self._size_error(read, err.got, err.expected, "the rest of the batch") from None
             except VideoDecodeError as err:
                 if self.on_error == "raise":
                     raise
@@ -243,26 +304,35 @@ class StreamDataset(Dataset):
                     self._close(read.position)
                 failed.append((read.position, path, str(err)))
                 continue
-            if frames is None:
-                frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
-                if worker is not None and frames.device.type == "cpu":
-                    frames.share_memory_()  # handed to the main process without another copy
-            elif image.shape != frames.shape[1:]:
-                clip = self.index.clips[read.clip]
-                first = self.index.clips[task.reads[0].clip]
-                raise ValueError(
-                    f"clip {clip.clip_id!r}, camera {clip.cameras[read.camera].name!r} frame {read.frame} is "
-                    f"{tuple(image.shape)} but clip {first.clip_id!r}, camera "
-                    f"{first.cameras[task.reads[0].camera].name!r} in the same batch is "
-                    f"{tuple(frames.shape[1:])}; batches stack frames, so configure a resize transform "
-                    "or give every file the same size."
-                )
-            frames[i].copy_(image)
+            if buffer is not None:
+                if not direct:
+                    image = self.transform(image[None])[0] if self.transform is not None else image
+                    row = buffer[read.position]
+                    if image.shape != row.shape or image.dtype != row.dtype:
+                        raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
+                    row.copy_(image)
+            else:
+                if frames is None:
+                    frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
+                elif image.shape != frames.shape[1:]:
+                    first = self.index.clips[task.reads[0].clip]
+                    other = f"clip {first.clip_id!r}, camera {first.cameras[task.reads[0].camera].name!r} in the same batch"
+                    raise self._size_error(read, tuple(image.shape), tuple(frames.shape[1:]), other)
+                frames[i].copy_(image)
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
             self._delivered += 1
         if frames is not None and self.transform is not None:
             frames = self.transform(frames)
+        if frames is not None and worker is not None and frames.device.type == "cpu":
+            frames.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed,
+            self.stats, failed, in_buffer=buffer is not None,
         )
+
+
+class _SizeMismatch(Exception):
+    def __init__(self, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
+        super().__init__(expected, got)
+        self.expected = expected
+        self.got = got

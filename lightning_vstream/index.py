@@ -132,6 +132,14 @@ def metadata_path(index_path: Path | str) -> Path:
     return index_path.with_name(index_path.stem + ".meta.json")
 
 
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()`` that answers False for paths the OS rejects (names over 255 bytes...)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def _natural_key(text: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
@@ -187,6 +195,8 @@ def _read_json(path: Path) -> Any:
         raise ValueError(
             f"index file {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
         ) from None
+    except RecursionError:
+        raise ValueError(f"index file {str(path)!r} nests JSON too deeply to be an index.") from None
 
 
 def _load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
@@ -195,6 +205,9 @@ def _load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
         return {}
     try:
         data = json.loads(meta_file.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"metadata file {str(meta_file)!r} nests JSON too deeply; delete it or rebuild it "
+                         "with `vstream index`.") from None
     except json.JSONDecodeError as err:
         raise ValueError(
             f"metadata file {str(meta_file)!r} is not valid JSON ({err.msg} at line {err.lineno}, column "
@@ -218,8 +231,8 @@ def _cached_info(meta: Mapping[str, dict[str, Any]], base: Path, path: Path) -> 
         if path.is_file() and entry.get("size") != path.stat().st_size:
             return None
         return VideoInfo.from_dict(entry["info"])
-    except (KeyError, TypeError, ValueError):
-        return None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError):
+        return None  # a damaged entry is ignored: the file is probed instead
 
 
 def probe(path: Path) -> VideoInfo:
@@ -296,7 +309,7 @@ def load_index(
                 f"got a {type(entries).__name__}."
             )
             continue
-        if not video_dir.is_dir():
+        if not _is_dir(video_dir):
             problems.append(f"{where}: video folder {video_dir_key!r} ({str(video_dir)!r}) does not exist.")
             continue
         for clip_id, count in entries.items():
@@ -313,7 +326,7 @@ def load_index(
                 continue
             seen[clip_id] = video_dir_key
             folder = video_dir / clip_id
-            if not folder.is_dir():
+            if not _is_dir(folder):
                 problems.append(f"{where}: clip {clip_id!r}: folder {str(folder)!r} does not exist.")
                 continue
             try:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -86,7 +87,9 @@ class StreamSampler(DistributedSampler):
         # Per-slot step offsets: a slot whose clip failed (on_error="skip") jumps ahead to its
         # next segment and pads at the end of the epoch, so all ranks keep the same length.
         self.shifts = [0] * batch_size
-        self._issued: dict[int, tuple[list[SlotRead | None], list[int]]] = {}
+        self._issued: dict[int, tuple[list[SlotRead | None], list[int], torch.Tensor | None]] = {}
+        #: Called once per step for the batch buffer the workers write into (None: parts mode).
+        self.buffer_factory: Callable[[], torch.Tensor | None] | None = None
         self._next_step = 0
         self.schedule()  # validate the configuration now, not in a worker
 
@@ -127,8 +130,8 @@ class StreamSampler(DistributedSampler):
             reads.append(plan.read(position, slot) if position < plan.num_steps else None)
         return reads
 
-    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int]]:
-        """The reads and shifts ``step`` was issued with (the loader labels batches with them)."""
+    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], torch.Tensor | None]:
+        """The reads, shifts and batch buffer ``step`` was issued with (the loader labels batches with them)."""
         return self._issued.pop(step)
 
     def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> None:
@@ -147,7 +150,8 @@ class StreamSampler(DistributedSampler):
         """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
         parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
         reads = self.reads(step)
-        self._issued[step] = (reads, list(self.shifts))
+        buffer = self.buffer_factory() if self.buffer_factory is not None else None
+        self._issued[step] = (reads, list(self.shifts), buffer)
         self._next_step = step + 1
         for slot, read in enumerate(reads):
             if read is None:
@@ -155,7 +159,7 @@ class StreamSampler(DistributedSampler):
             for camera in range(self.num_cameras):
                 position = slot * self.num_cameras + camera
                 parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame))
-        return [StreamTask(self.epoch, step, p, tuple(reads)) for p, reads in enumerate(parts)]
+        return [StreamTask(self.epoch, step, p, tuple(reads), buffer) for p, reads in enumerate(parts)]
 
     def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
         self._issued.clear()
@@ -167,6 +171,45 @@ class StreamSampler(DistributedSampler):
 
 def _identity(item: Any) -> Any:
     return item
+
+
+class BufferPool:
+    """Recycles batch storages once nothing references the batch handed out.
+
+    Allocating (and later unmapping) a fresh shared-memory batch every step costs more than
+    decoding on a small machine; a recycled storage is already mapped and paged in. A batch
+    counts as free when its base tensor is collected: every view of it (``batch["frames"]``,
+    slices, ``.numpy()`` arrays) keeps the base alive, so memory is never reused under a user.
+
+    Args:
+        shared: Allocate shared memory (for worker processes) rather than ordinary memory.
+    """
+
+    def __init__(self, *, shared: bool) -> None:
+        self.shared = shared
+        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.UntypedStorage]] = {}
+        self.allocated = 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of ``shape`` whose storage returns to the pool when the tensor is collected."""
+        key = (tuple(shape), dtype)
+        free = self._free.setdefault(key, [])
+        if free:
+            storage = free.pop()
+        else:
+            nbytes = math.prod(shape) * dtype.itemsize
+            # torch's own collate allocates worker batches with _new_shared: shared memory from
+            # the start, so handing it to workers and back copies nothing.
+            storage = torch.UntypedStorage._new_shared(nbytes) if self.shared else torch.UntypedStorage(nbytes)
+            self.allocated += 1
+        # The tensor that owns the storage (its ``_base`` is None), so every view made from it,
+        # at any depth, keeps this very object alive; the storage returns only when all are gone.
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        root = torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(strides))
+        weakref.finalize(root, free.append, storage)
+        return root
 
 
 class StreamDataLoader(DataLoader):
@@ -252,8 +295,10 @@ class StreamDataLoader(DataLoader):
         self._shift_log: dict[int, list[int]] = {}
         self._skips = DecodeStats()
         self._bad_files: set[str] = set()
-        self._abandoned = set()
+        self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up in the current pass
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
+        sampler.buffer_factory = self._new_buffer
+        self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -267,11 +312,11 @@ class StreamDataLoader(DataLoader):
             start = self._resume[1]
             sampler.shifts = list(self._resume_shifts)
         sampler.start_step = start
-        self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up this pass
+        self._abandoned = set()
         parts_iter = super().__iter__()
         try:
             for step in range(start, len(plan)):
-                parts = [next(parts_iter) for _ in range(sampler.num_parts)]
+                parts = [self._receive(parts_iter) for _ in range(sampler.num_parts)]
                 with nvtx_range(RANGE_COLLATE):
                     batch = self._assemble(sampler, step, parts)
                 self._yielded = (sampler.epoch, step + 1)
@@ -279,6 +324,17 @@ class StreamDataLoader(DataLoader):
         finally:
             sampler.start_step = 0
         self._resume = None
+
+    @staticmethod
+    def _receive(parts_iter: Iterator[StreamPart]) -> StreamPart:
+        try:
+            return next(parts_iter)
+        except (ConnectionError, EOFError) as err:
+            # A worker that dies while handing over shared memory breaks the connection first.
+            raise RuntimeError(
+                "a decoding worker died while sending its frames (see the chained error); the DataLoader "
+                "cannot continue. Check the worker's memory limit and the files it was decoding."
+            ) from err
 
     def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> dict[str, Any]:
         index = self.dataset.index  # type: ignore[attr-defined]
@@ -291,7 +347,7 @@ class StreamDataLoader(DataLoader):
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
             self._worker_stats[part.worker_key] = part.stats
-        reads, shifts = sampler.issued(step)
+        reads, shifts, buffer = sampler.issued(step)
         self._shift_log[step] = shifts
         for old in [s for s in self._shift_log if s < step - 256]:
             del self._shift_log[old]
@@ -316,37 +372,20 @@ class StreamDataLoader(DataLoader):
         )
         self._skips.bad_files = len(self._bad_files)
         with_frames = [part for part in parts if part.frames is not None]
-        if with_frames:
-            sample = with_frames[0].frames
-            assert sample is not None
-            self._template = (tuple(sample.shape[1:]), sample.dtype, sample.device)
-        elif self._template is None:
-            raise RuntimeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
-        shape, dtype, device = self._template
-        complete = all(valid)
-        if len(parts) == 1 and complete and not self.pin_output:
-            frames = with_frames[0].frames
+        if buffer is not None:
+            frames = self._finish_buffer(buffer, valid, cams)
+            shape = tuple(buffer.shape[1:])
         else:
-            pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
-            alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
-            frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pin)
-            for part in with_frames:
-                rows = [i for i, pos in enumerate(part.positions) if valid[pos // cams]]
-                if len(rows) == len(part.positions):
-                    frames.index_copy_(0, torch.tensor(part.positions, device=device), part.frames)  # type: ignore[arg-type]
-                elif rows:
-                    keep = torch.tensor(rows, device=device)
-                    targets = torch.tensor([part.positions[i] for i in rows], device=device)
-                    frames.index_copy_(0, targets, part.frames.index_select(0, keep))  # type: ignore[union-attr]
+            frames, shape = self._merge_parts(step, parts, with_frames, valid, cams, batch_size)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
-        for part in with_frames:
+        for part in parts:
             for pos, ts in zip(part.positions, part.timestamps):
                 if valid[pos // cams]:
                     camera_ts[pos] = ts
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
         return {
-            "frames": frames.view(batch_size, cams, *shape),  # type: ignore[union-attr]
+            "frames": frames.view(batch_size, cams, *shape),
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
             "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
@@ -357,6 +396,54 @@ class StreamDataLoader(DataLoader):
             "epoch": sampler.epoch,
             "step": step,
         }
+
+    def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:
+        rows = buffer.view(len(valid), cams, *buffer.shape[1:])
+        for slot, ok in enumerate(valid):
+            if not ok:
+                rows[slot].zero_()  # padding and failed slots hold zeros, not stale memory
+        if self.pin_output and torch.cuda.is_available():
+            return buffer.pin_memory()
+        return buffer
+
+    def _merge_parts(
+        self, step: int, parts: list[StreamPart], with_frames: list[StreamPart], valid: list[bool], cams: int,
+        batch_size: int,
+    ) -> tuple[torch.Tensor, tuple[int, ...]]:
+        if with_frames:
+            sample = with_frames[0].frames
+            assert sample is not None
+            self._template = (tuple(sample.shape[1:]), sample.dtype, sample.device)
+        elif self._template is None:
+            raise RuntimeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
+        shape, dtype, device = self._template
+        complete = all(valid)
+        if len(parts) == 1 and complete and not self.pin_output:
+            return with_frames[0].frames, shape  # type: ignore[return-value]
+        pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
+        alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
+        frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pin)
+        for part in with_frames:
+            assert part.frames is not None
+            for row, pos in enumerate(part.positions):
+                if valid[pos // cams]:
+                    if device.type == "cpu":
+                        frames[pos].numpy()[...] = part.frames[row].numpy()  # single-threaded memcpy
+                    else:
+                        frames[pos].copy_(part.frames[row])
+        return frames, shape
+
+    def _new_buffer(self) -> torch.Tensor | None:
+        """A batch the workers decode straight into, once the frame size is known (CPU only).
+
+        Frames then cross from worker to batch with a single write: no per-part tensors, no
+        copy in the main process. The first steps, and GPU decoding, use per-part tensors.
+        """
+        if self._template is None or self._template[2].type != "cpu":
+            return None
+        shape, dtype, _ = self._template
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        return self._pool.take((sampler.batch_size * sampler.num_cameras, *shape), dtype)
 
     def close(self) -> None:
         """Shut down persistent workers and close the decoders of this process."""

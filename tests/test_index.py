@@ -464,3 +464,20 @@ def test_camera_stream_is_frozen(small_index: Path) -> None:
     assert isinstance(cam, CameraStream)
     with pytest.raises(AttributeError):
         cam.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"time_base": [1, 0]}, "both must be positive"),
+        ({"width": 0}, "both must be positive"),
+        ({"pts": [0, 2, 1, 3]}, "strictly increasing"),
+        ({"key_indices": [0, 9], "key_seek": [0, 9]}, "within the frame count"),
+    ],
+)
+def test_video_info_rejects_impossible_metadata(change: dict, match: str) -> None:
+    from lightning_vstream.decode.base import VideoInfo
+
+    good = VideoInfo("h264", 64, 48, (1, 12), (0, 1, 2, 3), (0, 2), (0, 2), 12.0).to_dict()
+    with pytest.raises(ValueError, match=match):
+        VideoInfo.from_dict({**good, **change})

@@ -173,3 +173,19 @@ def test_cuda_decoding_without_cuda_is_a_clear_error(lightning_index: Path) -> N
     dm = StreamVideoDataModule(index_file=lightning_index, batch_size=1, num_workers=0, decode_device="cuda")
     with pytest.raises((RuntimeError, ImportError), match="CUDA|PyNvVideoCodec"):
         dm.setup("fit")
+
+
+def test_a_models_own_batch_hook_still_runs(lightning_index: Path, tmp_path: Path) -> None:
+    class HookedModel(RecordingModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hooked = 0
+
+        def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            self.hooked += 1
+            return batch
+
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
+    model = HookedModel()
+    _trainer(tmp_path, max_steps=3).fit(model, datamodule=dm)
+    assert model.hooked == 3

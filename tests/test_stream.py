@@ -202,3 +202,24 @@ def test_sampler_shards_by_rank(stream_index: Path) -> None:
         clips.append({read.clip for task in sampler for read in task.reads})
         assert len(sampler) == sampler.schedule().num_steps
     assert not clips[0] & clips[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_kept_by_the_user_are_never_overwritten(stream_index: Path, num_workers: int, assert_stamps: Any) -> None:
+    loader = _loader(stream_index, num_workers=num_workers)
+    kept = list(loader)  # every batch stays referenced until the end
+    views = [b["frames"][0, 0] for b in _loader(stream_index, num_workers=num_workers)]  # only views survive
+    for batch in kept:
+        assert_stamps(batch)
+    for step, view in enumerate(views):
+        assert view.any()  # the view's base is still alive, so its storage was not recycled
+    assert loader._pool.allocated >= len(kept) - 4  # held batches each needed their own storage
+
+
+def test_dropped_batches_recycle_their_storage(stream_index: Path, assert_stamps: Any) -> None:
+    loader = _loader(stream_index, num_workers=2)
+    steps = 0
+    for batch in loader:
+        assert_stamps(batch)
+        steps += 1
+    assert steps > 10 and loader._pool.allocated <= 6

@@ -51,6 +51,8 @@ class VideoInfo:
         crc32: CRC-32 of every frame's compressed packet (presentation order), recorded when
             the index was built; decoders check packets against it, so corrupted data raises
             instead of decoding into wrong pixels. None when unknown.
+        config_crc32: CRC-32 of the codec configuration (SPS/PPS, the ``avcC``/``hvcC`` record),
+            checked when a decoder opens the file. None when unknown.
 
     Example::
 
@@ -68,6 +70,7 @@ class VideoInfo:
     key_seek: tuple[int, ...]
     average_fps: float
     crc32: tuple[int, ...] | None = None
+    config_crc32: int | None = None
     _pts_lookup: dict[int, int] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -115,6 +118,7 @@ class VideoInfo:
             "key_indices": list(self.key_indices),
             "key_seek": list(self.key_seek),
             **({"crc32": list(self.crc32)} if self.crc32 is not None else {}),
+            **({"config_crc32": self.config_crc32} if self.config_crc32 is not None else {}),
         }
 
     @classmethod
@@ -135,12 +139,55 @@ class VideoInfo:
             key_seek=tuple(int(k) for k in data["key_seek"]),
             average_fps=float(data["average_fps"]),
             crc32=tuple(int(c) for c in data["crc32"]) if data.get("crc32") is not None else None,
+            config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
         )
+        if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:
+            raise ValueError(
+                f"video metadata has time_base {info.time_base} and size {info.width}x{info.height}; both must be "
+                "positive. Rebuild it with `vstream index`."
+            )
+        if not info.pts or any(b <= a for a, b in zip(info.pts, info.pts[1:])):
+            raise ValueError("video metadata timestamps must be non-empty and strictly increasing; rebuild it with "
+                             "`vstream index`.")
+        if any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:])) or info.key_indices[-1:] and (
+            info.key_indices[-1] >= info.frame_count
+        ):
+            raise ValueError("video metadata keyframe indices must be increasing and within the frame count; rebuild "
+                             "it with `vstream index`.")
         if info.crc32 is not None and len(info.crc32) != len(info.pts):
             raise ValueError("video metadata has a checksum list of the wrong length; rebuild it with `vstream index`.")
         if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
             raise ValueError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
         return info
+
+
+class DecoderBase:
+    """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, and where
+    a frame comes from for error messages. Subclasses set ``path``, ``label``, ``_target`` and
+    ``_frames_decoded``."""
+
+    path: Path
+    label: str
+    _target: int
+    _frames_decoded: int
+
+    @property
+    def position(self) -> int:
+        """Index of the frame the next ``read()`` returns."""
+        return self._target
+
+    @property
+    def frames_decoded(self) -> int:
+        """Frames decoded so far, including those decoded only to reach a seek target."""
+        return self._frames_decoded
+
+    def _where(self, index: int | None = None) -> str:
+        where = f"{str(self.path)!r}"
+        if self.label:
+            where += f" ({self.label})"
+        if index is not None:
+            where += f" frame {index}"
+        return where
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 
 if TYPE_CHECKING:
     import av
@@ -151,13 +151,14 @@ def probe_video(path: Path | str) -> VideoInfo:
             key_indices=tuple(key_indices),
             key_seek=tuple(key_seek),
             crc32=tuple(r[3] for r in records),
+            config_crc32=zlib.crc32(codec_ctx.extradata or b""),
             average_fps=fps,
         )
     finally:
         container.close()
 
 
-class PyAVDecoder:
+class PyAVDecoder(DecoderBase):
     """Frame-exact decoder for one video file on the CPU.
 
     Opens the file lazily on first use. Sequential :meth:`read` calls decode each frame once;
@@ -216,25 +217,9 @@ class PyAVDecoder:
         return self._info
 
     @property
-    def position(self) -> int:
-        return self._target
-
-    @property
-    def frames_decoded(self) -> int:
-        return self._frames_decoded
-
-    @property
     def seeks(self) -> int:
         """Number of demuxer seeks performed."""
         return self._seeks
-
-    def _where(self, index: int | None = None) -> str:
-        where = f"{str(self.path)!r}"
-        if self.label:
-            where += f" ({self.label})"
-        if index is not None:
-            where += f" frame {index}"
-        return where
 
     # -- core -------------------------------------------------------------------------------
     def _disown(self) -> None:
@@ -247,6 +232,14 @@ class PyAVDecoder:
     def _open(self) -> None:
         container = _open_container(self.path)
         stream = _video_stream(container, self.path)
+        info = self.info
+        if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:
+            container.close()
+            raise VideoDecodeError(
+                f"{self._where()}: the codec configuration (SPS/PPS) differs from the checksum recorded when "
+                "the index was built (corrupt or replaced file). Restore the file, or rebuild the index with "
+                "`vstream index` if it was replaced on purpose."
+            )
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.threads
         self._container = container
@@ -302,7 +295,7 @@ class PyAVDecoder:
         self._frames = self._decode_iter()
         self._next = -1  # unknown until the first frame comes out
 
-    def read(self) -> torch.Tensor:
+    def read(self, out: torch.Tensor | None = None) -> torch.Tensor:
         info = self.info
         target = self._target
         if target >= info.frame_count:
@@ -382,12 +375,12 @@ class PyAVDecoder:
                 )
             self._next = index + 1
             self._target = index + 1
-            return self._to_tensor(frame)
+            return self._to_tensor(frame, out)
 
-    def get(self, index: int) -> torch.Tensor:
+    def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return frame ``index`` (see :meth:`seek` for the cost)."""
         self.seek(index)
-        return self.read()
+        return self.read(out)
 
     def get_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
         """Return the frames at ``indices`` (any order, repeats allowed), in that order.
@@ -414,19 +407,29 @@ class PyAVDecoder:
         decoded = {i: self.get(i) for i in wanted}
         return [decoded[i] for i in indices]
 
-    def _to_tensor(self, frame: Any) -> torch.Tensor:
+    def _to_tensor(self, frame: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         import numpy as np
         import torch
 
+        shape = (3, frame.height, frame.width) if self.layout == "chw" else (frame.height, frame.width, 3)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.uint8)
+        elif tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous():
+            raise ValueError(
+                f"{self._where()}: out must be a contiguous uint8 tensor of shape {shape}, got "
+                f"{tuple(out.shape)} {out.dtype}."
+            )
+        # numpy copies: single-threaded memcpy, no intra-op thread pool to contend with FFmpeg.
+        target = out.numpy()
         if self.layout == "hwc":
-            return torch.from_numpy(frame.to_ndarray(format="rgb24"))
+            target[:] = frame.to_ndarray(format="rgb24")
+            return out
         # Planar RGB straight from swscale: three contiguous plane copies instead of a strided
         # HWC -> CHW transpose, which costs more than decoding on large frames.
         planar = frame.reformat(format="gbrp")
-        out = torch.empty((3, planar.height, planar.width), dtype=torch.uint8)
         for channel, plane in zip((1, 2, 0), planar.planes):  # planes are G, B, R
             rows = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
-            out[channel].numpy()[:] = rows[:, : plane.width]
+            target[channel] = rows[:, : plane.width]
         return out
 
     def _reset(self) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.profiling import RANGE_DECODE, RANGE_DEMUX, RANGE_HANDOFF, nvtx_range
 
 if TYPE_CHECKING:
@@ -428,7 +428,7 @@ def _gpu_ordinal(device: Any) -> int:
 
 
 # -- the decoder -------------------------------------------------------------------------------
-class NvDecoder:
+class NvDecoder(DecoderBase):
     """Frame-exact decoder for one video file on an NVIDIA GPU (NVDEC via PyNvVideoCodec).
 
     Behaves like :class:`~lightning_vstream.decode.cpu.PyAVDecoder`, with frames returned as
@@ -507,14 +507,6 @@ class NvDecoder:
         return torch.device("cuda", self.gpu)
 
     @property
-    def position(self) -> int:
-        return self._target
-
-    @property
-    def frames_decoded(self) -> int:
-        return self._frames_decoded
-
-    @property
     def seeks(self) -> int:
         """Number of demuxer seeks performed."""
         return self._seeks
@@ -532,14 +524,6 @@ class NvDecoder:
         if self._queue:
             return self._queue[0][0]
         return self._last + 1 if self._last >= 0 else -1
-
-    def _where(self, index: int | None = None) -> str:
-        where = f"{str(self.path)!r}"
-        if self.label:
-            where += f" ({self.label})"
-        if index is not None:
-            where += f" frame {index}"
-        return where
 
     # -- opening and closing ----------------------------------------------------------------
     def _open(self) -> None:
