@@ -88,8 +88,8 @@ class StreamSampler(DistributedSampler):
         # next segment and pads at the end of the epoch, so all ranks keep the same length.
         self.shifts = [0] * batch_size
         self._issued: dict[int, tuple[list[SlotRead | None], list[int], torch.Tensor | None]] = {}
-        #: Called once per step for the batch buffer the workers write into (None: parts mode).
-        self.buffer_factory: Callable[[], torch.Tensor | None] | None = None
+        #: Weak reference to a callable giving each step's batch buffer (None: parts mode).
+        self.buffer_factory: weakref.WeakMethod[Callable[[], torch.Tensor | None]] | None = None
         self._next_step = 0
         self.schedule()  # validate the configuration now, not in a worker
 
@@ -150,7 +150,8 @@ class StreamSampler(DistributedSampler):
         """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
         parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
         reads = self.reads(step)
-        buffer = self.buffer_factory() if self.buffer_factory is not None else None
+        factory = self.buffer_factory() if self.buffer_factory is not None else None
+        buffer = factory() if factory is not None else None
         self._issued[step] = (reads, list(self.shifts), buffer)
         self._next_step = step + 1
         for slot, read in enumerate(reads):
@@ -297,7 +298,7 @@ class StreamDataLoader(DataLoader):
         self._bad_files: set[str] = set()
         self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up in the current pass
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
-        sampler.buffer_factory = self._new_buffer
+        sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------

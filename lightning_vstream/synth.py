@@ -10,6 +10,7 @@ produce realistic P/B-frames.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -354,7 +355,9 @@ def write_dataset(
                 )
             )
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1)) as pool:
+        # forkserver: encoding processes inherit no state (open decoders, threads) from the caller.
+        context = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1), mp_context=context) as pool:
             list(pool.map(_write_job, job_list))
     else:
         for job in job_list:

@@ -224,3 +224,42 @@ def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path:
     assert "clip 'scene-0001', camera 'CAM_BACK' (CAM_BACK.mp4) uses codec 'not-a-codec'" in text
     assert "clip 'scene-0003' lists 99 frames, but camera 'CAM_BACK' (CAM_BACK.mp4) holds 16" in text
     assert "clip 'scene-0004' is missing camera file(s) ['CAM_BACK']" in text
+
+
+_FORK_AFTER_GARBAGE = r"""
+import gc, multiprocessing, sys
+from lightning_vstream.decode.cpu import PyAVDecoder
+gc.disable()
+decoders = []
+for path in sys.argv[1:]:
+    dec = PyAVDecoder(path)
+    dec.read()  # FFmpeg's decoding threads are running now
+    decoders.append(dec)
+garbage = [decoders]
+garbage.append(garbage)  # a reference cycle: only the garbage collector frees these decoders
+del decoders, dec, garbage
+
+def child():
+    # The parent freed its garbage decoders before forking, so none reached this process, and
+    # no garbage collection here (which may even run inside Python's own after-fork handling,
+    # before any handler of ours) can finalize FFmpeg state whose threads did not survive.
+    from lightning_vstream.decode.cpu import _LIVE_DECODERS
+    inherited = len(_LIVE_DECODERS)
+    gc.collect()
+    sys.exit(10 + inherited)
+
+process = multiprocessing.get_context("fork").Process(target=child)
+process.start()
+process.join(30)
+print("child exit code", process.exitcode)
+sys.exit(0 if process.exitcode == 10 else 1)
+"""
+
+
+def test_fork_after_decoders_became_garbage_does_not_hang(pristine: Path) -> None:
+    import subprocess
+    import sys
+
+    paths = [str(p) for p in sorted((pristine / "videos" / clip_name(0)).glob("*.mp4"))]
+    result = subprocess.run([sys.executable, "-c", _FORK_AFTER_GARBAGE, *paths], timeout=120, capture_output=True)
+    assert result.returncode == 0, (result.stdout.decode() + result.stderr.decode())[-2000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 import zlib
@@ -26,13 +27,21 @@ _LIVE_DECODERS: weakref.WeakSet[PyAVDecoder] = weakref.WeakSet()
 _INHERITED_FFMPEG_OBJECTS: list[Any] = []
 
 
+def _collect_garbage_decoders_before_fork() -> None:
+    # Decoders that are garbage but not yet collected (in reference cycles, such as a finished
+    # Trainer's) must be freed here, where their threads exist: a child's garbage collector can
+    # run before any after-fork handler does.
+    if len(_LIVE_DECODERS):
+        gc.collect()
+
+
 def _disown_decoders_after_fork() -> None:
     for decoder in list(_LIVE_DECODERS):
         decoder._disown()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_disown_decoders_after_fork)
+    os.register_at_fork(before=_collect_garbage_decoders_before_fork, after_in_child=_disown_decoders_after_fork)
 
 
 def _open_container(path: Path) -> av.container.InputContainer:
@@ -158,6 +167,20 @@ def probe_video(path: Path | str) -> VideoInfo:
         container.close()
 
 
+def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) -> Iterator[Any]:
+    """Demux ``stream`` and yield its frames, checking packets against the recorded checksums."""
+    for packet in container.demux(stream):
+        if info.crc32 is not None and packet.size and packet.pts is not None:
+            index = info.index_of_pts(packet.pts)
+            if index is not None and zlib.crc32(packet) != info.crc32[index]:
+                raise VideoDecodeError(
+                    f"{where} frame {index}: the compressed data differs from the checksum recorded when "
+                    "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
+                    "index with `vstream index` if it was replaced on purpose."
+                )
+        yield from packet.decode()
+
+
 class PyAVDecoder(DecoderBase):
     """Frame-exact decoder for one video file on the CPU.
 
@@ -249,17 +272,9 @@ class PyAVDecoder(DecoderBase):
         _LIVE_DECODERS.add(self)
 
     def _decode_iter(self) -> Iterator[Any]:
-        info = self.info
-        for packet in self._container.demux(self._stream):
-            if info.crc32 is not None and packet.size and packet.pts is not None:
-                index = info.index_of_pts(packet.pts)
-                if index is not None and zlib.crc32(packet) != info.crc32[index]:
-                    raise VideoDecodeError(
-                        f"{self._where(index)}: the compressed data differs from the checksum recorded when "
-                        "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
-                        "index with `vstream index` if it was replaced on purpose."
-                    )
-            yield from packet.decode()
+        # A plain generator that does not hold `self`: a decoder dropped without close() is then
+        # freed at once, never left as cyclic garbage for a forked child to finalize.
+        return _decode_packets(self._container, self._stream, self.info, self._where())
 
     def seek(self, index: int) -> None:
         info = self.info
