@@ -181,6 +181,8 @@ class BufferPool:
     decoding on a small machine; a recycled storage is already mapped and paged in. A batch
     counts as free when its base tensor is collected: every view of it (``batch["frames"]``,
     slices, ``.numpy()`` arrays) keeps the base alive, so memory is never reused under a user.
+    Only a bare ``untyped_storage()`` kept without any tensor does not count; copy the frames
+    (``.clone()``) to keep them that way.
 
     Args:
         shared: Allocate shared memory (for worker processes) rather than ordinary memory.
