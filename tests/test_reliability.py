@@ -237,7 +237,16 @@ for path in sys.argv[1:]:
     decoders.append(dec)
 garbage = [decoders]
 garbage.append(garbage)  # a reference cycle: only the garbage collector frees these decoders
-del decoders, dec, garbage
+# An error kept in a cycle: its traceback holds the frames that held a decoding container.
+broken = PyAVDecoder(sys.argv[1])
+broken.read()
+try:
+    broken.seek(broken.info.frame_count - 1)
+    broken._frames = iter(())  # the next read finds the file "ended": VideoDecodeError
+    broken.read()
+except Exception as err:
+    garbage.append(err)
+del decoders, dec, garbage, broken
 
 def child():
     # The parent freed its garbage decoders before forking, so none reached this process, and
@@ -245,7 +254,7 @@ def child():
     # before any handler of ours) can finalize FFmpeg state whose threads did not survive.
     from lightning_vstream.decode.cpu import _LIVE_DECODERS
     inherited = len(_LIVE_DECODERS)
-    gc.collect()
+    gc.collect()  # would hang in FFmpeg if any garbage container had come along
     sys.exit(10 + inherited)
 
 process = multiprocessing.get_context("fork").Process(target=child)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 import weakref
 import zlib
 from collections.abc import Iterator, Sequence
@@ -27,12 +28,20 @@ _LIVE_DECODERS: weakref.WeakSet[PyAVDecoder] = weakref.WeakSet()
 _INHERITED_FFMPEG_OBJECTS: list[Any] = []
 
 
+_decoding_started = False  # set once this process opens a decoder (FFmpeg threads may exist)
+_last_collect = -1.0
+
+
 def _collect_garbage_decoders_before_fork() -> None:
-    # Decoders that are garbage but not yet collected (in reference cycles, such as a finished
-    # Trainer's) must be freed here, where their threads exist: a child's garbage collector can
-    # run before any after-fork handler does.
-    if len(_LIVE_DECODERS):
+    # FFmpeg objects that are garbage but not yet collected (in reference cycles: a finished
+    # Trainer, an exception's traceback) must be freed here, where their threads exist: a
+    # child's garbage collector can run before any after-fork handler does. PyAV containers
+    # cannot be weakly referenced, so any process that has decoded collects; a burst of forks
+    # (a DataLoader starting its workers) pays once.
+    global _last_collect
+    if _decoding_started and time.monotonic() - _last_collect > 1.0:
         gc.collect()
+        _last_collect = time.monotonic()
 
 
 def _disown_decoders_after_fork() -> None:
@@ -169,16 +178,23 @@ def probe_video(path: Path | str) -> VideoInfo:
 
 def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) -> Iterator[Any]:
     """Demux ``stream`` and yield its frames, checking packets against the recorded checksums."""
-    for packet in container.demux(stream):
-        if info.crc32 is not None and packet.size and packet.pts is not None:
-            index = info.index_of_pts(packet.pts)
-            if index is not None and zlib.crc32(packet) != info.crc32[index]:
-                raise VideoDecodeError(
-                    f"{where} frame {index}: the compressed data differs from the checksum recorded when "
-                    "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
-                    "index with `vstream index` if it was replaced on purpose."
-                )
-        yield from packet.decode()
+    packet = None
+    try:
+        for packet in container.demux(stream):
+            if info.crc32 is not None and packet.size and packet.pts is not None:
+                index = info.index_of_pts(packet.pts)
+                if index is not None and zlib.crc32(packet) != info.crc32[index]:
+                    raise VideoDecodeError(
+                        f"{where} frame {index}: the compressed data differs from the checksum recorded when "
+                        "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
+                        "index with `vstream index` if it was replaced on purpose."
+                    )
+            yield from packet.decode()
+    except BaseException:
+        # A traceback keeps this frame alive; it must not keep the container (and FFmpeg's
+        # threads) alive with it.
+        del container, stream, packet
+        raise
 
 
 class PyAVDecoder(DecoderBase):
@@ -225,6 +241,7 @@ class PyAVDecoder(DecoderBase):
         self.label = label
         self._info = info
         self._container: Any = None
+        self._stream: Any = None
         self._frames: Iterator[Any] | None = None
         self._next = 0  # index the frame iterator yields next
         self._target = 0  # index the next read() returns
@@ -270,6 +287,8 @@ class PyAVDecoder(DecoderBase):
         self._frames = self._decode_iter()
         self._next = 0
         _LIVE_DECODERS.add(self)
+        global _decoding_started
+        _decoding_started = True
 
     def _decode_iter(self) -> Iterator[Any]:
         # A plain generator that does not hold `self`: a decoder dropped without close() is then
@@ -455,6 +474,7 @@ class PyAVDecoder(DecoderBase):
             except Exception:  # noqa: BLE001 - closing a broken container must not mask the real error
                 pass
         self._container = None
+        self._stream = None
         self._frames = None
         self._needs_seek = True
 
