@@ -230,36 +230,31 @@ _FORK_AFTER_GARBAGE = r"""
 import gc, multiprocessing, sys
 from lightning_vstream.decode.cpu import PyAVDecoder
 gc.disable()
-decoders = []
+garbage = []
 for path in sys.argv[1:]:
     dec = PyAVDecoder(path)
     dec.read()  # FFmpeg's decoding threads are running now
-    decoders.append(dec)
-garbage = [decoders]
-garbage.append(garbage)  # a reference cycle: only the garbage collector frees these decoders
-# An error kept in a cycle: its traceback holds the frames that held a decoding container.
-broken = PyAVDecoder(sys.argv[1])
-broken.read()
-try:
-    broken.seek(broken.info.frame_count - 1)
-    broken._frames = iter(())  # the next read finds the file "ended": VideoDecodeError
-    broken.read()
-except Exception as err:
-    garbage.append(err)
-del decoders, dec, garbage, broken
+    garbage.append(dec)
+# A container no decoder owns any more, kept only by a reference cycle (as an exception's
+# traceback keeps one): nothing but the garbage collector can free it.
+orphan = PyAVDecoder(sys.argv[1])
+orphan.read()
+garbage.append((orphan._container, orphan._stream))
+orphan._container = orphan._stream = orphan._frames = None
+garbage.append(garbage)
+del dec, orphan, garbage
 
 def child():
-    # The parent freed its garbage decoders before forking, so none reached this process, and
-    # no garbage collection here (which may even run inside Python's own after-fork handling,
-    # before any handler of ours) can finalize FFmpeg state whose threads did not survive.
-    from lightning_vstream.decode.cpu import _LIVE_DECODERS
-    inherited = len(_LIVE_DECODERS)
-    gc.collect()  # would hang in FFmpeg if any garbage container had come along
-    sys.exit(10 + inherited)
+    # Finalizing inherited FFmpeg state here would wait forever for threads that did not
+    # survive the fork; the collector must leave everything inherited alone.
+    gc.collect()
+    sys.exit(10)
 
 process = multiprocessing.get_context("fork").Process(target=child)
 process.start()
 process.join(30)
+if process.exitcode is None:
+    process.kill()
 print("child exit code", process.exitcode)
 sys.exit(0 if process.exitcode == 10 else 1)
 """

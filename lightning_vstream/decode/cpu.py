@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 import weakref
 import zlib
 from collections.abc import Iterator, Sequence
@@ -29,19 +28,25 @@ _INHERITED_FFMPEG_OBJECTS: list[Any] = []
 
 
 _decoding_started = False  # set once this process opens a decoder (FFmpeg threads may exist)
-_last_collect = -1.0
+_froze_for_fork = False
 
 
-def _collect_garbage_decoders_before_fork() -> None:
+def _freeze_objects_before_fork() -> None:
     # FFmpeg objects that are garbage but not yet collected (in reference cycles: a finished
-    # Trainer, an exception's traceback) must be freed here, where their threads exist: a
-    # child's garbage collector can run before any after-fork handler does. PyAV containers
-    # cannot be weakly referenced, so any process that has decoded collects; a burst of forks
-    # (a DataLoader starting its workers) pays once.
-    global _last_collect
-    if _decoding_started and time.monotonic() - _last_collect > 1.0:
-        gc.collect()
-        _last_collect = time.monotonic()
+    # Trainer, an exception's traceback) must never be finalized in a child, whose garbage
+    # collector can run before any after-fork handler does. gc.freeze() moves every existing
+    # object to a generation the collector ignores, so the child never collects what it
+    # inherited (CPython's documented pattern for fork); the parent unfreezes right after.
+    # A process whose own code already uses gc.freeze() is left alone.
+    global _froze_for_fork
+    _froze_for_fork = _decoding_started and gc.get_freeze_count() == 0
+    if _froze_for_fork:
+        gc.freeze()
+
+
+def _unfreeze_after_fork_in_parent() -> None:
+    if _froze_for_fork:
+        gc.unfreeze()
 
 
 def _disown_decoders_after_fork() -> None:
@@ -50,7 +55,11 @@ def _disown_decoders_after_fork() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_collect_garbage_decoders_before_fork, after_in_child=_disown_decoders_after_fork)
+    os.register_at_fork(
+        before=_freeze_objects_before_fork,
+        after_in_parent=_unfreeze_after_fork_in_parent,
+        after_in_child=_disown_decoders_after_fork,
+    )
 
 
 def _open_container(path: Path) -> av.container.InputContainer:
