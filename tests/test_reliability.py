@@ -189,8 +189,9 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
         trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                              default_root_dir=tmp_path)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
         trainer.fit(RecordingModel(), datamodule=dm)
-        children = psutil.Process().children(recursive=True)
+        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"workers still running after fit (persistent_workers={persistent}): {alive}"
         assert dm.train_dataloader().dataset.open_files == 0
