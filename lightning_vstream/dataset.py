@@ -119,7 +119,6 @@ class StreamPart:
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
-    in_buffer: bool = False  # frames were written into the task's buffer
 
 
 class StreamDataset(Dataset):
@@ -282,6 +281,7 @@ class StreamDataset(Dataset):
         frames: torch.Tensor | None = None
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
+        direct = buffer is not None and self.transform is None  # decode straight into the batch
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
@@ -290,7 +290,6 @@ class StreamDataset(Dataset):
             if read.clip in self._bad_clips:
                 failed.append((read.position, path, "clip abandoned after an earlier error"))
                 continue
-            direct = buffer is not None and self.transform is None
             try:
                 image = self._read(read, buffer[read.position] if direct else None)  # type: ignore[index]
             except _SizeMismatch as err:
@@ -327,7 +326,7 @@ class StreamDataset(Dataset):
             frames.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed, in_buffer=buffer is not None,
+            self.stats, failed,
         )
 
 

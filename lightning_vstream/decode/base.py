@@ -149,15 +149,13 @@ class VideoInfo:
         if not info.pts or any(b <= a for a, b in zip(info.pts, info.pts[1:])):
             raise ValueError("video metadata timestamps must be non-empty and strictly increasing; rebuild it with "
                              "`vstream index`.")
-        if any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:])) or info.key_indices[-1:] and (
-            info.key_indices[-1] >= info.frame_count
-        ):
-            raise ValueError("video metadata keyframe indices must be increasing and within the frame count; rebuild "
-                             "it with `vstream index`.")
         if info.crc32 is not None and len(info.crc32) != len(info.pts):
             raise ValueError("video metadata has a checksum list of the wrong length; rebuild it with `vstream index`.")
         if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
             raise ValueError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
+        if any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:])) or info.key_indices[-1] >= info.frame_count:
+            raise ValueError("video metadata keyframe indices must be increasing and within the frame count; rebuild "
+                             "it with `vstream index`.")
         return info
 
 

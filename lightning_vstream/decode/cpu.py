@@ -27,6 +27,10 @@ _LIVE_DECODERS: weakref.WeakSet[PyAVDecoder] = weakref.WeakSet()
 _INHERITED_FFMPEG_OBJECTS: list[Any] = []
 
 
+_CHECKSUM_FIX = (
+    "(corrupt or replaced file). Restore the file, or rebuild the index with `vstream index` if it "
+    "was replaced on purpose."
+)
 _decoding_started = False  # set once this process opens a decoder (FFmpeg threads may exist)
 _froze_for_fork = False
 
@@ -195,8 +199,7 @@ def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) ->
                 if index is not None and zlib.crc32(packet) != info.crc32[index]:
                     raise VideoDecodeError(
                         f"{where} frame {index}: the compressed data differs from the checksum recorded when "
-                        "the index was built (corrupt or replaced file). Restore the file, or rebuild the "
-                        "index with `vstream index` if it was replaced on purpose."
+                        f"the index was built {_CHECKSUM_FIX}"
                     )
             yield from packet.decode()
     except BaseException:
@@ -286,8 +289,7 @@ class PyAVDecoder(DecoderBase):
             container.close()
             raise VideoDecodeError(
                 f"{self._where()}: the codec configuration (SPS/PPS) differs from the checksum recorded when "
-                "the index was built (corrupt or replaced file). Restore the file, or rebuild the index with "
-                "`vstream index` if it was replaced on purpose."
+                f"the index was built {_CHECKSUM_FIX}"
             )
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.threads
@@ -454,6 +456,8 @@ class PyAVDecoder(DecoderBase):
         import numpy as np
         import torch
 
+        if out is None and self.layout == "hwc":
+            return torch.from_numpy(frame.to_ndarray(format="rgb24"))  # already the right layout: no copy
         shape = (3, frame.height, frame.width) if self.layout == "chw" else (frame.height, frame.width, 3)
         if out is None:
             out = torch.empty(shape, dtype=torch.uint8)
