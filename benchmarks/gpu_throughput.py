@@ -146,7 +146,7 @@ def environment(gpu: int | None) -> dict[str, Any]:
 # -- data ------------------------------------------------------------------------------------------
 def prepare_data(args: argparse.Namespace) -> Path:
     """Write the dataset into ``--data-dir`` unless an identical one is there; return the index path."""
-    from lightning_vstream.synth import write_dataset
+    from lightning_vstream.demos.synth import write_dataset
 
     params = {
         "clips": args.clips, "cameras": args.cameras, "frames": args.frames, "size": list(args.size),
@@ -360,10 +360,10 @@ def _loader_run_loop(make_dm: Any, args: argparse.Namespace) -> tuple[int, float
 
 def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     try:
-        from lightning_vstream.datamodule import StreamVideoDataModule
+        from lightning_vstream.stream.datamodule import StreamVideoDataModule
     except Exception as err:  # noqa: BLE001 - reported, the raw figures still stand
         return {"config": config, "status": "unavailable",
-                "reason": f"lightning_vstream.datamodule.StreamVideoDataModule cannot be imported ({type(err).__name__}: {err})"}
+                "reason": f"lightning_vstream.stream.datamodule.StreamVideoDataModule cannot be imported ({type(err).__name__}: {err})"}
     kwargs = {"index_file": str(index), "batch_size": args.batch_size, "num_workers": 0, "decode_device": "cuda", **config}
     try:
         StreamVideoDataModule(**kwargs)

@@ -53,7 +53,7 @@ THRESHOLD_MB_PER_1000 = 1.0
 
 
 def _ensure_data(data_dir: Path, *, clips: int, frames: list[int], size: tuple[int, int], gop: int) -> Path:
-    from lightning_vstream.synth import write_dataset
+    from lightning_vstream.demos.synth import write_dataset
 
     tag = f"soak_h264_{size[0]}x{size[1]}_c{clips}_f{'-'.join(map(str, frames))}_g{gop}"
     root = data_dir / tag
@@ -97,7 +97,7 @@ def _memory() -> dict[str, Any]:
 def _stream_batches(index: Path, cfg: dict[str, Any], steps: int, batch_size: int, threads: int,
                     summary: dict[str, Any]) -> Iterator[Any]:
     """Batches' frames from the DataModule's train loader, epoch after epoch; fills ``summary`` at the end."""
-    from lightning_vstream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=cfg["num_workers"],
                                persistent_workers=cfg["persistent_workers"], decoder_threads=threads,

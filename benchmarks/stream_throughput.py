@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_vstream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.index import load_index
-from lightning_vstream.synth import write_dataset
+from lightning_vstream.demos.synth import write_dataset
 
 
 def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int], preset: str) -> Path:

@@ -3,20 +3,20 @@
 Importing the package does no I/O and touches no GPU; decoders open files lazily where they run.
 """
 
-from lightning_vstream.clip_datamodule import ClipVideoDataModule
-from lightning_vstream.clips import DecoderCache, VideoClipDataset, collate_clips, index_from_files
-from lightning_vstream.datamodule import StreamVideoDataModule
-from lightning_vstream.dataset import DecodeStats, StreamDataset
+from lightning_vstream.clips.datamodule import ClipVideoDataModule
+from lightning_vstream.clips.dataset import DecoderCache, VideoClipDataset, collate_clips, index_from_files
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.worker import DecodeStats, StreamDataset
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.decode.gpu import DecoderPool, NvDecoder, resolve_decode_device
 from lightning_vstream.decode.images import ImageFolderDecoder, probe_image_folder, with_image_fps
 from lightning_vstream.index import CameraStream, Clip, IndexValidationError, VideoIndex, build_index, load_index
-from lightning_vstream.loader import BufferPool, StreamDataLoader, StreamSampler
-from lightning_vstream.models import TinyStreamPETR
-from lightning_vstream.schedule import StreamSchedule
-from lightning_vstream.selection import (
+from lightning_vstream.stream.loader import BufferPool, StreamDataLoader, StreamSampler
+from lightning_vstream.demos.models import TinyStreamPETR
+from lightning_vstream.stream.schedule import StreamSchedule
+from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
     TimeWindow,

@@ -29,7 +29,7 @@ def _counts(text: str) -> int | list[int]:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from lightning_vstream.synth import write_dataset
+    from lightning_vstream.demos.synth import write_dataset
 
     index = write_dataset(
         args.root,
@@ -71,7 +71,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from lightning_vstream.demo import run_demo
+    from lightning_vstream.demos.demo import run_demo
 
     run_demo(cache_dir=args.cache_dir, steps=args.steps, num_workers=args.num_workers)
     return 0

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lightning.pytorch as pl  # noqa: E402
 from _stream_models import RecordingModel  # noqa: E402
 
-from lightning_vstream.datamodule import StreamVideoDataModule  # noqa: E402
+from lightning_vstream.stream.datamodule import StreamVideoDataModule  # noqa: E402
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lightning_vstream.synth import write_dataset
+from lightning_vstream.demos.synth import write_dataset
 
 
 def _cuda_available() -> bool:
@@ -53,7 +53,7 @@ def small_index(make_dataset: Callable[..., Path]) -> Path:
 
 def batch_stamp_errors(batch: dict[str, Any]) -> list[str]:
     """Every (slot, camera) of a streaming batch whose stamp disagrees with its labels."""
-    from lightning_vstream.synth import clip_number, read_stamp
+    from lightning_vstream.demos.synth import clip_number, read_stamp
 
     errors = []
     frames = batch["frames"]

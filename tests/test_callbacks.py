@@ -17,9 +17,9 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
-from lightning_vstream.datamodule import StreamVideoDataModule
-from lightning_vstream.dataset import DecodeStats
-from lightning_vstream.models import TinyStreamPETR
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.worker import DecodeStats
+from lightning_vstream.demos.models import TinyStreamPETR
 
 CAMERAS = 2
 SLOTS = 2
@@ -264,8 +264,8 @@ DDP_SCRIPT = textwrap.dedent(
     import lightning.pytorch as pl
     import torch
     from lightning_vstream.callbacks import StreamThroughputMonitor
-    from lightning_vstream.datamodule import StreamVideoDataModule
-    from lightning_vstream.models import TinyStreamPETR
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.demos.models import TinyStreamPETR
 
     class Clock:
         now = 0.0

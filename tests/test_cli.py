@@ -11,7 +11,7 @@ import pytest
 from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.index import load_index, metadata_path
-from lightning_vstream.synth import Stamp, read_stamp
+from lightning_vstream.demos.synth import Stamp, read_stamp
 
 
 @pytest.fixture(scope="module")

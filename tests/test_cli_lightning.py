@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
-from lightning_vstream.datamodule import StreamVideoDataModule
-from lightning_vstream.models import TinyStreamPETR
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.demos.models import TinyStreamPETR
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "configs" / "stream.yaml"

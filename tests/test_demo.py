@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_vstream.cli import main
-from lightning_vstream.demo import run_demo
+from lightning_vstream.demos.demo import run_demo
 
 
 def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

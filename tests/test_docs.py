@@ -69,7 +69,7 @@ def python_blocks(path: Path) -> list[Block]:
 
 @pytest.fixture(scope="session")
 def docs_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lightning_vstream.synth import write_dataset, write_stamped_video
+    from lightning_vstream.demos.synth import write_dataset, write_stamped_video
 
     root = tmp_path_factory.mktemp("docs_data")
     write_dataset(root / "data", clips=8, cameras=6, frames=16, size=(160, 96), gop=8, jobs=2)

@@ -38,7 +38,7 @@ from lightning_vstream.index import (
     load_index,
     metadata_path,
 )
-from lightning_vstream.synth import (
+from lightning_vstream.demos.synth import (
     Stamp,
     read_stamp,
     write_dataset,

@@ -36,7 +36,7 @@ from lightning_vstream.decode.gpu import (
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.synth import read_stamp, write_stamped_video
+from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.transforms import FrameTransform
 
 FRAMES = 25
@@ -505,7 +505,7 @@ def test_benchmark_raw_decoding_counts_every_frame(
 
 def test_benchmark_reports_a_missing_datamodule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     bench = _load_benchmark()
-    monkeypatch.setitem(sys.modules, "lightning_vstream.datamodule", None)
+    monkeypatch.setitem(sys.modules, "lightning_vstream.stream.datamodule", None)
     row = bench.measure_loader(tmp_path / "index.json", {"num_workers": 2}, bench.parse_args([]))
     assert row["status"] == "unavailable" and "StreamVideoDataModule cannot be imported" in row["reason"]
 
@@ -522,7 +522,7 @@ def test_benchmark_reports_a_failing_loader_and_goes_on(monkeypatch: pytest.Monk
         make_dm()
         raise RuntimeError("decode_device='cuda' needs the GPU backend")
 
-    monkeypatch.setitem(sys.modules, "lightning_vstream.datamodule", types.SimpleNamespace(StreamVideoDataModule=DataModule))
+    monkeypatch.setitem(sys.modules, "lightning_vstream.stream.datamodule", types.SimpleNamespace(StreamVideoDataModule=DataModule))
     monkeypatch.setattr(bench, "_loader_run_trainer", broken_run)
     args = bench.parse_args([])
     failed = bench.measure_loader(tmp_path / "index.json", {"num_workers": 0}, args)

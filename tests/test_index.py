@@ -20,7 +20,7 @@ from lightning_vstream.index import (
     load_index,
     metadata_path,
 )
-from lightning_vstream.synth import write_stamped_video
+from lightning_vstream.demos.synth import write_stamped_video
 
 
 def _touch_clip(video_dir: Path, clip: str, cameras: tuple[str, ...] = ("CAM_A", "CAM_B")) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from _stream_models import RecordingModel
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_vstream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 HERE = Path(__file__).parent
 

@@ -13,13 +13,13 @@ import psutil
 import pytest
 from _stream_models import RecordingModel
 
-from lightning_vstream.datamodule import StreamVideoDataModule
-from lightning_vstream.dataset import StreamDataset, StreamTask
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.worker import StreamDataset, StreamTask
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.index import build_index, load_index
-from lightning_vstream.loader import StreamDataLoader, StreamSampler
-from lightning_vstream.synth import clip_name, read_stamp, write_stamped_video
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames

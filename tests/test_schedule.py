@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from lightning_vstream.schedule import StreamSchedule, split_segments
+from lightning_vstream.stream.schedule import StreamSchedule, split_segments
 
 LENGTHS = [random.Random(7).randint(10, 60) for _ in range(23)]
 

@@ -13,7 +13,7 @@ import pytest
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.index import CameraStream, Clip
-from lightning_vstream.selection import (
+from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
     TimeWindow,

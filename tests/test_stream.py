@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream.dataset import StreamDataset
+from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.index import load_index
-from lightning_vstream.loader import StreamDataLoader, StreamSampler
-from lightning_vstream.synth import write_dataset, write_stamped_video
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.demos.synth import write_dataset, write_stamped_video
 
 
 @pytest.fixture(scope="session")

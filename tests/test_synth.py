@@ -12,7 +12,7 @@ import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.index import load_index, metadata_path
-from lightning_vstream.synth import (
+from lightning_vstream.demos.synth import (
     NUSCENES_CAMERAS,
     Stamp,
     clip_name,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_vstream.synth import Stamp, draw_stamp, read_stamp
+from lightning_vstream.demos.synth import Stamp, draw_stamp, read_stamp
 from lightning_vstream.transforms import FrameTransform
 
 

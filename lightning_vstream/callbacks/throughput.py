@@ -35,7 +35,7 @@ PREFIX = "vstream/"
 #: Per-rank figures gathered at each log, in this order.
 _FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered",
            "has_stats")
-#: Error counters of :class:`~lightning_vstream.dataset.DecodeStats` (``on_error="skip"``) -> metric names.
+#: Error counters of :class:`~lightning_vstream.stream.worker.DecodeStats` (``on_error="skip"``) -> metric names.
 _COUNTERS = {"skipped_samples": "skipped", "skipped_clips": "skipped_clips", "read_errors": "read_errors",
              "bad_files": "bad_files"}
 
@@ -84,7 +84,7 @@ class StreamThroughputMonitor(pl.Callback):
       (mean over ranks) and ``vstream/data_wait_fraction_max`` (the slowest rank);
     - ``vstream/decode_amplification``: frames decoded per frame delivered since the previous
       log, all ranks together (1.0 is ideal; present when the train loader reports
-      :class:`~lightning_vstream.dataset.DecodeStats`);
+      :class:`~lightning_vstream.stream.worker.DecodeStats`);
     - ``vstream/skipped``, ``vstream/skipped_clips``, ``vstream/read_errors`` and
       ``vstream/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
       failed frames, clip segments abandoned, failed camera reads and distinct bad files (per

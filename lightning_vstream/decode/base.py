@@ -1,163 +1,22 @@
-"""The decoder protocol every backend implements, and the per-file metadata it reports.
+"""The decoder protocol every backend implements, and the bookkeeping backends share.
 
-This module imports neither torch nor any decoder library, so index parsing can use
-:class:`VideoInfo` without pulling them in.
+This module imports neither torch nor any decoder library.
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from lightning_vstream.errors import VideoDecodeError
+from lightning_vstream.index.tables import VideoInfo
 
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["DecoderBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoInfo"]
+
 Layout = Literal["chw", "hwc"]
-
-#: Version of the serialised :class:`VideoInfo` layout (stored in index metadata files).
-VIDEO_INFO_VERSION = 1
-
-
-class VideoDecodeError(RuntimeError):
-    """A video file could not be decoded as its frame table promised.
-
-    Raised for truncated files, corrupt packets, decoder failures and frames that come out
-    of the decoder at a different position than requested. The message names the file and
-    the frame index.
-    """
-
-
-@dataclass(frozen=True)
-class VideoInfo:
-    """What a probe learns about one video (or image-sequence) camera stream.
-
-    Frames are numbered ``0 .. frame_count - 1`` in presentation order. ``pts`` holds each
-    frame's presentation timestamp in units of ``time_base``; ``key_indices`` the frame
-    indices of keyframes (random-access points) and ``key_seek`` the timestamp to hand to the
-    demuxer to land on each of them.
-
-    Args:
-        codec: Codec name as FFmpeg reports it (``"h264"``, ``"hevc"``, ``"png"``...).
-        width: Frame width in pixels.
-        height: Frame height in pixels.
-        time_base: ``(numerator, denominator)`` of the timestamp unit in seconds.
-        pts: Presentation timestamps, strictly increasing, one per frame.
-        key_indices: Frame indices of keyframes, strictly increasing, starting at 0.
-        key_seek: Demuxer seek target for each keyframe, in the units the container's demuxer
-            compares (for MP4, the decode timestamp shifted by the edit list; else the pts).
-        average_fps: Frames per second averaged over the whole stream.
-        crc32: CRC-32 of every frame's compressed packet (presentation order), recorded when
-            the index was built; decoders check packets against it, so corrupted data raises
-            instead of decoding into wrong pixels. None when unknown.
-        config_crc32: CRC-32 of the codec configuration (SPS/PPS, the ``avcC``/``hvcC`` record),
-            checked when a decoder opens the file. None when unknown.
-
-    Example::
-
-        >>> info = VideoInfo("h264", 64, 48, (1, 12), tuple(range(4)), (0, 2), (0, 2), 12.0)
-        >>> info.frame_count, info.keyframe_at_or_before(3)
-        (4, 2)
-    """
-
-    codec: str
-    width: int
-    height: int
-    time_base: tuple[int, int]
-    pts: tuple[int, ...]
-    key_indices: tuple[int, ...]
-    key_seek: tuple[int, ...]
-    average_fps: float
-    crc32: tuple[int, ...] | None = None
-    config_crc32: int | None = None
-    _pts_lookup: dict[int, int] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_pts_lookup", {p: i for i, p in enumerate(self.pts)})
-
-    @property
-    def frame_count(self) -> int:
-        """Number of frames the stream holds."""
-        return len(self.pts)
-
-    @property
-    def timestamps(self) -> list[float]:
-        """Presentation time of every frame, in seconds."""
-        num, den = self.time_base
-        return [p * num / den for p in self.pts]
-
-    def timestamp(self, index: int) -> float:
-        """Presentation time of frame ``index`` in seconds."""
-        num, den = self.time_base
-        return self.pts[index] * num / den
-
-    def index_of_pts(self, pts: int) -> int | None:
-        """Frame index of a presentation timestamp, or None if no frame has it."""
-        return self._pts_lookup.get(pts)
-
-    def keyframe_at_or_before(self, index: int) -> int:
-        """Frame index of the last keyframe at or before frame ``index``."""
-        pos = bisect.bisect_right(self.key_indices, index) - 1
-        return self.key_indices[max(pos, 0)]
-
-    def gop_of(self, index: int) -> int:
-        """Ordinal of the GOP (keyframe interval) that holds frame ``index``."""
-        return max(bisect.bisect_right(self.key_indices, index) - 1, 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form, as stored in index metadata files."""
-        return {
-            "version": VIDEO_INFO_VERSION,
-            "codec": self.codec,
-            "width": self.width,
-            "height": self.height,
-            "time_base": list(self.time_base),
-            "average_fps": self.average_fps,
-            "pts": list(self.pts),
-            "key_indices": list(self.key_indices),
-            "key_seek": list(self.key_seek),
-            **({"crc32": list(self.crc32)} if self.crc32 is not None else {}),
-            **({"config_crc32": self.config_crc32} if self.config_crc32 is not None else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VideoInfo:
-        """Inverse of :meth:`to_dict`; raises ``ValueError`` on a version or shape mismatch."""
-        if data.get("version") != VIDEO_INFO_VERSION:
-            raise ValueError(
-                f"video metadata version {data.get('version')!r} is not supported (expected "
-                f"{VIDEO_INFO_VERSION}); rebuild it with `vstream index`."
-            )
-        info = cls(
-            codec=str(data["codec"]),
-            width=int(data["width"]),
-            height=int(data["height"]),
-            time_base=(int(data["time_base"][0]), int(data["time_base"][1])),
-            pts=tuple(int(p) for p in data["pts"]),
-            key_indices=tuple(int(k) for k in data["key_indices"]),
-            key_seek=tuple(int(k) for k in data["key_seek"]),
-            average_fps=float(data["average_fps"]),
-            crc32=tuple(int(c) for c in data["crc32"]) if data.get("crc32") is not None else None,
-            config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
-        )
-        if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:
-            raise ValueError(
-                f"video metadata has time_base {info.time_base} and size {info.width}x{info.height}; both must be "
-                "positive. Rebuild it with `vstream index`."
-            )
-        if not info.pts or any(b <= a for a, b in zip(info.pts, info.pts[1:])):
-            raise ValueError("video metadata timestamps must be non-empty and strictly increasing; rebuild it with "
-                             "`vstream index`.")
-        if info.crc32 is not None and len(info.crc32) != len(info.pts):
-            raise ValueError("video metadata has a checksum list of the wrong length; rebuild it with `vstream index`.")
-        if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
-            raise ValueError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
-        if any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:])) or info.key_indices[-1] >= info.frame_count:
-            raise ValueError("video metadata keyframe indices must be increasing and within the frame count; rebuild "
-                             "it with `vstream index`.")
-        return info
-
 
 class DecoderBase:
     """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, and where

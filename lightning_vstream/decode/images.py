@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.index.files import image_files as _list_images
+from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 
 if TYPE_CHECKING:
     import torch
-
-    from lightning_vstream.index import VideoIndex
 
 __all__ = [
     "DEFAULT_IMAGE_FPS",
@@ -62,9 +62,7 @@ def _pil() -> Any:
 
 def image_files(folder: Path | str) -> list[Path]:
     """The JPEG/PNG files of an image-folder camera, in frame (natural sort) order."""
-    from lightning_vstream.index import _image_files
-
-    return _image_files(Path(folder))
+    return _list_images(Path(folder))
 
 
 def _read_timestamps(folder: Path, count: int) -> list[float] | None:
@@ -311,8 +309,6 @@ def with_image_fps(index: VideoIndex, fps: float) -> VideoIndex:
 
         >>> index = with_image_fps(load_index("data/index.json"), 10.0)  # doctest: +SKIP
     """
-    from lightning_vstream.index import CameraStream, Clip, VideoIndex
-
     clips = []
     for clip in index.clips:
         cams = tuple(

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 
-from lightning_vstream.clips import VideoClipDataset, collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.index import VideoIndex, load_index
-from lightning_vstream.selection import (
+from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
     TimePolicy,

@@ -1,6 +1,6 @@
 """Map-style access to explicit clip samples: :class:`VideoClipDataset` and its collate function.
 
-Each item is a :class:`~lightning_vstream.selection.ClipRequest` (frame indices or times of one
+Each item is a :class:`~lightning_vstream.clips.selection.ClipRequest` (frame indices or times of one
 clip, all its cameras or a subset). The dataset works with any ``Sampler`` and ``DataLoader``:
 the sampler yields positions in the dataset's request list (or requests themselves, which
 ``__getitem__`` also accepts).
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-from lightning_vstream.selection import ClipRequest, frame_table, resolve_times
+from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
 
 if TYPE_CHECKING:
     import torch
@@ -103,7 +103,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     """Map-style dataset of explicit clip samples, for any ``Sampler`` and ``DataLoader``.
 
     ``dataset[i]`` returns the sample for ``requests[i]``; ``dataset[request]`` serves any
-    :class:`~lightning_vstream.selection.ClipRequest` directly, so a custom sampler may yield
+    :class:`~lightning_vstream.clips.selection.ClipRequest` directly, so a custom sampler may yield
     requests. Decoders are created lazily in the process that reads (each DataLoader worker),
     never in ``__init__``, and the dataset pickles without them (spawn-safe).
 

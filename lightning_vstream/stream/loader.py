@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_vstream.dataset import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
+from lightning_vstream.stream.worker import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
-from lightning_vstream.schedule import Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
 
 __all__ = ["StreamDataLoader", "StreamSampler"]
 
@@ -47,7 +47,7 @@ class StreamSampler(DistributedSampler):
         shuffle: Shuffle segments per epoch.
         segment_length: Split clips into segments of at most this many frames.
         frame_stride: Read every ``frame_stride``-th frame.
-        remainder: ``"drop"`` or ``"pad"`` (see :mod:`lightning_vstream.schedule`).
+        remainder: ``"drop"`` or ``"pad"`` (see :mod:`lightning_vstream.stream.schedule`).
         num_parts: Parts per step (the number of workers, or 1).
 
     Example::

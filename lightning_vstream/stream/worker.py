@@ -2,7 +2,7 @@
 
 A *stream* is one (slot, camera) pair of the batch; the loader splits each step's streams
 into ``num_parts`` parts and always sends part ``p`` to worker ``p``, so every worker keeps
-decoding the same streams sequentially, without seeking (see :mod:`lightning_vstream.loader`).
+decoding the same streams sequentially, without seeking (see :mod:`lightning_vstream.stream.loader`).
 """
 
 from __future__ import annotations

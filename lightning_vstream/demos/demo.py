@@ -3,9 +3,9 @@
 The run shows the whole path a real job takes, in about a minute on two cores:
 
 1. build (or reuse from ``cache_dir``) a stamped dataset: 8 clips x 6 cameras of H.264 video,
-   each frame marked with its clip, camera and frame number (:mod:`lightning_vstream.synth`);
-2. train :class:`~lightning_vstream.models.TinyStreamPETR` with
-   :class:`~lightning_vstream.datamodule.StreamVideoDataModule`, the
+   each frame marked with its clip, camera and frame number (:mod:`lightning_vstream.demos.synth`);
+2. train :class:`~lightning_vstream.demos.models.TinyStreamPETR` with
+   :class:`~lightning_vstream.stream.datamodule.StreamVideoDataModule`, the
    :class:`~lightning_vstream.callbacks.StreamThroughputMonitor` and the
    :class:`~lightning_vstream.callbacks.TemporalStateReset` callbacks;
 3. check the stamp of every delivered camera-frame against the batch's ``clip_id`` and
@@ -69,7 +69,7 @@ class _StampCheck(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        from lightning_vstream.synth import clip_number, read_stamp
+        from lightning_vstream.demos.synth import clip_number, read_stamp
 
         frames = batch["frames"]
         self.slot_starts += int(batch["is_first"].sum())
@@ -96,7 +96,7 @@ class _StampCheck(pl.Callback):
 def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
     """The demo index under ``cache_dir``: reused when it loads, written (atomically) otherwise."""
     from lightning_vstream.index import load_index
-    from lightning_vstream.synth import write_dataset
+    from lightning_vstream.demos.synth import write_dataset
 
     root = cache_dir / CACHE_NAME
     index_file = root / "index.json"
@@ -194,8 +194,8 @@ def run_demo(
     from lightning.pytorch.loggers import CSVLogger
 
     from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
-    from lightning_vstream.datamodule import StreamVideoDataModule
-    from lightning_vstream.models import TinyStreamPETR
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.demos.models import TinyStreamPETR
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")

@@ -9,10 +9,10 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lightning_vstream.dataset import DecodeStats, StreamDataset
+from lightning_vstream.stream.worker import DecodeStats, StreamDataset
 from lightning_vstream.index import VideoIndex, load_index
-from lightning_vstream.loader import StreamDataLoader, StreamSampler
-from lightning_vstream.schedule import Remainder
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]

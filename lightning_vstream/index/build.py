@@ -1,0 +1,176 @@
+"""Building an index from a dataset tree, and probing files to check one thoroughly.
+
+This is the one part of :mod:`lightning_vstream.index` that reads video files; it imports the
+decoders' probes lazily, when a file is probed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_vstream.errors import IndexValidationError, VideoDecodeError
+from lightning_vstream.index.files import discover_cameras, image_files, natural_key
+from lightning_vstream.index.records import CameraStream, Clip
+from lightning_vstream.index.tables import META_FORMAT, META_VERSION, VideoInfo, metadata_path
+
+__all__ = ["build_index", "probe", "probe_clip"]
+
+
+def probe(path: Path) -> VideoInfo:
+    """Probe a camera stream (video file or image folder) for its frame table."""
+    if path.is_dir():
+        from lightning_vstream.decode.images import probe_image_folder
+
+        return probe_image_folder(path)
+    from lightning_vstream.decode.cpu import probe_video
+
+    return probe_video(path)
+
+
+def probe_clip(clip: Clip, where: str, problems: list[str]) -> Clip:
+    streams = []
+    sizes: dict[str, tuple[int, int]] = {}
+    for cam in clip.cameras:
+        info = cam.info
+        if info is None:
+            try:
+                info = probe(cam.path)
+            except (VideoDecodeError, OSError, ValueError) as err:
+                problems.append(f"{where}: clip {clip.clip_id!r}, camera {cam.name!r}: {err}")
+                streams.append(cam)
+                continue
+        if info.frame_count < clip.frame_count:
+            problems.append(
+                f"{where}: clip {clip.clip_id!r} lists {clip.frame_count} frames, but camera {cam.name!r} "
+                f"({cam.path.name}) holds {info.frame_count}. Re-run `vstream index` to rebuild the index."
+            )
+        if not cam.path.is_dir() and not _decodable(info.codec):
+            problems.append(
+                f"{where}: clip {clip.clip_id!r}, camera {cam.name!r} ({cam.path.name}) uses codec "
+                f"{info.codec!r}, which this FFmpeg build cannot decode; re-encode it to H.264 or H.265."
+            )
+        sizes[cam.name] = (info.width, info.height)
+        streams.append(CameraStream(cam.name, cam.path, info))
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
+        problems.append(
+            f"{where}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); "
+            "batches stack cameras, so resize them to one size or load the cameras separately."
+        )
+    return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
+
+
+def _decodable(codec: str) -> bool:
+    import av
+
+    try:
+        av.codec.Codec(codec, "r")
+    except Exception:  # noqa: BLE001 - PyAV raises several types for unknown codecs
+        return False
+    return True
+
+
+def _find_clip_folders(root: Path) -> dict[Path, list[Path]]:
+    """video_dir -> clip folders under ``root`` (a clip folder holds camera files)."""
+    result: dict[Path, list[Path]] = {}
+    for dirpath, dirnames, _ in os.walk(root):
+        folder = Path(dirpath)
+        dirnames.sort()
+        try:
+            cams = discover_cameras(folder)
+        except IndexValidationError:
+            cams = {"": folder}
+        if cams and not image_files(folder):
+            result.setdefault(folder.parent, []).append(folder)
+            dirnames[:] = [d for d in dirnames if not (folder / d) in cams.values()]
+    return result
+
+
+def build_index(
+    root: Path | str,
+    *,
+    output: Path | str,
+    video_dirs: Sequence[str] | None = None,
+    progress: bool = True,
+    metadata: bool = True,
+) -> Path:
+    """Scan a dataset tree and write an accvlab index (plus the metadata sidecar).
+
+    Every camera file is probed, so frame counts come from the streams themselves. A clip's
+    frame count is the smallest over its cameras; clips whose cameras disagree are reported
+    on stderr.
+
+    Args:
+        root: Dataset folder; clip folders are found anywhere below it.
+        output: Index file to write; ``video_dir`` keys are relative to its folder.
+        video_dirs: Only these folders (relative to ``root``) instead of scanning.
+        progress: Show a progress bar while probing.
+        metadata: Also write frame tables to the sidecar (see :func:`metadata_path`).
+
+    Returns:
+        The index path.
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist.
+        IndexValidationError: No clip folder was found, or files could not be probed.
+
+    Example::
+
+        >>> build_index("data", output="data/index.json")  # doctest: +SKIP
+    """
+    from tqdm import tqdm
+
+    root = Path(root).resolve()
+    output = Path(output).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset folder {str(root)!r} does not exist.")
+    if video_dirs is not None:
+        missing = [d for d in video_dirs if not (root / d).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
+        groups = {
+            (root / d).resolve(): sorted((p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name))
+            for d in video_dirs
+        }
+    else:
+        groups = _find_clip_folders(root)
+    jobs = [(vd, folder, name, path) for vd, folders in groups.items() for folder in folders
+            for name, path in discover_cameras(folder).items()]
+    if not jobs:
+        raise IndexValidationError(str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."])
+    infos: dict[Path, VideoInfo] = {}
+    problems: list[str] = []
+    for _, folder, name, path in tqdm(jobs, desc="probing", unit="file", disable=not progress or len(jobs) < 20):
+        try:
+            infos[path] = probe(path)
+        except (VideoDecodeError, OSError, ValueError) as err:
+            problems.append(f"clip {folder.name!r}, camera {name!r}: {err}")
+    if problems:
+        raise IndexValidationError(str(root), problems)
+    index: dict[str, dict[str, int]] = {}
+    files: dict[str, Any] = {}
+    for vd, folder, name, path in jobs:
+        key = os.path.relpath(vd, output.parent).replace(os.sep, "/")
+        counts = index.setdefault(key, {})
+        n = infos[path].frame_count
+        if folder.name in counts and counts[folder.name] != n:
+            print(
+                f"vstream index: clip {folder.name!r}: cameras hold different frame counts; "
+                f"using the smallest ({min(n, counts[folder.name])}).",
+                file=sys.stderr,
+            )
+        counts[folder.name] = min(n, counts.get(folder.name, n))
+        rel = os.path.relpath(path, output.parent).replace(os.sep, "/")
+        size = path.stat().st_size if path.is_file() else None
+        files[rel] = {"size": size, "info": infos[path].to_dict()}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    if metadata:
+        meta = {"format": META_FORMAT, "version": META_VERSION, "files": files}
+        metadata_path(output).write_text(json.dumps(meta, separators=(",", ":")) + "\n", encoding="utf-8")
+    return output
