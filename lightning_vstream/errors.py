@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["IndexValidationError", "VStreamError", "VideoDecodeError"]
+__all__ = [
+    "AnnotationError",
+    "ConfigurationError",
+    "DecoderCapabilityError",
+    "IndexValidationError",
+    "ResumeStateError",
+    "StepMismatchError",
+    "VStreamError",
+    "VideoDecodeError",
+    "WorkerError",
+]
 
 
 class VStreamError(Exception):
@@ -42,3 +52,27 @@ class VideoDecodeError(VStreamError, RuntimeError):
     of the decoder at a different position than requested. The message names the file and
     the frame index.
     """
+
+
+class ConfigurationError(VStreamError, ValueError):
+    """An argument or configuration value is invalid; the message names it, the value and what is accepted."""
+
+
+class ResumeStateError(VStreamError, ValueError):
+    """A saved loader or DataModule state does not match the current setup (names the field and both values)."""
+
+
+class StepMismatchError(VStreamError, RuntimeError):
+    """The training loop and the loader disagree on which step a batch belongs to."""
+
+
+class WorkerError(VStreamError, RuntimeError):
+    """A decoding worker died, stalled past the timeout, or failed outside of a decode."""
+
+
+class DecoderCapabilityError(VStreamError, RuntimeError):
+    """The decode device cannot decode this stream (codec, size, bit depth or chroma format)."""
+
+
+class AnnotationError(VStreamError, ValueError):
+    """Annotations are missing, malformed, or cannot be matched to the frames they belong to."""

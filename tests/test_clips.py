@@ -236,7 +236,7 @@ def test_image_folder_camera_next_to_a_video_camera(mixed_index: Path) -> None:
 def test_dataloader_with_random_sampler(small_index: Path, num_workers: int) -> None:
     index = load_index(small_index)
     reqs = random_clips(index, FrameWindow(3, stride=2), count=10, seed=0)
-    ds = VideoClipDataset(index=index, requests=reqs, threads=1)
+    ds = VideoClipDataset(index=index, requests=reqs, decoder_threads=1)
     loader = DataLoader(
         ds, batch_size=4, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(0)),
         num_workers=num_workers, collate_fn=collate_clips,
@@ -427,7 +427,7 @@ def test_datamodule_fits_with_a_trainer(small_index: Path) -> None:
     import lightning as L
 
     dm = ClipVideoDataModule(
-        index=small_index, segments=[(6.0, 2), (12.0, 2)], selection="random", clips_per_epoch=6, batch_size=2, seed=1
+        index_file=small_index, segments=[(6.0, 2), (12.0, 2)], selection="random", clips_per_epoch=6, batch_size=2, seed=1
     )
     model = TinyModel.make()
     trainer = L.Trainer(
@@ -435,7 +435,7 @@ def test_datamodule_fits_with_a_trainer(small_index: Path) -> None:
         enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
     )
     trainer.fit(model, dm)
-    assert trainer.global_step == 6 and dm.num_replicas == 1 and dm.rank == 0
+    assert trainer.global_step == 6 and dm.world_size == 1 and dm.rank == 0
     first, second = model.batches[:3], model.batches[3:]
     assert first != second  # fresh random clips in the second epoch
     assert all(len(f) == 4 for b in model.batches for f in b["frame_index"])
@@ -445,7 +445,7 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     shards = []
     for rank in (0, 1):
         dm = ClipVideoDataModule(
-            index=small_index, clip_frames=3, frame_stride=2, batch_size=2, num_replicas=2, rank=rank, drop_last=True
+            index_file=small_index, clip_frames=3, frame_stride=2, batch_size=2, world_size=2, rank=rank, drop_last=True
         )
         dm.setup("fit")
         loader = dm.train_dataloader()
@@ -455,13 +455,13 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     assert len(everything) == 11  # odd: drop_last leaves one request out rather than repeating one
     assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == 4  # 5 each, last batch dropped
     assert shards[0] | shards[1] <= everything
-    sequential = ClipVideoDataModule(index=small_index, clip_frames=2, sampler="sequential", batch_size=50)
+    sequential = ClipVideoDataModule(index_file=small_index, clip_frames=2, sampler="sequential", batch_size=50)
     sequential.setup("fit")
     batch = next(iter(sequential.train_dataloader()))
     assert [(c, tuple(f)) for c, f in zip(batch["clip_id"], batch["frame_index"].tolist())] == [
         (r.clip_id, r.frames) for r in sequential.train_requests()
     ]
-    custom = ClipVideoDataModule(index=small_index, clip_frames=2, sampler=lambda ds: RequestSampler(["scene-0001"]), val_index=small_index)
+    custom = ClipVideoDataModule(index_file=small_index, clip_frames=2, sampler=lambda ds: RequestSampler(["scene-0001"]), val_index_file=small_index)
     custom.setup("fit")
     assert next(iter(custom.train_dataloader()))["frame_index"].tolist() == [[0, 2, 4]]
     assert len(custom.val_dataloader().dataset) == len(regular_clips(load_index(small_index), FrameWindow(2)))
@@ -475,9 +475,9 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
         ({"selection": "uniform"}, "selection='uniform' is not supported"),
         ({"sampler": "shuffle"}, "sampler='shuffle' is not supported"),
         ({"batch_size": 0}, "batch_size=0 must be a positive integer"),
-        ({"num_replicas": 2, "rank": 2}, r"rank=2 must be in 0..num_replicas-1"),
+        ({"world_size": 2, "rank": 2}, r"rank=2 must be in 0..world_size-1"),
     ],
 )
 def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        ClipVideoDataModule(index=small_index, **kwargs)
+        ClipVideoDataModule(index_file=small_index, **kwargs)

@@ -23,13 +23,13 @@ def stream_index(make_dataset: Any) -> Path:
 
 
 def _loader(index_path: Path, *, num_workers: int = 0, batch_size: int = 2, remainder: str = "drop",
-            shuffle: bool = True, seed: int = 1, max_open_files: int | None = None, **kw: Any) -> StreamDataLoader:
+            shuffle: bool = True, seed: int = 1, max_open_decoders: int | None = None, **kw: Any) -> StreamDataLoader:
     index = load_index(index_path)
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=batch_size,
         seed=seed, shuffle=shuffle, remainder=remainder, num_parts=max(1, num_workers), **kw,  # type: ignore[arg-type]
     )
-    dataset = StreamDataset(index=index, max_open_files=max_open_files)
+    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders)
     return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers)
 
 
@@ -90,7 +90,7 @@ def test_dataset_pickles_without_decoders(stream_index: Path) -> None:
 
 
 def test_open_files_are_bounded(stream_index: Path, assert_stamps: Any) -> None:
-    loader = _loader(stream_index, max_open_files=2)
+    loader = _loader(stream_index, max_open_decoders=2)
     for batch in loader:
         assert_stamps(batch)
         assert loader.dataset.open_files <= 2

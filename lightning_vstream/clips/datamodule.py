@@ -52,8 +52,8 @@ class ClipVideoDataModule(L.LightningDataModule):
     indices your sampler yields).
 
     Args:
-        index: Index file of the training clips.
-        val_index: Index file of validation clips (regular windows, in order); no validation
+        index_file: Index file of the training clips.
+        val_index_file: Index file of validation clips (regular windows, in order); no validation
             loader when None.
         cameras: Cameras to load, in this order; all when None.
         clip_frames: Frames per sample for a frame window (default 8).
@@ -70,9 +70,9 @@ class ClipVideoDataModule(L.LightningDataModule):
         batch_size: Samples per batch.
         num_workers: DataLoader worker processes.
         max_open_decoders: Decoders each worker keeps open (LRU).
-        threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
         seed: Seed for random windows and shuffling.
-        num_replicas: World size; from the Trainer when None.
+        world_size: World size; from the Trainer when None.
         rank: Global rank; from the Trainer when None.
         pin_memory: DataLoader ``pin_memory``.
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
@@ -83,7 +83,7 @@ class ClipVideoDataModule(L.LightningDataModule):
 
     Example::
 
-        >>> dm = ClipVideoDataModule(index="data/index.json", segments=[(1.0, 8), (2.0, 8)],
+        >>> dm = ClipVideoDataModule(index_file="data/index.json", segments=[(1.0, 8), (2.0, 8)],
         ...                          selection="random", clips_per_epoch=2000, batch_size=4,
         ...                          num_workers=4)  # doctest: +SKIP
         >>> L.Trainer(max_epochs=10, reload_dataloaders_every_n_epochs=1).fit(model, dm)  # doctest: +SKIP
@@ -92,8 +92,8 @@ class ClipVideoDataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        index: Path | str,
-        val_index: Path | str | None = None,
+        index_file: Path | str,
+        val_index_file: Path | str | None = None,
         cameras: Sequence[str] | None = None,
         clip_frames: int | None = None,
         frame_stride: int = 1,
@@ -105,11 +105,11 @@ class ClipVideoDataModule(L.LightningDataModule):
         weighting: Weighting = "frames",
         sampler: SamplerChoice | Callable[[VideoClipDataset], Sampler[Any]] = "random",
         batch_size: int = 4,
-        num_workers: int = 0,
+        num_workers: int = 2,
         max_open_decoders: int = 8,
-        threads: int = 0,
+        decoder_threads: int = 0,
         seed: int = 0,
-        num_replicas: int | None = None,
+        world_size: int | None = None,
         rank: int | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -141,12 +141,12 @@ class ClipVideoDataModule(L.LightningDataModule):
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be >= 0.")
-        if num_replicas is not None and num_replicas < 1:
-            raise ValueError(f"num_replicas={num_replicas!r} must be >= 1.")
-        if rank is not None and not 0 <= rank < (num_replicas or 1):
-            raise ValueError(f"rank={rank!r} must be in 0..num_replicas-1 (num_replicas={num_replicas!r}).")
-        self.index_path = Path(index)
-        self.val_index_path = None if val_index is None else Path(val_index)
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be >= 1.")
+        if rank is not None and not 0 <= rank < (world_size or 1):
+            raise ValueError(f"rank={rank!r} must be in 0..world_size-1 (world_size={world_size!r}).")
+        self.index_path = Path(index_file)
+        self.val_index_path = None if val_index_file is None else Path(val_index_file)
         self.cameras = None if cameras is None else tuple(cameras)
         self.selection = selection
         self.hop = hop
@@ -156,9 +156,9 @@ class ClipVideoDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.max_open_decoders = max_open_decoders
-        self.threads = threads
+        self.decoder_threads = decoder_threads
         self.seed = seed
-        self.num_replicas = num_replicas
+        self.world_size = world_size
         self.rank = rank
         self.pin_memory = pin_memory
         self.drop_last = drop_last
@@ -174,8 +174,8 @@ class ClipVideoDataModule(L.LightningDataModule):
             self.val_index = load_index(self.val_index_path, cameras=self.cameras)
         trainer = self.trainer
         if trainer is not None:
-            if self.num_replicas is None:
-                self.num_replicas = trainer.world_size
+            if self.world_size is None:
+                self.world_size = trainer.world_size
             if self.rank is None:
                 self.rank = trainer.global_rank
 
@@ -198,7 +198,7 @@ class ClipVideoDataModule(L.LightningDataModule):
 
     def _dataset(self, index: VideoIndex, requests: list[ClipRequest]) -> VideoClipDataset:
         return VideoClipDataset(
-            index=index, requests=requests, max_open_decoders=self.max_open_decoders, threads=self.threads
+            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads
         )
 
     def _sampler(self, dataset: VideoClipDataset, choice: SamplerChoice | Callable[..., Any], epoch: int) -> Any:
@@ -207,7 +207,7 @@ class ClipVideoDataModule(L.LightningDataModule):
 
         if callable(choice):
             return choice(dataset)
-        world = self.num_replicas or 1
+        world = self.world_size or 1
         if world > 1:
             return DistributedSampler(
                 dataset,

@@ -41,7 +41,7 @@ class DecoderCache:
     Args:
         capacity: Most decoders kept open; the least recently used is closed beyond that.
         layout: Tensor layout of the decoders it creates.
-        threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
+        decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
             DataLoader workers).
 
     Example::
@@ -50,12 +50,12 @@ class DecoderCache:
         >>> dec = cache.get("clip/CAM_FRONT.mp4")  # doctest: +SKIP
     """
 
-    def __init__(self, *, capacity: int = 8, layout: Layout = "chw", threads: int = 0) -> None:
+    def __init__(self, *, capacity: int = 8, layout: Layout = "chw", decoder_threads: int = 0) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
         self.capacity = capacity
         self.layout = layout
-        self.threads = threads
+        self.decoder_threads = decoder_threads
         self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
         self._closed_decoded = 0
         self.opened = 0
@@ -69,7 +69,7 @@ class DecoderCache:
         if decoder is not None:
             self._open.move_to_end(path)
             return decoder
-        decoder = make_decoder(path, info=info, layout=self.layout, threads=self.threads, label=label)
+        decoder = make_decoder(path, info=info, layout=self.layout, threads=self.decoder_threads, label=label)
         self._open[path] = decoder
         self.opened += 1
         while len(self._open) > self.capacity:
@@ -124,7 +124,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
         max_open_decoders: Decoders each worker keeps open (LRU).
-        threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
+        decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -149,17 +149,17 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         requests: Sequence[ClipRequest] = (),
         cameras: Sequence[str] | None = None,
         max_open_decoders: int = 8,
-        threads: int = 0,
+        decoder_threads: int = 0,
     ) -> None:
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-            raise ValueError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
+        if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
+            raise ValueError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.index = index if isinstance(index, VideoIndex) else load_index(index)
         self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
         self.cameras = tuple(self.index.camera_names if cameras is None else cameras)
         self.max_open_decoders = max_open_decoders
-        self.threads = threads
+        self.decoder_threads = decoder_threads
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
@@ -222,7 +222,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         through fork and reopens its file lazily, so the inherited decoders stay usable.
         """
         if self._cache is None:
-            self._cache = DecoderCache(capacity=self.max_open_decoders, threads=self.threads)
+            self._cache = DecoderCache(capacity=self.max_open_decoders, decoder_threads=self.decoder_threads)
         return self._cache
 
     def _info(self, cam: CameraStream) -> VideoInfo:

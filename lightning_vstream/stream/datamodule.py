@@ -48,7 +48,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         pin_memory: Assemble batches in pinned memory for faster host-to-GPU copies.
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers alive between epochs.
-        max_open_files: Open decoders per worker; None keeps one per camera stream.
+        max_open_decoders: Open decoders per worker; None keeps one per camera stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
         transform: Crop / resize / normalize / dtype / layout applied where frames are decoded
@@ -87,7 +87,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         pin_memory: bool = False,
         prefetch_factor: int = 2,
         persistent_workers: bool = False,
-        max_open_files: int | None = None,
+        max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         index_check: Literal["fast", "thorough"] = "fast",
         transform: FrameTransform | None = None,
@@ -104,7 +104,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             "segment_length": (segment_length, segment_length is None or segment_length >= 1, "None or an integer >= 1"),
             "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
             "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_files": (max_open_files, max_open_files is None or max_open_files >= 1, "None or an integer >= 1"),
+            "max_open_decoders": (max_open_decoders, max_open_decoders is None or max_open_decoders >= 1, "None or an integer >= 1"),
             "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
             "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
             "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
@@ -133,7 +133,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
-        self.max_open_files = max_open_files
+        self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.index_check = index_check
         self.transform = transform
@@ -207,7 +207,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         device = self._device()
         dataset = StreamDataset(
             index=index,
-            max_open_files=self.max_open_files,
+            max_open_decoders=self.max_open_decoders,
             decoder_threads=self.decoder_threads,
             transform=self.transform,
             device=device,

@@ -130,7 +130,7 @@ class StreamDataset(Dataset):
 
     Args:
         index: The clips to read.
-        max_open_files: Open decoders kept per process (least recently used are closed);
+        max_open_decoders: Open decoders kept per process (least recently used are closed);
             None keeps one per stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
         transform: Applied to every part's frames ``[n, 3, H, W]`` uint8 in the worker, on
@@ -150,7 +150,7 @@ class StreamDataset(Dataset):
         self,
         *,
         index: VideoIndex,
-        max_open_files: int | None = None,
+        max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         device: str = "cpu",
@@ -158,10 +158,10 @@ class StreamDataset(Dataset):
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
-        if max_open_files is not None and max_open_files < 1:
-            raise ValueError(f"max_open_files={max_open_files!r} must be >= 1 or None.")
+        if max_open_decoders is not None and max_open_decoders < 1:
+            raise ValueError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
         self.index = index
-        self.max_open_files = max_open_files
+        self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
         self.device = device
@@ -224,7 +224,7 @@ class StreamDataset(Dataset):
             return entry[1]
         if entry is not None:
             self._close(read.position)
-        limit = self.max_open_files
+        limit = self.max_open_decoders
         while limit is not None and len(self._decoders) >= limit:
             self._close(next(iter(self._decoders)))
         clip = self.index.clips[read.clip]
