@@ -1,4 +1,8 @@
-"""The ``vstream`` command: build indexes, write stamped synthetic data, run the demo."""
+"""The ``vstream`` command: build indexes, write stamped synthetic data, run the demo.
+
+Exit codes: 0 on success, 1 when the command ran and failed (a bad index, an unreadable file),
+2 for a usage error (unknown option, malformed value), as argparse reports them.
+"""
 
 from __future__ import annotations
 
@@ -77,25 +81,74 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vstream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1.")
+    return value
 
-    synth = sub.add_parser("synth", help="write a stamped synthetic dataset (accvlab layout + index.json)")
-    synth.add_argument("root", type=Path)
-    synth.add_argument("--clips", type=int, default=4)
-    synth.add_argument("--cameras", type=int, default=6)
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more.")
+    return value
+
+
+def _version() -> str:
+    from lightning_vstream import __version__
+
+    return f"vstream (lightning_vstream) {__version__}"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, and descriptions as written."""
+
+
+_DESCRIPTION = """Frame-exact video loading for PyTorch Lightning: build and check indexes, write stamped
+synthetic data, run the end-to-end demo. 'vstream COMMAND --help' describes each command.
+
+exit codes: 0 success, 1 the command failed, 2 usage error"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vstream", description=_DESCRIPTION, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    synth = sub.add_parser(
+        "synth",
+        help="write a stamped synthetic dataset (accvlab layout + index.json)",
+        description="Write a multi-camera dataset whose every frame is stamped with its clip, camera and frame "
+        "number, in the accvlab layout, with index.json and its frame tables.",
+        formatter_class=_HelpFormatter,
+    )
+    synth.add_argument("root", type=Path, help="folder to write (created if missing)")
+    synth.add_argument("--clips", type=_positive, default=4, help="number of clips")
+    synth.add_argument("--cameras", type=_positive, default=6, help="cameras per clip (nuScenes names up to 6)")
     synth.add_argument("--frames", type=_counts, default=40, help="frames per clip, or a comma list cycled over clips")
-    synth.add_argument("--size", type=_size, default=(160, 96), help="WIDTHxHEIGHT")
-    synth.add_argument("--codec", choices=["h264", "hevc"], default="h264")
-    synth.add_argument("--gop", type=int, default=12)
-    synth.add_argument("--bframes", type=int, default=0)
-    synth.add_argument("--fps", type=float, default=12.0)
-    synth.add_argument("--preset", default="veryfast")
-    synth.add_argument("--jobs", type=int, default=1, help="parallel encoding processes")
+    synth.add_argument("--size", type=_size, default=(160, 96), help="frame size, WIDTHxHEIGHT")
+    synth.add_argument("--codec", choices=["h264", "hevc"], default="h264", help="video codec")
+    synth.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
+    synth.add_argument("--bframes", type=_non_negative, default=0, help="consecutive B-frames (0 for none)")
+    synth.add_argument("--fps", type=float, default=12.0, help="frame rate")
+    synth.add_argument("--preset", default="veryfast", help="x264/x265 speed preset")
+    synth.add_argument("--jobs", type=_positive, default=1, help="parallel encoding processes")
     synth.set_defaults(func=_cmd_synth)
 
-    index = sub.add_parser("index", help="scan a dataset tree and write index.json (or --check an index)")
+    index = sub.add_parser(
+        "index",
+        help="scan a dataset tree and write index.json (or --check an index)",
+        description="Find clip folders under ROOT, probe every camera file and write an accvlab index plus its "
+        "frame tables; or, with --check, verify an existing index file against the files.",
+        formatter_class=_HelpFormatter,
+    )
     index.add_argument("root", type=Path, help="dataset folder (or, with --check, the index file)")
     index.add_argument("-o", "--output", type=Path, default=None, help="index file to write (default ROOT/index.json)")
     index.add_argument("--no-metadata", action="store_true", help="do not write the frame-table sidecar")
@@ -103,25 +156,54 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
 
-    demo = sub.add_parser("demo", help="build a small stamped dataset and train a tiny temporal model on it")
-    demo.add_argument("--cache-dir", type=Path, default=Path(".vstream_cache"))
-    demo.add_argument("--steps", type=int, default=40)
-    demo.add_argument("--num-workers", type=int, default=2)
+    demo = sub.add_parser(
+        "demo",
+        help="build a small stamped dataset and train a tiny temporal model on it",
+        description="Build (once, cached) a small stamped 6-camera dataset, train a tiny temporal model on it with "
+        "the throughput and temporal-reset callbacks, check every delivered frame's stamp and print frames/sec.",
+        formatter_class=_HelpFormatter,
+    )
+    demo.add_argument("--cache-dir", type=Path, default=Path(".vstream_cache"), help="where the dataset is cached")
+    demo.add_argument("--steps", type=_positive, default=40, help="training steps")
+    demo.add_argument("--num-workers", type=_non_negative, default=2, help="decoding worker processes")
     demo.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vstream`` console script."""
-    from lightning_vstream.decode.base import VideoDecodeError
+    """Entry point of the ``vstream`` console script.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit code: 0 on success, 1 when the command failed. Usage errors exit with 2 through
+        ``SystemExit``, as argparse does.
+
+    Example::
+
+        >>> main(["synth", "data", "--clips", "2"])  # doctest: +SKIP
+        0
+    """
+    from lightning_vstream.errors import VStreamError
 
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ValueError, FileNotFoundError, VideoDecodeError) as err:
+    except PermissionError as err:
+        where = f" {str(err.filename)!r}" if err.filename else ""
+        print(f"vstream {args.command}: error: permission denied{where}: check the file's owner and mode, "
+              "or run as a user who may read (and, for outputs, write) it.", file=sys.stderr)
+    except FileNotFoundError as err:
+        message = str(err) if err.filename is None else f"{str(err.filename)!r} does not exist."
+        print(f"vstream {args.command}: error: {message}", file=sys.stderr)
+    except (VStreamError, ValueError, OSError) as err:
         print(f"vstream {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"vstream {args.command}: interrupted.", file=sys.stderr)
+        return 130
+    return 1
 
 
 if __name__ == "__main__":
