@@ -150,7 +150,9 @@ class ClipVideoDataModule(pl.LightningDataModule):
         persistent_workers: bool = False,
         multiprocessing_context: MultiprocessingContext | None = None,
         index_check: Literal["fast", "thorough"] = "fast",
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
+        # "class_path must name a subclass of it" and would refuse transform classes.
+        transform: Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         timeout: float = 300.0,
         drop_last: bool = False,

@@ -285,7 +285,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
             request, origin = self.requests[item], f"requests[{item}]"
         clip, streams = self._check(request, origin)
-        reference = self._info(streams[0])
+        try:
+            reference = self._info(streams[0])
+        except (VideoDecodeError, OSError) as err:  # the file cannot even be probed
+            if self.on_error == "raise":
+                raise
+            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
+            self._skip(streams[0].path, label, err)
+            return self._unreadable(clip, streams, request)
         if request.times:
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             indices = resolve_times(
@@ -333,6 +340,21 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "timestamp": torch.tensor([reference.timestamp(i) if valid else nan for i in indices], dtype=torch.float64),
             "camera_names": [cam.name for cam in streams],
             "valid": valid,
+        }
+
+    def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
+        """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
+        import torch
+
+        count = len(request.times or request.frames)
+        frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
+        return {
+            "frames": frames,
+            "clip_id": clip.clip_id,
+            "frame_index": torch.full((count,), -1, dtype=torch.int64),
+            "timestamp": torch.full((count,), float("nan"), dtype=torch.float64),
+            "camera_names": [cam.name for cam in streams],
+            "valid": False,
         }
 
     def _skip(self, path: Path, label: str, err: Exception) -> None:
@@ -415,6 +437,12 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     if not samples:
         raise ValueError("collate_clips got an empty list of samples.")
+    valid = [s for s in samples if s.get("valid", True)]
+    if valid and len(valid) < len(samples):
+        # A sample that could not be decoded takes the size (after transform) of the decoded ones.
+        like = valid[0]["frames"]
+        samples = [s if s.get("valid", True) or s["frames"].shape == like.shape
+                   else {**s, "frames": torch.zeros_like(like)} for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -118,7 +118,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
         max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         index_check: Literal["fast", "thorough"] = "fast",
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
+        # "class_path must name a subclass of it" and would refuse transform classes.
+        transform: Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         multiprocessing_context: MultiprocessingContext | None = None,
         timeout: float = 300.0,
