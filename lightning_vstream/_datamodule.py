@@ -5,6 +5,8 @@ Imported only by the DataModule modules (it imports lightning); DataLoader worke
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any, Generic, Literal, TypeVar
@@ -37,22 +39,35 @@ def plain_hparams(module: pl.LightningDataModule) -> None:
             module.hparams[key] = str(value)
 
 
-def worker_context(owner: str, requested: MultiprocessingContext | None, device: str, num_workers: int) -> str | None:
+#: What every DataLoader worker imports; a forkserver imports it once and forks workers with it loaded.
+WORKER_MODULES = ("lightning_vstream.stream.worker", "lightning_vstream.clips.dataset")
+
+
+def worker_context(
+    owner: str, requested: MultiprocessingContext | None, device: str, num_workers: int
+) -> str | multiprocessing.context.BaseContext | None:
     """The start method of the DataLoader workers: the one requested, else ``spawn`` for CUDA decoding.
 
     A CUDA context does not survive ``fork``, so decoding on a GPU in workers needs ``spawn`` or
-    ``forkserver``; None leaves the choice to torch (``fork`` on Linux before Python 3.14).
+    ``forkserver``; None leaves the choice to torch (``fork`` on Linux before Python 3.14). For
+    ``forkserver`` the server preloads torch and the worker modules (besides ``__main__``, its
+    default), so each worker forks with them imported instead of importing torch itself.
     """
     if num_workers == 0:
         return None
+    method = requested
     if device != "cpu":
         if requested == "fork":
             raise ConfigurationError(
                 f"{owner}: multiprocessing_context='fork' cannot be used with decode_device={device!r}: a CUDA "
                 "context does not survive fork. Use 'spawn' or 'forkserver', or leave it None (spawn)."
             )
-        return requested or "spawn"
-    return requested
+        method = requested or "spawn"
+    if method != "forkserver":
+        return method
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["__main__", *WORKER_MODULES])  # takes effect when the server starts
+    return context
 
 
 class EvalLoader(Generic[T]):

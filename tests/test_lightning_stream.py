@@ -305,7 +305,7 @@ def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
     with pytest.raises(ValueError, match=r"multiprocessing_context='fork' cannot be used with decode_device='cuda:0'"):
         worker_context("StreamVideoDataModule", "fork", "cuda:0", 2)
     assert worker_context("StreamVideoDataModule", None, "cuda:0", 2) == "spawn"
-    assert worker_context("StreamVideoDataModule", "forkserver", "cuda:0", 2) == "forkserver"
+    assert worker_context("StreamVideoDataModule", "forkserver", "cuda:0", 2).get_start_method() == "forkserver"
     assert worker_context("StreamVideoDataModule", "spawn", "cpu", 0) is None
 
 

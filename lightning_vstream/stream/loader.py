@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing.context
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -244,7 +245,7 @@ class StreamDataLoader(DataLoader):
         pin_memory: Allocate assembled batches in pinned memory (when CUDA is available).
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers (and their open decoders) between epochs.
-        multiprocessing_context: ``"spawn"``, ``"fork"``, ``"forkserver"`` or None.
+        multiprocessing_context: ``"spawn"``, ``"fork"``, ``"forkserver"``, a multiprocessing context, or None.
         timeout: Seconds to wait for a worker's part before raising (0 waits forever).
         batch_sampler: Must be None (accepted so Lightning can re-create the loader).
         shuffle: Must be None or False (likewise).
@@ -265,7 +266,7 @@ class StreamDataLoader(DataLoader):
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
         timeout: float = 0.0,
         batch_sampler: None = None,
         shuffle: bool | None = None,
