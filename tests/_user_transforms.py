@@ -29,6 +29,7 @@ class ImportProbe:
         self.out_dir = out_dir
 
     def __call__(self, frames: torch.Tensor) -> torch.Tensor:
-        imported = sorted(name for name in ("lightning", "lightning.pytorch", "pytorch_lightning") if name in sys.modules)
+        names = ("lightning", "lightning.pytorch", "pytorch_lightning")
+        imported = sorted(name for name in names if name in sys.modules)
         Path(self.out_dir, f"worker-{os.getpid()}.txt").write_text(",".join(imported) or "none")
         return frames

@@ -109,7 +109,9 @@ def test_unknown_option_fails_naming_it(cli_index: Path, tmp_path: Path) -> None
     assert "batch_sze" in stderr.getvalue()
 
 
-def test_user_transform_class_from_yaml_class_path(cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_user_transform_class_from_yaml_class_path(
+    cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Any callable class on frame tensors (torchvision v2 / kornia style) is given by class_path."""
     from _user_transforms import Brighten
 

@@ -237,7 +237,7 @@ class StreamThroughputMonitor(pl.Callback):
         self.metrics = metrics
         # Every rank holds the same, already combined figures: no further sync.
         shown = {PREFIX + "frames_per_sec", PREFIX + "data_wait_fraction"} if self.prog_bar else set()
-        options: dict[str, Any] = dict(on_step=True, on_epoch=False, sync_dist=False, batch_size=1)
+        options: dict[str, Any] = {"on_step": True, "on_epoch": False, "sync_dist": False, "batch_size": 1}
         values = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}  # float32 would round
         pl_module.log_dict({k: v for k, v in values.items() if k not in shown}, **options)
         if shown:

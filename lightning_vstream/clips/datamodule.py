@@ -327,8 +327,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
         )
 
-    def _shard(self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool) -> DistributedSampler:
-        sampler = DistributedSampler(dataset, num_replicas=self.world_size or 1, rank=self.rank or 0,
+    def _shard(
+        self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool
+    ) -> DistributedSampler[int]:
+        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=self.world_size or 1, rank=self.rank or 0,
                                      shuffle=shuffle, seed=self.seed, drop_last=drop_last)
         # Set now, not only by Lightning at the epoch start: a resumed run builds its iterator
         # (and fast-forwards it) before that.
