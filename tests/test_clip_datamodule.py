@@ -155,3 +155,19 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     strict.setup("fit")
     with pytest.raises(VideoDecodeError, match=r"scene-0001.*CAM_BACK.mp4' is not a readable video file"):
         next(iter(strict.train_dataloader()))
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_clip_workers_start_without_lightning(clip_index: Path, tmp_path: Path, method: str) -> None:
+    from _user_transforms import ImportProbe
+
+    dm = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=3, batch_size=2, num_workers=2, shuffle=False,
+                             multiprocessing_context=method, transform=ImportProbe(str(tmp_path)))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.multiprocessing_context.get_start_method() == method
+    batches = list(loader)
+    assert sum(len(b["clip_id"]) for b in batches) == len(dm.train_requests())
+    assert all(stamp_errors(b) == [] for b in batches)
+    reports = [p.read_text() for p in tmp_path.glob("worker-*.txt")]
+    assert reports == ["none", "none"]

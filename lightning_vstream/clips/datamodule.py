@@ -50,9 +50,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
     then 8 at 2 fps).
 
     ``selection="regular"`` lays windows ``hop`` apart over every clip (the same set every
-    epoch); ``selection="random"`` draws ``clips_per_epoch`` windows at random places, drawn
-    again from ``(seed, epoch)`` whenever the train loader is built (pass
-    ``Trainer(reload_dataloaders_every_n_epochs=1)`` for fresh clips every epoch). Evaluation
+    epoch); ``selection="random"`` draws ``clips_per_epoch`` windows at random places from
+    ``(seed, epoch of the latest scheduled reload)``: pass
+    ``Trainer(reload_dataloaders_every_n_epochs=1)`` for fresh clips every epoch; without it the
+    windows of epoch 0 serve every epoch (and are drawn again identically after a resume). Evaluation
     stages read regular windows of their index in order; a stage without its index has no loader
     hook, so Lightning skips it quietly.
 
