@@ -151,6 +151,15 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     assert batch["valid"].tolist() == [True, False, True]
     assert not batch["frames"][1].any() and torch.isnan(batch["timestamp"][1]).all()
     assert stamp_errors(batch) == []
+    # A file that breaks after the index was loaded fails while decoding, not while probing.
+    loaded = ClipVideoDataModule(index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0,
+                                 shuffle=False, on_error="skip")
+    loaded.setup("fit")
+    late = sorted((root / "videos").glob("*/*.mp4"))[2]
+    late.write_bytes(late.read_bytes()[:300])
+    batch = next(iter(loaded.train_dataloader()))
+    assert batch["valid"].tolist() == [True, False, False] and batch["frames"].shape == (3, 2, 1, 3, 48, 64)
+    assert not batch["frames"][1:].any() and stamp_errors(batch) == []
     strict = ClipVideoDataModule(index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False)
     strict.setup("fit")
     with pytest.raises(VideoDecodeError, match=r"scene-0001.*CAM_BACK.mp4' is not a readable video file"):
