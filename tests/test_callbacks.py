@@ -63,7 +63,12 @@ class RecordingLogger(Logger):
         self.calls.append((step, dict(metrics)))
 
     def vstream(self) -> list[tuple[int | None, dict[str, float]]]:
-        return [(s, m) for s, m in self.calls if any(k.startswith("vstream/") for k in m)]
+        return [(s, _figures(m)) for s, m in self.calls if "train/frames_per_sec" in m]
+
+
+def _figures(metrics: dict[str, float]) -> dict[str, float]:
+    """The monitor's figures of one logger call (Lightning adds the epoch, the model its loss)."""
+    return {k: v for k, v in metrics.items() if k not in ("epoch", "train/loss")}
 
 
 class TimedModel(TinyStreamPETR):
@@ -96,6 +101,11 @@ def _trainer(tmp_path: Path, callbacks: list[pl.Callback], logger: Logger | bool
     return pl.Trainer(**{**options, **kwargs})
 
 
+def _logged_trainer(tmp_path: Path, monitor: StreamThroughputMonitor, logger: Logger, **kwargs: Any) -> pl.Trainer:
+    """A Trainer that writes logs at the monitor's interval (Lightning writes step metrics only then)."""
+    return _trainer(tmp_path, [monitor], logger=logger, log_every_n_steps=monitor.log_every_n_steps, **kwargs)
+
+
 def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
     return StreamVideoDataModule(**{"index_file": index, "batch_size": SLOTS, "num_workers": 0, "shuffle": False,
                                     **kwargs})
@@ -107,29 +117,32 @@ def test_monitor_logs_exact_windowed_figures(callback_index: Path, tmp_path: Pat
     # Batches 0-3: waits 1.5 + 0.5 + 0.5 + 0.5 = 3.0 s of 5.0 s. Batches 4-7 (window of 2 at the
     # second log: batches 6 and 7): waits 0.25 + 0.25 of 1.5 s.
     model = TimedModel(clock, waits=[1.5, 0.5, 0.5, 0.5, 4.0, 4.0, 0.25, 0.25, 0.0], compute=0.5)
-    monitor = StreamThroughputMonitor(window=4, log_every_n_steps=4, clock=clock)
-    _trainer(tmp_path, [monitor], logger=logger, max_steps=8).fit(model, datamodule=_dm(callback_index))
+    monitor = StreamThroughputMonitor(window=4, clock=clock)  # logs when the Trainer does: every 4 steps
+    trainer = _trainer(tmp_path, [monitor], logger=logger, max_steps=8, log_every_n_steps=4)
+    trainer.fit(model, datamodule=_dm(callback_index))
 
     logged = logger.vstream()
-    assert [step for step, _ in logged] == [4, 8]
+    assert [step for step, _ in logged] == [3, 7]  # Lightning's step of the 4th and 8th batch
     first, second = (m for _, m in logged)
     frames_per_batch = SLOTS * CAMERAS
     assert first == {
-        "vstream/frames_per_sec": 4 * frames_per_batch / 5.0,
-        "vstream/samples_per_sec": 4 * SLOTS / 5.0,
-        "vstream/data_wait_fraction": 3.0 / 5.0,
-        "vstream/data_wait_fraction_max": 3.0 / 5.0,
-        "vstream/decode_amplification": 1.0,
-        "vstream/skipped": 0.0,
-        "vstream/skipped_clips": 0.0,
-        "vstream/read_errors": 0.0,
-        "vstream/bad_files": 0.0,
+        "train/frames_per_sec": 4 * frames_per_batch / 5.0,
+        "train/samples_per_sec": 4 * SLOTS / 5.0,
+        "train/data_wait_fraction": 3.0 / 5.0,
+        "train/data_wait_fraction_max": 3.0 / 5.0,
+        "train/decode_amplification": 1.0,
+        "train/skipped": 0.0,
+        "train/skipped_clips": 0.0,
+        "train/read_errors": 0.0,
+        "train/bad_files": 0.0,
     }
     # The second window holds batches 4-7: waits 4 + 4 + 0.25 + 0.25 = 8.5 s of 10.5 s.
-    assert second["vstream/frames_per_sec"] == 4 * frames_per_batch / 10.5
-    assert second["vstream/samples_per_sec"] == 4 * SLOTS / 10.5
-    assert second["vstream/data_wait_fraction"] == 8.5 / 10.5
+    assert second["train/frames_per_sec"] == 4 * frames_per_batch / 10.5
+    assert second["train/samples_per_sec"] == 4 * SLOTS / 10.5
+    assert second["train/data_wait_fraction"] == 8.5 / 10.5
     assert monitor.metrics == second
+    # The same figures reach callback_metrics (what ModelCheckpoint and EarlyStopping monitor).
+    assert {k: trainer.callback_metrics[k].item() for k in second} == second
     assert monitor.summary() == {
         "frames_per_sec": 8 * frames_per_batch / 15.5,
         "samples_per_sec": 8 * SLOTS / 15.5,
@@ -141,12 +154,12 @@ def test_monitor_window_is_shorter_than_the_log_interval(callback_index: Path, t
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[2.0, 2.0, 0.5, 0.25, 0.0], compute=0.25)
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=4, clock=clock)
-    _trainer(tmp_path, [monitor], logger=logger, max_steps=4).fit(model, datamodule=_dm(callback_index))
+    _logged_trainer(tmp_path, monitor, logger, max_steps=4).fit(model, datamodule=_dm(callback_index))
     ((step, metrics),) = logger.vstream()
     # Only batches 2 and 3: 0.75 s of waiting in 1.25 s.
-    assert step == 4
-    assert metrics["vstream/frames_per_sec"] == 2 * SLOTS * CAMERAS / 1.25
-    assert metrics["vstream/data_wait_fraction"] == 0.75 / 1.25
+    assert step == 3  # the 4th batch, in Lightning's 0-based step count
+    assert metrics["train/frames_per_sec"] == 2 * SLOTS * CAMERAS / 1.25
+    assert metrics["train/data_wait_fraction"] == 0.75 / 1.25
 
 
 def test_monitor_leaves_validation_time_out(callback_index: Path, tmp_path: Path) -> None:
@@ -154,11 +167,11 @@ def test_monitor_leaves_validation_time_out(callback_index: Path, tmp_path: Path
     model = TimedModel(clock, waits=[0.5] * 5, compute=0.5, val_time=100.0)
     monitor = StreamThroughputMonitor(window=4, log_every_n_steps=4, clock=clock)
     dm = _dm(callback_index, val_index_file=callback_index)
-    _trainer(tmp_path, [monitor], logger=logger, max_steps=4, val_check_interval=2, num_sanity_val_steps=0,
+    _logged_trainer(tmp_path, monitor, logger, max_steps=4, val_check_interval=2, num_sanity_val_steps=0,
              limit_val_batches=2).fit(model, datamodule=dm)
     ((_, metrics),) = logger.vstream()
-    assert metrics["vstream/data_wait_fraction"] == 0.5
-    assert metrics["vstream/samples_per_sec"] == 4 * SLOTS / 4.0
+    assert metrics["train/data_wait_fraction"] == 0.5
+    assert metrics["train/samples_per_sec"] == 4 * SLOTS / 4.0
     assert clock.now >= 200.0  # validation did run and take (fake) time
 
 
@@ -172,10 +185,10 @@ def test_monitor_counts_valid_slots_only(tmp_path: Path) -> None:
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5, 0.5], compute=0.5)
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
-    _trainer(tmp_path, [monitor], logger=logger, max_steps=2).fit(model, train_dataloaders=_ListLoader(batches))
+    _logged_trainer(tmp_path, monitor, logger, max_steps=2).fit(model, train_dataloaders=_ListLoader(batches))
     ((_, metrics),) = logger.vstream()
-    assert metrics["vstream/samples_per_sec"] == 5 / 2.0
-    assert metrics["vstream/frames_per_sec"] == 5 * 3 / 2.0
+    assert metrics["train/samples_per_sec"] == 5 / 2.0
+    assert metrics["train/frames_per_sec"] == 5 * 3 / 2.0
 
 
 class _ListLoader(DataLoader):
@@ -197,27 +210,30 @@ def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> No
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5] * 3, compute=0.5)
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
-    _trainer(tmp_path, [monitor], logger=logger, max_steps=2).fit(
+    _logged_trainer(tmp_path, monitor, logger, max_steps=2).fit(
         model, train_dataloaders=_ListLoader([batch, batch], stats)
     )
     ((_, metrics),) = logger.vstream()
-    assert metrics["vstream/decode_amplification"] == 1.5
-    assert (metrics["vstream/skipped"], metrics["vstream/skipped_clips"], metrics["vstream/read_errors"],
-            metrics["vstream/bad_files"]) == (3.0, 1.0, 2.0, 1.0)
+    assert metrics["train/decode_amplification"] == 1.5
+    assert (metrics["train/skipped"], metrics["train/skipped_clips"], metrics["train/read_errors"],
+            metrics["train/bad_files"]) == (3.0, 1.0, 2.0, 1.0)
 
 
 def test_monitor_without_decode_counters_logs_no_amplification(tmp_path: Path) -> None:
     batch = {"frames": torch.zeros(2, 1, 3, 8, 8), "is_first": torch.ones(2, dtype=torch.bool)}
     clock, logger = FakeClock(), RecordingLogger()
     monitor = StreamThroughputMonitor(window=1, log_every_n_steps=1, clock=clock, prog_bar=True)
-    trainer = _trainer(tmp_path, [monitor], logger=logger, max_steps=1)
+    trainer = _logged_trainer(tmp_path, monitor, logger, max_steps=1)
     trainer.fit(TimedModel(clock, waits=[0.25, 0.0], compute=0.75), train_dataloaders=_ListLoader([batch]))
     ((_, metrics),) = logger.vstream()
-    assert "vstream/decode_amplification" not in metrics
-    assert metrics["vstream/frames_per_sec"] == 2.0
-    # prog_bar=True shows the figures in the progress bar (and only there).
-    assert trainer.progress_bar_metrics["vstream/frames_per_sec"] == 2.0
-    assert trainer.progress_bar_metrics["vstream/data_wait_fraction"] == 0.25
+    assert "train/decode_amplification" not in metrics
+    assert metrics["train/frames_per_sec"] == 2.0
+    # prog_bar=True also shows two figures in the progress bar; all reach callback_metrics.
+    assert trainer.progress_bar_metrics["train/frames_per_sec"] == 2.0
+    assert set(trainer.progress_bar_metrics) >= {"train/frames_per_sec", "train/data_wait_fraction"}
+    assert "train/samples_per_sec" not in trainer.progress_bar_metrics
+    assert trainer.callback_metrics["train/samples_per_sec"].item() == 2.0 / 1.0
+    assert trainer.progress_bar_metrics["train/data_wait_fraction"] == 0.25
 
 
 def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
@@ -236,9 +252,15 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
         log_every_n_steps = 1
         train_dataloader = None
 
+    class Module(pl.LightningModule):
+        logged: dict[str, float] = {}
+
+        def log_dict(self, dictionary: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            self.logged.update({k: float(v) for k, v in dictionary.items()})
+
     clock = FakeClock()
     monitor = StreamThroughputMonitor(window=1, log_every_n_steps=1, clock=clock)
-    module = pl.LightningModule()
+    module = Module()
     trainer: Any = Stub()
     monitor.on_train_epoch_start(trainer, module)
     clock.now = 0.25
@@ -246,16 +268,16 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
     clock.now = 1.0
     monitor.on_train_batch_end(trainer, module, None, {"frames": torch.zeros(2, 3, 3, 4, 4)}, 0)
     assert monitor.metrics == {
-        "vstream/frames_per_sec": 6.0 + 10.0,
-        "vstream/samples_per_sec": 2.0 + 5.0,
-        "vstream/data_wait_fraction": (0.25 + 0.75) / 2,
-        "vstream/data_wait_fraction_max": 0.75,
-        "vstream/skipped": 0.0,
-        "vstream/skipped_clips": 0.0,
-        "vstream/read_errors": 0.0,
-        "vstream/bad_files": 0.0,
+        "train/frames_per_sec": 6.0 + 10.0,
+        "train/samples_per_sec": 2.0 + 5.0,
+        "train/data_wait_fraction": (0.25 + 0.75) / 2,
+        "train/data_wait_fraction_max": 0.75,
+        "train/skipped": 0.0,
+        "train/skipped_clips": 0.0,
+        "train/read_errors": 0.0,
+        "train/bad_files": 0.0,
     }
-    assert Stub.loggers[0].calls == [(1, monitor.metrics)]
+    assert module.logged == monitor.metrics
 
 
 DDP_SCRIPT = textwrap.dedent(
@@ -290,7 +312,8 @@ DDP_SCRIPT = textwrap.dedent(
                          enable_checkpointing=False, default_root_dir=out)
     trainer.fit(Timed(feature_dim=4, memory_length=2, pool=2), datamodule=dm)
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump({"metrics": monitor.metrics, "local": monitor.summary()}, f)
+        callback = {k: float(v) for k, v in trainer.callback_metrics.items() if k in monitor.metrics}
+        json.dump({"metrics": monitor.metrics, "local": monitor.summary(), "callback": callback}, f)
     """
 )
 
@@ -306,11 +329,12 @@ def test_monitor_sums_over_real_ddp_ranks(callback_index: Path, tmp_path: Path) 
     # Rank 0: 2 batches of 1 slot x 2 cameras in 4 s; rank 1: in 6 s.
     assert [r["local"]["frames_per_sec"] for r in ranks] == [4 / 4.0, 4 / 6.0]
     for r in ranks:
-        assert r["metrics"]["vstream/frames_per_sec"] == 4 / 4.0 + 4 / 6.0
-        assert r["metrics"]["vstream/samples_per_sec"] == 2 / 4.0 + 2 / 6.0
-        assert r["metrics"]["vstream/data_wait_fraction"] == (2 / 4.0 + 2 / 6.0) / 2
-        assert r["metrics"]["vstream/data_wait_fraction_max"] == 2 / 4.0
-        assert r["metrics"]["vstream/decode_amplification"] >= 1.0
+        assert r["callback"] == r["metrics"]  # logged through pl_module.log_dict on every rank
+        assert r["metrics"]["train/frames_per_sec"] == 4 / 4.0 + 4 / 6.0
+        assert r["metrics"]["train/samples_per_sec"] == 2 / 4.0 + 2 / 6.0
+        assert r["metrics"]["train/data_wait_fraction"] == (2 / 4.0 + 2 / 6.0) / 2
+        assert r["metrics"]["train/data_wait_fraction_max"] == 2 / 4.0
+        assert r["metrics"]["train/decode_amplification"] >= 1.0
 
 
 def test_monitor_rejects_non_stream_batches(tmp_path: Path) -> None:

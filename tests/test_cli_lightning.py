@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
@@ -65,7 +66,8 @@ def test_cli_parses_the_config_and_fits(cli_index: Path, tmp_path: Path, monkeyp
     assert len(monitors) == len(resets) == 1 and monitors[0].window == 10 and monitors[0].prog_bar
     trainer.fit(model, datamodule=dm)
     assert trainer.global_step == 3
-    assert monitors[0].metrics["vstream/samples_per_sec"] > 0
+    assert monitors[0].metrics["train/samples_per_sec"] > 0
+    assert trainer.callback_metrics["train/samples_per_sec"] > 0
     assert model.slots_reset >= 2  # the first batch starts a clip in both slots
 
 
@@ -105,3 +107,29 @@ def test_unknown_option_fails_naming_it(cli_index: Path, tmp_path: Path) -> None
     with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
         _example().main(["--config", str(config)], run=False)
     assert "batch_sze" in stderr.getvalue()
+
+
+def test_user_transform_class_from_yaml_class_path(
+    cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any callable class on frame tensors (torchvision v2 / kornia style) is given by class_path."""
+    from _user_transforms import Brighten
+
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load(CONFIG.read_text())
+    config["data"].update(index_file=str(cli_index), num_workers=0, batch_size=2, shuffle=False,
+                          transform={"class_path": "_user_transforms.Brighten", "init_args": {"amount": 40}})
+    path = tmp_path / "brighten.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = _example().main(["--config", str(path), "--trainer.max_steps", "2", "--trainer.logger", "false",
+                           "--trainer.enable_progress_bar", "false"], run=False)
+    dm = cli.datamodule
+    assert isinstance(dm.transform, Brighten) and dm.transform.amount == 40
+    assert "transform" not in dm.hparams  # any object: not stored in checkpoints
+    plain = StreamVideoDataModule(index_file=cli_index, num_workers=0, batch_size=2, shuffle=False)
+    for module in (dm, plain):
+        module.setup("fit")
+    bright, base = next(iter(dm.train_dataloader())), next(iter(plain.train_dataloader()))
+    assert torch.equal(bright["frames"], (base["frames"].to(torch.int16) + 40).clamp(0, 255).to(torch.uint8))
+    cli.trainer.fit(cli.model, datamodule=dm)
+    assert cli.trainer.global_step == 2

@@ -455,7 +455,7 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     assert len(everything) == 11  # odd: drop_last leaves one request out rather than repeating one
     assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == 4  # 5 each, last batch dropped
     assert shards[0] | shards[1] <= everything
-    sequential = ClipVideoDataModule(index_file=small_index, clip_frames=2, sampler="sequential", batch_size=50)
+    sequential = ClipVideoDataModule(index_file=small_index, clip_frames=2, shuffle=False, batch_size=50)
     sequential.setup("fit")
     batch = next(iter(sequential.train_dataloader()))
     assert [(c, tuple(f)) for c, f in zip(batch["clip_id"], batch["frame_index"].tolist())] == [
@@ -472,10 +472,13 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     [
         ({"segments": [(1.0, 2)], "clip_frames": 4}, "pass either segments"),
         ({"segments": [(1.0, 2)], "frame_stride": 2}, "frame_stride=2 applies to frame windows"),
-        ({"selection": "uniform"}, "selection='uniform' is not supported"),
-        ({"sampler": "shuffle"}, "sampler='shuffle' is not supported"),
-        ({"batch_size": 0}, "batch_size=0 must be a positive integer"),
-        ({"world_size": 2, "rank": 2}, r"rank=2 must be in 0..world_size-1"),
+        ({"selection": "uniform"}, "selection='uniform' is invalid; expected 'regular' or 'random'"),
+        ({"sampler": "shuffle"}, "sampler='shuffle' is invalid; expected None or a callable"),
+        ({"batch_size": 0}, "batch_size=0 is invalid; expected an integer >= 1"),
+        ({"world_size": 2, "rank": 2}, r"rank=2 is invalid; expected an integer in 0..world_size-1"),
+        ({"multiprocessing_context": "thread"}, r"multiprocessing_context='thread' is invalid"),
+        ({"on_error": "ignore"}, r"on_error='ignore' is invalid; expected 'raise' or 'skip'"),
+        ({"transform": 3}, r"transform=3 is invalid; expected None or a callable on frame tensors"),
     ],
 )
 def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str) -> None:

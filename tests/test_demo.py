@@ -20,7 +20,7 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert "decode   amplification 1.00: 120 frames decoded for 120 delivered, 0 seeks" in first
     assert "stamps   120 frames checked, all stamps correct" in first
     assert f"source   {cache.resolve() / 'demo-v1' / 'index.json'} (generated now)" in first
-    assert "metrics  vstream/* figures logged to" in first
+    assert "metrics  train/* figures logged to" in first
 
     result = run_demo(cache_dir=cache, steps=3, num_workers=0, progress_bar=False)
     second = capsys.readouterr().out
@@ -29,7 +29,7 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert result.frames_checked == 3 * 4 * 6
     assert result.slot_starts == result.slots_reset == 4  # four slots start their first clip, nothing else
     assert result.frames_per_sec > 0 and 0 <= result.data_wait_fraction <= 1
-    assert result.metrics_file is not None and "vstream/frames_per_sec" in result.metrics_file.read_text()
+    assert result.metrics_file is not None and "train/frames_per_sec" in result.metrics_file.read_text()
 
 
 def test_demo_rebuilds_a_broken_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

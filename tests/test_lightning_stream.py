@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -187,5 +188,132 @@ def test_a_models_own_batch_hook_still_runs(lightning_index: Path, tmp_path: Pat
 
     dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
     model = HookedModel()
-    _trainer(tmp_path, max_steps=3).fit(model, datamodule=dm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, max_steps=3).fit(model, datamodule=dm)
     assert model.hooked == 3
+    # The DataModule does not override the hook, so Lightning never says it ignores the model's.
+    assert not [w for w in caught if "overridden `on_before_batch_transfer` in both" in str(w.message)]
+
+
+class TrainOnlyModel(RecordingModel):
+    """No validation_step: what Lightning would warn about if the DataModule offered a val loader."""
+
+    validation_step = None  # type: ignore[assignment]
+
+
+def test_no_validation_loop_or_warning_without_val_index(lightning_index: Path, tmp_path: Path) -> None:
+    class SanityProbe(pl.Callback):
+        started = 0
+
+        def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            SanityProbe.started += 1
+
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, max_steps=2, callbacks=[SanityProbe()]).fit(TrainOnlyModel(), datamodule=dm)
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "Total length of" in m or "validation_step" in m or "val_dataloader" in m]
+    assert SanityProbe.started == 0
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    assert not is_overridden("val_dataloader", dm) and not is_overridden("test_dataloader", dm)
+    with_val = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, num_workers=0)
+    assert is_overridden("val_dataloader", with_val) and not is_overridden("predict_dataloader", with_val)
+
+
+def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Path, tmp_path: Path) -> None:
+    from _user_transforms import Brighten
+
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=4,
+                               transform=Brighten(amount=0))
+    assert dm.hparams["index_file"] == str(lightning_index) and dm.hparams["seed"] == 4
+    assert "transform" not in dm.hparams
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, filename="last")
+    _trainer(tmp_path, max_steps=2, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
+    import torch
+
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)  # plain types only
+    assert saved["datamodule_hyper_parameters"]["batch_size"] == 2
+    restored = StreamVideoDataModule.load_from_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert (restored.batch_size, restored.seed, restored.index_files["train"]) == (2, 4, lightning_index)
+
+
+class IterModel(RecordingModel):
+    """Fetches its own batch: ``training_step(dataloader_iter)``."""
+
+    def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
+        batch, _, _ = next(dataloader_iter)
+        return super().training_step(batch, 0)
+
+
+def test_resume_under_dataloader_iter_matches_uninterrupted_run(lightning_index: Path, tmp_path: Path) -> None:
+    def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
+        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9)
+        model = IterModel()
+        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [],
+                           enable_checkpointing=bool(callbacks))
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        assert model.stamp_errors == []
+        return model
+
+    uninterrupted = run(max_steps=14)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, filename="{step}")
+    run(max_steps=5, callbacks=[checkpoint])
+    resumed = run(max_steps=14, ckpt=str(tmp_path / "ckpt" / "step=5.ckpt"))
+    assert [b["clip_id"] for b in resumed.seen] == [b["clip_id"] for b in uninterrupted.seen[5:]]
+    assert resumed.seen == uninterrupted.seen[5:]
+
+
+def test_resume_with_other_settings_is_a_resume_state_error(lightning_index: Path, tmp_path: Path) -> None:
+    from lightning_vstream.errors import ResumeStateError
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, filename="mid")
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=1)
+    _trainer(tmp_path, max_steps=3, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
+    other = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=2)
+    with pytest.raises(ResumeStateError, match=r"seed=1 but this one has seed=2"):
+        _trainer(tmp_path, max_steps=6).fit(RecordingModel(), other, ckpt_path=str(tmp_path / "ckpt" / "mid.ckpt"))
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_workers_start_with_every_method_and_spawned_ones_skip_lightning(
+    lightning_index: Path, tmp_path: Path, method: str, assert_stamps: Any
+) -> None:
+    from _user_transforms import ImportProbe
+
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, shuffle=False,
+                               multiprocessing_context=method, transform=ImportProbe(str(tmp_path)))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.multiprocessing_context.get_start_method() == method
+    batches = [batch for _, batch in zip(range(4), loader)]
+    for batch in batches:
+        assert_stamps(batch)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    reports = [p.read_text() for p in tmp_path.glob("worker-*.txt")]
+    assert len(reports) == 2
+    if method != "fork":  # a forked worker inherits whatever this process imported
+        assert reports == ["none", "none"]
+    dm.teardown()
+
+
+def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
+    from lightning_vstream._datamodule import worker_context
+
+    with pytest.raises(ValueError, match=r"multiprocessing_context='fork' cannot be used with decode_device='cuda:0'"):
+        worker_context("StreamVideoDataModule", "fork", "cuda:0", 2)
+    assert worker_context("StreamVideoDataModule", None, "cuda:0", 2) == "spawn"
+    assert worker_context("StreamVideoDataModule", "forkserver", "cuda:0", 2).get_start_method() == "forkserver"
+    assert worker_context("StreamVideoDataModule", "spawn", "cpu", 0) is None
+
+
+def test_package_import_does_not_import_lightning() -> None:
+    code = ("import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.loader, "
+            "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu, lightning_vstream.index, "
+            "lightning_vstream.transforms; "
+            "assert 'lightning' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lightning.'))[:5]; "
+            "from lightning_vstream import StreamVideoDataModule; assert 'lightning' in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -13,7 +13,9 @@ Windowed figures are ratios of sums over the last ``window`` batches of this ran
 ``data_wait_fraction = sum(wait) / sum(batch time)``. Time spent in validation is left out;
 other work between two batches (checkpoint saving, for example) counts as wait.
 
-Across ranks (DDP), rates are summed (each rank's own frames over its own time), the wait
+Figures are logged with ``pl_module.log_dict``, so they reach ``trainer.callback_metrics``
+(ModelCheckpoint and EarlyStopping can monitor them, the progress bar can show them) and the
+Trainer's loggers. Across ranks (DDP), rates are summed (each rank's own frames over its own time), the wait
 fraction is averaged and its maximum is reported too, and decode counters are summed before
 the amplification is computed.
 """
@@ -31,7 +33,8 @@ import torch
 
 __all__ = ["StreamThroughputMonitor"]
 
-PREFIX = "vstream/"
+#: Metric names are prefixed with the stage, as Lightning's ThroughputMonitor does.
+PREFIX = "train/"
 #: Per-rank figures gathered at each log, in this order.
 _FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered",
            "has_stats")
@@ -74,21 +77,25 @@ def _find_loaders(obj: Any, depth: int = 0) -> list[Any]:
 class StreamThroughputMonitor(pl.Callback):
     """Logs delivered frames/sec, samples/sec, data-wait fraction and decode counters of training.
 
-    Every ``log_every_n_steps`` training batches it sends to all of the Trainer's loggers
-    (``logger.log_metrics``, at ``step=trainer.global_step``):
+    Every ``log_every_n_steps`` training batches it logs, through ``pl_module.log_dict`` (so
+    the figures land in ``trainer.callback_metrics`` and, at the Trainer's logging steps, in its
+    loggers), the same values on every rank:
 
-    - ``vstream/frames_per_sec``: camera-frames delivered per second (slots x cameras, valid
+    - ``train/frames_per_sec``: camera-frames delivered per second (slots x cameras, valid
       slots only), summed over ranks;
-    - ``vstream/samples_per_sec``: valid slots per second, summed over ranks;
-    - ``vstream/data_wait_fraction``: share of batch time the loop spent waiting for data
-      (mean over ranks) and ``vstream/data_wait_fraction_max`` (the slowest rank);
-    - ``vstream/decode_amplification``: frames decoded per frame delivered since the previous
+    - ``train/samples_per_sec``: valid slots per second, summed over ranks;
+    - ``train/data_wait_fraction``: share of batch time the loop spent waiting for data
+      (mean over ranks) and ``train/data_wait_fraction_max`` (the slowest rank);
+    - ``train/decode_amplification``: frames decoded per frame delivered since the previous
       log, all ranks together (1.0 is ideal; present when the train loader reports
       :class:`~lightning_vstream.stream.worker.DecodeStats`);
-    - ``vstream/skipped``, ``vstream/skipped_clips``, ``vstream/read_errors`` and
-      ``vstream/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
+    - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors`` and
+      ``train/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
       failed frames, clip segments abandoned, failed camera reads and distinct bad files (per
       worker) since the loader was created, all ranks together (0 when nothing failed).
+
+    Keep ``log_every_n_steps`` at its default (the Trainer's) for every log to reach the
+    loggers: Lightning writes step metrics to loggers only at its own logging steps.
 
     Rates and the wait fraction cover the last ``window`` batches. See the module docstring for
     the timing model.
@@ -108,8 +115,8 @@ class StreamThroughputMonitor(pl.Callback):
         >>> monitor = StreamThroughputMonitor(window=50, prog_bar=True)
         >>> trainer = pl.Trainer(callbacks=[monitor], max_steps=100)  # doctest: +SKIP
         >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
-        >>> monitor.metrics["vstream/frames_per_sec"]  # doctest: +SKIP
-        1843.2
+        >>> trainer.callback_metrics["train/frames_per_sec"]  # doctest: +SKIP
+        tensor(1843.2)
     """
 
     def __init__(
@@ -228,12 +235,13 @@ class StreamThroughputMonitor(pl.Callback):
         for name in _COUNTERS.values():
             metrics[PREFIX + name] = float(fields[name].sum())
         self.metrics = metrics
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-        if self.prog_bar:
-            for name in ("frames_per_sec", "data_wait_fraction"):
-                pl_module.log(PREFIX + name, metrics[PREFIX + name], prog_bar=True, logger=False, on_step=True,
-                              on_epoch=False, batch_size=1)
+        # Every rank holds the same, already combined figures: no further sync.
+        shown = {PREFIX + "frames_per_sec", PREFIX + "data_wait_fraction"} if self.prog_bar else set()
+        options: dict[str, Any] = {"on_step": True, "on_epoch": False, "sync_dist": False, "batch_size": 1}
+        values = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}  # float32 would round
+        pl_module.log_dict({k: v for k, v in values.items() if k not in shown}, **options)
+        if shown:
+            pl_module.log_dict({k: values[k] for k in sorted(shown)}, prog_bar=True, **options)
 
     def summary(self) -> dict[str, float]:
         """Figures over every training batch of this process since training started.

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-import lightning as L
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DistributedSampler, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_vstream._datamodule import (
+    EvalLoader,
+    MultiprocessingContext,
+    check_arguments,
+    plain_hparams,
+    worker_context,
+)
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
-from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -19,82 +29,114 @@ from lightning_vstream.clips.selection import (
     random_clips,
     regular_clips,
 )
-
-if TYPE_CHECKING:
-    from torch.utils.data import DataLoader, Sampler
+from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.index import VideoIndex, load_index
 
 __all__ = ["ClipVideoDataModule"]
 
 Selection = Literal["regular", "random"]
-SamplerChoice = Literal["random", "sequential"]
+Stage = Literal["train", "val", "test", "predict"]
 _DEFAULT_CLIP_FRAMES = 8
 
 
-class ClipVideoDataModule(L.LightningDataModule):
-    """Clip samples from an index: which clips (``selection``) and in which order (``sampler``).
+class ClipVideoDataModule(pl.LightningDataModule):
+    """Clip samples from an index: which clips (``selection``) and in which order (``shuffle``).
 
     Each sample holds a window of frames of one clip, all cameras (batch layout of
     :func:`~lightning_vstream.clips.collate_clips`: ``frames`` uint8 ``[B, T, cameras, 3, H, W]``,
-    ``frame_index`` and ``timestamp`` ``[B, T]``, ``clip_id``, ``camera_names``). The window
-    is ``clip_frames`` frames ``frame_stride`` apart, or, with ``segments``, multi-rate
-    segments in seconds (``[(1.0, 8), (2.0, 8)]``: 8 frames at 1 fps, then 8 at 2 fps).
+    ``frame_index`` and ``timestamp`` ``[B, T]``, ``valid`` ``[B]``, ``clip_id``,
+    ``camera_names``). The window is ``clip_frames`` frames ``frame_stride`` apart, or, with
+    ``segments``, multi-rate segments in seconds (``[(1.0, 8), (2.0, 8)]``: 8 frames at 1 fps,
+    then 8 at 2 fps).
 
     ``selection="regular"`` lays windows ``hop`` apart over every clip (the same set every
-    epoch); ``selection="random"`` draws ``clips_per_epoch`` windows at random places, drawn
-    again with a new seed whenever the train loader is rebuilt (pass
-    ``Trainer(reload_dataloaders_every_n_epochs=1)`` for fresh clips every epoch).
+    epoch); ``selection="random"`` draws ``clips_per_epoch`` windows at random places from
+    ``(seed, epoch of the latest scheduled reload)``: pass
+    ``Trainer(reload_dataloaders_every_n_epochs=1)`` for fresh clips every epoch; without it the
+    windows of epoch 0 serve every epoch (and are drawn again identically after a resume). Evaluation
+    stages read regular windows of their index in order; a stage without its index has no loader
+    hook, so Lightning skips it quietly.
 
-    Distributed training: rank and world size are taken from the Trainer in :meth:`setup`
-    (or passed in). With ``sampler="random"`` or ``"sequential"`` each rank gets a
-    ``DistributedSampler`` over the requests, which Lightning leaves in place and reshuffles
-    every epoch through ``set_epoch``. A user-supplied sampler is built by ``sampler(dataset)``;
-    Lightning wraps it in its ``DistributedSamplerWrapper`` under DDP (the wrapper shards the
-    indices your sampler yields).
+    Order and distribution: every rank reads its shard of the requests through a
+    ``DistributedSampler`` (also with one rank), shuffled from ``(seed, epoch)`` when ``shuffle``;
+    Lightning leaves it in place and calls ``set_epoch`` every epoch. A ``sampler`` factory
+    replaces it (Lightning wraps your sampler in its ``DistributedSamplerWrapper`` under DDP).
+
+    Resume: loaders are torchdata ``StatefulDataLoader`` objects, so Lightning stores the position
+    in every checkpoint and a run resumed mid-epoch gets exactly the batches the uninterrupted
+    run would have had next (with a ``sampler`` factory: if it is deterministic). The arguments
+    are saved as hyperparameters, except ``transform`` and ``sampler`` (pass them again to
+    ``load_from_checkpoint``).
 
     Args:
         index_file: Index file of the training clips.
-        val_index_file: Index file of validation clips (regular windows, in order); no validation
-            loader when None.
+        val_index_file: Index file of validation clips; no validation when None.
+        test_index_file: Index file of test clips.
+        predict_index_file: Index file of prediction clips.
+        batch_size: Samples per batch. The default, 4, is shared with
+            :class:`~lightning_vstream.StreamVideoDataModule`: the smallest batch whose
+            normalisation statistics are usable, and small enough for 6-camera clips on any GPU.
+        num_workers: DataLoader worker processes.
         cameras: Cameras to load, in this order; all when None.
+        decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (NVDEC, in the workers) or ``"auto"``.
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
+        max_open_decoders: Decoders each worker keeps open (LRU).
+        seed: Seed for random windows and shuffling.
+        shuffle: Shuffle the training requests every epoch.
         clip_frames: Frames per sample for a frame window (default 8).
-        frame_stride: Frames between samples' consecutive frames (frame window).
+        frame_stride: Frames between a sample's consecutive frames (frame window).
         segments: Multi-rate window ``[(rate fps, count), ...]``; replaces ``clip_frames`` and
             ``frame_stride``.
         time_policy: How segment times map to frames: ``"nearest"`` or ``"at_or_before"``.
-        selection: ``"regular"`` or ``"random"`` placement of windows.
+        selection: ``"regular"`` or ``"random"`` placement of training windows.
         hop: Step between regular windows (frames for a frame window, seconds for segments);
             the window length when None.
         clips_per_epoch: Random windows per epoch; as many as regular windows when None.
         weighting: Random draws uniform over all ``"frames"`` or over ``"videos"`` first.
-        sampler: ``"random"``, ``"sequential"`` or a callable ``dataset -> Sampler``.
-        batch_size: Samples per batch.
-        num_workers: DataLoader worker processes.
-        max_open_decoders: Decoders each worker keeps open (LRU).
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
-        seed: Seed for random windows and shuffling.
-        world_size: World size; from the Trainer when None.
-        rank: Global rank; from the Trainer when None.
+        sampler: A callable ``dataset -> Sampler`` for the training order; replaces ``shuffle``.
         pin_memory: DataLoader ``pin_memory``.
-        drop_last: Drop the last incomplete batch (and uneven shards under DDP).
+        prefetch_factor: Batches each worker prepares ahead.
         persistent_workers: Keep workers (and their open decoders) between epochs.
+        multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
+            None takes torch's default, or ``spawn`` when decoding on CUDA.
+        index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
+        transform: Any callable on frame tensors ``[n, 3, H, W]`` (uint8), applied in the workers
+            to every sample's frames (``FrameTransform``, torchvision v2, kornia, your own).
+        on_error: ``"raise"``: an unreadable frame raises an error naming file, clip, camera and
+            frame. ``"skip"``: the sample is delivered with ``valid=False`` (zeros), so batches
+            keep their size; each bad file is logged once per worker.
+        timeout: Seconds to wait for a worker's batch before raising (0 waits forever).
+        drop_last: Drop the last incomplete batch (and uneven shards under DDP).
+        rank: Global rank; from the Trainer when None.
+        world_size: World size; from the Trainer when None.
 
     Raises:
-        ValueError: Conflicting or invalid arguments (named in the message).
+        ConfigurationError: Conflicting or invalid arguments (named in the message).
 
     Example::
 
         >>> dm = ClipVideoDataModule(index_file="data/index.json", segments=[(1.0, 8), (2.0, 8)],
-        ...                          selection="random", clips_per_epoch=2000, batch_size=4,
-        ...                          num_workers=4)  # doctest: +SKIP
-        >>> L.Trainer(max_epochs=10, reload_dataloaders_every_n_epochs=1).fit(model, dm)  # doctest: +SKIP
+        ...                          selection="random", clips_per_epoch=2000, batch_size=4)
+        >>> dm.hparams["selection"]
+        'random'
+        >>> pl.Trainer(max_epochs=10, reload_dataloaders_every_n_epochs=1).fit(model, dm)  # doctest: +SKIP
     """
 
     def __init__(
         self,
         *,
-        index_file: Path | str,
+        index_file: Path | str | None = None,
         val_index_file: Path | str | None = None,
+        test_index_file: Path | str | None = None,
+        predict_index_file: Path | str | None = None,
+        batch_size: int = 4,
+        num_workers: int = 2,
         cameras: Sequence[str] | None = None,
+        decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
+        decoder_threads: int = 0,
+        max_open_decoders: int = 8,
+        seed: int = 0,
+        shuffle: bool = True,
         clip_frames: int | None = None,
         frame_stride: int = 1,
         segments: Sequence[tuple[float, int]] | None = None,
@@ -103,81 +145,144 @@ class ClipVideoDataModule(L.LightningDataModule):
         hop: float | None = None,
         clips_per_epoch: int | None = None,
         weighting: Weighting = "frames",
-        sampler: SamplerChoice | Callable[[VideoClipDataset], Sampler[Any]] = "random",
-        batch_size: int = 4,
-        num_workers: int = 2,
-        max_open_decoders: int = 8,
-        decoder_threads: int = 0,
-        seed: int = 0,
-        world_size: int | None = None,
-        rank: int | None = None,
+        sampler: Callable[[VideoClipDataset], Sampler[Any]] | None = None,
         pin_memory: bool = False,
-        drop_last: bool = False,
+        prefetch_factor: int = 2,
         persistent_workers: bool = False,
+        multiprocessing_context: MultiprocessingContext | None = None,
+        index_check: Literal["fast", "thorough"] = "fast",
+        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
+        # "class_path must name a subclass of it" and would refuse transform classes.
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        on_error: Literal["raise", "skip"] = "raise",
+        timeout: float = 300.0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters(ignore=["transform", "sampler"])
+        plain_hparams(self)
         if segments is not None and clip_frames is not None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
                 "(a frame window), not both."
             )
         if segments is not None and frame_stride != 1:
-            raise ValueError(f"frame_stride={frame_stride!r} applies to frame windows; segments set their own spacing.")
+            raise ConfigurationError(
+                f"frame_stride={frame_stride!r} applies to frame windows; segments set their own spacing."
+            )
+
+        def positive(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        check_arguments("ClipVideoDataModule", {
+            "batch_size": (batch_size, positive(batch_size), "an integer >= 1"),
+            "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
+            "clips_per_epoch": (clips_per_epoch, clips_per_epoch is None or positive(clips_per_epoch),
+                                "None or an integer >= 1"),
+            "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
+            "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
+            "max_open_decoders": (max_open_decoders, positive(max_open_decoders), "an integer >= 1"),
+            "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
+            "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
+            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+            "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
+            "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
+            "sampler": (sampler, sampler is None or callable(sampler),
+                        "None or a callable that takes the dataset and returns a torch Sampler"),
+            "multiprocessing_context": (multiprocessing_context, multiprocessing_context in (
+                None, "fork", "forkserver", "spawn"), "None, 'fork', 'forkserver' or 'spawn'"),
+            "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
+            "world_size": (world_size, world_size is None or positive(world_size), "None or an integer >= 1"),
+            "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
+        })
+        self.index_files: dict[Stage, Path | None] = {
+            "train": None if index_file is None else Path(index_file),
+            "val": None if val_index_file is None else Path(val_index_file),
+            "test": None if test_index_file is None else Path(test_index_file),
+            "predict": None if predict_index_file is None else Path(predict_index_file),
+        }
+        if all(path is None for path in self.index_files.values()):
+            raise ConfigurationError("ClipVideoDataModule needs at least one of index_file, val_index_file, "
+                                     "test_index_file or predict_index_file.")
         self.window: FrameWindow | TimeWindow = (
             TimeWindow(tuple(segments), time_policy)
             if segments is not None
             else FrameWindow(_DEFAULT_CLIP_FRAMES if clip_frames is None else clip_frames, frame_stride)
         )
-        if selection not in ("regular", "random"):
-            raise ValueError(f"selection={selection!r} is not supported; use 'regular' or 'random'.")
-        if not (callable(sampler) or sampler in ("random", "sequential")):
-            raise ValueError(
-                f"sampler={sampler!r} is not supported; use 'random', 'sequential' or a callable that takes the "
-                "dataset and returns a torch Sampler."
-            )
-        if clips_per_epoch is not None and (isinstance(clips_per_epoch, bool) or clips_per_epoch < 1):
-            raise ValueError(f"clips_per_epoch={clips_per_epoch!r} must be a positive integer (or None).")
-        if isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be >= 0.")
-        if world_size is not None and world_size < 1:
-            raise ValueError(f"world_size={world_size!r} must be >= 1.")
-        if rank is not None and not 0 <= rank < (world_size or 1):
-            raise ValueError(f"rank={rank!r} must be in 0..world_size-1 (world_size={world_size!r}).")
-        self.index_path = Path(index_file)
-        self.val_index_path = None if val_index_file is None else Path(val_index_file)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
         self.cameras = None if cameras is None else tuple(cameras)
+        self.decode_device = decode_device
+        self.decoder_threads = decoder_threads
+        self.max_open_decoders = max_open_decoders
+        self.seed = seed
+        self.shuffle = shuffle
         self.selection = selection
         self.hop = hop
         self.clips_per_epoch = clips_per_epoch
         self.weighting = weighting
         self.sampler = sampler
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.max_open_decoders = max_open_decoders
-        self.decoder_threads = decoder_threads
-        self.seed = seed
-        self.world_size = world_size
-        self.rank = rank
         self.pin_memory = pin_memory
-        self.drop_last = drop_last
+        self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
-        self.train_index: VideoIndex | None = None
-        self.val_index: VideoIndex | None = None
+        self.multiprocessing_context = multiprocessing_context
+        self.index_check = index_check
+        self.transform = transform
+        self.on_error = on_error
+        self.timeout = timeout
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self._indexes: dict[Stage, VideoIndex] = {}
+        self._resolved_device: str | None = None
 
-    def setup(self, stage: str) -> None:
-        """Load the index files and take rank and world size from the Trainer (unless given)."""
-        if self.train_index is None:
-            self.train_index = load_index(self.index_path, cameras=self.cameras)
-        if self.val_index_path is not None and self.val_index is None:
-            self.val_index = load_index(self.val_index_path, cameras=self.cameras)
+    # -- setup -----------------------------------------------------------------------------
+    @property
+    def train_index(self) -> VideoIndex | None:
+        """The parsed training index (after :meth:`setup`)."""
+        return self._indexes.get("train")
+
+    @property
+    def val_index(self) -> VideoIndex | None:
+        """The parsed validation index (after :meth:`setup`)."""
+        return self._indexes.get("val")
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the index files the stage needs and take rank and world size from the Trainer (unless given)."""
+        wanted: dict[str | None, tuple[Stage, ...]] = {
+            "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+        }
+        for split in wanted.get(stage, ("train", "val", "test", "predict")):
+            path = self.index_files[split]
+            if path is not None and split not in self._indexes:
+                self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
+        if stage == "fit" and self.index_files["train"] is None:
+            raise ConfigurationError("ClipVideoDataModule: Trainer.fit needs index_file (the training index).")
         trainer = self.trainer
         if trainer is not None:
             if self.world_size is None:
                 self.world_size = trainer.world_size
             if self.rank is None:
                 self.rank = trainer.global_rank
+        self._device()
+
+    def _device(self) -> str:
+        if self._resolved_device is None:
+            from lightning_vstream.decode.gpu import resolve_decode_device
+
+            trainer = self.trainer
+            local_rank = trainer.local_rank if trainer is not None else 0
+            root = trainer.strategy.root_device if trainer is not None else None
+            self._resolved_device = str(resolve_decode_device(self.decode_device, local_rank, root_device=root))
+        return self._resolved_device
+
+    def _index(self, split: Stage) -> VideoIndex:
+        index = self._indexes.get(split)
+        if index is None:
+            raise RuntimeError(f"ClipVideoDataModule.setup() must run before the {split} loader is built.")
+        return index
 
     def _epoch(self) -> int:
         trainer = self.trainer
@@ -185,66 +290,88 @@ class ClipVideoDataModule(L.LightningDataModule):
 
     def train_requests(self, epoch: int = 0) -> list[ClipRequest]:
         """The training requests of ``epoch`` (random windows differ per epoch; regular ones do not)."""
-        index = self._require(self.train_index, "train")
+        index = self._index("train")
         if self.selection == "regular":
             return regular_clips(index, self.window, hop=self.hop)
         count = self.clips_per_epoch or len(regular_clips(index, self.window, hop=self.hop))
         return random_clips(index, self.window, count=count, seed=self.seed + epoch, weighting=self.weighting)
 
-    def _require(self, index: VideoIndex | None, which: str) -> VideoIndex:
-        if index is None:
-            raise RuntimeError(f"ClipVideoDataModule.setup() must run before the {which} loader is built.")
-        return index
-
+    # -- loaders ---------------------------------------------------------------------------
     def _dataset(self, index: VideoIndex, requests: list[ClipRequest]) -> VideoClipDataset:
         return VideoClipDataset(
-            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads
+            index=index, requests=requests, max_open_decoders=self.max_open_decoders,
+            decoder_threads=self.decoder_threads, transform=self.transform, device=self._device(),
+            on_error=self.on_error,
         )
 
-    def _sampler(self, dataset: VideoClipDataset, choice: SamplerChoice | Callable[..., Any], epoch: int) -> Any:
-        import torch
-        from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+    def _loader(self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool) -> StatefulDataLoader:
+        workers = self.num_workers
+        with warnings.catch_warnings():  # torchdata calls a torch API that torch has deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            return self._stateful_loader(dataset, sampler, drop_last, workers)
 
-        if callable(choice):
-            return choice(dataset)
-        world = self.world_size or 1
-        if world > 1:
-            return DistributedSampler(
-                dataset,
-                num_replicas=world,
-                rank=self.rank or 0,
-                shuffle=choice == "random",
-                seed=self.seed,
-                drop_last=self.drop_last,
-            )
-        if choice == "random":
-            return RandomSampler(dataset, generator=torch.Generator().manual_seed(self.seed + epoch))
-        return SequentialSampler(dataset)
-
-    def _loader(self, dataset: VideoClipDataset, sampler: Any) -> DataLoader[Any]:
-        from torch.utils.data import DataLoader
-
-        return DataLoader(
+    def _stateful_loader(
+        self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool, workers: int
+    ) -> StatefulDataLoader:
+        return StatefulDataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=workers,
             collate_fn=collate_clips,
             pin_memory=self.pin_memory,
-            drop_last=self.drop_last,
-            persistent_workers=self.persistent_workers and self.num_workers > 0,
+            drop_last=drop_last,
+            timeout=self.timeout if workers > 0 else 0.0,
+            multiprocessing_context=worker_context("ClipVideoDataModule", self.multiprocessing_context,
+                                                   self._device(), workers),
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            persistent_workers=self.persistent_workers and workers > 0,
         )
 
-    def train_dataloader(self) -> DataLoader[Any]:
-        """Loader over this epoch's training requests with the chosen sampler."""
-        epoch = self._epoch()
-        dataset = self._dataset(self._require(self.train_index, "train"), self.train_requests(epoch))
-        return self._loader(dataset, self._sampler(dataset, self.sampler, epoch))
+    def _shard(
+        self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool
+    ) -> DistributedSampler[int]:
+        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=self.world_size or 1, rank=self.rank or 0,
+                                     shuffle=shuffle, seed=self.seed, drop_last=drop_last)
+        # Set now, not only by Lightning at the epoch start: a resumed run builds its iterator
+        # (and fast-forwards it) before that.
+        sampler.set_epoch(epoch)
+        return sampler
 
-    def val_dataloader(self) -> DataLoader[Any] | list[Any]:
-        """Regular windows over ``val_index`` in order (an empty list, so no validation, without one)."""
-        if self.val_index_path is None:
-            return []
-        index = self._require(self.val_index, "validation")
+    def _draw_epoch(self) -> int:
+        """The epoch whose random windows the train loader holds: that of the latest scheduled reload.
+
+        Without ``reload_dataloaders_every_n_epochs`` the loader built at epoch 0 serves every
+        epoch, so a run resumed in a later epoch must draw epoch 0's windows again.
+        """
+        trainer = self.trainer
+        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0) if trainer is not None else 0
+        epoch = self._epoch()
+        return epoch - epoch % every if every > 0 else 0
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Loader over this epoch's training requests; stateful, so checkpoints resume mid-epoch exactly."""
+        epoch = self._epoch()
+        dataset = self._dataset(self._index("train"), self.train_requests(self._draw_epoch()))
+        if self.sampler is not None:
+            sampler = self.sampler(dataset)
+        else:
+            sampler = self._shard(dataset, self.shuffle, epoch, self.drop_last)
+        return self._loader(dataset, sampler, self.drop_last)
+
+    def _eval_loader(self, split: Stage) -> StatefulDataLoader:
+        """Regular windows over the ``split`` index, in order."""
+        index = self._index(split)
         dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop))
-        return self._loader(dataset, self._sampler(dataset, "sequential", 0))
+        return self._loader(dataset, self._shard(dataset, False, 0, False), False)
+
+    # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
+    val_dataloader = EvalLoader(  # type: ignore[assignment]
+        "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._eval_loader("val")
+    )
+    test_dataloader = EvalLoader(  # type: ignore[assignment]
+        "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._eval_loader("test")
+    )
+    predict_dataloader = EvalLoader(  # type: ignore[assignment]
+        "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._eval_loader("predict")
+    )

@@ -17,22 +17,25 @@ reopen it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
-from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from torch.utils.data import Dataset
+
 from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
+from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
     import torch
 
-from torch.utils.data import Dataset
-
 __all__ = ["DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+
+log = logging.getLogger("lightning_vstream")
 
 
 class DecoderCache:
@@ -43,6 +46,7 @@ class DecoderCache:
         layout: Tensor layout of the decoders it creates.
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
             DataLoader workers).
+        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
 
     Example::
 
@@ -50,12 +54,15 @@ class DecoderCache:
         >>> dec = cache.get("clip/CAM_FRONT.mp4")  # doctest: +SKIP
     """
 
-    def __init__(self, *, capacity: int = 8, layout: Layout = "chw", decoder_threads: int = 0) -> None:
+    def __init__(
+        self, *, capacity: int = 8, layout: Layout = "chw", decoder_threads: int = 0, device: str = "cpu"
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
         self.capacity = capacity
         self.layout = layout
         self.decoder_threads = decoder_threads
+        self.device = device
         self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
         self._closed_decoded = 0
         self.opened = 0
@@ -69,7 +76,9 @@ class DecoderCache:
         if decoder is not None:
             self._open.move_to_end(path)
             return decoder
-        decoder = make_decoder(path, info=info, layout=self.layout, threads=self.decoder_threads, label=label)
+        decoder = make_decoder(
+            path, info=info, layout=self.layout, threads=self.decoder_threads, label=label, device=self.device
+        )
         self._open[path] = decoder
         self.opened += 1
         while len(self._open) > self.capacity:
@@ -91,6 +100,12 @@ class DecoderCache:
 
     def __contains__(self, path: object) -> bool:
         return Path(path) in self._open if isinstance(path, (str, Path)) else False  # type: ignore[arg-type]
+
+    def drop(self, path: Path | str) -> None:
+        """Close the decoder of ``path`` (after a failure: the next request reopens the file)."""
+        decoder = self._open.pop(Path(path), None)
+        if decoder is not None:
+            self._retire(decoder)
 
     def close(self) -> None:
         """Close every open decoder."""
@@ -114,7 +129,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     - ``frame_index``: int64 tensor ``[T]``, the frames returned;
     - ``timestamp``: float64 tensor ``[T]``, their real presentation times in seconds (of the
       first returned camera);
-    - ``camera_names``: list of str, the order of the ``cameras`` dimension.
+    - ``camera_names``: list of str, the order of the ``cameras`` dimension;
+    - ``valid``: bool, False for a sample that could not be decoded (``on_error="skip"``): its
+      frames are zeros and its timestamps NaN, so batches keep their size (and DDP ranks their
+      step count); count them with ``(~batch["valid"]).sum()``.
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -125,6 +143,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             cameras when None.
         max_open_decoders: Decoders each worker keeps open (LRU).
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
+        transform: Any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's
+            ``T x cameras`` frames where they are decoded (see
+            :class:`~lightning_vstream.transforms.FrameTransform`).
+        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
+        on_error: ``"raise"``: an unreadable frame raises a :class:`VideoDecodeError` naming
+            file, clip, camera and frame. ``"skip"``: the sample comes back with
+            ``valid=False`` (zeros), each bad file is logged once per process, and
+            :attr:`skipped` counts the samples.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -150,7 +176,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cameras: Sequence[str] | None = None,
         max_open_decoders: int = 8,
         decoder_threads: int = 0,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        device: str = "cpu",
+        on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform={transform!r} is not callable; pass a callable on frame tensors or None.")
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
@@ -160,6 +193,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.cameras = tuple(self.index.camera_names if cameras is None else cameras)
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
+        self.transform = transform
+        self.device = device
+        self.on_error = on_error
+        #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
+        self.skipped = 0
+        self._bad_files: set[str] = set()
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
@@ -222,7 +261,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         through fork and reopens its file lazily, so the inherited decoders stay usable.
         """
         if self._cache is None:
-            self._cache = DecoderCache(capacity=self.max_open_decoders, decoder_threads=self.decoder_threads)
+            self._cache = DecoderCache(
+                capacity=self.max_open_decoders, decoder_threads=self.decoder_threads, device=self.device
+            )
         return self._cache
 
     def _info(self, cam: CameraStream) -> VideoInfo:
@@ -244,7 +285,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
             request, origin = self.requests[item], f"requests[{item}]"
         clip, streams = self._check(request, origin)
-        reference = self._info(streams[0])
+        try:
+            reference = self._info(streams[0])
+        except (VideoDecodeError, OSError) as err:  # the file cannot even be probed
+            if self.on_error == "raise":
+                raise
+            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
+            self._skip(streams[0].path, label, err)
+            return self._unreadable(clip, streams, request)
         if request.times:
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             indices = resolve_times(
@@ -261,17 +309,61 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 "cameras, so request them separately (cameras=[...]) or resize the files to one size."
             )
         # Decoders write each frame straight into its slot of the sample: no stacking copies.
-        frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
+        frames = torch.empty(
+            (len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8, device=self.device
+        )
+        valid = True
         for c, (cam, info) in enumerate(zip(streams, infos)):
-            decoder = self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}")
-            _decode_into(decoder, indices, frames[:, c])
+            label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+            try:
+                decoder = self.decoders.get(cam.path, info=info, label=label)
+                _decode_into(decoder, indices, frames[:, c])
+            except (VideoDecodeError, OSError, RuntimeError) as err:
+                if self.on_error == "raise":
+                    if isinstance(err, VideoDecodeError):
+                        raise
+                    raise VideoDecodeError(f"{label}, frames {indices} ({str(cam.path)!r}): {err}") from err
+                valid = False
+                self._skip(cam.path, label, err)
+                break
+        if not valid:
+            frames.zero_()
+        if self.transform is not None:
+            shape = frames.shape
+            frames = self.transform(frames.view(-1, *shape[2:]))
+            frames = frames.view(shape[0], shape[1], *frames.shape[1:])
+        nan = float("nan")
         return {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
-            "timestamp": torch.tensor([reference.timestamp(i) for i in indices], dtype=torch.float64),
+            "timestamp": torch.tensor([reference.timestamp(i) if valid else nan for i in indices], dtype=torch.float64),
             "camera_names": [cam.name for cam in streams],
+            "valid": valid,
         }
+
+    def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
+        """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
+        import torch
+
+        count = len(request.times or request.frames)
+        frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
+        return {
+            "frames": frames,
+            "clip_id": clip.clip_id,
+            "frame_index": torch.full((count,), -1, dtype=torch.int64),
+            "timestamp": torch.full((count,), float("nan"), dtype=torch.float64),
+            "camera_names": [cam.name for cam in streams],
+            "valid": False,
+        }
+
+    def _skip(self, path: Path, label: str, err: Exception) -> None:
+        self.skipped += 1
+        if self._cache is not None and path in self._cache:
+            self._cache.drop(path)
+        if str(path) not in self._bad_files:
+            self._bad_files.add(str(path))
+            log.warning("skipping samples of %s (%s): %s", label, str(path), err)
 
     def close(self) -> None:
         """Close this process's open decoders (they reopen lazily)."""
@@ -297,6 +389,14 @@ def _decode_into(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tenso
     requested twice is decoded once and copied.
     """
     first_slot: dict[int, int] = {}
+    if out.device.type != "cpu":  # NVDEC: frames arrive as device tensors
+        for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
+            if index in first_slot:
+                out[t].copy_(out[first_slot[index]])
+            else:
+                first_slot[index] = t
+                out[t].copy_(decoder.get(index))
+        return
     takes_out = _accepts_out(decoder)
     for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
         slot = out[t].numpy()  # numpy copies stay off torch's thread pool, which FFmpeg is using
@@ -323,7 +423,8 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Stack clip samples into a batch (use as ``DataLoader(..., collate_fn=collate_clips)``).
 
     Returns ``frames`` uint8 ``[B, T, cameras, 3, H, W]``, ``frame_index`` int64 ``[B, T]``,
-    ``timestamp`` float64 ``[B, T]``, ``clip_id`` list of str and ``camera_names`` list of str.
+    ``timestamp`` float64 ``[B, T]``, ``valid`` bool ``[B]`` (False for samples that could not be
+    decoded under ``on_error="skip"``), ``clip_id`` list of str and ``camera_names`` list of str.
 
     Raises:
         ValueError: Samples differ in cameras, frame count ``T`` or frame size.
@@ -336,6 +437,12 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     if not samples:
         raise ValueError("collate_clips got an empty list of samples.")
+    valid = [s for s in samples if s.get("valid", True)]
+    if valid and len(valid) < len(samples):
+        # A sample that could not be decoded takes the size (after transform) of the decoded ones.
+        like = valid[0]["frames"]
+        samples = [s if s.get("valid", True) or s["frames"].shape == like.shape
+                   else {**s, "frames": torch.zeros_like(like)} for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -354,6 +461,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
+        "valid": torch.tensor([bool(s.get("valid", True)) for s in samples], dtype=torch.bool),
         "camera_names": list(first["camera_names"]),
     }
 

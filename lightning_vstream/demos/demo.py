@@ -262,7 +262,7 @@ def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
     lines.append(f"clips    {len(result.clips_read)} read (frames): {clips}")
     lines.append(f"source   {result.index_file} ({'reused from cache' if result.reused else 'generated now'})")
     if result.metrics_file is not None:
-        lines.append(f"metrics  vstream/* figures logged to {result.metrics_file}")
+        lines.append(f"metrics  train/* figures logged to {result.metrics_file}")
     lines.append("next     your data: `vstream index /path/to/videos`, then "
                  "`python examples/train_stream.py fit --config examples/configs/stream.yaml "
                  "--data.index_file /path/to/videos/index.json`")

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.model_helpers import is_overridden
+import torch
 
-from lightning_vstream.stream.worker import DecodeStats, StreamDataset
+from lightning_vstream._datamodule import (
+    EvalLoader,
+    MultiprocessingContext,
+    check_arguments,
+    plain_hparams,
+    worker_context,
+)
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.schedule import Remainder
-from lightning_vstream.transforms import FrameTransform
+from lightning_vstream.stream.worker import DecodeStats, StreamDataset
 
 __all__ = ["StreamVideoDataModule"]
 
@@ -30,14 +38,25 @@ class StreamVideoDataModule(pl.LightningDataModule):
     epoch from ``(seed, epoch)``; ranks read disjoint clips and run the same number of steps.
 
     Evaluation loaders (``val_index_file`` ...) read every frame in index order; slots that
-    finish early deliver padding marked ``valid=False``.
+    finish early deliver padding marked ``valid=False``. A stage without its index has no loader
+    hook at all, so Lightning skips it quietly (no validation loop, no sanity check, no warning
+    about a missing ``validation_step``).
+
+    Lightning-native state: the constructor arguments are saved as hyperparameters (except
+    ``transform``, which may be any object: pass it again to ``load_from_checkpoint``), and the
+    train loader is stateful: Lightning stores its position in every checkpoint and a run resumed
+    from a mid-epoch checkpoint continues with exactly the next batch, also when the model's
+    ``training_step`` takes a ``dataloader_iter``.
 
     Args:
         index_file: Training index (accvlab format).
         val_index_file: Validation index; no validation when None.
         test_index_file: Test index.
         predict_index_file: Prediction index.
-        batch_size: Slots per batch on each rank (accvlab's ``group_num``).
+        batch_size: Slots per batch on each rank (accvlab's ``group_num``). The default, 4, is
+            shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
+            normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
+            (104 MB as uint8) fit any training GPU.
         num_workers: Decoding worker processes; each serves fixed camera streams.
         cameras: Cameras to load, in this order; all (sorted) when None.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
@@ -51,12 +70,19 @@ class StreamVideoDataModule(pl.LightningDataModule):
         max_open_decoders: Open decoders per worker; None keeps one per camera stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
-        transform: Crop / resize / normalize / dtype / layout applied where frames are decoded
-            (in the workers, on the decode device).
+        transform: Any callable taking and returning a frame tensor ``[n, 3, H, W]`` (uint8 as
+            decoded), applied where frames are decoded (in the workers, on the decode device):
+            :class:`~lightning_vstream.transforms.FrameTransform` (the fast built-in crop / resize /
+            normalize / dtype), a torchvision v2 or kornia transform, or your own class (LightningCLI:
+            ``class_path`` + ``init_args``). It must pickle when workers are spawned.
         on_error: ``"raise"``: an unreadable frame (truncated, corrupt or missing file) raises
             an error naming file, clip, camera and frame. ``"skip"``: the slot gives up that clip
             and moves to its next one (``is_first=True``); the batches in between mark it
             ``valid=False``; each bad file is logged once and counted in :meth:`decode_stats`.
+        multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
+            None takes torch's default (``fork`` on Linux), or ``spawn`` when decoding on CUDA.
+            Workers import no lightning, so ``spawn`` and ``forkserver`` start in about the time
+            torch takes to import.
         timeout: Seconds to wait for a worker's part before raising, so a stalled or dead worker
             surfaces as an error instead of a hang (0 waits forever).
         rank: This process's rank; taken from the Trainer when None.
@@ -65,6 +91,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
     Example::
 
         >>> dm = StreamVideoDataModule(index_file="data/index.json", batch_size=4, num_workers=2)
+        >>> dm.hparams["batch_size"]
+        4
         >>> trainer = pl.Trainer(max_epochs=1)  # doctest: +SKIP
         >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
     """
@@ -76,7 +104,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         val_index_file: Path | str | None = None,
         test_index_file: Path | str | None = None,
         predict_index_file: Path | str | None = None,
-        batch_size: int = 1,
+        batch_size: int = 4,
         num_workers: int = 2,
         cameras: list[str] | None = None,
         decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
@@ -90,31 +118,39 @@ class StreamVideoDataModule(pl.LightningDataModule):
         max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         index_check: Literal["fast", "thorough"] = "fast",
-        transform: FrameTransform | None = None,
+        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
+        # "class_path must name a subclass of it" and would refuse transform classes.
+        transform: Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        multiprocessing_context: MultiprocessingContext | None = None,
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters(ignore=["transform"])
+        plain_hparams(self)
         checks = {
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
             "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
             "frame_stride": (frame_stride, frame_stride >= 1, "an integer >= 1"),
-            "segment_length": (segment_length, segment_length is None or segment_length >= 1, "None or an integer >= 1"),
+            "segment_length": (segment_length, segment_length is None or segment_length >= 1,
+                               "None or an integer >= 1"),
             "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
             "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_decoders": (max_open_decoders, max_open_decoders is None or max_open_decoders >= 1, "None or an integer >= 1"),
+            "max_open_decoders": (max_open_decoders, max_open_decoders is None or max_open_decoders >= 1,
+                                  "None or an integer >= 1"),
             "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
             "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
             "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
             "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
+            "multiprocessing_context": (multiprocessing_context, multiprocessing_context in (
+                None, "fork", "forkserver", "spawn"), "None, 'fork', 'forkserver' or 'spawn'"),
+            "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
         }
-        for name, (value, ok, accepted) in checks.items():
-            if not ok:
-                raise ValueError(f"StreamVideoDataModule: {name}={value!r} is invalid; expected {accepted}.")
+        check_arguments("StreamVideoDataModule", checks)
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
-            raise ValueError("StreamVideoDataModule needs at least one of index_file, val_index_file, "
+            raise ConfigurationError("StreamVideoDataModule needs at least one of index_file, val_index_file, "
                              "test_index_file or predict_index_file.")
         self.index_files: dict[Stage, Path | None] = {
             "train": Path(index_file) if index_file is not None else None,
@@ -138,6 +174,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.index_check = index_check
         self.transform = transform
         self.on_error = on_error
+        self.multiprocessing_context = multiprocessing_context
         self.timeout = timeout
         self.rank = rank
         self.world_size = world_size
@@ -175,14 +212,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
             if path is not None and split not in self._indexes:
                 self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
         if stage == "fit" and self.index_files["train"] is None:
-            raise ValueError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
+            raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
 
     def index(self, split: Stage = "train") -> VideoIndex:
         """The parsed index of ``split`` (after :meth:`setup`)."""
         if split not in self._indexes:
             path = self.index_files[split]
             if path is None:
-                raise ValueError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
+                raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
             self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
         return self._indexes[split]
 
@@ -213,7 +250,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
             device=device,
             on_error=self.on_error,
         )
-        spawn = device != "cpu"  # a CUDA context does not survive fork
         loader = StreamDataLoader(
             dataset,
             sampler=sampler,
@@ -221,7 +257,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent_workers,
-            multiprocessing_context="spawn" if spawn and self.num_workers > 0 else None,
+            multiprocessing_context=worker_context(
+                "StreamVideoDataModule", self.multiprocessing_context, device, self.num_workers
+            ),
             timeout=self.timeout,
         )
         old = self._loaders.get(split)
@@ -231,33 +269,19 @@ class StreamVideoDataModule(pl.LightningDataModule):
         return loader
 
     def train_dataloader(self) -> StreamDataLoader:
+        """The training loader: shuffled per epoch, stateful (Lightning checkpoints its position)."""
         return self._loader("train")
 
-    def val_dataloader(self) -> StreamDataLoader | list[Any]:
-        return self._loader("val") if self.index_files["val"] is not None else []
-
-    def test_dataloader(self) -> StreamDataLoader | list[Any]:
-        return self._loader("test") if self.index_files["test"] is not None else []
-
-    def predict_dataloader(self) -> StreamDataLoader | list[Any]:
-        return self._loader("predict") if self.index_files["predict"] is not None else []
-
-    # -- hooks -----------------------------------------------------------------------------
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Record which training batch the loop is about to use, for mid-epoch resume.
-
-        Lightning calls only the DataModule's hook when the model defines one too (with a
-        warning); the model's ``on_before_batch_transfer`` is therefore called from here, so it
-        keeps working.
-        """
-        trainer = self.trainer
-        loader = self._loaders.get("train")
-        if loader is not None and trainer is not None and trainer.training and isinstance(batch, dict) and "step" in batch:
-            loader.mark_consumed(batch)
-        model = trainer.lightning_module if trainer is not None else None
-        if model is not None and is_overridden("on_before_batch_transfer", model, pl.LightningModule):
-            batch = model.on_before_batch_transfer(batch, dataloader_idx)
-        return batch
+    # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
+    val_dataloader = EvalLoader(  # type: ignore[assignment]
+        "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._loader("val")
+    )
+    test_dataloader = EvalLoader(  # type: ignore[assignment]
+        "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._loader("test")
+    )
+    predict_dataloader = EvalLoader(  # type: ignore[assignment]
+        "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._loader("predict")
+    )
 
     def teardown(self, stage: str | None = None) -> None:
         """Shut down persistent workers and close the decoders opened in this process."""

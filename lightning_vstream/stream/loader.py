@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing.context
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,9 +25,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_vstream.stream.worker import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
+from lightning_vstream.errors import ResumeStateError, StepMismatchError, WorkerError
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.worker import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
 
 __all__ = ["StreamDataLoader", "StreamSampler"]
 
@@ -231,7 +233,10 @@ class StreamDataLoader(DataLoader):
     - ``epoch``, ``step``: the batch's position in the stream plan
 
     It is stateful: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch at the first batch
-    the training loop has not consumed (see :meth:`mark_consumed`).
+    not handed out yet. Lightning saves this state in every checkpoint (it does so for any loader
+    with these two methods) and fetches exactly one batch per training step from a loader with a
+    length, so the position is the loop's own, with or without ``training_step(dataloader_iter)``.
+    A loop of your own that fetches ahead calls :meth:`mark_consumed`.
 
     Args:
         dataset: The worker-side dataset.
@@ -240,7 +245,7 @@ class StreamDataLoader(DataLoader):
         pin_memory: Allocate assembled batches in pinned memory (when CUDA is available).
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers (and their open decoders) between epochs.
-        multiprocessing_context: ``"spawn"``, ``"fork"``, ``"forkserver"`` or None.
+        multiprocessing_context: ``"spawn"``, ``"fork"``, ``"forkserver"``, a multiprocessing context, or None.
         timeout: Seconds to wait for a worker's part before raising (0 waits forever).
         batch_sampler: Must be None (accepted so Lightning can re-create the loader).
         shuffle: Must be None or False (likewise).
@@ -261,7 +266,7 @@ class StreamDataLoader(DataLoader):
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
         timeout: float = 0.0,
         batch_sampler: None = None,
         shuffle: bool | None = None,
@@ -332,9 +337,19 @@ class StreamDataLoader(DataLoader):
     def _receive(parts_iter: Iterator[StreamPart]) -> StreamPart:
         try:
             return next(parts_iter)
+        except RuntimeError as err:
+            # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
+            # the worker (a VideoDecodeError, say) keep their own type and pass through.
+            message = str(err)
+            if type(err) is RuntimeError and message.startswith(("DataLoader worker", "DataLoader timed out")):
+                raise WorkerError(
+                    f"{message}. A decoding worker died or stalled; the DataLoader cannot continue. Check the "
+                    "worker's memory limit and the files it was decoding, or raise timeout."
+                ) from err
+            raise
         except (ConnectionError, EOFError) as err:
             # A worker that dies while handing over shared memory breaks the connection first.
-            raise RuntimeError(
+            raise WorkerError(
                 "a decoding worker died while sending its frames (see the chained error); the DataLoader "
                 "cannot continue. Check the worker's memory limit and the files it was decoding."
             ) from err
@@ -345,7 +360,7 @@ class StreamDataLoader(DataLoader):
         batch_size = sampler.batch_size
         for p, part in enumerate(parts):
             if (part.epoch, part.step, part.part) != (sampler.epoch, step, p):
-                raise RuntimeError(
+                raise StepMismatchError(
                     f"expected part {p} of step {step} (epoch {sampler.epoch}) but received part {part.part} of "
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
@@ -466,10 +481,11 @@ class StreamDataLoader(DataLoader):
 
     # -- resumable state -------------------------------------------------------------------
     def mark_consumed(self, batch: dict[str, Any]) -> None:
-        """Record that the training loop used ``batch`` (the DataModule calls this).
+        """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not).
 
-        Loops prefetch batches, so the number yielded runs ahead of the number used; a resume
-        must start after the last batch used.
+        When a loop has taken more batches than it has used, a resume must start after the last
+        batch used, not after the last one handed out; the latest mark wins until the next
+        ``load_state_dict``.
         """
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
@@ -499,10 +515,13 @@ class StreamDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not supported (expected {STATE_VERSION}).")
+            raise ResumeStateError(
+                f"cannot resume: loader state version {state.get('version')!r} is not supported (expected "
+                f"{STATE_VERSION}); resume from a checkpoint written by this version of lightning_vstream."
+            )
         for key, value in self._config().items():
             if key in state and state[key] != value:
-                raise ValueError(
+                raise ResumeStateError(
                     f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
                     f"{key}={value!r}; resume with the same data and loader settings."
                 )
@@ -510,8 +529,8 @@ class StreamDataLoader(DataLoader):
         self._resume = (int(state["epoch"]), int(state["step"]))
         shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
         if len(shifts) != sampler.batch_size:
-            raise ValueError(f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size="
-                             f"{sampler.batch_size}.")
+            raise ResumeStateError(f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size="
+                                   f"{sampler.batch_size}.")
         self._resume_shifts = shifts
         self._consumed = self._yielded = None
         sampler.set_epoch(self._resume[0])

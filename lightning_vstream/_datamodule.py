@@ -1,0 +1,101 @@
+"""What both DataModules share: argument checks, worker start methods and per-instance evaluation loaders.
+
+Imported only by the DataModule modules (it imports lightning); DataLoader workers never load it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+from collections.abc import Callable, Mapping
+from pathlib import PurePath
+from typing import Any, Generic, Literal, TypeVar
+
+import lightning.pytorch as pl
+
+from lightning_vstream.errors import ConfigurationError
+
+__all__ = ["EvalLoader", "MultiprocessingContext", "check_arguments", "plain_hparams", "worker_context"]
+
+MultiprocessingContext = Literal["fork", "forkserver", "spawn"]
+T = TypeVar("T")
+
+
+def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> None:
+    """Raise a :class:`ConfigurationError` for the first ``name: (value, ok, accepted)`` whose ``ok`` is False."""
+    for name, (value, ok, accepted) in checks.items():
+        if not ok:
+            raise ConfigurationError(f"{owner}: {name}={value!r} is invalid; expected {accepted}.")
+
+
+def plain_hparams(module: pl.LightningDataModule) -> None:
+    """Store paths in ``module.hparams`` as strings.
+
+    Checkpoints are read with ``torch.load(weights_only=True)``, which refuses ``Path`` objects;
+    strings load everywhere and the DataModule accepts both.
+    """
+    for key, value in list(module.hparams.items()):
+        if isinstance(value, PurePath):
+            module.hparams[key] = str(value)
+
+
+#: What every DataLoader worker imports; a forkserver imports it once and forks workers with it loaded.
+WORKER_MODULES = ("lightning_vstream.stream.worker", "lightning_vstream.clips.dataset")
+
+
+def worker_context(
+    owner: str, requested: MultiprocessingContext | None, device: str, num_workers: int
+) -> str | multiprocessing.context.BaseContext | None:
+    """The start method of the DataLoader workers: the one requested, else ``spawn`` for CUDA decoding.
+
+    A CUDA context does not survive ``fork``, so decoding on a GPU in workers needs ``spawn`` or
+    ``forkserver``; None leaves the choice to torch (``fork`` on Linux before Python 3.14). For
+    ``forkserver`` the server preloads torch and the worker modules (besides ``__main__``, its
+    default), so each worker forks with them imported instead of importing torch itself.
+    """
+    if num_workers == 0:
+        return None
+    method = requested
+    if device != "cpu":
+        if requested == "fork":
+            raise ConfigurationError(
+                f"{owner}: multiprocessing_context='fork' cannot be used with decode_device={device!r}: a CUDA "
+                "context does not survive fork. Use 'spawn' or 'forkserver', or leave it None (spawn)."
+            )
+        method = requested or "spawn"
+    if method != "forkserver":
+        return method
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["__main__", *WORKER_MODULES])  # takes effect when the server starts
+    return context
+
+
+class EvalLoader(Generic[T]):
+    """A ``val_dataloader`` / ``test_dataloader`` / ``predict_dataloader`` that exists only with its index.
+
+    Lightning runs a loop (and its sanity check, and warns about a missing ``validation_step``)
+    whenever the DataModule overrides the stage's hook. Looking the hook up on a DataModule
+    without that stage's index returns LightningDataModule's own method, so Lightning sees it as
+    not overridden and skips the stage silently; with the index it returns ``build``.
+
+    Args:
+        stage: ``"val"``, ``"test"`` or ``"predict"``.
+        has_index: Whether a DataModule instance holds that stage's index.
+        build: Builds the stage's loader for a DataModule instance.
+    """
+
+    def __init__(self, stage: str, has_index: Callable[[Any], bool], build: Callable[[Any], T]) -> None:
+        self.stage = stage
+        self.has_index = has_index
+        self.build = build
+        self.__doc__ = f"The {stage} loader (defined only when the DataModule was given {stage}_index_file)."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        if self.has_index(instance):
+            return self.build.__get__(instance, owner)
+        return getattr(pl.LightningDataModule, self.name).__get__(instance, owner)
