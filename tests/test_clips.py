@@ -481,3 +481,20 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
 def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ClipVideoDataModule(index_file=small_index, **kwargs)
+
+
+def test_dataset_refuses_a_camera_string_and_a_clip_id_as_position(small_index: Path) -> None:
+    from lightning_vstream.errors import ConfigurationTypeError
+
+    with pytest.raises(ConfigurationTypeError, match=r"cameras='CAM_BACK' must be a list of camera names, not a single "
+                       r"string; pass \['CAM_BACK'\]"):
+        VideoClipDataset(index=small_index, cameras="CAM_BACK")  # type: ignore[arg-type]
+    ds = VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [1, 2])])
+    with pytest.raises(ConfigurationTypeError, match=r"indexed by request position \(an int in 0\.\.0\) or by a "
+                       r"ClipRequest, not by a str \('scene-0000'\); to read clip 'scene-0000', pass a request such "
+                       r"as dataset\[at_indices\('scene-0000', \[0, 1, 2\]\)\]"):
+        ds["scene-0000"]  # type: ignore[index]
+    with pytest.raises(TypeError, match=r"not by a float \(0\.0\)\.$"):
+        ds[0.0]  # type: ignore[index]
+    sample = ds[np.int64(0)]  # type: ignore[index]
+    check_stamps(sample)

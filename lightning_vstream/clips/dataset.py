@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
+from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
+from lightning_vstream.errors import ConfigurationTypeError
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +158,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.index = index if isinstance(index, VideoIndex) else load_index(index)
         self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
-        self.cameras = tuple(self.index.camera_names if cameras is None else cameras)
+        names = camera_names(cameras)
+        self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.requests: list[ClipRequest] = list(requests)
@@ -240,6 +242,17 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
+            if isinstance(item, bool) or not hasattr(item, "__index__"):
+                hint = (
+                    f"; to read clip {item!r}, pass a request such as dataset[at_indices({item!r}, [0, 1, 2])]"
+                    if isinstance(item, str)
+                    else ""
+                )
+                raise ConfigurationTypeError(
+                    f"VideoClipDataset is indexed by request position (an int in 0..{len(self.requests) - 1}) or "
+                    f"by a ClipRequest, not by a {type(item).__name__} ({item!r}){hint}."
+                )
+            item = item.__index__()
             if not -len(self.requests) <= item < len(self.requests):
                 raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
             request, origin = self.requests[item], f"requests[{item}]"
