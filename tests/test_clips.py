@@ -17,9 +17,12 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
-from lightning_vstream.clips.dataset import DecoderCache, VideoClipDataset, collate_clips, index_from_files
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.clips.dataset import (
+    DecoderCache,
+    VideoClipDataset,
+    collate_clips,
+    index_from_files,
+)
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -30,7 +33,15 @@ from lightning_vstream.clips.selection import (
     random_clips,
     regular_clips,
 )
-from lightning_vstream.demos.synth import Stamp, clip_number, draw_stamp, read_stamp, write_stamped_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.demos.synth import (
+    Stamp,
+    clip_number,
+    draw_stamp,
+    read_stamp,
+    write_stamped_video,
+)
+from lightning_vstream.index import build_index, load_index
 
 VFR_SECONDS = [0.0, 0.04, 0.09, 0.30, 0.31, 0.32, 0.80, 0.85, 1.50, 1.52, 1.60, 2.40, 2.45, 2.50, 3.00, 3.10]
 

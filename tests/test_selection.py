@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.index import CameraStream, Clip
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -26,6 +24,8 @@ from lightning_vstream.clips.selection import (
     resolve_times,
     segment_times,
 )
+from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.index import CameraStream, Clip
 
 
 def _info(seconds: list[float], *, fps: float | None = None) -> VideoInfo:

@@ -23,10 +23,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_vstream.clips.selection import (
+    ClipRequest,
+    camera_names,
+    frame_table,
+    resolve_times,
+)
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
-from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.errors import ConfigurationTypeError
+from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
     import torch
