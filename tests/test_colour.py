@@ -19,7 +19,13 @@ import torch
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.colour import RGBConverter
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
-from lightning_vstream.demos.synth import Stamp, _frame, _texture, read_stamp, write_stamped_video
+from lightning_vstream.demos.synth import (
+    Stamp,
+    _frame,
+    _texture,
+    read_stamp,
+    write_stamped_video,
+)
 from lightning_vstream.errors import ConfigurationError
 
 WIDTH, HEIGHT, BLOCK = 128, 96, 16
@@ -88,8 +94,7 @@ def reference_rgb(frame: object) -> np.ndarray:
 
 def _flat_inside() -> np.ndarray:
     rows, cols = np.mgrid[:HEIGHT, :WIDTH]
-    inside = lambda a: (a % BLOCK >= 3) & (a % BLOCK <= BLOCK - 4)  # noqa: E731
-    return inside(rows) & inside(cols)
+    return (rows % BLOCK >= 3) & (rows % BLOCK <= BLOCK - 4) & (cols % BLOCK >= 3) & (cols % BLOCK <= BLOCK - 4)
 
 
 @pytest.fixture(scope="module")
