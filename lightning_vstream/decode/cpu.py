@@ -11,12 +11,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.decode.base import (
-    DecoderBase,
-    Layout,
-    VideoDecodeError,
-    VideoInfo,
-)
+from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
 from lightning_vstream.errors import ConfigurationError
 
@@ -518,7 +513,7 @@ class PyAVDecoder(DecoderBase):
         if self._container is not None:
             try:
                 self._container.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing a broken container must not mask the real error
                 pass
         self._container = None
         self._stream = None
