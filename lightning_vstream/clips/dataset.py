@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
 from lightning_vstream.clips.selection import (
     ClipRequest,
     camera_names,
@@ -30,6 +31,7 @@ from lightning_vstream.clips.selection import (
     resolve_times,
 )
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
+from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
@@ -38,7 +40,10 @@ if TYPE_CHECKING:
 
 from torch.utils.data import Dataset
 
-__all__ = ["DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+__all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+
+#: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
+DEFAULT_GOP_THREADS = 2
 
 
 class DecoderCache:
@@ -49,6 +54,8 @@ class DecoderCache:
         layout: Tensor layout of the decoders it creates.
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
             DataLoader workers).
+        size: Output ``(height, width)`` of CPU video decoders, resized while converting to RGB;
+            None keeps each file's size. Image folders keep their size.
 
     Example::
 
@@ -56,13 +63,22 @@ class DecoderCache:
         >>> dec = cache.get("clip/CAM_FRONT.mp4")  # doctest: +SKIP
     """
 
-    def __init__(self, *, capacity: int = 8, layout: Layout = "chw", decoder_threads: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 8,
+        layout: Layout = "chw",
+        decoder_threads: int = 0,
+        size: tuple[int, int] | None = None,
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
         self.capacity = capacity
         self.layout = layout
         self.decoder_threads = decoder_threads
+        self.size = check_size(size)
         self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
+        self._extra: dict[Path, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
         self._closed_decoded = 0
         self.opened = 0
 
@@ -75,13 +91,39 @@ class DecoderCache:
         if decoder is not None:
             self._open.move_to_end(path)
             return decoder
-        decoder = make_decoder(path, info=info, layout=self.layout, threads=self.decoder_threads, label=label)
+        decoder = make_decoder(
+            path, info=info, layout=self.layout, threads=self.decoder_threads, label=label, size=self.size
+        )
         self._open[path] = decoder
         self.opened += 1
         while len(self._open) > self.capacity:
-            _, old = self._open.popitem(last=False)
+            old_path, old = self._open.popitem(last=False)
             self._retire(old)
+            for extra in self._extra.pop(old_path, []):
+                self._retire(extra)
         return decoder
+
+    def get_several(
+        self, path: Path | str, count: int, *, info: VideoInfo | None = None, label: str = ""
+    ) -> list[FrameDecoder]:
+        """``count`` decoders of ``path`` (the first is :meth:`get`'s), to decode its GOPs in parallel.
+
+        The extra decoders share the file's frame table and close with it when it leaves the LRU.
+        """
+        from lightning_vstream.decode import make_decoder
+
+        first = self.get(path, info=info, label=label)
+        path = Path(path)
+        extra = self._extra.setdefault(path, [])
+        while len(extra) < count - 1:
+            extra.append(
+                make_decoder(
+                    path, info=first.info, layout=self.layout, threads=self.decoder_threads, label=label,
+                    size=self.size,
+                )
+            )
+            self.opened += 1
+        return [first, *extra[: count - 1]]
 
     def _retire(self, decoder: FrameDecoder) -> None:
         self._closed_decoded += decoder.frames_decoded
@@ -90,7 +132,8 @@ class DecoderCache:
     @property
     def frames_decoded(self) -> int:
         """Frames decoded by every decoder this cache created, open or closed."""
-        return self._closed_decoded + sum(d.frames_decoded for d in self._open.values())
+        live = [*self._open.values(), *(d for extra in self._extra.values() for d in extra)]
+        return self._closed_decoded + sum(d.frames_decoded for d in live)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -103,6 +146,10 @@ class DecoderCache:
         while self._open:
             _, decoder = self._open.popitem(last=False)
             self._retire(decoder)
+        for extra in self._extra.values():
+            for decoder in extra:
+                self._retire(decoder)
+        self._extra.clear()
 
 
 class VideoClipDataset(Dataset[dict[str, Any]]):
@@ -129,8 +176,15 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         requests: The samples of the dataset, in order.
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
-        max_open_decoders: Decoders each worker keeps open (LRU).
+        max_open_decoders: Files each worker keeps open (LRU); each holds up to ``gop_threads``
+            decoders.
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
+        size: Output ``(height, width)`` of every frame: video decoders resize while converting
+            to RGB (uint8, FFmpeg's swscale), image folders are resized after decoding. Cameras
+            of different sizes can then share a sample. None keeps the files' size.
+        gop_threads: GOPs decoded at once per sample: a request's frames are grouped by GOP and
+            the groups of all its cameras spread over this many threads, each file read by up to
+            this many decoders (see :mod:`lightning_vstream.clips.gops`). 1 decodes them in turn.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -156,6 +210,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cameras: Sequence[str] | None = None,
         max_open_decoders: int = 8,
         decoder_threads: int = 0,
+        size: tuple[int, int] | None = None,
+        gop_threads: int = DEFAULT_GOP_THREADS,
     ) -> None:
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
@@ -167,6 +223,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
+        self.size = check_size(size)
+        self._gops = GopPool(threads=gop_threads)
+        self.gop_threads = gop_threads
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
@@ -229,7 +288,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         through fork and reopens its file lazily, so the inherited decoders stay usable.
         """
         if self._cache is None:
-            self._cache = DecoderCache(capacity=self.max_open_decoders, decoder_threads=self.decoder_threads)
+            self._cache = DecoderCache(
+                capacity=self.max_open_decoders, decoder_threads=self.decoder_threads, size=self.size
+            )
         return self._cache
 
     def _info(self, cam: CameraStream) -> VideoInfo:
@@ -272,17 +333,23 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             indices = list(request.frames)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        if len(set(sizes.values())) > 1:
+        if self.size is None and len(set(sizes.values())) > 1:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ValueError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
-                "cameras, so request them separately (cameras=[...]) or resize the files to one size."
+                "cameras, so request them separately (cameras=[...]), pass size=(height, width) to resize "
+                "them while decoding, or resize the files to one size."
             )
         # Decoders write each frame straight into its slot of the sample: no stacking copies.
-        frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
+        height, width = self.size if self.size is not None else (reference.height, reference.width)
+        frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8)
+        jobs = []
         for c, (cam, info) in enumerate(zip(streams, infos)):
-            decoder = self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}")
-            _decode_into(decoder, indices, frames[:, c])
+            count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
+            label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+            decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
+            jobs.append(GopJob(decoders, info, indices, frames[:, c]))
+        self._gops.run(jobs)
         return {
             "frames": frames,
             "clip_id": clip.clip_id,
@@ -292,9 +359,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         }
 
     def close(self) -> None:
-        """Close this process's open decoders (they reopen lazily)."""
+        """Close this process's open decoders (they reopen lazily) and stop its GOP threads."""
         if self._cache is not None:
             self._cache.close()
+        self._gops.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -306,35 +374,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self._clips)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
-
-
-def _decode_into(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
-    """Decode ``indices`` into ``out[t]`` (``[T, 3, H, W]``), in ascending frame order.
-
-    Ascending order is what keeps each GOP decoded at most once (see the module docs); a frame
-    requested twice is decoded once and copied.
-    """
-    first_slot: dict[int, int] = {}
-    takes_out = _accepts_out(decoder)
-    for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
-        slot = out[t].numpy()  # numpy copies stay off torch's thread pool, which FFmpeg is using
-        if index in first_slot:
-            slot[:] = out[first_slot[index]].numpy()
-            continue
-        first_slot[index] = t
-        if takes_out:
-            decoder.get(index, out=out[t])  # type: ignore[call-arg]
-        else:
-            slot[:] = decoder.get(index).numpy()
-
-
-def _accepts_out(decoder: FrameDecoder) -> bool:
-    import inspect
-
-    try:
-        return "out" in inspect.signature(decoder.get).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
