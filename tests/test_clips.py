@@ -511,3 +511,72 @@ def test_dataset_refuses_a_camera_string_and_a_clip_id_as_position(small_index: 
         ds[0.0]  # type: ignore[index]
     sample = ds[np.int64(0)]  # type: ignore[index]
     check_stamps(sample)
+
+
+# -- GOPs decoded in parallel -----------------------------------------------------------------------
+def test_parallel_gops_return_exactly_the_sequential_frames(bframe_index: Path) -> None:
+    index = load_index(bframe_index)
+    reqs = random_clips(index, FrameWindow(6, stride=5), count=6, seed=3)
+    reqs += [at_indices("scene-0001", [32, 0, 31, 8, 7, 32])]
+    one = VideoClipDataset(index=index, requests=reqs, gop_threads=1)
+    three = VideoClipDataset(index=index, requests=reqs, gop_threads=3)
+    for i in range(len(reqs)):
+        a, b = one[i], three[i]
+        check_stamps(b)
+        assert torch.equal(a["frames"], b["frames"]) and torch.equal(a["frame_index"], b["frame_index"])
+    assert three.decoders.opened > one.decoders.opened
+
+
+def test_forked_workers_start_their_own_gop_threads(small_index: Path) -> None:
+    index = load_index(small_index)
+    reqs = [at_indices("scene-0002", [1, 20, 8, 14]), at_indices("scene-0000", [19, 2, 13])]
+    with pytest.raises(ValueError, match="gop_threads=0 must be a positive integer"):
+        VideoClipDataset(index=index, gop_threads=0)
+    ds = VideoClipDataset(index=index, requests=reqs, gop_threads=2)
+    check_stamps(ds[0])  # the parent's GOP pool and decoders now exist
+    loader = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=collate_clips,
+                        multiprocessing_context="fork")
+    for batch in loader:
+        check_stamps(batch)
+    ds.close()
+
+
+class _FakeDecoder:
+    """Returns frames whose value is their index; records which frames it decoded."""
+
+    def __init__(self, name: str, fail_at: int | None = None) -> None:
+        self.name = name
+        self.fail_at = fail_at
+        self.got: list[int] = []
+
+    def get(self, index: int) -> torch.Tensor:
+        if index == self.fail_at:
+            raise RuntimeError(f"frame {index} is damaged")
+        self.got.append(index)
+        return torch.full((3, 2, 2), index, dtype=torch.uint8)
+
+
+def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
+    from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+    from lightning_vstream.decode.base import VideoInfo
+    from lightning_vstream.errors import ConfigurationError
+
+    info = VideoInfo("h264", 2, 2, (1, 10), tuple(range(40)), (0, 10, 20, 30), (0, 10, 20, 30), 10.0)
+    wanted = [35, 3, 12, 5, 27, 12, 21]
+    assert plan_gops(info, wanted) == [[(3, [1]), (5, [3])], [(12, [2, 5])], [(21, [6]), (27, [4])], [(35, [0])]]
+    decoders = [_FakeDecoder("a"), _FakeDecoder("b")]
+    out = torch.zeros((len(wanted), 3, 2, 2), dtype=torch.uint8)
+    pool = GopPool(threads=2)
+    pool.run([GopJob(decoders, info, wanted, out)])
+    assert out[:, 0, 0, 0].tolist() == wanted
+    assert sorted(decoders[0].got + decoders[1].got) == [3, 5, 12, 21, 27, 35]  # each frame decoded once
+    for dec in decoders:  # a decoder takes whole GOPs, in ascending order
+        assert dec.got == sorted(dec.got)
+        gops = [info.gop_of(i) for i in dec.got]
+        assert all(gops.count(g) == len([i for i in (3, 5, 12, 21, 27, 35) if info.gop_of(i) == g]) for g in set(gops))
+    broken = [_FakeDecoder("a", fail_at=21), _FakeDecoder("b", fail_at=21)]
+    with pytest.raises(RuntimeError, match="frame 21 is damaged"):
+        pool.run([GopJob(broken, info, wanted, out)])
+    pool.close()
+    with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
+        GopPool(threads=0)

@@ -21,7 +21,9 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch.utils.data import Dataset
 
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
 from lightning_vstream.clips.selection import (
@@ -34,11 +36,6 @@ from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-
-if TYPE_CHECKING:
-    import torch
-
-from torch.utils.data import Dataset
 
 __all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
 
