@@ -210,7 +210,7 @@ def at_times(
 
 
 def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
-    checked = []
+    checked: list[tuple[float, int]] = []
     if not segments:
         raise ValueError("segments must hold at least one (rate, count) pair, for example [(1.0, 8), (2.0, 8)].")
     for k, segment in enumerate(segments):
@@ -531,7 +531,7 @@ def random_clips(
     if not usable:
         raise _too_short(clips, window, cameras)
     rng = np.random.default_rng(seed)
-    requests = []
+    requests: list[ClipRequest] = []
     if weighting == "frames":
         cumulative = np.cumsum([len(starts[k]) for k in usable])
         for draw in rng.integers(0, int(cumulative[-1]), size=count):
@@ -588,7 +588,7 @@ def regular_clips(
         step = window.duration if hop is None else hop
         if isinstance(step, bool) or not (isinstance(step, (int, float)) and 0 < step < math.inf):
             raise ValueError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
-    requests = []
+    requests: list[ClipRequest] = []
     for clip, starts in zip(clips, _starts(clips, window, cameras)):
         if not starts:
             continue

@@ -149,10 +149,10 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
     choice = _check_stream(stream)
     container = _open_container(path)
     try:
-        stream = _video_stream(container, path, choice)
+        video = _video_stream(container, path, choice)
         records: list[tuple[int, int, bool, int]] = []
         try:
-            for packet in container.demux(stream):
+            for packet in container.demux(video):
                 if packet.size == 0 or packet.is_discard:
                     continue
                 pts = packet.pts if packet.pts is not None else packet.dts
@@ -194,13 +194,13 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
             # Frames before the first keyframe: seeking to the start is the only way in.
             key_indices.insert(0, 0)
             key_seek.insert(0, min(r[1] for r in records))
-        time_base = stream.time_base or Fraction(1, 1)
+        time_base = video.time_base or Fraction(1, 1)
         span = (pts[-1] - pts[0]) * time_base
         if len(pts) > 1 and span > 0:
             fps = float((len(pts) - 1) / span)
         else:
-            fps = float(stream.average_rate or stream.guessed_rate or 0.0)
-        codec_ctx = stream.codec_context
+            fps = float(video.average_rate or video.guessed_rate or 0.0)
+        codec_ctx = video.codec_context
         return VideoInfo(
             codec=str(codec_ctx.name),
             width=int(codec_ctx.width),
