@@ -292,3 +292,23 @@ def test_clip_dataset_output_size_lets_cameras_of_different_sizes_share_a_sample
     for t, frame in enumerate([6, 1, 5]):
         for camera, source in enumerate([(128, 96), (256, 192)]):
             assert read_stamp(sample["frames"][t, camera], source_size=source) == Stamp(0, camera, frame)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resize_in_the_decoder_lets_files_of_different_sizes_share_a_batch(tmp_path: Any, num_workers: int) -> None:
+    from lightning_vstream.demos.synth import clip_number, write_dataset, write_stamped_video
+    from lightning_vstream.index import build_index
+
+    write_dataset(tmp_path, clips=2, cameras=1, frames=6, size=(128, 96), gop=3)
+    write_stamped_video(tmp_path / "videos/scene-0001/CAM_BACK.mp4", clip=1, camera=0, frames=6, size=(256, 192), gop=3)
+    build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False)  # the new file
+    sources = {0: (128, 96), 1: (256, 192)}
+    loader = _stream_loader(tmp_path / "index.json", FrameTransform(resize=(48, 64)), num_workers)
+    count = 0
+    for batch in loader:
+        for slot in range(batch["frames"].shape[0]):
+            clip = clip_number(batch["clip_id"][slot])
+            stamp = read_stamp(batch["frames"][slot, 0], source_size=sources[clip])
+            assert stamp == Stamp(clip, 0, int(batch["frame_index"][slot]))
+            count += 1
+    assert count == 12
