@@ -95,8 +95,8 @@ def _video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
     if not videos:
         raise VideoDecodeError(f"{str(path)!r} holds no video stream (streams: {list(container.streams)}).")
     if choice is None:
-        # FFmpeg's choice (av_find_best_stream): the default-disposition stream first, then the
-        # largest; never an attached cover picture. Files with one video stream get that one.
+        # FFmpeg's choice (av_find_best_stream): a default-disposition stream first, then one with
+        # several frames (a cover picture has one), then the highest bitrate. One stream: that one.
         stream = container.streams.best("video") if len(videos) > 1 else videos[0]
         stream = videos[0] if stream is None else stream
     elif choice < len(videos):
@@ -125,8 +125,8 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
     Args:
         path: Video file.
         stream: Which video stream: its position among the file's video streams (0 for the
-            first), or None for the one FFmpeg picks as best (the default-disposition stream,
-            then the largest), which decoders also use by default.
+            first), or None for the one FFmpeg picks as best (a default-disposition stream, then
+            a moving one, then the highest bitrate), which decoders also use by default.
 
     Returns:
         The stream's :class:`VideoInfo`.
