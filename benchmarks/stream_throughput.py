@@ -153,6 +153,42 @@ def measure_naive(index: Path, *, batch_size: int, num_workers: int, steps: int)
     return frames / (time.perf_counter() - start)
 
 
+def measure_decoder_resize(paths: list[str], size: tuple[int, int], repeats: int) -> dict[str, Any]:
+    """Milliseconds per frame for one decoder in this process (1 FFmpeg thread), reading files in order.
+
+    Without a loader around it, so it isolates what the conversion costs: no resize, resize in the
+    conversion, and a float32 ``FrameTransform`` resize of each decoded frame. Alternates the three.
+    """
+    from lightning_vstream.decode.cpu import PyAVDecoder
+
+    float_resize = FrameTransform(resize=size)
+    configs = {"no resize": None, "resize in decoder (uint8 swscale)": size, "resize after decoding (float32)": None}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    frames = 0
+    for _ in range(repeats):
+        for name, out_size in configs.items():
+            count = 0
+            start = time.perf_counter()
+            for path in paths:
+                dec = PyAVDecoder(path, threads=1, size=out_size)
+                for i in range(dec.info.frame_count):
+                    frame = dec.get(i)
+                    if name.endswith("(float32)"):
+                        float_resize(frame[None])
+                    count += 1
+                dec.close()
+            times[name].append((time.perf_counter() - start) / count * 1000)
+            frames = count
+    base = statistics.median(times["no resize"])
+    print(f"\none decoder, 1 FFmpeg thread, {frames} frames per pass, {repeats} passes (median ms/frame):")
+    result = {}
+    for name, values in times.items():
+        ms = statistics.median(values)
+        result[name] = {"ms_per_frame": _summary(values), "added_time": ms / base - 1.0}
+        print(f"{name:<40}{ms:>10.2f} ms{(ms / base - 1) * 100:>12.1f}%")
+    return result
+
+
 def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace) -> dict[str, Any]:
     """Frames/sec without resize, with the resize in the decoder, and with a float32 resize after decoding.
 
@@ -180,7 +216,10 @@ def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace)
         added = base / fps - 1.0
         table[name] = {"fps": _summary(values), "added_time": added}
         print(f"{name:<40}{fps:>10.1f}{added * 100:>19.1f}%")
-    return {"size": list(size), "workers": args.workers, "decoder_threads": threads, "configs": table}
+    paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
+    single = measure_decoder_resize(paths[:6], size, args.repeats)
+    return {"size": list(size), "workers": args.workers, "decoder_threads": threads, "configs": table,
+            "single_decoder": single}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
