@@ -12,7 +12,8 @@ H.265, GOP 30, no B-frames, 12 fps).
 - resize (``--resize 450x800``): the stream loader with ``FrameTransform(resize=...)``, which CPU
   decoders do inside their YUV -> RGB conversion (uint8, swscale), and the same resize done the
   old way, in float32 on the decoded frames (a transform the decoder cannot take over). Reported
-  as decode time added over the stream loader without resize, same workers and threads.
+  as decode time added over the stream loader without resize, same workers and threads; then the
+  same three for one decoder alone in this process (milliseconds per frame).
 
 Usage::
 
