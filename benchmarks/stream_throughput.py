@@ -9,6 +9,11 @@ H.265, GOP 30, no B-frames, 12 fps).
   epoch after the first batch, plus its decode amplification.
 - naive loader: a map-style dataset whose every item opens the camera files, seeks to the frame
   and decodes forward (what most first loaders do), in a DataLoader with the same workers.
+- resize (``--resize 450x800``): the stream loader with ``FrameTransform(resize=...)``, which CPU
+  decoders do inside their YUV -> RGB conversion (uint8, swscale), and the same resize done the
+  old way, in float32 on the decoded frames (a transform the decoder cannot take over). Reported
+  as decode time added over the stream loader without resize, same workers and threads; then the
+  same three for one decoder alone in this process (milliseconds per frame).
 
 Usage::
 
@@ -31,9 +36,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
-from lightning_vstream.index import load_index
 from lightning_vstream.demos.synth import write_dataset
+from lightning_vstream.index import load_index
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.transforms import FrameTransform
 
 
 def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int], preset: str) -> Path:
@@ -73,9 +79,21 @@ def measure_ceiling(paths: list[str], processes: int) -> float:
     return sum(counts) / elapsed
 
 
-def measure_stream(index: Path, *, batch_size: int, num_workers: int, decoder_threads: int) -> dict[str, float]:
+class AfterDecodeResize:
+    """A FrameTransform applied to decoded frames only (the decoder does not see it): float32 resize."""
+
+    def __init__(self, transform: FrameTransform) -> None:
+        self.transform = transform
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.transform(frames)
+
+
+def measure_stream(index: Path, *, batch_size: int, num_workers: int, decoder_threads: int,
+                   transform: Any = None) -> dict[str, float]:
     dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=num_workers,
                                decoder_threads=decoder_threads, persistent_workers=False, seed=0)
+    dm.transform = transform  # set after construction: the DataModule's argument is typed FrameTransform
     dm.setup("fit")
     loader = dm.train_dataloader()
     frames = 0
@@ -136,6 +154,75 @@ def measure_naive(index: Path, *, batch_size: int, num_workers: int, steps: int)
     return frames / (time.perf_counter() - start)
 
 
+def measure_decoder_resize(paths: list[str], size: tuple[int, int], repeats: int) -> dict[str, Any]:
+    """Milliseconds per frame for one decoder in this process (1 FFmpeg thread), reading files in order.
+
+    Without a loader around it, so it isolates what the conversion costs: no resize, resize in the
+    conversion, and a float32 ``FrameTransform`` resize of each decoded frame. Alternates the three.
+    """
+    from lightning_vstream.decode.cpu import PyAVDecoder
+
+    float_resize = FrameTransform(resize=size)
+    configs = {"no resize": None, "resize in decoder (uint8 swscale)": size, "resize after decoding (float32)": None}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    frames = 0
+    for _ in range(repeats):
+        for name, out_size in configs.items():
+            count = 0
+            start = time.perf_counter()
+            for path in paths:
+                dec = PyAVDecoder(path, threads=1, size=out_size)
+                for i in range(dec.info.frame_count):
+                    frame = dec.get(i)
+                    if name.endswith("(float32)"):
+                        float_resize(frame[None])
+                    count += 1
+                dec.close()
+            times[name].append((time.perf_counter() - start) / count * 1000)
+            frames = count
+    base = statistics.median(times["no resize"])
+    print(f"\none decoder, 1 FFmpeg thread, {frames} frames per pass, {repeats} passes (median ms/frame):")
+    result = {}
+    for name, values in times.items():
+        ms = statistics.median(values)
+        result[name] = {"ms_per_frame": _summary(values), "added_time": ms / base - 1.0}
+        print(f"{name:<40}{ms:>10.2f} ms{(ms / base - 1) * 100:>12.1f}%")
+    return result
+
+
+def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace) -> dict[str, Any]:
+    """Frames/sec without resize, with the resize in the decoder, and with a float32 resize after decoding.
+
+    The three configurations alternate within each repeat, so background load falls on all alike.
+    """
+    configs = {
+        "no resize": None,
+        "resize in decoder (uint8 swscale)": FrameTransform(resize=size),
+        "resize after decoding (float32)": AfterDecodeResize(FrameTransform(resize=size)),
+    }
+    threads = args.decoder_threads[0]
+    runs: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(args.repeats):
+        for name, transform in configs.items():
+            result = measure_stream(index, batch_size=args.batch_size, num_workers=args.workers,
+                                    decoder_threads=threads, transform=transform)
+            runs[name].append(result["fps"])
+    base = statistics.median(runs["no resize"])
+    print(f"\nresize to {size[1]}x{size[0]} ({args.workers} workers, decoder_threads={threads}, "
+          f"{args.repeats} repeats, median):")
+    print(f"{'configuration':<40}{'frames/s':>10}{'decode time added':>20}")
+    table = {}
+    for name, values in runs.items():
+        fps = statistics.median(values)
+        added = base / fps - 1.0
+        table[name] = {"fps": _summary(values), "added_time": added}
+        print(f"{name:<40}{fps:>10.1f}{added * 100:>19.1f}%")
+    paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
+    single = measure_decoder_resize(paths[:6], size, args.repeats)
+    return {"size": list(size), "workers": args.workers, "decoder_threads": threads, "configs": table,
+            "single_decoder": single}
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -154,6 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--naive-steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 clips x 30 frames, 1 repeat")
+    parser.add_argument("--resize", default=None, help="HEIGHTxWIDTH: also measure resizing, e.g. 450x800")
+    parser.add_argument("--resize-only", action="store_true",
+                        help="measure only the stream loader with and without --resize (no ceiling, no naive loader)")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/stream_throughput.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -162,6 +252,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     index = _ensure_data(args.data_dir, args.clips, args.frames, (width, height), args.preset)
     paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
     cores = os.cpu_count() or 1
+
+    resize = None if args.resize is None else tuple(int(v) for v in args.resize.lower().split("x"))
+    resize_result = None
+    if resize is not None:
+        resize_result = measure_resize(index, resize, args)  # type: ignore[arg-type]
+        if args.resize_only:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"resize": resize_result}, indent=2) + "\n")
+            print(f"wrote {args.json}")
+            return {"resize": resize_result}
 
     ceiling = [measure_ceiling(paths, cores) for _ in range(args.repeats)]
     stream: dict[int, list[dict[str, float]]] = {}
@@ -203,6 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "best_decoder_threads": best_threads,
         "ratio_to_ceiling": best / ceiling_fps,
         "ratio_to_naive": best / naive_fps,
+        "resize": resize_result,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

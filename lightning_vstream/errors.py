@@ -17,6 +17,7 @@ from collections.abc import Sequence
 __all__ = [
     "AnnotationError",
     "ConfigurationError",
+    "ConfigurationTypeError",
     "DecoderCapabilityError",
     "IndexValidationError",
     "ResumeStateError",
@@ -76,3 +77,8 @@ class DecoderCapabilityError(VStreamError, RuntimeError):
 
 class AnnotationError(VStreamError, ValueError):
     """Annotations are missing, malformed, or cannot be matched to the frames they belong to."""
+
+
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """An argument has the wrong type (a string where a list is expected, a name where a position is);
+    the message names the argument, the value and the accepted form."""

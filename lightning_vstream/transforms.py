@@ -16,11 +16,20 @@ Resizing computes in float32 on every device (CUDA has no uint8 bilinear kernel)
 give the same numbers up to float rounding; a uint8 output is rounded to nearest and clamped to
 ``0..255``. Normalization uses per-channel scalar operations, so no constant tensor is copied to
 the device and no stream synchronisation happens.
+
+When frames are decoded on the CPU, the loaders move the resize into the decoder: FFmpeg's
+swscale resizes in uint8 while it converts YUV to RGB (:meth:`FrameTransform.decoder_size`), which
+costs a fraction of a float32 resize. Its bilinear filter is not torch's, so such frames differ
+from a GPU-resized frame by a few levels on edges. The remaining steps then run on frames
+already at the output size (the resize step finds nothing to do). To run the float conversion
+and normalization on the GPU instead, decode with ``FrameTransform(resize=...)`` (uint8) and apply
+``FrameTransform(dtype="float32", mean=..., std=...)`` to the batch after it reaches the GPU (for
+example in ``LightningModule.on_after_batch_transfer``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from lightning_vstream.decode.base import Layout
@@ -146,6 +155,29 @@ class FrameTransform:
             )
 
     # -- introspection ----------------------------------------------------------------------
+    def decoder_size(self) -> tuple[int, int] | None:
+        """The ``(height, width)`` a CPU video decoder can resize to while converting, or None.
+
+        The resize moves into the decoder when it is the first step (no crop comes before it)
+        and ``antialias`` is on (swscale's filters always low-pass when shrinking). The transform
+        is still applied afterwards; its resize step then finds the frames at the output size.
+
+        Example::
+
+            >>> FrameTransform(resize=(450, 800)).decoder_size()
+            (450, 800)
+            >>> FrameTransform(crop=(0, 0, 800, 1600), resize=(450, 800)).decoder_size() is None
+            True
+        """
+        if self.resize is None or self.crop is not None or not self.antialias:
+            return None
+        return self.resize
+
+    @property
+    def is_resize_only(self) -> bool:
+        """True when resizing is the transform's only step (uint8 ``"chw"`` output)."""
+        return self.resize is not None and replace(self, resize=None).is_identity
+
     @property
     def is_identity(self) -> bool:
         """True when calling the transform returns its input unchanged."""

@@ -17,9 +17,12 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
-from lightning_vstream.clips.dataset import DecoderCache, VideoClipDataset, collate_clips, index_from_files
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.clips.dataset import (
+    DecoderCache,
+    VideoClipDataset,
+    collate_clips,
+    index_from_files,
+)
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -30,7 +33,15 @@ from lightning_vstream.clips.selection import (
     random_clips,
     regular_clips,
 )
-from lightning_vstream.demos.synth import Stamp, clip_number, draw_stamp, read_stamp, write_stamped_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.demos.synth import (
+    Stamp,
+    clip_number,
+    draw_stamp,
+    read_stamp,
+    write_stamped_video,
+)
+from lightning_vstream.index import build_index, load_index
 
 VFR_SECONDS = [0.0, 0.04, 0.09, 0.30, 0.31, 0.32, 0.80, 0.85, 1.50, 1.52, 1.60, 2.40, 2.45, 2.50, 3.00, 3.10]
 
@@ -190,13 +201,15 @@ def test_random_request_decodes_at_most_one_gop_per_needed_frame(make_dataset: C
         gops = {cam.info.gop_of(f) for f in wanted}
         assert dec.seeks <= len(gops)
     # The same bound holds through the dataset, whose decoders persist across requests.
+    # With parallel GOPs each GOP is still decoded once, by one of the file's decoders.
     reqs = random_clips(index, FrameWindow(4, stride=7), count=8, seed=1)
-    ds = VideoClipDataset(index=index, requests=reqs)
-    for i, req in enumerate(reqs):
-        before = ds.decoders.frames_decoded
-        check_stamps(ds[i])
-        assert ds.decoders.frames_decoded - before <= _gop_bound(cam.info, list(req.frames))[1]
-    assert ds.decoders.opened == 1  # one decoder, reused
+    for gop_threads in (1, 2):
+        ds = VideoClipDataset(index=index, requests=reqs, gop_threads=gop_threads)
+        for i, req in enumerate(reqs):
+            before = ds.decoders.frames_decoded
+            check_stamps(ds[i])
+            assert ds.decoders.frames_decoded - before <= _gop_bound(cam.info, list(req.frames))[1]
+        assert ds.decoders.opened == gop_threads  # decoders of the file, reused
 
 
 def test_bframes_random_requests_multi_camera(bframe_index: Path) -> None:
@@ -484,3 +497,89 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
 def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ClipVideoDataModule(index_file=small_index, **kwargs)
+
+
+def test_dataset_refuses_a_camera_string_and_a_clip_id_as_position(small_index: Path) -> None:
+    from lightning_vstream.errors import ConfigurationTypeError
+
+    with pytest.raises(ConfigurationTypeError, match=r"cameras='CAM_BACK' must be a list of camera names, not a single "
+                       r"string; pass \['CAM_BACK'\]"):
+        VideoClipDataset(index=small_index, cameras="CAM_BACK")  # type: ignore[arg-type]
+    ds = VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [1, 2])])
+    with pytest.raises(ConfigurationTypeError, match=r"indexed by request position \(an int in 0\.\.0\) or by a "
+                       r"ClipRequest, not by a str \('scene-0000'\); to read clip 'scene-0000', pass a request such "
+                       r"as dataset\[at_indices\('scene-0000', \[0, 1, 2\]\)\]"):
+        ds["scene-0000"]  # type: ignore[index]
+    with pytest.raises(TypeError, match=r"not by a float \(0\.0\)\.$"):
+        ds[0.0]  # type: ignore[index]
+    sample = ds[np.int64(0)]  # type: ignore[index]
+    check_stamps(sample)
+
+
+# -- GOPs decoded in parallel -----------------------------------------------------------------------
+def test_parallel_gops_return_exactly_the_sequential_frames(bframe_index: Path) -> None:
+    index = load_index(bframe_index)
+    reqs = random_clips(index, FrameWindow(6, stride=5), count=6, seed=3)
+    reqs += [at_indices("scene-0001", [32, 0, 31, 8, 7, 32])]
+    one = VideoClipDataset(index=index, requests=reqs, gop_threads=1)
+    three = VideoClipDataset(index=index, requests=reqs, gop_threads=3)
+    for i in range(len(reqs)):
+        a, b = one[i], three[i]
+        check_stamps(b)
+        assert torch.equal(a["frames"], b["frames"]) and torch.equal(a["frame_index"], b["frame_index"])
+    assert three.decoders.opened > one.decoders.opened
+
+
+def test_forked_workers_start_their_own_gop_threads(small_index: Path) -> None:
+    index = load_index(small_index)
+    reqs = [at_indices("scene-0002", [1, 20, 8, 14]), at_indices("scene-0000", [19, 2, 13])]
+    with pytest.raises(ValueError, match="gop_threads=0 must be a positive integer"):
+        VideoClipDataset(index=index, gop_threads=0)
+    ds = VideoClipDataset(index=index, requests=reqs, gop_threads=2)
+    check_stamps(ds[0])  # the parent's GOP pool and decoders now exist
+    loader = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=collate_clips,
+                        multiprocessing_context="fork")
+    for batch in loader:
+        check_stamps(batch)
+    ds.close()
+
+
+class _FakeDecoder:
+    """Returns frames whose value is their index; records which frames it decoded."""
+
+    def __init__(self, name: str, fail_at: int | None = None) -> None:
+        self.name = name
+        self.fail_at = fail_at
+        self.got: list[int] = []
+
+    def get(self, index: int) -> torch.Tensor:
+        if index == self.fail_at:
+            raise RuntimeError(f"frame {index} is damaged")
+        self.got.append(index)
+        return torch.full((3, 2, 2), index, dtype=torch.uint8)
+
+
+def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
+    from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+    from lightning_vstream.decode.base import VideoInfo
+    from lightning_vstream.errors import ConfigurationError
+
+    info = VideoInfo("h264", 2, 2, (1, 10), tuple(range(40)), (0, 10, 20, 30), (0, 10, 20, 30), 10.0)
+    wanted = [35, 3, 12, 5, 27, 12, 21]
+    assert plan_gops(info, wanted) == [[(3, [1]), (5, [3])], [(12, [2, 5])], [(21, [6]), (27, [4])], [(35, [0])]]
+    decoders = [_FakeDecoder("a"), _FakeDecoder("b")]
+    out = torch.zeros((len(wanted), 3, 2, 2), dtype=torch.uint8)
+    pool = GopPool(threads=2)
+    pool.run([GopJob(decoders, info, wanted, out)])
+    assert out[:, 0, 0, 0].tolist() == wanted
+    assert sorted(decoders[0].got + decoders[1].got) == [3, 5, 12, 21, 27, 35]  # each frame decoded once
+    for dec in decoders:  # a decoder takes whole GOPs, in ascending order
+        assert dec.got == sorted(dec.got)
+        gops = [info.gop_of(i) for i in dec.got]
+        assert all(gops.count(g) == len([i for i in (3, 5, 12, 21, 27, 35) if info.gop_of(i) == g]) for g in set(gops))
+    broken = [_FakeDecoder("a", fail_at=21), _FakeDecoder("b", fail_at=21)]
+    with pytest.raises(RuntimeError, match="frame 21 is damaged"):
+        pool.run([GopJob(broken, info, wanted, out)])
+    pool.close()
+    with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
+        GopPool(threads=0)

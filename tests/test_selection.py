@@ -5,14 +5,13 @@ These tests build frame tables in memory (no file is opened); decoding is covere
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.index import CameraStream, Clip
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -25,6 +24,8 @@ from lightning_vstream.clips.selection import (
     resolve_times,
     segment_times,
 )
+from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.index import CameraStream, Clip
 
 
 def _info(seconds: list[float], *, fps: float | None = None) -> VideoInfo:
@@ -239,3 +240,58 @@ def test_regular_clip_errors() -> None:
         regular_clips(CLIPS, FrameWindow(61))
     with pytest.raises(ValueError, match="needs at least one clip"):
         regular_clips([], FrameWindow(1))
+
+
+# -- argument errors a user can hit --------------------------------------------------------------
+def test_a_single_camera_string_is_refused_not_split_into_letters() -> None:
+    from lightning_vstream.errors import ConfigurationTypeError
+
+    for make in (
+        lambda: at_indices("a", [0], cameras="CAM_BACK"),  # type: ignore[arg-type]
+        lambda: at_times("a", [0.0], cameras="CAM_BACK"),  # type: ignore[arg-type]
+        lambda: random_clips(CLIPS, FrameWindow(2), count=1, cameras="CAM_BACK"),  # type: ignore[arg-type]
+        lambda: regular_clips(CLIPS, FrameWindow(2), cameras="CAM_BACK"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigurationTypeError, match=r"cameras='CAM_BACK' must be a list of camera names, not a "
+                           r"single string; pass \['CAM_BACK'\]"):
+            make()
+    with pytest.raises(TypeError, match=r"must hold camera-name strings; 3 is a int"):
+        at_indices("a", [0], cameras=["CAM_A", 3])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bad", ["abc", None, b"1", True])
+def test_non_numeric_times_raise_a_named_error(bad: object) -> None:
+    from lightning_vstream.errors import ConfigurationTypeError
+
+    with pytest.raises(ConfigurationTypeError, match=rf"request for clip 'a': time {re.escape(repr(bad))} is a "
+                       rf"{type(bad).__name__}; times must be numbers of seconds"):
+        at_times("a", [0.5, bad])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_times_are_refused(bad: float) -> None:
+    from lightning_vstream.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="must be a finite number of seconds"):
+        at_times("a", [bad])
+    assert at_times("a", [np.float64(0.5), np.int64(1)]).times == (0.5, 1.0)
+
+
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), 0, -1.0, True])
+def test_multi_rate_refuses_infinite_or_non_positive_rates(rate: float) -> None:
+    from lightning_vstream.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"segments\[1\]: rate .* must be a positive, finite number"):
+        multi_rate("a", start=0.0, segments=[(1.0, 2), (rate, 2)])
+    with pytest.raises(ConfigurationError, match=r"segments\[0\]: rate .* must be a positive, finite number"):
+        TimeWindow(((rate, 2),))
+
+
+def test_multi_rate_refuses_a_non_finite_or_textual_start() -> None:
+    from lightning_vstream.errors import ConfigurationError
+
+    for start in (float("inf"), float("nan"), "1.0"):
+        with pytest.raises(ConfigurationError, match=r"start=.* must be a finite number of seconds"):
+            multi_rate("a", start=start, segments=[(1.0, 2)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hop=inf must be a positive number of seconds"):
+        regular_clips(CLIPS, TimeWindow.at_rate(1.0, 2), hop=float("inf"))

@@ -221,3 +221,94 @@ def test_configurable_from_yaml_like_a_datamodule_argument() -> None:
     assert transform == FrameTransform(
         resize=(448, 800), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), dtype="bfloat16"
     )
+
+
+# -- resize inside CPU decoders --------------------------------------------------------------------
+def test_decoder_size_moves_only_a_leading_antialiased_resize() -> None:
+    assert FrameTransform(resize=(24, 32)).decoder_size() == (24, 32)
+    assert FrameTransform(resize=(24, 32), dtype="float32").decoder_size() == (24, 32)
+    assert FrameTransform(crop=(0, 0, 40, 40), resize=(24, 32)).decoder_size() is None
+    assert FrameTransform(resize=(24, 32), antialias=False).decoder_size() is None
+    assert FrameTransform().decoder_size() is None
+    assert FrameTransform(resize=(24, 32)).is_resize_only
+    assert not FrameTransform(resize=(24, 32), layout="hwc").is_resize_only
+
+
+def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
+    from lightning_vstream.index import load_index
+    from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+    from lightning_vstream.stream.worker import StreamDataset
+
+    index = load_index(index_path)
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2,
+                            seed=0, num_parts=max(1, num_workers))
+    return StreamDataLoader(StreamDataset(index=index, transform=transform), sampler=sampler, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_stream_loader_resizes_in_the_decoder(make_dataset: Any, num_workers: int, dtype: str) -> None:
+    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.demos.synth import clip_number
+    from lightning_vstream.index import load_index
+
+    index_path = make_dataset(clips=3, cameras=2, frames=[9, 7, 8], size=(128, 96), gop=4)
+    index = load_index(index_path)
+    transform = FrameTransform(resize=(48, 64), dtype=dtype)  # type: ignore[arg-type]
+    batches = list(_stream_loader(index_path, transform, num_workers))
+    assert len(batches) >= 3
+    for batch in batches:
+        frames = batch["frames"]
+        assert frames.shape[2:] == (3, 48, 64) and frames.dtype == getattr(torch, dtype)
+        for slot in range(frames.shape[0]):
+            if not batch["valid"][slot]:
+                continue
+            clip, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])
+            for camera in range(frames.shape[1]):
+                image = frames[slot, camera]
+                if dtype == "float32":
+                    image = (image * 255).round().to(torch.uint8)
+                assert read_stamp(image, source_size=(128, 96)) == Stamp(clip_number(clip), camera, frame)
+                # The very pixels the decoder's own resize gives: no float resize ran after it.
+                cam = index.clips[clip_number(clip)].cameras[camera]
+                assert torch.equal(image, PyAVDecoder(cam.path, size=(48, 64)).get(frame))
+
+
+def test_clip_dataset_output_size_lets_cameras_of_different_sizes_share_a_sample(tmp_path: Any) -> None:
+    from lightning_vstream.clips.dataset import VideoClipDataset
+    from lightning_vstream.clips.selection import at_indices
+    from lightning_vstream.demos.synth import write_dataset, write_stamped_video
+    from lightning_vstream.index import build_index
+
+    write_dataset(tmp_path, clips=1, cameras=2, frames=8, size=(128, 96), gop=4)
+    big = tmp_path / "videos/scene-0000/CAM_BACK_LEFT.mp4"
+    write_stamped_video(big, clip=0, camera=1, frames=8, size=(256, 192), gop=4)
+    index = build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False)
+    request = at_indices("scene-0000", [6, 1, 5])
+    with pytest.raises(ValueError, match=r"different frame sizes .* pass size=\(height, width\) to resize"):
+        VideoClipDataset(index=index)[request]
+    sample = VideoClipDataset(index=index, size=(48, 64))[request]
+    assert sample["frames"].shape == (3, 2, 3, 48, 64)
+    for t, frame in enumerate([6, 1, 5]):
+        for camera, source in enumerate([(128, 96), (256, 192)]):
+            assert read_stamp(sample["frames"][t, camera], source_size=source) == Stamp(0, camera, frame)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resize_in_the_decoder_lets_files_of_different_sizes_share_a_batch(tmp_path: Any, num_workers: int) -> None:
+    from lightning_vstream.demos.synth import clip_number, write_dataset, write_stamped_video
+    from lightning_vstream.index import build_index
+
+    write_dataset(tmp_path, clips=2, cameras=1, frames=6, size=(128, 96), gop=3)
+    write_stamped_video(tmp_path / "videos/scene-0001/CAM_BACK.mp4", clip=1, camera=0, frames=6, size=(256, 192), gop=3)
+    build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False)  # the new file
+    sources = {0: (128, 96), 1: (256, 192)}
+    loader = _stream_loader(tmp_path / "index.json", FrameTransform(resize=(48, 64)), num_workers)
+    count = 0
+    for batch in loader:
+        for slot in range(batch["frames"].shape[0]):
+            clip = clip_number(batch["clip_id"][slot])
+            stamp = read_stamp(batch["frames"][slot, 0], source_size=sources[clip])
+            assert stamp == Stamp(clip, 0, int(batch["frame_index"][slot]))
+            count += 1
+    assert count == 12

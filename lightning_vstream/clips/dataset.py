@@ -26,14 +26,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch.utils.data import Dataset
 
-from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
+from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.colour import check_size
+from lightning_vstream.errors import ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+__all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+
+#: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
+DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
 
@@ -47,6 +53,8 @@ class DecoderCache:
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
             DataLoader workers).
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
+        size: Output ``(height, width)`` of CPU video decoders, resized while converting to RGB;
+            None keeps each file's size. Image folders keep their size.
 
     Example::
 
@@ -55,7 +63,13 @@ class DecoderCache:
     """
 
     def __init__(
-        self, *, capacity: int = 8, layout: Layout = "chw", decoder_threads: int = 0, device: str = "cpu"
+        self,
+        *,
+        capacity: int = 8,
+        layout: Layout = "chw",
+        decoder_threads: int = 0,
+        device: str = "cpu",
+        size: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
@@ -63,7 +77,9 @@ class DecoderCache:
         self.layout = layout
         self.decoder_threads = decoder_threads
         self.device = device
+        self.size = check_size(size)
         self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
+        self._extra: dict[Path, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
         self._closed_decoded = 0
         self.opened = 0
 
@@ -77,14 +93,44 @@ class DecoderCache:
             self._open.move_to_end(path)
             return decoder
         decoder = make_decoder(
-            path, info=info, layout=self.layout, threads=self.decoder_threads, label=label, device=self.device
+            path,
+            info=info,
+            layout=self.layout,
+            threads=self.decoder_threads,
+            label=label,
+            device=self.device,
+            **({"size": self.size} if self.size is not None else {}),
         )
         self._open[path] = decoder
         self.opened += 1
         while len(self._open) > self.capacity:
-            _, old = self._open.popitem(last=False)
+            old_path, old = self._open.popitem(last=False)
             self._retire(old)
+            for extra in self._extra.pop(old_path, []):
+                self._retire(extra)
         return decoder
+
+    def get_several(
+        self, path: Path | str, count: int, *, info: VideoInfo | None = None, label: str = ""
+    ) -> list[FrameDecoder]:
+        """``count`` decoders of ``path`` (the first is :meth:`get`'s), to decode its GOPs in parallel.
+
+        The extra decoders share the file's frame table and close with it when it leaves the LRU.
+        """
+        from lightning_vstream.decode import make_decoder
+
+        first = self.get(path, info=info, label=label)
+        path = Path(path)
+        extra = self._extra.setdefault(path, [])
+        while len(extra) < count - 1:
+            extra.append(
+                make_decoder(
+                    path, info=first.info, layout=self.layout, threads=self.decoder_threads, label=label,
+                    size=self.size,
+                )
+            )
+            self.opened += 1
+        return [first, *extra[: count - 1]]
 
     def _retire(self, decoder: FrameDecoder) -> None:
         self._closed_decoded += decoder.frames_decoded
@@ -93,7 +139,8 @@ class DecoderCache:
     @property
     def frames_decoded(self) -> int:
         """Frames decoded by every decoder this cache created, open or closed."""
-        return self._closed_decoded + sum(d.frames_decoded for d in self._open.values())
+        live = [*self._open.values(), *(d for extra in self._extra.values() for d in extra)]
+        return self._closed_decoded + sum(d.frames_decoded for d in live)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -106,12 +153,18 @@ class DecoderCache:
         decoder = self._open.pop(Path(path), None)
         if decoder is not None:
             self._retire(decoder)
+        for extra in self._extra.pop(Path(path), []):
+            self._retire(extra)
 
     def close(self) -> None:
         """Close every open decoder."""
         while self._open:
             _, decoder = self._open.popitem(last=False)
             self._retire(decoder)
+        for extra in self._extra.values():
+            for decoder in extra:
+                self._retire(decoder)
+        self._extra.clear()
 
 
 class VideoClipDataset(Dataset[dict[str, Any]]):
@@ -141,7 +194,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         requests: The samples of the dataset, in order.
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
-        max_open_decoders: Decoders each worker keeps open (LRU).
+        max_open_decoders: Files each worker keeps open (LRU); each holds up to ``gop_threads``
+            decoders.
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
         transform: Any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's
             ``T x cameras`` frames where they are decoded (see
@@ -151,6 +205,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             file, clip, camera and frame. ``"skip"``: the sample comes back with
             ``valid=False`` (zeros), each bad file is logged once per process, and
             :attr:`skipped` counts the samples.
+        size: Output ``(height, width)`` of every frame: video decoders resize while converting
+            to RGB (uint8, FFmpeg's swscale), image folders are resized after decoding. Cameras
+            of different sizes can then share a sample. None keeps the files' size.
+        gop_threads: GOPs decoded at once per sample: a request's frames are grouped by GOP and
+            the groups of all its cameras spread over this many threads, each file read by up to
+            this many decoders (see :mod:`lightning_vstream.clips.gops`). 1 decodes them in turn.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -179,6 +239,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         device: str = "cpu",
         on_error: Literal["raise", "skip"] = "raise",
+        size: tuple[int, int] | None = None,
+        gop_threads: int = DEFAULT_GOP_THREADS,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
@@ -190,7 +252,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.index = index if isinstance(index, VideoIndex) else load_index(index)
         self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
-        self.cameras = tuple(self.index.camera_names if cameras is None else cameras)
+        names = camera_names(cameras)
+        self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
@@ -199,6 +262,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
         self._bad_files: set[str] = set()
+        self.size = check_size(size)
+        self._gops = GopPool(threads=gop_threads)
+        self.gop_threads = gop_threads
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
@@ -262,7 +328,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         """
         if self._cache is None:
             self._cache = DecoderCache(
-                capacity=self.max_open_decoders, decoder_threads=self.decoder_threads, device=self.device
+                capacity=self.max_open_decoders,
+                decoder_threads=self.decoder_threads,
+                device=self.device,
+                size=self.size,
             )
         return self._cache
 
@@ -281,6 +350,17 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
+            if isinstance(item, bool) or not hasattr(item, "__index__"):
+                hint = (
+                    f"; to read clip {item!r}, pass a request such as dataset[at_indices({item!r}, [0, 1, 2])]"
+                    if isinstance(item, str)
+                    else ""
+                )
+                raise ConfigurationTypeError(
+                    f"VideoClipDataset is indexed by request position (an int in 0..{len(self.requests) - 1}) or "
+                    f"by a ClipRequest, not by a {type(item).__name__} ({item!r}){hint}."
+                )
+            item = item.__index__()
             if not -len(self.requests) <= item < len(self.requests):
                 raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
             request, origin = self.requests[item], f"requests[{item}]"
@@ -302,30 +382,39 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             indices = list(request.frames)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        if len(set(sizes.values())) > 1:
+        if self.size is None and len(set(sizes.values())) > 1:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ValueError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
-                "cameras, so request them separately (cameras=[...]) or resize the files to one size."
+                "cameras, so request them separately (cameras=[...]), pass size=(height, width) to resize "
+                "them while decoding, or resize the files to one size."
             )
         # Decoders write each frame straight into its slot of the sample: no stacking copies.
-        frames = torch.empty(
-            (len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8, device=self.device
-        )
+        height, width = self.size if self.size is not None else (reference.height, reference.width)
+        frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.device)
         valid = True
-        for c, (cam, info) in enumerate(zip(streams, infos)):
-            label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
-            try:
-                decoder = self.decoders.get(cam.path, info=info, label=label)
-                _decode_into(decoder, indices, frames[:, c])
-            except (VideoDecodeError, OSError, RuntimeError) as err:
-                if self.on_error == "raise":
-                    if isinstance(err, VideoDecodeError):
-                        raise
-                    raise VideoDecodeError(f"{label}, frames {indices} ({str(cam.path)!r}): {err}") from err
-                valid = False
-                self._skip(cam.path, label, err)
-                break
+        try:
+            if frames.device.type != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
+                for c, (cam, info) in enumerate(zip(streams, infos)):
+                    label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+                    decoder = self.decoders.get(cam.path, info=info, label=label)
+                    _decode_on_device(decoder, indices, frames[:, c])
+            else:
+                jobs = []
+                for c, (cam, info) in enumerate(zip(streams, infos)):
+                    count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
+                    label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+                    decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
+                    jobs.append(GopJob(decoders, info, indices, frames[:, c]))
+                self._gops.run(jobs)
+        except (VideoDecodeError, OSError, RuntimeError) as err:
+            if self.on_error == "raise":
+                if isinstance(err, VideoDecodeError):
+                    raise
+                raise VideoDecodeError(f"clip {clip.clip_id!r}, frames {indices}: {err}") from err
+            valid = False
+            for cam in streams:
+                self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
         if not valid:
             frames.zero_()
         if self.transform is not None:
@@ -357,8 +446,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "valid": False,
         }
 
-    def _skip(self, path: Path, label: str, err: Exception) -> None:
-        self.skipped += 1
+    def _skip(self, path: Path, label: str, err: Exception, *, count: bool = True) -> None:
+        self.skipped += count
         if self._cache is not None and path in self._cache:
             self._cache.drop(path)
         if str(path) not in self._bad_files:
@@ -366,9 +455,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             log.warning("skipping samples of %s (%s): %s", label, str(path), err)
 
     def close(self) -> None:
-        """Close this process's open decoders (they reopen lazily)."""
+        """Close this process's open decoders (they reopen lazily) and stop its GOP threads."""
         if self._cache is not None:
             self._cache.close()
+        self._gops.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -382,41 +472,19 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         )
 
 
-def _decode_into(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
-    """Decode ``indices`` into ``out[t]`` (``[T, 3, H, W]``), in ascending frame order.
+def _decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
+    """Decode ``indices`` into ``out[t]`` on a device decoder, in ascending frame order.
 
     Ascending order is what keeps each GOP decoded at most once (see the module docs); a frame
     requested twice is decoded once and copied.
     """
     first_slot: dict[int, int] = {}
-    if out.device.type != "cpu":  # NVDEC: frames arrive as device tensors
-        for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
-            if index in first_slot:
-                out[t].copy_(out[first_slot[index]])
-            else:
-                first_slot[index] = t
-                out[t].copy_(decoder.get(index))
-        return
-    takes_out = _accepts_out(decoder)
     for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
-        slot = out[t].numpy()  # numpy copies stay off torch's thread pool, which FFmpeg is using
         if index in first_slot:
-            slot[:] = out[first_slot[index]].numpy()
-            continue
-        first_slot[index] = t
-        if takes_out:
-            decoder.get(index, out=out[t])  # type: ignore[call-arg]
+            out[t].copy_(out[first_slot[index]])
         else:
-            slot[:] = decoder.get(index).numpy()
-
-
-def _accepts_out(decoder: FrameDecoder) -> bool:
-    import inspect
-
-    try:
-        return "out" in inspect.signature(decoder.get).parameters
-    except (TypeError, ValueError):
-        return False
+            first_slot[index] = t
+            out[t].copy_(decoder.get(index))
 
 
 def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

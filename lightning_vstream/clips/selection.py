@@ -27,12 +27,15 @@ This module imports neither torch nor a decoder library.
 from __future__ import annotations
 
 import bisect
+import math
+import numbers
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "Weighting",
     "at_indices",
     "at_times",
+    "camera_names",
     "frame_table",
     "multi_rate",
     "random_clips",
@@ -57,6 +61,52 @@ Weighting = Literal["frames", "videos"]
 #: Seconds within which a requested time counts as equal to a frame's timestamp.
 TIME_TOLERANCE = 1e-6
 _POLICIES = ("nearest", "at_or_before")
+
+
+def camera_names(value: Sequence[str] | None, argument: str = "cameras") -> tuple[str, ...] | None:
+    """Check a camera list argument: None, or a sequence of camera-name strings.
+
+    A single string is refused rather than read as a sequence of one-letter camera names.
+
+    Raises:
+        ConfigurationTypeError: ``value`` is a string, not iterable, or holds a non-string.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        raise ConfigurationTypeError(
+            f"{argument}={value!r} must be a list of camera names, not a single string; pass [{value!r}]."
+        )
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise ConfigurationTypeError(
+            f"{argument}={value!r} must be a list of camera names such as ['CAM_FRONT'], "
+            f"not a {type(value).__name__}."
+        ) from None
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ConfigurationTypeError(
+            f"{argument}={value!r} must hold camera-name strings; {bad[0]!r} is a {type(bad[0]).__name__}."
+        )
+    return names
+
+
+def _time(clip_id: str, value: object) -> float:
+    t: float | None = None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            t = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            t = None
+    if t is None:
+        raise ConfigurationTypeError(
+            f"request for clip {clip_id!r}: time {value!r} is a {type(value).__name__}; times must be "
+            "numbers of seconds (use frames=... for frame indices)."
+        )
+    if not math.isfinite(t):
+        raise ConfigurationError(f"request for clip {clip_id!r}: time {value!r} must be a finite number of seconds.")
+    return t
 
 
 @dataclass(frozen=True)
@@ -113,14 +163,14 @@ class ClipRequest:
                 f"request for clip {self.clip_id!r}: policy={self.policy!r} is not supported; "
                 f"use 'nearest' or 'at_or_before'."
             )
-        cameras = None if self.cameras is None else tuple(self.cameras)
+        cameras = camera_names(self.cameras)
         if cameras is not None and (not cameras or len(set(cameras)) != len(cameras)):
             raise ValueError(
                 f"request for clip {self.clip_id!r}: cameras={cameras!r} must be None (all cameras) or a "
                 "non-empty list of distinct camera names."
             )
         object.__setattr__(self, "frames", tuple(operator.index(f) for f in frames))
-        object.__setattr__(self, "times", tuple(float(t) for t in times))
+        object.__setattr__(self, "times", tuple(_time(self.clip_id, t) for t in times))
         object.__setattr__(self, "cameras", cameras)
 
     @property
@@ -137,7 +187,7 @@ def at_indices(clip_id: str, indices: Iterable[int], *, cameras: Sequence[str] |
         >>> at_indices("scene-0003", [0, 4, 8]).frames
         (0, 4, 8)
     """
-    return ClipRequest(clip_id, frames=tuple(indices), cameras=None if cameras is None else tuple(cameras))
+    return ClipRequest(clip_id, frames=tuple(indices), cameras=camera_names(cameras))
 
 
 def at_times(
@@ -155,12 +205,12 @@ def at_times(
         'at_or_before'
     """
     return ClipRequest(
-        clip_id, times=tuple(times), policy=policy, cameras=None if cameras is None else tuple(cameras)
+        clip_id, times=tuple(times), policy=policy, cameras=camera_names(cameras)
     )
 
 
 def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
-    checked = []
+    checked: list[tuple[float, int]] = []
     if not segments:
         raise ValueError("segments must hold at least one (rate, count) pair, for example [(1.0, 8), (2.0, 8)].")
     for k, segment in enumerate(segments):
@@ -168,8 +218,10 @@ def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, 
             rate, count = segment
         except (TypeError, ValueError):
             raise ValueError(f"segments[{k}]={segment!r} must be a (rate in fps, number of frames) pair.") from None
-        if not (isinstance(rate, (int, float)) and rate > 0):
-            raise ValueError(f"segments[{k}]: rate {rate!r} must be a positive number of frames per second.")
+        if isinstance(rate, bool) or not (isinstance(rate, numbers.Real) and 0 < rate < math.inf):
+            raise ConfigurationError(
+                f"segments[{k}]: rate {rate!r} must be a positive, finite number of frames per second."
+            )
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"segments[{k}]: count {count!r} must be a positive integer number of frames.")
         checked.append((float(rate), count))
@@ -198,6 +250,8 @@ def segment_times(start: float, segments: Sequence[tuple[float, int]]) -> list[f
         [10.0, 11.0, 12.0, 13.0, 13.5]
     """
     times: list[float] = []
+    if isinstance(start, bool) or not isinstance(start, numbers.Real) or not math.isfinite(start):
+        raise ConfigurationError(f"start={start!r} must be a finite number of seconds.")
     origin = float(start)
     for rate, count in _check_segments(segments):
         # Multiply rather than accumulate, so long segments do not drift.
@@ -465,6 +519,7 @@ def random_clips(
     import numpy as np
 
     clips = list(index)
+    cameras = camera_names(cameras)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count={count!r} must be a non-negative integer number of requests.")
     if weighting not in ("frames", "videos"):
@@ -476,7 +531,7 @@ def random_clips(
     if not usable:
         raise _too_short(clips, window, cameras)
     rng = np.random.default_rng(seed)
-    requests = []
+    requests: list[ClipRequest] = []
     if weighting == "frames":
         cumulative = np.cumsum([len(starts[k]) for k in usable])
         for draw in rng.integers(0, int(cumulative[-1]), size=count):
@@ -520,6 +575,7 @@ def regular_clips(
         >>> reqs = regular_clips(load_index("index.json"), FrameWindow(8, stride=2))  # doctest: +SKIP
     """
     clips = list(index)
+    cameras = camera_names(cameras)
     if not clips:
         raise ValueError("regular_clips needs at least one clip.")
     if isinstance(window, FrameWindow):
@@ -530,9 +586,9 @@ def regular_clips(
             raise ValueError(f"hop={hop!r} must be a positive integer number of frames for a FrameWindow.")
     else:
         step = window.duration if hop is None else hop
-        if not (isinstance(step, (int, float)) and step > 0):
+        if isinstance(step, bool) or not (isinstance(step, (int, float)) and 0 < step < math.inf):
             raise ValueError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
-    requests = []
+    requests: list[ClipRequest] = []
     for clip, starts in zip(clips, _starts(clips, window, cameras)):
         if not starts:
             continue

@@ -17,6 +17,8 @@ def make_decoder(
     threads: int = 0,
     label: str = "",
     device: str = "cpu",
+    stream: int | None = None,
+    size: tuple[int, int] | None = None,
 ) -> FrameDecoder:
     """Create the decoder for a camera stream: a video file or a folder of images.
 
@@ -31,6 +33,11 @@ def make_decoder(
         threads: FFmpeg threads for video files (0 lets FFmpeg choose).
         label: Clip and camera, for error messages.
         device: ``"cpu"`` or a CUDA device for video files.
+        stream: Video stream to decode on the CPU: its position among the file's video streams,
+            or None for FFmpeg's best one.
+        size: Output ``(height, width)`` for video files decoded on the CPU, resized while the
+            frame is converted to RGB. Other backends return frames at their own size (check
+            the frames' shape, or resize them afterwards).
 
     Example::
 
@@ -49,4 +56,4 @@ def make_decoder(
         return NvDecoder(path, info=info, device=device, layout=layout, label=label)
     from lightning_vstream.decode.cpu import PyAVDecoder
 
-    return PyAVDecoder(path, info=info, layout=layout, threads=threads, label=label)
+    return PyAVDecoder(path, info=info, layout=layout, threads=threads, label=label, stream=stream, size=size)

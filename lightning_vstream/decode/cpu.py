@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.colour import Interpolation, RGBConverter
+from lightning_vstream.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import av
@@ -79,10 +81,31 @@ def _open_container(path: Path) -> av.container.InputContainer:
         raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
 
 
-def _video_stream(container: Any, path: Path) -> Any:
-    if not container.streams.video:
+def _check_stream(stream: int | None) -> int | None:
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream < 0):
+        raise ConfigurationError(
+            f"stream={stream!r} must be None (FFmpeg's best video stream) or the position of a video stream "
+            "in the file (0 for the first)."
+        )
+    return stream
+
+
+def _video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
+    videos = container.streams.video
+    if not videos:
         raise VideoDecodeError(f"{str(path)!r} holds no video stream (streams: {list(container.streams)}).")
-    stream = container.streams.video[0]
+    if choice is None:
+        # FFmpeg's choice (av_find_best_stream): a default-disposition stream first, then one with
+        # several frames (a cover picture has one), then the highest bitrate. One stream: that one.
+        stream = container.streams.best("video") if len(videos) > 1 else videos[0]
+        stream = videos[0] if stream is None else stream
+    elif choice < len(videos):
+        stream = videos[choice]
+    else:
+        raise ConfigurationError(
+            f"stream={choice} asks for video stream {choice} of {str(path)!r}, which holds {len(videos)} video "
+            f"stream(s) (valid: 0..{len(videos) - 1}, or None for FFmpeg's best)."
+        )
     if stream.codec_context is None:
         # A damaged sample description can name a codec FFmpeg does not know.
         raise VideoDecodeError(
@@ -92,7 +115,7 @@ def _video_stream(container: Any, path: Path) -> Any:
     return stream
 
 
-def probe_video(path: Path | str) -> VideoInfo:
+def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
     """Build a file's frame table by demuxing its packets (no frame is decoded).
 
     The frame count comes from the packets the stream really holds, not from container
@@ -101,6 +124,9 @@ def probe_video(path: Path | str) -> VideoInfo:
 
     Args:
         path: Video file.
+        stream: Which video stream: its position among the file's video streams (0 for the
+            first), or None for the one FFmpeg picks as best (a default-disposition stream, then
+            a moving one, then the highest bitrate), which decoders also use by default.
 
     Returns:
         The stream's :class:`VideoInfo`.
@@ -109,6 +135,7 @@ def probe_video(path: Path | str) -> VideoInfo:
         FileNotFoundError: The file does not exist.
         VideoDecodeError: The file cannot be demuxed, holds no video stream or no frames, or
             two frames share a timestamp.
+        ConfigurationError: ``stream`` is not a video stream of the file.
 
     Example::
 
@@ -119,12 +146,13 @@ def probe_video(path: Path | str) -> VideoInfo:
     import av
 
     path = Path(path)
+    choice = _check_stream(stream)
     container = _open_container(path)
     try:
-        stream = _video_stream(container, path)
+        video = _video_stream(container, path, choice)
         records: list[tuple[int, int, bool, int]] = []
         try:
-            for packet in container.demux(stream):
+            for packet in container.demux(video):
                 if packet.size == 0 or packet.is_discard:
                     continue
                 pts = packet.pts if packet.pts is not None else packet.dts
@@ -166,13 +194,13 @@ def probe_video(path: Path | str) -> VideoInfo:
             # Frames before the first keyframe: seeking to the start is the only way in.
             key_indices.insert(0, 0)
             key_seek.insert(0, min(r[1] for r in records))
-        time_base = stream.time_base or Fraction(1, 1)
+        time_base = video.time_base or Fraction(1, 1)
         span = (pts[-1] - pts[0]) * time_base
         if len(pts) > 1 and span > 0:
             fps = float((len(pts) - 1) / span)
         else:
-            fps = float(stream.average_rate or stream.guessed_rate or 0.0)
-        codec_ctx = stream.codec_context
+            fps = float(video.average_rate or video.guessed_rate or 0.0)
+        codec_ctx = video.codec_context
         return VideoInfo(
             codec=str(codec_ctx.name),
             width=int(codec_ctx.width),
@@ -219,12 +247,23 @@ class PyAVDecoder(DecoderBase):
     GOP). Every decoded frame's timestamp is checked against the frame table, so a frame is
     never returned under the wrong index.
 
+    Frames are converted to RGB by one swscale conversion whatever the layout, so ``"chw"`` and
+    ``"hwc"`` hold the same pixels; the colour matrix and range follow the stream's tags (see
+    :mod:`lightning_vstream.decode.colour`). With ``size`` the conversion also resizes, in uint8,
+    at a fraction of the cost of resizing decoded frames afterwards.
+
     Args:
         path: Video file.
-        info: Frame table, if already known (from an index's metadata); probed otherwise.
+        info: Frame table, if already known (from an index's metadata); probed otherwise. It must
+            describe the same video stream as ``stream``.
         layout: ``"chw"`` (default) or ``"hwc"`` for the returned uint8 RGB tensors.
         threads: FFmpeg decoding threads; 0 lets FFmpeg choose.
         label: Where the file comes from (clip and camera), used in error messages.
+        stream: Which video stream to decode: its position among the file's video streams, or
+            None (default) for FFmpeg's best one, as :func:`probe_video` picks it.
+        size: Output ``(height, width)``; None keeps the stream's size.
+        interpolation: Resampling filter when ``size`` differs from the stream's size
+            (``"bilinear"``, ``"area"``, ``"bicubic"`` or ``"nearest"``).
 
     Example::
 
@@ -242,6 +281,9 @@ class PyAVDecoder(DecoderBase):
         layout: Layout = "chw",
         threads: int = 0,
         label: str = "",
+        stream: int | None = None,
+        size: tuple[int, int] | None = None,
+        interpolation: Interpolation = "bilinear",
     ) -> None:
         if layout not in ("chw", "hwc"):
             raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
@@ -249,6 +291,9 @@ class PyAVDecoder(DecoderBase):
             raise ValueError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.path = Path(path)
         self.layout = layout
+        self.stream = _check_stream(stream)
+        self._rgb = RGBConverter(layout=layout, size=size, interpolation=interpolation)
+        self.size = self._rgb.size
         self.threads = threads
         self.label = label
         self._info = info
@@ -265,8 +310,13 @@ class PyAVDecoder(DecoderBase):
     @property
     def info(self) -> VideoInfo:
         if self._info is None:
-            self._info = probe_video(self.path)
+            self._info = probe_video(self.path, stream=self.stream)
         return self._info
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """``(height, width)`` of the frames this decoder returns."""
+        return self.size if self.size is not None else (self.info.height, self.info.width)
 
     @property
     def seeks(self) -> int:
@@ -277,13 +327,16 @@ class PyAVDecoder(DecoderBase):
     def _disown(self) -> None:
         if self._container is not None:
             _INHERITED_FFMPEG_OBJECTS.append((self._container, self._stream, self._frames))
+        reformatter = self._rgb.release()  # an swscale context may hold threads too
+        if reformatter is not None:
+            _INHERITED_FFMPEG_OBJECTS.append(reformatter)
         self._container = None
         self._frames = None
         self._needs_seek = True
 
     def _open(self) -> None:
         container = _open_container(self.path)
-        stream = _video_stream(container, self.path)
+        stream = _video_stream(container, self.path, self.stream)
         info = self.info
         if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:
             container.close()
@@ -453,31 +506,7 @@ class PyAVDecoder(DecoderBase):
         return [decoded[i] for i in indices]
 
     def _to_tensor(self, frame: Any, out: torch.Tensor | None = None) -> torch.Tensor:
-        import numpy as np
-        import torch
-
-        if out is None and self.layout == "hwc":
-            return torch.from_numpy(frame.to_ndarray(format="rgb24"))  # already the right layout: no copy
-        shape = (3, frame.height, frame.width) if self.layout == "chw" else (frame.height, frame.width, 3)
-        if out is None:
-            out = torch.empty(shape, dtype=torch.uint8)
-        elif tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous():
-            raise ValueError(
-                f"{self._where()}: out must be a contiguous uint8 tensor of shape {shape}, got "
-                f"{tuple(out.shape)} {out.dtype}."
-            )
-        # numpy copies: single-threaded memcpy, no intra-op thread pool to contend with FFmpeg.
-        target = out.numpy()
-        if self.layout == "hwc":
-            target[:] = frame.to_ndarray(format="rgb24")
-            return out
-        # Planar RGB straight from swscale: three contiguous plane copies instead of a strided
-        # HWC -> CHW transpose, which costs more than decoding on large frames.
-        planar = frame.reformat(format="gbrp")
-        for channel, plane in zip((1, 2, 0), planar.planes):  # planes are G, B, R
-            rows = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
-            target[channel] = rows[:, : plane.width]
-        return out
+        return self._rgb(frame, out, self._where())
 
     def _reset(self) -> None:
         """Drop the open file so the next use starts clean."""

@@ -328,7 +328,9 @@ class _PacketSource:
         if not self._container.streams.video:
             self._container.close()
             raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
-        self._stream = self._container.streams.video[0]
+        from lightning_vstream.decode.cpu import _video_stream
+
+        self._stream = _video_stream(self._container, path)  # the stream probe_video reads: FFmpeg's best
         self._filter_name = _ANNEXB_FILTERS.get(codec)
         self._bsf = self._make_filter()
 

@@ -115,8 +115,16 @@ def draw_stamp(image: np.ndarray, stamp: Stamp) -> None:
         image[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = 255 if bit else 0
 
 
-def read_stamp(image: Any, *, layout: Literal["chw", "hwc"] = "chw") -> Stamp:
+def read_stamp(
+    image: Any, *, layout: Literal["chw", "hwc"] = "chw", source_size: tuple[int, int] | None = None
+) -> Stamp:
     """Recover the stamp from a decoded RGB frame (uint8 tensor or array, CHW or HWC).
+
+    Args:
+        image: The frame.
+        layout: ``"chw"`` or ``"hwc"``.
+        source_size: ``(width, height)`` the video was written at, for frames resized since; the
+            stamp's cells are scaled with the frame. None when the frame has its written size.
 
     Raises:
         ValueError: The frame carries no valid stamp (check bits disagree).
@@ -132,14 +140,24 @@ def read_stamp(image: Any, *, layout: Literal["chw", "hwc"] = "chw") -> Stamp:
         array = array.transpose(1, 2, 0)
     array = array.astype(np.float32)
     height, width = array.shape[:2]
-    cell = _cell(width, height)
-    margin = cell // 4
+    scale_x = scale_y = 1.0
+    if source_size is None:
+        cell = _cell(width, height)
+    else:
+        cell = _cell(*source_size)
+        scale_x, scale_y = width / source_size[0], height / source_size[1]
     bits = []
     for i in range(_COLS * _ROWS):
         row, col = divmod(i, _COLS)
-        patch = array[
-            row * cell + margin : (row + 1) * cell - margin, col * cell + margin : (col + 1) * cell - margin
-        ]
+        if source_size is None:
+            margin = cell // 4
+            patch = array[
+                row * cell + margin : (row + 1) * cell - margin, col * cell + margin : (col + 1) * cell - margin
+            ]
+        else:  # the middle half of each scaled cell, away from edges that compression and resizing blur
+            top, bottom = int((row + 0.25) * cell * scale_y), int((row + 0.75) * cell * scale_y)
+            left, right = int((col + 0.25) * cell * scale_x), int((col + 0.75) * cell * scale_x)
+            patch = array[top : max(bottom, top + 1), left : max(right, left + 1)]
         bits.append(1 if patch.mean() >= 128 else 0)
     values = []
     pos = 0

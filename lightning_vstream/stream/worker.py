@@ -23,6 +23,7 @@ from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
+from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
 
@@ -134,7 +135,8 @@ class StreamDataset(Dataset):
             None keeps one per stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
         transform: Applied to every part's frames ``[n, 3, H, W]`` uint8 in the worker, on
-            the device they were decoded on.
+            the device they were decoded on. A :class:`~lightning_vstream.FrameTransform`'s resize
+            happens inside CPU video decoders (see :meth:`FrameTransform.decoder_size`).
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
         on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
             clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
@@ -165,6 +167,10 @@ class StreamDataset(Dataset):
         self.decoder_threads = decoder_threads
         self.transform = transform
         self.device = device
+        # Video decoded on the CPU is resized by swscale while it converts to RGB.
+        self._decode_size = (
+            transform.decoder_size() if isinstance(transform, FrameTransform) and device == "cpu" else None
+        )
         self.on_error = on_error
         self._bad_clips: set[int] = set()
         self._epoch = -1
@@ -235,6 +241,7 @@ class StreamDataset(Dataset):
             threads=self.decoder_threads,
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
             device=self.device,
+            size=self._decode_size,
         )
         self._decoders[read.position] = (read.clip, dec)
         self._closed.files_opened += 1
@@ -248,9 +255,8 @@ class StreamDataset(Dataset):
             dec = self._decoder(read)
             with nvtx_range(RANGE_DECODE):
                 if out is not None and isinstance(dec, PyAVDecoder):
-                    info = dec.info
-                    if tuple(out.shape) != (3, info.height, info.width):
-                        raise _SizeMismatch(tuple(out.shape), (3, info.height, info.width))
+                    if tuple(out.shape) != (3, *dec.output_size):
+                        raise _SizeMismatch(tuple(out.shape), (3, *dec.output_size))
                     image = dec.get(read.frame, out=out)
                 else:
                     image = dec.get(read.frame)
@@ -281,7 +287,12 @@ class StreamDataset(Dataset):
         frames: torch.Tensor | None = None
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
-        direct = buffer is not None and self.transform is None  # decode straight into the batch
+        # Decode straight into the batch when nothing is left to do after the decoder.
+        direct = buffer is not None and (
+            self.transform is None
+            or (self._decode_size is not None and isinstance(self.transform, FrameTransform)
+                and self.transform.is_resize_only)
+        )
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
@@ -304,9 +315,9 @@ class StreamDataset(Dataset):
                 failed.append((read.position, path, str(err)))
                 continue
             if buffer is not None:
-                if not direct:
+                row = buffer[read.position]
+                if not (direct and image.data_ptr() == row.data_ptr()):  # not decoded into its row
                     image = self.transform(image[None])[0] if self.transform is not None else image
-                    row = buffer[read.position]
                     if image.shape != row.shape or image.dtype != row.dtype:
                         raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
                     row.copy_(image)
