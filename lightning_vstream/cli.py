@@ -77,6 +77,46 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_encode(args: argparse.Namespace) -> int:
+    from lightning_vstream.encode import encode_index
+    from lightning_vstream.errors import VStreamError
+
+    try:
+        summary = encode_index(
+            args.src_index, args.out_dir, codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+            bitrate=args.bitrate, preset=args.preset, cameras=args.cameras, jobs=args.jobs, progress=not args.quiet,
+        )
+    except VStreamError as err:
+        print(f"vstream encode: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
+          f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
+          f"{summary.files_skipped} already done")
+    return 0
+
+
+def _cmd_import_nuscenes(args: argparse.Namespace) -> int:
+    from lightning_vstream.encode import EncodeSettings
+    from lightning_vstream.errors import VStreamError
+    from lightning_vstream.importers import import_nuscenes
+
+    try:
+        settings = EncodeSettings(codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+                                  bitrate=args.bitrate, preset=args.preset)
+        result = import_nuscenes(
+            args.dataroot, args.out_dir, version=args.version, scenes=args.scenes, cameras=args.cameras,
+            key_frames_only=args.key_frames_only, settings=settings, jobs=args.jobs, progress=not args.quiet,
+        )
+    except VStreamError as err:
+        print(f"vstream import-nuscenes: error: {err}", file=sys.stderr)
+        return 2
+    enc = result.encode
+    print(f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
+          f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
+          f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +142,39 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--check", action="store_true", help="probe every file of an existing index and report all problems")
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
+
+    encode = sub.add_parser("encode", help="transcode an index (image folders or videos) to one video per camera")
+    encode.add_argument("src_index", type=Path, help="index of the source dataset")
+    encode.add_argument("out_dir", type=Path, help="output folder: videos/<clip>/<camera>.mp4 and index.json")
+    encode.add_argument("--codec", choices=["hevc", "h264"], default="hevc")
+    encode.add_argument("--gop", type=int, default=12, help="keyframe interval in frames")
+    encode.add_argument("--bframes", type=int, default=0, help="maximum consecutive B-frames")
+    rate = encode.add_mutually_exclusive_group()
+    rate.add_argument("--crf", type=int, default=None, help="constant quality 0..51 (default 28 hevc, 23 h264)")
+    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k")
+    encode.add_argument("--preset", default="fast", help="encoder speed preset (ultrafast .. veryslow)")
+    encode.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras")
+    encode.add_argument("--jobs", type=int, default=1, help="files encoded in parallel (processes)")
+    encode.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    encode.set_defaults(func=_cmd_encode)
+
+    nusc = sub.add_parser("import-nuscenes", help="nuScenes tables + camera JPEGs -> videos, index and annotations")
+    nusc.add_argument("dataroot", type=Path, help="folder holding VERSION/, samples/ and sweeps/")
+    nusc.add_argument("out_dir", type=Path, help="output folder: videos/, index.json, annotations/")
+    nusc.add_argument("--version", default="v1.0-mini", help="table folder, e.g. v1.0-mini or v1.0-trainval")
+    nusc.add_argument("--scenes", nargs="+", default=None, help="scene names to import (default: all)")
+    nusc.add_argument("--cameras", nargs="+", default=None, help="camera channels (default: the six CAM_*)")
+    nusc.add_argument("--key-frames-only", action="store_true", help="only the annotated key frames (2 Hz)")
+    nusc.add_argument("--codec", choices=["hevc", "h264"], default="hevc")
+    nusc.add_argument("--gop", type=int, default=12, help="keyframe interval in frames")
+    nusc.add_argument("--bframes", type=int, default=0, help="maximum consecutive B-frames")
+    nrate = nusc.add_mutually_exclusive_group()
+    nrate.add_argument("--crf", type=int, default=None, help="constant quality 0..51 (default 28 hevc, 23 h264)")
+    nrate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k")
+    nusc.add_argument("--preset", default="fast", help="encoder speed preset (ultrafast .. veryslow)")
+    nusc.add_argument("--jobs", type=int, default=1, help="videos encoded in parallel (processes)")
+    nusc.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    nusc.set_defaults(func=_cmd_import_nuscenes)
 
     demo = sub.add_parser("demo", help="build a small stamped dataset and train a tiny temporal model on it")
     demo.add_argument("--cache-dir", type=Path, default=Path(".vstream_cache"))

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 __all__ = [
     "AnnotationError",
     "ConfigurationError",
+    "DatasetImportError",
     "DecoderCapabilityError",
+    "EncodeError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -76,3 +78,11 @@ class DecoderCapabilityError(VStreamError, RuntimeError):
 
 class AnnotationError(VStreamError, ValueError):
     """Annotations are missing, malformed, or cannot be matched to the frames they belong to."""
+
+
+class EncodeError(VStreamError, RuntimeError):
+    """Encoding a camera stream failed, or the written file does not keep the source's frames and times."""
+
+
+class DatasetImportError(VStreamError, ValueError):
+    """A dataset being imported (its tables or image files) is missing, malformed or inconsistent."""
