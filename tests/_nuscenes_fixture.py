@@ -13,6 +13,7 @@ the first sample and one after the last. ``drop`` removes single images (a camer
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ def write_nuscenes(
                     "ego_pose_token": pose_tok, "calibrated_sensor_token": calib[cam], "timestamp": stamp_us,
                     "fileformat": "jpg", "is_key_frame": is_key, "height": height, "width": width,
                     "filename": filename, "prev": "", "next": ""})
-            for a, b in zip(records, records[1:]):
+            for a, b in itertools.pairwise(records):
                 a["next"], b["prev"] = b["token"], a["token"]
             tables["sample_data"].extend(records)
         # Boxes: a car and a pedestrian in every sample, a barrier in the middle one only.

@@ -174,6 +174,11 @@ def encode_index(
 
     settings = EncodeSettings(codec=codec, gop=gop, bframes=bframes, crf=crf, bitrate=bitrate, preset=preset)
     index = load_index(src_index, cameras=cameras)
+    if (Path(out_dir) / "index.json").resolve() == index.source.resolve():
+        raise ConfigurationError(
+            f"output folder {str(out_dir)!r} holds the source index {str(index.source)!r}, which encoding would "
+            "overwrite; choose another output folder."
+        )
     video_root = (Path(out_dir) / "videos").resolve()
     sources = []
     for clip in index:

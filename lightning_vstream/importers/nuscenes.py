@@ -19,6 +19,7 @@ all cameras, so the cameras stay aligned; its gap remains in the presentation ti
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import sys
@@ -95,7 +96,7 @@ def _camera_records(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequ
                                      "--cameras with the cameras the tables hold.")
         records.sort(key=lambda r: r["timestamp"])
         times = [r["timestamp"] for r in records]
-        if any(b <= a for a, b in zip(times, times[1:])):
+        if any(b <= a for a, b in itertools.pairwise(times)):
             raise DatasetImportError(f"scene {scene['name']!r}, camera {channel!r}: two sample_data records share a "
                                      "timestamp; every image needs its own time.")
     return per_camera
@@ -154,7 +155,7 @@ def scene_cycles(
     cycles.sort(key=lambda c: c.records[0]["timestamp"])
     for k, camera in enumerate(cameras):
         times = [c.records[k]["timestamp"] for c in cycles]
-        if any(b <= a for a, b in zip(times, times[1:])):
+        if any(b <= a for a, b in itertools.pairwise(times)):
             raise DatasetImportError(
                 f"scene {scene['name']!r}: camera {camera!r}'s images do not follow the first camera's order once "
                 "aligned (its timestamps cross another cycle's); check its sample_data timestamps."
