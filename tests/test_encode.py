@@ -145,12 +145,12 @@ def test_encode_sources_from_image_lists_and_cli(image_index: Path, tmp_path: Pa
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(codec="vp9"), "codec='vp9' is not supported; use 'hevc' or 'h264'"),
-        (dict(gop=0), "gop=0 must be a keyframe interval of at least 1 frame"),
-        (dict(bframes=-1), "bframes=-1 must be an integer from 0 to 16"),
-        (dict(crf=20, bitrate="4M"), "were both given; pick one"),
-        (dict(bitrate="fast"), "bitrate='fast' is not a bit rate"),
-        (dict(bitrate=0), "bitrate=0 must be positive"),
+        ({"codec": "vp9"}, "codec='vp9' is not supported; use 'hevc' or 'h264'"),
+        ({"gop": 0}, "gop=0 must be a keyframe interval of at least 1 frame"),
+        ({"bframes": -1}, "bframes=-1 must be an integer from 0 to 16"),
+        ({"crf": 20, "bitrate": "4M"}, "were both given; pick one"),
+        ({"bitrate": "fast"}, "bitrate='fast' is not a bit rate"),
+        ({"bitrate": 0}, "bitrate=0 must be positive"),
     ],
 )
 def test_bad_settings_are_named(kwargs: dict, message: str) -> None:
@@ -193,7 +193,7 @@ def test_bad_inputs_give_named_errors(image_index: Path, tmp_path: Path, monkeyp
                        progress=False)
     assert not list(broken.rglob("*.mp4*"))  # nothing half-written is left behind
 
-    import lightning_vstream.encode.writer as writer
+    from lightning_vstream.encode import writer
 
     monkeypatch.setattr(writer, "mismatch", lambda task, path, codec: "frame 3 is at 1.0 s instead of 1.5 s")
     with pytest.raises(EncodeError, match=r"clip 'c', camera 'CAM': the encoded file does not keep the source "

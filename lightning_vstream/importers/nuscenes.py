@@ -90,10 +90,13 @@ def _camera_records(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequ
         channel = channel_of.get(record["calibrated_sensor_token"])
         if channel in per_camera and record["sample_token"] in scene_samples:
             per_camera[channel].append(record)
+    absent = [c for c, records in per_camera.items() if not records]
+    if absent:
+        raise DatasetImportError(
+            f"scene {scene['name']!r} has no sample_data for camera(s) {absent}; the tables hold cameras "
+            f"{sorted(set(channel_of.values()))}. Pass cameras=[...] (--cameras) with cameras the scene has."
+        )
     for channel, records in per_camera.items():
-        if not records:
-            raise DatasetImportError(f"scene {scene['name']!r} has no sample_data for camera {channel!r}; pass "
-                                     "--cameras with the cameras the tables hold.")
         records.sort(key=lambda r: r["timestamp"])
         times = [r["timestamp"] for r in records]
         if any(b <= a for a, b in itertools.pairwise(times)):
@@ -341,7 +344,8 @@ def import_nuscenes(
     for scene in all_scenes:
         cycles, dropped = scene_cycles(tables, scene, cams, key_frames_only=key_frames_only)
         left_out += dropped
-        plans.append((scene, cycles))
+        # Annotations are built before encoding, so inconsistent tables fail before any video is written.
+        plans.append((scene, cycles, _scene_annotations(tables, scene, cams, cycles, class_names, by_sample)))
         for k, camera in enumerate(cams):
             files = tuple(root / c.records[k]["filename"] for c in cycles)
             missing.extend(str(f) for f in files if not f.is_file())
@@ -358,14 +362,14 @@ def import_nuscenes(
               "missed (the cameras stay aligned).", file=sys.stderr)
     summary = encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)
     folder = out_dir / "annotations"
-    for scene, cycles in plans:
-        _write_npz(folder, scene["name"], _scene_annotations(tables, scene, cams, cycles, class_names, by_sample))
+    for scene, _, arrays in plans:
+        _write_npz(folder, scene["name"], arrays)
     return NuScenesImport(
         index=summary.index,
         annotations=folder,
-        scenes=tuple(s["name"] for s, _ in plans),
-        frames=sum(len(c) for _, c in plans),
-        key_frames=sum(sum(1 for x in c if x.sample_token) for _, c in plans),
+        scenes=tuple(s["name"] for s, _, _ in plans),
+        frames=sum(len(c) for _, c, _ in plans),
+        key_frames=sum(sum(1 for x in c if x.sample_token) for _, c, _ in plans),
         left_out=left_out,
         encode=summary,
     )
