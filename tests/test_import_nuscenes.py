@@ -186,7 +186,8 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
         import_nuscenes(dataset.root, tmp_path / "out", scenes=["scene-9999"], cameras=cams, progress=False)
     with pytest.raises(ConfigurationError, match="must be a list of camera channels, not a string"):
         import_nuscenes(dataset.root, tmp_path / "out", cameras="CAM_FRONT", progress=False)  # type: ignore[arg-type]
-    absent = r"camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; the tables hold cameras \['CAM_BACK', "
+    absent = (r"camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; "
+              r"the tables hold cameras \['CAM_BACK', ")
     with pytest.raises(DatasetImportError, match=f"has no sample_data for {absent}"):
         import_nuscenes(dataset.root, tmp_path / "out", progress=False)  # the fixture has three of the six
     broken = tmp_path / "broken"

@@ -79,25 +79,16 @@ class _Cycle:
 
 
 def _camera_records(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequence[str]) -> dict[str, list]:
-    channel_of: dict[str, str] = {}
-    for cs in tables.records("calibrated_sensor"):
-        sensor = tables.get("sensor", cs["sensor_token"], referrer=f"calibrated_sensor {cs['token']!r}")
-        if sensor["modality"] == "camera":
-            channel_of[cs["token"]] = sensor["channel"]
-    scene_samples = {s["token"] for s in tables.records("sample") if s["scene_token"] == scene["token"]}
-    per_camera: dict[str, list[dict[str, Any]]] = {c: [] for c in cameras}
-    for record in tables.records("sample_data"):
-        channel = channel_of.get(record["calibrated_sensor_token"])
-        if channel in per_camera and record["sample_token"] in scene_samples:
-            per_camera[channel].append(record)
+    found = tables.camera_data_by_scene.get(scene["token"], {})
+    per_camera: dict[str, list[dict[str, Any]]] = {c: found.get(c, []) for c in cameras}
     absent = [c for c, records in per_camera.items() if not records]
     if absent:
         raise DatasetImportError(
             f"scene {scene['name']!r} has no sample_data for camera(s) {absent}; the tables hold cameras "
-            f"{sorted(set(channel_of.values()))}. Pass cameras=[...] (--cameras) with cameras the scene has."
+            f"{sorted(set(tables.camera_channels.values()))}. Pass cameras=[...] (--cameras) with cameras the "
+            "scene has."
         )
     for channel, records in per_camera.items():
-        records.sort(key=lambda r: r["timestamp"])
         times = [r["timestamp"] for r in records]
         if any(b <= a for a, b in itertools.pairwise(times)):
             raise DatasetImportError(f"scene {scene['name']!r}, camera {channel!r}: two sample_data records share a "
@@ -115,8 +106,7 @@ def scene_cycles(
     latest key frame is nearest to its own (within half a frame interval, one to one).
     """
     per_camera = _camera_records(tables, scene, cameras)
-    samples = sorted((s for s in tables.records("sample") if s["scene_token"] == scene["token"]),
-                     key=lambda s: s["timestamp"])
+    samples = tables.samples_by_scene.get(scene["token"], [])
     key_of = {c: {r["sample_token"]: r for r in rows if r["is_key_frame"]} for c, rows in per_camera.items()}
     key_samples = [s["token"] for s in samples if all(s["token"] in key_of[c] for c in cameras)]
     if not key_samples:

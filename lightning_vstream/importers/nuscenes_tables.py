@@ -9,6 +9,7 @@ the record and the fix. Quaternions are ``[w, x, y, z]`` as nuScenes stores them
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -149,6 +150,41 @@ class NuScenesTables:
 
     def has(self, table: str, token: str) -> bool:
         return token in self._by_token.get(table, {})
+
+    @functools.cached_property
+    def camera_channels(self) -> dict[str, str]:
+        """calibrated_sensor token -> channel, for camera sensors."""
+        out = {}
+        for cs in self.records("calibrated_sensor"):
+            sensor = self.get("sensor", cs["sensor_token"], referrer=f"calibrated_sensor {cs['token']!r}")
+            if sensor["modality"] == "camera":
+                out[cs["token"]] = sensor["channel"]
+        return out
+
+    @functools.cached_property
+    def samples_by_scene(self) -> dict[str, list[dict[str, Any]]]:
+        """scene token -> its samples in time order (grouped once: the big tables are read in one pass)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for sample in self.records("sample"):
+            out.setdefault(sample["scene_token"], []).append(sample)
+        for rows in out.values():
+            rows.sort(key=lambda s: s["timestamp"])
+        return out
+
+    @functools.cached_property
+    def camera_data_by_scene(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+        """scene token -> camera channel -> its sample_data records (key frames and sweeps) in time order."""
+        scene_of = {s["token"]: s["scene_token"] for s in self.records("sample")}
+        out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for record in self.records("sample_data"):
+            channel = self.camera_channels.get(record["calibrated_sensor_token"])
+            scene = scene_of.get(record["sample_token"])
+            if channel is not None and scene is not None:
+                out.setdefault(scene, {}).setdefault(channel, []).append(record)
+        for channels in out.values():
+            for rows in channels.values():
+                rows.sort(key=lambda r: r["timestamp"])
+        return out
 
 
 def box_velocity(tables: NuScenesTables, annotation: dict[str, Any], *, max_time_diff: float = 1.5) -> np.ndarray:
