@@ -8,6 +8,10 @@ test can tell which source image a decoded frame came from.
 Timing follows the real rig: capture cycles at about 12 Hz with jitter, the cameras of a cycle a
 few milliseconds apart, a key frame (sample) every ``sweeps_between + 1`` cycles, one sweep before
 the first sample and one after the last. ``drop`` removes single images (a camera missing a cycle).
+
+Geometry is checkable through the pixels: every image also shows a red marker where a fixed
+global landmark (200 m ahead of the camera at its first frame) projects, computed here from the
+fixture's own matrices with nuScenes' convention (pixel centres at integer coordinates).
 """
 
 from __future__ import annotations
@@ -46,13 +50,38 @@ class FixtureInfo:
     scenes: list[str]
     cameras: tuple[str, ...]
     dropped: list[tuple[int, str, int]]
+    landmarks: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # global [x, y, z, 1]
     cycles: dict[int, int] = field(default_factory=dict)  # scene number -> cycles written
     key_cycles: list[int] = field(default_factory=list)
 
 
-def _quaternion(rng: np.random.Generator) -> list[float]:
-    q = rng.normal(size=4)
-    return (q / np.linalg.norm(q)).tolist()
+def _camera_rotation(yaw: float, rng: np.random.Generator) -> np.ndarray:
+    """Sensor-to-ego rotation of a camera looking along ``yaw`` (x right, y down, z forward), slightly tilted."""
+    forward = np.array([math.cos(yaw), math.sin(yaw), 0.0])
+    right = np.array([math.sin(yaw), -math.cos(yaw), 0.0])
+    base = np.stack([right, [0.0, 0.0, -1.0], forward], axis=1)
+    axis = rng.normal(size=3)
+    axis /= np.linalg.norm(axis)
+    angle = 0.05
+    k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    tilt = np.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * k @ k
+    return base @ tilt
+
+
+def _matrix_quaternion(r: np.ndarray) -> list[float]:
+    """[w, x, y, z] of a rotation matrix (w > 0 branch suffices for these small-angle-plus-yaw rotations)."""
+    w = math.sqrt(max(0.0, 1.0 + r[0, 0] + r[1, 1] + r[2, 2])) / 2
+    if w > 1e-3:
+        return [w, (r[2, 1] - r[1, 2]) / (4 * w), (r[0, 2] - r[2, 0]) / (4 * w), (r[1, 0] - r[0, 1]) / (4 * w)]
+    x = math.sqrt(max(0.0, 1.0 + r[0, 0] - r[1, 1] - r[2, 2])) / 2
+    return [(r[2, 1] - r[1, 2]) / (4 * x), x, (r[0, 1] + r[1, 0]) / (4 * x), (r[0, 2] + r[2, 0]) / (4 * x)]
+
+
+def _pose(translation: list[float], yaw: float) -> np.ndarray:
+    out = np.eye(4)
+    out[:3, :3] = [[math.cos(yaw), -math.sin(yaw), 0], [math.sin(yaw), math.cos(yaw), 0], [0, 0, 1]]
+    out[:3, 3] = translation
+    return out
 
 
 def write_nuscenes(
@@ -63,7 +92,7 @@ def write_nuscenes(
     cameras: tuple[str, ...] = CAMERAS,
     samples: int = 3,
     sweeps_between: int = 3,
-    size: tuple[int, int] = (96, 64),
+    size: tuple[int, int] = (256, 96),
     drop: tuple[tuple[int, str, int], ...] = ((1, "CAM_FRONT", 3),),
 ) -> FixtureInfo:
     """Write the dataset; ``drop`` lists (scene number, camera, cycle) images that are missing."""
@@ -90,14 +119,19 @@ def write_nuscenes(
         log_tok, scene_tok = token("log", s), token("scene", s)
         tables["log"].append({"token": log_tok, "logfile": f"n015-2018-07-24-11-22-45+0800-{s}", "vehicle": "n015",
                               "date_captured": "2018-07-24", "location": "singapore-onenorth"})
-        calib = {}
+        calib, sensor_to_ego, intrinsic = {}, {}, {}
         for k, cam in enumerate(cams):
             calib[cam] = token("calibrated_sensor", s, cam)
             focal = 50.0 + 3 * k + s
+            rotation = _camera_rotation(2 * math.pi * k / len(cams), rng)
+            translation = [1.0 + 0.1 * k, 0.25 * k - 0.3, 1.5 + 0.01 * s]
+            sensor_to_ego[cam] = np.eye(4)
+            sensor_to_ego[cam][:3, :3], sensor_to_ego[cam][:3, 3] = rotation, translation
+            # The principal point sits right of the stamp, so the landmark marker stays clear of it.
+            intrinsic[cam] = [[focal, 0.0, 176.0 + 0.25 * k], [0.0, focal, height / 2], [0.0, 0.0, 1.0]]
             tables["calibrated_sensor"].append({
-                "token": calib[cam], "sensor_token": sensors[cam],
-                "translation": [1.0 + 0.1 * k, 0.25 * k - 0.3, 1.5 + 0.01 * s], "rotation": _quaternion(rng),
-                "camera_intrinsic": [[focal, 0.0, width / 2 + 0.25 * k], [0.0, focal, height / 2], [0.0, 0.0, 1.0]],
+                "token": calib[cam], "sensor_token": sensors[cam], "translation": translation,
+                "rotation": _matrix_quaternion(rotation), "camera_intrinsic": intrinsic[cam],
             })
         calib["LIDAR_TOP"] = token("calibrated_sensor", s, "LIDAR_TOP")
         tables["calibrated_sensor"].append({"token": calib["LIDAR_TOP"], "sensor_token": sensors["LIDAR_TOP"],
@@ -124,7 +158,9 @@ def write_nuscenes(
                                 "first_sample_token": sample_tokens[0], "last_sample_token": sample_tokens[-1],
                                 "name": name, "description": f"synthetic scene {s}"})
         for k, cam in enumerate(cams):
-            texture = np.random.default_rng(s * 10 + k).integers(0, 256, (height, width, 3), dtype=np.uint8)
+            # Grey 8x8 blocks (nothing red, so the landmark marker stands out after compression).
+            blocks = np.random.default_rng(s * 10 + k).integers(40, 200, (height // 8, width // 8, 1))
+            texture = np.kron(blocks, np.ones((8, 8, 3), dtype=np.int64)).astype(np.uint8)
             records = []
             for j in range(cycles_per_scene):
                 if (s, cam, j) in drop:
@@ -137,16 +173,23 @@ def write_nuscenes(
                 filename = f"{folder}/{cam}/n015-2018-07-24-11-22-45+0800__{cam}__{stamp_us}.jpg"
                 image = np.roll(texture, 3 * j, axis=1).copy()
                 draw_stamp(image, Stamp(s, k, j))
+                t_rel = (stamp_us - t0) / 1e6
+                ego_translation = [600.0 + 10.0 * t_rel, 1600.0 + 0.5 * t_rel + s, 0.0]
+                ego_yaw = 0.3 + 0.05 * t_rel + s
+                camera_to_global = _pose(ego_translation, ego_yaw) @ sensor_to_ego[cam]
+                if (s, cam) not in info.landmarks:
+                    info.landmarks[(s, cam)] = camera_to_global @ np.array([3.0, -2.0, 200.0, 1.0])
+                x, y, z, _ = np.linalg.inv(camera_to_global) @ info.landmarks[(s, cam)]
+                u, v, _ = np.asarray(intrinsic[cam]) @ np.array([x / z, y / z, 1.0])
+                col, row = round(u), round(v)  # nuScenes' pixel (col, row) has its centre at (col, row)
+                assert 100 <= col < width - 3 and 3 <= row < height - 3, (u, v)
+                image[row - 2 : row + 3, col - 2 : col + 3] = (255, 0, 0)
                 path = root / filename
                 path.parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(image).save(path, quality=95)
-                t_rel = (stamp_us - t0) / 1e6
                 pose_tok = token("ego_pose", s, cam, j)
-                tables["ego_pose"].append({
-                    "token": pose_tok, "timestamp": stamp_us,
-                    "translation": [600.0 + 10.0 * t_rel, 1600.0 + 0.5 * t_rel + s, 0.0],
-                    "rotation": quaternion_z(0.3 + 0.05 * t_rel + s),
-                })
+                tables["ego_pose"].append({"token": pose_tok, "timestamp": stamp_us, "translation": ego_translation,
+                                           "rotation": quaternion_z(ego_yaw)})
                 records.append({
                     "token": token("sample_data", s, cam, j), "sample_token": sample_tokens[m],
                     "ego_pose_token": pose_tok, "calibrated_sensor_token": calib[cam], "timestamp": stamp_us,

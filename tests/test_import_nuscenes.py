@@ -100,7 +100,9 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
         first = ann["frame_camera.sample_data_token"][0]
         for k in range(len(dataset.cameras)):
             cs = tables["calibrated_sensor"][tables["sample_data"][first[k]]["calibrated_sensor_token"]]
-            np.testing.assert_allclose(ann["camera.intrinsics"][k], cs["camera_intrinsic"], rtol=1e-6)
+            # The table's matrix, with the principal point moved to the pixel-centre-at-i+0.5 convention.
+            np.testing.assert_allclose(ann["camera.intrinsics"][k], np.add(cs["camera_intrinsic"], [[0, 0, 0.5],
+                                                                            [0, 0, 0.5], [0, 0, 0]]), rtol=1e-6)
             np.testing.assert_allclose(ann["camera.extrinsics"][k][:3, :3], _matrix(cs["rotation"]), atol=1e-6)
             np.testing.assert_allclose(ann["camera.extrinsics"][k][:3, 3], cs["translation"], rtol=1e-6)
             np.testing.assert_array_equal(ann["camera.extrinsics"][k][3], [0, 0, 0, 1])
@@ -151,6 +153,26 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
                 velocity = (np.subtract(last_ann["translation"], first_ann["translation"]) / span
                             if span else np.zeros(3))
                 np.testing.assert_allclose(box[7:9], (ego[:3, :3].T @ velocity)[:2], atol=1e-4)
+
+
+def test_a_landmark_projected_with_the_delivered_geometry_lands_on_its_marker(dataset: FixtureInfo,
+                                                                             imported: NuScenesImport) -> None:
+    """Intrinsics, extrinsics and per-camera ego poses, chained as documented, hit the drawn pixel."""
+    index = load_index(imported.index)
+    for s, clip in enumerate(index):
+        ann = _annotations(imported, clip.clip_id)
+        for k, cam in enumerate(clip.cameras):
+            decoder = make_decoder(cam.path, layout="hwc")
+            landmark = dataset.landmarks[(s, cam.name)]
+            for i in range(clip.frame_count):
+                ego_from_global = np.linalg.inv(ann["frame_camera.cam_ego_pose"][i, k].astype(np.float64))
+                sensor_from_ego = np.linalg.inv(ann["camera.extrinsics"][k].astype(np.float64))
+                q = sensor_from_ego @ ego_from_global @ landmark
+                u, v, w = ann["camera.intrinsics"][k].astype(np.float64) @ q[:3]
+                col, row = math.floor(u / w), math.floor(v / w)  # continuous coordinates -> the pixel holding them
+                patch = decoder.get(i)[row - 1 : row + 2, col - 1 : col + 2].numpy().astype(int)
+                redness = patch[..., 0] - patch[..., 1:].max(axis=-1)
+                assert redness.min() > 120, (clip.clip_id, cam.name, i, (u / w, v / w), patch[..., 0])
 
 
 def test_rerun_skips_videos_already_done(dataset: FixtureInfo, imported: NuScenesImport) -> None:

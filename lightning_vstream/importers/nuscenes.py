@@ -47,6 +47,7 @@ NUSCENES_CAMERAS = ("CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT", "CAM_FRONT", 
 ANNOTATION_FORMAT = "lightning_vstream.annotations"
 ANNOTATION_VERSION = 1
 BOX_FIELDS = ("x", "y", "z", "w", "l", "h", "yaw", "vx", "vy")
+_HALF_PIXEL = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,8 @@ def _calibration(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequenc
         if matrix.shape != (3, 3):
             raise DatasetImportError(f"calibrated_sensor {cs['token']!r} (camera {camera!r}) has camera_intrinsic of "
                                      f"shape {matrix.shape}; expected 3x3.")
-        intrinsics.append(matrix)
+        # nuScenes puts pixel centres at integer coordinates; the package at i + 0.5 (see the augmentation).
+        intrinsics.append(_HALF_PIXEL @ matrix)
         extrinsics.append(transform_matrix(cs["translation"], cs["rotation"]))
     return np.stack(intrinsics).astype(np.float32), np.stack(extrinsics).astype(np.float32)
 
