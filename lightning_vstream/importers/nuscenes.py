@@ -104,7 +104,15 @@ def scene_cycles(
 
     Key cycles come from the samples (each camera's key frame of the sample); each sweep of the
     first camera is matched, in every other camera, to the sweep whose time after that camera's
-    latest key frame is nearest to its own (within half a frame interval, one to one).
+    latest key frame is nearest to its own (within half a frame interval, one to one). With
+    ``key_frames_only``, only key cycles are returned and only key frames count as left out.
+
+    Example::
+
+        >>> tables = NuScenesTables.load("/data/nuscenes", "v1.0-mini")  # doctest: +SKIP
+        >>> cycles, left_out = scene_cycles(tables, tables.records("scene")[0], NUSCENES_CAMERAS)  # doctest: +SKIP
+        >>> len(cycles), sum(c.sample_token is not None for c in cycles), left_out  # doctest: +SKIP
+        (233, 39, 4)
     """
     per_camera = _camera_records(tables, scene, cameras)
     samples = tables.samples_by_scene.get(scene["token"], [])
@@ -116,7 +124,7 @@ def scene_cycles(
     anchors = {c: [key_of[c][s]["timestamp"] for s in key_samples] for c in cameras}
     used_keys = {c: {key_of[c][s]["token"] for s in key_samples} for c in cameras}
     cycles = [_Cycle(tuple(key_of[c][s] for c in cameras), s) for s in key_samples]
-    total = sum(len(rows) for rows in per_camera.values())
+    total = sum(sum(1 for r in rows if r["is_key_frame"] or not key_frames_only) for rows in per_camera.values())
     if not key_frames_only:
         ref = cameras[0]
         intervals = np.diff([r["timestamp"] for r in per_camera[ref]])
