@@ -240,3 +240,27 @@ def test_annotation_files_load_with_the_annotation_reader(imported: NuScenesImpo
     assert tuple(clip["intrinsics"].shape) == (2, 3, 3)
     frame = source.frame_annotations("scene-0001", 4, float("nan"), ["CAM_FRONT", "CAM_BACK"])
     assert tuple(frame["boxes"].shape) == (3, 9) and tuple(frame["ego_pose"].shape) == (4, 4)
+
+
+def test_cycles_missed_by_any_camera_are_left_out_for_all(tmp_path: Path) -> None:
+    from lightning_vstream.importers.nuscenes import scene_cycles
+    from lightning_vstream.importers.nuscenes_tables import NuScenesTables
+
+    # The first camera misses a key frame, another camera the leading sweep, a third the trailing one.
+    drop = ((0, "CAM_BACK", 5), (0, "CAM_FRONT_LEFT", 0), (0, "CAM_FRONT", 10))
+    info = write_nuscenes(tmp_path, scenes=1, drop=drop)
+    tables = NuScenesTables.load(tmp_path, info.version)
+    scene = tables.records("scene")[0]
+    cycles, left_out = scene_cycles(tables, scene, info.cameras)
+    kept = [j for j in range(info.cycles[0]) if j not in (0, 5, 10)]
+    assert len(cycles) == len(kept) and left_out == 6
+    # The sample whose key frame CAM_BACK lost is no key cycle; the two others are.
+    assert [c.sample_token is not None for c in cycles] == [j in (1, 9) for j in kept]
+    for cycle, j in zip(cycles, kept):
+        assert [r["token"] for r in cycle.records] == [token("sample_data", 0, cam, j) for cam in info.cameras]
+        times = [r["timestamp"] for r in cycle.records]
+        assert max(times) - min(times) < 20_000  # one rig cycle: the cameras fire 7 ms apart
+        assert cycle.records[0]["filename"].endswith(f"{times[0]}.jpg")
+        assert all(r["is_key_frame"] == (j in (1, 9)) for r in cycle.records)
+    key_only, left = scene_cycles(tables, scene, info.cameras, key_frames_only=True)
+    assert len(key_only) == 2 and left == 2  # the two other cameras' key frames of the broken sample
