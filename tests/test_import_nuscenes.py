@@ -22,6 +22,7 @@ from lightning_vstream.index import load_index
 
 pytest.importorskip("PIL.Image")
 from _nuscenes_fixture import FixtureInfo, write_nuscenes
+from _nuscenes_fixture import token as fixture_token
 
 H264 = EncodeSettings(codec="h264", crf=18)
 
@@ -257,7 +258,7 @@ def test_cycles_missed_by_any_camera_are_left_out_for_all(tmp_path: Path) -> Non
     # The sample whose key frame CAM_BACK lost is no key cycle; the two others are.
     assert [c.sample_token is not None for c in cycles] == [j in (1, 9) for j in kept]
     for cycle, j in zip(cycles, kept):
-        assert [r["token"] for r in cycle.records] == [token("sample_data", 0, cam, j) for cam in info.cameras]
+        assert [r["token"] for r in cycle.records] == [fixture_token("sample_data", 0, cam, j) for cam in info.cameras]
         times = [r["timestamp"] for r in cycle.records]
         assert max(times) - min(times) < 20_000  # one rig cycle: the cameras fire 7 ms apart
         assert cycle.records[0]["filename"].endswith(f"{times[0]}.jpg")
