@@ -3,6 +3,8 @@
 Importing the package does no I/O and touches no GPU; decoders open files lazily where they run.
 """
 
+from importlib import metadata as _metadata
+
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.clips.dataset import DecoderCache, VideoClipDataset, collate_clips, index_from_files
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
@@ -30,7 +32,10 @@ from lightning_vstream.clips.selection import (
 )
 from lightning_vstream.transforms import FrameTransform
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("lightning_vstream")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BufferPool",

@@ -1,4 +1,8 @@
-"""The ``vstream`` command: build indexes, write stamped synthetic data, run the demo."""
+"""The ``vstream`` command: build indexes, write stamped synthetic data, run the demo.
+
+Exit codes: 0 on success, 1 when the command ran and failed (a bad index, an unreadable file),
+2 for a usage error (unknown option, malformed value), as argparse reports them.
+"""
 
 from __future__ import annotations
 
@@ -79,16 +83,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_encode(args: argparse.Namespace) -> int:
     from lightning_vstream.encode import encode_index
-    from lightning_vstream.errors import VStreamError
 
-    try:
-        summary = encode_index(
-            args.src_index, args.out_dir, codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
-            bitrate=args.bitrate, preset=args.preset, cameras=args.cameras, jobs=args.jobs, progress=not args.quiet,
-        )
-    except VStreamError as err:
-        print(f"vstream encode: error: {err}", file=sys.stderr)
-        return 2
+    summary = encode_index(
+        args.src_index, args.out_dir, codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+        bitrate=args.bitrate, preset=args.preset, cameras=args.cameras, jobs=args.jobs, progress=not args.quiet,
+    )
     print(f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
           f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
           f"{summary.files_skipped} already done")
@@ -97,19 +96,14 @@ def _cmd_encode(args: argparse.Namespace) -> int:
 
 def _cmd_import_nuscenes(args: argparse.Namespace) -> int:
     from lightning_vstream.encode import EncodeSettings
-    from lightning_vstream.errors import VStreamError
     from lightning_vstream.importers import import_nuscenes
 
-    try:
-        settings = EncodeSettings(codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
-                                  bitrate=args.bitrate, preset=args.preset)
-        result = import_nuscenes(
-            args.dataroot, args.out_dir, version=args.version, scenes=args.scenes, cameras=args.cameras,
-            key_frames_only=args.key_frames_only, settings=settings, jobs=args.jobs, progress=not args.quiet,
-        )
-    except VStreamError as err:
-        print(f"vstream import-nuscenes: error: {err}", file=sys.stderr)
-        return 2
+    settings = EncodeSettings(codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+                              bitrate=args.bitrate, preset=args.preset)
+    result = import_nuscenes(
+        args.dataroot, args.out_dir, version=args.version, scenes=args.scenes, cameras=args.cameras,
+        key_frames_only=args.key_frames_only, settings=settings, jobs=args.jobs, progress=not args.quiet,
+    )
     enc = result.encode
     print(f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
           f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
@@ -117,25 +111,96 @@ def _cmd_import_nuscenes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vstream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1.")
+    return value
 
-    synth = sub.add_parser("synth", help="write a stamped synthetic dataset (accvlab layout + index.json)")
-    synth.add_argument("root", type=Path)
-    synth.add_argument("--clips", type=int, default=4)
-    synth.add_argument("--cameras", type=int, default=6)
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more.")
+    return value
+
+
+def _crf(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if not 0 <= value <= 51:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 (lossless) to 51.")
+    return value
+
+
+def _version() -> str:
+    from lightning_vstream import __version__
+
+    return f"vstream (lightning_vstream) {__version__}"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, and descriptions as written."""
+
+
+_DESCRIPTION = """Frame-exact video loading for PyTorch Lightning: build and check indexes, encode image
+datasets to video, import nuScenes, write stamped synthetic data, run the end-to-end demo.
+'vstream COMMAND --help' describes each command.
+
+exit codes: 0 success, 1 the command failed, 2 usage error"""
+
+
+def _encode_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--codec", choices=["hevc", "h264"], default="hevc", help="video codec")
+    parser.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
+    parser.add_argument("--bframes", type=_non_negative, default=0, help="consecutive B-frames (0 for none)")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument("--crf", type=_crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)")
+    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf")
+    parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
+    parser.add_argument("--jobs", type=_positive, default=1, help="files encoded in parallel (processes)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vstream", description=_DESCRIPTION, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    synth = sub.add_parser(
+        "synth",
+        help="write a stamped synthetic dataset (accvlab layout + index.json)",
+        description="Write a multi-camera dataset whose every frame is stamped with its clip, camera and frame "
+        "number, in the accvlab layout, with index.json and its frame tables.",
+        formatter_class=_HelpFormatter,
+    )
+    synth.add_argument("root", type=Path, help="folder to write (created if missing)")
+    synth.add_argument("--clips", type=_positive, default=4, help="number of clips")
+    synth.add_argument("--cameras", type=_positive, default=6, help="cameras per clip (nuScenes names up to 6)")
     synth.add_argument("--frames", type=_counts, default=40, help="frames per clip, or a comma list cycled over clips")
-    synth.add_argument("--size", type=_size, default=(160, 96), help="WIDTHxHEIGHT")
-    synth.add_argument("--codec", choices=["h264", "hevc"], default="h264")
-    synth.add_argument("--gop", type=int, default=12)
-    synth.add_argument("--bframes", type=int, default=0)
-    synth.add_argument("--fps", type=float, default=12.0)
-    synth.add_argument("--preset", default="veryfast")
-    synth.add_argument("--jobs", type=int, default=1, help="parallel encoding processes")
+    synth.add_argument("--size", type=_size, default=(160, 96), help="frame size, WIDTHxHEIGHT")
+    synth.add_argument("--codec", choices=["h264", "hevc"], default="h264", help="video codec")
+    synth.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
+    synth.add_argument("--bframes", type=_non_negative, default=0, help="consecutive B-frames (0 for none)")
+    synth.add_argument("--fps", type=float, default=12.0, help="frame rate")
+    synth.add_argument("--preset", default="veryfast", help="x264/x265 speed preset")
+    synth.add_argument("--jobs", type=_positive, default=1, help="parallel encoding processes")
     synth.set_defaults(func=_cmd_synth)
 
-    index = sub.add_parser("index", help="scan a dataset tree and write index.json (or --check an index)")
+    index = sub.add_parser(
+        "index",
+        help="scan a dataset tree and write index.json (or --check an index)",
+        description="Find clip folders under ROOT, probe every camera file and write an accvlab index plus its "
+        "frame tables; or, with --check, verify an existing index file against the files.",
+        formatter_class=_HelpFormatter,
+    )
     index.add_argument("root", type=Path, help="dataset folder (or, with --check, the index file)")
     index.add_argument("-o", "--output", type=Path, default=None, help="index file to write (default ROOT/index.json)")
     index.add_argument("--no-metadata", action="store_true", help="do not write the frame-table sidecar")
@@ -143,58 +208,87 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
 
-    encode = sub.add_parser("encode", help="transcode an index (image folders or videos) to one video per camera")
+    encode = sub.add_parser(
+        "encode",
+        help="transcode an index (image folders or videos) to one video per camera",
+        description="Transcode every camera of every clip of SRC_INDEX (image folders, videos, or both) into "
+        "OUT_DIR/videos/<clip>/<camera>.mp4 and write OUT_DIR/index.json. Every frame keeps its source time; "
+        "files already done are skipped when run again.",
+        formatter_class=_HelpFormatter,
+    )
     encode.add_argument("src_index", type=Path, help="index of the source dataset")
     encode.add_argument("out_dir", type=Path, help="output folder: videos/<clip>/<camera>.mp4 and index.json")
-    encode.add_argument("--codec", choices=["hevc", "h264"], default="hevc")
-    encode.add_argument("--gop", type=int, default=12, help="keyframe interval in frames")
-    encode.add_argument("--bframes", type=int, default=0, help="maximum consecutive B-frames")
-    rate = encode.add_mutually_exclusive_group()
-    rate.add_argument("--crf", type=int, default=None, help="constant quality 0..51 (default 28 hevc, 23 h264)")
-    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k")
-    encode.add_argument("--preset", default="fast", help="encoder speed preset (ultrafast .. veryslow)")
-    encode.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras")
-    encode.add_argument("--jobs", type=int, default=1, help="files encoded in parallel (processes)")
+    _encode_options(encode)
+    encode.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras; None: all")
     encode.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     encode.set_defaults(func=_cmd_encode)
 
-    nusc = sub.add_parser("import-nuscenes", help="nuScenes tables + camera JPEGs -> videos, index and annotations")
+    nusc = sub.add_parser(
+        "import-nuscenes",
+        help="nuScenes tables + camera JPEGs -> videos, index and annotations",
+        description="Import a dataset in the nuScenes layout (DATAROOT/VERSION/*.json, samples/, sweeps/) into one "
+        "video per scene and camera (sample_data timestamps kept), OUT_DIR/index.json and per-scene annotation "
+        "files in OUT_DIR/annotations/.",
+        formatter_class=_HelpFormatter,
+    )
     nusc.add_argument("dataroot", type=Path, help="folder holding VERSION/, samples/ and sweeps/")
     nusc.add_argument("out_dir", type=Path, help="output folder: videos/, index.json, annotations/")
     nusc.add_argument("--version", default="v1.0-mini", help="table folder, e.g. v1.0-mini or v1.0-trainval")
-    nusc.add_argument("--scenes", nargs="+", default=None, help="scene names to import (default: all)")
-    nusc.add_argument("--cameras", nargs="+", default=None, help="camera channels (default: the six CAM_*)")
+    nusc.add_argument("--scenes", nargs="+", default=None, help="scene names to import; None: all")
+    nusc.add_argument("--cameras", nargs="+", default=None, help="camera channels; None: the six CAM_*")
     nusc.add_argument("--key-frames-only", action="store_true", help="only the annotated key frames (2 Hz)")
-    nusc.add_argument("--codec", choices=["hevc", "h264"], default="hevc")
-    nusc.add_argument("--gop", type=int, default=12, help="keyframe interval in frames")
-    nusc.add_argument("--bframes", type=int, default=0, help="maximum consecutive B-frames")
-    nrate = nusc.add_mutually_exclusive_group()
-    nrate.add_argument("--crf", type=int, default=None, help="constant quality 0..51 (default 28 hevc, 23 h264)")
-    nrate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k")
-    nusc.add_argument("--preset", default="fast", help="encoder speed preset (ultrafast .. veryslow)")
-    nusc.add_argument("--jobs", type=int, default=1, help="videos encoded in parallel (processes)")
+    _encode_options(nusc)
     nusc.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     nusc.set_defaults(func=_cmd_import_nuscenes)
 
-    demo = sub.add_parser("demo", help="build a small stamped dataset and train a tiny temporal model on it")
-    demo.add_argument("--cache-dir", type=Path, default=Path(".vstream_cache"))
-    demo.add_argument("--steps", type=int, default=40)
-    demo.add_argument("--num-workers", type=int, default=2)
+    demo = sub.add_parser(
+        "demo",
+        help="build a small stamped dataset and train a tiny temporal model on it",
+        description="Build (once, cached) a small stamped 6-camera dataset, train a tiny temporal model on it with "
+        "the throughput and temporal-reset callbacks, check every delivered frame's stamp and print frames/sec.",
+        formatter_class=_HelpFormatter,
+    )
+    demo.add_argument("--cache-dir", type=Path, default=Path(".vstream_cache"), help="where the dataset is cached")
+    demo.add_argument("--steps", type=_positive, default=40, help="training steps")
+    demo.add_argument("--num-workers", type=_non_negative, default=2, help="decoding worker processes")
     demo.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vstream`` console script."""
-    from lightning_vstream.decode.base import VideoDecodeError
+    """Entry point of the ``vstream`` console script.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit code: 0 on success, 1 when the command failed. Usage errors exit with 2 through
+        ``SystemExit``, as argparse does.
+
+    Example::
+
+        >>> main(["synth", "data", "--clips", "2"])  # doctest: +SKIP
+        0
+    """
+    from lightning_vstream.errors import VStreamError
 
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ValueError, FileNotFoundError, VideoDecodeError) as err:
+    except PermissionError as err:
+        where = f" {str(err.filename)!r}" if err.filename else ""
+        print(f"vstream {args.command}: error: permission denied{where}: check the file's owner and mode, "
+              "or run as a user who may read (and, for outputs, write) it.", file=sys.stderr)
+    except FileNotFoundError as err:
+        message = str(err) if err.filename is None else f"{str(err.filename)!r} does not exist."
+        print(f"vstream {args.command}: error: {message}", file=sys.stderr)
+    except (VStreamError, ValueError, OSError) as err:
         print(f"vstream {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"vstream {args.command}: interrupted.", file=sys.stderr)
+        return 130
+    return 1
 
 
 if __name__ == "__main__":

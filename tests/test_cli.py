@@ -70,7 +70,7 @@ def test_index_default_output_and_no_metadata(
 def test_check_reports_problems(synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({str(synth_root / "videos"): {"scene-0000": 9, "scene-0001": 8, "scene-0404": 3}}))
-    assert main(["index", str(bad), "--check"]) == 2
+    assert main(["index", str(bad), "--check"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"vstream index: error: {str(bad)!r} has 3 problems:")
@@ -79,25 +79,25 @@ def test_check_reports_problems(synth_root: Path, tmp_path: Path, capsys: pytest
 
 
 def test_check_of_a_missing_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(tmp_path / "missing.json"), "--check"]) == 2
+    assert main(["index", str(tmp_path / "missing.json"), "--check"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"vstream index: error: index file {str(tmp_path / 'missing.json')!r} does not exist." in captured.err
 
 
 def test_index_of_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(tmp_path / "nowhere"), "-q"]) == 2
+    assert main(["index", str(tmp_path / "nowhere"), "-q"]) == 1
     assert "vstream index: error: dataset folder" in capsys.readouterr().err
 
 
 def test_index_of_a_folder_without_videos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(tmp_path), "-q"]) == 2
+    assert main(["index", str(tmp_path), "-q"]) == 1
     assert "no clip folders with video files or image folders found" in capsys.readouterr().err
 
 
 def test_synth_rejects_a_too_small_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["synth", str(tmp_path / "d"), "--size", "16x16", "--clips", "1", "--cameras", "1", "--frames", "2"]
-    assert main(argv) == 2
+    assert main(argv) == 1
     assert "vstream synth: error: frames of 16x16 are too small for a stamp" in capsys.readouterr().err
 
 
@@ -126,7 +126,7 @@ def test_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([])
     assert exit_info.value.code == 2
-    assert "required: command" in capsys.readouterr().err
+    assert "the following arguments are required: COMMAND" in capsys.readouterr().err
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,10 +139,56 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_index_of_an_index_file_points_to_check(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(synth_root / "index.json")]) == 2
+    assert main(["index", str(synth_root / "index.json")]) == 1
     assert "is a file; `vstream index` scans a dataset folder" in capsys.readouterr().err
 
 
 def test_check_of_a_folder_points_to_the_index_file(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", "--check", str(synth_root)]) == 2
+    assert main(["index", "--check", str(synth_root)]) == 1
     assert "is a folder; --check validates an index file" in capsys.readouterr().err
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"vstream (lightning_vstream) {version('lightning_vstream')}"
+
+
+@pytest.mark.parametrize("command", [[], ["synth"], ["index"], ["demo"]])
+def test_help_shows_defaults_and_no_markup(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out
+    if command in (["synth"], ["demo"]):
+        assert "(default: " in out
+        for line in out.splitlines():
+            if line.strip().startswith("--") and "--help" not in line and "  " in line.strip():
+                assert line.split("  ", 1)[1].strip(), f"option without help text: {line!r}"
+
+
+def test_permission_error_is_a_message_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    denied = tmp_path / "locked" / "CAM_FRONT.mp4"
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(denied))
+
+    monkeypatch.setattr("lightning_vstream.index.build_index", refuse)
+    assert main(["index", str(tmp_path), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vstream index: error: permission denied {str(denied)!r}")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", ["--clips=0", "--jobs=-1", "--gop=x", "--bframes=-2"])
+def test_bad_synth_numbers_are_usage_errors(tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synth", str(tmp_path / "d"), option])
+    assert exit_info.value.code == 2
+    assert "error: argument" in capsys.readouterr().err

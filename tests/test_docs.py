@@ -6,10 +6,9 @@ Conventions (for doc writers):
   in one shared namespace, like a notebook, so a later block can use names an earlier one defined.
 - Each file runs in a fresh temporary working directory that holds:
 
-  - ``data/``: a stamped dataset as ``vstream synth data --clips 8 --cameras 6`` writes it
-    (``data/index.json``, ``data/index.meta.json``, ``data/videos/scene-000N/CAM_*.mp4``; nuScenes
-    camera names; 16 frames per clip at 160x96 here, to keep the test short);
-  - ``videos/``: three single-camera stamped files, ``videos/clip_0.mp4`` ... ``clip_2.mp4``.
+  - ``data/``: exactly what ``vstream synth data --clips 8 --cameras 6`` writes (the command
+    docs/index.md names): ``data/index.json``, ``data/index.meta.json``,
+    ``data/videos/scene-000N/CAM_*.mp4``; nuScenes camera names; 40 frames per clip at 160x96.
 
 - A block whose first line is ``# needs: cuda`` runs only where CUDA is available (it is skipped,
   with a reason, elsewhere).
@@ -69,12 +68,11 @@ def python_blocks(path: Path) -> list[Block]:
 
 @pytest.fixture(scope="session")
 def docs_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lightning_vstream.demos.synth import write_dataset, write_stamped_video
+    from lightning_vstream.cli import main
 
     root = tmp_path_factory.mktemp("docs_data")
-    write_dataset(root / "data", clips=8, cameras=6, frames=16, size=(160, 96), gop=8, jobs=2)
-    for i in range(3):
-        write_stamped_video(root / "videos" / f"clip_{i}.mp4", clip=i, camera=0, frames=24, size=(64, 48), gop=8)
+    # The exact command docs/index.md tells readers to run (plus --jobs, which changes no byte of output).
+    assert main(["synth", str(root / "data"), "--clips", "8", "--cameras", "6", "--jobs", "2"]) == 0
     return root
 
 
@@ -82,8 +80,7 @@ def docs_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def docs_cwd(docs_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     import torch
 
-    for name in ("data", "videos"):
-        shutil.copytree(docs_data / name, tmp_path / name)
+    shutil.copytree(docs_data / "data", tmp_path / "data")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["docs"])  # LightningCLI samples must not see pytest's arguments
     threads = torch.get_num_threads()

@@ -138,8 +138,11 @@ def test_encode_sources_from_image_lists_and_cli(image_index: Path, tmp_path: Pa
     assert "4 files encoded (48 frames" in capsys.readouterr().out
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
     assert "0 files encoded" in capsys.readouterr().out
-    assert main(["encode", str(image_index), str(tmp_path / "cli2"), "--crf", "70", "-q"]) == 2
-    assert "crf=70 must be an integer from 0 (lossless) to 51" in capsys.readouterr().err
+    assert main(["encode", str(image_index), str(tmp_path / "cli2"), "--bitrate", "fast", "-q"]) == 1
+    assert "vstream encode: error: bitrate='fast' is not a bit rate" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["encode", str(image_index), str(tmp_path / "cli2"), "--crf", "70"])
+    assert usage.value.code == 2 and "'70' must be from 0 (lossless) to 51" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
