@@ -175,7 +175,7 @@ def test_bad_inputs_give_named_errors(image_index: Path, tmp_path: Path, monkeyp
         encode_index(image_index, tmp_path / "file", progress=False)
     with pytest.raises(ConfigurationError, match="jobs=0 must be a positive number"):
         encode_index(image_index, tmp_path / "out", jobs=0, progress=False)
-    with pytest.raises(ConfigurationError, match="holds the source index .* which encoding would overwrite"):
+    with pytest.raises(ConfigurationError, match=r"holds the source index .* which encoding would overwrite"):
         encode_index(image_index, image_index.parent / "images" / "..", progress=False)
     write_stamped_video(tmp_path / "v" / "videos" / "scene-0000" / "CAM.mp4", clip=0, camera=0, frames=2)
     video_index = build_index(tmp_path / "v", output=tmp_path / "v" / "train.json", progress=False)

@@ -206,7 +206,7 @@ def test_key_frames_only_without_sweeps_and_cli(dataset: FixtureInfo, tmp_path: 
 
 def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) -> None:
     cams = list(dataset.cameras)
-    with pytest.raises(DatasetImportError, match="does not exist; pass the folder that holds v1.0-mini/"):
+    with pytest.raises(DatasetImportError, match=r"does not exist; pass the folder that holds v1\.0-mini/"):
         import_nuscenes(tmp_path / "nowhere", tmp_path / "out", progress=False)
     with pytest.raises(ConfigurationError, match=r"scenes \['scene-9999'\] are not in v1.0-mini"):
         import_nuscenes(dataset.root, tmp_path / "out", scenes=["scene-9999"], cameras=cams, progress=False)
@@ -222,7 +222,7 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
     with pytest.raises(DatasetImportError, match=r"table '.*ego_pose.json' is missing; extract the full metadata"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text("[{\"token\": ")
-    with pytest.raises(DatasetImportError, match="ego_pose.json' is not valid JSON"):
+    with pytest.raises(DatasetImportError, match=r"ego_pose\.json' is not valid JSON"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text(json.dumps([{"token": "x", "translation": [0, 0, 0]}]))
     with pytest.raises(DatasetImportError, match=r"record 0 \(token 'x'\) lacks field\(s\) \['rotation', 'timest"):
