@@ -81,6 +81,36 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_encode(args: argparse.Namespace) -> int:
+    from lightning_vstream.encode import encode_index
+
+    summary = encode_index(
+        args.src_index, args.out_dir, codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+        bitrate=args.bitrate, preset=args.preset, cameras=args.cameras, jobs=args.jobs, progress=not args.quiet,
+    )
+    print(f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
+          f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
+          f"{summary.files_skipped} already done")
+    return 0
+
+
+def _cmd_import_nuscenes(args: argparse.Namespace) -> int:
+    from lightning_vstream.encode import EncodeSettings
+    from lightning_vstream.importers import import_nuscenes
+
+    settings = EncodeSettings(codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
+                              bitrate=args.bitrate, preset=args.preset)
+    result = import_nuscenes(
+        args.dataroot, args.out_dir, version=args.version, scenes=args.scenes, cameras=args.cameras,
+        key_frames_only=args.key_frames_only, settings=settings, jobs=args.jobs, progress=not args.quiet,
+    )
+    enc = result.encode
+    print(f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
+          f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
+          f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -101,6 +131,16 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _crf(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if not 0 <= value <= 51:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 (lossless) to 51.")
+    return value
+
+
 def _version() -> str:
     from lightning_vstream import __version__
 
@@ -111,10 +151,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     """Shows each option's default, and descriptions as written."""
 
 
-_DESCRIPTION = """Frame-exact video loading for PyTorch Lightning: build and check indexes, write stamped
-synthetic data, run the end-to-end demo. 'vstream COMMAND --help' describes each command.
+_DESCRIPTION = """Frame-exact video loading for PyTorch Lightning: build and check indexes, encode image
+datasets to video, import nuScenes, write stamped synthetic data, run the end-to-end demo.
+'vstream COMMAND --help' describes each command.
 
 exit codes: 0 success, 1 the command failed, 2 usage error"""
+
+
+def _encode_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--codec", choices=["hevc", "h264"], default="hevc", help="video codec")
+    parser.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
+    parser.add_argument("--bframes", type=_non_negative, default=0, help="consecutive B-frames (0 for none)")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument("--crf", type=_crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)")
+    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf")
+    parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
+    parser.add_argument("--jobs", type=_positive, default=1, help="files encoded in parallel (processes)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,6 +207,39 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--check", action="store_true", help="probe every file of an existing index and report all problems")
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
+
+    encode = sub.add_parser(
+        "encode",
+        help="transcode an index (image folders or videos) to one video per camera",
+        description="Transcode every camera of every clip of SRC_INDEX (image folders, videos, or both) into "
+        "OUT_DIR/videos/<clip>/<camera>.mp4 and write OUT_DIR/index.json. Every frame keeps its source time; "
+        "files already done are skipped when run again.",
+        formatter_class=_HelpFormatter,
+    )
+    encode.add_argument("src_index", type=Path, help="index of the source dataset")
+    encode.add_argument("out_dir", type=Path, help="output folder: videos/<clip>/<camera>.mp4 and index.json")
+    _encode_options(encode)
+    encode.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras; None: all")
+    encode.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    encode.set_defaults(func=_cmd_encode)
+
+    nusc = sub.add_parser(
+        "import-nuscenes",
+        help="nuScenes tables + camera JPEGs -> videos, index and annotations",
+        description="Import a dataset in the nuScenes layout (DATAROOT/VERSION/*.json, samples/, sweeps/) into one "
+        "video per scene and camera (sample_data timestamps kept), OUT_DIR/index.json and per-scene annotation "
+        "files in OUT_DIR/annotations/.",
+        formatter_class=_HelpFormatter,
+    )
+    nusc.add_argument("dataroot", type=Path, help="folder holding VERSION/, samples/ and sweeps/")
+    nusc.add_argument("out_dir", type=Path, help="output folder: videos/, index.json, annotations/")
+    nusc.add_argument("--version", default="v1.0-mini", help="table folder, e.g. v1.0-mini or v1.0-trainval")
+    nusc.add_argument("--scenes", nargs="+", default=None, help="scene names to import; None: all")
+    nusc.add_argument("--cameras", nargs="+", default=None, help="camera channels; None: the six CAM_*")
+    nusc.add_argument("--key-frames-only", action="store_true", help="only the annotated key frames (2 Hz)")
+    _encode_options(nusc)
+    nusc.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    nusc.set_defaults(func=_cmd_import_nuscenes)
 
     demo = sub.add_parser(
         "demo",

@@ -18,7 +18,9 @@ __all__ = [
     "AnnotationError",
     "ConfigurationError",
     "ConfigurationTypeError",
+    "DatasetImportError",
     "DecoderCapabilityError",
+    "EncodeError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -82,3 +84,11 @@ class AnnotationError(VStreamError, ValueError):
 class ConfigurationTypeError(ConfigurationError, TypeError):
     """An argument has the wrong type (a string where a list is expected, a name where a position is);
     the message names the argument, the value and the accepted form."""
+
+
+class EncodeError(VStreamError, RuntimeError):
+    """Encoding a camera stream failed, or the written file does not keep the source's frames and times."""
+
+
+class DatasetImportError(VStreamError, ValueError):
+    """A dataset being imported (its tables or image files) is missing, malformed or inconsistent."""
