@@ -43,10 +43,17 @@ def test_demo_rebuilds_a_broken_cache(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--steps", "0"], "vstream demo: error: steps=0 is invalid; expected an integer >= 1"),
-    (["--num-workers", "-1"], "vstream demo: error: num_workers=-1 is invalid; expected an integer >= 0"),
+    (["--steps", "0"], "vstream demo: error: argument --steps: '0' must be at least 1."),
+    (["--num-workers", "-1"], "vstream demo: error: argument --num-workers: '-1' must be 0 or more."),
 ])
 def test_demo_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                     message: str) -> None:
-    assert main(["demo", "--cache-dir", str(tmp_path), *argv]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--cache-dir", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_demo_rejects_bad_values_from_python(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"steps=0 is invalid; expected an integer >= 1"):
+        run_demo(cache_dir=tmp_path, steps=0, num_workers=0, progress_bar=False)
