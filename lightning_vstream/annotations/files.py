@@ -27,7 +27,6 @@ to the cameras the loader reads. See ``docs/training_data.md`` for the recommend
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 import zipfile
@@ -299,13 +298,13 @@ class ClipAnnotations:
         if math.isnan(timestamp):
             return None
         times = self.timestamp
-        pos = bisect.bisect_left(times.tolist(), timestamp) if len(times) < 64 else int(np.searchsorted(times, timestamp))
+        pos = int(np.searchsorted(times, timestamp))
         best = min((p for p in (pos - 1, pos) if 0 <= p < len(times)), key=lambda p: abs(times[p] - timestamp))
         return best if abs(float(times[best]) - timestamp) <= tolerance else None
 
-    def nearest(self, frame_index: int, timestamp: float) -> str:
+    def nearest(self, frame_index: int, timestamp: float, *, match: MatchMode = "auto") -> str:
         """Describes the rows nearest to a frame (for error messages)."""
-        if self.frame_index is not None:
+        if self.frame_index is not None and match != "timestamp":
             pos = int(np.searchsorted(self.frame_index, frame_index))
             near = sorted({int(self.frame_index[p]) for p in (pos - 1, pos) if 0 <= p < len(self.frame_index)})
             return f"nearest annotated frame indices: {near}"
@@ -409,7 +408,7 @@ class AnnotationFiles:
             when = f" (t={timestamp:.6f} s)" if not math.isnan(timestamp) else ""
             raise AnnotationError(
                 f"clip {clip_id!r} frame {frame_index}{when} has no annotation in {str(ann.path)!r} "
-                f"(match={self.match!r}, tolerance={self.tolerance} s; {ann.nearest(frame_index, timestamp)}). "
+                f"(match={self.match!r}, tolerance={self.tolerance} s; {ann.nearest(frame_index, timestamp, match=self.match)}). "
                 "Annotate every frame the loader reads, widen the tolerance, or pass on_error='skip' to deliver "
                 "such frames with has_annotations=False."
             )

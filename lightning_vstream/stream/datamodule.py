@@ -9,6 +9,8 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
@@ -61,6 +63,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
             surfaces as an error instead of a hang (0 waits forever).
         rank: This process's rank; taken from the Trainer when None.
         world_size: Number of ranks; taken from the Trainer when None.
+        annotations: Training targets delivered next to the frames (``batch["annotations"]``,
+            ``batch["has_annotations"]``): a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
+        augment: Geometry augmentation drawn once per segment from ``(seed, epoch, clip)``, applied
+            before ``transform``; the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
+            Evaluation loaders use its deterministic version (:meth:`GeometryAugment.for_evaluation`).
+        pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead
+            of delivering them as lists.
 
     Example::
 
@@ -95,6 +105,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        pad_annotations: bool = False,
     ) -> None:
         super().__init__()
         checks = {
@@ -141,6 +154,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.timeout = timeout
         self.rank = rank
         self.world_size = world_size
+        self.annotations = annotations
+        self.augment = augment
+        self.pad_annotations = pad_annotations
+        self._annotation_source: AnnotationSource | None = None
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, StreamDataLoader] = {}
@@ -212,6 +229,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
             transform=self.transform,
             device=device,
             on_error=self.on_error,
+            annotations=self._source(),
+            augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+            seed=self.seed,
+            pad_annotations=self.pad_annotations,
         )
         spawn = device != "cpu"  # a CUDA context does not survive fork
         loader = StreamDataLoader(
@@ -229,6 +250,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             old.close()
         self._loaders[split] = loader
         return loader
+
+    def _source(self) -> AnnotationSource | None:
+        if self._annotation_source is None:
+            self._annotation_source = resolve_annotations(self.annotations)
+        return self._annotation_source
 
     def train_dataloader(self) -> StreamDataLoader:
         return self._loader("train")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
@@ -54,7 +55,7 @@ class StreamSampler(DistributedSampler):
 
         >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
         >>> len(sampler), next(iter(sampler)).reads[:2]
-        (16, (StreamRead(position=0, clip=2, camera=0, frame=0), StreamRead(position=1, clip=2, camera=1, frame=0)))
+        (16, (StreamRead(position=0, clip=2, camera=0, frame=0, segment_start=0), StreamRead(position=1, clip=2, camera=1, frame=0, segment_start=0)))
     """
 
     def __init__(
@@ -154,12 +155,14 @@ class StreamSampler(DistributedSampler):
         buffer = factory() if factory is not None else None
         self._issued[step] = (reads, list(self.shifts), buffer)
         self._next_step = step + 1
+        segments = self.schedule().segments
         for slot, read in enumerate(reads):
             if read is None:
                 continue
+            start = segments[read.segment].start
             for camera in range(self.num_cameras):
                 position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame))
+                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame, start))
         return [StreamTask(self.epoch, step, p, tuple(reads), buffer) for p, reads in enumerate(parts)]
 
     def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
@@ -387,7 +390,7 @@ class StreamDataLoader(DataLoader):
                     camera_ts[pos] = ts
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        return {
+        batch = {
             "frames": frames.view(batch_size, cams, *shape),
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
@@ -399,6 +402,34 @@ class StreamDataLoader(DataLoader):
             "epoch": sampler.epoch,
             "step": step,
         }
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        if dataset.annotations is not None or dataset.augment is not None:
+            self._add_annotations(batch, parts, valid, cams)
+        return batch
+
+    def _add_annotations(self, batch: dict[str, Any], parts: list[StreamPart], valid: list[bool], cams: int) -> None:
+        """``annotations``, ``has_annotations`` and ``img_aug_matrix`` of a batch (see :mod:`lightning_vstream.annotations`)."""
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        slots = len(valid)
+        items: list[dict[str, Any] | None] = [None] * slots
+        matrices: list[torch.Tensor | None] = [None] * (slots * cams)
+        for part in parts:
+            for slot, found in part.annotations.items():
+                if valid[slot]:
+                    items[slot] = found
+            for slot, why in part.missing:
+                if valid[slot]:
+                    self._skips.missing_annotations += 1
+                    if self._skips.missing_annotations <= 3:
+                        log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
+            for position, matrix in part.geometry.items():
+                if valid[position // cams]:
+                    matrices[position] = matrix
+        add_annotations(
+            batch, items if dataset.annotations is not None else None,
+            ragged=getattr(dataset.annotations, "ragged", ()), pad=dataset.pad_annotations,
+            matrices=matrices if dataset.augment is not None else None, cameras=cams,
+        )
 
     def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:
         rows = buffer.view(len(valid), cams, *buffer.shape[1:])

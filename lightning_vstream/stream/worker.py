@@ -18,9 +18,12 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch.utils.data import Dataset
 
+from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 
@@ -53,12 +56,17 @@ def trim_heap() -> None:
 
 
 class StreamRead(NamedTuple):
-    """One frame of one camera stream: ``position = slot * num_cameras + camera``."""
+    """One frame of one camera stream: ``position = slot * num_cameras + camera``.
+
+    ``segment_start`` is the first frame of the segment the slot follows (it keys the
+    per-clip augmentation draw).
+    """
 
     position: int
     clip: int
     camera: int
     frame: int
+    segment_start: int = 0
 
 
 class StreamTask(NamedTuple):
@@ -82,7 +90,8 @@ class DecodeStats:
     ``amplification`` is frames decoded per frame delivered. With ``on_error="skip"``,
     ``read_errors`` counts failed camera reads, ``skipped_clips`` the clip segments abandoned
     because of them, ``skipped_samples`` the slot-steps delivered as ``valid=False`` instead,
-    and ``bad_files`` the distinct files that failed.
+    and ``bad_files`` the distinct files that failed. ``missing_annotations`` counts frames
+    delivered with ``has_annotations=False`` because their annotation could not be found.
     """
 
     frames_decoded: int = 0
@@ -93,6 +102,7 @@ class DecodeStats:
     skipped_clips: int = 0
     skipped_samples: int = 0
     bad_files: int = 0
+    missing_annotations: int = 0
 
     @property
     def amplification(self) -> float:
@@ -103,7 +113,7 @@ class DecodeStats:
 
     def _values(self) -> tuple[int, ...]:
         return (self.frames_decoded, self.frames_delivered, self.seeks, self.files_opened, self.read_errors,
-                self.skipped_clips, self.skipped_samples, self.bad_files)
+                self.skipped_clips, self.skipped_samples, self.bad_files, self.missing_annotations)
 
 
 @dataclass
@@ -119,6 +129,9 @@ class StreamPart:
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
+    annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
+    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
+    geometry: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3]
 
 
 class StreamDataset(Dataset):
@@ -139,6 +152,12 @@ class StreamDataset(Dataset):
         on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
             clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
             moves the slot on to its next clip) and stops decoding that clip in this process.
+        annotations: Looked up for every slot's frame by the part that reads the slot's first
+            camera (see :mod:`lightning_vstream.annotations`); None delivers frames only.
+        augment: Geometry augmentation applied to every frame before ``transform``, drawn once
+            per segment from ``(seed, epoch, clip, segment start)``.
+        seed: Seed of the augmentation draws.
+        pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
 
     Example::
 
@@ -155,6 +174,10 @@ class StreamDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         device: str = "cpu",
         on_error: OnError = "raise",
+        annotations: AnnotationSource | None = None,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        pad_annotations: bool = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
@@ -166,6 +189,11 @@ class StreamDataset(Dataset):
         self.transform = transform
         self.device = device
         self.on_error = on_error
+        self.annotations = annotations
+        self.augment = augment
+        self.seed = seed
+        self.pad_annotations = pad_annotations
+        self._draws: dict[tuple[int, int, int], AugmentParams] = {}
         self._bad_clips: set[int] = set()
         self._epoch = -1
         self._closes = 0
@@ -281,10 +309,14 @@ class StreamDataset(Dataset):
         frames: torch.Tensor | None = None
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
-        direct = buffer is not None and self.transform is None  # decode straight into the batch
+        direct = buffer is not None and self.transform is None and self.augment is None  # decode into the batch
+        annotations: dict[int, dict[str, Any]] = {}
+        missing: list[tuple[int, str]] = []
+        geometry: dict[int, torch.Tensor] = {}
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
+            self._draws.clear()
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
             if read.clip in self._bad_clips:
@@ -303,6 +335,8 @@ class StreamDataset(Dataset):
                     self._close(read.position)
                 failed.append((read.position, path, str(err)))
                 continue
+            if self.augment is not None:
+                image, geometry[read.position] = self.augment.apply(image, self._draw(task.epoch, read))
             if buffer is not None:
                 if not direct:
                     image = self.transform(image[None])[0] if self.transform is not None else image
@@ -320,14 +354,40 @@ class StreamDataset(Dataset):
                 frames[i].copy_(image)
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
             self._delivered += 1
+            if self.annotations is not None and read.camera == 0:
+                self._annotate(read, timestamps[i], annotations, missing)
         if frames is not None and self.transform is not None:
             frames = self.transform(frames)
         if frames is not None and worker is not None and frames.device.type == "cpu":
             frames.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed,
+            self.stats, failed, annotations, missing, geometry,
         )
+
+    def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
+        key = (epoch, read.clip, read.segment_start)
+        params = self._draws.get(key)
+        if params is None:
+            assert self.augment is not None
+            clip_id = self.index.clips[read.clip].clip_id
+            params = self.augment.draw(seed=self.seed, epoch=epoch, key=f"{clip_id}:{read.segment_start}")
+            if len(self._draws) > 4096:
+                self._draws.clear()
+            self._draws[key] = params
+        return params
+
+    def _annotate(self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]],
+                  missing: list[tuple[int, str]]) -> None:
+        assert self.annotations is not None
+        slot = read.position // len(self.index.camera_names)
+        clip_id = self.index.clips[read.clip].clip_id
+        try:
+            out[slot] = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
+        except AnnotationError as err:
+            if self.on_error == "raise":
+                raise
+            missing.append((slot, str(err)))
 
 
 class _SizeMismatch(Exception):

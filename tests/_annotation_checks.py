@@ -1,0 +1,81 @@
+"""Checks shared by the annotation tests and their DDP script: do annotations and geometry match the pixels?"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from lightning_vstream.demos.synth import Stamp, _bits, _cell, clip_number
+from lightning_vstream.demos.synth_annotations import synth_intrinsics
+
+
+def frame_annotation_errors(ann: dict[str, Any], where: str, clip_id: str, frame: int) -> list[str]:
+    """``ann`` holds one frame's fields (as written by write_synthetic_annotations); do they encode (clip, frame)?"""
+    number = clip_number(clip_id)
+    errors = []
+    if ann["token"] != f"{clip_id}:{frame}":
+        errors.append(f"{where}: token {ann['token']!r} for {clip_id} frame {frame}")
+    if ann["scene_token"] != f"token-{clip_id}":
+        errors.append(f"{where}: scene_token {ann['scene_token']!r} for {clip_id}")
+    pose = ann["ego_pose"]
+    if (float(pose[0, 3]), float(pose[1, 3])) != (frame, number):
+        errors.append(f"{where}: ego_pose translation {pose[:2, 3].tolist()} for clip {number} frame {frame}")
+    boxes = ann["boxes"]
+    if boxes.shape[0] != frame % 4 or (boxes.shape[0] and not bool((boxes[:, 0] == frame).all())):
+        errors.append(f"{where}: boxes {boxes[:, :2].tolist()} for frame {frame}")
+    if bool(ann["is_key_frame"]) != (frame % 6 == 0):
+        errors.append(f"{where}: is_key_frame {bool(ann['is_key_frame'])} for frame {frame}")
+    return errors
+
+
+def stream_annotation_errors(batch: dict[str, Any]) -> list[str]:
+    """Every valid slot of a streaming batch whose annotations do not encode its clip and frame."""
+    errors = []
+    ann = batch["annotations"]
+    for slot in range(len(batch["clip_id"])):
+        if not bool(batch["valid"][slot]):
+            continue
+        clip_id, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])
+        if not bool(batch["has_annotations"][slot]):
+            errors.append(f"step {batch['step']} slot {slot}: has_annotations is False")
+            continue
+        one = {k: ann[k][slot] for k in ("token", "scene_token", "ego_pose", "boxes", "is_key_frame")}
+        errors += frame_annotation_errors(one, f"step {batch['step']} slot {slot}", clip_id, frame)
+    return errors
+
+
+def projection_errors(frames: torch.Tensor, intrinsics: torch.Tensor, extrinsics: torch.Tensor, clip: int,
+                      frame: int, native: Sequence[tuple[int, int]], depth: float = 5.0) -> tuple[list[str], int]:
+    """Project the centre of every stamp cell through ego space with the delivered calibration.
+
+    For camera ``c`` of native size ``native[c]`` (width, height): the cell centre's viewing ray
+    at ``depth`` metres, taken to ego coordinates with the extrinsics, is projected back with the
+    delivered intrinsics; the delivered pixel there must be white exactly where the stamp bit is 1.
+    Returns the mismatches and the number of points checked.
+    """
+    errors: list[str] = []
+    checked = 0
+    height, width = frames.shape[-2:]
+    for cam in range(frames.shape[0]):
+        w0, h0 = native[cam]
+        k0 = torch.from_numpy(synth_intrinsics(w0, h0)).double()
+        cell = _cell(w0, h0)
+        e = extrinsics[cam].double()
+        k = intrinsics[cam].double()
+        for i, bit in enumerate(_bits(Stamp(clip, cam, frame))):
+            row, col = divmod(i, 8)
+            u, v = (col + 0.5) * cell, (row + 0.5) * cell
+            ray = torch.linalg.solve(k0, torch.tensor([u, v, 1.0], dtype=torch.float64)) * depth
+            ego = e @ torch.cat([ray, torch.ones(1, dtype=torch.float64)])
+            cam_point = torch.linalg.solve(e, ego)[:3]
+            x, y, z = (k @ cam_point).tolist()
+            x, y = x / z, y / z
+            if not (1 <= x < width - 1 and 1 <= y < height - 1):
+                continue
+            checked += 1
+            value = frames[cam, :, int(y), int(x)].float().mean().item()
+            if (value >= 128) != bool(bit):
+                errors.append(f"camera {cam} cell {i} (bit {bit}) projects to ({x:.1f}, {y:.1f}) holding {value:.0f}")
+    return errors, checked
