@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from lightning_vstream.annotations import write_clip_annotations
 from lightning_vstream.demos.synth import Stamp, _bits, _cell, clip_number
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 
@@ -79,3 +83,26 @@ def projection_errors(frames: torch.Tensor, intrinsics: torch.Tensor, extrinsics
             if (value >= 128) != bool(bit):
                 errors.append(f"camera {cam} cell {i} (bit {bit}) projects to ({x:.1f}, {y:.1f}) holding {value:.0f}")
     return errors, checked
+
+
+def holey_annotations(ann_index: Path, tmp_path: Path) -> Path:
+    """A copy of the annotations in which clip scene-0001 lacks its odd frames."""
+    folder = tmp_path / "annotations"
+    shutil.copytree(ann_index.parent / "annotations", folder)
+    with np.load(folder / "scene-0001.npz") as data:
+        keep = data["frame_index"] % 2 == 0
+        counts = data["frame.boxes.lengths"]
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        frames = []
+        for row in np.nonzero(keep)[0]:
+            boxes = data["frame.boxes"][starts[row]:starts[row + 1]]
+            labels = data["frame.labels"][starts[row]:starts[row + 1]]
+            frames.append({"frame_index": int(data["frame_index"][row]), "ego_pose": data["frame.ego_pose"][row],
+                           "token": str(data["frame.token"][row]), "is_key_frame": bool(data["frame.is_key_frame"][row]),
+                           "boxes": boxes, "labels": labels})
+        write_clip_annotations(folder, "scene-0001", frames=frames, camera_names=list(data["camera_names"]),
+                               clip={"scene_token": str(data["clip.scene_token"]),
+                                     "class_names": data["clip.class_names"]},
+                               camera={"intrinsics": data["camera.intrinsics"], "extrinsics": data["camera.extrinsics"]},
+                               ragged=("boxes", "labels"))
+    return folder

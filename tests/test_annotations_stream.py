@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _annotation_checks import projection_errors, stream_annotation_errors
+from _annotation_checks import holey_annotations, projection_errors, stream_annotation_errors
 
 from lightning_vstream.annotations import AnnotationFiles, write_clip_annotations
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -82,32 +81,9 @@ def test_timestamp_matching_in_the_loader(ann_index: Path) -> None:
         assert stream_annotation_errors(batch) == []
 
 
-def _holey_annotations(ann_index: Path, tmp_path: Path) -> Path:
-    """A copy of the annotations in which clip scene-0001 lacks its odd frames."""
-    folder = tmp_path / "annotations"
-    shutil.copytree(ann_index.parent / "annotations", folder)
-    with np.load(folder / "scene-0001.npz") as data:
-        keep = data["frame_index"] % 2 == 0
-        counts = data["frame.boxes.lengths"]
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        frames = []
-        for row in np.nonzero(keep)[0]:
-            boxes = data["frame.boxes"][starts[row]:starts[row + 1]]
-            labels = data["frame.labels"][starts[row]:starts[row + 1]]
-            frames.append({"frame_index": int(data["frame_index"][row]), "ego_pose": data["frame.ego_pose"][row],
-                           "token": str(data["frame.token"][row]), "is_key_frame": bool(data["frame.is_key_frame"][row]),
-                           "boxes": boxes, "labels": labels})
-        write_clip_annotations(folder, "scene-0001", frames=frames, camera_names=list(data["camera_names"]),
-                               clip={"scene_token": str(data["clip.scene_token"]),
-                                     "class_names": data["clip.class_names"]},
-                               camera={"intrinsics": data["camera.intrinsics"], "extrinsics": data["camera.extrinsics"]},
-                               ragged=("boxes", "labels"))
-    return folder
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_skip_flags_frames_without_annotations(ann_index: Path, tmp_path: Path, num_workers: int) -> None:
-    folder = _holey_annotations(ann_index, tmp_path)
+    folder = holey_annotations(ann_index, tmp_path)
     dm = _dm(ann_index, annotations=folder, on_error="skip", num_workers=num_workers)
     missing = 0
     for batch in dm.train_dataloader():
@@ -123,7 +99,7 @@ def test_skip_flags_frames_without_annotations(ann_index: Path, tmp_path: Path, 
 
 
 def test_raise_names_clip_frame_and_fix(ann_index: Path, tmp_path: Path) -> None:
-    dm = _dm(ann_index, annotations=_holey_annotations(ann_index, tmp_path), shuffle=False, batch_size=4)
+    dm = _dm(ann_index, annotations=holey_annotations(ann_index, tmp_path), shuffle=False, batch_size=4)
     with pytest.raises(AnnotationError, match=r"clip 'scene-0001' frame 1 \(t=0.083333 s\) has no annotation in "
                                               r"'.*scene-0001.npz'.*nearest annotated frame indices: \[0, 2\]"):
         for _ in dm.train_dataloader():

@@ -65,3 +65,44 @@ def update_intrinsics(batch: dict[str, Any]) -> None:
     k = annotations.get(INTRINSICS)
     if isinstance(k, torch.Tensor) and k.shape == matrix.shape:
         annotations[INTRINSICS] = apply_image_transform(k, matrix)
+
+
+def sample_annotations(
+    source: Any,
+    clip_id: str,
+    indices: Sequence[int],
+    timestamps: Sequence[float],
+    cameras: Sequence[str],
+    *,
+    on_error: str = "raise",
+) -> tuple[dict[str, Any], torch.Tensor, int]:
+    """Annotations of a clip sample: clip fields once, frame fields over its ``T`` frames.
+
+    Returns:
+        The fields (frame fields stacked ``[T, ...]``, ragged ones as lists of ``T`` tensors),
+        ``has_annotations`` ``[T]`` and the number of frames without annotations.
+
+    Raises:
+        AnnotationError: A frame has no annotation and ``on_error`` is ``"raise"``.
+    """
+    from lightning_vstream.annotations.source import _convert
+    from lightning_vstream.errors import AnnotationError
+
+    clip = {name: _convert(value) for name, value in source.clip_annotations(clip_id, cameras).items()}
+    items: list[Mapping[str, Any] | None] = []
+    for index, timestamp in zip(indices, timestamps):
+        try:
+            frame = source.frame_annotations(clip_id, index, timestamp, cameras)
+        except AnnotationError:
+            if on_error == "raise":
+                raise
+            items.append(None)
+            continue
+        both = sorted(set(clip) & set(frame))
+        if both:
+            raise AnnotationError(f"clip {clip_id!r} frame {index}: fields {both} come both per clip and per frame; "
+                                  "rename one of them.")
+        items.append({name: _convert(value) for name, value in frame.items()})
+    has = torch.tensor([item is not None for item in items], dtype=torch.bool)
+    frames = collate_annotations(items, ragged=getattr(source, "ragged", ()))
+    return {**clip, **frames}, has, int((~has).sum())

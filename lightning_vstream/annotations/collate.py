@@ -40,7 +40,8 @@ def _blank(example: Any, ragged: bool) -> Any:
 
 
 def collate_annotations(
-    items: Sequence[Mapping[str, Any] | None], *, ragged: Collection[str] = (), pad: bool = False
+    items: Sequence[Mapping[str, Any] | None], *, ragged: Collection[str] = (), pad: bool = False,
+    partial: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """Batch per-item annotation dicts (None for an item without annotations).
 
@@ -48,6 +49,8 @@ def collate_annotations(
         items: One dict per item, or None where the item has none.
         ragged: Fields collated as lists (or padded).
         pad: Pad ragged fields to a tensor with a ``<name>_mask`` instead of listing them.
+        partial: Per item, True where it may lack fields the others have (a clip sample none of
+            whose frames has annotations); its missing fields are filled like a missing item's.
 
     Returns:
         One dict of batched fields; empty when no item has annotations.
@@ -70,18 +73,23 @@ def collate_annotations(
     assert first is not None
     names = list(first)
     for i in present:
+        for name in items[i] or {}:
+            if name not in names:
+                names.append(name)
+    for i in present:
         item = items[i]
         assert item is not None
-        if set(item) != set(names):
+        if set(item) != set(names) and not (partial is not None and partial[i]):
             raise AnnotationError(
                 f"annotations of one batch disagree on their fields: item {present[0]} has {sorted(names)}, item {i} "
                 f"has {sorted(item)}; every frame must carry the same fields (use empty arrays for no objects)."
             )
     out: dict[str, Any] = {}
     for name in names:
-        example = first[name]
+        example = next(items[i][name] for i in present if name in items[i])  # type: ignore[operator,index]
         is_ragged = name in ragged
-        values = [items[i][name] if items[i] is not None else _blank(example, is_ragged) for i in range(len(items))]  # type: ignore[index]
+        values = [items[i][name] if items[i] is not None and name in items[i] else _blank(example, is_ragged)  # type: ignore[operator,index]
+                  for i in range(len(items))]
         if is_ragged:
             if pad:
                 out[name], out[f"{name}_mask"] = pad_ragged(values)

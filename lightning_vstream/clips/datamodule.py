@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.clips.selection import (
@@ -77,6 +80,15 @@ class ClipVideoDataModule(L.LightningDataModule):
         pin_memory: DataLoader ``pin_memory``.
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
         persistent_workers: Keep workers (and their open decoders) between epochs.
+        annotations: Training targets delivered next to the frames (``batch["annotations"]``,
+            ``batch["has_annotations"]`` ``[B, T]``): a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
+        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``
+            (the epoch the loader was built in: pass ``Trainer(reload_dataloaders_every_n_epochs=1)``
+            for new draws every epoch); the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
+            The validation loader uses its deterministic version.
+        pad_annotations: Pad ragged annotation fields with a ``<name>_mask`` instead of lists.
+        on_error: ``"raise"`` or ``"skip"`` a frame without annotation (``has_annotations=False``).
 
     Raises:
         ValueError: Conflicting or invalid arguments (named in the message).
@@ -114,8 +126,14 @@ class ClipVideoDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         drop_last: bool = False,
         persistent_workers: bool = False,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        pad_annotations: bool = False,
+        on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if segments is not None and clip_frames is not None:
             raise ValueError(
                 f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
@@ -163,6 +181,10 @@ class ClipVideoDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.drop_last = drop_last
         self.persistent_workers = persistent_workers
+        self.annotations = annotations
+        self.augment = augment
+        self.pad_annotations = pad_annotations
+        self.on_error = on_error
         self.train_index: VideoIndex | None = None
         self.val_index: VideoIndex | None = None
 
@@ -196,9 +218,12 @@ class ClipVideoDataModule(L.LightningDataModule):
             raise RuntimeError(f"ClipVideoDataModule.setup() must run before the {which} loader is built.")
         return index
 
-    def _dataset(self, index: VideoIndex, requests: list[ClipRequest]) -> VideoClipDataset:
+    def _dataset(self, index: VideoIndex, requests: list[ClipRequest], *, epoch: int = 0,
+                 training: bool = True) -> VideoClipDataset:
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         return VideoClipDataset(
-            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads
+            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads,
+            annotations=self.annotations, augment=augment, seed=self.seed, epoch=epoch, on_error=self.on_error,
         )
 
     def _sampler(self, dataset: VideoClipDataset, choice: SamplerChoice | Callable[..., Any], epoch: int) -> Any:
@@ -229,7 +254,7 @@ class ClipVideoDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=self.num_workers,
-            collate_fn=collate_clips,
+            collate_fn=functools.partial(collate_clips, pad_annotations=True) if self.pad_annotations else collate_clips,
             pin_memory=self.pin_memory,
             drop_last=self.drop_last,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
@@ -238,7 +263,7 @@ class ClipVideoDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader[Any]:
         """Loader over this epoch's training requests with the chosen sampler."""
         epoch = self._epoch()
-        dataset = self._dataset(self._require(self.train_index, "train"), self.train_requests(epoch))
+        dataset = self._dataset(self._require(self.train_index, "train"), self.train_requests(epoch), epoch=epoch)
         return self._loader(dataset, self._sampler(dataset, self.sampler, epoch))
 
     def val_dataloader(self) -> DataLoader[Any] | list[Any]:
@@ -246,5 +271,5 @@ class ClipVideoDataModule(L.LightningDataModule):
         if self.val_index_path is None:
             return []
         index = self._require(self.val_index, "validation")
-        dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop))
+        dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop), training=False)
         return self._loader(dataset, self._sampler(dataset, "sequential", 0))

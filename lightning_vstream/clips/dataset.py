@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
@@ -114,7 +116,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     - ``frame_index``: int64 tensor ``[T]``, the frames returned;
     - ``timestamp``: float64 tensor ``[T]``, their real presentation times in seconds (of the
       first returned camera);
-    - ``camera_names``: list of str, the order of the ``cameras`` dimension.
+    - ``camera_names``: list of str, the order of the ``cameras`` dimension;
+    - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
+      ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
+    - with ``augment``: ``img_aug_matrix`` float32 ``[cameras, 3, 3]`` (and ``intrinsics`` updated).
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -125,6 +130,15 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             cameras when None.
         max_open_decoders: Decoders each worker keeps open (LRU).
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
+        annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
+        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``;
+            cameras of different sizes all come out at its ``output_size``.
+        seed: Seed of the augmentation draws.
+        epoch: Epoch of the augmentation draws (the DataModule sets it when it builds a loader).
+        on_error: ``"raise"``: a frame without annotation raises an
+            :class:`~lightning_vstream.errors.AnnotationError`; ``"skip"``: it is delivered with
+            ``has_annotations=False`` and counted in :attr:`missing_annotations`.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -150,7 +164,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cameras: Sequence[str] | None = None,
         max_open_decoders: int = 8,
         decoder_threads: int = 0,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        on_error: str = "raise",
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
@@ -176,6 +197,13 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         self._infos: dict[Path, VideoInfo] = {}
         self._cache: DecoderCache | None = None
+        self.annotations = resolve_annotations(annotations)
+        self.augment = augment
+        self.seed = seed
+        self.epoch = epoch
+        self.on_error = on_error
+        #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
+        self.missing_annotations = 0
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
@@ -254,24 +282,49 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             indices = list(request.frames)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        if len(set(sizes.values())) > 1:
+        if len(set(sizes.values())) > 1 and self.augment is None:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ValueError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
-                "cameras, so request them separately (cameras=[...]) or resize the files to one size."
+                "cameras, so request them separately (cameras=[...]), pass augment=GeometryAugment(output_size=...) "
+                "to resize every camera to one size, or resize the files to one size."
             )
-        # Decoders write each frame straight into its slot of the sample: no stacking copies.
-        frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
+        matrices = []
+        if self.augment is None:
+            # Decoders write each frame straight into its slot of the sample: no stacking copies.
+            frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
+        else:
+            params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
+            frames = torch.empty((len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8)
         for c, (cam, info) in enumerate(zip(streams, infos)):
             decoder = self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}")
-            _decode_into(decoder, indices, frames[:, c])
-        return {
+            if self.augment is None:
+                _decode_into(decoder, indices, frames[:, c])
+                continue
+            native = torch.empty((len(indices), 3, info.height, info.width), dtype=torch.uint8)
+            _decode_into(decoder, indices, native)
+            frames[:, c], matrix = self.augment.apply(native, params)
+            matrices.append(matrix)
+        timestamps = [reference.timestamp(i) for i in indices]
+        sample = {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
-            "timestamp": torch.tensor([reference.timestamp(i) for i in indices], dtype=torch.float64),
+            "timestamp": torch.tensor(timestamps, dtype=torch.float64),
             "camera_names": [cam.name for cam in streams],
         }
+        if self.annotations is not None:
+            from lightning_vstream.annotations.batch import sample_annotations
+
+            sample["annotations"], sample["has_annotations"], missing = sample_annotations(
+                self.annotations, clip.clip_id, indices, timestamps, sample["camera_names"], on_error=self.on_error)
+            self.missing_annotations += missing
+        if matrices:
+            from lightning_vstream.annotations.batch import update_intrinsics
+
+            sample["img_aug_matrix"] = torch.stack(matrices)
+            update_intrinsics(sample)
+        return sample
 
     def close(self) -> None:
         """Close this process's open decoders (they reopen lazily)."""
@@ -319,11 +372,15 @@ def _accepts_out(decoder: FrameDecoder) -> bool:
         return False
 
 
-def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool = False) -> dict[str, Any]:
     """Stack clip samples into a batch (use as ``DataLoader(..., collate_fn=collate_clips)``).
 
     Returns ``frames`` uint8 ``[B, T, cameras, 3, H, W]``, ``frame_index`` int64 ``[B, T]``,
-    ``timestamp`` float64 ``[B, T]``, ``clip_id`` list of str and ``camera_names`` list of str.
+    ``timestamp`` float64 ``[B, T]``, ``clip_id`` list of str and ``camera_names`` list of str;
+    with annotations, ``annotations`` (clip fields ``[B, ...]``, frame fields ``[B, T, ...]``,
+    ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with ``<name>_mask`` when
+    ``pad_annotations``) and ``has_annotations`` ``[B, T]``; with augmentation ``img_aug_matrix``
+    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.collate`).
 
     Raises:
         ValueError: Samples differ in cameras, frame count ``T`` or frame size.
@@ -349,13 +406,25 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{s['clip_id']!r} (frames {tuple(s['frames'].shape)}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
-    return {
+    batch = {
         "frames": torch.stack([s["frames"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
         "camera_names": list(first["camera_names"]),
     }
+    if "annotations" in first:
+        from lightning_vstream.annotations.collate import collate_annotations
+
+        items = [s["annotations"] for s in samples]
+        ragged = {n for item in items for n, v in item.items() if isinstance(v, list) and v and
+                  isinstance(v[0], torch.Tensor)}
+        partial = [not bool(s["has_annotations"].any()) for s in samples]
+        batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
+        batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
+    if "img_aug_matrix" in first:
+        batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
+    return batch
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:
