@@ -184,3 +184,24 @@ def test_ddp_ranks_get_the_annotations_of_their_frames(ann_index: Path, tmp_path
     assert all(r["errors"] == [] for r in ranks)
     assert all(r["checked"] > 0 for r in ranks) and ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert not set(ranks[0]["clips"]) & set(ranks[1]["clips"])
+
+
+def test_lightning_cli_configures_annotations_and_augmentation(ann_index: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    root = HERE.parent
+    spec = importlib.util.spec_from_file_location("train_stream", root / "examples" / "train_stream.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(tmp_path)
+    cli = module.main(["--config", str(root / "examples" / "configs" / "stream.yaml"), "--data.index_file",
+                       str(ann_index), "--data.num_workers", "0", "--data.batch_size", "2",
+                       "--data.annotations", str(ann_index.parent / "annotations"),
+                       "--data.augment", "{output_size: [48, 64], flip: 0.5}", "--trainer.max_steps", "3",
+                       "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"], run=False)
+    dm, model = cli.datamodule, cli.model
+    assert dm.augment == GeometryAugment(output_size=(48, 64), flip=0.5)
+    cli.trainer.fit(model, datamodule=dm)
+    assert cli.trainer.global_step == 3 and model.last_box_loss is not None
