@@ -12,13 +12,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from _annotation_checks import projection_errors, stream_annotation_errors  # noqa: E402
+import lightning.pytorch as pl
+import torch
+from _annotation_checks import projection_errors, stream_annotation_errors
 
-from lightning_vstream.annotations.augment import GeometryAugment  # noqa: E402
-from lightning_vstream.demos.synth import clip_number  # noqa: E402
-from lightning_vstream.stream.datamodule import StreamVideoDataModule  # noqa: E402
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.demos.synth import clip_number
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 
 class CheckingModel(pl.LightningModule):

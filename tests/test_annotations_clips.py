@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from _annotation_checks import frame_annotation_errors, holey_annotations, projection_errors
+from _annotation_checks import (
+    frame_annotation_errors,
+    holey_annotations,
+    projection_errors,
+)
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.clips.datamodule import ClipVideoDataModule

@@ -9,8 +9,16 @@
 
 from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment
 from lightning_vstream.annotations.collate import collate_annotations, pad_ragged
-from lightning_vstream.annotations.files import AnnotationFiles, ClipAnnotations, write_clip_annotations
-from lightning_vstream.annotations.source import AnnotationSource, annotate, resolve_annotations
+from lightning_vstream.annotations.files import (
+    AnnotationFiles,
+    ClipAnnotations,
+    write_clip_annotations,
+)
+from lightning_vstream.annotations.source import (
+    AnnotationSource,
+    annotate,
+    resolve_annotations,
+)
 
 __all__ = [
     "AnnotationFiles",

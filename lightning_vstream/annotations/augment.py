@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ class AugmentParams:
 def _pair(name: str, value: object, *, positive: bool) -> tuple[float, float]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:  # type: ignore[arg-type]
         raise ConfigurationError(f"GeometryAugment: {name}={value!r} must be a (low, high) pair of numbers.")
-    low, high = (float(v) for v in value)  # type: ignore[union-attr]
+    low, high = (float(v) for v in cast(Sequence[Any], value))
     if low > high or (positive and low <= 0):
         raise ConfigurationError(f"GeometryAugment: {name}={value!r} must have low <= high"
                                  f"{' and both > 0' if positive else ''}.")

@@ -140,10 +140,10 @@ def write_clip_annotations(
         if any(present) and not all(present):
             raise AnnotationError(f"{where}: some frames have {axis!r} and some do not; give it to every frame.")
         if all(present):
-            values = np.array([f[axis] for f in frames], dtype=np.int64 if axis == "frame_index" else np.float64)
-            if len(values) > 1 and not np.all(np.diff(values) > 0):
-                raise AnnotationError(f"{where}: {axis} must be strictly increasing, got {values[:8].tolist()}...")
-            out[axis] = values
+            axis_values = np.array([f[axis] for f in frames], dtype=np.int64 if axis == "frame_index" else np.float64)
+            if len(axis_values) > 1 and not np.all(np.diff(axis_values) > 0):
+                raise AnnotationError(f"{where}: {axis} must be strictly increasing, got {axis_values[:8].tolist()}...")
+            out[axis] = axis_values
     if "frame_index" not in out and "timestamp" not in out:
         raise AnnotationError(f"{where}: every frame needs 'frame_index' or 'timestamp' to be matched to video frames.")
     unknown = [r for r in ragged if r not in keys]
@@ -310,8 +310,8 @@ class ClipAnnotations:
             return f"nearest annotated frame indices: {near}"
         assert self.timestamp is not None
         pos = int(np.searchsorted(self.timestamp, timestamp))
-        near = sorted({round(float(self.timestamp[p]), 6) for p in (pos - 1, pos) if 0 <= p < len(self.timestamp)})
-        return f"nearest annotated timestamps: {near} s"
+        times = sorted({round(float(self.timestamp[p]), 6) for p in (pos - 1, pos) if 0 <= p < len(self.timestamp)})
+        return f"nearest annotated timestamps: {times} s"
 
 
 class AnnotationFiles:
@@ -386,7 +386,7 @@ class AnnotationFiles:
             for path in sorted(self.folder.glob("*.npz"))[:1]:
                 try:
                     with zipfile.ZipFile(path) as archive:
-                        keys = [n[:-4] if n.endswith(".npy") else n for n in archive.namelist()]
+                        keys = [n.removesuffix(".npy") for n in archive.namelist()]
                 except (OSError, zipfile.BadZipFile) as err:
                     raise AnnotationError(f"annotation file {str(path)!r} cannot be read ({err}).") from err
                 found = {k.split(".")[1] for k in keys if k.startswith("frame.") and k.endswith(".lengths")}

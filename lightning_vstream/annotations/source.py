@@ -39,7 +39,10 @@ class AnnotationSource(Protocol):
         True
     """
 
-    ragged: Collection[str]
+    @property
+    def ragged(self) -> Collection[str]:
+        """Per-frame fields batched as lists (or padded) rather than stacked."""
+        ...
 
     def clip_annotations(self, clip_id: str, cameras: Sequence[str]) -> Mapping[str, Any]:
         """Fields of the whole clip; per-camera values follow the order of ``cameras``."""
@@ -94,7 +97,7 @@ def _convert(value: Any) -> Any:
     import numpy as np
     import torch
 
-    if isinstance(value, torch.Tensor) or isinstance(value, str):
+    if isinstance(value, (torch.Tensor, str)):
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "U":

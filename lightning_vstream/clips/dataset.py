@@ -306,18 +306,19 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             frames[:, c], matrix = self.augment.apply(native, params)
             matrices.append(matrix)
         timestamps = [reference.timestamp(i) for i in indices]
-        sample = {
+        camera_names = [cam.name for cam in streams]
+        sample: dict[str, Any] = {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
-            "camera_names": [cam.name for cam in streams],
+            "camera_names": camera_names,
         }
         if self.annotations is not None:
             from lightning_vstream.annotations.batch import sample_annotations
 
             sample["annotations"], sample["has_annotations"], missing = sample_annotations(
-                self.annotations, clip.clip_id, indices, timestamps, sample["camera_names"], on_error=self.on_error)
+                self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error)
             self.missing_annotations += missing
         if matrices:
             from lightning_vstream.annotations.batch import update_intrinsics
