@@ -106,3 +106,25 @@ def holey_annotations(ann_index: Path, tmp_path: Path) -> Path:
                                camera={"intrinsics": data["camera.intrinsics"], "extrinsics": data["camera.extrinsics"]},
                                ragged=("boxes", "labels"))
     return folder
+
+
+#: Camera name -> (width, height) of the rig written by :func:`write_mixed_rig`.
+MIXED_SIZES = {"CAM_A": (96, 64), "CAM_B": (128, 72)}
+
+
+def write_mixed_rig(root: Path) -> Path:
+    """Two clips of 6 frames whose two cameras differ in resolution, with calibration only."""
+    from lightning_vstream.demos.synth import write_stamped_video
+    from lightning_vstream.demos.synth_annotations import synth_extrinsics
+    from lightning_vstream.index import build_index
+
+    for clip in range(2):
+        for cam, (name, size) in enumerate(MIXED_SIZES.items()):
+            write_stamped_video(root / "videos" / f"scene-{clip:04d}" / f"{name}.mp4", clip=clip, camera=cam,
+                                frames=6, size=size, gop=3)
+        write_clip_annotations(
+            root / "annotations", f"scene-{clip:04d}", camera_names=list(MIXED_SIZES),
+            camera={"intrinsics": np.stack([synth_intrinsics(*s) for s in MIXED_SIZES.values()]),
+                    "extrinsics": np.stack([synth_extrinsics(c) for c in range(2)])},
+            frames=[{"frame_index": i} for i in range(6)])
+    return build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False)

@@ -118,3 +118,28 @@ def test_augmentation_projects_onto_the_stamp_and_repeats_per_epoch(ann_index: P
     other = _dm(ann_index, augment=augment, sampler="sequential")._dataset(
         dm.train_index, dm.train_requests(0), epoch=1)  # type: ignore[arg-type]
     assert not torch.equal(other[0]["img_aug_matrix"], first[0]["img_aug_matrix"][0])
+
+
+def test_mixed_rig_per_camera_frames_and_resized(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from _annotation_checks import MIXED_SIZES, write_mixed_rig
+
+    index = write_mixed_rig(tmp_path_factory.mktemp("mixed_clips"))
+    options = {"annotations": index.parent / "annotations", "clip_frames": 2, "frame_stride": 1,
+               "selection": "regular", "clips_per_epoch": None, "batch_size": 2}
+    batch = next(iter(_dm(index, camera_frames="per_camera", **options).train_dataloader()))
+    assert [tuple(f.shape) for f in batch["frames"]] == [(2, 2, 3, h, w) for w, h in MIXED_SIZES.values()]
+    for c, cam_frames in enumerate(batch["frames"]):
+        for b, clip_id in enumerate(batch["clip_id"]):
+            stamp = read_stamp(cam_frames[b, 1])
+            assert (stamp.clip, stamp.camera, stamp.frame) == (clip_number(clip_id), c, int(batch["frame_index"][b, 1]))
+    resize = GeometryAugment(output_size=(48, 80), fit="stretch", random_crop=False)
+    batch = next(iter(_dm(index, augment=resize, **options).train_dataloader()))
+    assert batch["frames"].shape == (2, 2, 2, 3, 48, 80)
+    for b, clip_id in enumerate(batch["clip_id"]):
+        errors, count = projection_errors(batch["frames"][b, 0], batch["annotations"]["intrinsics"][b],
+                                          batch["annotations"]["extrinsics"][b], clip_number(clip_id),
+                                          int(batch["frame_index"][b, 0]), list(MIXED_SIZES.values()))
+        assert errors == [] and count > 50
+    with pytest.raises(ValueError, match="pass camera_frames='per_camera' for one tensor per camera"):
+        next(iter(_dm(index, annotations=None, clip_frames=2, selection="regular", clips_per_epoch=None)
+                  .train_dataloader()))

@@ -13,17 +13,18 @@ import numpy as np
 import pytest
 import torch
 from _annotation_checks import (
+    MIXED_SIZES,
     holey_annotations,
     projection_errors,
     stream_annotation_errors,
+    write_mixed_rig,
 )
 
 from lightning_vstream.annotations import AnnotationFiles, write_clip_annotations
 from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.demos.synth import clip_number, write_stamped_video
+from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_extrinsics, synth_intrinsics
 from lightning_vstream.errors import AnnotationError
-from lightning_vstream.index import build_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 HERE = Path(__file__).parent
@@ -147,23 +148,19 @@ def test_augmentation_is_one_draw_per_clip_and_projects_onto_the_stamp(ann_index
         "img_aug_matrix"])
 
 
-def test_cameras_of_different_sizes_are_resized_with_their_intrinsics(tmp_path: Path) -> None:
-    sizes = {"CAM_A": (96, 64), "CAM_B": (128, 72)}
-    for clip in range(2):
-        for cam, (name, size) in enumerate(sizes.items()):
-            write_stamped_video(tmp_path / "videos" / f"scene-{clip:04d}" / f"{name}.mp4", clip=clip, camera=cam,
-                                frames=6, size=size, gop=3)
-        write_clip_annotations(
-            tmp_path / "annotations", f"scene-{clip:04d}", camera_names=list(sizes),
-            camera={"intrinsics": np.stack([synth_intrinsics(*s) for s in sizes.values()]),
-                    "extrinsics": np.stack([synth_extrinsics(c) for c in range(2)])},
-            frames=[{"frame_index": i} for i in range(6)])
-    index = build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False)
+@pytest.fixture(scope="session")
+def mixed_rig(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two clips, two cameras of different resolutions, with calibration; returns the index."""
+    return write_mixed_rig(tmp_path_factory.mktemp("mixed"))
+
+
+def test_cameras_of_different_sizes_are_resized_with_their_intrinsics(mixed_rig: Path) -> None:
+    index, sizes = mixed_rig, MIXED_SIZES
     with pytest.raises(ValueError, match="configure a resize transform"):
         next(iter(_dm(index, annotations=None).train_dataloader()))
     resize = GeometryAugment(output_size=(48, 80), fit="stretch", random_crop=False)
     for num_workers in (0, 2):
-        dm = _dm(index, annotations=tmp_path / "annotations", augment=resize, num_workers=num_workers)
+        dm = _dm(index, annotations=index.parent / "annotations", augment=resize, num_workers=num_workers)
         checked = 0
         for batch in dm.train_dataloader():
             assert batch["frames"].shape == (2, 2, 3, 48, 80)
@@ -209,3 +206,25 @@ def test_lightning_cli_configures_annotations_and_augmentation(ann_index: Path, 
     assert dm.augment == GeometryAugment(output_size=(48, 64), flip=0.5)
     cli.trainer.fit(model, datamodule=dm)
     assert cli.trainer.global_step == 3 and model.last_box_loss is not None
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_per_camera_frames_keep_each_cameras_size(mixed_rig: Path, num_workers: int) -> None:
+    dm = _dm(mixed_rig, annotations=mixed_rig.parent / "annotations", num_workers=num_workers,
+             camera_frames="per_camera")
+    steps = 0
+    for batch in dm.train_dataloader():
+        frames = batch["frames"]
+        assert isinstance(frames, list) and [tuple(f.shape[-2:]) for f in frames] == [(h, w) for w, h in
+                                                                                      MIXED_SIZES.values()]
+        k = batch["annotations"]["intrinsics"]
+        for slot, clip_id in enumerate(batch["clip_id"]):
+            for cam, (w, h) in enumerate(MIXED_SIZES.values()):
+                stamp = read_stamp(frames[cam][slot])
+                assert (stamp.clip, stamp.camera, stamp.frame) == (clip_number(clip_id), cam,
+                                                                   int(batch["frame_index"][slot]))
+                assert torch.equal(k[slot, cam], torch.from_numpy(synth_intrinsics(w, h)))
+        steps += 1
+    assert steps > 0
+    with pytest.raises(ValueError, match="camera_frames='sideways' is invalid; expected 'stacked' or 'per_camera'"):
+        StreamVideoDataModule(index_file=mixed_rig, camera_frames="sideways")  # type: ignore[arg-type]

@@ -89,6 +89,8 @@ class ClipVideoDataModule(L.LightningDataModule):
             The validation loader uses its deterministic version.
         pad_annotations: Pad ragged annotation fields with a ``<name>_mask`` instead of lists.
         on_error: ``"raise"`` or ``"skip"`` a frame without annotation (``has_annotations=False``).
+        camera_frames: ``"stacked"``: ``frames`` ``[B, T, cameras, 3, H, W]``; ``"per_camera"``: a
+            list of ``[B, T, 3, H_c, W_c]`` tensors, so cameras of different resolutions keep their size.
 
     Raises:
         ValueError: Conflicting or invalid arguments (named in the message).
@@ -130,6 +132,7 @@ class ClipVideoDataModule(L.LightningDataModule):
         augment: GeometryAugment | None = None,
         pad_annotations: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
+        camera_frames: Literal["stacked", "per_camera"] = "stacked",
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -185,6 +188,9 @@ class ClipVideoDataModule(L.LightningDataModule):
         self.augment = augment
         self.pad_annotations = pad_annotations
         self.on_error = on_error
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
+        self.camera_frames = camera_frames
         self.train_index: VideoIndex | None = None
         self.val_index: VideoIndex | None = None
 
@@ -224,6 +230,7 @@ class ClipVideoDataModule(L.LightningDataModule):
         return VideoClipDataset(
             index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads,
             annotations=self.annotations, augment=augment, seed=self.seed, epoch=epoch, on_error=self.on_error,
+            camera_frames=self.camera_frames,
         )
 
     def _sampler(self, dataset: VideoClipDataset, choice: SamplerChoice | Callable[..., Any], epoch: int) -> Any:

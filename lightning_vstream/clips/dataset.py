@@ -139,6 +139,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         on_error: ``"raise"``: a frame without annotation raises an
             :class:`~lightning_vstream.errors.AnnotationError`; ``"skip"``: it is delivered with
             ``has_annotations=False`` and counted in :attr:`missing_annotations`.
+        camera_frames: ``"stacked"``: ``frames`` is one tensor; ``"per_camera"``: a list of
+            ``[T, 3, H_c, W_c]`` tensors, one per camera, so cameras may differ in size.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -169,7 +171,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         seed: int = 0,
         epoch: int = 0,
         on_error: str = "raise",
+        camera_frames: str = "stacked",
     ) -> None:
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
@@ -202,6 +207,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.seed = seed
         self.epoch = epoch
         self.on_error = on_error
+        self.camera_frames = camera_frames
         #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
         self.missing_annotations = 0
 
@@ -282,15 +288,20 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             indices = list(request.frames)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        if len(set(sizes.values())) > 1 and self.augment is None:
+        per_camera = self.camera_frames == "per_camera"
+        if len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ValueError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
                 "cameras, so request them separately (cameras=[...]), pass augment=GeometryAugment(output_size=...) "
-                "to resize every camera to one size, or resize the files to one size."
+                "to resize every camera to one size, pass camera_frames='per_camera' for one tensor per camera, or "
+                "resize the files to one size."
             )
         matrices = []
-        if self.augment is None:
+        per_camera_frames: list[torch.Tensor] = []
+        if per_camera and self.augment is None:
+            frames = torch.empty(0, dtype=torch.uint8)  # unused: each camera gets its own tensor below
+        elif self.augment is None:
             # Decoders write each frame straight into its slot of the sample: no stacking copies.
             frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
         else:
@@ -298,6 +309,11 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             frames = torch.empty((len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8)
         for c, (cam, info) in enumerate(zip(streams, infos)):
             decoder = self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}")
+            if per_camera and self.augment is None:
+                own = torch.empty((len(indices), 3, info.height, info.width), dtype=torch.uint8)
+                _decode_into(decoder, indices, own)
+                per_camera_frames.append(own)
+                continue
             if self.augment is None:
                 _decode_into(decoder, indices, frames[:, c])
                 continue
@@ -308,7 +324,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         timestamps = [reference.timestamp(i) for i in indices]
         camera_names = [cam.name for cam in streams]
         sample: dict[str, Any] = {
-            "frames": frames,
+            "frames": frames if not per_camera else per_camera_frames or list(frames.unbind(1)),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
@@ -401,14 +417,16 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
-        if s["frames"].shape != first["frames"].shape:
+        if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
             raise ValueError(
-                f"cannot batch clip {first['clip_id']!r} (frames {tuple(first['frames'].shape)}) with clip "
-                f"{s['clip_id']!r} (frames {tuple(s['frames'].shape)}); requests in one batch must have the same "
+                f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
+                f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
+    frames = first["frames"]
     batch = {
-        "frames": torch.stack([s["frames"] for s in samples]),
+        "frames": (torch.stack([s["frames"] for s in samples]) if isinstance(frames, torch.Tensor)
+                   else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -426,6 +444,11 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     if "img_aug_matrix" in first:
         batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
     return batch
+
+
+def _frame_shapes(frames: Any) -> Any:
+    """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
+    return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:

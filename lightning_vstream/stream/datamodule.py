@@ -71,6 +71,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             Evaluation loaders use its deterministic version (:meth:`GeometryAugment.for_evaluation`).
         pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead
             of delivering them as lists.
+        camera_frames: ``"stacked"``: ``frames`` is one ``[batch_size, cameras, 3, H, W]`` tensor;
+            ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
+            cameras of different resolutions keep their own size (and their own intrinsics).
 
     Example::
 
@@ -108,6 +111,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         annotations: AnnotationSource | Path | str | None = None,
         augment: GeometryAugment | None = None,
         pad_annotations: bool = False,
+        camera_frames: Literal["stacked", "per_camera"] = "stacked",
     ) -> None:
         super().__init__()
         checks = {
@@ -157,6 +161,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.annotations = annotations
         self.augment = augment
         self.pad_annotations = pad_annotations
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
+                             "or 'per_camera'.")
+        self.camera_frames = camera_frames
         self._annotation_source: AnnotationSource | None = None
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
@@ -233,6 +241,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
             seed=self.seed,
             pad_annotations=self.pad_annotations,
+            camera_frames=self.camera_frames,
         )
         spawn = device != "cpu"  # a CUDA context does not survive fork
         loader = StreamDataLoader(

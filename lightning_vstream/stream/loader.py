@@ -303,6 +303,7 @@ class StreamDataLoader(DataLoader):
         self._bad_files: set[str] = set()
         self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up in the current pass
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
+        self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         self._pool = BufferPool(shared=num_workers > 0)
 
@@ -378,11 +379,15 @@ class StreamDataLoader(DataLoader):
         )
         self._skips.bad_files = len(self._bad_files)
         with_frames = [part for part in parts if part.frames is not None]
-        if buffer is not None:
+        delivered: torch.Tensor | list[torch.Tensor]
+        if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
+            delivered = self._merge_cameras(step, parts, valid, cams, batch_size)
+        elif buffer is not None:
             frames = self._finish_buffer(buffer, valid, cams)
-            shape = tuple(buffer.shape[1:])
+            delivered = frames.view(batch_size, cams, *buffer.shape[1:])
         else:
             frames, shape = self._merge_parts(step, parts, with_frames, valid, cams, batch_size)
+            delivered = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
             for pos, ts in zip(part.positions, part.timestamps):
@@ -391,7 +396,7 @@ class StreamDataLoader(DataLoader):
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
         batch = {
-            "frames": frames.view(batch_size, cams, *shape),
+            "frames": delivered,
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
             "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
@@ -466,6 +471,30 @@ class StreamDataLoader(DataLoader):
                     else:
                         frames[pos].copy_(part.frames[row])
         return frames, shape
+
+    def _merge_cameras(
+        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int
+    ) -> list[torch.Tensor]:
+        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera."""
+        images = {pos: image for part in parts for pos, image in part.images.items()}
+        out = []
+        for cam in range(cams):
+            sample = next((image for pos, image in images.items() if pos % cams == cam), None)
+            if sample is not None:
+                self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
+            template = self._camera_templates.get(cam)
+            if template is None:
+                raise RuntimeError(f"every read of camera {cam} failed at step {step}; no frame size is known yet to "
+                                   "pad with.")
+            shape, dtype, device = template
+            pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
+            frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pin)
+            for slot in range(batch_size):
+                image = images.get(slot * cams + cam)
+                if image is not None and valid[slot]:
+                    frames[slot].copy_(image)
+            out.append(frames)
+        return out
 
     def _new_buffer(self) -> torch.Tensor | None:
         """A batch the workers decode straight into, once the frame size is known (CPU only).

@@ -27,9 +27,10 @@ from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 
-__all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
+__all__ = ["CameraFrames", "DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
 
 OnError = Literal["raise", "skip"]
+CameraFrames = Literal["stacked", "per_camera"]
 TRIM_EVERY_CLOSES = 8
 RECENT_BUFFERS = 8
 
@@ -132,6 +133,7 @@ class StreamPart:
     annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3]
+    images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
 
 
 class StreamDataset(Dataset):
@@ -158,6 +160,8 @@ class StreamDataset(Dataset):
             per segment from ``(seed, epoch, clip, segment start)``.
         seed: Seed of the augmentation draws.
         pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
+        camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
+            returned on its own (``StreamPart.images``), so cameras may differ in size.
 
     Example::
 
@@ -178,7 +182,10 @@ class StreamDataset(Dataset):
         augment: GeometryAugment | None = None,
         seed: int = 0,
         pad_annotations: bool = False,
+        camera_frames: CameraFrames = "stacked",
     ) -> None:
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if max_open_decoders is not None and max_open_decoders < 1:
@@ -193,6 +200,7 @@ class StreamDataset(Dataset):
         self.augment = augment
         self.seed = seed
         self.pad_annotations = pad_annotations
+        self.camera_frames = camera_frames
         self._draws: dict[tuple[int, int, int], AugmentParams] = {}
         self._bad_clips: set[int] = set()
         self._epoch = -1
@@ -313,6 +321,7 @@ class StreamDataset(Dataset):
         annotations: dict[int, dict[str, Any]] = {}
         missing: list[tuple[int, str]] = []
         geometry: dict[int, torch.Tensor] = {}
+        images: dict[int, torch.Tensor] = {}
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
@@ -344,6 +353,11 @@ class StreamDataset(Dataset):
                     if image.shape != row.shape or image.dtype != row.dtype:
                         raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
                     row.copy_(image)
+            elif self.camera_frames == "per_camera":
+                image = self.transform(image[None])[0] if self.transform is not None else image
+                if worker is not None and image.device.type == "cpu":
+                    image = image.clone().share_memory_()  # a decoder may reuse its output memory
+                images[read.position] = image
             else:
                 if frames is None:
                     frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
@@ -362,7 +376,7 @@ class StreamDataset(Dataset):
             frames.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed, annotations, missing, geometry,
+            self.stats, failed, annotations, missing, geometry, images,
         )
 
     def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
