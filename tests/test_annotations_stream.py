@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from _annotation_checks import (
@@ -20,10 +19,10 @@ from _annotation_checks import (
     write_mixed_rig,
 )
 
-from lightning_vstream.annotations import AnnotationFiles, write_clip_annotations
+from lightning_vstream.annotations import AnnotationFiles
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.demos.synth_annotations import synth_extrinsics, synth_intrinsics
+from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import AnnotationError
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
