@@ -348,10 +348,12 @@ class AnnotationFiles:
         self.tolerance = float(tolerance)
         self._open: OrderedDict[str, ClipAnnotations] = OrderedDict()
         self._declared: frozenset[str] | None = None
+        self._clip_fields: dict[tuple[str, tuple[str, ...]], tuple[ClipAnnotations, dict[str, Any]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = OrderedDict()
+        state["_clip_fields"] = {}
         return state
 
     def __repr__(self) -> str:
@@ -395,11 +397,18 @@ class AnnotationFiles:
 
     def clip_annotations(self, clip_id: str, cameras: Sequence[str]) -> dict[str, Any]:
         ann = self.load(clip_id)
+        key = (clip_id, tuple(cameras))
+        cached = self._clip_fields.get(key)
+        if cached is not None and cached[0] is ann:
+            return dict(cached[1])  # batches stack (copy) these values, so sharing them is safe
         out: dict[str, Any] = {name: _value(v) for name, v in ann.clip.items()}
         order = ann.camera_order(cameras)
         for name, value in ann.camera.items():
             out[name] = _value(value[order])
-        return out
+        if len(self._clip_fields) >= _OPEN_CLIPS:
+            self._clip_fields.clear()
+        self._clip_fields[key] = (ann, out)
+        return dict(out)
 
     def frame_annotations(self, clip_id: str, frame_index: int, timestamp: float, cameras: Sequence[str]) -> dict[str, Any]:
         ann = self.load(clip_id)

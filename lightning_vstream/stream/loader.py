@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -421,7 +422,7 @@ class StreamDataLoader(DataLoader):
         for part in parts:
             for slot, found in part.annotations.items():
                 if valid[slot]:
-                    items[slot] = found
+                    items[slot] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in found.items()}
             for slot, why in part.missing:
                 if valid[slot]:
                     self._skips.missing_annotations += 1
@@ -429,7 +430,7 @@ class StreamDataLoader(DataLoader):
                         log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
             for position, matrix in part.geometry.items():
                 if valid[position // cams]:
-                    matrices[position] = matrix
+                    matrices[position] = torch.from_numpy(matrix)
         add_annotations(
             batch, items if dataset.annotations is not None else None,
             ragged=getattr(dataset.annotations, "ragged", ()), pad=dataset.pad_annotations,

@@ -132,7 +132,7 @@ class StreamPart:
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
     annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
-    geometry: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3]
+    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
     images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
 
 
@@ -320,7 +320,7 @@ class StreamDataset(Dataset):
         direct = buffer is not None and self.transform is None and self.augment is None  # decode into the batch
         annotations: dict[int, dict[str, Any]] = {}
         missing: list[tuple[int, str]] = []
-        geometry: dict[int, torch.Tensor] = {}
+        geometry: dict[int, Any] = {}
         images: dict[int, torch.Tensor] = {}
         if task.epoch != self._epoch:
             self._epoch = task.epoch
@@ -345,7 +345,8 @@ class StreamDataset(Dataset):
                 failed.append((read.position, path, str(err)))
                 continue
             if self.augment is not None:
-                image, geometry[read.position] = self.augment.apply(image, self._draw(task.epoch, read))
+                image, matrix = self.augment.apply(image, self._draw(task.epoch, read))
+                geometry[read.position] = matrix.numpy()  # by value: see _annotate
             if buffer is not None:
                 if not direct:
                     image = self.transform(image[None])[0] if self.transform is not None else image
@@ -397,11 +398,16 @@ class StreamDataset(Dataset):
         slot = read.position // len(self.index.camera_names)
         clip_id = self.index.clips[read.clip].clip_id
         try:
-            out[slot] = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
+            found = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
         except AnnotationError as err:
             if self.on_error == "raise":
                 raise
             missing.append((slot, str(err)))
+            return
+        # Small CPU tensors travel back as numpy arrays: pickled by value, where torch would
+        # give every tensor its own shared-memory segment (most of the cost, measured).
+        out[slot] = {k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
+                     for k, v in found.items()}
 
 
 class _SizeMismatch(Exception):
