@@ -227,3 +227,21 @@ def test_per_camera_frames_keep_each_cameras_size(mixed_rig: Path, num_workers: 
     assert steps > 0
     with pytest.raises(ValueError, match="camera_frames='sideways' is invalid; expected 'stacked' or 'per_camera'"):
         StreamVideoDataModule(index_file=mixed_rig, camera_frames="sideways")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("augment", [None, AUGMENT])
+def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Path, augment: Any) -> None:
+    from lightning_vstream.transforms import FrameTransform
+
+    transform = FrameTransform(crop=(4, 8, 48, 64), resize=(72, 96))
+    dm = _dm(ann_index, augment=augment, transform=transform, num_workers=2)
+    checked = 0
+    for batch in dm.train_dataloader():
+        assert batch["frames"].shape[-2:] == (72, 96) and batch["img_aug_matrix"].shape == (2, 2, 3, 3)
+        ann = batch["annotations"]
+        for slot, clip_id in enumerate(batch["clip_id"]):
+            errors, count = projection_errors(batch["frames"][slot], ann["intrinsics"][slot], ann["extrinsics"][slot],
+                                              clip_number(clip_id), int(batch["frame_index"][slot]), [SIZE, SIZE])
+            assert errors == [], errors[:5]
+            checked += count
+    assert checked > 300

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["AugmentParams", "GeometryAugment"]
+__all__ = ["AugmentParams", "GeometryAugment", "transform_matrix"]
 
 Fit = Literal["cover", "stretch"]
 
@@ -171,6 +171,28 @@ class GeometryAugment:
         if params.rotate:
             out = _rotate(out, params.rotate)
         return out.reshape(*lead, 3, out_h, out_w), matrix.to(torch.float32)
+
+
+def transform_matrix(transform: object, height: int, width: int) -> torch.Tensor | None:
+    """The 3x3 image transform of a frame transform's ``crop`` and ``resize`` for ``height x width`` input.
+
+    Recognizes :class:`~lightning_vstream.transforms.FrameTransform` (any object with ``crop`` /
+    ``resize`` attributes); None when it changes no geometry (other callables are taken to change none).
+
+    Example::
+
+        >>> from lightning_vstream.transforms import FrameTransform
+        >>> transform_matrix(FrameTransform(crop=(8, 0, 40, 64), resize=(20, 32)), 48, 64).tolist()[:2]
+        [[0.5, 0.0, 0.0], [0.0, 0.5, -4.0]]
+    """
+    crop = getattr(transform, "crop", None)
+    resize = getattr(transform, "resize", None)
+    if crop is None and resize is None:
+        return None
+    top, left, height, width = crop if crop is not None else (0, 0, height, width)
+    out_h, out_w = resize if resize is not None else (height, width)
+    sx, sy = out_w / width, out_h / height
+    return torch.tensor([[sx, 0.0, -left * sx], [0.0, sy, -top * sy], [0.0, 0.0, 1.0]], dtype=torch.float32)
 
 
 def _resize(frames: torch.Tensor, size: tuple[int, int], *, antialias: bool) -> torch.Tensor:

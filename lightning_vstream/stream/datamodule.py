@@ -69,6 +69,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         augment: Geometry augmentation drawn once per segment from ``(seed, epoch, clip)``, applied
             before ``transform``; the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
             Evaluation loaders use its deterministic version (:meth:`GeometryAugment.for_evaluation`).
+            A ``FrameTransform`` crop / resize is included in ``img_aug_matrix`` as well.
         pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead
             of delivering them as lists.
         camera_frames: ``"stacked"``: ``frames`` is one ``[batch_size, cameras, 3, H, W]`` tensor;

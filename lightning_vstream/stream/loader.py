@@ -409,7 +409,7 @@ class StreamDataLoader(DataLoader):
             "step": step,
         }
         dataset: StreamDataset = self.dataset  # type: ignore[assignment]
-        if dataset.annotations is not None or dataset.augment is not None:
+        if dataset.annotations is not None or dataset.has_geometry:
             self._add_annotations(batch, parts, valid, cams)
         return batch
 
@@ -434,7 +434,7 @@ class StreamDataLoader(DataLoader):
         add_annotations(
             batch, items if dataset.annotations is not None else None,
             ragged=getattr(dataset.annotations, "ragged", ()), pad=dataset.pad_annotations,
-            matrices=matrices if dataset.augment is not None else None, cameras=cams,
+            matrices=matrices if dataset.has_geometry else None, cameras=cams,
         )
 
     def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:

@@ -18,7 +18,11 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch.utils.data import Dataset
 
-from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment
+from lightning_vstream.annotations.augment import (
+    AugmentParams,
+    GeometryAugment,
+    transform_matrix,
+)
 from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
@@ -344,9 +348,10 @@ class StreamDataset(Dataset):
                     self._close(read.position)
                 failed.append((read.position, path, str(err)))
                 continue
-            if self.augment is not None:
-                image, matrix = self.augment.apply(image, self._draw(task.epoch, read))
-                geometry[read.position] = matrix.numpy()  # by value: see _annotate
+            if self.has_geometry:
+                geometry[read.position] = self._geometry_of(task.epoch, read, image)
+                if self.augment is not None:
+                    image, _ = self.augment.apply(image, self._draw(task.epoch, read))
             if buffer is not None:
                 if not direct:
                     image = self.transform(image[None])[0] if self.transform is not None else image
@@ -379,6 +384,26 @@ class StreamDataset(Dataset):
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
             self.stats, failed, annotations, missing, geometry, images,
         )
+
+    @property
+    def has_geometry(self) -> bool:
+        """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
+        if self.augment is not None:
+            return True
+        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
+
+    def _geometry_of(self, epoch: int, read: StreamRead, image: torch.Tensor) -> Any:
+        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value)."""
+        height, width = image.shape[-2:]
+        matrix = torch.eye(3, dtype=torch.float32)
+        if self.augment is not None:
+            _, _, full = self.augment.geometry(height, width, self._draw(epoch, read))
+            matrix = full.to(torch.float32)
+            height, width = self.augment.output_size
+        after = transform_matrix(self.transform, height, width)
+        if after is not None:
+            matrix = (after.double() @ matrix.double()).to(torch.float32)
+        return matrix.numpy()  # by value: see _annotate
 
     def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
         key = (epoch, read.clip, read.segment_start)
