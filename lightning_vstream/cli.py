@@ -43,6 +43,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         fps=args.fps,
         preset=args.preset,
         jobs=args.jobs,
+        annotations=args.annotations,
     )
     print(f"wrote {args.clips} clips x {args.cameras} cameras to {args.root}; index: {index}")
     return 0
@@ -93,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--fps", type=float, default=12.0)
     synth.add_argument("--preset", default="veryfast")
     synth.add_argument("--jobs", type=int, default=1, help="parallel encoding processes")
+    synth.add_argument("--annotations", action="store_true",
+                       help="also write synthetic calibration, ego poses and boxes to ROOT/annotations")
     synth.set_defaults(func=_cmd_synth)
 
     index = sub.add_parser("index", help="scan a dataset tree and write index.json (or --check an index)")

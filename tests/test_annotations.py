@@ -155,3 +155,13 @@ def test_augment_rejects_bad_configuration() -> None:
         GeometryAugment(output_size=(4, 4), scale=(2.0, 1.0))
     with pytest.raises(ConfigurationError, match="flip=1.5 is a probability"):
         GeometryAugment(output_size=(4, 4), flip=1.5)
+
+
+def test_synth_command_writes_annotations(tmp_path: Path) -> None:
+    from lightning_vstream.cli import main
+
+    assert main(["synth", str(tmp_path), "--clips", "1", "--cameras", "2", "--frames", "3", "--size", "64x48",
+                 "--annotations"]) == 0
+    source = AnnotationFiles(tmp_path / "annotations")
+    out = annotate(source, "scene-0000", 2, float("nan"), ["CAM_BACK", "CAM_BACK_LEFT"])
+    assert out["token"] == "scene-0000:2" and out["boxes"].shape == (2, 9) and out["intrinsics"].shape == (2, 3, 3)
