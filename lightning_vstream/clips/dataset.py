@@ -424,7 +424,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 "number of frames and the same frame size."
             )
     frames = first["frames"]
-    batch = {
+    batch: dict[str, Any] = {
         "frames": (torch.stack([s["frames"] for s in samples]) if isinstance(frames, torch.Tensor)
                    else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]),
         "clip_id": [s["clip_id"] for s in samples],
