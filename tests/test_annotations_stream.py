@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from _annotation_checks import (
@@ -245,3 +246,39 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
             assert errors == [], errors[:5]
             checked += count
     assert checked > 300
+
+
+class _Recorder(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.seen: list[Any] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        assert stream_annotation_errors(batch) == []
+        self.seen.append((self.current_epoch, list(batch["annotations"]["token"]), batch["img_aug_matrix"].tolist()))
+        return self.layer(batch["frames"].float().mean(dim=(1, 3, 4)) / 255.0).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_trainer_resume_from_mid_epoch_checkpoint_repeats_targets_and_draws(ann_index: Path, tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(max_steps: int, ckpt: str | None = None, checkpoint: Any = None) -> _Recorder:
+        dm = StreamVideoDataModule(index_file=ann_index, batch_size=2, num_workers=0, seed=5,
+                                   annotations=ann_index.parent / "annotations", augment=AUGMENT)
+        model = _Recorder()
+        trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, max_epochs=3, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=[checkpoint] if checkpoint else [], enable_checkpointing=checkpoint is not None)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return model
+
+    uninterrupted = run(max_steps=24)
+    run(max_steps=5, checkpoint=ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1,
+                                                filename="{step}"))
+    resumed = run(max_steps=24, ckpt=str(tmp_path / "ckpt" / "step=5.ckpt"))
+    assert resumed.seen == uninterrupted.seen[5:]
+    assert {epoch for epoch, _, _ in uninterrupted.seen} == {0, 1}  # the run crosses an epoch boundary
