@@ -29,14 +29,28 @@ def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> 
 
 
 def plain_hparams(module: pl.LightningDataModule) -> None:
-    """Store paths in ``module.hparams`` as strings.
+    """Store paths in ``module.hparams`` as strings, and other objects as their ``repr``.
 
-    Checkpoints are read with ``torch.load(weights_only=True)``, which refuses ``Path`` objects;
-    strings load everywhere and the DataModule accepts both.
+    Checkpoints are read with ``torch.load(weights_only=True)``, which refuses ``Path`` objects
+    and arbitrary classes; strings load everywhere and the DataModule accepts paths as strings.
+    Objects such as an annotation source or an augmentation are recorded for the reader (their
+    ``repr``); pass them again when rebuilding the DataModule from a checkpoint.
     """
     for key, value in list(module.hparams.items()):
         if isinstance(value, PurePath):
             module.hparams[key] = str(value)
+        elif not _plain(value):
+            module.hparams[key] = repr(value)
+
+
+def _plain(value: object) -> bool:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 #: What every DataLoader worker imports; a forkserver imports it once and forks workers with it loaded.

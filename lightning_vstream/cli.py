@@ -47,6 +47,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         fps=args.fps,
         preset=args.preset,
         jobs=args.jobs,
+        annotations=args.annotations,
     )
     print(f"wrote {args.clips} clips x {args.cameras} cameras to {args.root}; index: {index}")
     return 0
@@ -192,6 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--fps", type=float, default=12.0, help="frame rate")
     synth.add_argument("--preset", default="veryfast", help="x264/x265 speed preset")
     synth.add_argument("--jobs", type=_positive, default=1, help="parallel encoding processes")
+    synth.add_argument("--annotations", action="store_true",
+                       help="also write synthetic calibration, ego poses and boxes to ROOT/annotations")
     synth.set_defaults(func=_cmd_synth)
 
     index = sub.add_parser(

@@ -19,21 +19,23 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 steps", first)
     assert "decode   amplification 1.00: 120 frames decoded for 120 delivered, 0 seeks" in first
     assert "stamps   120 frames checked, all stamps correct" in first
-    assert f"source   {cache.resolve() / 'demo-v1' / 'index.json'} (generated now)" in first
+    assert re.search(r"targets  20 slot-frames' annotations \(token, ego pose, boxes\) match their frames; "
+                     r"box-centre loss \d+\.\d\d -> \d+\.\d\d", first)
+    assert f"source   {cache.resolve() / 'demo-v2' / 'index.json'} (generated now)" in first
     assert "metrics  train/* figures logged to" in first
 
     result = run_demo(cache_dir=cache, steps=3, num_workers=0, progress_bar=False)
     second = capsys.readouterr().out
     assert "data     reused 8 clips x 6 cameras" in second and "(reused from cache)" in second
     assert result.reused and result.steps == 3 and result.stamp_errors == []
-    assert result.frames_checked == 3 * 4 * 6
+    assert result.frames_checked == 3 * 4 * 6 and result.annotations_checked == 3 * 4
     assert result.slot_starts == result.slots_reset == 4  # four slots start their first clip, nothing else
     assert result.frames_per_sec > 0 and 0 <= result.data_wait_fraction <= 1
     assert result.metrics_file is not None and "train/frames_per_sec" in result.metrics_file.read_text()
 
 
 def test_demo_rebuilds_a_broken_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "demo-v1"
+    root = tmp_path / "demo-v2"
     root.mkdir()
     (root / "index.json").write_text("{not json")
     result = run_demo(cache_dir=tmp_path, steps=1, num_workers=0, progress_bar=False)

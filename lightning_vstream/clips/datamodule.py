@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from lightning_vstream._datamodule import (
     plain_hparams,
     worker_context,
 )
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -102,13 +105,24 @@ class ClipVideoDataModule(pl.LightningDataModule):
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
         transform: Any callable on frame tensors ``[n, 3, H, W]`` (uint8), applied in the workers
             to every sample's frames (``FrameTransform``, torchvision v2, kornia, your own).
-        on_error: ``"raise"``: an unreadable frame raises an error naming file, clip, camera and
-            frame. ``"skip"``: the sample is delivered with ``valid=False`` (zeros), so batches
-            keep their size; each bad file is logged once per worker.
+        on_error: ``"raise"``: an unreadable frame, or a frame without annotation, raises an error
+            naming file, clip, camera and frame. ``"skip"``: an unreadable sample is delivered with
+            ``valid=False`` (zeros), so batches keep their size, each bad file logged once per
+            worker; a frame without annotation is delivered with ``has_annotations=False``.
         timeout: Seconds to wait for a worker's batch before raising (0 waits forever).
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
         rank: Global rank; from the Trainer when None.
         world_size: World size; from the Trainer when None.
+        annotations: Training targets delivered next to the frames (``batch["annotations"]``,
+            ``batch["has_annotations"]`` ``[B, T]``): a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
+        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``
+            (the epoch the loader was built in: pass ``Trainer(reload_dataloaders_every_n_epochs=1)``
+            for new draws every epoch); the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
+            The evaluation loaders use its deterministic version.
+        pad_annotations: Pad ragged annotation fields with a ``<name>_mask`` instead of lists.
+        camera_frames: ``"stacked"``: ``frames`` ``[B, T, cameras, 3, H, W]``; ``"per_camera"``: a
+            list of ``[B, T, 3, H_c, W_c]`` tensors, so cameras of different resolutions keep their size.
 
     Raises:
         ConfigurationError: Conflicting or invalid arguments (named in the message).
@@ -159,10 +173,18 @@ class ClipVideoDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        pad_annotations: bool = False,
+        camera_frames: Literal["stacked", "per_camera"] = "stacked",
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["transform", "sampler"])
         plain_hparams(self)
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ConfigurationError(
+                f"ClipVideoDataModule: camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
+            )
         if segments is not None and clip_frames is not None:
             raise ConfigurationError(
                 f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
@@ -235,6 +257,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
+        self.annotations = annotations
+        self.augment = augment
+        self.pad_annotations = pad_annotations
+        self.camera_frames = camera_frames
         self._indexes: dict[Stage, VideoIndex] = {}
         self._resolved_device: str | None = None
 
@@ -297,11 +323,15 @@ class ClipVideoDataModule(pl.LightningDataModule):
         return random_clips(index, self.window, count=count, seed=self.seed + epoch, weighting=self.weighting)
 
     # -- loaders ---------------------------------------------------------------------------
-    def _dataset(self, index: VideoIndex, requests: list[ClipRequest]) -> VideoClipDataset:
+    def _dataset(
+        self, index: VideoIndex, requests: list[ClipRequest], *, epoch: int = 0, training: bool = True
+    ) -> VideoClipDataset:
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         return VideoClipDataset(
             index=index, requests=requests, max_open_decoders=self.max_open_decoders,
             decoder_threads=self.decoder_threads, transform=self.transform, device=self._device(),
-            on_error=self.on_error,
+            on_error=self.on_error, annotations=self.annotations, augment=augment, seed=self.seed, epoch=epoch,
+            camera_frames=self.camera_frames,
         )
 
     def _loader(self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool) -> StatefulDataLoader:
@@ -318,7 +348,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=collate_clips,
+            collate_fn=functools.partial(collate_clips, pad_annotations=True) if self.pad_annotations else collate_clips,
             pin_memory=self.pin_memory,
             drop_last=drop_last,
             timeout=self.timeout if workers > 0 else 0.0,
@@ -352,7 +382,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> StatefulDataLoader:
         """Loader over this epoch's training requests; stateful, so checkpoints resume mid-epoch exactly."""
         epoch = self._epoch()
-        dataset = self._dataset(self._index("train"), self.train_requests(self._draw_epoch()))
+        draw = self._draw_epoch()
+        dataset = self._dataset(self._index("train"), self.train_requests(draw), epoch=draw)
         if self.sampler is not None:
             sampler = self.sampler(dataset)
         else:
@@ -362,7 +393,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def _eval_loader(self, split: Stage) -> StatefulDataLoader:
         """Regular windows over the ``split`` index, in order."""
         index = self._index(split)
-        dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop))
+        dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop), training=False)
         return self._loader(dataset, self._shard(dataset, False, 0, False), False)
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).

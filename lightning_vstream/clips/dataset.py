@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch.utils.data import Dataset
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
@@ -186,6 +188,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     - ``valid``: bool, False for a sample that could not be decoded (``on_error="skip"``): its
       frames are zeros and its timestamps NaN, so batches keep their size (and DDP ranks their
       step count); count them with ``(~batch["valid"]).sum()``.
+    - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
+      ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
+    - with ``augment``: ``img_aug_matrix`` float32 ``[cameras, 3, 3]`` (and ``intrinsics`` updated).
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -202,15 +207,25 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             :class:`~lightning_vstream.transforms.FrameTransform`).
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
         on_error: ``"raise"``: an unreadable frame raises a :class:`VideoDecodeError` naming
-            file, clip, camera and frame. ``"skip"``: the sample comes back with
-            ``valid=False`` (zeros), each bad file is logged once per process, and
-            :attr:`skipped` counts the samples.
+            file, clip, camera and frame, and a frame without annotation an
+            :class:`~lightning_vstream.errors.AnnotationError`. ``"skip"``: an unreadable sample
+            comes back with ``valid=False`` (zeros), each bad file is logged once per process, and
+            :attr:`skipped` counts the samples; a frame without annotation is delivered with
+            ``has_annotations=False`` and counted in :attr:`missing_annotations`.
         size: Output ``(height, width)`` of every frame: video decoders resize while converting
             to RGB (uint8, FFmpeg's swscale), image folders are resized after decoding. Cameras
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once per sample: a request's frames are grouped by GOP and
             the groups of all its cameras spread over this many threads, each file read by up to
             this many decoders (see :mod:`lightning_vstream.clips.gops`). 1 decodes them in turn.
+        annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
+        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``;
+            cameras of different sizes all come out at its ``output_size``.
+        seed: Seed of the augmentation draws.
+        epoch: Epoch of the augmentation draws (the DataModule sets it when it builds a loader).
+        camera_frames: ``"stacked"``: ``frames`` is one tensor; ``"per_camera"``: a list of
+            ``[T, 3, H_c, W_c]`` tensors, one per camera, so cameras may differ in size.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -241,7 +256,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         on_error: Literal["raise", "skip"] = "raise",
         size: tuple[int, int] | None = None,
         gop_threads: int = DEFAULT_GOP_THREADS,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        camera_frames: Literal["stacked", "per_camera"] = "stacked",
     ) -> None:
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if transform is not None and not callable(transform):
@@ -281,6 +303,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         self._infos: dict[Path, VideoInfo] = {}
         self._cache: DecoderCache | None = None
+        self.annotations = resolve_annotations(annotations)
+        self.augment = augment
+        self.seed = seed
+        self.epoch = epoch
+        self.on_error = on_error
+        self.camera_frames = camera_frames
+        #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
+        self.missing_annotations = 0
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
@@ -382,30 +412,41 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             indices = list(request.frames)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        if self.size is None and len(set(sizes.values())) > 1:
+        per_camera = self.camera_frames == "per_camera"
+        if self.size is None and len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ValueError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
                 "cameras, so request them separately (cameras=[...]), pass size=(height, width) to resize "
-                "them while decoding, or resize the files to one size."
+                "them while decoding, augment=GeometryAugment(output_size=...) to resize every camera with its "
+                "intrinsics, camera_frames='per_camera' for one tensor per camera, or resize the files to one size."
             )
-        # Decoders write each frame straight into its slot of the sample: no stacking copies.
-        height, width = self.size if self.size is not None else (reference.height, reference.width)
-        frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.device)
+        stacked = not per_camera and self.augment is None
+        if stacked:
+            # Decoders write each frame straight into its slot of the sample: no stacking copies.
+            height, width = self.size if self.size is not None else (reference.height, reference.width)
+            frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.device)
+            targets = [frames[:, c] for c in range(len(streams))]
+        else:
+            targets = [
+                torch.empty((len(indices), 3, *(self.size or (info.height, info.width))), dtype=torch.uint8,
+                            device=self.device)
+                for info in infos
+            ]
         valid = True
         try:
-            if frames.device.type != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
+            if self.device != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
                 for c, (cam, info) in enumerate(zip(streams, infos)):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoder = self.decoders.get(cam.path, info=info, label=label)
-                    _decode_on_device(decoder, indices, frames[:, c])
+                    _decode_on_device(decoder, indices, targets[c])
             else:
                 jobs = []
                 for c, (cam, info) in enumerate(zip(streams, infos)):
                     count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
-                    jobs.append(GopJob(decoders, info, indices, frames[:, c]))
+                    jobs.append(GopJob(decoders, info, indices, targets[c]))
                 self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
             if self.on_error == "raise":
@@ -415,21 +456,44 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             valid = False
             for cam in streams:
                 self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
-        if not valid:
-            frames.zero_()
-        if self.transform is not None:
+            for target in targets:
+                target.zero_()
+        matrices = []
+        if self.augment is not None:
+            params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
+            frames = torch.empty(
+                (len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8, device=self.device
+            )
+            for c, native in enumerate(targets):
+                frames[:, c], matrix = self.augment.apply(native, params)
+                matrices.append(matrix)
+        if self.transform is not None and not per_camera:
             shape = frames.shape
             frames = self.transform(frames.view(-1, *shape[2:]))
             frames = frames.view(shape[0], shape[1], *frames.shape[1:])
         nan = float("nan")
-        return {
-            "frames": frames,
+        timestamps = [reference.timestamp(i) if valid else nan for i in indices]
+        camera_names = [cam.name for cam in streams]
+        sample: dict[str, Any] = {
+            "frames": frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1))),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
-            "timestamp": torch.tensor([reference.timestamp(i) if valid else nan for i in indices], dtype=torch.float64),
-            "camera_names": [cam.name for cam in streams],
+            "timestamp": torch.tensor(timestamps, dtype=torch.float64),
+            "camera_names": camera_names,
             "valid": valid,
         }
+        if self.annotations is not None:
+            from lightning_vstream.annotations.batch import sample_annotations
+
+            sample["annotations"], sample["has_annotations"], missing = sample_annotations(
+                self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error)
+            self.missing_annotations += missing
+        if matrices:
+            from lightning_vstream.annotations.batch import update_intrinsics
+
+            sample["img_aug_matrix"] = torch.stack(matrices)
+            update_intrinsics(sample)
+        return sample
 
     def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
         """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
@@ -487,12 +551,16 @@ def _decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.
             out[t].copy_(decoder.get(index))
 
 
-def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool = False) -> dict[str, Any]:
     """Stack clip samples into a batch (use as ``DataLoader(..., collate_fn=collate_clips)``).
 
     Returns ``frames`` uint8 ``[B, T, cameras, 3, H, W]``, ``frame_index`` int64 ``[B, T]``,
     ``timestamp`` float64 ``[B, T]``, ``valid`` bool ``[B]`` (False for samples that could not be
-    decoded under ``on_error="skip"``), ``clip_id`` list of str and ``camera_names`` list of str.
+    decoded under ``on_error="skip"``), ``clip_id`` list of str and ``camera_names`` list of str;
+    with annotations, ``annotations`` (clip fields ``[B, ...]``, frame fields ``[B, T, ...]``,
+    ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with ``<name>_mask`` when
+    ``pad_annotations``) and ``has_annotations`` ``[B, T]``; with augmentation ``img_aug_matrix``
+    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.collate`).
 
     Raises:
         ValueError: Samples differ in cameras, frame count ``T`` or frame size.
@@ -518,20 +586,39 @@ def collate_clips(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
-        if s["frames"].shape != first["frames"].shape:
+        if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
             raise ValueError(
-                f"cannot batch clip {first['clip_id']!r} (frames {tuple(first['frames'].shape)}) with clip "
-                f"{s['clip_id']!r} (frames {tuple(s['frames'].shape)}); requests in one batch must have the same "
+                f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
+                f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
-    return {
-        "frames": torch.stack([s["frames"] for s in samples]),
+    frames = first["frames"]
+    batch: dict[str, Any] = {
+        "frames": (torch.stack([s["frames"] for s in samples]) if isinstance(frames, torch.Tensor)
+                   else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
         "valid": torch.tensor([bool(s.get("valid", True)) for s in samples], dtype=torch.bool),
         "camera_names": list(first["camera_names"]),
     }
+    if "annotations" in first:
+        from lightning_vstream.annotations.collate import collate_annotations
+
+        items = [s["annotations"] for s in samples]
+        ragged = {n for item in items for n, v in item.items() if isinstance(v, list) and v and
+                  isinstance(v[0], torch.Tensor)}
+        partial = [not bool(s["has_annotations"].any()) for s in samples]
+        batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
+        batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
+    if "img_aug_matrix" in first:
+        batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
+    return batch
+
+
+def _frame_shapes(frames: Any) -> Any:
+    """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
+    return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:

@@ -9,7 +9,12 @@ The run shows the whole path a real job takes, in about a minute on two cores:
    :class:`~lightning_vstream.callbacks.StreamThroughputMonitor` and the
    :class:`~lightning_vstream.callbacks.TemporalStateReset` callbacks;
 3. check the stamp of every delivered camera-frame against the batch's ``clip_id`` and
-   ``frame_index`` and report frames/sec, data wait, decode amplification and the clips read.
+   ``frame_index``, and every slot's annotations (token, ego pose, boxes) against the same
+   labels, and report frames/sec, data wait, decode amplification and the clips read.
+
+The dataset carries synthetic annotations (:mod:`lightning_vstream.demos.synth_annotations`):
+calibration, ego poses and 3D boxes, delivered in ``batch["annotations"]``; the model regresses
+box centres from its temporal memory (``train/box_loss``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ __all__ = ["DemoResult", "run_demo"]
 #: The demo dataset. Bump CACHE_NAME when changing it, so that stale caches are not reused.
 DATASET: dict[str, Any] = {
     "clips": 8, "cameras": 6, "frames": [24, 40, 32, 28], "size": (160, 96), "gop": 12, "fps": 12.0,
+    "annotations": True,
 }
-CACHE_NAME = "demo-v1"
+CACHE_NAME = "demo-v2"
 BATCH_SIZE = 4
 
 
@@ -56,6 +62,8 @@ class DemoResult:
     slots_reset: int = 0
     clips_read: dict[str, tuple[int, int]] = field(default_factory=dict)
     metrics_file: Path | None = None
+    annotations_checked: int = 0
+    box_loss: tuple[float, float] | None = None  # (first logged, last logged)
 
 
 class _StampCheck(pl.Callback):
@@ -66,6 +74,14 @@ class _StampCheck(pl.Callback):
         self.errors: list[str] = []
         self.slot_starts = 0
         self.clips: dict[str, tuple[int, int]] = {}
+        self.annotations_checked = 0
+        self.box_losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = getattr(pl_module, "last_box_loss", None)
+        if loss is not None:
+            self.box_losses.append(float(loss.detach()))
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -79,6 +95,14 @@ class _StampCheck(pl.Callback):
             clip_id, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])
             low, high = self.clips.get(clip_id, (frame, frame))
             self.clips[clip_id] = (min(low, frame), max(high, frame))
+            ann = batch.get("annotations")
+            if ann is not None:
+                self.annotations_checked += 1
+                pose = ann["ego_pose"][slot]
+                if (ann["token"][slot] != f"{clip_id}:{frame}" or int(pose[0, 3]) != frame
+                        or int(pose[1, 3]) != clip_number(clip_id) or len(ann["boxes"][slot]) != frame % 4):
+                    self.errors.append(f"step {batch['step']}, slot {slot}: labelled {clip_id} frame {frame}, but "
+                                       f"its annotation is token {ann['token'][slot]!r}")
             for camera in range(frames.shape[1]):
                 self.frames_checked += 1
                 try:
@@ -108,7 +132,8 @@ def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
         except (ValueError, FileNotFoundError) as err:
             print(f"data     cached dataset in {root} is unusable ({err}); rebuilding it", file=out)
         else:
-            if len(index) == DATASET["clips"] and len(index.camera_names) == DATASET["cameras"]:
+            if (len(index) == DATASET["clips"] and len(index.camera_names) == DATASET["cameras"]
+                    and (root / "annotations").is_dir()):
                 print(f"data     reused {spec}\n         from {root}", file=out)
                 return index_file, True
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +196,7 @@ def run_demo(
     """Build or reuse the demo dataset, train a tiny temporal model on it, and report.
 
     Args:
-        cache_dir: Folder for the dataset (``<cache_dir>/demo-v1``) and the run's metrics
+        cache_dir: Folder for the dataset (``<cache_dir>/demo-v2``) and the run's metrics
             (``<cache_dir>/runs``).
         steps: Training steps (batches of 4 slots x 6 cameras).
         num_workers: Decoding worker processes (0 decodes in the training process).
@@ -213,7 +238,8 @@ def run_demo(
     check = _StampCheck()
     model = TinyStreamPETR()
     dm = StreamVideoDataModule(index_file=index_file, batch_size=BATCH_SIZE, num_workers=num_workers, seed=0,
-                               decoder_threads=1, persistent_workers=False)
+                               decoder_threads=1, persistent_workers=False,
+                               annotations=index_file.parent / "annotations")
     logger = CSVLogger(save_dir=cache_dir / "runs", name="demo")
     with _quiet_lightning(), _torch_threads(1):
         pl.seed_everything(0, verbose=False)
@@ -235,6 +261,8 @@ def run_demo(
         frames_checked=check.frames_checked, stamp_errors=check.errors, slot_starts=check.slot_starts,
         slots_reset=model.slots_reset, clips_read=dict(sorted(check.clips.items())),
         metrics_file=metrics_file if metrics_file.exists() else None,
+        annotations_checked=check.annotations_checked,
+        box_loss=(check.box_losses[0], check.box_losses[-1]) if check.box_losses else None,
     )
     _report(result, stats, out)
     if result.stamp_errors:
@@ -256,6 +284,11 @@ def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
     else:
         lines.append(f"stamps   {result.frames_checked} frames checked, all stamps correct "
                      "(clip, camera and frame read from the pixels)")
+    if result.annotations_checked:
+        trend = (f"; box-centre loss {result.box_loss[0]:.2f} -> {result.box_loss[1]:.2f}"
+                 if result.box_loss is not None else "")
+        lines.append(f"targets  {result.annotations_checked} slot-frames' annotations (token, ego pose, boxes) match "
+                     f"their frames{trend}")
     lines.append(f"memory   {result.slots_reset} slot memories reset for {result.slot_starts} clip starts "
                  "(is_first), other slots kept theirs")
     clips = ", ".join(f"{clip} [{low}-{high}]" for clip, (low, high) in result.clips_read.items())

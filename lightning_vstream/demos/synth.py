@@ -313,6 +313,7 @@ def write_dataset(
     jobs: int = 1,
     index_name: str = "index.json",
     with_metadata: bool = True,
+    annotations: bool = False,
 ) -> Path:
     """Write a stamped multi-camera dataset in accvlab's layout plus its index.
 
@@ -336,6 +337,8 @@ def write_dataset(
         jobs: Parallel encoding processes.
         index_name: File name of the index written under ``root``.
         with_metadata: Also write the frame-table metadata file next to the index.
+        annotations: Also write synthetic annotations to ``root/annotations`` (values encode
+            clip and frame; see :mod:`lightning_vstream.demos.synth_annotations`).
 
     Returns:
         Path of the written index file.
@@ -386,4 +389,10 @@ def write_dataset(
         build_index(root, output=index_path, video_dirs=[video_dir], progress=False)
     else:
         index_path.write_text(json.dumps(entries, indent=2) + "\n")
+    if annotations:
+        from lightning_vstream.demos.synth_annotations import write_synthetic_annotations
+
+        write_synthetic_annotations(root / "annotations", clip_ids=[clip_name(c) for c in range(clips)],
+                                    clip_numbers=list(range(clips)), camera_names=names, frame_counts=counts,
+                                    size=size, fps=fps)
     return index_path

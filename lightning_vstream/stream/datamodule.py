@@ -17,6 +17,8 @@ from lightning_vstream._datamodule import (
     plain_hparams,
     worker_context,
 )
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
@@ -87,6 +89,18 @@ class StreamVideoDataModule(pl.LightningDataModule):
             surfaces as an error instead of a hang (0 waits forever).
         rank: This process's rank; taken from the Trainer when None.
         world_size: Number of ranks; taken from the Trainer when None.
+        annotations: Training targets delivered next to the frames (``batch["annotations"]``,
+            ``batch["has_annotations"]``): a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
+        augment: Geometry augmentation drawn once per segment from ``(seed, epoch, clip)``, applied
+            before ``transform``; the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
+            Evaluation loaders use its deterministic version (:meth:`GeometryAugment.for_evaluation`).
+            A ``FrameTransform`` crop / resize is included in ``img_aug_matrix`` as well.
+        pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead
+            of delivering them as lists.
+        camera_frames: ``"stacked"``: ``frames`` is one ``[batch_size, cameras, 3, H, W]`` tensor;
+            ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
+            cameras of different resolutions keep their own size (and their own intrinsics).
 
     Example::
 
@@ -126,6 +140,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
+        annotations: AnnotationSource | Path | str | None = None,
+        augment: GeometryAugment | None = None,
+        pad_annotations: bool = False,
+        camera_frames: Literal["stacked", "per_camera"] = "stacked",
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["transform"])
@@ -178,6 +196,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.timeout = timeout
         self.rank = rank
         self.world_size = world_size
+        self.annotations = annotations
+        self.augment = augment
+        self.pad_annotations = pad_annotations
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
+                             "or 'per_camera'.")
+        self.camera_frames = camera_frames
+        self._annotation_source: AnnotationSource | None = None
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, StreamDataLoader] = {}
@@ -249,6 +275,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             transform=self.transform,
             device=device,
             on_error=self.on_error,
+            annotations=self._source(),
+            augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+            seed=self.seed,
+            pad_annotations=self.pad_annotations,
+            camera_frames=self.camera_frames,
         )
         loader = StreamDataLoader(
             dataset,
@@ -267,6 +298,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             old.close()
         self._loaders[split] = loader
         return loader
+
+    def _source(self) -> AnnotationSource | None:
+        if self._annotation_source is None:
+            self._annotation_source = resolve_annotations(self.annotations)
+        return self._annotation_source
 
     def train_dataloader(self) -> StreamDataLoader:
         """The training loader: shuffled per epoch, stateful (Lightning checkpoints its position)."""

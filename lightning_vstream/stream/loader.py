@@ -22,9 +22,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.errors import ResumeStateError, StepMismatchError, WorkerError
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
@@ -56,7 +58,7 @@ class StreamSampler(DistributedSampler):
 
         >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
         >>> len(sampler), next(iter(sampler)).reads[:2]
-        (16, (StreamRead(position=0, clip=2, camera=0, frame=0), StreamRead(position=1, clip=2, camera=1, frame=0)))
+        (16, (StreamRead(position=0, clip=2, camera=0, frame=0, segment_start=0), StreamRead(position=1, clip=2, camera=1, frame=0, segment_start=0)))
     """
 
     def __init__(
@@ -156,12 +158,14 @@ class StreamSampler(DistributedSampler):
         buffer = factory() if factory is not None else None
         self._issued[step] = (reads, list(self.shifts), buffer)
         self._next_step = step + 1
+        segments = self.schedule().segments
         for slot, read in enumerate(reads):
             if read is None:
                 continue
+            start = segments[read.segment].start
             for camera in range(self.num_cameras):
                 position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame))
+                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame, start))
         return [StreamTask(self.epoch, step, p, tuple(reads), buffer) for p, reads in enumerate(parts)]
 
     def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
@@ -305,6 +309,7 @@ class StreamDataLoader(DataLoader):
         self._bad_files: set[str] = set()
         self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up in the current pass
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
+        self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         self._pool = BufferPool(shared=num_workers > 0)
 
@@ -390,11 +395,15 @@ class StreamDataLoader(DataLoader):
         )
         self._skips.bad_files = len(self._bad_files)
         with_frames = [part for part in parts if part.frames is not None]
-        if buffer is not None:
+        delivered: torch.Tensor | list[torch.Tensor]
+        if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
+            delivered = self._merge_cameras(step, parts, valid, cams, batch_size)
+        elif buffer is not None:
             frames = self._finish_buffer(buffer, valid, cams)
-            shape = tuple(buffer.shape[1:])
+            delivered = frames.view(batch_size, cams, *buffer.shape[1:])
         else:
             frames, shape = self._merge_parts(step, parts, with_frames, valid, cams, batch_size)
+            delivered = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
             for pos, ts in zip(part.positions, part.timestamps):
@@ -402,8 +411,8 @@ class StreamDataLoader(DataLoader):
                     camera_ts[pos] = ts
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        return {
-            "frames": frames.view(batch_size, cams, *shape),
+        batch = {
+            "frames": delivered,
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
             "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
@@ -414,6 +423,34 @@ class StreamDataLoader(DataLoader):
             "epoch": sampler.epoch,
             "step": step,
         }
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        if dataset.annotations is not None or dataset.has_geometry:
+            self._add_annotations(batch, parts, valid, cams)
+        return batch
+
+    def _add_annotations(self, batch: dict[str, Any], parts: list[StreamPart], valid: list[bool], cams: int) -> None:
+        """``annotations``, ``has_annotations`` and ``img_aug_matrix`` of a batch (see :mod:`lightning_vstream.annotations`)."""
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        slots = len(valid)
+        items: list[dict[str, Any] | None] = [None] * slots
+        matrices: list[torch.Tensor | None] = [None] * (slots * cams)
+        for part in parts:
+            for slot, found in part.annotations.items():
+                if valid[slot]:
+                    items[slot] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in found.items()}
+            for slot, why in part.missing:
+                if valid[slot]:
+                    self._skips.missing_annotations += 1
+                    if self._skips.missing_annotations <= 3:
+                        log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
+            for position, matrix in part.geometry.items():
+                if valid[position // cams]:
+                    matrices[position] = torch.from_numpy(matrix)
+        add_annotations(
+            batch, items if dataset.annotations is not None else None,
+            ragged=getattr(dataset.annotations, "ragged", ()), pad=dataset.pad_annotations,
+            matrices=matrices if dataset.has_geometry else None, cameras=cams,
+        )
 
     def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:
         rows = buffer.view(len(valid), cams, *buffer.shape[1:])
@@ -450,6 +487,30 @@ class StreamDataLoader(DataLoader):
                     else:
                         frames[pos].copy_(part.frames[row])
         return frames, shape
+
+    def _merge_cameras(
+        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int
+    ) -> list[torch.Tensor]:
+        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera."""
+        images = {pos: image for part in parts for pos, image in part.images.items()}
+        out = []
+        for cam in range(cams):
+            sample = next((image for pos, image in images.items() if pos % cams == cam), None)
+            if sample is not None:
+                self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
+            template = self._camera_templates.get(cam)
+            if template is None:
+                raise RuntimeError(f"every read of camera {cam} failed at step {step}; no frame size is known yet to "
+                                   "pad with.")
+            shape, dtype, device = template
+            pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
+            frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pin)
+            for slot in range(batch_size):
+                image = images.get(slot * cams + cam)
+                if image is not None and valid[slot]:
+                    frames[slot].copy_(image)
+            out.append(frames)
+        return out
 
     def _new_buffer(self) -> torch.Tensor | None:
         """A batch the workers decode straight into, once the frame size is known (CPU only).

@@ -18,16 +18,24 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch.utils.data import Dataset
 
+from lightning_vstream.annotations.augment import (
+    AugmentParams,
+    GeometryAugment,
+    transform_matrix,
+)
+from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
+__all__ = ["CameraFrames", "DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
 
 OnError = Literal["raise", "skip"]
+CameraFrames = Literal["stacked", "per_camera"]
 TRIM_EVERY_CLOSES = 8
 RECENT_BUFFERS = 8
 
@@ -54,12 +62,17 @@ def trim_heap() -> None:
 
 
 class StreamRead(NamedTuple):
-    """One frame of one camera stream: ``position = slot * num_cameras + camera``."""
+    """One frame of one camera stream: ``position = slot * num_cameras + camera``.
+
+    ``segment_start`` is the first frame of the segment the slot follows (it keys the
+    per-clip augmentation draw).
+    """
 
     position: int
     clip: int
     camera: int
     frame: int
+    segment_start: int = 0
 
 
 class StreamTask(NamedTuple):
@@ -83,7 +96,8 @@ class DecodeStats:
     ``amplification`` is frames decoded per frame delivered. With ``on_error="skip"``,
     ``read_errors`` counts failed camera reads, ``skipped_clips`` the clip segments abandoned
     because of them, ``skipped_samples`` the slot-steps delivered as ``valid=False`` instead,
-    and ``bad_files`` the distinct files that failed.
+    and ``bad_files`` the distinct files that failed. ``missing_annotations`` counts frames
+    delivered with ``has_annotations=False`` because their annotation could not be found.
     """
 
     frames_decoded: int = 0
@@ -94,6 +108,7 @@ class DecodeStats:
     skipped_clips: int = 0
     skipped_samples: int = 0
     bad_files: int = 0
+    missing_annotations: int = 0
 
     @property
     def amplification(self) -> float:
@@ -104,7 +119,7 @@ class DecodeStats:
 
     def _values(self) -> tuple[int, ...]:
         return (self.frames_decoded, self.frames_delivered, self.seeks, self.files_opened, self.read_errors,
-                self.skipped_clips, self.skipped_samples, self.bad_files)
+                self.skipped_clips, self.skipped_samples, self.bad_files, self.missing_annotations)
 
 
 @dataclass
@@ -120,6 +135,10 @@ class StreamPart:
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
+    annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
+    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
+    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
+    images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
 
 
 class StreamDataset(Dataset):
@@ -141,6 +160,14 @@ class StreamDataset(Dataset):
         on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
             clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
             moves the slot on to its next clip) and stops decoding that clip in this process.
+        annotations: Looked up for every slot's frame by the part that reads the slot's first
+            camera (see :mod:`lightning_vstream.annotations`); None delivers frames only.
+        augment: Geometry augmentation applied to every frame before ``transform``, drawn once
+            per segment from ``(seed, epoch, clip, segment start)``.
+        seed: Seed of the augmentation draws.
+        pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
+        camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
+            returned on its own (``StreamPart.images``), so cameras may differ in size.
 
     Example::
 
@@ -157,7 +184,14 @@ class StreamDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         device: str = "cpu",
         on_error: OnError = "raise",
+        annotations: AnnotationSource | None = None,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        pad_annotations: bool = False,
+        camera_frames: CameraFrames = "stacked",
     ) -> None:
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if max_open_decoders is not None and max_open_decoders < 1:
@@ -172,6 +206,12 @@ class StreamDataset(Dataset):
             transform.decoder_size() if isinstance(transform, FrameTransform) and device == "cpu" else None
         )
         self.on_error = on_error
+        self.annotations = annotations
+        self.augment = augment
+        self.seed = seed
+        self.pad_annotations = pad_annotations
+        self.camera_frames = camera_frames
+        self._draws: dict[tuple[int, int, int], AugmentParams] = {}
         self._bad_clips: set[int] = set()
         self._epoch = -1
         self._closes = 0
@@ -288,14 +328,19 @@ class StreamDataset(Dataset):
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         # Decode straight into the batch when nothing is left to do after the decoder.
-        direct = buffer is not None and (
+        direct = buffer is not None and self.augment is None and (
             self.transform is None
             or (self._decode_size is not None and isinstance(self.transform, FrameTransform)
                 and self.transform.is_resize_only)
         )
+        annotations: dict[int, dict[str, Any]] = {}
+        missing: list[tuple[int, str]] = []
+        geometry: dict[int, Any] = {}
+        images: dict[int, torch.Tensor] = {}
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
+            self._draws.clear()
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
             if read.clip in self._bad_clips:
@@ -314,6 +359,10 @@ class StreamDataset(Dataset):
                     self._close(read.position)
                 failed.append((read.position, path, str(err)))
                 continue
+            if self.has_geometry:
+                geometry[read.position] = self._geometry_of(task.epoch, read, image)
+                if self.augment is not None:
+                    image, _ = self.augment.apply(image, self._draw(task.epoch, read))
             if buffer is not None:
                 row = buffer[read.position]
                 if not (direct and image.data_ptr() == row.data_ptr()):  # not decoded into its row
@@ -321,6 +370,11 @@ class StreamDataset(Dataset):
                     if image.shape != row.shape or image.dtype != row.dtype:
                         raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
                     row.copy_(image)
+            elif self.camera_frames == "per_camera":
+                image = self.transform(image[None])[0] if self.transform is not None else image
+                if worker is not None and image.device.type == "cpu":
+                    image = image.clone().share_memory_()  # a decoder may reuse its output memory
+                images[read.position] = image
             else:
                 if frames is None:
                     frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
@@ -331,14 +385,65 @@ class StreamDataset(Dataset):
                 frames[i].copy_(image)
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
             self._delivered += 1
+            if self.annotations is not None and read.camera == 0:
+                self._annotate(read, timestamps[i], annotations, missing)
         if frames is not None and self.transform is not None:
             frames = self.transform(frames)
         if frames is not None and worker is not None and frames.device.type == "cpu":
             frames.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed,
+            self.stats, failed, annotations, missing, geometry, images,
         )
+
+    @property
+    def has_geometry(self) -> bool:
+        """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
+        if self.augment is not None:
+            return True
+        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
+
+    def _geometry_of(self, epoch: int, read: StreamRead, image: torch.Tensor) -> Any:
+        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value)."""
+        height, width = image.shape[-2:]
+        matrix = torch.eye(3, dtype=torch.float32)
+        if self.augment is not None:
+            _, _, full = self.augment.geometry(height, width, self._draw(epoch, read))
+            matrix = full.to(torch.float32)
+            height, width = self.augment.output_size
+        after = transform_matrix(self.transform, height, width)
+        if after is not None:
+            matrix = (after.double() @ matrix.double()).to(torch.float32)
+        return matrix.numpy()  # by value: see _annotate
+
+    def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
+        key = (epoch, read.clip, read.segment_start)
+        params = self._draws.get(key)
+        if params is None:
+            assert self.augment is not None
+            clip_id = self.index.clips[read.clip].clip_id
+            params = self.augment.draw(seed=self.seed, epoch=epoch, key=f"{clip_id}:{read.segment_start}")
+            if len(self._draws) > 4096:
+                self._draws.clear()
+            self._draws[key] = params
+        return params
+
+    def _annotate(self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]],
+                  missing: list[tuple[int, str]]) -> None:
+        assert self.annotations is not None
+        slot = read.position // len(self.index.camera_names)
+        clip_id = self.index.clips[read.clip].clip_id
+        try:
+            found = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
+        except AnnotationError as err:
+            if self.on_error == "raise":
+                raise
+            missing.append((slot, str(err)))
+            return
+        # Small CPU tensors travel back as numpy arrays: pickled by value, where torch would
+        # give every tensor its own shared-memory segment (most of the cost, measured).
+        out[slot] = {k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
+                     for k, v in found.items()}
 
 
 class _SizeMismatch(Exception):

@@ -1,0 +1,34 @@
+"""What a model trains on beside the frames: calibration, poses, boxes, and geometry-consistent augmentation.
+
+- :mod:`~lightning_vstream.annotations.source`: the :class:`AnnotationSource` protocol.
+- :mod:`~lightning_vstream.annotations.files`: the file format (``<clip_id>.npz`` per clip) and its reader.
+- :mod:`~lightning_vstream.annotations.collate`: how annotations are batched.
+- :mod:`~lightning_vstream.annotations.augment`: :class:`GeometryAugment`, one resize / crop / flip /
+  rotation per clip, and its ``img_aug_matrix``.
+"""
+
+from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment
+from lightning_vstream.annotations.collate import collate_annotations, pad_ragged
+from lightning_vstream.annotations.files import (
+    AnnotationFiles,
+    ClipAnnotations,
+    write_clip_annotations,
+)
+from lightning_vstream.annotations.source import (
+    AnnotationSource,
+    annotate,
+    resolve_annotations,
+)
+
+__all__ = [
+    "AnnotationFiles",
+    "AnnotationSource",
+    "AugmentParams",
+    "ClipAnnotations",
+    "GeometryAugment",
+    "annotate",
+    "collate_annotations",
+    "pad_ragged",
+    "resolve_annotations",
+    "write_clip_annotations",
+]
