@@ -18,6 +18,7 @@ __all__ = [
     "AnnotationError",
     "ConfigurationError",
     "DecoderCapabilityError",
+    "FrameSizeError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -76,3 +77,11 @@ class DecoderCapabilityError(VStreamError, RuntimeError):
 
 class AnnotationError(VStreamError, ValueError):
     """Annotations are missing, malformed, or cannot be matched to the frames they belong to."""
+
+
+class FrameSizeError(VideoDecodeError):
+    """A decoded (and transformed) frame does not have the size of the batch it belongs in.
+
+    The message names the file, clip, camera and frame, and both sizes. Under ``on_error="skip"``
+    the clip is skipped and counted like any other unreadable file.
+    """

@@ -21,10 +21,11 @@ from torch.utils.data import Dataset
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 
-__all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
+__all__ = ["DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask", "frame_size_error"]
 
 OnError = Literal["raise", "skip"]
 TRIM_EVERY_CLOSES = 8
@@ -66,6 +67,8 @@ class StreamTask(NamedTuple):
 
     ``buffer``, when given, is the step's whole batch ``[slots * cameras, ...]`` (in shared
     memory when workers decode): the dataset writes its reads into their rows directly.
+    ``frame_shape``, when known, is the shape every frame of the batch has (after the
+    transform); a frame of another shape is a :class:`~lightning_vstream.errors.FrameSizeError`.
     """
 
     epoch: int
@@ -73,16 +76,20 @@ class StreamTask(NamedTuple):
     part: int
     reads: tuple[StreamRead, ...]
     buffer: torch.Tensor | None = None
+    frame_shape: tuple[int, ...] | None = None
 
 
 @dataclass
 class DecodeStats:
     """Decoding counters.
 
-    ``amplification`` is frames decoded per frame delivered. With ``on_error="skip"``,
-    ``read_errors`` counts failed camera reads, ``skipped_clips`` the clip segments abandoned
-    because of them, ``skipped_samples`` the slot-steps delivered as ``valid=False`` instead,
-    and ``bad_files`` the distinct files that failed.
+    ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
+    loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
+    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (a read of a
+    clip already given up may be retried and counted again), ``skipped_clips`` the clip segments
+    abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
+    ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
+    the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
     """
 
     frames_decoded: int = 0
@@ -115,7 +122,7 @@ class StreamPart:
     part: int
     worker_key: tuple[int, int]
     positions: list[int]
-    frames: torch.Tensor | None
+    frames: torch.Tensor | list[torch.Tensor | None] | None  # a list only when frame sizes differ
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
@@ -133,12 +140,13 @@ class StreamDataset(Dataset):
         max_open_decoders: Open decoders kept per process (least recently used are closed);
             None keeps one per stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
-        transform: Applied to every part's frames ``[n, 3, H, W]`` uint8 in the worker, on
-            the device they were decoded on.
+        transform: Applied to every camera frame (as ``[1, 3, H, W]`` uint8) in the worker, on
+            the device it was decoded on, before the frame is written into the batch; so a
+            resizing transform makes cameras of different sizes stackable.
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
-        on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
-            clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
-            moves the slot on to its next clip) and stops decoding that clip in this process.
+        on_error: ``"raise"`` stops at the first unreadable frame (or frame of the wrong size)
+            with an error naming file, clip, camera and frame; ``"skip"`` reports the failed reads
+            in the part, and the loader moves the slot on to its next clip.
 
     Example::
 
@@ -166,8 +174,6 @@ class StreamDataset(Dataset):
         self.transform = transform
         self.device = device
         self.on_error = on_error
-        self._bad_clips: set[int] = set()
-        self._epoch = -1
         self._closes = 0
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
@@ -176,7 +182,6 @@ class StreamDataset(Dataset):
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
-        self._delivered = 0
 
     def __len__(self) -> int:
         return self.index.total_frames * len(self.index.camera_names)
@@ -189,12 +194,11 @@ class StreamDataset(Dataset):
 
     @property
     def stats(self) -> DecodeStats:
-        """Counters of this process, open decoders included."""
+        """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
         live = DecodeStats()
         for _, dec in self._decoders.values():
             live.frames_decoded += dec.frames_decoded
             live.seeks += getattr(dec, "seeks", 0)
-        live.frames_delivered = self._delivered
         live.read_errors = self._read_errors
         return self._closed + live
 
@@ -250,11 +254,11 @@ class StreamDataset(Dataset):
                 if out is not None and isinstance(dec, PyAVDecoder):
                     info = dec.info
                     if tuple(out.shape) != (3, info.height, info.width):
-                        raise _SizeMismatch(tuple(out.shape), (3, info.height, info.width))
+                        raise frame_size_error(self.index, read, (3, info.height, info.width), tuple(out.shape))
                     image = dec.get(read.frame, out=out)
                 else:
                     image = dec.get(read.frame)
-        except (VideoDecodeError, _SizeMismatch):
+        except VideoDecodeError:
             raise
         except (OSError, IndexError, ValueError, RuntimeError) as err:
             raise VideoDecodeError(
@@ -264,13 +268,14 @@ class StreamDataset(Dataset):
             image = image.to(self.device)  # image folders decode on the CPU
         return image
 
-    def _size_error(self, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], other: str) -> ValueError:
-        clip = self.index.clips[read.clip]
-        return ValueError(
-            f"clip {clip.clip_id!r}, camera {clip.cameras[read.camera].name!r} frame {read.frame} is {got} but "
-            f"{other} is {expected}; batches stack frames, so configure a resize transform or give every "
-            "file the same size."
-        )
+    def _deliver(self, read: StreamRead, out: torch.Tensor | None, expected: tuple[int, ...] | None) -> torch.Tensor:
+        """Decode one camera frame (into ``out`` when given), transform it, and check its size."""
+        image = self._read(read, out)
+        if self.transform is not None:
+            image = self.transform(image[None])[0]
+        if expected is not None and tuple(image.shape) != expected:
+            raise frame_size_error(self.index, read, tuple(image.shape), expected)
+        return image
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
@@ -278,60 +283,71 @@ class StreamDataset(Dataset):
         buffer = task.buffer
         if buffer is not None and worker is not None:
             self._recent_buffers.append(buffer)
-        frames: torch.Tensor | None = None
+        expected = tuple(buffer.shape[1:]) if buffer is not None else task.frame_shape
+        images: list[torch.Tensor | None] = [None] * len(task.reads)
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         direct = buffer is not None and self.transform is None  # decode straight into the batch
-        if task.epoch != self._epoch:
-            self._epoch = task.epoch
-            self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
         for i, read in enumerate(task.reads):
-            path = str(self.index.clips[read.clip].cameras[read.camera].path)
-            if read.clip in self._bad_clips:
-                failed.append((read.position, path, "clip abandoned after an earlier error"))
-                continue
             try:
-                image = self._read(read, buffer[read.position] if direct else None)  # type: ignore[index]
-            except _SizeMismatch as err:
-                raise self._size_error(read, err.got, err.expected, "the rest of the batch") from None
+                image = self._deliver(read, buffer[read.position] if direct else None, expected)  # type: ignore[index]
+                if buffer is not None and not direct:
+                    if image.dtype != buffer.dtype:
+                        raise frame_size_error(self.index, read, tuple(image.shape), expected,  # type: ignore[arg-type]
+                                               got_dtype=image.dtype, expected_dtype=buffer.dtype)
+                    buffer[read.position].copy_(image)
             except VideoDecodeError as err:
                 if self.on_error == "raise":
                     raise
+                # The loader decides what the failure means for the slot; here only the decoder
+                # goes (a retry of the same stream reopens the file and seeks).
                 self._read_errors += 1
-                self._bad_clips.add(read.clip)
                 if read.position in self._decoders:
                     self._close(read.position)
+                path = str(self.index.clips[read.clip].cameras[read.camera].path)
                 failed.append((read.position, path, str(err)))
                 continue
-            if buffer is not None:
-                if not direct:
-                    image = self.transform(image[None])[0] if self.transform is not None else image
-                    row = buffer[read.position]
-                    if image.shape != row.shape or image.dtype != row.dtype:
-                        raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
-                    row.copy_(image)
-            else:
-                if frames is None:
-                    frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
-                elif image.shape != frames.shape[1:]:
-                    first = self.index.clips[task.reads[0].clip]
-                    other = f"clip {first.clip_id!r}, camera {first.cameras[task.reads[0].camera].name!r} in the same batch"
-                    raise self._size_error(read, tuple(image.shape), tuple(frames.shape[1:]), other)
-                frames[i].copy_(image)
+            if buffer is None:
+                images[i] = image
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
-            self._delivered += 1
-        if frames is not None and self.transform is not None:
-            frames = self.transform(frames)
-        if frames is not None and worker is not None and frames.device.type == "cpu":
-            frames.share_memory_()
+        frames = _stack(images) if buffer is None else None
+        if frames is not None and worker is not None:
+            for tensor in [frames] if isinstance(frames, torch.Tensor) else frames:
+                if tensor is not None and tensor.device.type == "cpu":
+                    tensor.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
             self.stats, failed,
         )
 
 
-class _SizeMismatch(Exception):
-    def __init__(self, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
-        super().__init__(expected, got)
-        self.expected = expected
-        self.got = got
+def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
+    """One tensor for a part's frames (rows of failed reads uninitialised); a list when sizes differ."""
+    delivered = [image for image in images if image is not None]
+    if not delivered:
+        return None
+    first = delivered[0]
+    if any(image.shape != first.shape or image.dtype != first.dtype for image in delivered):
+        return images  # the loader knows the batch's size and names the frames that differ
+    frames = torch.empty((len(images), *first.shape), dtype=first.dtype, device=first.device)
+    for row, image in enumerate(images):
+        if image is not None:
+            frames[row].copy_(image)
+    return frames
+
+
+def frame_size_error(
+    index: VideoIndex, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], *,
+    got_dtype: torch.dtype | None = None, expected_dtype: torch.dtype | None = None,
+) -> FrameSizeError:
+    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
+    clip = index.clips[read.clip]
+    camera = clip.cameras[read.camera]
+    what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
+    batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
+    return FrameSizeError(
+        f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}) is {what} but "
+        f"the batch's frames are {batch}; batches stack frames of one size, so pass a resize transform "
+        "(transform=FrameTransform(resize=(H, W))) or re-encode the file to the size of the others. "
+        "With on_error='skip' such clips are skipped."
+    )
