@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream.demos.synth import clip_name, read_stamp, write_dataset, write_stamped_video
+from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
@@ -26,7 +26,7 @@ def stream_index(make_dataset: Any) -> Path:
 
 def _loader(index_path: Path, *, num_workers: int = 0, batch_size: int = 2, remainder: str = "drop",
             shuffle: bool = True, seed: int = 1, max_open_decoders: int | None = None, transform: Any = None,
-            on_error: str = "raise", **kw: Any) -> StreamDataLoader:
+            on_error: str = "raise", pin_memory: bool = False, **kw: Any) -> StreamDataLoader:
     index = load_index(index_path)
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=batch_size,
@@ -34,7 +34,7 @@ def _loader(index_path: Path, *, num_workers: int = 0, batch_size: int = 2, rema
     )
     dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders, transform=transform,
                             on_error=on_error)  # type: ignore[arg-type]
-    return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers)
+    return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory)
 
 
 def _key(batch: dict[str, Any]) -> list[tuple[str, int, bool]]:
@@ -220,15 +220,16 @@ def test_mixed_frame_sizes_are_skipped_and_counted_under_skip(
     assert not batches[0]["valid"][1]  # clip 0 was due in slot 1 at step 0
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(("num_workers", "pin_memory"), [(0, False), (2, False), (2, True)])
 def test_resize_transform_makes_mixed_camera_sizes_stackable(
-    tmp_path: Path, num_workers: int, assert_stamps: Any
+    tmp_path: Path, num_workers: int, pin_memory: bool, assert_stamps: Any
 ) -> None:
     # Every clip mixes sizes; doubling 64x48 to 128x96 keeps the stamps readable. Step 0 stacks
-    # per-part frames, later steps write into batch buffers: both resize each camera frame first.
+    # per-part frames, later steps write into batch buffers (pinned where CUDA is available):
+    # every path resizes each camera frame before writing it.
     index_path = _mixed_sizes(tmp_path, odd_clips=(0, 1, 2))
     loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers,
-                     transform=FrameTransform(resize=(96, 128)))
+                     transform=FrameTransform(resize=(96, 128)), pin_memory=pin_memory)
     steps = 0
     for batch in loader:
         assert batch["frames"].shape == (2, 2, 3, 96, 128)

@@ -86,8 +86,8 @@ class StreamThroughputMonitor(pl.Callback):
       log, all ranks together (1.0 is ideal; present when the train loader reports
       :class:`~lightning_vstream.stream.worker.DecodeStats`);
     - ``vstream/skipped``, ``vstream/skipped_clips``, ``vstream/read_errors`` and
-      ``vstream/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
-      failed frames, clip segments abandoned, failed camera reads and distinct bad files (per
+      ``vstream/bad_files``: with ``on_error="skip"``, slot-steps lost to skipped clips (each
+      counted once, whatever the worker count and prefetch depth), clip segments abandoned, failed camera reads and distinct bad files (per
       worker) since the loader was created, all ranks together (0 when nothing failed).
 
     Rates and the wait fraction cover the last ``window`` batches. See the module docstring for

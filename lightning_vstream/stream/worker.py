@@ -291,7 +291,8 @@ class StreamDataset(Dataset):
         for i, read in enumerate(task.reads):
             try:
                 image = self._deliver(read, buffer[read.position] if direct else None, expected)  # type: ignore[index]
-                if buffer is not None and not direct:
+                if buffer is not None and image.data_ptr() != buffer[read.position].data_ptr():
+                    # Transformed, or from a decoder that does not write into ``out``.
                     if image.dtype != buffer.dtype:
                         raise frame_size_error(self.index, read, tuple(image.shape), expected,  # type: ignore[arg-type]
                                                got_dtype=image.dtype, expected_dtype=buffer.dtype)
