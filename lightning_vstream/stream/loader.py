@@ -72,8 +72,8 @@ class StreamSampler(DistributedSampler):
     Example::
 
         >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
-        >>> len(sampler), next(iter(sampler)).reads[:2]
-        (16, (StreamRead(position=0, clip=2, camera=0, frame=0), StreamRead(position=1, clip=2, camera=1, frame=0)))
+        >>> len(sampler), next(iter(sampler)).reads[0]
+        (27, StreamRead(position=0, clip=2, camera=0, frame=0, segment=2))
     """
 
     def __init__(
@@ -198,7 +198,9 @@ class StreamSampler(DistributedSampler):
                 continue  # padding, or a clip given up: nothing to decode
             for camera in range(self.num_cameras):
                 position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame))
+                parts[position % self.num_parts].append(
+                    StreamRead(position, read.clip, camera, read.frame, read.segment)
+                )
         return [StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape)
                 for p, reads in enumerate(parts)]
 
@@ -533,7 +535,7 @@ class StreamDataLoader(DataLoader):
                 continue
             read = reads[pos // cams]
             assert read is not None
-            where = StreamRead(pos, read.clip, pos % cams, read.frame)
+            where = StreamRead(pos, read.clip, pos % cams, read.frame, read.segment)
             err = frame_size_error(index, where, tuple(frame.shape), shape,
                                    got_dtype=frame.dtype if frame.dtype != dtype else None,
                                    expected_dtype=dtype if frame.dtype != dtype else None)

@@ -54,12 +54,17 @@ def trim_heap() -> None:
 
 
 class StreamRead(NamedTuple):
-    """One frame of one camera stream: ``position = slot * num_cameras + camera``."""
+    """One frame of one camera stream: ``position = slot * num_cameras + camera``.
+
+    ``segment`` is the plan's segment the slot reads (-1: unknown); after a failed read, later
+    reads of the same stream and segment fail at once instead of reopening the file.
+    """
 
     position: int
     clip: int
     camera: int
     frame: int
+    segment: int = -1
 
 
 class StreamTask(NamedTuple):
@@ -85,8 +90,8 @@ class DecodeStats:
 
     ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
     loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
-    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (a read of a
-    clip already given up may be retried and counted again), ``skipped_clips`` the clip segments
+    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
+    stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
     abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
     ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
     the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
@@ -174,6 +179,8 @@ class StreamDataset(Dataset):
         self.transform = transform
         self.device = device
         self.on_error = on_error
+        self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
+        self._epoch = -1
         self._closes = 0
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
@@ -288,7 +295,15 @@ class StreamDataset(Dataset):
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         direct = buffer is not None and self.transform is None  # decode straight into the batch
+        if task.epoch != self._epoch:
+            self._epoch = task.epoch
+            self._given_up.clear()  # segment numbers belong to one epoch's plan
         for i, read in enumerate(task.reads):
+            path = str(self.index.clips[read.clip].cameras[read.camera].path)
+            if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
+                # Prefetched before the loader learnt of the failure; it marks the slot invalid.
+                failed.append((read.position, path, "clip given up after an earlier error"))
+                continue
             try:
                 image = self._deliver(read, buffer[read.position] if direct else None, expected)  # type: ignore[index]
                 if buffer is not None and image.data_ptr() != buffer[read.position].data_ptr():
@@ -303,9 +318,9 @@ class StreamDataset(Dataset):
                 # The loader decides what the failure means for the slot; here only the decoder
                 # goes (a retry of the same stream reopens the file and seeks).
                 self._read_errors += 1
+                self._given_up.add((read.position, read.clip, read.segment))
                 if read.position in self._decoders:
                     self._close(read.position)
-                path = str(self.index.clips[read.clip].cameras[read.camera].path)
                 failed.append((read.position, path, str(err)))
                 continue
             if buffer is None:
