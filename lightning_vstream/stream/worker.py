@@ -315,8 +315,8 @@ class StreamDataset(Dataset):
             except VideoDecodeError as err:
                 if self.on_error == "raise":
                     raise
-                # The loader decides what the failure means for the slot; here only the decoder
-                # goes (a retry of the same stream reopens the file and seeks).
+                # The loader decides what the failure means for the slot; here the decoder goes
+                # and the rest of this stream's segment fails without decoding.
                 self._read_errors += 1
                 self._given_up.add((read.position, read.clip, read.segment))
                 if read.position in self._decoders:
