@@ -294,10 +294,12 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
     index = load_index(pristine / "index.json")
     sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2)
     loader = StreamDataLoader(dataset_cls(index=index), sampler=sampler, num_workers=2, timeout=timeout)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
     with pytest.raises(WorkerError, match=match):
         for _ in loader:
             pass
-    assert not any(w.is_alive() for w in psutil.Process().children())  # ended on the error, not at exit
+    # The workers were ended (and reaped) on the error, not left for the exit to wait on.
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
     del loader
     gc.collect()  # shut the remaining worker down before the next test
 
