@@ -21,6 +21,7 @@ __all__ = [
     "DatasetImportError",
     "DecoderCapabilityError",
     "EncodeError",
+    "FrameSizeError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -92,3 +93,11 @@ class EncodeError(VStreamError, RuntimeError):
 
 class DatasetImportError(VStreamError, ValueError):
     """A dataset being imported (its tables or image files) is missing, malformed or inconsistent."""
+
+
+class FrameSizeError(VideoDecodeError):
+    """A decoded (and transformed) frame does not have the size of the batch it belongs in.
+
+    The message names the file, clip, camera and frame, and both sizes. Under ``on_error="skip"``
+    the clip is skipped and counted like any other unreadable file.
+    """

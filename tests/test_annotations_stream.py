@@ -23,6 +23,7 @@ from _annotation_checks import (
 from lightning_vstream.annotations import AnnotationFiles
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number, read_stamp
+from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import AnnotationError
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
@@ -156,7 +157,7 @@ def mixed_rig(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_cameras_of_different_sizes_are_resized_with_their_intrinsics(mixed_rig: Path) -> None:
     index, sizes = mixed_rig, MIXED_SIZES
-    with pytest.raises(ValueError, match="configure a resize transform"):
+    with pytest.raises(FrameSizeError, match="pass a resize transform"):
         next(iter(_dm(index, annotations=None).train_dataloader()))
     resize = GeometryAugment(output_size=(48, 80), fit="stretch", random_crop=False)
     for num_workers in (0, 2):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
+from lightning_vstream.errors import WorkerError
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames
@@ -110,9 +112,11 @@ def test_skip_delivers_only_right_frames_and_counts_exactly(
     assert bad == list(range(len(bad))) and len(bad) < LENGTHS[BAD_CLIP]
     for clip_id, frames in delivered.items():
         assert frames == list(range(len(frames)))
-    # Every step keeps both slots: invalid slot-steps are exactly those counted as skipped or padded.
+    # Training drops the remainder, so the plan has no padding: every invalid slot-step was lost
+    # to the skip and is counted once; only valid slots count as delivered.
     invalid = sum(int((~b["valid"]).sum()) for b in batches)
-    assert invalid >= stats.skipped_samples >= 1
+    assert stats.skipped_samples == invalid >= 1
+    assert stats.frames_delivered == (2 * len(batches) - invalid) * 2
 
 
 def test_skipping_moves_the_slot_to_its_next_clip(pristine: Path, tmp_path: Path) -> None:
@@ -162,6 +166,121 @@ class _DyingDataset(StreamDataset):
         return super().__getitem__(task)
 
 
+def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop") -> StreamDataLoader:
+    index = load_index(root / "index.json")
+    sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, shuffle=False, remainder=remainder,  # type: ignore[arg-type]
+                            num_parts=max(1, num_workers))
+    return StreamDataLoader(StreamDataset(index=index, on_error="skip"), sampler=sampler, num_workers=num_workers,
+                            prefetch_factor=prefetch if num_workers else None)
+
+
+def _stamp(stamp: Any) -> tuple[int, int, int]:
+    return (stamp.clip, stamp.camera, stamp.frame)
+
+
+def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
+    """Everything a batch tells the model, frames as the stamps they carry."""
+    stamps = tuple(
+        tuple(_stamp(read_stamp(batch["frames"][slot, cam])) for cam in range(2)) if batch["valid"][slot] else None
+        for slot in range(2)
+    )
+    assert all(not batch["frames"][slot].any() for slot in range(2) if not batch["valid"][slot])
+    return (int(batch["step"]), tuple(batch["clip_id"]), tuple(batch["frame_index"].tolist()),
+            tuple(batch["valid"].tolist()), tuple(batch["is_first"].tolist()), stamps)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(
+    pristine: Path, tmp_path: Path, num_workers: int
+) -> None:
+    root = _copy(pristine, tmp_path)
+    _truncate(_bad_file(root))
+    full = [_record(b) for b in _skip_loader(root, num_workers=num_workers)]
+    failed_at = next(i for i, b in enumerate(full) if not all(b[3]))
+    # Resume before, at and just after the failing step, inside the prefetch window (steps issued
+    # before the skip was found still read the clip given up), and after it.
+    for resume_at in range(failed_at - 1, failed_at + 5):
+        first = _skip_loader(root, num_workers=num_workers)
+        it = iter(first)
+        produced = [next(it) for _ in range(resume_at + 2)]  # the loop has prefetched two more
+        first.mark_consumed(produced[resume_at - 1])
+        state = first.state_dict()
+        assert state["step"] == resume_at
+        del it, produced
+        resumed = _skip_loader(root, num_workers=num_workers)
+        resumed.load_state_dict(state)
+        assert [_record(b) for b in resumed] == full[resume_at:], f"resumed at step {resume_at}"
+
+
+def test_skip_counters_are_exact_for_every_worker_count_and_prefetch_depth(pristine: Path, tmp_path: Path) -> None:
+    root = _copy(pristine, tmp_path)
+    _truncate(_bad_file(root))
+    bad = clip_name(BAD_CLIP)
+    lost = set()
+    for num_workers, prefetch in [(0, 2), (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
+        # Evaluation order ("pad"): every frame is due once, so the loss is exact and the same in
+        # every setting: the frames of the damaged clip from the failure on.
+        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch, remainder="pad")
+        batches = list(loader)
+        valid = sum(int(b["valid"].sum()) for b in batches)
+        delivered_bad = sum(1 for b in batches for slot in range(2) if b["valid"][slot] and b["clip_id"][slot] == bad)
+        stats = loader.stats
+        setting = f"num_workers={num_workers}, prefetch_factor={prefetch}"
+        assert stats.skipped_samples == LENGTHS[BAD_CLIP] - delivered_bad, setting
+        assert valid + stats.skipped_samples == sum(LENGTHS), setting
+        assert stats.frames_delivered == valid * 2, setting
+        assert (stats.skipped_clips, stats.bad_files) == (1, 1), setting
+        lost.add(stats.skipped_samples)
+        # Training order ("drop"): no padding in the plan, so every invalid slot-step is a lost one.
+        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch)
+        batches = list(loader)
+        invalid = sum(int((~b["valid"]).sum()) for b in batches)
+        assert loader.stats.skipped_samples == invalid, setting
+        assert loader.stats.frames_delivered == (2 * len(batches) - invalid) * 2, setting
+    assert len(lost) == 1 and lost.pop() > 10
+
+
+_STALL_AND_EXIT = r"""
+import signal, sys, threading
+from lightning_vstream.errors import WorkerError
+from lightning_vstream.index import load_index
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.worker import StreamDataset
+
+class Stalling(StreamDataset):
+    def __getitem__(self, task):
+        if task.step == 2 and task.part == 1:
+            # Training scripts often install a SIGTERM handler that the workers inherit: a
+            # stalled worker then outlives terminate(), and multiprocessing waits for it at exit.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            threading.Event().wait()
+        return super().__getitem__(task)
+
+index = load_index(sys.argv[1])
+sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, num_parts=2)
+loader = StreamDataLoader(Stalling(index=index), sampler=sampler, num_workers=2, timeout=2,
+                          persistent_workers=sys.argv[2] == "persistent")
+try:
+    for batch in loader:
+        pass
+except WorkerError as err:
+    print("WorkerError:", err, flush=True)
+"""
+
+
+@pytest.mark.parametrize("persistent", ["persistent", "transient"])
+def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persistent: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _STALL_AND_EXIT, str(pristine / "index.json"), persistent],
+                            check=False, timeout=240, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"WorkerError: DataLoader timed out after 2 seconds while waiting for part 1 of step 2 "
+                     r"\(clip 'scene-\d+', camera 'CAM_BACK_LEFT', frame 2 \('[^']+CAM_BACK_LEFT\.mp4'\)", result.stdout), (
+        result.stdout + result.stderr)[-2000:]
+
+
 @pytest.mark.parametrize(("dataset_cls", "timeout", "match"), [
     (_StallingDataset, 2, "timed out after 2 seconds"),
     # A dead worker is reported at once (torch's SIGCHLD handler), long before the timeout.
@@ -175,9 +294,12 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
     index = load_index(pristine / "index.json")
     sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2)
     loader = StreamDataLoader(dataset_cls(index=index), sampler=sampler, num_workers=2, timeout=timeout)
-    with pytest.raises(RuntimeError, match=match):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
+    with pytest.raises(WorkerError, match=match):
         for _ in loader:
             pass
+    # The workers were ended (and reaped) on the error, not left for the exit to wait on.
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
     del loader
     gc.collect()  # shut the remaining worker down before the next test
 

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream.stream.worker import StreamDataset
-from lightning_vstream.index import load_index
+from lightning_vstream.demos.synth import clip_name, write_stamped_video
+from lightning_vstream.errors import FrameSizeError
+from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
-from lightning_vstream.demos.synth import write_dataset, write_stamped_video
+from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.transforms import FrameTransform
 
 
 @pytest.fixture(scope="session")
@@ -23,14 +25,16 @@ def stream_index(make_dataset: Any) -> Path:
 
 
 def _loader(index_path: Path, *, num_workers: int = 0, batch_size: int = 2, remainder: str = "drop",
-            shuffle: bool = True, seed: int = 1, max_open_decoders: int | None = None, **kw: Any) -> StreamDataLoader:
+            shuffle: bool = True, seed: int = 1, max_open_decoders: int | None = None, transform: Any = None,
+            on_error: str = "raise", pin_memory: bool = False, **kw: Any) -> StreamDataLoader:
     index = load_index(index_path)
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=batch_size,
         seed=seed, shuffle=shuffle, remainder=remainder, num_parts=max(1, num_workers), **kw,  # type: ignore[arg-type]
     )
-    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders)
-    return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers)
+    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders, transform=transform,
+                            on_error=on_error)  # type: ignore[arg-type]
+    return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory)
 
 
 def _key(batch: dict[str, Any]) -> list[tuple[str, int, bool]]:
@@ -176,14 +180,67 @@ def test_epochs_differ_and_set_epoch_selects_the_plan(stream_index: Path) -> Non
     assert [_key(b) for b in loader] == epoch0
 
 
-def test_mixed_frame_sizes_in_one_batch_are_an_error(tmp_path: Path) -> None:
-    write_dataset(tmp_path, clips=2, cameras=1, frames=6, size=(64, 48))
-    # Replace clip 1's file with a bigger one.
-    write_stamped_video(tmp_path / "videos/scene-0001/CAM_BACK.mp4", clip=1, camera=0, frames=6, size=(80, 48))
-    loader = _loader(tmp_path / "index.json", batch_size=2, shuffle=False)
-    with pytest.raises(ValueError, match=r"clip 'scene-0001', camera 'CAM_BACK' frame 0 is \(3, 48, 80\) but clip "
-                                         r"'scene-0000', camera 'CAM_BACK' in the same batch is \(3, 48, 64\)"):
-        next(iter(loader))
+def _mixed_sizes(root: Path, *, odd_clips: tuple[int, ...]) -> Path:
+    """Three clips (8, 6, 10 frames), two cameras; CAM_BACK_LEFT of ``odd_clips`` is 128x96, the rest 64x48.
+
+    Unshuffled with two slots, step 0 reads clip 2 (slot 0) and clip 0 (slot 1).
+    """
+    for clip, frames in enumerate([8, 6, 10]):
+        for cam, name in enumerate(["CAM_BACK", "CAM_BACK_LEFT"]):
+            size = (128, 96) if cam == 1 and clip in odd_clips else (64, 48)
+            write_stamped_video(root / "videos" / clip_name(clip) / f"{name}.mp4", clip=clip, camera=cam,
+                                frames=frames, size=size, gop=6)
+    return build_index(root, output=root / "index.json", progress=False)
+
+
+# Clip 0 is read in step 0, before the batch's size is known (frames come in per-part tensors);
+# clip 1 later, when workers decode straight into batch buffers of the known size.
+@pytest.mark.parametrize("odd", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mixed_frame_sizes_name_the_file_clip_camera_and_both_sizes(tmp_path: Path, num_workers: int, odd: int) -> None:
+    index_path = _mixed_sizes(tmp_path, odd_clips=(odd,))
+    loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers)
+    with pytest.raises(FrameSizeError, match=rf"clip 'scene-000{odd}', camera 'CAM_BACK_LEFT', frame 0 \('[^']*"
+                                             rf"scene-000{odd}/CAM_BACK_LEFT\.mp4'\) is \(3, 96, 128\) but the "
+                                             r"batch's frames are \(3, 48, 64\); .*FrameTransform\(resize="):
+        list(loader)
+
+
+@pytest.mark.parametrize("odd", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mixed_frame_sizes_are_skipped_and_counted_under_skip(
+    tmp_path: Path, num_workers: int, odd: int, assert_stamps: Any
+) -> None:
+    index_path = _mixed_sizes(tmp_path, odd_clips=(odd,))
+    loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers, on_error="skip")
+    batches = list(loader)
+    for batch in batches:
+        assert batch["frames"].shape[2:] == (3, 48, 64)
+        assert_stamps(batch)
+        assert clip_name(odd) not in batch["clip_id"]
+    stats = loader.stats
+    assert (stats.skipped_clips, stats.bad_files) == (1, 1) and stats.read_errors >= 1
+    assert stats.frames_delivered == sum(int(b["valid"].sum()) for b in batches) * 2
+    assert odd != 0 or not batches[0]["valid"][1]  # clip 0 was due in slot 1 at step 0
+
+
+@pytest.mark.parametrize(("num_workers", "pin_memory"), [(0, False), (2, False), (2, True)])
+def test_resize_transform_makes_mixed_camera_sizes_stackable(
+    tmp_path: Path, num_workers: int, pin_memory: bool, assert_stamps: Any
+) -> None:
+    # Every clip mixes sizes; doubling 64x48 to 128x96 keeps the stamps readable. Step 0 stacks
+    # per-part frames, later steps write into batch buffers (pinned where CUDA is available):
+    # every path resizes each camera frame before writing it.
+    index_path = _mixed_sizes(tmp_path, odd_clips=(0, 1, 2))
+    loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers,
+                     transform=FrameTransform(resize=(96, 128)), pin_memory=pin_memory)
+    steps = 0
+    for batch in loader:
+        assert batch["frames"].shape == (2, 2, 3, 96, 128)
+        assert bool(batch["valid"].all())
+        assert_stamps(batch)
+        steps += 1
+    assert steps == len(loader) and loader.stats.frames_delivered == steps * 2 * 2
 
 
 def test_loader_rejects_parts_that_do_not_match_workers(stream_index: Path) -> None:

@@ -90,8 +90,8 @@ class StreamThroughputMonitor(pl.Callback):
       log, all ranks together (1.0 is ideal; present when the train loader reports
       :class:`~lightning_vstream.stream.worker.DecodeStats`);
     - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors`` and
-      ``train/bad_files``: with ``on_error="skip"``, slot-steps delivered as padding instead of
-      failed frames, clip segments abandoned, failed camera reads and distinct bad files (per
+      ``train/bad_files``: with ``on_error="skip"``, slot-steps lost to skipped clips (each
+      counted once, whatever the worker count and prefetch depth), clip segments abandoned, failed camera reads and distinct bad files (per
       worker) since the loader was created, all ranks together (0 when nothing failed).
 
     Keep ``log_every_n_steps`` at its default (the Trainer's) for every log to reach the

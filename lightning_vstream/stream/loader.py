@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing.context
+import re
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,15 +29,31 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_vstream.annotations.batch import add_annotations
-from lightning_vstream.errors import ResumeStateError, StepMismatchError, WorkerError
+from lightning_vstream.errors import ResumeStateError, StepMismatchError, VStreamError, WorkerError
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
-from lightning_vstream.stream.worker import DecodeStats, StreamDataset, StreamPart, StreamRead, StreamTask
+from lightning_vstream.stream.worker import (
+    DecodeStats,
+    StreamDataset,
+    StreamPart,
+    StreamRead,
+    StreamTask,
+    frame_size_error,
+)
 
 __all__ = ["StreamDataLoader", "StreamSampler"]
 
 STATE_VERSION = 1
+#: Seconds a worker gets to exit after SIGTERM, once the loader has failed, before SIGKILL.
+STOP_GRACE_S = 2.0
+# What torch raises when a worker stalls past the timeout or dies.
+_TORCH_WORKER_FAILURE = re.compile(r"DataLoader timed out after|DataLoader worker \(pid.*exited unexpectedly")
 log = logging.getLogger("lightning_vstream")
+
+# A skip found while assembling ``step``: (step, slot, segment, (from_step, new_shift) or None).
+_Skip = tuple[int, int, int, "tuple[int, int] | None"]
+# Per-slot shifts, later shift changes (from_step, slot, shift) and abandoned (slot, segment) pairs.
+_Skips = tuple[list[int], list[tuple[int, int, int]], set[tuple[int, int]]]
 
 
 class StreamSampler(DistributedSampler):
@@ -57,8 +75,8 @@ class StreamSampler(DistributedSampler):
     Example::
 
         >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
-        >>> len(sampler), next(iter(sampler)).reads[:2]
-        (16, (StreamRead(position=0, clip=2, camera=0, frame=0, segment_start=0), StreamRead(position=1, clip=2, camera=1, frame=0, segment_start=0)))
+        >>> len(sampler), next(iter(sampler)).reads[0]
+        (27, StreamRead(position=0, clip=2, camera=0, frame=0, segment=2, segment_start=0))
     """
 
     def __init__(
@@ -91,6 +109,12 @@ class StreamSampler(DistributedSampler):
         # Per-slot step offsets: a slot whose clip failed (on_error="skip") jumps ahead to its
         # next segment and pads at the end of the epoch, so all ranks keep the same length.
         self.shifts = [0] * batch_size
+        #: Shift changes that take effect at a later step: ``(from_step, slot, shift)`` (resume).
+        self.pending_shifts: list[tuple[int, int, int]] = []
+        #: ``(slot, segment)`` pairs given up in this pass: their reads are not sent to workers.
+        self.abandoned: set[tuple[int, int]] = set()
+        #: Shape of every frame of the batch once known; sent with each task so workers check it.
+        self.frame_shape: tuple[int, ...] | None = None
         self._issued: dict[int, tuple[list[SlotRead | None], list[int], torch.Tensor | None]] = {}
         #: Weak reference to a callable giving each step's batch buffer (None: parts mode).
         self.buffer_factory: weakref.WeakMethod[Callable[[], torch.Tensor | None]] | None = None
@@ -119,8 +143,14 @@ class StreamSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose plan the next iteration follows."""
         if epoch != self.epoch:
-            self.shifts = [0] * self.batch_size
+            self.reset_skips()
         self.epoch = epoch
+
+    def reset_skips(self) -> None:
+        """Forget the shifts and abandoned segments of skipped clips (a new pass from step 0)."""
+        self.shifts = [0] * self.batch_size
+        self.pending_shifts = []
+        self.abandoned = set()
 
     def __len__(self) -> int:
         return len(self.schedule()) * self.num_parts
@@ -138,21 +168,29 @@ class StreamSampler(DistributedSampler):
         """The reads, shifts and batch buffer ``step`` was issued with (the loader labels batches with them)."""
         return self._issued.pop(step)
 
-    def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> None:
+    def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> tuple[int, int] | None:
         """Move ``slot`` past the segment of ``read`` for every step not issued yet.
 
         ``read`` was issued at ``step`` with the slot's shift ``shift``; steps already issued
-        keep their reads (the loader marks them invalid).
+        keep their reads (the loader marks them invalid). Returns ``(from_step, new_shift)``, or
+        None when the slot had already moved past the segment.
         """
+        self.abandoned.add((slot, read.segment))
         segment = self.schedule().segments[read.segment]
         offset = (read.frame - segment.start) // segment.stride
         next_segment = step + shift + segment.length - offset  # plan position of the next segment
         if self._next_step + self.shifts[slot] < next_segment:
             self.shifts[slot] = next_segment - self._next_step
+            return self._next_step, self.shifts[slot]
+        return None
 
     def tasks(self, step: int) -> list[StreamTask]:
         """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
         parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
+        due = [change for change in self.pending_shifts if change[0] <= step]
+        for _, slot, shift in sorted(due):
+            self.shifts[slot] = shift
+        self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
         reads = self.reads(step)
         factory = self.buffer_factory() if self.buffer_factory is not None else None
         buffer = factory() if factory is not None else None
@@ -160,18 +198,21 @@ class StreamSampler(DistributedSampler):
         self._next_step = step + 1
         segments = self.schedule().segments
         for slot, read in enumerate(reads):
-            if read is None:
-                continue
+            if read is None or (slot, read.segment) in self.abandoned:
+                continue  # padding, or a clip given up: nothing to decode
             start = segments[read.segment].start
             for camera in range(self.num_cameras):
                 position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(StreamRead(position, read.clip, camera, read.frame, start))
-        return [StreamTask(self.epoch, step, p, tuple(reads), buffer) for p, reads in enumerate(parts)]
+                parts[position % self.num_parts].append(
+                    StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
+                )
+        return [StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape)
+                for p, reads in enumerate(parts)]
 
     def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
         self._issued.clear()
         if self.start_step == 0:
-            self.shifts = [0] * self.batch_size
+            self.reset_skips()
         for step in range(self.start_step, len(self.schedule())):
             yield from self.tasks(step)
 
@@ -303,11 +344,16 @@ class StreamDataLoader(DataLoader):
         self._yielded: tuple[int, int] | None = None
         self._consumed: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
-        self._resume_shifts: list[int] = []
-        self._shift_log: dict[int, list[int]] = {}
+        no_skips: _Skips = ([0] * sampler.batch_size, [], set())
+        self._resume_skips = no_skips
+        # The skips in force when the current pass started, and those found since: enough to
+        # rebuild what was in force at any step of the pass (a resume must not see skips found
+        # in batches that were prefetched but never consumed).
+        self._pass_epoch = sampler.epoch
+        self._pass_start = no_skips
+        self._found: list[_Skip] = []
         self._skips = DecodeStats()
         self._bad_files: set[str] = set()
-        self._abandoned: set[tuple[int, int]] = set()  # (slot, segment) given up in the current pass
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
         self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
@@ -321,43 +367,95 @@ class StreamDataLoader(DataLoader):
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         plan = sampler.schedule()
         start = 0
+        skips: _Skips = ([0] * sampler.batch_size, [], set())
         if self._resume is not None and self._resume[0] == sampler.epoch:
             start = self._resume[1]
-            sampler.shifts = list(self._resume_shifts)
+            skips = self._resume_skips
         sampler.start_step = start
-        self._abandoned = set()
+        sampler.shifts, sampler.pending_shifts, sampler.abandoned = list(skips[0]), list(skips[1]), set(skips[2])
+        self._pass_epoch, self._pass_start, self._found = sampler.epoch, skips, []
         parts_iter = super().__iter__()
         try:
             for step in range(start, len(plan)):
-                parts = [self._receive(parts_iter) for _ in range(sampler.num_parts)]
+                parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
                 with nvtx_range(RANGE_COLLATE):
                     batch = self._assemble(sampler, step, parts)
                 self._yielded = (sampler.epoch, step + 1)
                 yield batch
+        except Exception:
+            # Whatever failed, end our workers now: one that stalls and ignores SIGTERM would
+            # otherwise keep the process from exiting (multiprocessing joins it at exit).
+            self._stop_workers(parts_iter)
+            raise
         finally:
             sampler.start_step = 0
         self._resume = None
 
-    @staticmethod
-    def _receive(parts_iter: Iterator[StreamPart]) -> StreamPart:
+    def _receive(self, parts_iter: Iterator[StreamPart], step: int, part: int) -> StreamPart:
         try:
             return next(parts_iter)
-        except RuntimeError as err:
-            # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
-            # the worker (a VideoDecodeError, say) keep their own type and pass through.
-            message = str(err)
-            if type(err) is RuntimeError and message.startswith(("DataLoader worker", "DataLoader timed out")):
-                raise WorkerError(
-                    f"{message}. A decoding worker died or stalled; the DataLoader cannot continue. Check the "
-                    "worker's memory limit and the files it was decoding, or raise timeout."
-                ) from err
-            raise
         except (ConnectionError, EOFError) as err:
             # A worker that dies while handing over shared memory breaks the connection first.
             raise WorkerError(
-                "a decoding worker died while sending its frames (see the chained error); the DataLoader "
-                "cannot continue. Check the worker's memory limit and the files it was decoding."
+                f"a decoding worker died while sending part {part} of step {step} ({self._describe(step, part)}); "
+                "the DataLoader cannot continue. Check the worker's memory limit and the files it was decoding."
             ) from err
+        except RuntimeError as err:
+            # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
+            # the worker (a VideoDecodeError, say) keep their own type and pass through.
+            if isinstance(err, VStreamError) or not _TORCH_WORKER_FAILURE.search(str(err)):
+                raise
+            what = "stalled" if "timed out" in str(err) else "died"
+            hint = ("A worker stalls when a file system stops answering or a decoder hangs: check the files named, "
+                    "or raise `timeout` if decoding is only slow." if what == "stalled" else
+                    "A worker is usually killed for memory: check its memory limit (the kernel log lists OOM "
+                    "kills) and the files named.")
+            raise WorkerError(
+                f"{err} while waiting for part {part} of step {step} ({self._describe(step, part)}): a decoding "
+                f"worker {what} and the workers were stopped. {hint}"
+            ) from err
+
+    def _describe(self, step: int, part: int) -> str:
+        """The reads of one part, for errors: the first named with its file, then a count."""
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        entry = sampler._issued.get(step)
+        if entry is None:
+            return "reads unknown"
+        cams = sampler.num_cameras
+        positions = [slot * cams + camera for slot, read in enumerate(entry[0]) if read is not None
+                     for camera in range(cams) if (slot * cams + camera) % sampler.num_parts == part]
+        if not positions:
+            return "no reads"
+        read = entry[0][positions[0] // cams]
+        assert read is not None
+        clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
+        camera = clip.cameras[positions[0] % cams]
+        more = f", and {len(positions) - 1} more camera reads" if len(positions) > 1 else ""
+        return f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}){more}"
+
+    def _stop_workers(self, parts_iter: Any) -> None:
+        """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
+        workers = list(getattr(parts_iter, "_workers", ()))
+        if getattr(parts_iter, "_worker_pids_set", False):
+            # torch reports any worker exit as a crash until its pids leave its SIGCHLD check.
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._remove_worker_pids(id(parts_iter))
+            parts_iter._worker_pids_set = False
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in workers:
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()  # SIGTERM ignored, e.g. a handler inherited from the training script
+                worker.join()
+        shutdown = getattr(parts_iter, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()  # queues and events; the processes are gone, so nothing waits
+        if self._iterator is parts_iter:
+            self._iterator = None  # persistent workers: the next epoch starts new ones
 
     def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> dict[str, Any]:
         index = self.dataset.index  # type: ignore[attr-defined]
@@ -371,30 +469,35 @@ class StreamDataLoader(DataLoader):
                 )
             self._worker_stats[part.worker_key] = part.stats
         reads, shifts, buffer = sampler.issued(step)
-        self._shift_log[step] = shifts
-        for old in [s for s in self._shift_log if s < step - 256]:
-            del self._shift_log[old]
-        valid = [r is not None and (slot, r.segment) not in self._abandoned for slot, r in enumerate(reads)]
-        for part in parts:
-            for position, path, error in part.failed:
-                slot = position // cams
-                read = reads[slot]
-                if read is None:
-                    continue
-                if (slot, read.segment) not in self._abandoned:
-                    self._abandoned.add((slot, read.segment))
-                    sampler.abandon(slot, step, shifts[slot], read)
-                    self._skips.skipped_clips += 1
-                    if path not in self._bad_files:
-                        self._bad_files.add(path)
-                        log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id,
-                                    read.frame, error)
-                valid[slot] = False
+        valid = [r is not None and (slot, r.segment) not in sampler.abandoned for slot, r in enumerate(reads)]
+        failed = [failure for part in parts for failure in part.failed]
+        rows: dict[int, torch.Tensor] = {}
+        if buffer is None:
+            rows = _rows(parts)
+            failed += self._check_sizes(step, reads, rows, valid, cams)
+        for position, path, error in failed:
+            slot = position // cams
+            read = reads[slot]
+            if read is None:
+                continue
+            valid[slot] = False
+            if (slot, read.segment) in sampler.abandoned:
+                continue  # a prefetched read of a clip given up already
+            self._found.append((step, slot, read.segment, sampler.abandon(slot, step, shifts[slot], read)))
+            self._skips.skipped_clips += 1
+            if path not in self._bad_files:
+                self._bad_files.add(path)
+                log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id,
+                            read.frame, error)
+        num_steps = sampler.schedule().num_steps
+        # A slot-step is lost to a skip when it holds no frame although it was due one: its read
+        # failed or belongs to a clip given up, or (read None) the slot ran past the plan's end
+        # because it jumped ahead. Padding the plan itself has is not counted.
         self._skips.skipped_samples += sum(
-            1 for slot, r in enumerate(reads) if r is not None and not valid[slot]
+            1 for slot, r in enumerate(reads) if not valid[slot] and (r is not None or step + shifts[slot] >= num_steps)
         )
+        self._skips.frames_delivered += sum(valid) * cams
         self._skips.bad_files = len(self._bad_files)
-        with_frames = [part for part in parts if part.frames is not None]
         delivered: torch.Tensor | list[torch.Tensor]
         if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
             delivered = self._merge_cameras(step, parts, valid, cams, batch_size)
@@ -402,7 +505,7 @@ class StreamDataLoader(DataLoader):
             frames = self._finish_buffer(buffer, valid, cams)
             delivered = frames.view(batch_size, cams, *buffer.shape[1:])
         else:
-            frames, shape = self._merge_parts(step, parts, with_frames, valid, cams, batch_size)
+            frames, shape = self._merge_parts(step, parts, rows, valid, cams, batch_size)
             delivered = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
@@ -452,6 +555,39 @@ class StreamDataLoader(DataLoader):
             matrices=matrices if dataset.has_geometry else None, cameras=cams,
         )
 
+    def _check_sizes(
+        self, step: int, reads: list[SlotRead | None], rows: dict[int, torch.Tensor], valid: list[bool], cams: int
+    ) -> list[tuple[int, str, str]]:
+        """Frames whose size differs from the batch's, as failures (or raised, under on_error="raise").
+
+        Until the batch size is known (the first steps), the frame at the lowest position sets it.
+        """
+        delivered = sorted(pos for pos in rows if valid[pos // cams])
+        if self._template is None and delivered:
+            first = rows[delivered[0]]
+            self._template = (tuple(first.shape), first.dtype, first.device)
+            self.sampler.frame_shape = tuple(first.shape)  # type: ignore[attr-defined]
+        if self._template is None:
+            return []
+        shape, dtype, _ = self._template
+        failed = []
+        index = self.dataset.index  # type: ignore[attr-defined]
+        for pos in delivered:
+            frame = rows[pos]
+            if tuple(frame.shape) == shape and frame.dtype == dtype:
+                continue
+            read = reads[pos // cams]
+            assert read is not None
+            where = StreamRead(pos, read.clip, pos % cams, read.frame, read.segment)
+            err = frame_size_error(index, where, tuple(frame.shape), shape,
+                                   got_dtype=frame.dtype if frame.dtype != dtype else None,
+                                   expected_dtype=dtype if frame.dtype != dtype else None)
+            if self.dataset.on_error == "raise":  # type: ignore[attr-defined]
+                raise err
+            self._skips.read_errors += 1
+            failed.append((pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
+        return failed
+
     def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:
         rows = buffer.view(len(valid), cams, *buffer.shape[1:])
         for slot, ok in enumerate(valid):
@@ -462,30 +598,25 @@ class StreamDataLoader(DataLoader):
         return buffer
 
     def _merge_parts(
-        self, step: int, parts: list[StreamPart], with_frames: list[StreamPart], valid: list[bool], cams: int,
+        self, step: int, parts: list[StreamPart], rows: dict[int, torch.Tensor], valid: list[bool], cams: int,
         batch_size: int,
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
-        if with_frames:
-            sample = with_frames[0].frames
-            assert sample is not None
-            self._template = (tuple(sample.shape[1:]), sample.dtype, sample.device)
-        elif self._template is None:
+        if self._template is None:
             raise RuntimeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
         shape, dtype, device = self._template
         complete = all(valid)
-        if len(parts) == 1 and complete and not self.pin_output:
-            return with_frames[0].frames, shape  # type: ignore[return-value]
+        only = parts[0].frames if len(parts) == 1 else None
+        if complete and isinstance(only, torch.Tensor) and not self.pin_output:
+            return only, shape  # one part, every read delivered at the batch's size: no copy
         pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
         alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
         frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pin)
-        for part in with_frames:
-            assert part.frames is not None
-            for row, pos in enumerate(part.positions):
-                if valid[pos // cams]:
-                    if device.type == "cpu":
-                        frames[pos].numpy()[...] = part.frames[row].numpy()  # single-threaded memcpy
-                    else:
-                        frames[pos].copy_(part.frames[row])
+        for pos, row in rows.items():
+            if valid[pos // cams]:
+                if device.type == "cpu":
+                    frames[pos].numpy()[...] = row.numpy()  # single-threaded memcpy
+                else:
+                    frames[pos].copy_(row)
         return frames, shape
 
     def _merge_cameras(
@@ -563,15 +694,47 @@ class StreamDataLoader(DataLoader):
             "frame_stride": sampler.frame_stride,
         }
 
+    def _skips_before(self, step: int) -> _Skips:
+        """The skips in force at ``step`` of the current pass, leaving out those found at ``step`` or later."""
+        shifts, pending, abandoned = self._pass_start
+        shifts, abandoned = list(shifts), set(abandoned)
+        changes = list(pending)
+        for found_at, slot, segment, change in self._found:
+            if found_at < step:
+                abandoned.add((slot, segment))
+                if change is not None:
+                    changes.append((change[0], slot, change[1]))
+        later = []
+        for from_step, slot, shift in sorted(changes):
+            if from_step <= step:
+                shifts[slot] = shift
+            else:
+                later.append((from_step, slot, shift))
+        return shifts, later, abandoned
+
     def state_dict(self) -> dict[str, Any]:
-        """Plain-dict position: the epoch and the first step not yet consumed."""
+        """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
+
+        Skips (``on_error="skip"``) are stored as per-slot ``shifts``, ``pending_shifts``
+        (``[from_step, slot, shift]``: steps prefetched before a skip was found still read the
+        clip given up) and ``abandoned`` (``[slot, segment]``), so that a resumed run delivers
+        exactly the batches the interrupted run would have delivered.
+        """
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
         epoch, step = position
-        shifts = self._shift_log.get(step, sampler.shifts) if epoch == sampler.epoch else [0] * sampler.batch_size
+        skips: _Skips = ([0] * sampler.batch_size, [], set())
         if step >= len(sampler.schedule(epoch)):
-            epoch, step, shifts = epoch + 1, 0, [0] * sampler.batch_size
-        return {"version": STATE_VERSION, "epoch": epoch, "step": step, "shifts": list(shifts), **self._config()}
+            epoch, step = epoch + 1, 0
+        elif epoch == self._pass_epoch:
+            skips = self._skips_before(step)
+        shifts, pending, abandoned = skips
+        return {
+            "version": STATE_VERSION, "epoch": epoch, "step": step, "shifts": list(shifts),
+            "pending_shifts": [list(change) for change in pending],
+            "abandoned": [list(pair) for pair in sorted(abandoned)],
+            **self._config(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
@@ -592,6 +755,39 @@ class StreamDataLoader(DataLoader):
         if len(shifts) != sampler.batch_size:
             raise ResumeStateError(f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size="
                                    f"{sampler.batch_size}.")
-        self._resume_shifts = shifts
+        pending = [_ints(change, 3, "pending_shifts", sampler.batch_size) for change in state.get("pending_shifts", [])]
+        abandoned = {_ints(pair, 2, "abandoned", sampler.batch_size) for pair in state.get("abandoned", [])}
+        self._resume_skips = (shifts, pending, abandoned)  # type: ignore[assignment]
+        self._pass_epoch, self._pass_start, self._found = self._resume[0], self._resume_skips, []
         self._consumed = self._yielded = None
         sampler.set_epoch(self._resume[0])
+
+
+def _ints(value: Any, length: int, field: str, batch_size: int) -> tuple[int, ...]:
+    """One entry of a saved skip list, checked: ``length`` integers whose slot is below ``batch_size``."""
+    try:
+        entry = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        entry = ()
+    slot = entry[1] if field == "pending_shifts" and len(entry) == length else entry[0] if entry else -1
+    if len(entry) != length or not 0 <= slot < batch_size:
+        shape = "[from_step, slot, shift]" if field == "pending_shifts" else "[slot, segment]"
+        raise ResumeStateError(
+            f"cannot resume: the checkpoint's loader state has {field} entry {value!r}; expected {shape} integers "
+            f"with 0 <= slot < batch_size={batch_size}. The checkpoint was not written by this loader."
+        )
+    return entry
+
+
+def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
+    """Each delivered frame of a step by its position (no buffer: frames came in per-part tensors)."""
+    rows: dict[int, torch.Tensor] = {}
+    for part in parts:
+        if part.frames is None:
+            continue
+        bad = {position for position, _, _ in part.failed}
+        for row, pos in enumerate(part.positions):
+            frame = part.frames[row]
+            if pos not in bad and frame is not None:
+                rows[pos] = frame
+    return rows

@@ -27,12 +27,21 @@ from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.errors import AnnotationError
+from lightning_vstream.errors import AnnotationError, FrameSizeError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["CameraFrames", "DecodeStats", "OnError", "StreamDataset", "StreamPart", "StreamRead", "StreamTask"]
+__all__ = [
+    "CameraFrames",
+    "DecodeStats",
+    "OnError",
+    "StreamDataset",
+    "StreamPart",
+    "StreamRead",
+    "StreamTask",
+    "frame_size_error",
+]
 
 OnError = Literal["raise", "skip"]
 CameraFrames = Literal["stacked", "per_camera"]
@@ -64,6 +73,8 @@ def trim_heap() -> None:
 class StreamRead(NamedTuple):
     """One frame of one camera stream: ``position = slot * num_cameras + camera``.
 
+    ``segment`` is the plan's segment the slot reads (-1: unknown); after a failed read, later
+    reads of the same stream and segment fail at once instead of reopening the file.
     ``segment_start`` is the first frame of the segment the slot follows (it keys the
     per-clip augmentation draw).
     """
@@ -72,6 +83,7 @@ class StreamRead(NamedTuple):
     clip: int
     camera: int
     frame: int
+    segment: int = -1
     segment_start: int = 0
 
 
@@ -80,6 +92,8 @@ class StreamTask(NamedTuple):
 
     ``buffer``, when given, is the step's whole batch ``[slots * cameras, ...]`` (in shared
     memory when workers decode): the dataset writes its reads into their rows directly.
+    ``frame_shape``, when known, is the shape every frame of the batch has (after the
+    transform); a frame of another shape is a :class:`~lightning_vstream.errors.FrameSizeError`.
     """
 
     epoch: int
@@ -87,17 +101,22 @@ class StreamTask(NamedTuple):
     part: int
     reads: tuple[StreamRead, ...]
     buffer: torch.Tensor | None = None
+    frame_shape: tuple[int, ...] | None = None
 
 
 @dataclass
 class DecodeStats:
     """Decoding counters.
 
-    ``amplification`` is frames decoded per frame delivered. With ``on_error="skip"``,
-    ``read_errors`` counts failed camera reads, ``skipped_clips`` the clip segments abandoned
-    because of them, ``skipped_samples`` the slot-steps delivered as ``valid=False`` instead,
-    and ``bad_files`` the distinct files that failed. ``missing_annotations`` counts frames
-    delivered with ``has_annotations=False`` because their annotation could not be found.
+    ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
+    loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
+    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
+    stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
+    abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
+    ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
+    the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
+    ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
+    annotation could not be found.
     """
 
     frames_decoded: int = 0
@@ -131,7 +150,7 @@ class StreamPart:
     part: int
     worker_key: tuple[int, int]
     positions: list[int]
-    frames: torch.Tensor | None
+    frames: torch.Tensor | list[torch.Tensor | None] | None  # a list only when frame sizes differ
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
     failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
@@ -153,13 +172,15 @@ class StreamDataset(Dataset):
         max_open_decoders: Open decoders kept per process (least recently used are closed);
             None keeps one per stream.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
-        transform: Applied to every part's frames ``[n, 3, H, W]`` uint8 in the worker, on
-            the device they were decoded on. A :class:`~lightning_vstream.FrameTransform`'s resize
-            happens inside CPU video decoders (see :meth:`FrameTransform.decoder_size`).
+        transform: Applied to every camera frame (as ``[1, 3, H, W]`` uint8) in the worker, on
+            the device it was decoded on, before the frame is written into the batch; so a
+            resizing transform makes cameras of different sizes stackable. A
+            :class:`~lightning_vstream.FrameTransform`'s resize happens inside CPU video decoders
+            (see :meth:`FrameTransform.decoder_size`).
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
-        on_error: ``"raise"`` stops at the first unreadable frame with an error naming file,
-            clip, camera and frame; ``"skip"`` reports the failed reads in the part (the loader
-            moves the slot on to its next clip) and stops decoding that clip in this process.
+        on_error: ``"raise"`` stops at the first unreadable frame (or frame of the wrong size)
+            with an error naming file, clip, camera and frame; ``"skip"`` reports the failed reads
+            in the part, and the loader moves the slot on to its next clip.
         annotations: Looked up for every slot's frame by the part that reads the slot's first
             camera (see :mod:`lightning_vstream.annotations`); None delivers frames only.
         augment: Geometry augmentation applied to every frame before ``transform``, drawn once
@@ -202,8 +223,11 @@ class StreamDataset(Dataset):
         self.transform = transform
         self.device = device
         # Video decoded on the CPU is resized by swscale while it converts to RGB.
+        # Not under augmentation, which must see the frame at its own size before any resize.
         self._decode_size = (
-            transform.decoder_size() if isinstance(transform, FrameTransform) and device == "cpu" else None
+            transform.decoder_size()
+            if isinstance(transform, FrameTransform) and device == "cpu" and augment is None
+            else None
         )
         self.on_error = on_error
         self.annotations = annotations
@@ -212,7 +236,7 @@ class StreamDataset(Dataset):
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
         self._draws: dict[tuple[int, int, int], AugmentParams] = {}
-        self._bad_clips: set[int] = set()
+        self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
         self._closes = 0
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
@@ -222,7 +246,6 @@ class StreamDataset(Dataset):
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
-        self._delivered = 0
 
     def __len__(self) -> int:
         return self.index.total_frames * len(self.index.camera_names)
@@ -235,12 +258,11 @@ class StreamDataset(Dataset):
 
     @property
     def stats(self) -> DecodeStats:
-        """Counters of this process, open decoders included."""
+        """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
         live = DecodeStats()
         for _, dec in self._decoders.values():
             live.frames_decoded += dec.frames_decoded
             live.seeks += getattr(dec, "seeks", 0)
-        live.frames_delivered = self._delivered
         live.read_errors = self._read_errors
         return self._closed + live
 
@@ -296,11 +318,11 @@ class StreamDataset(Dataset):
             with nvtx_range(RANGE_DECODE):
                 if out is not None and isinstance(dec, PyAVDecoder):
                     if tuple(out.shape) != (3, *dec.output_size):
-                        raise _SizeMismatch(tuple(out.shape), (3, *dec.output_size))
+                        raise frame_size_error(self.index, read, (3, *dec.output_size), tuple(out.shape))
                     image = dec.get(read.frame, out=out)
                 else:
                     image = dec.get(read.frame)
-        except (VideoDecodeError, _SizeMismatch):
+        except VideoDecodeError:
             raise
         except (OSError, IndexError, ValueError, RuntimeError) as err:
             raise VideoDecodeError(
@@ -310,13 +332,22 @@ class StreamDataset(Dataset):
             image = image.to(self.device)  # image folders decode on the CPU
         return image
 
-    def _size_error(self, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], other: str) -> ValueError:
-        clip = self.index.clips[read.clip]
-        return ValueError(
-            f"clip {clip.clip_id!r}, camera {clip.cameras[read.camera].name!r} frame {read.frame} is {got} but "
-            f"{other} is {expected}; batches stack frames, so configure a resize transform or give every "
-            "file the same size."
-        )
+    def _deliver(self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]) -> torch.Tensor:
+        """Decode one camera frame (into ``out`` when given), then augment and transform it.
+
+        ``out`` is given only when nothing follows the decoder (see ``direct`` in
+        :meth:`__getitem__`), so a frame decoded into it is delivered as it is.
+        """
+        image = self._read(read, out)
+        if self.has_geometry:
+            geometry[read.position] = self._geometry_of(epoch, read)
+        if out is not None and image.data_ptr() == out.data_ptr():
+            return image
+        if self.augment is not None:
+            image, _ = self.augment.apply(image, self._draw(epoch, read))
+        if self.transform is not None:
+            image = self.transform(image[None])[0]
+        return image
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
@@ -324,7 +355,9 @@ class StreamDataset(Dataset):
         buffer = task.buffer
         if buffer is not None and worker is not None:
             self._recent_buffers.append(buffer)
-        frames: torch.Tensor | None = None
+        per_camera = self.camera_frames == "per_camera"
+        expected = None if per_camera else tuple(buffer.shape[1:]) if buffer is not None else task.frame_shape
+        stacked: list[torch.Tensor | None] = [None] * len(task.reads)
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         # Decode straight into the batch when nothing is left to do after the decoder.
@@ -339,58 +372,51 @@ class StreamDataset(Dataset):
         images: dict[int, torch.Tensor] = {}
         if task.epoch != self._epoch:
             self._epoch = task.epoch
-            self._bad_clips.clear()  # every epoch retries the clips abandoned in the last one
+            self._given_up.clear()  # segment numbers belong to one epoch's plan
             self._draws.clear()
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
-            if read.clip in self._bad_clips:
-                failed.append((read.position, path, "clip abandoned after an earlier error"))
+            if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
+                # Prefetched before the loader learnt of the failure; it marks the slot invalid.
+                failed.append((read.position, path, "clip given up after an earlier error"))
                 continue
             try:
-                image = self._read(read, buffer[read.position] if direct else None)  # type: ignore[index]
-            except _SizeMismatch as err:
-                raise self._size_error(read, err.got, err.expected, "the rest of the batch") from None
+                row = buffer[read.position] if buffer is not None else None
+                image = self._deliver(read, row if direct else None, task.epoch, geometry)
+                if expected is not None and tuple(image.shape) != expected:
+                    raise frame_size_error(self.index, read, tuple(image.shape), expected)
+                if row is not None and image.data_ptr() != row.data_ptr():
+                    # Augmented, transformed, or from a decoder that does not write into ``out``.
+                    if image.dtype != row.dtype:
+                        raise frame_size_error(self.index, read, tuple(image.shape), tuple(row.shape),
+                                               got_dtype=image.dtype, expected_dtype=row.dtype)
+                    row.copy_(image)
             except VideoDecodeError as err:
                 if self.on_error == "raise":
                     raise
+                # The loader decides what the failure means for the slot; here the decoder goes
+                # and the rest of this stream's segment fails without decoding.
                 self._read_errors += 1
-                self._bad_clips.add(read.clip)
+                self._given_up.add((read.position, read.clip, read.segment))
                 if read.position in self._decoders:
                     self._close(read.position)
+                geometry.pop(read.position, None)
                 failed.append((read.position, path, str(err)))
                 continue
-            if self.has_geometry:
-                geometry[read.position] = self._geometry_of(task.epoch, read, image)
-                if self.augment is not None:
-                    image, _ = self.augment.apply(image, self._draw(task.epoch, read))
-            if buffer is not None:
-                row = buffer[read.position]
-                if not (direct and image.data_ptr() == row.data_ptr()):  # not decoded into its row
-                    image = self.transform(image[None])[0] if self.transform is not None else image
-                    if image.shape != row.shape or image.dtype != row.dtype:
-                        raise self._size_error(read, tuple(image.shape), tuple(row.shape), "the rest of the batch")
-                    row.copy_(image)
-            elif self.camera_frames == "per_camera":
-                image = self.transform(image[None])[0] if self.transform is not None else image
+            if per_camera:
                 if worker is not None and image.device.type == "cpu":
                     image = image.clone().share_memory_()  # a decoder may reuse its output memory
                 images[read.position] = image
-            else:
-                if frames is None:
-                    frames = torch.empty((len(task.reads), *image.shape), dtype=image.dtype, device=image.device)
-                elif image.shape != frames.shape[1:]:
-                    first = self.index.clips[task.reads[0].clip]
-                    other = f"clip {first.clip_id!r}, camera {first.cameras[task.reads[0].camera].name!r} in the same batch"
-                    raise self._size_error(read, tuple(image.shape), tuple(frames.shape[1:]), other)
-                frames[i].copy_(image)
+            elif buffer is None:
+                stacked[i] = image
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
-            self._delivered += 1
             if self.annotations is not None and read.camera == 0:
                 self._annotate(read, timestamps[i], annotations, missing)
-        if frames is not None and self.transform is not None:
-            frames = self.transform(frames)
-        if frames is not None and worker is not None and frames.device.type == "cpu":
-            frames.share_memory_()
+        frames = _stack(stacked) if buffer is None and not per_camera else None
+        if frames is not None and worker is not None:
+            for tensor in [frames] if isinstance(frames, torch.Tensor) else frames:
+                if tensor is not None and tensor.device.type == "cpu":
+                    tensor.share_memory_()
         return StreamPart(
             task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
             self.stats, failed, annotations, missing, geometry, images,
@@ -403,9 +429,13 @@ class StreamDataset(Dataset):
             return True
         return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
 
-    def _geometry_of(self, epoch: int, read: StreamRead, image: torch.Tensor) -> Any:
-        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value)."""
-        height, width = image.shape[-2:]
+    def _geometry_of(self, epoch: int, read: StreamRead) -> Any:
+        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value).
+
+        Computed from the file's own frame size, so a resize done inside the decoder counts too.
+        """
+        info = self._decoders[read.position][1].info
+        height, width = info.height, info.width
         matrix = torch.eye(3, dtype=torch.float32)
         if self.augment is not None:
             _, _, full = self.augment.geometry(height, width, self._draw(epoch, read))
@@ -446,8 +476,33 @@ class StreamDataset(Dataset):
                      for k, v in found.items()}
 
 
-class _SizeMismatch(Exception):
-    def __init__(self, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
-        super().__init__(expected, got)
-        self.expected = expected
-        self.got = got
+def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
+    """One tensor for a part's frames (rows of failed reads uninitialised); a list when sizes differ."""
+    delivered = [image for image in images if image is not None]
+    if not delivered:
+        return None
+    first = delivered[0]
+    if any(image.shape != first.shape or image.dtype != first.dtype for image in delivered):
+        return images  # the loader knows the batch's size and names the frames that differ
+    frames = torch.empty((len(images), *first.shape), dtype=first.dtype, device=first.device)
+    for row, image in enumerate(images):
+        if image is not None:
+            frames[row].copy_(image)
+    return frames
+
+
+def frame_size_error(
+    index: VideoIndex, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], *,
+    got_dtype: torch.dtype | None = None, expected_dtype: torch.dtype | None = None,
+) -> FrameSizeError:
+    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
+    clip = index.clips[read.clip]
+    camera = clip.cameras[read.camera]
+    what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
+    batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
+    return FrameSizeError(
+        f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}) is {what} but "
+        f"the batch's frames are {batch}; batches stack frames of one size, so pass a resize transform "
+        "(transform=FrameTransform(resize=(H, W))) or re-encode the file to the size of the others. "
+        "With on_error='skip' such clips are skipped."
+    )
