@@ -18,6 +18,7 @@ __all__ = [
     "AnnotationError",
     "ConfigurationError",
     "DecoderCapabilityError",
+    "FileChangedError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -76,3 +77,13 @@ class DecoderCapabilityError(VStreamError, RuntimeError):
 
 class AnnotationError(VStreamError, ValueError):
     """Annotations are missing, malformed, or cannot be matched to the frames they belong to."""
+
+
+class FileChangedError(IndexValidationError, VideoDecodeError):
+    """A video file differs from the one the index describes (replaced, swapped, truncated or corrupted).
+
+    Raised when a file's size, modification time or content fingerprint no longer match the index
+    and a full re-verification of its packets fails. The message names the file (with its clip and
+    camera) and says to re-run ``vstream index``. Also an :class:`IndexValidationError` and a
+    :class:`VideoDecodeError`, so either handler catches it.
+    """

@@ -11,19 +11,28 @@ Frame tables come from the sidecar next to the index when it is there (see
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.files import discover_cameras, is_dir
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
-from lightning_vstream.index.tables import cached_info, load_metadata
+from lightning_vstream.index.table_file import FrameTables, tables_path
+from lightning_vstream.index.tables import cached_info, load_metadata, metadata_path, table_key
 
-__all__ = ["Check", "load_index"]
+__all__ = ["MAX_FRAMES", "Check", "load_index"]
 
 Check = Literal["fast", "thorough"]
+
+#: Largest frame count an index may list for one clip (2**31 - 1: years of video at 30 fps).
+MAX_FRAMES = 2**31 - 1
+
+_WARNED_NO_TABLES: set[str] = set()
 
 
 def _pairs_without_duplicates(where: str) -> Any:
@@ -41,17 +50,51 @@ def _pairs_without_duplicates(where: str) -> Any:
 
 
 def _read_json(path: Path) -> Any:
+    where = repr(str(path))
     if not path.is_file():
-        raise FileNotFoundError(f"index file {str(path)!r} does not exist.")
-    text = path.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"index file {where} does not exist.")
     try:
-        return json.loads(text, object_pairs_hook=_pairs_without_duplicates(repr(str(path))))
+        raw = path.read_bytes()
+    except OSError as err:
+        raise IndexValidationError(
+            where, [f"index file {where} cannot be read ({err.strerror or err}); check its permissions."]
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise IndexValidationError(
+            where, [f"index file {where} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
+                    "save it as UTF-8 JSON, or re-run `vstream index` to rebuild it."]
+        ) from None
+    try:
+        return json.loads(text, object_pairs_hook=_pairs_without_duplicates(where))
     except json.JSONDecodeError as err:
         raise ValueError(
-            f"index file {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
+            f"index file {where} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
         ) from None
     except RecursionError:
-        raise ValueError(f"index file {str(path)!r} nests JSON too deeply to be an index.") from None
+        raise ValueError(f"index file {where} nests JSON too deeply to be an index.") from None
+
+
+def _folder_problem(folder: Path) -> str:
+    """Why ``folder`` is not a usable folder, in words."""
+    try:
+        os.stat(folder)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if err.errno == errno.EACCES:
+            return "cannot be read (permission denied)"
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be read ({err.strerror or err})"
+    return "is not a folder"
+
+
+def _bad_clip_id(clip_id: str) -> bool:
+    """True unless ``clip_id`` names exactly one folder inside its video folder."""
+    return (not clip_id or clip_id in (".", "..") or "/" in clip_id or "\\" in clip_id or "\0" in clip_id
+            or clip_id != clip_id.strip("\n\r"))
 
 
 def load_index(
@@ -88,7 +131,25 @@ def load_index(
     """
     if check not in ("fast", "thorough"):
         raise ValueError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
-    path = Path(path).resolve()
+    return _load(path, cameras, check, with_tables=True)
+
+
+def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
+    """``(table key, clip id, camera, file)`` of every camera file an index lists; frame tables are ignored.
+
+    Raises:
+        IndexValidationError: The index does not describe the files on disk (every problem listed).
+    """
+    index = _load(path, None, "fast", with_tables=False)
+    base = index.source.parent
+    return [(table_key(base, cam.path), clip.clip_id, cam.name, cam.path) for clip in index for cam in clip.cameras]
+
+
+def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with_tables: bool) -> VideoIndex:
+    try:
+        path = Path(path).resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop
+        raise IndexValidationError(repr(str(path)), [f"index file {str(path)!r} is a symbolic link loop."]) from None
     where = repr(str(path))
     data = _read_json(path)
     if not isinstance(data, dict):
@@ -96,10 +157,11 @@ def load_index(
             where, [f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
                     f"not a {type(data).__name__}."]
         )
-    meta = load_metadata(path)
+    tables, meta = _load_tables(path) if with_tables else (None, {})
     base = path.parent
     problems: list[str] = []
     seen: dict[str, str] = {}
+    folders_seen: dict[str, str] = {}
     reference: tuple[str, tuple[str, ...]] | None = None
     if cameras is not None:
         if isinstance(cameras, str):
@@ -108,9 +170,13 @@ def load_index(
         if not cameras or len(set(cameras)) != len(cameras):
             raise ValueError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
+    # Clips whose frame tables come from the binary tables: (clip position, camera names, keys).
+    pending: list[tuple[int, tuple[str, ...], list[str]]] = []
     clips: list[Clip] = []
     for video_dir_key, entries in data.items():
-        video_dir = (base / video_dir_key).resolve()
+        # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
+        # video folder reached through a symbolic link still finds its frame tables.
+        video_dir = Path(os.path.normpath(base / video_dir_key))
         if not isinstance(entries, dict):
             problems.append(
                 f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts, "
@@ -118,12 +184,35 @@ def load_index(
             )
             continue
         if not is_dir(video_dir):
-            problems.append(f"{where}: video folder {video_dir_key!r} ({str(video_dir)!r}) does not exist.")
+            problems.append(
+                f"{where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {_folder_problem(video_dir)}."
+            )
             continue
+        real = os.path.realpath(video_dir)
+        if real in folders_seen:
+            problems.append(
+                f"{where}: video folders {folders_seen[real]!r} and {video_dir_key!r} are the same folder "
+                f"({real!r}); list it once, or its clips are read twice under two names."
+            )
+            continue
+        folders_seen[real] = video_dir_key
         for clip_id, count in entries.items():
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 problems.append(
                     f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer."
+                )
+                continue
+            if count > MAX_FRAMES:
+                problems.append(
+                    f"{where}: clip {clip_id!r} has frame count {count}, more than any video holds (at most "
+                    f"{MAX_FRAMES}); re-run `vstream index` to rebuild the index."
+                )
+                continue
+            if _bad_clip_id(clip_id):
+                problems.append(
+                    f"{where}: clip id {clip_id!r} in video folder {video_dir_key!r} is not a plain folder name; "
+                    "a clip id names one folder inside its video folder (no '/', '\\', '.' or '..'), so that "
+                    "no clip is read under two ids. Move the clip into a video folder and list it there."
                 )
                 continue
             if clip_id in seen:
@@ -135,12 +224,18 @@ def load_index(
             seen[clip_id] = video_dir_key
             folder = video_dir / clip_id
             if not is_dir(folder):
-                problems.append(f"{where}: clip {clip_id!r}: folder {str(folder)!r} does not exist.")
+                problems.append(f"{where}: clip {clip_id!r}: folder {str(folder)!r} {_folder_problem(folder)}.")
                 continue
             try:
                 found = discover_cameras(folder)
             except IndexValidationError as err:
                 problems.extend(err.problems)
+                continue
+            except OSError as err:
+                problems.append(
+                    f"{where}: clip {clip_id!r}: folder {str(folder)!r} cannot be read ({err.strerror or err}); "
+                    "check its permissions."
+                )
                 continue
             if reference is None:
                 if not found:
@@ -161,17 +256,99 @@ def load_index(
                     f"{list(names)}; pass cameras=[...] to load a common subset."
                 )
                 continue
-            streams = tuple(
-                CameraStream(n, found[n], cached_info(meta, base, found[n])) for n in names
-            )
+            keys = [table_key(base, found[n]) for n in names]
+            if tables is not None:
+                pending.append((len(clips), names, keys))
+                streams: tuple[CameraStream, ...] = tuple(CameraStream(n, found[n]) for n in names)
+            else:
+                streams = tuple(CameraStream(n, found[n], cached_info(meta, k)) for n, k in zip(names, keys))
             clips.append(Clip(clip_id, video_dir, count, streams))
-    if check == "thorough":
+    if tables is not None and pending:
+        rows = tables.rows([k for _, _, keys in pending for k in keys]).tolist()
+        at = 0
+        for pos, names, _ in pending:
+            clip = clips[pos]
+            streams = tuple(CameraStream(c.name, c.path, tables=tables, row=rows[at + i])
+                            for i, c in enumerate(clip.cameras))
+            at += len(names)
+            clips[pos] = Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
+    changed: list[str] = []
+    if not problems:
+        clips = [_check_identities(clip, where, changed) for clip in clips]
+    if check == "thorough" and not changed:
         from lightning_vstream.index.build import probe_clip
 
         clips = [probe_clip(clip, where, problems) for clip in clips]
+    if changed:
+        raise FileChangedError(where, problems + changed)
     if problems:
         raise IndexValidationError(where, problems)
     if not clips:
         raise IndexValidationError(where, [f"index file {where} lists no clips."])
     assert reference is not None
+    if with_tables:
+        _warn_if_unchecked(path, clips, tables is not None or bool(meta))
     return VideoIndex(path, tuple(clips), reference[1])
+
+
+def _load_tables(path: Path) -> tuple[FrameTables | None, dict[str, Any]]:
+    """The binary frame tables next to ``path`` if there are any, else the JSON sidecar's entries."""
+    binary = tables_path(path)
+    try:
+        has_binary = binary.is_file()
+    except OSError:
+        has_binary = True  # let FrameTables name the problem
+    if has_binary:
+        return FrameTables(binary), {}
+    return None, load_metadata(path)
+
+
+def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
+    """Compare each video file's size and mtime with the index; re-verify in full any file that differs."""
+    from lightning_vstream.index.identity import reverify
+
+    streams = []
+    for cam in clip.cameras:
+        if cam.tables is not None:
+            recorded = cam.tables.identity(cam.row)
+        else:
+            recorded = cam.info.identity if cam.info is not None else None
+        if recorded is None:
+            streams.append(cam)
+            continue
+        try:
+            st = os.stat(cam.path)
+            same = st.st_size == recorded.size and (recorded.size_only or st.st_mtime_ns == recorded.mtime_ns)
+        except OSError:
+            same = False
+        if same:
+            streams.append(cam)
+            continue
+        label = f"clip {clip.clip_id!r}, camera {cam.name!r} ({str(cam.path)!r})"
+        info = cam.info
+        assert info is not None
+        try:
+            streams.append(cam.with_info(reverify(cam.path, info, label)))
+        except FileChangedError as err:
+            changed.extend(f"{where}: {p}" for p in err.problems)
+            streams.append(cam)
+    return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
+
+
+def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
+    """Warn once per index when video files have no frame tables (so no checksums are checked)."""
+    videos = [cam for clip in clips for cam in clip.cameras if not cam.is_image_folder]
+    bare = [cam for cam in videos if cam.tables is None and cam._info is None]
+    if not bare or str(path) in _WARNED_NO_TABLES:
+        return
+    _WARNED_NO_TABLES.add(str(path))
+    what = (f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})" if not has_tables
+            else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})")
+    warnings.warn(
+        f"index {str(path)!r} {what}, so integrity checks are off for those files: their packet checksums and "
+        "file fingerprints are not checked, and a replaced or corrupted file can deliver wrong frames without an "
+        f"error. Turn the checks on with `vstream index --tables {path}` (writes the frame tables of the files "
+        "this index lists).",
+        UserWarning,
+        stacklevel=4,
+    )

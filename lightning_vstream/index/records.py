@@ -5,24 +5,95 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_vstream.index.tables import VideoInfo
+
+if TYPE_CHECKING:
+    from lightning_vstream.index.table_file import FrameTables
 
 __all__ = ["CameraStream", "Clip", "VideoIndex"]
 
 
-@dataclass(frozen=True)
 class CameraStream:
-    """One camera of one clip: a video file or a folder of images."""
+    """One camera of one clip: a video file or a folder of images.
 
-    name: str
-    path: Path
-    info: VideoInfo | None = None
+    Its frame table (:attr:`info`) is either given, or read on demand from the index's
+    memory-mapped :class:`~lightning_vstream.index.table_file.FrameTables` (``tables`` and
+    ``row``), so an index of a million files holds no per-file tables in memory, and pickling a
+    camera into a worker sends only its name, path and row.
+
+    Args:
+        name: Camera name (the file stem).
+        path: Video file or image folder.
+        info: Frame table, if known.
+        tables: Frame tables to read ``info`` from on demand (when ``info`` is None).
+        row: Row of this file in ``tables``.
+
+    Example::
+
+        >>> cam = CameraStream("CAM_FRONT", Path("videos/scene-0000/CAM_FRONT.mp4"))
+        >>> cam.name, cam.info is None
+        ('CAM_FRONT', True)
+    """
+
+    __slots__ = ("_info", "name", "path", "row", "tables")
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        info: VideoInfo | None = None,
+        *,
+        tables: FrameTables | None = None,
+        row: int = -1,
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "_info", info)
+        object.__setattr__(self, "tables", tables if row >= 0 else None)
+        object.__setattr__(self, "row", row if tables is not None else -1)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
+
+    @property
+    def info(self) -> VideoInfo | None:
+        """The frame table, or None when the index has none for this file (it is probed on open)."""
+        if self._info is not None:
+            return self._info
+        if self.tables is not None:
+            return self.tables.info(self.row)
+        return None
+
+    def with_info(self, info: VideoInfo | None) -> CameraStream:
+        """A copy holding ``info`` as its frame table."""
+        return CameraStream(self.name, self.path, info)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_camera, (self.name, self.path, self._info, self.tables, self.row))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CameraStream):
+            return NotImplemented
+        return (self.name, self.path, self.info) == (other.name, other.path, other.info)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.path))
+
+    def __repr__(self) -> str:
+        return f"CameraStream(name={self.name!r}, path={self.path!r})"
 
     @property
     def is_image_folder(self) -> bool:
         """True when the camera is a folder of image files rather than a video."""
         return self.path.is_dir()
+
+
+def _camera(
+    name: str, path: Path, info: VideoInfo | None, tables: FrameTables | None, row: int
+) -> CameraStream:
+    return CameraStream(name, path, info, tables=tables, row=row)
 
 
 @dataclass(frozen=True)
