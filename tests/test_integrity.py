@@ -80,12 +80,15 @@ def test_build_records_size_mtime_and_fingerprint(data: Path) -> None:
     assert info.identity.size == file.stat().st_size and info.identity.mtime_ns == file.stat().st_mtime_ns
 
 
-def test_file_replaced_by_one_of_another_size_is_rejected_on_load(data: Path) -> None:
+def test_file_replaced_by_one_of_another_size_is_rejected(data: Path) -> None:
     target = _cam(data, 0, "CAM_BACK")
     shutil.copyfile(_cam(data, 1, "CAM_BACK"), target)  # another clip's file: 16 frames, another size
     with pytest.raises(FileChangedError, match=r"clip 'scene-0000', camera 'CAM_BACK'.*" + CHANGED) as err:
-        load_index(data)
-    assert "holds 16 frames where the index recorded 12" in str(err.value)
+        load_index(data, check="thorough")
+    assert "the compressed data of frame 0 differs from the checksum recorded" in str(err.value)
+    cam = load_index(data)["scene-0000"].cameras[0]  # the fast check opens no file; the decoder does
+    with pytest.raises(FileChangedError, match=r"CAM_BACK\.mp4' \(clip 'scene-0000', camera 'CAM_BACK'\) " + CHANGED):
+        next(_frames(cam.path, cam.info, 1, label="clip 'scene-0000', camera 'CAM_BACK'"))
 
 
 def test_file_replaced_after_load_fails_before_any_frame(data: Path) -> None:
@@ -111,7 +114,7 @@ def test_swapped_cameras_are_caught_by_the_fingerprint(data: Path) -> None:
         with pytest.raises(FileChangedError, match=rf"camera '{cam.name}'.*{CHANGED}"):
             next(_frames(cam.path, cam.info, 1, label=f"clip 'scene-0001', camera {cam.name!r}"))
     with pytest.raises(FileChangedError):
-        load_index(data)
+        load_index(data, check="thorough")
     assert main(["index", str(data), "--check", "-q"]) == 1
 
 
@@ -125,7 +128,7 @@ def test_jpeg_renamed_mp4_fails_before_frame_zero(data: Path, tmp_path: Path) ->
     with pytest.raises(FileChangedError, match=CHANGED):
         next(_frames(cam.path, cam.info, 1))
     with pytest.raises(FileChangedError, match=r"camera 'CAM_BACK_LEFT'.*" + CHANGED):
-        load_index(data)
+        load_index(data, check="thorough")
 
 
 def test_touched_file_is_reverified_and_delivers_the_right_frames(data: Path) -> None:
@@ -133,8 +136,10 @@ def test_touched_file_is_reverified_and_delivers_the_right_frames(data: Path) ->
     os.utime(file, ns=(0, 10**18))
     with open(file, "ab") as f:  # trailing bytes outside any packet: content unchanged
         f.write(b"\0" * 32)
-    cam = load_index(data)["scene-0001"].cameras[1]
+    cam = load_index(data, check="thorough")["scene-0001"].cameras[1]
     assert cam.info is not None and cam.info.identity == file_identity(file)
+    assert [s.frame for s in _frames(cam.path, cam.info, 16)] == list(range(16))
+    cam = load_index(data)["scene-0001"].cameras[1]  # re-verified by the decoder on open
     assert [s.frame for s in _frames(cam.path, cam.info, 16)] == list(range(16))
 
 
@@ -182,10 +187,14 @@ def test_video_folder_behind_a_symlink_keeps_crc_checks(data: Path, tmp_path: Pa
         assert all(cam.info is not None and cam.info.crc32 is not None for clip in index for cam in clip.cameras)
     cam = load_index(data)["scene-0001"].cameras[0]
     _flip_byte_keeping_identity_stat(cam.path, _mid_packet_offset(cam.path))
-    # The flipped byte lies in the file's first 64 KiB, so the fingerprint catches it on open; a
-    # change outside both blocks would be caught by the packet checksum of frame 8 instead.
-    with pytest.raises(VideoDecodeError, match=r"compressed data of 1 frame\(s\) differs \(first: frame 8\)"):
-        list(_frames(cam.path, cam.info, 16))
+    # The fingerprint differs, so the file is re-verified on open: its first 8 frames are intact,
+    # so it is accepted, and the damaged packet raises at frame 8 (frames still inside FFmpeg's
+    # threaded pipeline when packet 8 is read are never delivered).
+    delivered = []
+    with pytest.raises(VideoDecodeError, match=r"frame 8: the compressed data differs from the checksum"):
+        for stamp in _frames(cam.path, cam.info, 16):
+            delivered.append(stamp)
+    assert delivered == [Stamp(1, 0, i) for i in range(len(delivered))] and len(delivered) <= 8
 
 
 def test_index_built_through_a_symlinked_video_folder(data: Path, tmp_path: Path) -> None:
@@ -230,7 +239,7 @@ def test_json_sidecar_is_still_read_and_checked(data: Path) -> None:
     assert metadata_path(data).is_file() and not tables_path(data).exists()
     shutil.copyfile(_cam(data, 1, "CAM_BACK"), _cam(data, 0, "CAM_BACK"))
     with pytest.raises(FileChangedError, match=r"clip 'scene-0000', camera 'CAM_BACK'"):
-        load_index(data)
+        load_index(data, check="thorough")
 
 
 def test_older_sidecar_with_size_only_is_reverified_on_size_change(data: Path) -> None:
@@ -239,10 +248,10 @@ def test_older_sidecar_with_size_only_is_reverified_on_size_change(data: Path) -
     for entry in meta["files"].values():
         del entry["identity"]
     metadata_path(data).write_text(json.dumps(meta))
-    assert load_index(data)["scene-0000"].cameras[0].info is not None  # trusted while the size matches
+    assert load_index(data, check="thorough")["scene-0000"].cameras[0].info is not None  # the size matches
     shutil.copyfile(_cam(data, 1, "CAM_BACK"), _cam(data, 0, "CAM_BACK"))
     with pytest.raises(FileChangedError, match=CHANGED):
-        load_index(data)
+        load_index(data, check="thorough")
 
 
 # -- binary frame tables ----------------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 An index records, per video file, its size, its modification time (``st_mtime_ns``) and a
 fingerprint: the CRC-32 of its first and of its last 64 KiB (the codec configuration's CRC-32
 is already part of the frame table, :attr:`VideoInfo.config_crc32`). When any of these differ
-on load or when a decoder opens the file, the file is re-verified in full: it is probed again
-and every packet's CRC-32 compared with the stored ones. A file whose content is unchanged (a
-copy, a ``touch``) passes; any other file is rejected with :class:`FileChangedError`, so a
-replaced, swapped or corrupted file never delivers frames under a stale frame table.
+when a decoder opens the file (or on ``load_index(check="thorough")``), the file is re-verified
+in full: it is probed again and every packet's CRC-32 compared with the stored ones. A file whose
+content is unchanged (a copy, a ``touch``) passes; a replaced or swapped file is rejected with
+:class:`FileChangedError` before any frame is decoded. The stored frame table is always kept, so
+every packet is still checked while decoding: no frame is ever delivered from data the index did
+not record.
 
 This module reads files but imports no decoder at module level.
 """
@@ -29,6 +31,10 @@ __all__ = ["BLOCK", "FileIdentity", "file_identity", "reverify", "verify_identit
 
 #: Bytes read at each end of a file for its fingerprint.
 BLOCK = 64 * 1024
+
+# (path, recorded identity, current identity) -> current identity (content verified) or the error:
+# decoders of one changed file reopened again and again re-verify it once per process.
+_VERDICTS: dict[tuple[str, FileIdentity, FileIdentity], FileIdentity | FileChangedError] = {}
 
 _FIX = "Re-run `vstream index` to rebuild the index if the file was replaced on purpose, or restore the file."
 
@@ -119,25 +125,43 @@ def file_identity(path: Path | str, *, stat: os.stat_result | None = None) -> Fi
     return FileIdentity(st.st_size, st.st_mtime_ns, zlib.crc32(head), zlib.crc32(tail))
 
 
-def _same_content(stored: VideoInfo, probed: VideoInfo) -> str | None:
-    """None when two frame tables describe the same packets, else what differs first."""
+def _difference(stored: VideoInfo, probed: VideoInfo) -> tuple[str, int] | None:
+    """None when two frame tables describe the same packets, else (what differs, first intact-prefix length).
+
+    The prefix length counts the leading frames whose timestamps and packet checksums match; it is
+    0 when the file is another file altogether (other codec configuration, other timestamps, or a
+    different first packet).
+    """
     if probed.crc32 is None or stored.crc32 is None:
-        return "no packet checksums to compare"
+        return "it has no packet checksums to compare", 0
     if stored.config_crc32 is not None and probed.config_crc32 != stored.config_crc32:
-        return "the codec configuration differs"
-    if probed.frame_count != stored.frame_count:
-        return f"it holds {probed.frame_count} frames where the index recorded {stored.frame_count}"
-    if probed.pts != stored.pts:
-        first = next(i for i, (a, b) in enumerate(zip(probed.pts, stored.pts)) if a != b)
-        return f"frame timestamps differ from frame {first} on"
+        return "the codec configuration (SPS/PPS) differs from the one recorded when the index was built", 0
+    moved = next((i for i, (a, b) in enumerate(zip(probed.pts, stored.pts)) if a != b), None)
+    if moved is not None:
+        return f"frame {moved} onwards has other timestamps than the index recorded", 0
     bad = [i for i, (a, b) in enumerate(zip(probed.crc32, stored.crc32)) if a != b]
     if bad:
-        return f"the compressed data of {len(bad)} frame(s) differs (first: frame {bad[0]})"
+        return (f"the compressed data of frame {bad[0]} differs from the checksum recorded when the index was "
+                f"built ({len(bad)} frame(s) differ)"), bad[0]
+    if probed.frame_count != stored.frame_count:
+        shorter = min(probed.frame_count, stored.frame_count)
+        return (f"it holds {probed.frame_count} frames where the index recorded {stored.frame_count} (frame "
+                f"{shorter} onwards differs)"), shorter
     return None
 
 
-def reverify(path: Path, stored: VideoInfo, where: str) -> VideoInfo:
-    """Probe ``path`` in full and accept it only if its packets match ``stored`` exactly.
+def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = False) -> VideoInfo:
+    """Probe ``path`` in full and accept it only if its packets match ``stored``.
+
+    Args:
+        path: The file.
+        stored: Its frame table from the index.
+        where: The file, clip and camera, for messages.
+        damaged_ok: Also accept a file that is the indexed one with a damaged tail (a truncated
+            copy, corrupted packets after intact leading frames): its leading frames are exactly
+            the indexed ones, and a decoder keeps checking every packet against ``stored``, so it
+            raises at the first damaged frame. A file whose first frame, timestamps or codec
+            configuration differ is always rejected.
 
     Returns:
         ``stored`` with the file's current identity.
@@ -153,9 +177,9 @@ def reverify(path: Path, stored: VideoInfo, where: str) -> VideoInfo:
     except (VideoDecodeError, OSError, ValueError) as err:
         raise FileChangedError(where, [f"{where} changed since the index was built and can no longer be read "
                                        f"as a video ({err}). {_FIX}"]) from None
-    difference = _same_content(stored, probed)
-    if difference is not None:
-        raise FileChangedError(where, [f"{where} changed since the index was built: {difference}. {_FIX}"])
+    difference = _difference(stored, probed)
+    if difference is not None and not (damaged_ok and difference[1] > 0):
+        raise FileChangedError(where, [f"{where} changed since the index was built: {difference[0]}. {_FIX}"])
     return dataclasses.replace(stored, identity=current)
 
 
@@ -163,7 +187,9 @@ def verify_identity(path: Path, info: VideoInfo, where: str) -> VideoInfo:
     """Compare a file with the identity recorded in ``info``; re-verify it in full on any difference.
 
     Files whose frame table has no recorded identity (older sidecars, image folders) are returned
-    unchanged: their packets are still checked against the stored CRC-32s while decoding.
+    unchanged: their packets are still checked against the stored CRC-32s while decoding. A file
+    whose leading frames are intact but whose tail is damaged is accepted (see
+    :func:`reverify`): the decoder delivers those leading frames and raises at the first damaged one.
 
     Returns:
         ``info``, or ``info`` with the current identity after a successful full re-verification.
@@ -180,4 +206,18 @@ def verify_identity(path: Path, info: VideoInfo, where: str) -> VideoInfo:
         raise FileChangedError(where, [f"{where} cannot be read ({err.strerror or err}). {_FIX}"]) from None
     if recorded.matches(current):
         return info
-    return reverify(path, info, where)
+    key = (str(path), recorded, current)
+    verdict = _VERDICTS.get(key)
+    if verdict is not None:  # this process already re-verified this very file
+        if isinstance(verdict, FileChangedError):
+            raise FileChangedError(verdict.source, verdict.problems)
+        return dataclasses.replace(info, identity=verdict)
+    if len(_VERDICTS) > 4096:
+        _VERDICTS.clear()
+    try:
+        checked = reverify(path, info, where, damaged_ok=True)
+    except FileChangedError as err:
+        _VERDICTS[key] = err
+        raise
+    _VERDICTS[key] = current
+    return checked

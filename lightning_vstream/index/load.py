@@ -87,6 +87,8 @@ def _folder_problem(folder: Path) -> str:
             return "cannot be read (permission denied)"
         if err.errno in (errno.ENOENT, errno.ENOTDIR):
             return "does not exist"
+        if err.errno == errno.ENAMETOOLONG:
+            return "does not exist (its name is too long for the file system)"
         return f"cannot be read ({err.strerror or err})"
     return "is not a folder"
 
@@ -112,8 +114,10 @@ def load_index(
         path: The index JSON file.
         cameras: Cameras to load, in this order; all cameras when None.
         check: ``"fast"`` checks that folders and camera files exist and that every clip has
-            the same cameras; ``"thorough"`` also probes every file (or uses fresh metadata)
-            and checks frame counts, frame sizes and codecs.
+            the same cameras (no file is opened: each decoder checks its file's identity when it
+            opens it); ``"thorough"`` also compares every file's size and modification time with
+            the index, re-verifies changed files in full, probes files without frame tables, and
+            checks frame counts, frame sizes and codecs.
 
     Returns:
         The validated :class:`VideoIndex`.
@@ -124,6 +128,8 @@ def load_index(
             or repeats a name.
         TypeError: ``cameras`` is a single string instead of a list.
         IndexValidationError: The index disagrees with the files (every problem listed).
+        FileChangedError: With ``check="thorough"``, a file changed since the index was built and
+            its packets no longer match the frame tables.
 
     Example::
 
@@ -273,7 +279,8 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             at += len(names)
             clips[pos] = Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
     changed: list[str] = []
-    if not problems:
+    if check == "thorough" and not problems:
+        # The fast check opens no file: a decoder compares each file's identity when it opens it.
         clips = [_check_identities(clip, where, changed) for clip in clips]
     if check == "thorough" and not changed:
         from lightning_vstream.index.build import probe_clip
