@@ -7,7 +7,7 @@ Conventions (for doc writers):
 - Each file runs in a fresh temporary working directory that holds:
 
   - ``data/``: a stamped dataset as ``vstream synth data --clips 8 --cameras 6`` writes it
-    (``data/index.json``, ``data/index.meta.json``, ``data/videos/scene-000N/CAM_*.mp4``; nuScenes
+    (``data/index.json``, ``data/index.tables.bin``, ``data/videos/scene-000N/CAM_*.mp4``; nuScenes
     camera names; 16 frames per clip at 160x96 here, to keep the test short);
   - ``videos/``: three single-camera stamped files, ``videos/clip_0.mp4`` ... ``clip_2.mp4``.
 

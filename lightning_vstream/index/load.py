@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream.errors import FileChangedError, IndexValidationError
-from lightning_vstream.index.files import discover_cameras, is_dir
+from lightning_vstream.index.files import VIDEO_EXTENSIONS, discover_cameras, is_dir
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import cached_info, load_metadata, metadata_path, table_key
@@ -176,8 +176,8 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         if not cameras or len(set(cameras)) != len(cameras):
             raise ValueError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
-    # Clips whose frame tables come from the binary tables: (clip position, camera names, keys).
-    pending: list[tuple[int, tuple[str, ...], list[str]]] = []
+    # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files).
+    pending: list[tuple[str, Path, int, tuple[str, ...], list[Path]]] = []
     clips: list[Clip] = []
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
@@ -262,22 +262,20 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                     f"{list(names)}; pass cameras=[...] to load a common subset."
                 )
                 continue
-            keys = [table_key(base, found[n]) for n in names]
+            paths = [found[n] for n in names]
             if tables is not None:
-                pending.append((len(clips), names, keys))
-                streams: tuple[CameraStream, ...] = tuple(CameraStream(n, found[n]) for n in names)
-            else:
-                streams = tuple(CameraStream(n, found[n], cached_info(meta, k)) for n, k in zip(names, keys))
+                # Cameras are made once every key's row is known (one vectorised search below).
+                pending.append((clip_id, video_dir, count, names, paths))
+                continue
+            streams = tuple(CameraStream(n, p, cached_info(meta, table_key(base, p))) for n, p in zip(names, paths))
             clips.append(Clip(clip_id, video_dir, count, streams))
     if tables is not None and pending:
-        rows = tables.rows([k for _, _, keys in pending for k in keys]).tolist()
+        rows = tables.rows([table_key(base, p) for *_, paths in pending for p in paths]).tolist()
         at = 0
-        for pos, names, _ in pending:
-            clip = clips[pos]
-            streams = tuple(CameraStream(c.name, c.path, tables=tables, row=rows[at + i])
-                            for i, c in enumerate(clip.cameras))
+        for clip_id, video_dir, count, names, paths in pending:
+            streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, rows[at:]))
             at += len(names)
-            clips[pos] = Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
+            clips.append(Clip(clip_id, video_dir, count, streams))
     changed: list[str] = []
     if check == "thorough" and not problems:
         # The fast check opens no file: a decoder compares each file's identity when it opens it.
@@ -344,10 +342,13 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
 
 def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
     """Warn once per index when video files have no frame tables (so no checksums are checked)."""
-    videos = [cam for clip in clips for cam in clip.cameras if not cam.is_image_folder]
-    bare = [cam for cam in videos if cam.tables is None and cam._info is None]
-    if not bare or str(path) in _WARNED_NO_TABLES:
+    if str(path) in _WARNED_NO_TABLES:
         return
+    bare = [cam for clip in clips for cam in clip.cameras if cam.tables is None and cam._info is None]
+    bare = [cam for cam in bare if not cam.is_image_folder]  # a stat each, only for files without tables
+    if not bare:
+        return
+    videos = [cam for clip in clips for cam in clip.cameras if cam.path.suffix.lower() in VIDEO_EXTENSIONS]
     _WARNED_NO_TABLES.add(str(path))
     what = (f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})" if not has_tables
             else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})")

@@ -48,11 +48,13 @@ class CameraStream:
         tables: FrameTables | None = None,
         row: int = -1,
     ) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "path", path)
-        object.__setattr__(self, "_info", info)
-        object.__setattr__(self, "tables", tables if row >= 0 else None)
-        object.__setattr__(self, "row", row if tables is not None else -1)
+        # Slot descriptors set directly: an index of a million files makes a million of these.
+        _set_name(self, name)
+        _set_path(self, path)
+        _set_info(self, info)
+        has_row = tables is not None and row >= 0
+        _set_tables(self, tables if has_row else None)
+        _set_row(self, row if has_row else -1)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
@@ -88,6 +90,13 @@ class CameraStream:
     def is_image_folder(self) -> bool:
         """True when the camera is a folder of image files rather than a video."""
         return self.path.is_dir()
+
+
+_set_name = CameraStream.name.__set__  # type: ignore[attr-defined]
+_set_path = CameraStream.path.__set__  # type: ignore[attr-defined]
+_set_info = CameraStream._info.__set__  # type: ignore[attr-defined]
+_set_tables = CameraStream.tables.__set__  # type: ignore[attr-defined]
+_set_row = CameraStream.row.__set__  # type: ignore[attr-defined]
 
 
 def _camera(

@@ -30,7 +30,7 @@ from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
 from lightning_vstream.index.tables import VideoInfo
 
-__all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "write_tables"]
+__all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "write_table_arrays", "write_tables"]
 
 TABLES_FORMAT = "lightning_vstream.tables"
 TABLES_VERSION = 1
@@ -115,14 +115,53 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
         ints = [v for v in values if isinstance(v, int)]
         if ints and (min(ints) < _I64[0] or max(ints) > _I64[1]):
             raise ValueError(f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed.")
-    width = max((len(k) for k in encoded), default=1)
-    arrays["keys"] = np.array(encoded, dtype=f"S{width}") if encoded else np.zeros(0, dtype="S1")
-    for name, dtype in _PER_FILE.items():
-        arrays[name] = np.asarray(rows[name], dtype=dtype).reshape(len(keys))
+    arrays: dict[str, np.ndarray] = {name: np.asarray(rows[name], dtype=dtype).reshape(len(keys))
+                                     for name, dtype in _PER_FILE.items()}
     for name, values in (("pts", pts), ("crc32", crcs), ("key_indices", key_indices), ("key_seek", key_seek),
                          ("frame_offsets", frame_offsets), ("key_offsets", key_offsets)):
         arrays[name] = np.asarray(values, dtype=_CONCAT[name]).reshape(len(values))
-    _write_arrays(path, arrays, {"files": len(keys), "codecs": codecs})
+    return write_table_arrays(path, encoded, codecs, arrays)
+
+
+def write_table_arrays(
+    path: Path | str, keys: Sequence[bytes] | np.ndarray, codecs: Sequence[str], arrays: Mapping[str, np.ndarray]
+) -> Path:
+    """Write frame tables given directly as arrays (for generated or converted tables at scale).
+
+    Args:
+        path: File to write.
+        keys: UTF-8 encoded file keys, sorted and distinct (a list of bytes or an ``S`` array).
+        codecs: Codec names the ``codec`` array indexes.
+        arrays: Every per-file array (one row per key) and concatenated array of the format (see
+            the module docs), in any integer or float dtype that converts losslessly.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: An array is missing, or has the wrong length.
+
+    Example::
+
+        >>> write_table_arrays("t.tables.bin", [b"a.mp4"], ["h264"], arrays)  # doctest: +SKIP
+    """
+    path = Path(path)
+    key_array = np.asarray(keys) if isinstance(keys, np.ndarray) else (
+        np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1"))
+    missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
+    if missing:
+        raise ValueError(f"frame-table arrays {missing} are missing.")
+    out: dict[str, np.ndarray] = {"keys": key_array}
+    for name, dtype in {**_PER_FILE, **_CONCAT}.items():
+        arr = np.asarray(arrays[name])
+        if arr.ndim != 1:
+            raise ValueError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
+        out[name] = arr.astype(dtype, copy=False)
+    if any(len(out[name]) != len(key_array) for name in _PER_FILE):
+        raise ValueError("every per-file frame-table array needs one row per key.")
+    if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):
+        raise ValueError("frame-table keys must be sorted and distinct.")
+    _write_arrays(path, out, {"files": len(key_array), "codecs": list(codecs)})
     return path
 
 
@@ -140,7 +179,7 @@ def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray], extra: Mapping[s
         f.write(_PREFIX.pack(_MAGIC, TABLES_VERSION, len(header)) + header)
         for name, arr in arrays.items():
             f.seek(start + layout[name][2])
-            f.write(np.ascontiguousarray(arr).tobytes())
+            np.ascontiguousarray(arr).tofile(f)
         f.truncate(start + offset)
     tmp.replace(path)
 
