@@ -13,6 +13,7 @@ import pytest
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.cpu import probe_video
+from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.index import (
     CameraStream,
     IndexValidationError,
@@ -21,7 +22,6 @@ from lightning_vstream.index import (
     metadata_path,
 )
 from lightning_vstream.index.table_file import FrameTables, tables_path
-from lightning_vstream.demos.synth import write_stamped_video
 
 
 def _touch_clip(video_dir: Path, clip: str, cameras: tuple[str, ...] = ("CAM_A", "CAM_B")) -> Path:

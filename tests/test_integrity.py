@@ -17,16 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.demos.synth import Stamp, read_stamp
-from lightning_vstream.errors import FileChangedError, IndexValidationError, VideoDecodeError
+from lightning_vstream.errors import (
+    FileChangedError,
+    IndexValidationError,
+    VideoDecodeError,
+)
 from lightning_vstream.index import build_index, load_index, metadata_path
 from lightning_vstream.index.build import write_index_tables
 from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.load import _WARNED_NO_TABLES
 from lightning_vstream.index.table_file import FrameTables, tables_path, write_tables
 from lightning_vstream.index.verify import verify_index
-from lightning_vstream.cli import main
 
 CHANGED = r"changed since the index was built.*Re-run `vstream index`"
 
@@ -190,10 +194,9 @@ def test_video_folder_behind_a_symlink_keeps_crc_checks(data: Path, tmp_path: Pa
     # The fingerprint differs, so the file is re-verified on open: its first 8 frames are intact,
     # so it is accepted, and the damaged packet raises at frame 8 (frames still inside FFmpeg's
     # threaded pipeline when packet 8 is read are never delivered).
-    delivered = []
+    delivered: list[Stamp] = []
     with pytest.raises(VideoDecodeError, match=r"frame 8: the compressed data differs from the checksum"):
-        for stamp in _frames(cam.path, cam.info, 16):
-            delivered.append(stamp)
+        delivered.extend(_frames(cam.path, cam.info, 16))
     assert delivered == [Stamp(1, 0, i) for i in range(len(delivered))] and len(delivered) <= 8
 
 
@@ -203,7 +206,7 @@ def test_index_built_through_a_symlinked_video_folder(data: Path, tmp_path: Path
     (root / "videos").symlink_to(data.parent / "videos", target_is_directory=True)
     out = build_index(root, output=root / "index.json", progress=False)
     assert json.loads(out.read_text()) == {"videos": {"scene-0000": 12, "scene-0001": 16}}
-    assert sorted(FrameTables(tables_path(out)).keys())[0] == "videos/scene-0000/CAM_BACK.mp4"
+    assert min(FrameTables(tables_path(out)).keys()) == "videos/scene-0000/CAM_BACK.mp4"
     assert all(cam.info is not None for clip in load_index(out) for cam in clip.cameras)
 
 

@@ -13,8 +13,8 @@
 from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.build import build_index, probe, write_index_tables
 from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
-from lightning_vstream.index.load import load_index
 from lightning_vstream.index.identity import FileIdentity
+from lightning_vstream.index.load import load_index
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import VideoInfo, metadata_path

@@ -175,8 +175,8 @@ def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = Fa
         current = file_identity(path)
         probed = probe(path)
     except (VideoDecodeError, OSError, ValueError) as err:
-        raise FileChangedError(where, [f"{where} changed since the index was built and can no longer be read "
-                                       f"as a video ({err}). {_FIX}"]) from None
+        raise FileChangedError(where, [(f"{where} changed since the index was built and can no longer be read "
+                                       f"as a video ({err}). {_FIX}")]) from None
     difference = _difference(stored, probed)
     if difference is not None and not (damaged_ok and difference[1] > 0):
         raise FileChangedError(where, [f"{where} changed since the index was built: {difference[0]}. {_FIX}"])

@@ -23,7 +23,12 @@ from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, discover_cameras, is_dir
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
-from lightning_vstream.index.tables import cached_info, load_metadata, metadata_path, table_key
+from lightning_vstream.index.tables import (
+    cached_info,
+    load_metadata,
+    metadata_path,
+    table_key,
+)
 
 __all__ = ["MAX_FRAMES", "Check", "load_index"]
 
@@ -63,8 +68,8 @@ def _read_json(path: Path) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise IndexValidationError(
-            where, [f"index file {where} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
-                    "save it as UTF-8 JSON, or re-run `vstream index` to rebuild it."]
+            where, [(f"index file {where} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
+                    "save it as UTF-8 JSON, or re-run `vstream index` to rebuild it.")]
         ) from None
     try:
         return json.loads(text, object_pairs_hook=_pairs_without_duplicates(where))
@@ -160,8 +165,8 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
     data = _read_json(path)
     if not isinstance(data, dict):
         raise IndexValidationError(
-            where, [f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
-                    f"not a {type(data).__name__}."]
+            where, [(f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
+                    f"not a {type(data).__name__}.")]
         )
     tables, meta = _load_tables(path) if with_tables else (None, {})
     base = path.parent

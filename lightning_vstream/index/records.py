@@ -38,6 +38,11 @@ class CameraStream:
     """
 
     __slots__ = ("_info", "name", "path", "row", "tables")
+    name: str
+    path: Path
+    row: int
+    tables: FrameTables | None
+    _info: VideoInfo | None
 
     def __init__(
         self,
@@ -92,11 +97,12 @@ class CameraStream:
         return self.path.is_dir()
 
 
-_set_name = CameraStream.name.__set__  # type: ignore[attr-defined]
-_set_path = CameraStream.path.__set__  # type: ignore[attr-defined]
-_set_info = CameraStream._info.__set__  # type: ignore[attr-defined]
-_set_tables = CameraStream.tables.__set__  # type: ignore[attr-defined]
-_set_row = CameraStream.row.__set__  # type: ignore[attr-defined]
+_SLOTS = CameraStream.__dict__
+_set_name = _SLOTS["name"].__set__
+_set_path = _SLOTS["path"].__set__
+_set_info = _SLOTS["_info"].__set__
+_set_tables = _SLOTS["tables"].__set__
+_set_row = _SLOTS["row"].__set__
 
 
 def _camera(

@@ -55,10 +55,6 @@ def tables_path(index_path: Path | str) -> Path:
     return index_path.with_name(index_path.stem + ".tables.bin")
 
 
-def _opt(value: int | None) -> int:
-    return -1 if value is None else value
-
-
 def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     """Write frame tables keyed by file path (relative to the index folder) to a binary table file.
 
@@ -95,12 +91,14 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     for k in keys:
         info = infos[k]
         ident = info.identity
-        values = {
+        values: dict[str, Any] = {
             "codec": codec_id[info.codec], "width": info.width, "height": info.height,
             "tb_num": info.time_base[0], "tb_den": info.time_base[1], "fps": info.average_fps,
-            "has_crc": int(info.crc32 is not None), "config_crc32": _opt(info.config_crc32),
-            "size": _opt(ident and ident.size), "mtime_ns": _opt(ident and ident.mtime_ns),
-            "head_crc32": _opt(ident and ident.head_crc32), "tail_crc32": _opt(ident and ident.tail_crc32),
+            "has_crc": int(info.crc32 is not None),
+            "config_crc32": -1 if info.config_crc32 is None else info.config_crc32,
+            "size": -1 if ident is None else ident.size, "mtime_ns": -1 if ident is None else ident.mtime_ns,
+            "head_crc32": -1 if ident is None else ident.head_crc32,
+            "tail_crc32": -1 if ident is None else ident.tail_crc32,
         }
         for name, value in values.items():
             rows[name].append(value)
@@ -110,16 +108,17 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
         key_seek.extend(info.key_seek)
         frame_offsets.append(len(pts))
         key_offsets.append(len(key_indices))
-    arrays: dict[str, np.ndarray] = {}
-    for name, values in (("pts", pts), ("key_seek", key_seek), *((n, v) for n, v in rows.items())):
-        ints = [v for v in values if isinstance(v, int)]
+    columns: list[tuple[str, list[Any]]] = [("pts", pts), ("key_seek", key_seek), *rows.items()]
+    for name, column in columns:
+        ints = [v for v in column if isinstance(v, int)]
         if ints and (min(ints) < _I64[0] or max(ints) > _I64[1]):
             raise ValueError(f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed.")
     arrays: dict[str, np.ndarray] = {name: np.asarray(rows[name], dtype=dtype).reshape(len(keys))
                                      for name, dtype in _PER_FILE.items()}
-    for name, values in (("pts", pts), ("crc32", crcs), ("key_indices", key_indices), ("key_seek", key_seek),
-                         ("frame_offsets", frame_offsets), ("key_offsets", key_offsets)):
-        arrays[name] = np.asarray(values, dtype=_CONCAT[name]).reshape(len(values))
+    concatenated = {"pts": pts, "crc32": crcs, "key_indices": key_indices, "key_seek": key_seek,
+                    "frame_offsets": frame_offsets, "key_offsets": key_offsets}
+    for name, column in concatenated.items():
+        arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
     return write_table_arrays(path, encoded, codecs, arrays)
 
 
@@ -217,8 +216,8 @@ class FrameTables:
             size = self.path.stat().st_size
             self._buf = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
         except OSError as err:
-            raise IndexValidationError(where, [f"frame-table file {where} cannot be read ({err.strerror or err}); "
-                                               f"check its permissions, or {_FIX}."]) from None
+            raise IndexValidationError(where, [(f"frame-table file {where} cannot be read ({err.strerror or err}); "
+                                               f"check its permissions, or {_FIX}.")]) from None
         except (UnicodeDecodeError, json.JSONDecodeError, struct.error):
             raise self._bad("has a damaged header") from None
         try:

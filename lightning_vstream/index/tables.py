@@ -200,25 +200,25 @@ def load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
             return {}
         raw = meta_file.read_bytes()
     except OSError as err:
-        raise IndexValidationError(where, [f"metadata file {where} cannot be read ({err.strerror or err}); check "
-                                           "its permissions, or delete it and rebuild it with `vstream index`."]) from None
+        raise IndexValidationError(where, [(f"metadata file {where} cannot be read ({err.strerror or err}); check "
+                                           "its permissions, or delete it and rebuild it with `vstream index`.")]) from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise IndexValidationError(where, [f"metadata file {where} is not valid UTF-8 (byte {err.start}); delete it "
-                                           "or rebuild it with `vstream index`."]) from None
+        raise IndexValidationError(where, [(f"metadata file {where} is not valid UTF-8 (byte {err.start}); delete it "
+                                           "or rebuild it with `vstream index`.")]) from None
     except RecursionError:
-        raise IndexValidationError(where, [f"metadata file {where} nests JSON too deeply; delete it or rebuild it "
-                                           "with `vstream index`."]) from None
+        raise IndexValidationError(where, [(f"metadata file {where} nests JSON too deeply; delete it or rebuild it "
+                                           "with `vstream index`.")]) from None
     except json.JSONDecodeError as err:
         raise IndexValidationError(where, [
-            f"metadata file {where} is not valid JSON ({err.msg} at line {err.lineno}, column "
-            f"{err.colno}); delete it or rebuild it with `vstream index`."
+            (f"metadata file {where} is not valid JSON ({err.msg} at line {err.lineno}, column "
+            f"{err.colno}); delete it or rebuild it with `vstream index`.")
         ]) from None
     if not isinstance(data, dict) or data.get("format") != META_FORMAT or data.get("version") != META_VERSION:
         raise IndexValidationError(where, [
-            f"metadata file {where} is not a version-{META_VERSION} lightning_vstream metadata file; "
-            "delete it or rebuild it with `vstream index`."
+            (f"metadata file {where} is not a version-{META_VERSION} lightning_vstream metadata file; "
+            "delete it or rebuild it with `vstream index`.")
         ])
     files = data.get("files", {})
     return files if isinstance(files, dict) else {}

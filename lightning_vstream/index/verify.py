@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lightning_vstream.errors import VideoDecodeError
 from lightning_vstream.index.identity import file_identity
@@ -122,8 +123,10 @@ def verify_index(
     report = VerifyReport(path)
     counts = _clip_counts(path)
     rows = tables.rows([key for key, *_ in layout]).tolist() if tables is not None else [-1] * len(layout)
-    items: Iterable[object] = list(zip(layout, rows))
-    for (key, clip_id, camera, file), row in progress(items) if progress else items:  # type: ignore[misc]
+    items: list[tuple[tuple[str, str, str, Path], int]] = list(zip(layout, rows))
+    entry: Any
+    for entry in progress(items) if progress else items:
+        (key, clip_id, camera, file), row = entry
         label = f"{str(file)!r} (clip {clip_id!r}, camera {camera!r})"
         report.files += 1
         stored = tables.info(row) if tables is not None and row >= 0 else cached_info(meta, key)
