@@ -404,3 +404,32 @@ def test_one_folder_under_two_names(data: Path) -> None:
     data.write_text(json.dumps({"videos": {"scene-0000": 12}, "alias": {"scene-0001": 16}}))
     with pytest.raises(IndexValidationError, match=r"video folders 'videos' and 'alias' are the same folder"):
         load_index(data)
+
+
+# -- end to end: the streaming loader -----------------------------------------------------------------------
+
+
+def _stream(index_file: Path, on_error: str) -> list[dict[str, object]]:
+    from lightning_vstream import StreamVideoDataModule
+
+    dm = StreamVideoDataModule(index_file=index_file, batch_size=2, num_workers=0, on_error=on_error,  # type: ignore[arg-type]
+                               shuffle=False)
+    dm.setup("fit")
+    return list(dm.train_dataloader())
+
+
+def test_stream_never_delivers_a_replaced_file(data: Path) -> None:
+    shutil.copyfile(_cam(data, 1, "CAM_BACK"), _cam(data, 0, "CAM_BACK"))  # clip 1's camera under clip 0's name
+    with pytest.raises(FileChangedError, match=r"clip 'scene-0000', camera 'CAM_BACK'.*" + CHANGED):
+        _stream(data, "raise")
+    delivered = 0
+    for batch in _stream(data, "skip"):
+        for slot in range(2):
+            if not batch["valid"][slot]:  # type: ignore[index]
+                continue
+            clip_id, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])  # type: ignore[index]
+            assert clip_id != "scene-0000"
+            for cam in range(2):
+                assert read_stamp(batch["frames"][slot, cam]) == Stamp(int(clip_id[-4:]), cam, frame)  # type: ignore[index]
+            delivered += 1
+    assert delivered > 0  # frames of the intact clip, each checked; none of the replaced one

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ _PER_FILE = {
 _CONCAT = {"pts": "<i8", "crc32": "<u4", "key_indices": "<i8", "key_seek": "<i8",
            "frame_offsets": "<i8", "key_offsets": "<i8"}
 _I64 = (-(2**63), 2**63 - 1)
+#: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
+CACHED_INFOS = 256
 
 
 def tables_path(index_path: Path | str) -> Path:
@@ -241,6 +244,7 @@ class FrameTables:
         if missing:
             raise self._bad(f"lacks the arrays {missing}")
         self._a = arrays
+        self._cache: OrderedDict[int, VideoInfo] = OrderedDict()
         self._check_consistent()
 
     def _bad(self, what: str) -> IndexValidationError:
@@ -304,7 +308,22 @@ class FrameTables:
         return None if min(values) < 0 else FileIdentity(*values)
 
     def info(self, row: int) -> VideoInfo:
-        """Build the :class:`VideoInfo` of row ``row`` from the arrays (validated like a JSON entry)."""
+        """The :class:`VideoInfo` of row ``row``, built from the arrays (validated like a JSON entry).
+
+        The last :data:`CACHED_INFOS` built are kept, so a file used again and again (a sampler
+        asking for its timestamps per sample) is not rebuilt each time.
+        """
+        cached = self._cache.get(row)
+        if cached is not None:
+            self._cache.move_to_end(row)
+            return cached
+        info = self._build(row)
+        self._cache[row] = info
+        if len(self._cache) > CACHED_INFOS:
+            self._cache.popitem(last=False)
+        return info
+
+    def _build(self, row: int) -> VideoInfo:
         a = self._a
         f0, f1 = int(a["frame_offsets"][row]), int(a["frame_offsets"][row + 1])
         k0, k1 = int(a["key_offsets"][row]), int(a["key_offsets"][row + 1])
