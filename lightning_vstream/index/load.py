@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream.errors import FileChangedError, IndexValidationError
-from lightning_vstream.index.files import VIDEO_EXTENSIONS, discover_cameras, is_dir
+from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import (
@@ -181,8 +181,8 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         if not cameras or len(set(cameras)) != len(cameras):
             raise ValueError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
-    # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files).
-    pending: list[tuple[str, Path, int, tuple[str, ...], list[Path]]] = []
+    # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files, keys).
+    pending: list[tuple[str, Path, int, tuple[str, ...], list[str], list[str]]] = []
     clips: list[Clip] = []
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
@@ -200,6 +200,9 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             )
             continue
         real = os.path.realpath(video_dir)
+        video_dir_str = str(video_dir)
+        vd_key = table_key(base, video_dir)
+        key_prefix = "" if vd_key == "." else vd_key + "/"
         if real in folders_seen:
             problems.append(
                 f"{where}: video folders {folders_seen[real]!r} and {video_dir_key!r} are the same folder "
@@ -233,31 +236,31 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                 )
                 continue
             seen[clip_id] = video_dir_key
-            folder = video_dir / clip_id
-            if not is_dir(folder):
-                problems.append(f"{where}: clip {clip_id!r}: folder {str(folder)!r} {_folder_problem(folder)}.")
+            folder = f"{video_dir_str}{os.sep}{clip_id}"
+            if not os.path.isdir(folder):
+                problems.append(f"{where}: clip {clip_id!r}: folder {folder!r} {_folder_problem(Path(folder))}.")
                 continue
             try:
-                found = discover_cameras(folder)
+                found = scan_cameras(folder)
             except IndexValidationError as err:
                 problems.extend(err.problems)
                 continue
             except OSError as err:
                 problems.append(
-                    f"{where}: clip {clip_id!r}: folder {str(folder)!r} cannot be read ({err.strerror or err}); "
+                    f"{where}: clip {clip_id!r}: folder {folder!r} cannot be read ({err.strerror or err}); "
                     "check its permissions."
                 )
                 continue
             if reference is None:
                 if not found:
-                    problems.append(f"{where}: clip {clip_id!r}: folder {str(folder)!r} holds no camera files.")
+                    problems.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                     continue
                 reference = (f"clip {clip_id!r}", tuple(found))
             names = reference[1]
             missing = [n for n in names if n not in found]
             if missing:
                 problems.append(
-                    f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {str(folder)!r} "
+                    f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
                     f"(expected the cameras of {reference[0]}: {list(names)})."
                 )
                 continue
@@ -267,18 +270,21 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                     f"{list(names)}; pass cameras=[...] to load a common subset."
                 )
                 continue
-            paths = [found[n] for n in names]
+            files = [found[n] for n in names]
+            paths = [f"{folder}{os.sep}{f}" for f in files]
+            keys = [f"{key_prefix}{clip_id}/{f}" for f in files]
             if tables is not None:
                 # Cameras are made once every key's row is known (one vectorised search below).
-                pending.append((clip_id, video_dir, count, names, paths))
+                pending.append((clip_id, video_dir, count, names, paths, keys))
                 continue
-            streams = tuple(CameraStream(n, p, cached_info(meta, table_key(base, p))) for n, p in zip(names, paths))
+            streams = tuple(CameraStream(n, p, cached_info(meta, k)) for n, p, k in zip(names, paths, keys))
             clips.append(Clip(clip_id, video_dir, count, streams))
     if tables is not None and pending:
-        rows = tables.rows([table_key(base, p) for *_, paths in pending for p in paths]).tolist()
+        rows = tables.rows([k for *_, keys in pending for k in keys]).tolist()
         at = 0
-        for clip_id, video_dir, count, names, paths in pending:
-            streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, rows[at:]))
+        for clip_id, video_dir, count, names, paths, _ in pending:
+            mine = rows[at:at + len(names)]
+            streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, mine))
             at += len(names)
             clips.append(Clip(clip_id, video_dir, count, streams))
     changed: list[str] = []
@@ -353,7 +359,8 @@ def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
     bare = [cam for cam in bare if not cam.is_image_folder]  # a stat each, only for files without tables
     if not bare:
         return
-    videos = [cam for clip in clips for cam in clip.cameras if cam.path.suffix.lower() in VIDEO_EXTENSIONS]
+    videos = [cam for clip in clips for cam in clip.cameras
+              if os.path.splitext(str(cam.path_str))[1].lower() in VIDEO_EXTENSIONS]
     _WARNED_NO_TABLES.add(str(path))
     what = (f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})" if not has_tables
             else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})")

@@ -25,7 +25,8 @@ class CameraStream:
 
     Args:
         name: Camera name (the file stem).
-        path: Video file or image folder.
+        path: Video file or image folder (a string is turned into a ``Path`` on first use: an
+            index of a million files makes a million of these).
         info: Frame table, if known.
         tables: Frame tables to read ``info`` from on demand (when ``info`` is None).
         row: Row of this file in ``tables``.
@@ -37,9 +38,9 @@ class CameraStream:
         ('CAM_FRONT', True)
     """
 
-    __slots__ = ("_info", "name", "path", "row", "tables")
+    __slots__ = ("_info", "_path", "name", "row", "tables")
     name: str
-    path: Path
+    _path: Path | str
     row: int
     tables: FrameTables | None
     _info: VideoInfo | None
@@ -47,7 +48,7 @@ class CameraStream:
     def __init__(
         self,
         name: str,
-        path: Path,
+        path: Path | str,
         info: VideoInfo | None = None,
         *,
         tables: FrameTables | None = None,
@@ -65,6 +66,20 @@ class CameraStream:
         raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
 
     @property
+    def path(self) -> Path:
+        """The video file or image folder."""
+        path = self._path
+        if isinstance(path, str):
+            path = Path(path)
+            _set_path(self, path)
+        return path
+
+    @property
+    def path_str(self) -> str:
+        """:attr:`path` as a string, without making a ``Path``."""
+        return str(self._path)
+
+    @property
     def info(self) -> VideoInfo | None:
         """The frame table, or None when the index has none for this file (it is probed on open)."""
         if self._info is not None:
@@ -78,7 +93,7 @@ class CameraStream:
         return CameraStream(self.name, self.path, info)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_camera, (self.name, self.path, self._info, self.tables, self.row))
+        return (_camera, (self.name, self._path, self._info, self.tables, self.row))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CameraStream):
@@ -99,14 +114,14 @@ class CameraStream:
 
 _SLOTS = CameraStream.__dict__
 _set_name = _SLOTS["name"].__set__
-_set_path = _SLOTS["path"].__set__
+_set_path = _SLOTS["_path"].__set__
 _set_info = _SLOTS["_info"].__set__
 _set_tables = _SLOTS["tables"].__set__
 _set_row = _SLOTS["row"].__set__
 
 
 def _camera(
-    name: str, path: Path, info: VideoInfo | None, tables: FrameTables | None, row: int
+    name: str, path: Path | str, info: VideoInfo | None, tables: FrameTables | None, row: int
 ) -> CameraStream:
     return CameraStream(name, path, info, tables=tables, row=row)
 
