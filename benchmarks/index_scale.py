@@ -135,7 +135,8 @@ def _records(tables: Any, clips: int) -> Any:
     out = []
     at = 0
     for clip_id, paths, _ in pending:
-        streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(CAMERAS, paths, rows[at:at + len(CAMERAS)]))
+        mine = rows[at:at + len(CAMERAS)]
+        streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(CAMERAS, paths, mine))
         at += len(CAMERAS)
         out.append(Clip(clip_id, video_dir, FRAMES, streams))
     return VideoIndex(Path("/data/index.json"), tuple(out), CAMERAS)

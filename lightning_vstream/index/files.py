@@ -53,8 +53,8 @@ def scan_cameras(folder: str) -> dict[str, str]:
         if ext.lower() in VIDEO_EXTENSIONS and entry.is_file():
             if stem in found:
                 raise IndexValidationError(
-                    str(folder), [f"{str(folder)!r} holds two files for camera {stem!r}: "
-                                  f"{found[stem]!r} and {entry.name!r}; keep one."]
+                    str(folder), [(f"{str(folder)!r} holds two files for camera {stem!r}: "
+                                  f"{found[stem]!r} and {entry.name!r}; keep one.")]
                 )
             found[stem] = entry.name
         elif entry.is_dir() and image_files(Path(entry.path)):

@@ -18,6 +18,7 @@ Optional values (``config_crc32``, identity fields) hold -1 when unknown.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from collections import OrderedDict
@@ -186,6 +187,19 @@ def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray], extra: Mapping[s
     tmp.replace(path)
 
 
+def _map(path: Path) -> np.ndarray:
+    """The file's bytes, memory-mapped read-only, advised for random access.
+
+    A lookup reads a few bytes of each of a dozen arrays at a random row: ``MADV_RANDOM`` keeps the
+    kernel from reading ahead around each of them when the file is not in the page cache yet.
+    """
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
 class FrameTables:
     """Memory-mapped frame tables of one index (see the module docs for the layout).
 
@@ -217,7 +231,7 @@ class FrameTables:
                     raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
                 header = json.loads(f.read(header_len).decode("utf-8"))
             size = self.path.stat().st_size
-            self._buf = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+            self._buf = _map(self.path) if size else np.zeros(0, np.uint8)
         except OSError as err:
             raise IndexValidationError(where, [(f"frame-table file {where} cannot be read ({err.strerror or err}); "
                                                f"check its permissions, or {_FIX}.")]) from None
