@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_vstream.stream.worker import StreamDataset
-from lightning_vstream.index import load_index
+from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.demos.synth import write_dataset, write_stamped_video
 
@@ -180,6 +180,7 @@ def test_mixed_frame_sizes_in_one_batch_are_an_error(tmp_path: Path) -> None:
     write_dataset(tmp_path, clips=2, cameras=1, frames=6, size=(64, 48))
     # Replace clip 1's file with a bigger one.
     write_stamped_video(tmp_path / "videos/scene-0001/CAM_BACK.mp4", clip=1, camera=0, frames=6, size=(80, 48))
+    build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False)  # replaced on purpose
     loader = _loader(tmp_path / "index.json", batch_size=2, shuffle=False)
     with pytest.raises(ValueError, match=r"clip 'scene-0001', camera 'CAM_BACK' frame 0 is \(3, 48, 80\) but clip "
                                          r"'scene-0000', camera 'CAM_BACK' in the same batch is \(3, 48, 64\)"):
