@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -56,22 +57,64 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _cmd_index(args: argparse.Namespace) -> int:
     from lightning_vstream.index import build_index, load_index
 
-    if args.check:
+    modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
+    if len(modes) > 1:
+        raise ValueError(f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; "
+                         "pass one of them.")
+    if modes:
+        flag = "--" + modes[0].replace("_", "-")
         if Path(args.root).is_dir():
-            raise ValueError(f"{str(args.root)!r} is a folder; --check validates an index file, e.g. "
-                             f"`vstream index --check {Path(args.root) / 'index.json'}`.")
-        index = load_index(args.root, check="thorough")
-        print(f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
-              f"{index.total_frames} frames per camera: all files match.")
-        return 0
+            raise ValueError(f"{str(args.root)!r} is a folder; {flag} works on an index file, e.g. "
+                             f"`vstream index {flag} {Path(args.root) / 'index.json'}`.")
+        return {"check": _check, "quick_check": _quick_check, "tables": _tables}[modes[0]](args)
     if Path(args.root).is_file():
         raise ValueError(f"{str(args.root)!r} is a file; `vstream index` scans a dataset folder. To validate an "
                          "existing index file, run `vstream index --check INDEX_FILE`.")
     output = args.output or Path(args.root) / "index.json"
-    path = build_index(args.root, output=output, progress=not args.quiet, metadata=not args.no_metadata)
+    path = build_index(args.root, output=output, progress=not args.quiet, metadata=not args.no_metadata,
+                       table_format=args.table_format)
     index = load_index(path)
     print(f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, "
           f"{index.total_frames} frames per camera")
+    return 0
+
+
+def _quick_check(args: argparse.Namespace) -> int:
+    from lightning_vstream.index import load_index
+
+    index = load_index(args.root, check="thorough")
+    print(f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
+          f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
+          "where size and modification time are unchanged).")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from lightning_vstream.index.verify import verify_index
+
+    def bar(items: Any) -> Any:
+        return tqdm(items, desc="verifying", unit="file", disable=args.quiet or len(items) < 20, file=sys.stderr)
+
+    report = verify_index(args.root, progress=bar)
+    for note in report.notes:
+        print(f"note: {note}")
+    if report.problems:
+        listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
+        print(f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
+              f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
+              file=sys.stderr)
+        return 1
+    print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
+    return 0
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from lightning_vstream.index.build import write_index_tables
+
+    written = write_index_tables(args.root, table_format=args.table_format, progress=not args.quiet)
+    print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
     return 0
 
 
@@ -204,10 +247,18 @@ def _parser() -> argparse.ArgumentParser:
         "frame tables; or, with --check, verify an existing index file against the files.",
         formatter_class=_HelpFormatter,
     )
-    index.add_argument("root", type=Path, help="dataset folder (or, with --check, the index file)")
+    index.add_argument("root", type=Path, help="dataset folder (or, with --check/--quick-check/--tables, the index file)")
     index.add_argument("-o", "--output", type=Path, default=None, help="index file to write (default ROOT/index.json)")
-    index.add_argument("--no-metadata", action="store_true", help="do not write the frame-table sidecar")
-    index.add_argument("--check", action="store_true", help="probe every file of an existing index and report all problems")
+    index.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
+    index.add_argument("--table-format", choices=["binary", "json"], default="binary",
+                       help="frame tables as index.tables.bin (memory-mapped, default) or index.meta.json")
+    index.add_argument("--check", action="store_true",
+                       help="re-read every packet of an existing index's files, verify checksums and fingerprints, "
+                            "list every problem; exit 1 on any")
+    index.add_argument("--quick-check", action="store_true",
+                       help="compare an existing index with its files using the stored frame tables (fast)")
+    index.add_argument("--tables", action="store_true",
+                       help="write the frame tables of an existing index's files (turns integrity checks on)")
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
 

@@ -22,6 +22,7 @@ __all__ = [
     "DecoderCapabilityError",
     "EncodeError",
     "FrameSizeError",
+    "FileChangedError",
     "IndexValidationError",
     "ResumeStateError",
     "StepMismatchError",
@@ -100,4 +101,14 @@ class FrameSizeError(VideoDecodeError):
 
     The message names the file, clip, camera and frame, and both sizes. Under ``on_error="skip"``
     the clip is skipped and counted like any other unreadable file.
+    """
+
+
+class FileChangedError(IndexValidationError, VideoDecodeError):
+    """A video file differs from the one the index describes (replaced, swapped, truncated or corrupted).
+
+    Raised when a file's size, modification time or content fingerprint no longer match the index
+    and a full re-verification of its packets fails. The message names the file (with its clip and
+    camera) and says to re-run ``vstream index``. Also an :class:`IndexValidationError` and a
+    :class:`VideoDecodeError`, so either handler catches it.
     """

@@ -10,7 +10,7 @@ import pytest
 
 from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.index import load_index, metadata_path
+from lightning_vstream.index import load_index, metadata_path, tables_path
 from lightning_vstream.demos.synth import Stamp, read_stamp
 
 
@@ -26,7 +26,7 @@ def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synth_writes_a_dataset(synth_root: Path) -> None:
     index_path = synth_root / "index.json"
     assert json.loads(index_path.read_text()) == {"videos": {"scene-0000": 6, "scene-0001": 8}}
-    assert metadata_path(index_path).is_file()
+    assert tables_path(index_path).is_file()
     index = load_index(index_path)
     assert index.camera_names == ("CAM_BACK", "CAM_BACK_LEFT")
     cam = index["scene-0001"].cameras[1]
@@ -49,11 +49,14 @@ def test_index_then_check(synth_root: Path, tmp_path: Path, capsys: pytest.Captu
     assert f"wrote {out}: 2 clips, cameras ['CAM_BACK', 'CAM_BACK_LEFT'], 14 frames per camera" in printed
     data = json.loads(out.read_text())
     assert list(data.values()) == [{"scene-0000": 6, "scene-0001": 8}]
-    assert metadata_path(out).is_file()
+    assert tables_path(out).is_file() and not metadata_path(out).exists()
 
     assert main(["index", str(out), "--check"]) == 0
     printed = capsys.readouterr().out
-    assert f"{out}: 2 clips, 2 cameras, 14 frames per camera: all files match." in printed
+    assert f"{out}: 4 files, 28 frames: every packet matches its checksum." in printed
+    assert main(["index", str(out), "--quick-check"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out}: 2 clips, 2 cameras, 14 frames per camera: all files match the index" in printed
 
 
 def test_index_default_output_and_no_metadata(
@@ -63,14 +66,14 @@ def test_index_default_output_and_no_metadata(
     shutil.copytree(synth_root / "videos", root / "videos")
     assert main(["index", str(root), "--no-metadata", "--quiet"]) == 0
     assert (root / "index.json").is_file()
-    assert not metadata_path(root / "index.json").exists()
+    assert not metadata_path(root / "index.json").exists() and not tables_path(root / "index.json").exists()
     assert "2 clips" in capsys.readouterr().out
 
 
 def test_check_reports_problems(synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({str(synth_root / "videos"): {"scene-0000": 9, "scene-0001": 8, "scene-0404": 3}}))
-    assert main(["index", str(bad), "--check"]) == 1
+    assert main(["index", str(bad), "--quick-check"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"vstream index: error: {str(bad)!r} has 3 problems:")
@@ -145,7 +148,7 @@ def test_index_of_an_index_file_points_to_check(synth_root: Path, capsys: pytest
 
 def test_check_of_a_folder_points_to_the_index_file(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["index", "--check", str(synth_root)]) == 1
-    assert "is a folder; --check validates an index file" in capsys.readouterr().err
+    assert "is a folder; --check works on an index file" in capsys.readouterr().err
 
 
 def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,6 +36,7 @@ from lightning_vstream.index import (
     IndexValidationError,
     VideoIndex,
     load_index,
+    build_index,
     metadata_path,
 )
 from lightning_vstream.demos.synth import (
@@ -84,6 +85,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     """Two clips x two cameras with an index and sidecar, so fuzzed entries can resolve to real files."""
     root = tmp_path_factory.mktemp("fuzz-index")
     index = write_dataset(root, clips=2, cameras=2, frames=8, size=(64, 48), gop=4)
+    build_index(root, output=index, video_dirs=["videos"], progress=False, table_format="json")
     return Dataset(root, index.read_text(), json.loads(metadata_path(index).read_text()))
 
 

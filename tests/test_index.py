@@ -13,6 +13,7 @@ import pytest
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.cpu import probe_video
+from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.index import (
     CameraStream,
     IndexValidationError,
@@ -20,7 +21,7 @@ from lightning_vstream.index import (
     load_index,
     metadata_path,
 )
-from lightning_vstream.demos.synth import write_stamped_video
+from lightning_vstream.index.table_file import FrameTables, tables_path
 
 
 def _touch_clip(video_dir: Path, clip: str, cameras: tuple[str, ...] = ("CAM_A", "CAM_B")) -> Path:
@@ -335,17 +336,31 @@ def test_thorough_unreadable_file(tree: Path) -> None:
 # -- metadata sidecar -------------------------------------------------------------------------
 
 
-def test_build_index_writes_plain_index_and_sidecar(small_index: Path) -> None:
+def test_build_index_writes_plain_index_and_binary_tables(small_index: Path) -> None:
     assert json.loads(small_index.read_text()) == {"videos": {"scene-0000": 20, "scene-0001": 13, "scene-0002": 27}}
-    meta_file = metadata_path(small_index)
-    assert meta_file == small_index.with_name("index.meta.json")
-    meta = json.loads(meta_file.read_text())
-    assert meta["format"] == "lightning_vstream.meta"
-    assert meta["version"] == 1
-    assert len(meta["files"]) == 6
+    assert not metadata_path(small_index).exists()
+    tables = FrameTables(tables_path(small_index))
+    assert tables_path(small_index) == small_index.with_name("index.tables.bin")
+    assert len(tables) == 6
+    info = tables.get("videos/scene-0002/CAM_BACK_LEFT.mp4")
+    assert info is not None and info.frame_count == 27
+    file = small_index.parent / "videos/scene-0002/CAM_BACK_LEFT.mp4"
+    assert info.identity is not None and info.identity.size == file.stat().st_size
+    assert info == probe_video(file)
+
+
+def test_build_index_writes_a_json_sidecar_on_request(tmp_path: Path, small_index: Path) -> None:
+    copy = tmp_path / "data"
+    shutil.copytree(small_index.parent, copy)
+    build_index(copy, output=copy / "index.json", progress=False, table_format="json")
+    assert not tables_path(copy / "index.json").exists()
+    meta = json.loads(metadata_path(copy / "index.json").read_text())
+    assert meta["format"] == "lightning_vstream.meta" and meta["version"] == 1
     entry = meta["files"]["videos/scene-0002/CAM_BACK_LEFT.mp4"]
-    assert entry["size"] == (small_index.parent / "videos/scene-0002/CAM_BACK_LEFT.mp4").stat().st_size
+    assert entry["size"] == entry["identity"]["size"] == (copy / "videos/scene-0002/CAM_BACK_LEFT.mp4").stat().st_size
     assert VideoInfo.from_dict(entry["info"]).frame_count == 27
+    index = load_index(copy / "index.json")
+    assert all(cam.info is not None and cam.info.identity is not None for clip in index for cam in clip.cameras)
 
 
 def test_load_attaches_sidecar_info(small_index: Path) -> None:
@@ -357,21 +372,9 @@ def test_load_attaches_sidecar_info(small_index: Path) -> None:
             assert cam.info == probe_video(cam.path)
 
 
-def test_sidecar_entry_of_a_changed_file_is_ignored(small_index: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "data"
-    shutil.copytree(small_index.parent, copy)
-    changed = copy / "videos" / "scene-0001" / "CAM_BACK.mp4"
-    with changed.open("ab") as f:
-        f.write(b"\0" * 16)
-    index = load_index(copy / small_index.name)
-    infos = {(clip.clip_id, cam.name): cam.info for clip in index for cam in clip.cameras}
-    assert infos.pop(("scene-0001", "CAM_BACK")) is None
-    assert all(info is not None for info in infos.values())
-
-
 def test_plain_accvlab_index_without_sidecar(make_dataset: Callable[..., Path]) -> None:
     path = make_dataset(clips=2, cameras=1, frames=[5, 7], gop=4, with_metadata=False)
-    assert not metadata_path(path).exists()
+    assert not metadata_path(path).exists() and not tables_path(path).exists()
     index = load_index(path)
     assert [c.frame_count for c in index] == [5, 7]
     assert all(cam.info is None for clip in index for cam in clip.cameras)
@@ -382,7 +385,7 @@ def test_sidecar_of_another_version(tree: Path) -> None:
     path = _write_index(tree / "index.json", {"videos": {"clip-a": 5}})
     _write_index(metadata_path(path), {"format": "lightning_vstream.meta", "version": 99, "files": {}})
     match = r"index\.meta\.json' is not a version-1 lightning_vstream metadata file; delete it"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(IndexValidationError, match=match):
         load_index(path)
 
 
@@ -390,7 +393,7 @@ def test_malformed_sidecar(tree: Path) -> None:
     path = _write_index(tree / "index.json", {"videos": {"clip-a": 5}})
     metadata_path(path).write_text("{oops")
     match = r"metadata file '.*index\.meta\.json' is not valid JSON \(.* at line 1, column 2\)"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(IndexValidationError, match=match):
         load_index(path)
 
 

@@ -329,7 +329,10 @@ def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path:
 
     from lightning_vstream.index import IndexValidationError, metadata_path
 
+    from lightning_vstream.index import build_index
+
     root = _copy(pristine, tmp_path)
+    build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False, table_format="json")
     meta_file = metadata_path(root / "index.json")
     meta = json.loads(meta_file.read_text())
     meta["files"]["videos/scene-0001/CAM_BACK.mp4"]["info"]["codec"] = "not-a-codec"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
-from lightning_vstream.index import load_index, metadata_path
+from lightning_vstream.index import load_index, metadata_path, tables_path
 from lightning_vstream.demos.synth import (
     NUSCENES_CAMERAS,
     Stamp,
@@ -146,7 +146,7 @@ def test_write_dataset_layout(small_index: Path) -> None:
         f"videos/scene-000{c}/{cam}.mp4" for c in range(3) for cam in ("CAM_BACK", "CAM_BACK_LEFT")
     ]
     assert json.loads(small_index.read_text()) == {"videos": {"scene-0000": 20, "scene-0001": 13, "scene-0002": 27}}
-    assert metadata_path(small_index).is_file()
+    assert tables_path(small_index).is_file()
 
 
 def test_write_dataset_stamps(small_index: Path) -> None:
@@ -164,7 +164,7 @@ def test_write_dataset_stamps(small_index: Path) -> None:
 def test_write_dataset_cycles_frame_counts_and_sorts_camera_names(make_dataset: Callable[..., Path]) -> None:
     path = make_dataset(clips=3, cameras=["CAM_Z", "CAM_A"], frames=[4, 6], gop=4, with_metadata=False)
     assert json.loads(path.read_text()) == {"videos": {"scene-0000": 4, "scene-0001": 6, "scene-0002": 4}}
-    assert not metadata_path(path).exists()
+    assert not metadata_path(path).exists() and not tables_path(path).exists()
     index = load_index(path, check="thorough")
     assert index.camera_names == ("CAM_A", "CAM_Z")
     # Camera numbers are positions in the sorted list, as the index orders cameras.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.index.identity import verify_identity
 
 if TYPE_CHECKING:
     import av
@@ -335,9 +336,13 @@ class PyAVDecoder(DecoderBase):
         self._needs_seek = True
 
     def _open(self) -> None:
+        info = self.info
+        if info.identity is not None:
+            # Size, mtime and fingerprint as the index recorded them; a file that differs is
+            # re-verified packet by packet (FileChangedError if its content changed).
+            self._info = info = verify_identity(self.path, info, self._where())
         container = _open_container(self.path)
         stream = _video_stream(container, self.path, self.stream)
-        info = self.info
         if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:
             container.close()
             raise VideoDecodeError(

@@ -9,7 +9,9 @@ from typing import Any
 
 from lightning_vstream.errors import IndexValidationError
 
-__all__ = ["IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "discover_cameras", "image_files", "is_dir", "natural_key"]
+__all__ = [
+    "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "discover_cameras", "image_files", "is_dir", "natural_key", "scan_cameras",
+]
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".ts", ".h264", ".h265", ".hevc"})
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png"})
@@ -36,19 +38,31 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: natural_key(p.name))
 
 
-def discover_cameras(folder: Path) -> dict[str, Path]:
-    """Camera name -> file (or image folder) found in a clip folder."""
-    found: dict[str, Path] = {}
+def scan_cameras(folder: str) -> dict[str, str]:
+    """Camera name -> file (or image folder) name in a clip folder, sorted by camera name.
+
+    Strings, not paths: an index of a million files scans them all on load.
+
+    Raises:
+        IndexValidationError: Two files name the same camera.
+        OSError: The folder cannot be read.
+    """
+    found: dict[str, str] = {}
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        path = Path(entry.path)
-        if entry.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS:
-            if path.stem in found:
+        stem, ext = os.path.splitext(entry.name)
+        if ext.lower() in VIDEO_EXTENSIONS and entry.is_file():
+            if stem in found:
                 raise IndexValidationError(
-                    str(folder), [f"{str(folder)!r} holds two files for camera {path.stem!r}: "
-                                  f"{found[path.stem].name!r} and {path.name!r}; keep one."]
+                    str(folder), [(f"{str(folder)!r} holds two files for camera {stem!r}: "
+                                  f"{found[stem]!r} and {entry.name!r}; keep one.")]
                 )
-            found[path.stem] = path
-        elif entry.is_dir() and image_files(path):
-            found.setdefault(entry.name, path)
+            found[stem] = entry.name
+        elif entry.is_dir() and image_files(Path(entry.path)):
+            found.setdefault(entry.name, entry.name)
     # Order by camera name (the stem), not by file name: "CAM-2.mp4" sorts before "CAM.mp4".
     return dict(sorted(found.items()))
+
+
+def discover_cameras(folder: Path) -> dict[str, Path]:
+    """Camera name -> file (or image folder) found in a clip folder."""
+    return {name: folder / file for name, file in scan_cameras(str(folder)).items()}

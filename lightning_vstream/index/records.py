@@ -5,24 +5,125 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_vstream.index.tables import VideoInfo
+
+if TYPE_CHECKING:
+    from lightning_vstream.index.table_file import FrameTables
 
 __all__ = ["CameraStream", "Clip", "VideoIndex"]
 
 
-@dataclass(frozen=True)
 class CameraStream:
-    """One camera of one clip: a video file or a folder of images."""
+    """One camera of one clip: a video file or a folder of images.
 
+    Its frame table (:attr:`info`) is either given, or read on demand from the index's
+    memory-mapped :class:`~lightning_vstream.index.table_file.FrameTables` (``tables`` and
+    ``row``), so an index of a million files holds no per-file tables in memory, and pickling a
+    camera into a worker sends only its name, path and row.
+
+    Args:
+        name: Camera name (the file stem).
+        path: Video file or image folder (a string is turned into a ``Path`` on first use: an
+            index of a million files makes a million of these).
+        info: Frame table, if known.
+        tables: Frame tables to read ``info`` from on demand (when ``info`` is None).
+        row: Row of this file in ``tables``.
+
+    Example::
+
+        >>> cam = CameraStream("CAM_FRONT", Path("videos/scene-0000/CAM_FRONT.mp4"))
+        >>> cam.name, cam.info is None
+        ('CAM_FRONT', True)
+    """
+
+    __slots__ = ("_info", "_path", "name", "row", "tables")
     name: str
-    path: Path
-    info: VideoInfo | None = None
+    _path: Path | str
+    row: int
+    tables: FrameTables | None
+    _info: VideoInfo | None
+
+    def __init__(
+        self,
+        name: str,
+        path: Path | str,
+        info: VideoInfo | None = None,
+        *,
+        tables: FrameTables | None = None,
+        row: int = -1,
+    ) -> None:
+        # Slot descriptors set directly: an index of a million files makes a million of these.
+        _set_name(self, name)
+        _set_path(self, path)
+        _set_info(self, info)
+        has_row = tables is not None and row >= 0
+        _set_tables(self, tables if has_row else None)
+        _set_row(self, row if has_row else -1)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
+
+    @property
+    def path(self) -> Path:
+        """The video file or image folder."""
+        path = self._path
+        if isinstance(path, str):
+            path = Path(path)
+            _set_path(self, path)
+        return path
+
+    @property
+    def path_str(self) -> str:
+        """:attr:`path` as a string, without making a ``Path``."""
+        return str(self._path)
+
+    @property
+    def info(self) -> VideoInfo | None:
+        """The frame table, or None when the index has none for this file (it is probed on open)."""
+        if self._info is not None:
+            return self._info
+        if self.tables is not None:
+            return self.tables.info(self.row)
+        return None
+
+    def with_info(self, info: VideoInfo | None) -> CameraStream:
+        """A copy holding ``info`` as its frame table."""
+        return CameraStream(self.name, self.path, info)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_camera, (self.name, self._path, self._info, self.tables, self.row))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CameraStream):
+            return NotImplemented
+        return (self.name, self.path, self.info) == (other.name, other.path, other.info)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.path))
+
+    def __repr__(self) -> str:
+        return f"CameraStream(name={self.name!r}, path={self.path!r})"
 
     @property
     def is_image_folder(self) -> bool:
         """True when the camera is a folder of image files rather than a video."""
         return self.path.is_dir()
+
+
+_SLOTS = CameraStream.__dict__
+_set_name = _SLOTS["name"].__set__
+_set_path = _SLOTS["_path"].__set__
+_set_info = _SLOTS["_info"].__set__
+_set_tables = _SLOTS["tables"].__set__
+_set_row = _SLOTS["row"].__set__
+
+
+def _camera(
+    name: str, path: Path | str, info: VideoInfo | None, tables: FrameTables | None, row: int
+) -> CameraStream:
+    return CameraStream(name, path, info, tables=tables, row=row)
 
 
 @dataclass(frozen=True)

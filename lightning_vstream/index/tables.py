@@ -1,15 +1,19 @@
 """Frame tables: what a probe learns about each camera stream, and the sidecar that stores them.
 
 Richer per-file metadata (codec, size, frame timestamps, keyframe positions, packet CRCs) lives
-in a sidecar file next to the index, ``<index stem>.meta.json``, so plain accvlab readers keep
-working on our index files and our loader seeks without rescanning files. The sidecar is
-versioned and keyed by file path relative to the index; an entry whose file size changed is
-ignored. This module imports neither torch nor any decoder library.
+beside the index: ``<index stem>.tables.bin`` (binary, memory-mapped, see
+:mod:`lightning_vstream.index.table_file`) or the older JSON sidecar ``<index stem>.meta.json``,
+so plain accvlab readers keep working on our index files and our loader seeks without rescanning
+files. Both are versioned and keyed by file path relative to the index folder, and record each
+file's identity (size, mtime, fingerprint: :mod:`lightning_vstream.index.identity`); a file whose
+identity differs is re-verified in full, never trusted. This module imports neither torch nor any
+decoder library.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -17,7 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["META_FORMAT", "META_VERSION", "VideoInfo", "cached_info", "load_metadata", "metadata_path"]
+from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.index.identity import FileIdentity
+
+__all__ = [
+    "META_FORMAT", "META_VERSION", "VideoInfo", "cached_info", "load_metadata", "metadata_entry", "metadata_path",
+    "table_key",
+]
 
 META_FORMAT = "lightning_vstream.meta"
 META_VERSION = 1
@@ -50,6 +60,9 @@ class VideoInfo:
             instead of decoding into wrong pixels. None when unknown.
         config_crc32: CRC-32 of the codec configuration (SPS/PPS, the ``avcC``/``hvcC`` record),
             checked when a decoder opens the file. None when unknown.
+        identity: Size, modification time and fingerprint of the file when the index was built
+            (see :mod:`lightning_vstream.index.identity`); a decoder re-verifies the file in full
+            when they differ. None when unknown. Not part of equality.
 
     Example::
 
@@ -68,10 +81,8 @@ class VideoInfo:
     average_fps: float
     crc32: tuple[int, ...] | None = None
     config_crc32: int | None = None
-    _pts_lookup: dict[int, int] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_pts_lookup", {p: i for i, p in enumerate(self.pts)})
+    identity: FileIdentity | None = field(default=None, compare=False)
+    _pts_lookup: dict[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def frame_count(self) -> int:
@@ -91,7 +102,11 @@ class VideoInfo:
 
     def index_of_pts(self, pts: int) -> int | None:
         """Frame index of a presentation timestamp, or None if no frame has it."""
-        return self._pts_lookup.get(pts)
+        lookup = self._pts_lookup
+        if lookup is None:  # built on first use: frame tables are often created by the thousand
+            lookup = {p: i for i, p in enumerate(self.pts)}
+            object.__setattr__(self, "_pts_lookup", lookup)
+        return lookup.get(pts)
 
     def keyframe_at_or_before(self, index: int) -> int:
         """Frame index of the last keyframe at or before frame ``index``."""
@@ -162,37 +177,74 @@ def metadata_path(index_path: Path | str) -> Path:
     return index_path.with_name(index_path.stem + ".meta.json")
 
 
+def table_key(base: Path, path: Path) -> str:
+    """Key of a camera file in the frame tables: its path relative to the index folder, ``/``-separated.
+
+    Computed lexically (no symbolic link is resolved on either side), so the same key is found
+    whichever path leads to the files: a video folder that is a symbolic link keeps its tables.
+
+    Example::
+
+        >>> table_key(Path("/data"), Path("/data/videos/scene-0000/CAM_FRONT.mp4"))
+        'videos/scene-0000/CAM_FRONT.mp4'
+    """
+    return os.path.relpath(path, base).replace(os.sep, "/")
+
+
 def load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
+    """Entries of the JSON sidecar of ``index_path`` (empty when there is none)."""
     meta_file = metadata_path(index_path)
-    if not meta_file.is_file():
-        return {}
+    where = repr(str(meta_file))
     try:
-        data = json.loads(meta_file.read_text(encoding="utf-8"))
+        if not meta_file.is_file():
+            return {}
+        raw = meta_file.read_bytes()
+    except OSError as err:
+        raise IndexValidationError(where, [(f"metadata file {where} cannot be read ({err.strerror or err}); check "
+                                           "its permissions, or delete it and rebuild it with `vstream index`.")]) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise IndexValidationError(where, [(f"metadata file {where} is not valid UTF-8 (byte {err.start}); delete it "
+                                           "or rebuild it with `vstream index`.")]) from None
     except RecursionError:
-        raise ValueError(f"metadata file {str(meta_file)!r} nests JSON too deeply; delete it or rebuild it "
-                         "with `vstream index`.") from None
+        raise IndexValidationError(where, [(f"metadata file {where} nests JSON too deeply; delete it or rebuild it "
+                                           "with `vstream index`.")]) from None
     except json.JSONDecodeError as err:
-        raise ValueError(
-            f"metadata file {str(meta_file)!r} is not valid JSON ({err.msg} at line {err.lineno}, column "
-            f"{err.colno}); delete it or rebuild it with `vstream index`."
-        ) from None
+        raise IndexValidationError(where, [
+            (f"metadata file {where} is not valid JSON ({err.msg} at line {err.lineno}, column "
+            f"{err.colno}); delete it or rebuild it with `vstream index`.")
+        ]) from None
     if not isinstance(data, dict) or data.get("format") != META_FORMAT or data.get("version") != META_VERSION:
-        raise ValueError(
-            f"metadata file {str(meta_file)!r} is not a version-{META_VERSION} lightning_vstream metadata file; "
-            "delete it or rebuild it with `vstream index`."
-        )
+        raise IndexValidationError(where, [
+            (f"metadata file {where} is not a version-{META_VERSION} lightning_vstream metadata file; "
+            "delete it or rebuild it with `vstream index`.")
+        ])
     files = data.get("files", {})
     return files if isinstance(files, dict) else {}
 
 
-def cached_info(meta: Mapping[str, dict[str, Any]], base: Path, path: Path) -> VideoInfo | None:
-    key = os.path.relpath(path, base).replace(os.sep, "/")
+def metadata_entry(info: VideoInfo) -> dict[str, Any]:
+    """The JSON sidecar entry of one file: its identity and frame table."""
+    ident = info.identity
+    entry: dict[str, Any] = {"size": ident.size if ident is not None else None}
+    if ident is not None:
+        entry["identity"] = ident.to_dict()
+    entry["info"] = info.to_dict()
+    return entry
+
+
+def cached_info(meta: Mapping[str, dict[str, Any]], key: str) -> VideoInfo | None:
+    """The frame table stored under ``key`` in a JSON sidecar, with its recorded identity; None if absent."""
     entry = meta.get(key)
-    if entry is None:
+    if not isinstance(entry, dict):
         return None
     try:
-        if path.is_file() and entry.get("size") != path.stat().st_size:
-            return None
-        return VideoInfo.from_dict(entry["info"])
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError):
-        return None  # a damaged entry is ignored: the file is probed instead
+        info = VideoInfo.from_dict(entry["info"])
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None  # a damaged entry is ignored: the file is probed instead (and the user warned)
+    identity = FileIdentity.from_dict(entry.get("identity"))
+    if identity is None and isinstance(entry.get("size"), int):
+        # Sidecars written before file identities record the size alone (see FileIdentity.size_only).
+        identity = FileIdentity(entry["size"], -1, -1, -1) if entry["size"] >= 0 else None
+    return dataclasses.replace(info, identity=identity) if identity is not None else info

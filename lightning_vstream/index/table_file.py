@@ -1,0 +1,366 @@
+"""The binary frame-table file, ``<index stem>.tables.bin``: every file's frame table in flat arrays.
+
+Built for indexes of a million files: the file is memory-mapped, never parsed, so loading it
+costs the same for ten files as for a million, and every rank and DataLoader worker on a
+machine shares its pages through the page cache. Pickling a :class:`FrameTables` (into spawn
+workers) sends only its path; the worker maps the same file again. A :class:`VideoInfo` is
+built only for a file that is opened, from slices of the arrays.
+
+Layout (little-endian): the 8-byte magic ``VSTABLES``, a uint32 format version, a uint32 header
+length, a UTF-8 JSON header, then the arrays the header lists (``name -> [dtype, shape,
+offset]``), each aligned to 64 bytes. Rows are sorted by ``keys`` (file path relative to the
+index folder, ``/``-separated), so a lookup is a binary search. Per-frame arrays (``pts``,
+``crc32``) and per-keyframe arrays (``key_indices``, ``key_seek``) are concatenated over files,
+with ``frame_offsets`` / ``key_offsets`` (length files + 1) marking where each file's rows start.
+Optional values (``config_crc32``, identity fields) hold -1 when unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.index.identity import FileIdentity
+from lightning_vstream.index.tables import VideoInfo
+
+__all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "write_table_arrays", "write_tables"]
+
+TABLES_FORMAT = "lightning_vstream.tables"
+TABLES_VERSION = 1
+_MAGIC = b"VSTABLES"
+_PREFIX = struct.Struct("<8sII")
+_ALIGN = 64
+_FIX = "delete it or re-run `vstream index` to rebuild it"
+# name -> dtype; the per-file arrays have one row per file, the others are concatenated.
+_PER_FILE = {
+    "codec": "<i4", "width": "<i8", "height": "<i8", "tb_num": "<i8", "tb_den": "<i8", "fps": "<f8",
+    "has_crc": "u1", "config_crc32": "<i8", "size": "<i8", "mtime_ns": "<i8", "head_crc32": "<i8",
+    "tail_crc32": "<i8",
+}
+_CONCAT = {"pts": "<i8", "crc32": "<u4", "key_indices": "<i8", "key_seek": "<i8",
+           "frame_offsets": "<i8", "key_offsets": "<i8"}
+_I64 = (-(2**63), 2**63 - 1)
+#: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
+CACHED_INFOS = 256
+
+
+def tables_path(index_path: Path | str) -> Path:
+    """Where the binary frame tables of ``index_path`` live (``index.json`` -> ``index.tables.bin``)."""
+    index_path = Path(index_path)
+    return index_path.with_name(index_path.stem + ".tables.bin")
+
+
+def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
+    """Write frame tables keyed by file path (relative to the index folder) to a binary table file.
+
+    The file is written to a temporary name and renamed, so readers never see half a file.
+
+    Args:
+        path: File to write (see :func:`tables_path`).
+        infos: Key -> frame table.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: A value does not fit the format (a timestamp beyond 64 bits, a key with a NUL).
+
+    Example::
+
+        >>> write_tables(tables_path("data/index.json"), {"videos/a/CAM.mp4": info})  # doctest: +SKIP
+    """
+    path = Path(path)
+    keys = sorted(infos)
+    encoded = [k.encode("utf-8") for k in keys]
+    if any(b"\0" in k or not k for k in encoded):
+        raise ValueError("frame-table keys must be non-empty and hold no NUL character.")
+    codecs = sorted({infos[k].codec for k in keys})
+    codec_id = {c: i for i, c in enumerate(codecs)}
+    rows: dict[str, list[Any]] = {name: [] for name in _PER_FILE}
+    pts: list[int] = []
+    crcs: list[int] = []
+    key_indices: list[int] = []
+    key_seek: list[int] = []
+    frame_offsets = [0]
+    key_offsets = [0]
+    for k in keys:
+        info = infos[k]
+        ident = info.identity
+        values: dict[str, Any] = {
+            "codec": codec_id[info.codec], "width": info.width, "height": info.height,
+            "tb_num": info.time_base[0], "tb_den": info.time_base[1], "fps": info.average_fps,
+            "has_crc": int(info.crc32 is not None),
+            "config_crc32": -1 if info.config_crc32 is None else info.config_crc32,
+            "size": -1 if ident is None else ident.size, "mtime_ns": -1 if ident is None else ident.mtime_ns,
+            "head_crc32": -1 if ident is None else ident.head_crc32,
+            "tail_crc32": -1 if ident is None else ident.tail_crc32,
+        }
+        for name, value in values.items():
+            rows[name].append(value)
+        pts.extend(info.pts)
+        crcs.extend(info.crc32 if info.crc32 is not None else [0] * info.frame_count)
+        key_indices.extend(info.key_indices)
+        key_seek.extend(info.key_seek)
+        frame_offsets.append(len(pts))
+        key_offsets.append(len(key_indices))
+    columns: list[tuple[str, list[Any]]] = [("pts", pts), ("key_seek", key_seek), *rows.items()]
+    for name, column in columns:
+        ints = [v for v in column if isinstance(v, int)]
+        if ints and (min(ints) < _I64[0] or max(ints) > _I64[1]):
+            raise ValueError(f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed.")
+    arrays: dict[str, np.ndarray] = {name: np.asarray(rows[name], dtype=dtype).reshape(len(keys))
+                                     for name, dtype in _PER_FILE.items()}
+    concatenated = {"pts": pts, "crc32": crcs, "key_indices": key_indices, "key_seek": key_seek,
+                    "frame_offsets": frame_offsets, "key_offsets": key_offsets}
+    for name, column in concatenated.items():
+        arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
+    return write_table_arrays(path, encoded, codecs, arrays)
+
+
+def write_table_arrays(
+    path: Path | str, keys: Sequence[bytes] | np.ndarray, codecs: Sequence[str], arrays: Mapping[str, np.ndarray]
+) -> Path:
+    """Write frame tables given directly as arrays (for generated or converted tables at scale).
+
+    Args:
+        path: File to write.
+        keys: UTF-8 encoded file keys, sorted and distinct (a list of bytes or an ``S`` array).
+        codecs: Codec names the ``codec`` array indexes.
+        arrays: Every per-file array (one row per key) and concatenated array of the format (see
+            the module docs), in any integer or float dtype that converts losslessly.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: An array is missing, or has the wrong length.
+
+    Example::
+
+        >>> write_table_arrays("t.tables.bin", [b"a.mp4"], ["h264"], arrays)  # doctest: +SKIP
+    """
+    path = Path(path)
+    key_array = np.asarray(keys) if isinstance(keys, np.ndarray) else (
+        np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1"))
+    missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
+    if missing:
+        raise ValueError(f"frame-table arrays {missing} are missing.")
+    out: dict[str, np.ndarray] = {"keys": key_array}
+    for name, dtype in {**_PER_FILE, **_CONCAT}.items():
+        arr = np.asarray(arrays[name])
+        if arr.ndim != 1:
+            raise ValueError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
+        out[name] = arr.astype(dtype, copy=False)
+    if any(len(out[name]) != len(key_array) for name in _PER_FILE):
+        raise ValueError("every per-file frame-table array needs one row per key.")
+    if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):
+        raise ValueError("frame-table keys must be sorted and distinct.")
+    _write_arrays(path, out, {"files": len(key_array), "codecs": list(codecs)})
+    return path
+
+
+def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray], extra: Mapping[str, Any]) -> None:
+    layout: dict[str, list[Any]] = {}
+    offset = 0
+    for name, arr in arrays.items():
+        layout[name] = [arr.dtype.str, list(arr.shape), offset]
+        offset += -(-arr.nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"format": TABLES_FORMAT, "version": TABLES_VERSION, **extra, "arrays": layout}).encode()
+    start = -(-(_PREFIX.size + len(header)) // _ALIGN) * _ALIGN
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as f:
+        f.write(_PREFIX.pack(_MAGIC, TABLES_VERSION, len(header)) + header)
+        for name, arr in arrays.items():
+            f.seek(start + layout[name][2])
+            np.ascontiguousarray(arr).tofile(f)
+        f.truncate(start + offset)
+    tmp.replace(path)
+
+
+def _map(path: Path) -> np.ndarray:
+    """The file's bytes, memory-mapped read-only, advised for random access.
+
+    A lookup reads a few bytes of each of a dozen arrays at a random row: ``MADV_RANDOM`` keeps the
+    kernel from reading ahead around each of them when the file is not in the page cache yet.
+    """
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+class FrameTables:
+    """Memory-mapped frame tables of one index (see the module docs for the layout).
+
+    Pickles as its path: a spawn worker maps the same file and shares its pages with every other
+    process on the machine.
+
+    Args:
+        path: The ``.tables.bin`` file.
+
+    Raises:
+        IndexValidationError: The file is unreadable, not a table file, of another version, or
+            its arrays are inconsistent (the message names the file).
+
+    Example::
+
+        >>> tables = FrameTables(tables_path("data/index.json"))  # doctest: +SKIP
+        >>> tables.get("videos/scene-0000/CAM_FRONT.mp4").frame_count  # doctest: +SKIP
+        40
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        where = repr(str(self.path))
+        try:
+            with open(self.path, "rb") as f:
+                prefix = f.read(_PREFIX.size)
+                magic, version, header_len = _PREFIX.unpack(prefix) if len(prefix) == _PREFIX.size else (b"", 0, 0)
+                if magic != _MAGIC or version != TABLES_VERSION:
+                    raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
+                header = json.loads(f.read(header_len).decode("utf-8"))
+            size = self.path.stat().st_size
+            self._buf = _map(self.path) if size else np.zeros(0, np.uint8)
+        except OSError as err:
+            raise IndexValidationError(where, [(f"frame-table file {where} cannot be read ({err.strerror or err}); "
+                                               f"check its permissions, or {_FIX}.")]) from None
+        except (UnicodeDecodeError, json.JSONDecodeError, struct.error):
+            raise self._bad("has a damaged header") from None
+        try:
+            self._codecs = [str(c) for c in header["codecs"]]
+            self._n = int(header["files"])
+            start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
+            arrays: dict[str, np.ndarray] = {}
+            for name, (dtype, shape, offset) in header["arrays"].items():
+                dt = np.dtype(dtype)
+                count = int(np.prod(shape)) if shape else 1
+                lo = start + int(offset)
+                hi = lo + count * dt.itemsize
+                if lo < start or hi > size or dt.hasobject:
+                    raise self._bad(f"is truncated or damaged (array {name!r} lies outside the file)")
+                arrays[name] = self._buf[lo:hi].view(dt).reshape(shape)
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, IndexValidationError):
+                raise
+            raise self._bad("has a damaged header") from None
+        missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
+        if missing:
+            raise self._bad(f"lacks the arrays {missing}")
+        self._a = arrays
+        self._cache: OrderedDict[int, VideoInfo] = OrderedDict()
+        self._check_consistent()
+
+    def _bad(self, what: str) -> IndexValidationError:
+        where = repr(str(self.path))
+        return IndexValidationError(where, [f"frame-table file {where} {what}; {_FIX}."])
+
+    def _check_consistent(self) -> None:
+        a, n = self._a, self._n
+        if any(len(a[name]) != n for name in (*_PER_FILE, "keys")):
+            raise self._bad("has per-file arrays of different lengths")
+        for offsets, data in (("frame_offsets", ("pts", "crc32")), ("key_offsets", ("key_indices", "key_seek"))):
+            off = a[offsets]
+            if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) <= 0) or any(len(a[d]) != off[-1] for d in data):
+                raise self._bad(f"has inconsistent {offsets}")
+        if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
+            raise self._bad("names a codec it does not list")
+        if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
+            raise self._bad("has unsorted or repeated keys")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrameTables, (str(self.path),))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return f"FrameTables({str(self.path)!r}, files={self._n})"
+
+    def keys(self) -> Iterator[str]:
+        """File keys in sorted order."""
+        return (k.decode("utf-8") for k in self._a["keys"])
+
+    def rows(self, keys: Sequence[str]) -> np.ndarray:
+        """Row of each key, -1 where a key has no table (one vectorised binary search)."""
+        table = self._a["keys"]
+        if not len(keys):
+            return np.zeros(0, dtype=np.int64)
+        wanted = np.array([k.encode("utf-8") for k in keys], dtype=f"S{max(table.dtype.itemsize, 1)}")
+        if not self._n:
+            return np.full(len(keys), -1, dtype=np.int64)
+        pos = np.searchsorted(table, wanted)
+        found = pos < self._n
+        found[found] = table[pos[found]] == wanted[found]
+        # Keys longer than the table's width were cut by the array's dtype: never a match.
+        found &= np.array([len(k.encode("utf-8")) <= table.dtype.itemsize for k in keys])
+        return np.where(found, pos, -1).astype(np.int64)
+
+    def row(self, key: str) -> int:
+        """Row of one key, or -1."""
+        return int(self.rows([key])[0])
+
+    def get(self, key: str) -> VideoInfo | None:
+        """Frame table of the file at ``key`` (relative to the index folder), or None."""
+        row = self.row(key)
+        return None if row < 0 else self.info(row)
+
+    def identity(self, row: int) -> FileIdentity | None:
+        """The recorded identity of row ``row``, or None when unknown."""
+        a = self._a
+        values = [int(a[n][row]) for n in ("size", "mtime_ns", "head_crc32", "tail_crc32")]
+        return None if min(values) < 0 else FileIdentity(*values)
+
+    def info(self, row: int) -> VideoInfo:
+        """The :class:`VideoInfo` of row ``row``, built from the arrays (validated like a JSON entry).
+
+        The last :data:`CACHED_INFOS` built are kept, so a file used again and again (a sampler
+        asking for its timestamps per sample) is not rebuilt each time.
+        """
+        cached = self._cache.get(row)
+        if cached is not None:
+            self._cache.move_to_end(row)
+            return cached
+        info = self._build(row)
+        self._cache[row] = info
+        if len(self._cache) > CACHED_INFOS:
+            self._cache.popitem(last=False)
+        return info
+
+    def _build(self, row: int) -> VideoInfo:
+        a = self._a
+        f0, f1 = int(a["frame_offsets"][row]), int(a["frame_offsets"][row + 1])
+        k0, k1 = int(a["key_offsets"][row]), int(a["key_offsets"][row + 1])
+        pts = a["pts"][f0:f1]
+        keys = a["key_indices"][k0:k1]
+        key = a["keys"][row].decode("utf-8", "replace")
+        if np.any(np.diff(pts) <= 0) or keys[0] != 0 or np.any(np.diff(keys) <= 0) or keys[-1] >= f1 - f0:
+            raise self._bad(f"holds an inconsistent frame table for {key!r}")
+        tb = (int(a["tb_num"][row]), int(a["tb_den"][row]))
+        width, height = int(a["width"][row]), int(a["height"][row])
+        if min(tb) <= 0 or width <= 0 or height <= 0:
+            raise self._bad(f"holds a non-positive size or time base for {key!r}")
+        config = int(a["config_crc32"][row])
+        return VideoInfo(
+            codec=self._codecs[int(a["codec"][row])],
+            width=width,
+            height=height,
+            time_base=tb,
+            pts=tuple(pts.tolist()),
+            key_indices=tuple(keys.tolist()),
+            key_seek=tuple(a["key_seek"][k0:k1].tolist()),
+            average_fps=float(a["fps"][row]),
+            crc32=tuple(a["crc32"][f0:f1].tolist()) if a["has_crc"][row] else None,
+            config_crc32=None if config < 0 else config,
+            identity=self.identity(row),
+        )

@@ -1,0 +1,166 @@
+"""Full verification of an index against its files: every packet re-read and its CRC-32 compared.
+
+This is what ``vstream index INDEX --check`` runs. Unlike ``load_index(check="thorough")``, which
+trusts the frame tables of files whose size and modification time are unchanged, it re-reads
+every packet of every file, so a same-size in-place corruption, a swapped or a replaced file is
+found, and every problem (file, clip, camera, frames) is listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_vstream.errors import VideoDecodeError
+from lightning_vstream.index.identity import file_identity
+from lightning_vstream.index.load import _load_tables, read_index_layout
+from lightning_vstream.index.tables import VideoInfo, cached_info
+
+__all__ = ["VerifyReport", "verify_index"]
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_index` found.
+
+    Attributes:
+        index: The index file.
+        files: Camera files checked.
+        frames: Frames (packets) whose checksums were compared.
+        problems: Every problem, one line each, naming file, clip, camera and frames.
+        notes: Harmless findings (a file touched but unchanged).
+
+    Example::
+
+        >>> report = verify_index("data/index.json")  # doctest: +SKIP
+        >>> report.ok, report.files  # doctest: +SKIP
+        (True, 48)
+    """
+
+    index: Path
+    files: int = 0
+    frames: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def _ranges(indices: Iterable[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``: every index listed, runs collapsed."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in indices:
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(parts)
+
+
+def _compare(stored: VideoInfo, probed: VideoInfo, frames_listed: int, label: str) -> list[str]:
+    found = []
+    if stored.config_crc32 is not None and probed.config_crc32 != stored.config_crc32:
+        found.append(f"{label}: the codec configuration (SPS/PPS) differs from the one recorded in the index.")
+    if probed.frame_count != stored.frame_count:
+        found.append(f"{label}: holds {probed.frame_count} frames; the index recorded {stored.frame_count}.")
+    if probed.frame_count < frames_listed:
+        found.append(f"{label}: holds {probed.frame_count} frames, but the index lists {frames_listed} for its clip.")
+    stored_at = {p: i for i, p in enumerate(stored.pts)}
+    moved = [i for i, p in enumerate(probed.pts) if stored_at.get(p) != i]
+    if moved:
+        found.append(f"{label}: frames {_ranges(moved)} have timestamps the index does not record at that position.")
+    if stored.crc32 is not None and probed.crc32 is not None:
+        n = min(len(stored.crc32), len(probed.crc32))
+        skip = set(moved)
+        bad = [i for i in range(n) if stored.crc32[i] != probed.crc32[i] and i not in skip]
+        if bad:
+            which = f"frame {bad[0]}" if len(bad) == 1 else f"frames {_ranges(bad)} ({len(bad)} frames)"
+            found.append(f"{label}: the compressed data of {which} differs from the checksums recorded in the index.")
+    return found
+
+
+def verify_index(
+    path: Path | str, *, progress: Callable[[Iterable[object]], Iterable[object]] | None = None
+) -> VerifyReport:
+    """Re-read every packet of every file an index lists and compare it with the frame tables.
+
+    Checks, per camera file: that it has a frame table, its fingerprint (size, first and last
+    64 KiB), its codec configuration, its frame count against the table and against the clip's
+    count in the index, every frame's timestamp, and every packet's CRC-32.
+
+    Args:
+        path: The index file.
+        progress: Optional wrapper for the file loop (a ``tqdm``), for a progress bar.
+
+    Returns:
+        A :class:`VerifyReport` listing every problem.
+
+    Raises:
+        FileNotFoundError: The index file does not exist.
+        IndexValidationError: The index does not describe the folders on disk (missing clips or
+            cameras, bad frame counts...), every problem listed.
+
+    Example::
+
+        >>> for problem in verify_index("data/index.json").problems:  # doctest: +SKIP
+        ...     print(problem)
+    """
+    from lightning_vstream.index.build import probe
+
+    path = Path(path).resolve()
+    layout = read_index_layout(path)
+    tables, meta = _load_tables(path)
+    report = VerifyReport(path)
+    counts = _clip_counts(path)
+    rows = tables.rows([key for key, *_ in layout]).tolist() if tables is not None else [-1] * len(layout)
+    items: list[tuple[tuple[str, str, str, Path], int]] = list(zip(layout, rows))
+    entry: Any
+    for entry in progress(items) if progress else items:
+        (key, clip_id, camera, file), row = entry
+        label = f"{str(file)!r} (clip {clip_id!r}, camera {camera!r})"
+        report.files += 1
+        stored = tables.info(row) if tables is not None and row >= 0 else cached_info(meta, key)
+        try:
+            probed = probe(file)
+        except (VideoDecodeError, OSError, ValueError) as err:
+            report.problems.append(f"{label}: cannot be read as a video: {err}")
+            continue
+        report.frames += probed.frame_count
+        if stored is None:
+            report.problems.append(f"{label}: the index holds no frame table for this file, so its checksums cannot "
+                                   "be verified; run `vstream index --tables INDEX` to record them.")
+            continue
+        content = _compare(stored, probed, counts.get(clip_id, 0), label)
+        report.problems.extend(content)
+        recorded = stored.identity
+        if recorded is None or file.is_dir():
+            continue
+        current = file_identity(file)
+        if recorded.size_only:
+            continue
+        if (recorded.size, recorded.head_crc32, recorded.tail_crc32) != (
+                current.size, current.head_crc32, current.tail_crc32):
+            if not content:
+                report.problems.append(
+                    f"{label}: the file changed since the index was built ({recorded.describe_difference(current)}) "
+                    "although its frames still match; run `vstream index --tables INDEX` to record it again.")
+        elif recorded.mtime_ns != current.mtime_ns and not content:
+            report.notes.append(f"{label}: modification time changed, content unchanged.")
+    return report
+
+
+def _clip_counts(path: Path) -> dict[str, int]:
+    from lightning_vstream.index.load import _read_json
+
+    data = _read_json(path)
+    return {clip: count for entries in data.values() if isinstance(entries, dict) for clip, count in entries.items()}
