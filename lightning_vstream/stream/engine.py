@@ -76,6 +76,7 @@ class _Run:
     abandoned: dict[tuple[int, int], int] = field(default_factory=dict)  # (slot, segment) -> first failed step
     error: BaseException | None = None
     stopping: bool = False
+    timed_out: bool = False
 
 
 class StreamEngine:
@@ -174,6 +175,7 @@ class StreamEngine:
     def run(self, start: int = 0) -> Iterator[dict[str, Any]]:
         """Yield the batches of the sampler's current epoch from step ``start``."""
         self._allocate()
+        self._join(60.0)  # threads of an earlier run that was stopped while they were stuck
         plan = self.sampler.schedule()
         run = _Run(start=start, num_steps=len(plan), next_plan=start, released=start)
         self.sampler.start_step = start
@@ -204,6 +206,7 @@ class StreamEngine:
             if run.error is not None:
                 raise run.error
             if not finished:
+                run.timed_out = True
                 raise WorkerError(
                     f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s "
                     f"({run.done.get(step, 0)} of {self.num_threads} decode threads done); a file may be stalled on a "
@@ -258,18 +261,28 @@ class StreamEngine:
         with run.cond:
             run.stopping = True
             run.cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout=60.0)
-            if thread.is_alive():  # pragma: no cover - a decoder stuck inside a native call
-                log.warning("decode thread %s did not stop within 60 s; leaving it (daemon) behind", thread.name)
-        self._threads = []
+        # After a timeout the threads are stuck in a decoder: do not wait for them here; close()
+        # (or the next run) collects them once they return.
+        self._join(0.0 if run.timed_out else 60.0)
         self.sampler.start_step = 0
         self._run = None
+
+    def _join(self, timeout: float) -> None:
+        alive = []
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+            if thread.is_alive():
+                alive.append(thread)
+        if alive and timeout > 0:  # pragma: no cover - a decoder stuck inside a native call
+            log.warning("%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive),
+                        timeout)
+        self._threads = alive
 
     def close(self) -> None:
         """Stop the threads of a run in progress (their decoders close as they exit)."""
         if self._run is not None:
             self._shutdown(self._run)
+        self._join(60.0)
 
     # -- the decode threads ----------------------------------------------------------------
     def _plan(self, run: _Run, step: int) -> _StepPlan:
@@ -352,8 +365,9 @@ class StreamEngine:
                 with nvtx_range(RANGE_DECODE):
                     self._write(dec, read, camera, buffer[position])
             except VideoDecodeError as err:
+                err = self._located(err, read, camera)
                 if self.on_error == "raise":
-                    raise
+                    raise err
                 if position in decoders:
                     self._close_decoder(decoders, position)
                 self._abandon(run, slot, step, plan.shifts[slot], read, camera, err)
@@ -361,6 +375,16 @@ class StreamEngine:
             timestamps[position] = dec.info.timestamp(read.frame)
             with self._stats_lock:
                 self._stats.frames_delivered += 1
+
+    def _located(self, err: VideoDecodeError, read: SlotRead, camera: int) -> VideoDecodeError:
+        """``err``, prefixed with the clip, camera and frame the slot was reading."""
+        clip = self.index.clips[read.clip]
+        where = f"clip {clip.clip_id!r}, camera {clip.cameras[camera].name!r}, frame {read.frame}"
+        if str(err).startswith(where):
+            return err
+        located = VideoDecodeError(f"{where}: {err}")
+        located.__cause__ = err
+        return located
 
     def _write(self, dec: FrameDecoder, read: SlotRead, camera: int, row: torch.Tensor) -> None:
         info = dec.info
