@@ -77,6 +77,7 @@ class _FakeDecoder:
         self.turn = 0
         self.flushes = 0
         self.packets = 0
+        self.flags: list[int] = []
 
     def Decode(self, packet: Any) -> list[_FakeFrame]:  # noqa: N802 - PyNvVideoCodec's name
         if self.module.fail_decode:
@@ -90,6 +91,7 @@ class _FakeDecoder:
         else:
             data = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
             data.pts = packet.pts
+            self.flags.append(packet.decode_flag)
             frames = self.context.decode(data)
             self.packets += 1
         return [self._surface(frame) for frame in frames]
@@ -486,6 +488,142 @@ def test_decoding_emits_the_pipeline_ranges(
     dec.read()
     dec.close()
     assert {profiling.RANGE_DEMUX, profiling.RANGE_DECODE, profiling.RANGE_HANDOFF} <= set(pushed)
+
+
+# -- capabilities, fallback, probe ----------------------------------------------------------------
+def test_below_nvdec_minimum_size_is_refused_with_the_limits(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    dec = NvDecoder(small, pool=DecoderPool(), label="clip 'x', camera 'CAM'")
+    with pytest.raises(DecoderCapabilityError, match=r"\(clip 'x', camera 'CAM'\) is hevc 64x48 8-bit 4:2:0, outside "
+                                                     r"what NVDEC on GPU 0 decodes .*144x144 to 8192x8192.*gpu_fallback"):
+        dec.read()
+    assert fake_nvc.caps_calls[0]["chromaformat"] == "420" and fake_nvc.caps_calls[0]["bitdepth"] == 8
+
+
+def test_four_four_four_is_refused(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    odd = write_stamped_video(tmp_path / "odd.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(257, 255))
+    with pytest.raises(DecoderCapabilityError, match=r"4:4:4: the GPU path converts only 4:2:0 frames"):
+        NvDecoder(odd, pool=DecoderPool()).read()
+
+
+def test_unsupported_format_and_caps_are_asked_once(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    fake_nvc.caps["supported"] = 0
+    for _ in range(2):
+        with pytest.raises(DecoderCapabilityError, match="NVDEC on GPU 0 cannot decode"):
+            NvDecoder(videos["hevc"], pool=DecoderPool()).read()
+    assert len(fake_nvc.caps_calls) == 1
+    assert nvdec.num_decoder_engines(fake_nvc, 0) == 7
+
+
+def test_cpu_fallback_decodes_what_nvdec_refuses(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    from lightning_vstream.stream.engine_loader import _CopyingDecoder, _FallbackDecoder
+
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    dec = _FallbackDecoder(NvDecoder(small, pool=DecoderPool()),
+                           lambda: _CopyingDecoder(PyAVDecoder(small), torch.device("cpu")))
+    assert [_stamp(dec.get(i)) for i in range(4)] == [0, 1, 2, 3]
+    assert isinstance(dec.inner, _CopyingDecoder)
+
+
+def test_pool_keys_separate_bit_depth_chroma_and_latency() -> None:
+    base = DecoderKey(0, "hevc", 1600, 900)
+    assert len({base, replace(base, bit_depth=10), replace(base, chroma="422"), replace(base, latency="LOW")}) == 4
+
+
+def test_low_latency_marks_every_packet_as_a_whole_picture(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    with NvDecoder(videos["hevc"], pool=DecoderPool()) as dec:
+        dec.read()
+    assert fake_nvc.created[0].kwargs["latency"] == "LOW" and set(fake_nvc.created[0].flags) == {8}
+    with NvDecoder(videos["hevc"], pool=DecoderPool(), latency="native") as dec:
+        dec.read()
+    assert fake_nvc.created[1].kwargs["latency"] == "NATIVE" and set(fake_nvc.created[1].flags) == {0}
+
+
+def test_low_latency_is_refused_for_reordered_streams(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"reorders frames \(B-frames\), so latency='low'"):
+        NvDecoder(videos["hevc_bframes"], pool=DecoderPool(), latency="low").read()
+
+
+def test_packet_without_timestamps_raises_instead_of_reading_as_frame_zero(fake_nvc: types.ModuleType) -> None:
+    packet = av.Packet(b"\x00\x00\x00\x01")
+    with pytest.raises(VideoDecodeError, match="neither a presentation nor a decode timestamp"):
+        nvdec.packet_data(fake_nvc, packet, "'a.mp4'")
+
+
+def test_read_writes_into_a_batch_row(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    batch = torch.zeros(3, 3, 256, 256, dtype=torch.uint8)
+    with NvDecoder(videos["hevc"], pool=DecoderPool()) as dec:
+        row = batch[1]
+        assert dec.get(6, out=row) is row
+    assert _stamp(batch[1]) == 6 and batch[0].count_nonzero() == 0 and batch[2].count_nonzero() == 0
+
+
+def test_packets_are_checked_against_the_frame_table_checksums(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    info = probe_video(videos["hevc"])
+    assert info.crc32 is not None
+    wrong = replace(info, crc32=(info.crc32[0], info.crc32[1] ^ 1, *info.crc32[2:]))
+    dec = NvDecoder(videos["hevc"], info=wrong, pool=DecoderPool())
+    dec.read()
+    with pytest.raises(VideoDecodeError, match=r"frame 1: the compressed data differs from the checksum"):
+        dec.read()
+
+
+def test_probe_failure_is_an_error_with_the_child_output() -> None:
+    calls: list[list[str]] = []
+
+    def crashed(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "CUDA_ERROR_ILLEGAL_ADDRESS in cuvidDecodePicture")
+
+    with pytest.raises(DecoderCapabilityError, match=r"(?s)GPU 5 failed in a child process \(exit code 1\).*"
+                                                     r"CUDA_ERROR_ILLEGAL_ADDRESS.*decode_device='cpu'"):
+        nvdec.probe_nvdec(5, runner=crashed)
+    assert calls[0][-2:] == ["lightning_vstream.decode.nvdec_probe", "5"]
+
+
+def test_probe_runs_once_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvdec, "_probed", {})
+    calls: list[list[str]] = []
+
+    def passed(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "NVDEC_PROBE_OK\n", "")
+
+    nvdec.probe_nvdec(0, runner=passed)
+    nvdec.probe_nvdec(0, runner=passed)
+    assert len(calls) == 1
+
+
+def test_probe_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvdec, "_probed", {})
+
+    def hung(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    with pytest.raises(DecoderCapabilityError, match=r"did not finish within 3 s.*probe=False"):
+        nvdec.probe_nvdec(1, runner=hung, timeout=3)
+
+
+def test_stream_engine_with_nvdecoders_delivers_exact_frames(
+    fake_nvc: types.ModuleType, make_dataset: Any, assert_stamps: Any
+) -> None:
+    from lightning_vstream.index import load_index
+    from lightning_vstream.stream.devices import HostDevice
+    from lightning_vstream.stream.engine import StreamEngine
+    from lightning_vstream.stream.engine_loader import EngineLoader
+    from lightning_vstream.stream.loader import StreamSampler
+
+    index = load_index(make_dataset(clips=3, cameras=2, frames=[12, 9, 15], size=(256, 256), codec="hevc", gop=6))
+    pool = DecoderPool()
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
+    engine = StreamEngine(index=index, sampler=sampler, device=HostDevice(), num_threads=3,
+                          decoder_factory=lambda p, i, label: NvDecoder(p, info=i, label=label, pool=pool))
+    steps = 0
+    for batch in EngineLoader(engine):
+        assert_stamps(batch)
+        steps += 1
+    assert steps == len(sampler.schedule()) and engine.stats.amplification == 1.0
+    assert pool.stats["created"] <= 4  # at most one decoder per stream, reused across clips
 
 
 # -- benchmark without a GPU ---------------------------------------------------------------------

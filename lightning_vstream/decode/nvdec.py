@@ -189,7 +189,7 @@ def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) ->
     :func:`~lightning_vstream.decode.color.nv12_to_rgb` converts).
     """
     fix = "decode this file with decode_device='cpu', or pass gpu_fallback='cpu' to decode such files on the CPU."
-    label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[0]}:{fmt.chroma[1:]}"
+    label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"
     if fmt.codec not in NVDEC_CODECS:
         raise DecoderCapabilityError(
             f"{where} uses codec {fmt.codec!r}, which NVDEC does not decode here (supported: "
