@@ -151,6 +151,8 @@ class EngineLoader:
     def __init__(self, engine: StreamEngine) -> None:
         self.engine = engine
         self.sampler = engine.sampler
+        #: Lightning inspects loaders' ``batch_sampler``; the sampler plans whole batches itself.
+        self.batch_sampler = None
         self._yielded: tuple[int, int] | None = None
         self._consumed: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
