@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_vstream.decode.color import ColorSpec, color_spec_from_stream, nv12_to_rgb
+from lightning_vstream.decode.color import (
+    ColorSpec,
+    color_spec_from_stream,
+    nv12_to_rgb,
+)
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError
 

@@ -286,9 +286,9 @@ def test_a_stalled_decoder_times_out_with_a_clear_error(index: Any) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(prefetch=0), "prefetch=0"),
-        (dict(threads=0), "num_threads=0"),
-        (dict(on_error="ignore"), "on_error='ignore'"),
+        ({"prefetch": 0}, "prefetch=0"),
+        ({"threads": 0}, "num_threads=0"),
+        ({"on_error": "ignore"}, "on_error='ignore'"),
     ],
 )
 def test_engine_rejects_bad_settings(index: Any, kwargs: dict[str, Any], message: str) -> None:

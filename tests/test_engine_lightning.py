@@ -24,10 +24,10 @@ def engine_index(make_dataset: Any) -> Path:
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    defaults: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, default_root_dir=tmp_path,
-    )
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
+        "enable_model_summary": False, "enable_checkpointing": False, "default_root_dir": tmp_path,
+    }
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
 

@@ -29,6 +29,7 @@ keep them longer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -40,9 +41,16 @@ from typing import Any, Literal
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.profiling import RANGE_COLLATE, RANGE_DECODE, RANGE_TRANSFORM, nvtx_range
+from lightning_vstream.profiling import (
+    RANGE_COLLATE,
+    RANGE_ENGINE_STEP,
+    RANGE_TRANSFORM,
+    RANGE_WAIT,
+    nvtx_range,
+)
 from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.loader import StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
@@ -51,7 +59,7 @@ from lightning_vstream.stream.worker import DecodeStats
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[[Path, VideoInfo, str], FrameDecoder]
+DecoderFactory = Callable[[Path, "VideoInfo | None", str], FrameDecoder]
 OnError = Literal["raise", "skip"]
 
 
@@ -154,7 +162,8 @@ class StreamEngine:
     # -- setup -----------------------------------------------------------------------------
     def frame_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of one camera frame in a batch (after the transform)."""
-        info = self.index.clips[0].cameras[0].info
+        camera = self.index.clips[0].cameras[0]
+        info = camera.info if camera.info is not None else probe_video(camera.path)
         if self.transform is None:
             return (3, info.height, info.width), torch.uint8
         probe = self.device.empty((1, 3, info.height, info.width), torch.uint8).zero_()
@@ -199,10 +208,11 @@ class StreamEngine:
                 self.device.record(self._release_events[(step - self.hold) % self.ring_size])
                 run.released = step - self.hold + 1
                 run.cond.notify_all()
-            finished = run.cond.wait_for(
-                lambda: run.error is not None or run.done.get(step, 0) == self.num_threads,
-                timeout=self.timeout or None,
-            )
+            with nvtx_range(RANGE_WAIT):
+                finished = run.cond.wait_for(
+                    lambda: run.error is not None or run.done.get(step, 0) == self.num_threads,
+                    timeout=self.timeout or None,
+                )
             if run.error is not None:
                 raise run.error
             if not finished:
@@ -296,6 +306,10 @@ class StreamEngine:
             run.next_plan = s + 1
         return run.plans[step]
 
+    def _may_write(self, run: _Run, step: int) -> bool:
+        """Whether a thread may write ``step``: its batch has been released, or the run is stopping."""
+        return run.stopping or step < run.released + self.ring_size
+
     def _thread_main(self, run: _Run, t: int) -> None:
         decoders: dict[int, tuple[int, FrameDecoder]] = {}
         stream = self._streams[t]
@@ -303,13 +317,14 @@ class StreamEngine:
             with self.device.use(stream):
                 for step in range(run.start, run.num_steps):
                     with run.cond:
-                        run.cond.wait_for(lambda: run.stopping or step < run.released + self.ring_size)
+                        run.cond.wait_for(functools.partial(self._may_write, run, step))
                         if run.stopping:
                             return
                         plan = self._plan(run, step)
                     slot_index = step % self.ring_size
                     self.device.wait(self._release_events[slot_index], stream)
-                    self._decode_step(run, t, step, plan, self._ring[slot_index], decoders)
+                    with nvtx_range(RANGE_ENGINE_STEP):
+                        self._decode_step(run, t, step, plan, self._ring[slot_index], decoders)
                     self.device.record(self._done_events[t][slot_index], stream)
                     with run.cond:
                         run.done[step] = run.done.get(step, 0) + 1
@@ -330,7 +345,7 @@ class StreamEngine:
             self._stats.seeks += getattr(dec, "seeks", 0)
         try:
             dec.close()
-        except Exception:  # noqa: BLE001 - closing must not hide the error that ended the run
+        except Exception:  # closing must not hide the error that ended the run
             log.debug("closing a decoder failed", exc_info=True)
 
     def _decoder(self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int,
@@ -362,15 +377,14 @@ class StreamEngine:
                     continue
             try:
                 dec = self._decoder(decoders, position, read.clip, camera)
-                with nvtx_range(RANGE_DECODE):
-                    self._write(dec, read, camera, buffer[position])
+                self._write(dec, read, camera, buffer[position])  # the decoder emits its own NVTX ranges
             except VideoDecodeError as err:
-                err = self._located(err, read, camera)
+                located = self._located(err, read, camera)
                 if self.on_error == "raise":
-                    raise err
+                    raise located from err
                 if position in decoders:
                     self._close_decoder(decoders, position)
-                self._abandon(run, slot, step, plan.shifts[slot], read, camera, err)
+                self._abandon(run, slot, step, plan.shifts[slot], read, camera, located)
                 continue
             timestamps[position] = dec.info.timestamp(read.frame)
             with self._stats_lock:
@@ -382,9 +396,7 @@ class StreamEngine:
         where = f"clip {clip.clip_id!r}, camera {clip.cameras[camera].name!r}, frame {read.frame}"
         if str(err).startswith(where):
             return err
-        located = VideoDecodeError(f"{where}: {err}")
-        located.__cause__ = err
-        return located
+        return VideoDecodeError(f"{where}: {err}")
 
     def _write(self, dec: FrameDecoder, read: SlotRead, camera: int, row: torch.Tensor) -> None:
         info = dec.info

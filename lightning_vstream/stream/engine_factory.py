@@ -10,7 +10,11 @@ import torch
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
-from lightning_vstream.stream.engine_loader import EngineLoader, nvdec_factory, pyav_factory
+from lightning_vstream.stream.engine_loader import (
+    EngineLoader,
+    nvdec_factory,
+    pyav_factory,
+)
 from lightning_vstream.stream.loader import StreamSampler
 
 __all__ = ["build_engine_loader"]
@@ -49,7 +53,8 @@ def build_engine_loader(
         gpu = target.index if target.index is not None else 0
         if probe:
             probe_nvdec(gpu)
-        codec = index.clips[0].cameras[0].info.codec
+        first = index.clips[0].cameras[0].info
+        codec = first.codec if first is not None else "hevc"
         engines = num_decoder_engines(import_pynvvideocodec(), gpu, codec)
         backend = CudaDevice(gpu, engines=engines)
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)

@@ -41,7 +41,7 @@ def pyav_factory(*, threads: int = 0, device: torch.device | str = "cpu") -> Dec
 
     target = torch.device(device)
 
-    def make(path: Path, info: VideoInfo, label: str) -> FrameDecoder:
+    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
         dec = PyAVDecoder(path, info=info, threads=threads, label=label)
         return dec if target.type == "cpu" else _CopyingDecoder(dec, target)
 
@@ -62,7 +62,7 @@ def nvdec_factory(gpu: int, *, fallback: GpuFallback = "none", cpu_threads: int 
 
     target = torch.device("cuda", gpu)
 
-    def make(path: Path, info: VideoInfo, label: str) -> FrameDecoder:
+    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
         dec = NvDecoder(path, info=info, device=gpu, label=label)
         if fallback == "none":
             return dec
