@@ -705,18 +705,19 @@ def test_benchmark_summary_statistics() -> None:
 
 # -- real GPU ------------------------------------------------------------------------------------
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["hevc", "h264_bframes"])
+@pytest.mark.parametrize("name", ["hevc", "h264", "hevc_bframes", "h264_bframes"])
 def test_nvdec_decodes_every_frame_exactly(videos: dict[str, Path], name: str) -> None:
     device = resolve_decode_device("cuda", 0)
     dec = NvDecoder(videos[name], device=device, pool=DecoderPool())
     cpu = PyAVDecoder(videos[name])
     for i in range(FRAMES):
         frame = dec.read()
-        assert frame.device == device and frame.dtype == torch.uint8 and frame.shape == (3, 48, 64)
+        assert frame.device == device and frame.dtype == torch.uint8 and frame.shape == (3, *SIZE[::-1])
         assert _stamp(frame) == i
-        # Colour conversion differs from FFmpeg's by a few levels, not more.
-        diff = (frame.cpu().int() - cpu.read().int()).abs().float()
-        assert diff.mean() < 4.0
+        # Our conversion on the GPU against FFmpeg's on the CPU: same matrix and range, a few levels apart.
+        diff = (frame.cpu().int() - cpu.read().int()).abs()
+        assert diff.float().mean() < 1.0 and diff.max() <= 4
+    assert dec.key is not None and dec.key.latency == ("NATIVE" if "bframes" in name else "LOW")
     dec.close()
 
 
@@ -738,8 +739,78 @@ def test_nvdec_random_access_and_reuse(videos: dict[str, Path]) -> None:
 def test_nvdec_hwc_layout(videos: dict[str, Path]) -> None:
     dec = NvDecoder(videos["hevc"], device=0, layout="hwc", pool=DecoderPool())
     frame = dec.get(9)
-    assert frame.shape == (48, 64, 3) and frame.is_cuda and _stamp(frame, "hwc") == 9
+    assert frame.shape == (*SIZE[::-1], 3) and frame.is_cuda and _stamp(frame, "hwc") == 9
     dec.close()
+
+
+@pytest.mark.cuda
+def test_nvdec_writes_into_a_row_of_a_gpu_batch(videos: dict[str, Path]) -> None:
+    batch = torch.zeros(2, 3, *SIZE[::-1], dtype=torch.uint8, device="cuda:0")
+    row = batch[1]
+    with NvDecoder(videos["hevc"], device=0, pool=DecoderPool()) as dec:
+        assert dec.get(4, out=row) is row
+    assert _stamp(batch[1]) == 4 and int(batch[0].count_nonzero()) == 0
+
+
+def _tagged_video(path: Path, *, colorspace: int, pix_fmt: str = "yuv420p") -> Path:
+    """A 256x256 HEVC clip with colour blocks, tagged with ``colorspace`` (1 = BT.709)."""
+    rng = np.random.default_rng(1)
+    image = np.repeat(np.repeat(rng.integers(20, 235, (8, 8, 3), dtype=np.uint8), 32, 0), 32, 1)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx265", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 256, 256, pix_fmt
+        stream.codec_context.colorspace = colorspace
+        stream.options = {"x265-params": "log-level=none:bframes=0"}
+        for _ in range(4):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
+                format=pix_fmt, dst_colorspace="ITU709" if colorspace == 1 else "ITU601")
+            frame.colorspace = colorspace
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("colorspace", "pix_fmt"), [(1, "yuv420p"), (2, "yuv420p"), (1, "yuv420p10le")])
+def test_nvdec_colours_match_the_cpu_for_the_stream_matrix(tmp_path: Path, colorspace: int, pix_fmt: str) -> None:
+    path = _tagged_video(tmp_path / "tagged.mp4", colorspace=colorspace, pix_fmt=pix_fmt)
+    with NvDecoder(path, device=0, pool=DecoderPool()) as dec, PyAVDecoder(path) as cpu:
+        for i in range(4):
+            diff = (dec.get(i).cpu().int() - cpu.get(i).int()).abs()
+            inner = (torch.arange(256) % 32 >= 4) & (torch.arange(256) % 32 < 28)  # away from block edges
+            assert diff[:, inner][:, :, inner].max() <= 4 and diff.float().mean() < 2.0
+
+
+@pytest.mark.cuda
+def test_nvdec_capabilities_and_probe_on_this_gpu(tmp_path: Path) -> None:
+    nvc = import_pynvvideocodec()
+    caps = nvdec.decoder_caps(nvc, 0, "hevc")
+    assert caps.supported and caps.engines >= 1 and caps.min_width <= 256 <= caps.max_width
+    nvdec.probe_nvdec(0, force=True)
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    with pytest.raises(DecoderCapabilityError, match="64x48"):
+        NvDecoder(small, device=0, pool=DecoderPool()).read()
+
+
+@pytest.mark.cuda
+def test_stream_engine_trains_on_gpu_batches(make_dataset: Any, tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    from _stream_models import RecordingModel
+
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.engine_loader import EngineLoader
+
+    index = make_dataset(clips=4, cameras=3, frames=[16, 12, 20, 14], size=(256, 256), codec="hevc", gop=8)
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, decode_device="cuda", seed=1)
+    model = RecordingModel()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm)
+    assert isinstance(trainer.train_dataloader, EngineLoader)
+    assert model.stamp_errors == [] and len(model.seen) == 2 * trainer.num_training_batches
+    assert dm.decode_stats().amplification == 1.0
 
 
 @pytest.mark.cuda
