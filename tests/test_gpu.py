@@ -653,7 +653,7 @@ def test_benchmark_raw_decoding_counts_every_frame(
     bench = _load_benchmark()
     index = make_dataset(clips=1, cameras=2, frames=12, size=(64, 48), codec="hevc", gop=6)
     args = bench.parse_args(["--decoders", "1,2", "--repeats", "2"])
-    raw = bench.measure_raw(fake_nvc, index, args)
+    raw = bench.measure_raw(fake_nvc, index, args, latencies=("NATIVE",))
     assert [row["decoders"] for row in raw["rows"]] == [1, 2]
     assert all(row["frames_per_run"] == 24 and len(row["fps"]["runs"]) == 2 for row in raw["rows"])
     assert raw["best"]["fps"]["median"] > 0
@@ -841,10 +841,12 @@ def test_benchmark_smoke_on_gpu(tmp_path: Path) -> None:
     bench = _load_benchmark()
     out = tmp_path / "result.json"
     argv = [
-        "--data-dir", str(tmp_path / "data"), "--output", str(out), "--size", "320x192", "--clips", "1",
-        "--frames", "30", "--decoders", "1,2", "--repeats", "1", "--loader-batches", "2", "--warmup-batches", "1",
+        "--data-dir", str(tmp_path / "data"), "--output", str(out), "--size", "320x192", "--clips", "4",
+        "--cameras", "2", "--frames", "30", "--decoders", "1,2", "--repeats", "1", "--loader-batches", "4",
+        "--warmup-batches", "2", "--loader-config", "{}",
     ]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["status"] == "ok"
     assert result["raw_nvdec"]["best"]["fps"]["median"] > 0
+    assert result["summary"]["loader_fps"] > 0 and result["seed_design"]["status"] == "ok"

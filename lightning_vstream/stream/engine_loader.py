@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
+from lightning_vstream.decode.gpu import LatencyChoice
 from lightning_vstream.errors import DecoderCapabilityError, ResumeStateError
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.loader import STATE_VERSION
@@ -48,8 +49,13 @@ def pyav_factory(*, threads: int = 0, device: torch.device | str = "cpu") -> Dec
     return make
 
 
-def nvdec_factory(gpu: int, *, fallback: GpuFallback = "none", cpu_threads: int = 0) -> DecoderFactory:
+def nvdec_factory(
+    gpu: int, *, fallback: GpuFallback = "none", cpu_threads: int = 0, latency: LatencyChoice = "native"
+) -> DecoderFactory:
     """Decoders on NVDEC of GPU ``gpu``; with ``fallback="cpu"`` files NVDEC cannot decode use PyAV.
+
+    Streaming reads every frame in order, so decoders keep NVDEC's ``NATIVE`` latency mode, which
+    pipelines pictures (``LOW`` returns each frame sooner but stalls the engine between packets).
 
     Example::
 
@@ -63,7 +69,7 @@ def nvdec_factory(gpu: int, *, fallback: GpuFallback = "none", cpu_threads: int 
     target = torch.device("cuda", gpu)
 
     def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
-        dec = NvDecoder(path, info=info, device=gpu, label=label)
+        dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency)
         if fallback == "none":
             return dec
         return _FallbackDecoder(dec, lambda: _CopyingDecoder(PyAVDecoder(path, info=info, threads=cpu_threads,
