@@ -151,17 +151,22 @@ def nv12_to_rgb(
     else:
         raise DecoderCapabilityError(f"NV12/P016 frames are 8- or 16-bit, got dtype {nv12.dtype}.")
     y_scale, y_offset, _, r_v, g_u, g_v, b_u = _coefficients(spec)
-    luma = (planes[:height] - y_offset) * y_scale
-    chroma = planes[height:].view(height // 2, width // 2, 2) - 128.0
-    u = chroma[..., 0].repeat_interleave(2, 0).repeat_interleave(2, 1)
-    v = chroma[..., 1].repeat_interleave(2, 0).repeat_interleave(2, 1)
-    red = luma + r_v * v
-    green = luma + g_u * u + g_v * v
-    blue = luma + b_u * u
-    rgb = torch.stack((red, green, blue), dim=0 if layout == "chw" else -1)
+    # Few, simple kernels: this runs once per frame on the decode threads' streams.
+    luma = planes[:height].sub_(y_offset).mul_(y_scale)  # planes is a fresh float copy: in place is safe
+    half_h, half_w = height // 2, width // 2
+    uv = planes[height:].view(half_h, half_w, 2).permute(2, 0, 1)  # (2, H/2, W/2)
+    # Nearest-neighbour upsampling as one expand + copy (repeat_interleave costs more launches).
+    uv = uv[:, :, None, :, None].expand(2, half_h, 2, half_w, 2).reshape(2, height, width).sub_(128.0)
+    u, v = uv[0], uv[1]
+    rgb = torch.empty((3, height, width), dtype=torch.float32, device=nv12.device)
+    torch.add(luma, v, alpha=r_v, out=rgb[0])
+    torch.add(luma, u, alpha=g_u, out=rgb[1]).add_(v, alpha=g_v)
+    torch.add(luma, u, alpha=b_u, out=rgb[2])
     rgb = rgb.round_().clamp_(0.0, 255.0)
+    if layout == "hwc":
+        rgb = rgb.permute(1, 2, 0)
     if out is None:
-        return rgb.to(torch.uint8)
+        return rgb.to(torch.uint8, memory_format=torch.contiguous_format)
     expected = (3, height, width) if layout == "chw" else (height, width, 3)
     if tuple(out.shape) != expected:
         raise ValueError(f"out has shape {tuple(out.shape)} but the converted frame is {expected} ({layout}).")
