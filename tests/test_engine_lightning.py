@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -16,6 +20,7 @@ from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_loader import EngineLoader
 
 FRAMES = [9, 7, 11, 8, 10, 6, 9, 12]
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +112,21 @@ def test_auto_uses_workers_on_the_cpu_and_threads_on_cuda(engine_index: Path) ->
 def test_engine_arguments_are_checked(engine_index: Path, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StreamVideoDataModule(index_file=engine_index, **kwargs)
+
+
+def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "_ddp_stream.py"), str(engine_index), str(tmp_path), "1", "threads"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["errors"] == [] for r in ranks)
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0
+    for epoch in (0, 1):
+        clips = [{c for b in r["seen"] if b["epoch"] == epoch for c in b["clip_id"]} for r in ranks]
+        assert clips[0] and clips[1] and not clips[0] & clips[1]
+    starts = [[c for b in r["seen"] if b["epoch"] == e for c, f in zip(b["clip_id"], b["is_first"]) if f]
+              for r in ranks for e in (0, 1)]
+    assert starts[0] != starts[1] or starts[2] != starts[3]  # set_epoch reached the engine's sampler
