@@ -118,7 +118,7 @@ def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_p
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, str(HERE / "_ddp_stream.py"), str(engine_index), str(tmp_path), "1", "threads"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
