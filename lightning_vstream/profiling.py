@@ -11,6 +11,10 @@ the standard names below, so ``nsys stats --report nvtx_sum`` groups the time of
                                decoder's surface pool (``vstream/handoff``)
 :data:`RANGE_TRANSFORM`        :class:`~lightning_vstream.transforms.FrameTransform` (``vstream/transform``)
 :data:`RANGE_COLLATE`          stacking a batch (``vstream/collate``)
+:data:`RANGE_ENGINE_STEP`      one decode thread's share of one step in the stream engine
+                               (``vstream/engine_step``); nests demux, decode, colour, transform
+:data:`RANGE_WAIT`             the training process waiting for the engine's decode threads to
+                               have queued a batch (``vstream/wait``): time the loader stalls training
 =============================  ===================================================================
 
 The ``nvtx`` package is imported on first use; when it is missing or broken, ranges are no-ops.
@@ -39,9 +43,11 @@ __all__ = [
     "RANGE_COLOR_CONVERT",
     "RANGE_DECODE",
     "RANGE_DEMUX",
+    "RANGE_ENGINE_STEP",
     "RANGE_HANDOFF",
     "RANGE_NAMES",
     "RANGE_TRANSFORM",
+    "RANGE_WAIT",
     "nvtx_available",
     "nvtx_range",
 ]
@@ -54,6 +60,8 @@ RANGE_COLOR_CONVERT = "vstream/color_convert"
 RANGE_HANDOFF = "vstream/handoff"
 RANGE_TRANSFORM = "vstream/transform"
 RANGE_COLLATE = "vstream/collate"
+RANGE_ENGINE_STEP = "vstream/engine_step"
+RANGE_WAIT = "vstream/wait"
 #: The standard range names, in pipeline order.
 RANGE_NAMES = (
     RANGE_DEMUX,
@@ -72,6 +80,8 @@ _COLORS = {
     RANGE_HANDOFF: "blue",
     RANGE_TRANSFORM: "purple",
     RANGE_COLLATE: "orange",
+    RANGE_ENGINE_STEP: "grey",
+    RANGE_WAIT: "red",
 }
 
 

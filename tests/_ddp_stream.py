@@ -1,6 +1,6 @@
 """Run by test_lightning_stream.py: two-process CPU DDP fit; each rank writes what it saw.
 
-Usage: python _ddp_stream.py INDEX OUT_DIR USE_DISTRIBUTED_SAMPLER(0|1)
+Usage: python _ddp_stream.py INDEX OUT_DIR USE_DISTRIBUTED_SAMPLER(0|1) [ENGINE(workers|threads)]
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from lightning_vstream.stream.datamodule import StreamVideoDataModule  # noqa: E
 
 def main() -> None:
     index, out_dir, use_sampler = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3)
+    engine = sys.argv[4] if len(sys.argv) > 4 else "workers"
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3, engine=engine)
     model = RecordingModel()
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,

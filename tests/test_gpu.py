@@ -25,22 +25,25 @@ import pytest
 import torch
 
 from lightning_vstream import profiling
+from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.decode.gpu import (
     DecoderKey,
     DecoderPool,
     NvDecoder,
-    _PacketSource,
     import_pynvvideocodec,
     nvdec_available,
     resolve_decode_device,
 )
+from lightning_vstream.decode.nvdec import PacketSource
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
+from lightning_vstream.errors import DecoderCapabilityError
 from lightning_vstream.transforms import FrameTransform
 
 FRAMES = 25
 GOP = 10
+SIZE = (256, 256)  # NVDEC's HEVC minimum is 144x144; even sizes encode as 4:2:0
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,6 +77,7 @@ class _FakeDecoder:
         self.turn = 0
         self.flushes = 0
         self.packets = 0
+        self.flags: list[int] = []
 
     def Decode(self, packet: Any) -> list[_FakeFrame]:  # noqa: N802 - PyNvVideoCodec's name
         if self.module.fail_decode:
@@ -87,13 +91,14 @@ class _FakeDecoder:
         else:
             data = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
             data.pts = packet.pts
+            self.flags.append(packet.decode_flag)
             frames = self.context.decode(data)
             self.packets += 1
         return [self._surface(frame) for frame in frames]
 
     def _surface(self, frame: Any) -> _FakeFrame:
-        rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
-        image = rgb.permute(2, 0, 1) if self.kwargs["outputColorType"] == "RGBP" else rgb
+        assert self.kwargs["outputColorType"] == "NATIVE"  # NV12 out; our kernel converts
+        image = torch.from_numpy(frame.to_ndarray(format="nv12"))
         if len(self.surfaces) < self.RING:
             self.surfaces.append(torch.empty_like(image, memory_format=torch.contiguous_format))
         surface = self.surfaces[self.turn % self.RING]
@@ -111,12 +116,26 @@ def _fake_module(*, with_color: bool = True) -> types.ModuleType:
     if with_color:
         module.OutputColorType = types.SimpleNamespace(NATIVE="NATIVE", RGB="RGB", RGBP="RGBP")  # type: ignore[attr-defined]
     module.DisplayDecodeLatencyType = types.SimpleNamespace(NATIVE="NATIVE", LOW="LOW", ZERO="ZERO")  # type: ignore[attr-defined]
+    module.VideoPacketFlag = types.SimpleNamespace(ENDOFPICTURE=8)  # type: ignore[attr-defined]
+    module.cudaVideoChromaFormat = types.SimpleNamespace(Monochrome="400", **{"420": "420", "422": "422", "444": "444"})  # type: ignore[attr-defined]
+    module.caps = dict(  # type: ignore[attr-defined]
+        supported=1, num_decoder_engines=7, width_min=144, height_min=144, width_max=8192, height_max=8192,
+        mb_num_max=262144,
+    )
+    module.caps_calls = []  # type: ignore[attr-defined]
+
+    def get_decoder_caps(**kwargs: Any) -> dict[str, int]:
+        module.caps_calls.append(kwargs)  # type: ignore[attr-defined]
+        return dict(module.caps)  # type: ignore[attr-defined]
+
+    module.GetDecoderCaps = get_decoder_caps  # type: ignore[attr-defined]
 
     class PacketData:
         def __init__(self) -> None:
             self.bsl_data = 0
             self.bsl = 0
             self.pts = 0
+            self.decode_flag = 0
 
     def create_decoder(**kwargs: Any) -> _FakeDecoder:
         decoder = _FakeDecoder(module, **kwargs)
@@ -132,6 +151,7 @@ def _fake_module(*, with_color: bool = True) -> types.ModuleType:
 def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = _fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
+    monkeypatch.setattr(nvdec, "_caps_cache", {})
     return module
 
 
@@ -139,11 +159,12 @@ def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gpu_videos")
     specs = {
-        "hevc": dict(clip=1, codec="hevc"),
-        "hevc_other_clip": dict(clip=2, codec="hevc"),
-        "hevc_large": dict(clip=3, codec="hevc", size=(96, 64)),
-        "h264_bframes": dict(clip=4, codec="h264", bframes=3),
-        "hevc_bframes": dict(clip=5, codec="hevc", bframes=2),
+        "hevc": dict(clip=1, codec="hevc", size=SIZE),
+        "hevc_other_clip": dict(clip=2, codec="hevc", size=SIZE),
+        "hevc_large": dict(clip=3, codec="hevc", size=(320, 256)),
+        "h264_bframes": dict(clip=4, codec="h264", bframes=3, size=SIZE),
+        "hevc_bframes": dict(clip=5, codec="hevc", bframes=2, size=SIZE),
+        "h264": dict(clip=6, codec="h264", size=SIZE),
     }
     return {
         name: write_stamped_video(root / f"{name}.mp4", camera=0, frames=FRAMES, gop=GOP, **spec)  # type: ignore[arg-type]
@@ -266,7 +287,7 @@ def test_pool_rejects_negative_capacity() -> None:
 # -- packets -------------------------------------------------------------------------------------
 def test_packet_source_yields_annexb_with_frame_table_timestamps(videos: dict[str, Path]) -> None:
     info = probe_video(videos["hevc"])
-    source = _PacketSource(videos["hevc"], "hevc")
+    source = PacketSource(videos["hevc"], info)
     try:
         packets = list(source.packets())
         assert bytes(packets[0])[:4] == b"\x00\x00\x00\x01"
@@ -278,9 +299,9 @@ def test_packet_source_yields_annexb_with_frame_table_timestamps(videos: dict[st
         source.close()
 
 
-def test_packet_source_missing_file(tmp_path: Path) -> None:
+def test_packet_source_missing_file(tmp_path: Path, videos: dict[str, Path]) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        _PacketSource(tmp_path / "nope.mp4", "hevc")
+        PacketSource(tmp_path / "nope.mp4", probe_video(videos["hevc"]))
 
 
 # -- NvDecoder on the stand-in -------------------------------------------------------------------
@@ -293,12 +314,15 @@ def test_sequential_read_matches_the_cpu_decoder(fake_nvc: types.ModuleType, vid
     for i in range(FRAMES):
         frame = dec.read()
         assert _stamp(frame) == i
-        assert torch.equal(frame, cpu.read())
+        diff = (frame.int() - cpu.read().int()).abs()
+        assert diff.max() <= 4 and diff.float().mean() < 1.0  # our NV12 kernel vs FFmpeg's swscale
     assert dec.frames_decoded == FRAMES and dec.seeks == 0 and dec.position == FRAMES
     (created,) = fake_nvc.created
     assert created.kwargs["gpuid"] == 0 and created.kwargs["usedevicememory"] is True
-    assert created.kwargs["outputColorType"] == "RGBP" and created.kwargs["latency"] == "LOW"
-    assert (created.kwargs["maxwidth"], created.kwargs["maxheight"]) == (64, 48)
+    assert created.kwargs["outputColorType"] == "NATIVE"
+    # LOW latency only where nothing is reordered; NATIVE keeps B-frame streams correct.
+    assert created.kwargs["latency"] == ("NATIVE" if "bframes" in name else "LOW")
+    assert (created.kwargs["maxwidth"], created.kwargs["maxheight"]) == SIZE
     dec.close()
     cpu.close()
 
@@ -331,11 +355,10 @@ def test_frames_outlive_the_decoder_surfaces(fake_nvc: types.ModuleType, videos:
     dec.close()
 
 
-def test_hwc_layout_asks_nvdec_for_interleaved_rgb(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+def test_hwc_layout_converts_to_interleaved_rgb(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
     dec = NvDecoder(videos["hevc"], layout="hwc", pool=DecoderPool())
     frame = dec.get(13)
-    assert frame.shape == (48, 64, 3) and _stamp(frame, "hwc") == 13
-    assert fake_nvc.created[0].kwargs["outputColorType"] == "RGB"
+    assert frame.shape == (256, 256, 3) and _stamp(frame, "hwc") == 13
     dec.close()
 
 
@@ -351,9 +374,9 @@ def test_closed_decoder_is_flushed_and_reused_for_the_same_size(fake_nvc: types.
     assert [_stamp(f) for f in frames] == [0, 1, 2]
     assert len(fake_nvc.created) == 1 and pool.stats["reused"] == 1
     third = NvDecoder(videos["hevc_large"], pool=pool)
-    assert third.get(0).shape == (3, 64, 96)
+    assert third.get(0).shape == (3, 256, 320)
     assert len(fake_nvc.created) == 2
-    key = DecoderKey(0, "hevc", 96, 64, "RGBP")
+    key = DecoderKey(0, "hevc", 320, 256, 8, "420", "NATIVE", "LOW")
     third.close()
     assert pool.idle(key) == 1
 
@@ -420,7 +443,7 @@ def test_out_of_range_frame(fake_nvc: types.ModuleType, videos: dict[str, Path],
 def test_codec_nvdec_cannot_take(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
     info = replace(probe_video(videos["hevc"]), codec="png")
     dec = NvDecoder(videos["hevc"], info=info, pool=DecoderPool())
-    with pytest.raises(ValueError, match=r"codec 'png'.*decode_device='cpu'"):
+    with pytest.raises(DecoderCapabilityError, match=r"codec 'png'.*decode_device='cpu'"):
         dec.read()
 
 
@@ -467,6 +490,142 @@ def test_decoding_emits_the_pipeline_ranges(
     assert {profiling.RANGE_DEMUX, profiling.RANGE_DECODE, profiling.RANGE_HANDOFF} <= set(pushed)
 
 
+# -- capabilities, fallback, probe ----------------------------------------------------------------
+def test_below_nvdec_minimum_size_is_refused_with_the_limits(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    dec = NvDecoder(small, pool=DecoderPool(), label="clip 'x', camera 'CAM'")
+    with pytest.raises(DecoderCapabilityError, match=r"\(clip 'x', camera 'CAM'\) is hevc 64x48 8-bit 4:2:0, outside "
+                                                     r"what NVDEC on GPU 0 decodes .*144x144 to 8192x8192.*gpu_fallback"):
+        dec.read()
+    assert fake_nvc.caps_calls[0]["chromaformat"] == "420" and fake_nvc.caps_calls[0]["bitdepth"] == 8
+
+
+def test_four_four_four_is_refused(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    odd = write_stamped_video(tmp_path / "odd.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(257, 255))
+    with pytest.raises(DecoderCapabilityError, match=r"4:4:4: the GPU path converts only 4:2:0 frames"):
+        NvDecoder(odd, pool=DecoderPool()).read()
+
+
+def test_unsupported_format_and_caps_are_asked_once(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    fake_nvc.caps["supported"] = 0
+    for _ in range(2):
+        with pytest.raises(DecoderCapabilityError, match="NVDEC on GPU 0 cannot decode"):
+            NvDecoder(videos["hevc"], pool=DecoderPool()).read()
+    assert len(fake_nvc.caps_calls) == 1
+    assert nvdec.num_decoder_engines(fake_nvc, 0) == 7
+
+
+def test_cpu_fallback_decodes_what_nvdec_refuses(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+    from lightning_vstream.stream.engine_loader import _CopyingDecoder, _FallbackDecoder
+
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    dec = _FallbackDecoder(NvDecoder(small, pool=DecoderPool()),
+                           lambda: _CopyingDecoder(PyAVDecoder(small), torch.device("cpu")))
+    assert [_stamp(dec.get(i)) for i in range(4)] == [0, 1, 2, 3]
+    assert isinstance(dec.inner, _CopyingDecoder)
+
+
+def test_pool_keys_separate_bit_depth_chroma_and_latency() -> None:
+    base = DecoderKey(0, "hevc", 1600, 900)
+    assert len({base, replace(base, bit_depth=10), replace(base, chroma="422"), replace(base, latency="LOW")}) == 4
+
+
+def test_low_latency_marks_every_packet_as_a_whole_picture(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    with NvDecoder(videos["hevc"], pool=DecoderPool()) as dec:
+        dec.read()
+    assert fake_nvc.created[0].kwargs["latency"] == "LOW" and set(fake_nvc.created[0].flags) == {8}
+    with NvDecoder(videos["hevc"], pool=DecoderPool(), latency="native") as dec:
+        dec.read()
+    assert fake_nvc.created[1].kwargs["latency"] == "NATIVE" and set(fake_nvc.created[1].flags) == {0}
+
+
+def test_low_latency_is_refused_for_reordered_streams(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"reorders frames \(B-frames\), so latency='low'"):
+        NvDecoder(videos["hevc_bframes"], pool=DecoderPool(), latency="low").read()
+
+
+def test_packet_without_timestamps_raises_instead_of_reading_as_frame_zero(fake_nvc: types.ModuleType) -> None:
+    packet = av.Packet(b"\x00\x00\x00\x01")
+    with pytest.raises(VideoDecodeError, match="neither a presentation nor a decode timestamp"):
+        nvdec.packet_data(fake_nvc, packet, "'a.mp4'")
+
+
+def test_read_writes_into_a_batch_row(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    batch = torch.zeros(3, 3, 256, 256, dtype=torch.uint8)
+    with NvDecoder(videos["hevc"], pool=DecoderPool()) as dec:
+        row = batch[1]
+        assert dec.get(6, out=row) is row
+    assert _stamp(batch[1]) == 6 and batch[0].count_nonzero() == 0 and batch[2].count_nonzero() == 0
+
+
+def test_packets_are_checked_against_the_frame_table_checksums(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+    info = probe_video(videos["hevc"])
+    assert info.crc32 is not None
+    wrong = replace(info, crc32=(info.crc32[0], info.crc32[1] ^ 1, *info.crc32[2:]))
+    dec = NvDecoder(videos["hevc"], info=wrong, pool=DecoderPool())
+    dec.read()
+    with pytest.raises(VideoDecodeError, match=r"frame 1: the compressed data differs from the checksum"):
+        dec.read()
+
+
+def test_probe_failure_is_an_error_with_the_child_output() -> None:
+    calls: list[list[str]] = []
+
+    def crashed(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "CUDA_ERROR_ILLEGAL_ADDRESS in cuvidDecodePicture")
+
+    with pytest.raises(DecoderCapabilityError, match=r"(?s)GPU 5 failed in a child process \(exit code 1\).*"
+                                                     r"CUDA_ERROR_ILLEGAL_ADDRESS.*decode_device='cpu'"):
+        nvdec.probe_nvdec(5, runner=crashed)
+    assert calls[0][-2:] == ["lightning_vstream.decode.nvdec_probe", "5"]
+
+
+def test_probe_runs_once_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvdec, "_probed", {})
+    calls: list[list[str]] = []
+
+    def passed(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "NVDEC_PROBE_OK\n", "")
+
+    nvdec.probe_nvdec(0, runner=passed)
+    nvdec.probe_nvdec(0, runner=passed)
+    assert len(calls) == 1
+
+
+def test_probe_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvdec, "_probed", {})
+
+    def hung(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    with pytest.raises(DecoderCapabilityError, match=r"did not finish within 3 s.*probe=False"):
+        nvdec.probe_nvdec(1, runner=hung, timeout=3)
+
+
+def test_stream_engine_with_nvdecoders_delivers_exact_frames(
+    fake_nvc: types.ModuleType, make_dataset: Any, assert_stamps: Any
+) -> None:
+    from lightning_vstream.index import load_index
+    from lightning_vstream.stream.devices import HostDevice
+    from lightning_vstream.stream.engine import StreamEngine
+    from lightning_vstream.stream.engine_loader import EngineLoader
+    from lightning_vstream.stream.loader import StreamSampler
+
+    index = load_index(make_dataset(clips=3, cameras=2, frames=[12, 9, 15], size=(256, 256), codec="hevc", gop=6))
+    pool = DecoderPool()
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
+    engine = StreamEngine(index=index, sampler=sampler, device=HostDevice(), num_threads=3,
+                          decoder_factory=lambda p, i, label: NvDecoder(p, info=i, label=label, pool=pool))
+    steps = 0
+    for batch in EngineLoader(engine):
+        assert_stamps(batch)
+        steps += 1
+    assert steps == len(sampler.schedule()) and engine.stats.amplification == 1.0
+    assert pool.stats["created"] <= 4  # at most one decoder per stream, reused across clips
+
+
 # -- benchmark without a GPU ---------------------------------------------------------------------
 def _load_benchmark() -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
@@ -494,7 +653,7 @@ def test_benchmark_raw_decoding_counts_every_frame(
     bench = _load_benchmark()
     index = make_dataset(clips=1, cameras=2, frames=12, size=(64, 48), codec="hevc", gop=6)
     args = bench.parse_args(["--decoders", "1,2", "--repeats", "2"])
-    raw = bench.measure_raw(fake_nvc, index, args)
+    raw = bench.measure_raw(fake_nvc, index, args, latencies=("NATIVE",))
     assert [row["decoders"] for row in raw["rows"]] == [1, 2]
     assert all(row["frames_per_run"] == 24 and len(row["fps"]["runs"]) == 2 for row in raw["rows"])
     assert raw["best"]["fps"]["median"] > 0
@@ -546,18 +705,19 @@ def test_benchmark_summary_statistics() -> None:
 
 # -- real GPU ------------------------------------------------------------------------------------
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["hevc", "h264_bframes"])
+@pytest.mark.parametrize("name", ["hevc", "h264", "hevc_bframes", "h264_bframes"])
 def test_nvdec_decodes_every_frame_exactly(videos: dict[str, Path], name: str) -> None:
     device = resolve_decode_device("cuda", 0)
     dec = NvDecoder(videos[name], device=device, pool=DecoderPool())
     cpu = PyAVDecoder(videos[name])
     for i in range(FRAMES):
         frame = dec.read()
-        assert frame.device == device and frame.dtype == torch.uint8 and frame.shape == (3, 48, 64)
+        assert frame.device == device and frame.dtype == torch.uint8 and frame.shape == (3, *SIZE[::-1])
         assert _stamp(frame) == i
-        # Colour conversion differs from FFmpeg's by a few levels, not more.
-        diff = (frame.cpu().int() - cpu.read().int()).abs().float()
-        assert diff.mean() < 4.0
+        # Our conversion on the GPU against FFmpeg's on the CPU: same matrix and range, a few levels apart.
+        diff = (frame.cpu().int() - cpu.read().int()).abs()
+        assert diff.float().mean() < 1.0 and diff.max() <= 4
+    assert dec.key is not None and dec.key.latency == ("NATIVE" if "bframes" in name else "LOW")
     dec.close()
 
 
@@ -579,8 +739,78 @@ def test_nvdec_random_access_and_reuse(videos: dict[str, Path]) -> None:
 def test_nvdec_hwc_layout(videos: dict[str, Path]) -> None:
     dec = NvDecoder(videos["hevc"], device=0, layout="hwc", pool=DecoderPool())
     frame = dec.get(9)
-    assert frame.shape == (48, 64, 3) and frame.is_cuda and _stamp(frame, "hwc") == 9
+    assert frame.shape == (*SIZE[::-1], 3) and frame.is_cuda and _stamp(frame, "hwc") == 9
     dec.close()
+
+
+@pytest.mark.cuda
+def test_nvdec_writes_into_a_row_of_a_gpu_batch(videos: dict[str, Path]) -> None:
+    batch = torch.zeros(2, 3, *SIZE[::-1], dtype=torch.uint8, device="cuda:0")
+    row = batch[1]
+    with NvDecoder(videos["hevc"], device=0, pool=DecoderPool()) as dec:
+        assert dec.get(4, out=row) is row
+    assert _stamp(batch[1]) == 4 and int(batch[0].count_nonzero()) == 0
+
+
+def _tagged_video(path: Path, *, colorspace: int, pix_fmt: str = "yuv420p") -> Path:
+    """A 256x256 HEVC clip with colour blocks, tagged with ``colorspace`` (1 = BT.709)."""
+    rng = np.random.default_rng(1)
+    image = np.repeat(np.repeat(rng.integers(20, 235, (8, 8, 3), dtype=np.uint8), 32, 0), 32, 1)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx265", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 256, 256, pix_fmt
+        stream.codec_context.colorspace = colorspace
+        stream.options = {"x265-params": "log-level=none:bframes=0"}
+        for _ in range(4):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
+                format=pix_fmt, dst_colorspace="ITU709" if colorspace == 1 else "ITU601")
+            frame.colorspace = colorspace
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("colorspace", "pix_fmt"), [(1, "yuv420p"), (2, "yuv420p"), (1, "yuv420p10le")])
+def test_nvdec_colours_match_the_cpu_for_the_stream_matrix(tmp_path: Path, colorspace: int, pix_fmt: str) -> None:
+    path = _tagged_video(tmp_path / "tagged.mp4", colorspace=colorspace, pix_fmt=pix_fmt)
+    with NvDecoder(path, device=0, pool=DecoderPool()) as dec, PyAVDecoder(path) as cpu:
+        for i in range(4):
+            diff = (dec.get(i).cpu().int() - cpu.get(i).int()).abs()
+            inner = (torch.arange(256) % 32 >= 4) & (torch.arange(256) % 32 < 28)  # away from block edges
+            assert diff[:, inner][:, :, inner].max() <= 4 and diff.float().mean() < 2.0
+
+
+@pytest.mark.cuda
+def test_nvdec_capabilities_and_probe_on_this_gpu(tmp_path: Path) -> None:
+    nvc = import_pynvvideocodec()
+    caps = nvdec.decoder_caps(nvc, 0, "hevc")
+    assert caps.supported and caps.engines >= 1 and caps.min_width <= 256 <= caps.max_width
+    nvdec.probe_nvdec(0, force=True)
+    small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
+    with pytest.raises(DecoderCapabilityError, match="64x48"):
+        NvDecoder(small, device=0, pool=DecoderPool()).read()
+
+
+@pytest.mark.cuda
+def test_stream_engine_trains_on_gpu_batches(make_dataset: Any, tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    from _stream_models import RecordingModel
+
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.engine_loader import EngineLoader
+
+    index = make_dataset(clips=4, cameras=3, frames=[16, 12, 20, 14], size=(256, 256), codec="hevc", gop=8)
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, decode_device="cuda", seed=1)
+    model = RecordingModel()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm)
+    assert isinstance(trainer.train_dataloader, EngineLoader)
+    assert model.stamp_errors == [] and len(model.seen) == 2 * trainer.num_training_batches
+    assert dm.decode_stats().amplification == 1.0
 
 
 @pytest.mark.cuda
@@ -611,10 +841,12 @@ def test_benchmark_smoke_on_gpu(tmp_path: Path) -> None:
     bench = _load_benchmark()
     out = tmp_path / "result.json"
     argv = [
-        "--data-dir", str(tmp_path / "data"), "--output", str(out), "--size", "320x192", "--clips", "1",
-        "--frames", "30", "--decoders", "1,2", "--repeats", "1", "--loader-batches", "2", "--warmup-batches", "1",
+        "--data-dir", str(tmp_path / "data"), "--output", str(out), "--size", "320x192", "--clips", "4",
+        "--cameras", "2", "--frames", "30", "--decoders", "1,2", "--repeats", "1", "--loader-batches", "4",
+        "--warmup-batches", "2", "--loader-config", "{}",
     ]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["status"] == "ok"
     assert result["raw_nvdec"]["best"]["fps"]["median"] > 0
+    assert result["summary"]["loader_fps"] > 0 and result["seed_design"]["status"] == "ok"

@@ -101,6 +101,18 @@ class StreamVideoDataModule(pl.LightningDataModule):
         camera_frames: ``"stacked"``: ``frames`` is one ``[batch_size, cameras, 3, H, W]`` tensor;
             ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
             cameras of different resolutions keep their own size (and their own intrinsics).
+        engine: How frames are decoded. ``"threads"``: the in-process stream engine
+            (:mod:`lightning_vstream.stream.engine`): decode threads write each frame once into a
+            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
+            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context, one
+            picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
+            threads for ``decode_device="cuda"``, workers on the CPU.
+        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
+        gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
+            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
+            and copies their frames to the GPU.
+        nvdec_probe: Decode one frame in a child process at setup (once per GPU), so a broken driver
+            or CUDA fault is an error at once rather than the end of a long run.
 
     Example::
 
@@ -144,6 +156,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         augment: GeometryAugment | None = None,
         pad_annotations: bool = False,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
+        engine: Literal["auto", "threads", "workers"] = "auto",
+        engine_threads: int | None = None,
+        gpu_fallback: Literal["none", "cpu"] = "none",
+        nvdec_probe: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["transform"])
@@ -165,6 +181,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             "multiprocessing_context": (multiprocessing_context, multiprocessing_context in (
                 None, "fork", "forkserver", "spawn"), "None, 'fork', 'forkserver' or 'spawn'"),
             "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
+            "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
+            "engine_threads": (engine_threads, engine_threads is None or engine_threads >= 1, "None or an integer >= 1"),
+            "gpu_fallback": (gpu_fallback, gpu_fallback in ("none", "cpu"), "'none' or 'cpu'"),
         }
         check_arguments("StreamVideoDataModule", checks)
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
@@ -204,9 +223,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
                              "or 'per_camera'.")
         self.camera_frames = camera_frames
         self._annotation_source: AnnotationSource | None = None
+        self.engine = engine
+        self.engine_threads = engine_threads
+        self.gpu_fallback = gpu_fallback
+        self.nvdec_probe = nvdec_probe
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
-        self._loaders: dict[Stage, StreamDataLoader] = {}
+        self._loaders: dict[Stage, Any] = {}
 
     # -- setup -----------------------------------------------------------------------------
     def _device(self) -> str:
@@ -249,7 +272,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
             self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
         return self._indexes[split]
 
-    def _loader(self, split: Stage) -> StreamDataLoader:
+    def uses_engine(self) -> bool:
+        """Whether loaders decode with the in-process stream engine (see ``engine``)."""
+        if self.engine == "auto":
+            return self._device() != "cpu"
+        return self.engine == "threads"
+
+    def _loader(self, split: Stage) -> Any:
         index = self.index(split)
         rank, world = self._placement()
         training = split == "train"
@@ -265,9 +294,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
             segment_length=self.segment_length,
             frame_stride=self.frame_stride,
             remainder=remainder,
-            num_parts=max(1, self.num_workers),
+            num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        if self.uses_engine():
+            from lightning_vstream.stream.engine_factory import build_engine_loader
+
+            engine_loader = build_engine_loader(
+                index, sampler, device, threads=self.engine_threads, prefetch=self.prefetch_factor,
+                transform=self.transform, on_error=self.on_error, timeout=self.timeout,
+                decoder_threads=self.decoder_threads, gpu_fallback=self.gpu_fallback, probe=self.nvdec_probe,
+            )
+            old_loader = self._loaders.get(split)
+            if old_loader is not None:
+                old_loader.close()
+            self._loaders[split] = engine_loader
+            return engine_loader
         dataset = StreamDataset(
             index=index,
             max_open_decoders=self.max_open_decoders,

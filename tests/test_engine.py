@@ -1,0 +1,296 @@
+"""The in-process stream engine on the CPU: threads, ring, ordering, stamps, errors, resume, shutdown.
+
+The engine's code is the same on a GPU; here it runs with :class:`HostDevice` (or a recording
+double of it) and PyAV decoders, so every frame's stamp can be checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.demos.synth import write_stamped_video
+from lightning_vstream.errors import VideoDecodeError, WorkerError
+from lightning_vstream.index import load_index
+from lightning_vstream.stream.devices import HostDevice
+from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.transforms import FrameTransform
+from tests.conftest import batch_stamp_errors
+
+CAMERAS = 2
+
+
+def _sampler(index: Any, batch_size: int = 2, **kwargs: Any) -> StreamSampler:
+    return StreamSampler(
+        [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=batch_size, **kwargs
+    )
+
+
+def _loader(index: Any, *, threads: int = 3, prefetch: int = 2, device: Any = None, factory: Any = None,
+            **kwargs: Any) -> EngineLoader:
+    engine_kwargs = {k: kwargs.pop(k) for k in ("transform", "on_error", "timeout", "hold") if k in kwargs}
+    engine = StreamEngine(
+        index=index, sampler=_sampler(index, **kwargs), device=device or HostDevice(),
+        decoder_factory=factory or pyav_factory(threads=1), num_threads=threads, prefetch=prefetch, **engine_kwargs,
+    )
+    return EngineLoader(engine)
+
+
+def _labels(batch: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        batch["step"], tuple(batch["clip_id"]), batch["frame_index"].tolist(), batch["is_first"].tolist(),
+        batch["valid"].tolist(), batch["camera_timestamp"].nan_to_num(-1).tolist(),
+    )
+
+
+def _decode_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("vstream-decode")]
+
+
+@pytest.fixture(scope="module")
+def index(small_index: Path) -> Any:
+    return load_index(small_index)
+
+
+@pytest.mark.parametrize(("threads", "prefetch"), [(1, 1), (3, 2), (4, 5)])
+def test_batches_carry_the_right_frames_and_match_the_worker_loader(index: Any, threads: int, prefetch: int) -> None:
+    loader = _loader(index, threads=threads, prefetch=prefetch, shuffle=True, seed=3)
+    reference = StreamDataLoader(StreamDataset(index=index), sampler=_sampler(index, shuffle=True, seed=3))
+    got = []
+    for batch in loader:
+        assert not batch_stamp_errors(batch), batch_stamp_errors(batch)[:3]
+        assert batch["frames"].shape == (2, CAMERAS, 3, 48, 64) and batch["frames"].dtype == torch.uint8
+        got.append(_labels(batch))
+    assert got == [_labels(b) for b in reference]
+    stats = loader.stats
+    assert stats.frames_delivered == len(got) * 2 * CAMERAS
+    assert stats.amplification == 1.0 and stats.seeks == 0  # every stream stays on its thread
+    assert not _decode_threads()
+
+
+def test_padding_on_evaluation_plans(index: Any) -> None:
+    loader = _loader(index, remainder="pad", shuffle=False)
+    padded = 0
+    for batch in loader:  # batches are views of the ring: check each while it is current
+        assert not batch_stamp_errors(batch)
+        for slot in torch.nonzero(~batch["valid"]).flatten().tolist():
+            padded += 1
+            assert batch["frames"][slot].count_nonzero() == 0 and batch["frame_index"][slot] == -1
+            assert batch["camera_timestamp"][slot].isnan().all()
+    assert padded
+
+
+def test_ring_batches_are_recycled_only_after_the_hold(index: Any) -> None:
+    loader = _loader(index, prefetch=1, hold=2, shuffle=False)
+    ring = loader.engine.ring_size
+    assert ring == 3
+    seen: list[dict[str, Any]] = []
+    for batch in loader:
+        seen.append(batch)
+        if len(seen) >= 2:
+            # The batch before the current one is still held (hold=2): its frames are intact.
+            assert not batch_stamp_errors(seen[-2])
+        if len(seen) == 2 * ring:
+            break
+    pointers = [b["frames"].data_ptr() for b in seen]
+    assert len(set(pointers)) == ring and pointers[:ring] == pointers[ring:]
+
+
+class RecordingDevice(HostDevice):
+    """HostDevice that logs every event record and wait, with the thread that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def new_event(self) -> int:  # type: ignore[override]
+        with self._lock:
+            self._count += 1
+            return self._count
+
+    def record(self, event: Any, stream: Any | None = None) -> None:
+        with self._lock:
+            self.log.append(("record", threading.current_thread().name, event))
+
+    def wait(self, event: Any, stream: Any | None = None) -> None:
+        with self._lock:
+            self.log.append(("wait", threading.current_thread().name, event))
+
+
+def test_consumer_waits_on_every_thread_event_and_threads_wait_for_released_batches(index: Any) -> None:
+    device = RecordingDevice()
+    loader = _loader(index, threads=2, prefetch=1, device=device, shuffle=False)
+    engine = loader.engine
+    steps = 0
+    for batch in loader:
+        steps += 1
+        slot = batch["step"] % engine.ring_size
+        done = {events[slot] for events in engine._done_events}
+        consumer_waits = {e for op, who, e in device.log if op == "wait" and who == threading.current_thread().name}
+        assert done <= consumer_waits
+    main = threading.current_thread().name
+    releases = [e for op, who, e in device.log if op == "record" and who == main]
+    assert set(releases) <= set(engine._release_events) and len(releases) == steps - engine.hold
+    # No host synchronisation of any kind is asked of the device: only records and waits.
+    assert {op for op, _, _ in device.log} == {"record", "wait"}
+    for t in range(engine.num_threads):
+        ops = [(op, e) for op, who, e in device.log if who == f"vstream-decode-{t}"]
+        waits = [e for op, e in ops if op == "wait"]
+        records = [e for op, e in ops if op == "record"]
+        assert len(waits) == len(records) == steps  # one release wait before, one done record after each step
+        assert set(waits) <= set(engine._release_events) and set(records) <= set(engine._done_events[t])
+
+
+def test_transform_runs_right_after_decoding(index: Any) -> None:
+    transform = FrameTransform(resize=(24, 32), dtype="float32")
+    loader = _loader(index, transform=transform, shuffle=False)
+    batch = next(iter(loader))
+    assert batch["frames"].shape == (2, CAMERAS, 3, 24, 32) and batch["frames"].dtype == torch.float32
+    loader.close()
+    assert not _decode_threads()
+
+
+def test_frames_of_another_size_need_a_transform(index: Any, tmp_path: Path) -> None:
+    larger = write_stamped_video(tmp_path / "large.mp4", clip=2, camera=1, frames=27, size=(96, 64), gop=6)
+    mixed = _replace_camera(index, 2, 1, larger, probe_video(larger))
+    with pytest.raises(ValueError, match=r"camera 'CAM_BACK_LEFT' frame 0 is \(3, 64, 96\) but the batch holds "
+                                         r"\(3, 48, 64\).*resize"):
+        list(_loader(mixed, batch_size=2, shuffle=False))
+    assert not _decode_threads()
+
+
+def test_early_exit_stops_every_thread_and_closes_decoders(index: Any) -> None:
+    closed: list[str] = []
+
+    class Tracked(PyAVDecoder):
+        def close(self) -> None:
+            closed.append(str(self.path))
+            super().close()
+
+    loader = _loader(index, factory=lambda path, info, label: Tracked(path, info=info, label=label))
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert not _decode_threads()
+    assert len(closed) == loader.stats.files_opened
+
+
+def test_errors_raised_in_decode_threads_reach_the_consumer(index: Any) -> None:
+    def factory(path: Path, info: Any, label: str) -> Any:
+        raise RuntimeError(f"no decoder for {label}")
+
+    with pytest.raises(RuntimeError, match=r"no decoder for clip '.*', camera"):
+        list(_loader(index, factory=factory))
+    assert not _decode_threads()
+
+
+def _replace_camera(index: Any, clip: int, camera: int, path: Path, info: Any) -> Any:
+    cameras = list(index.clips[clip].cameras)
+    cameras[camera] = dataclasses.replace(cameras[camera], path=path, info=info)
+    clips = list(index.clips)
+    clips[clip] = dataclasses.replace(clips[clip], cameras=tuple(cameras))
+    return dataclasses.replace(index, clips=tuple(clips))
+
+
+def _truncated_index(index: Any, tmp_path: Path) -> Any:
+    camera = index.clips[2].cameras[1]  # the longest clip, read from step 0
+    data = bytearray(camera.path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)  # damage packets in the middle: their checksums no longer match
+    target = tmp_path / camera.path.name
+    target.write_bytes(bytes(data))
+    return _replace_camera(index, 2, 1, target, camera.info)
+
+
+def test_on_error_raise_names_clip_camera_and_frame(index: Any, tmp_path: Path) -> None:
+    index = _truncated_index(index, tmp_path)
+    with pytest.raises(VideoDecodeError, match=r"clip 'scene-0002', camera 'CAM_BACK_LEFT', frame \d+.*checksum"):
+        list(_loader(index, shuffle=False))
+    assert not _decode_threads()
+
+
+def test_on_error_skip_moves_the_slot_to_its_next_clip(index: Any, tmp_path: Path) -> None:
+    index = _truncated_index(index, tmp_path)
+    loader = _loader(index, shuffle=False, on_error="skip", remainder="pad")
+    batches = []
+    for batch in loader:
+        assert not batch_stamp_errors(batch)  # every valid frame is the right one
+        batches.append({k: v for k, v in batch.items() if k != "frames"})
+    bad = index.clips[2].clip_id
+    invalid_steps = [b["step"] for b in batches if not bool(b["valid"].all())]
+    assert invalid_steps
+    delivered = [int(b["frame_index"][s]) for b in batches for s in range(2) if b["clip_id"][s] == bad]
+    assert delivered == list(range(len(delivered))) and len(delivered) < 27  # stopped early
+    stats = loader.stats
+    assert stats.skipped_clips == 1 and stats.bad_files == 1 and stats.read_errors >= 1
+    # The slot starts its next clip with is_first after giving up.
+    firsts = [(b["step"], b["clip_id"][s]) for b in batches for s in range(2) if bool(b["is_first"][s])]
+    assert any(step > min(invalid_steps) for step, _ in firsts)
+
+
+def test_resume_mid_epoch_continues_frame_exactly(index: Any) -> None:
+    full = [_labels(b) for b in _loader(index, shuffle=True, seed=5)]
+    first = _loader(index, shuffle=True, seed=5)
+    for i, batch in enumerate(first):
+        first.mark_consumed(batch)
+        if i == 4:
+            break
+    state = first.state_dict()
+    assert state["step"] == 5
+    resumed = _loader(index, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    rest = []
+    for batch in resumed:
+        assert not batch_stamp_errors(batch)
+        rest.append(_labels(batch))
+    assert rest == full[5:]
+
+
+def test_resume_rejects_other_settings(index: Any) -> None:
+    from lightning_vstream.errors import ResumeStateError
+
+    state = _loader(index, seed=1).state_dict()
+    with pytest.raises(ResumeStateError, match="seed=1 but this one has seed=2"):
+        _loader(index, seed=2).load_state_dict(state)
+
+
+def test_a_stalled_decoder_times_out_with_a_clear_error(index: Any) -> None:
+    gate = threading.Event()
+
+    class Stalled(PyAVDecoder):
+        def get(self, i: int, out: Any = None) -> torch.Tensor:
+            gate.wait()
+            return super().get(i, out=out)
+
+    loader = _loader(index, timeout=0.5, factory=lambda path, info, label: Stalled(path, info=info, label=label))
+    try:
+        with pytest.raises(WorkerError, match=r"no batch for step 0 within timeout=0.5 s"):
+            next(iter(loader))
+    finally:
+        gate.set()
+    loader.close()
+    assert not _decode_threads()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prefetch": 0}, "prefetch=0"),
+        ({"threads": 0}, "num_threads=0"),
+        ({"on_error": "ignore"}, "on_error='ignore'"),
+    ],
+)
+def test_engine_rejects_bad_settings(index: Any, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _loader(index, **kwargs)

@@ -1,0 +1,132 @@
+"""StreamVideoDataModule(engine="threads") under a real Lightning Trainer, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from _stream_models import RecordingModel
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.engine_loader import EngineLoader
+
+FRAMES = [9, 7, 11, 8, 10, 6, 9, 12]
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def engine_index(make_dataset: Any) -> Path:
+    return make_dataset(clips=8, cameras=2, frames=FRAMES, size=(64, 48), gop=4)
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
+        "enable_model_summary": False, "enable_checkpointing": False, "default_root_dir": tmp_path,
+    }
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
+    return StreamVideoDataModule(index_file=index, batch_size=2, engine="threads", engine_threads=3, **kwargs)
+
+
+def test_fit_with_the_engine_streams_exact_frames(engine_index: Path, tmp_path: Path) -> None:
+    dm = _dm(engine_index, seed=0)
+    model = RecordingModel()
+    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer.fit(model, datamodule=dm)
+    assert isinstance(trainer.train_dataloader, EngineLoader)
+    assert model.stamp_errors == []
+    assert len(model.seen) == 2 * trainer.num_training_batches
+    assert dm.decode_stats().amplification == 1.0
+    assert not [t for t in threading.enumerate() if t.name.startswith("vstream-decode")]
+
+
+def test_engine_and_worker_loaders_deliver_the_same_plan(engine_index: Path, tmp_path: Path) -> None:
+    seen = []
+    for engine in ("threads", "workers"):
+        model = RecordingModel()
+        dm = StreamVideoDataModule(index_file=engine_index, batch_size=2, engine=engine, num_workers=0, seed=4)
+        _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
+        assert model.stamp_errors == []
+        seen.append(model.seen)
+    assert seen[0] == seen[1]
+
+
+def test_resume_from_mid_epoch_checkpoint_with_the_engine(engine_index: Path, tmp_path: Path) -> None:
+    def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
+        model = RecordingModel()
+        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [],
+                           enable_checkpointing=bool(callbacks))
+        trainer.fit(model, datamodule=_dm(engine_index, seed=5), ckpt_path=ckpt)
+        return model
+
+    uninterrupted = run(max_steps=30)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1, filename="{step}")
+    run(max_steps=7, callbacks=[checkpoint])
+    resumed = run(max_steps=30, ckpt=str(tmp_path / "ckpt" / "step=7.ckpt"))
+    assert resumed.stamp_errors == []
+    assert resumed.seen == uninterrupted.seen[7:]
+
+
+def test_validation_with_the_engine_reads_every_frame_once(engine_index: Path, tmp_path: Path) -> None:
+    dm = _dm(engine_index, val_index_file=engine_index)
+    model = RecordingModel()
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
+    assert model.stamp_errors == []
+    seen: Counter[tuple[str, int]] = Counter()
+    for batch in model.val_seen:
+        for clip, frame, valid in zip(batch["clip_id"], batch["frame_index"], batch["valid"]):
+            if valid:
+                seen[(clip, frame)] += 1
+    assert set(seen.values()) == {1} and len(seen) == sum(FRAMES)
+
+
+def test_auto_uses_workers_on_the_cpu_and_threads_on_cuda(engine_index: Path) -> None:
+    dm = StreamVideoDataModule(index_file=engine_index, num_workers=0)
+    assert not dm.uses_engine()
+    dm._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
+    assert dm.uses_engine()
+    assert not StreamVideoDataModule(index_file=engine_index, engine="workers", decode_device="cpu").uses_engine()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"engine": "processes"}, r"engine='processes' is invalid; expected 'auto', 'threads' or 'workers'"),
+        ({"engine_threads": 0}, r"engine_threads=0 is invalid; expected None or an integer >= 1"),
+        ({"gpu_fallback": "gpu"}, r"gpu_fallback='gpu' is invalid; expected 'none' or 'cpu'"),
+    ],
+)
+def test_engine_arguments_are_checked(engine_index: Path, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StreamVideoDataModule(index_file=engine_index, **kwargs)
+
+
+def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "_ddp_stream.py"), str(engine_index), str(tmp_path), "1", "threads"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["errors"] == [] for r in ranks)
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0
+    for epoch in (0, 1):
+        clips = [{c for b in r["seen"] if b["epoch"] == epoch for c in b["clip_id"]} for r in ranks]
+        assert clips[0] and clips[1] and not clips[0] & clips[1]
+    starts = [[c for b in r["seen"] if b["epoch"] == e for c, f in zip(b["clip_id"], b["is_first"]) if f]
+              for r in ranks for e in (0, 1)]
+    assert starts[0] != starts[1] or starts[2] != starts[3]  # set_epoch reached the engine's sampler
