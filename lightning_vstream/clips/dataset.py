@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
 
 if TYPE_CHECKING:
@@ -125,6 +126,19 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             cameras when None.
         max_open_decoders: Decoders each worker keeps open (LRU).
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
+        decode_device: ``"cpu"``, or a CUDA device (``"cuda"``, ``"cuda:1"``) to decode videos with
+            NVDEC and image folders with nvJPEG; frames then arrive on that GPU. GPU decoding runs
+            in the reading process (use ``num_workers=0``): the batch's GOPs are spread over
+            ``gop_threads`` threads, each with its own decoders and CUDA stream. Reading a batch at
+            once needs the DataLoader's batched fetch (``__getitems__``, any torch >= 2.0).
+        frame_policy: ``"exact"`` (default) returns the requested frames. ``"nearest_keyframe"`` is
+            APPROXIMATE: each requested frame is replaced by the first camera's keyframe nearest to
+            it, which decodes without its GOP's other frames (much faster for random access on
+            long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
+            frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
+        gop_threads: Threads decoding the GOPs of a batch in parallel. None: twice the GPU's NVDEC
+            engines on the GPU; 0 (one sample at a time, in order) on the CPU. On the CPU a
+            positive value reads whole batches GOP-planned on that many threads.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -150,7 +164,26 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cameras: Sequence[str] | None = None,
         max_open_decoders: int = 8,
         decoder_threads: int = 0,
+        decode_device: str = "cpu",
+        frame_policy: FramePolicy = "exact",
+        gop_threads: int | None = None,
     ) -> None:
+        if frame_policy not in FRAME_POLICIES:
+            raise ValueError(
+                f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
+                "the keyframe nearest each requested frame)."
+            )
+        if gop_threads is not None and (isinstance(gop_threads, bool) or not isinstance(gop_threads, int)
+                                        or gop_threads < 0):
+            raise ValueError(f"gop_threads={gop_threads!r} must be an integer >= 0, or None for the default.")
+        if not isinstance(decode_device, str) or not (decode_device == "cpu" or decode_device.startswith("cuda")):
+            raise ValueError(
+                f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'cuda:<index>' "
+                "(the DataModule also takes 'auto')."
+            )
+        self.decode_device = decode_device
+        self.frame_policy: FramePolicy = frame_policy
+        self.gop_threads = gop_threads
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
@@ -176,6 +209,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         self._infos: dict[Path, VideoInfo] = {}
         self._cache: DecoderCache | None = None
+        self._reader: Any = None
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
@@ -234,9 +268,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
-        import torch
-
+    def _resolve(self, item: int | ClipRequest) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int]]:
+        """The clip, camera streams, their frame tables and the frame indices ``item`` returns."""
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
@@ -252,6 +285,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         else:
             indices = list(request.frames)
+        if self.frame_policy == "nearest_keyframe":
+            indices = snap_to_keyframes(indices, reference)
         infos = [self._info(cam) for cam in streams]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
         if len(set(sizes.values())) > 1:
@@ -260,6 +295,15 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
                 "cameras, so request them separately (cameras=[...]) or resize the files to one size."
             )
+        return clip, streams, infos, indices
+
+    def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
+        import torch
+
+        if self._batched():
+            return self.__getitems__([item])[0]
+        clip, streams, infos, indices = self._resolve(item)
+        reference = infos[0]
         # Decoders write each frame straight into its slot of the sample: no stacking copies.
         frames = torch.empty((len(indices), len(streams), 3, reference.height, reference.width), dtype=torch.uint8)
         for c, (cam, info) in enumerate(zip(streams, infos)):
@@ -273,14 +317,75 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "camera_names": [cam.name for cam in streams],
         }
 
+    def _batched(self) -> bool:
+        return self.decode_device != "cpu" or bool(self.gop_threads)
+
+    def __getitems__(self, items: Sequence[int | ClipRequest]) -> list[dict[str, Any]]:
+        """The samples of ``items`` read together: GOP-planned and decoded on parallel threads.
+
+        The DataLoader calls this for a whole batch. On the CPU without ``gop_threads`` it reads
+        the samples one by one, as ``__getitem__`` does.
+        """
+        if not self._batched():
+            return [self[item] for item in items]
+        from lightning_vstream.clips.batched import PlannedSample
+
+        planned = []
+        for item in items:
+            clip, streams, infos, indices = self._resolve(item)
+            planned.append(
+                PlannedSample(
+                    clip_id=clip.clip_id,
+                    camera_names=tuple(cam.name for cam in streams),
+                    paths=tuple(cam.path for cam in streams),
+                    infos=tuple(infos),
+                    labels=tuple(f"clip {clip.clip_id!r}, camera {cam.name!r}" for cam in streams),
+                    indices=tuple(indices),
+                )
+            )
+        return self.reader.read(planned)
+
+    @property
+    def reader(self) -> Any:
+        """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
+        if self._reader is None:
+            from lightning_vstream.clips.batched import BatchReader
+
+            if self.decode_device == "cpu":
+                self._reader = BatchReader(
+                    gpu=None, device="cpu", threads=self.gop_threads or 0,
+                    max_open_per_thread=self.max_open_decoders, decoder_threads=self.decoder_threads or 1,
+                )
+            else:
+                import torch
+
+                from lightning_vstream.decode.gpu import resolve_decode_device
+
+                device = torch.device(self.decode_device)
+                if device.index is None:
+                    device = resolve_decode_device("cuda", 0)
+                threads = self.gop_threads
+                if threads is None:
+                    from lightning_vstream.clips.gpu import decode_engine_count
+
+                    threads = 2 * decode_engine_count(device.index or 0)
+                self._reader = BatchReader(
+                    gpu=device.index or 0, device=device, threads=threads, max_open_per_thread=self.max_open_decoders
+                )
+        return self._reader
+
     def close(self) -> None:
         """Close this process's open decoders (they reopen lazily)."""
         if self._cache is not None:
             self._cache.close()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = None  # open files stay in the process that opened them
+        state["_reader"] = None  # so do decoding threads
         return state
 
     def __repr__(self) -> str:
