@@ -452,13 +452,13 @@ class NvGopDecoder:
     def close(self) -> None:
         """Close the file and return the NVDEC decoder to the pool (flushed)."""
         session, key = self._session, self._key
-        self._session = None
         if session is not None and key is not None:
             try:
                 self._flush()
                 self.pool.release(key, session)
             except Exception:  # noqa: BLE001 - a decoder that cannot flush is dropped, not reused
                 pass
+        self._session = None
         if self._packets is not None:
             self._packets.close()
             self._packets = None
