@@ -21,7 +21,7 @@ class FakeFrame:
         self._surface = surface
         self._pts = pts
 
-    def getPTS(self) -> int:  # noqa: N802 - PyNvVideoCodec's name
+    def getPTS(self) -> int:
         return self._pts
 
     def __dlpack__(self, stream: Any = None) -> Any:
@@ -47,7 +47,7 @@ class FakeDecoder:
         self.flushes = 0
         self.flags: list[Any] = []
 
-    def Decode(self, packet: Any) -> list[FakeFrame]:  # noqa: N802 - PyNvVideoCodec's name
+    def Decode(self, packet: Any) -> list[FakeFrame]:
         if self.module.fail_decode:
             raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
         if self.context is None:

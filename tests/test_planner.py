@@ -128,7 +128,7 @@ def test_executor_decodes_every_frame_exactly_once_per_gop(index_path: Path, wor
         tasks = planner.tasks()
         executor.run(tasks, deliver)
         assert executor.tasks_run == len(tasks)
-        for w, sources in executor.open_decoders().items():
+        for sources in executor.open_decoders().values():
             assert len(sources) == len(set(sources))
         decoded_before.append(executor.opened)
     assert set(got) == set(wanted)

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.planner import GopDecoder, GopExecutor, GopPlanner, GopTask, frames_decoder_gops
+from lightning_vstream.clips.planner import (
+    GopDecoder,
+    GopExecutor,
+    GopPlanner,
+    GopTask,
+    frames_decoder_gops,
+)
 from lightning_vstream.decode.base import VideoInfo
 
 if TYPE_CHECKING:
@@ -149,8 +155,8 @@ class BatchReader:
             start.record(torch.cuda.current_stream(outs[0].device))  # the batch tensor is ready for writing
         events: list[Any] = []
 
-        def deliver(task: GopTask, index: int, frame: Any, target: Hashable) -> None:
-            b, t, c = target  # type: ignore[misc]
+        def deliver(task: GopTask, index: int, frame: Any, target: Any) -> None:
+            b, t, c = target
             slot = outs[b][t, c]
             if isinstance(frame, Nv12Frame):
                 frame.write_into(slot, after=start)

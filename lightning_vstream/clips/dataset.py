@@ -23,10 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_vstream.clips.planner import (
+    FRAME_POLICIES,
+    FramePolicy,
+    snap_to_keyframes,
+)
+from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
-from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
 
 if TYPE_CHECKING:
     import torch

@@ -445,7 +445,7 @@ class NvGopDecoder:
                 del keep_alive  # the parser has copied the bytes once Decode returns
         except VideoDecodeError:
             raise
-        except Exception as err:  # noqa: BLE001 - PyAV and PyNvVideoCodec raise their own types
+        except Exception as err:  # PyAV and PyNvVideoCodec raise their own types
             raise VideoDecodeError(f"{self._where(due)}: decoding failed: {err}") from err
         return packet, frames
 
@@ -455,9 +455,10 @@ class NvGopDecoder:
         if session is not None and key is not None:
             try:
                 self._flush()
-                self.pool.release(key, session)
             except Exception:  # noqa: BLE001 - a decoder that cannot flush is dropped, not reused
-                pass
+                session = None
+            if session is not None:
+                self.pool.release(key, session)
         self._session = None
         if self._packets is not None:
             self._packets.close()

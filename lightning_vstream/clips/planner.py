@@ -26,6 +26,7 @@ decoded frame goes (for the dataset, ``(sample, time step, camera)``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 import threading
@@ -286,10 +287,8 @@ class _Worker:
     def drop(self, source: Hashable) -> None:
         decoder = self.decoders.pop(source, None)
         if decoder is not None:
-            try:
+            with contextlib.suppress(Exception):  # a broken decoder's close must not hide the real error
                 decoder.close()
-            except Exception:  # noqa: BLE001 - a broken decoder's close must not hide the real error
-                pass
 
     def close_decoders(self) -> None:
         while self.decoders:
@@ -450,7 +449,7 @@ class GopExecutor:
     @property
     def threads(self) -> list[threading.Thread]:
         """The live worker threads (empty before the first run and after :meth:`close`)."""
-        return [w.thread for w in self._threads]
+        return [w.thread for w in self._threads if w.thread is not None]
 
     def open_decoders(self) -> dict[int, list[Hashable]]:
         """Streams each worker has a decoder open for (LRU order, most recent last)."""
