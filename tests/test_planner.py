@@ -324,3 +324,37 @@ def test_dataset_decode_error_propagates_from_a_thread(index_path: Path, tmp_pat
             dataset[0]
     finally:
         dataset.close()
+
+
+# -- the DataModule --------------------------------------------------------------------------------
+def test_datamodule_passes_the_frame_policy_and_gop_threads(index_path: Path) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    dm = ClipVideoDataModule(index_file=index_path, clip_frames=3, frame_stride=7, batch_size=2, num_workers=0,
+                             frame_policy="nearest_keyframe", gop_threads=2, sampler="sequential")
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.dataset.frame_policy == "nearest_keyframe" and loader.dataset.gop_threads == 2
+    batch = next(iter(loader))
+    for b in range(len(batch["clip_id"])):
+        indices = batch["frame_index"][b].tolist()
+        assert all(i % GOP == 0 for i in indices)
+        for t, index in enumerate(indices):
+            stamp = read_stamp(batch["frames"][b, t, 0])
+            assert (stamp.clip, stamp.frame) == (clip_number(batch["clip_id"][b]), index)
+    loader.dataset.close()
+
+
+def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU path")
+    dm = ClipVideoDataModule(index_file=index_path, decode_device="cuda", num_workers=0)
+    dm.setup("fit")
+    with pytest.raises(RuntimeError, match=r"decode_device='cuda' needs a CUDA GPU.*decode_device='cpu'"):
+        dm.train_dataloader()
+    with pytest.raises(ValueError, match=r"decode_device='gpu' is not supported; use 'cpu', 'cuda' or 'auto'"):
+        ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"frame_policy='fast' is not supported"):
+        ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]

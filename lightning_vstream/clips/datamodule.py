@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import lightning as L
 
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.planner import FramePolicy
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -77,6 +78,14 @@ class ClipVideoDataModule(L.LightningDataModule):
         pin_memory: DataLoader ``pin_memory``.
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
         persistent_workers: Keep workers (and their open decoders) between epochs.
+        decode_device: ``"cpu"`` (PyAV in ``num_workers`` processes), ``"cuda"`` (NVDEC on this rank's
+            GPU, in the training process: each batch's GOPs spread over ``gop_threads`` threads;
+            ``num_workers`` is then ignored) or ``"auto"`` (``"cuda"`` when usable, else ``"cpu"``).
+        frame_policy: ``"exact"`` or ``"nearest_keyframe"`` (APPROXIMATE: keyframes nearest the
+            requested frames, labelled with their real indices); see
+            :class:`~lightning_vstream.clips.dataset.VideoClipDataset`.
+        gop_threads: GOP decoding threads per batch (None: twice the NVDEC engines on the GPU,
+            per-sample reading on the CPU).
 
     Raises:
         ValueError: Conflicting or invalid arguments (named in the message).
@@ -114,8 +123,21 @@ class ClipVideoDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         drop_last: bool = False,
         persistent_workers: bool = False,
+        decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
+        frame_policy: FramePolicy = "exact",
+        gop_threads: int | None = None,
     ) -> None:
         super().__init__()
+        if decode_device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
+        if frame_policy not in ("exact", "nearest_keyframe"):
+            raise ValueError(
+                f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate)."
+            )
+        self.decode_device = decode_device
+        self.frame_policy: FramePolicy = frame_policy
+        self.gop_threads = gop_threads
+        self._resolved_device: str | None = None
         if segments is not None and clip_frames is not None:
             raise ValueError(
                 f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
@@ -196,9 +218,21 @@ class ClipVideoDataModule(L.LightningDataModule):
             raise RuntimeError(f"ClipVideoDataModule.setup() must run before the {which} loader is built.")
         return index
 
+    def _device(self) -> str:
+        """The device this rank decodes on: ``"cpu"`` or ``"cuda:N"`` (resolved once, from the Trainer's device)."""
+        if self._resolved_device is None:
+            from lightning_vstream.decode.gpu import resolve_decode_device
+
+            trainer = self.trainer
+            local_rank = trainer.local_rank if trainer is not None else 0
+            root = trainer.strategy.root_device if trainer is not None else None
+            self._resolved_device = str(resolve_decode_device(self.decode_device, local_rank, root_device=root))
+        return self._resolved_device
+
     def _dataset(self, index: VideoIndex, requests: list[ClipRequest]) -> VideoClipDataset:
         return VideoClipDataset(
-            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads
+            index=index, requests=requests, max_open_decoders=self.max_open_decoders, decoder_threads=self.decoder_threads,
+            decode_device=self._device(), frame_policy=self.frame_policy, gop_threads=self.gop_threads,
         )
 
     def _sampler(self, dataset: VideoClipDataset, choice: SamplerChoice | Callable[..., Any], epoch: int) -> Any:
@@ -224,15 +258,18 @@ class ClipVideoDataModule(L.LightningDataModule):
     def _loader(self, dataset: VideoClipDataset, sampler: Any) -> DataLoader[Any]:
         from torch.utils.data import DataLoader
 
+        # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
+        # and worker processes would ship frames over IPC); frames arrive on the GPU already.
+        workers = 0 if dataset.decode_device != "cpu" else self.num_workers
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=workers,
             collate_fn=collate_clips,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and dataset.decode_device == "cpu",  # GPU frames need no pinning
             drop_last=self.drop_last,
-            persistent_workers=self.persistent_workers and self.num_workers > 0,
+            persistent_workers=self.persistent_workers and workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader[Any]:

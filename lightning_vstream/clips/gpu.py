@@ -14,7 +14,9 @@ context torch uses (``cudacontext=0``). A closed decoder goes back to a
 chroma format and latency mode, so the next file of the same format reuses it (PyNvVideoCodec
 refuses to reconfigure across a bit-depth change). Latency is ``LOW`` (each packet flagged
 ``ENDOFPICTURE``, so a frame comes out as soon as it is decoded) only when the stream has no
-frame reordering (no B-frames); ``NATIVE`` otherwise, as NVIDIA requires.
+frame reordering (no B-frames); ``NATIVE`` otherwise, as NVIDIA requires. A decoded frame stays
+valid only until the decoder's next ``Decode`` call, so before that call the thread waits for the
+conversions it queued (one host wait per wanted frame; none for frames only decoded through).
 
 Colour: the stream's matrix (BT.709 when tagged so, BT.601 when tagged so or untagged, as FFmpeg
 assumes on the CPU path) and range (limited unless tagged full) are honoured by
@@ -302,6 +304,7 @@ class NvGopDecoder:
         self._key: tuple[Hashable, ...] | None = None
         self._session: _Session | None = None
         self._dirty = False
+        self._pending: Any = None  # CUDA event after the last conversion from a decoder surface
         self.frames_decoded = 0
         self.frames_converted = 0
 
@@ -355,8 +358,26 @@ class NvGopDecoder:
         self._nvc, self._packets, self._format, self._key, self._session = nvc, packets, fmt, key, session
         self._dirty = False
 
+    def _converted_on_stream(self) -> None:
+        """Note that kernels reading the decoder's surface were queued (see :meth:`_surfaces_free`)."""
+        session = self._session
+        if session is not None and session.stream is not None:
+            import torch
+
+            self._pending = torch.cuda.Event()
+            self._pending.record(session.stream)
+
+    def _surfaces_free(self) -> None:
+        # A decoded frame is valid only until the next Decode call on its decoder, which may reuse
+        # its surface; wait until the conversions queued on it have run. One host wait per wanted
+        # frame, none for the frames decoded only to reach it.
+        if self._pending is not None:
+            self._pending.synchronize()
+            self._pending = None
+
     def _flush(self) -> None:
         if self._dirty and self._session is not None and self._nvc is not None:
+            self._surfaces_free()
             self._session.decoder.Decode(self._nvc.PacketData())  # end of stream; frames discarded
         self._dirty = False
 
@@ -418,6 +439,7 @@ class NvGopDecoder:
                 remaining.pop(0)
                 self.frames_converted += 1
                 emit(index, Nv12Frame(_surface(frame, session.stream), fmt.color, session.stream, index))
+                self._converted_on_stream()
             if restart:
                 self._flush()
                 gop -= 1
@@ -433,6 +455,7 @@ class NvGopDecoder:
         """Feed the next packet (or the end of the stream) to the decoder; the packet and the frames out."""
         nvc, session = self._nvc, self._session
         assert nvc is not None and session is not None
+        self._surfaces_free()
         try:
             packet = next(source, None)
             if packet is None:
