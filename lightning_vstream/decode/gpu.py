@@ -3,25 +3,24 @@
 How a frame travels:
 
 1. **demux** (CPU, :data:`~lightning_vstream.profiling.RANGE_DEMUX`): PyAV reads the compressed
-   packets and converts H.264/H.265 to the Annex-B form NVDEC's parser needs
-   (``h264_mp4toannexb`` / ``hevc_mp4toannexb``). PyAV rather than PyNvVideoCodec's own demuxer
-   because seeking must use the frame table's seek targets exactly as
-   :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does: PyNvDemuxer's ``Seek`` takes a sample
-   number, not a timestamp, and cannot step back when a demuxer overshoots.
-2. **decode** (GPU, :data:`~lightning_vstream.profiling.RANGE_DECODE`): PyNvVideoCodec's decoder
-   (``CreateDecoder``, ``usedevicememory=True``) decodes on NVDEC and converts YUV to RGB with its
-   own CUDA kernel (``outputColorType`` ``RGBP`` for ``layout="chw"``, ``RGB`` for ``"hwc"``).
-   Each packet carries its presentation timestamp, and every frame that comes out is checked
-   against the frame table, so a frame is never returned under the wrong index.
-3. **hand-off** (GPU, :data:`~lightning_vstream.profiling.RANGE_HANDOFF`): ``torch.from_dlpack``
-   wraps the decoder's surface without a copy, ordered after the decoder's work by the DLPack
-   stream protocol; the frame is then copied on the GPU into torch-owned memory, because the
-   decoder reuses its surfaces for later frames.
+   packets, checks them against the frame table's CRC-32s and converts H.264/H.265 to the Annex-B
+   form NVDEC's parser needs (:class:`~lightning_vstream.decode.nvdec.PacketSource`). PyAV rather
+   than PyNvVideoCodec's demuxer because seeking must use the frame table's seek targets exactly as
+   :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does.
+2. **decode** (GPU, :data:`~lightning_vstream.profiling.RANGE_DECODE`): a PyNvVideoCodec decoder
+   on its own CUDA stream decodes to NV12 (P016 for 10-bit) in device memory. Each packet carries
+   its presentation timestamp, and every frame that comes out is checked against the frame table,
+   so a frame is never returned under the wrong index. Latency mode ``NATIVE`` keeps NVDEC
+   pipelined; ``LOW`` is used only for streams that declare no reordering (no B-frames).
+3. **hand-off and colour** (GPU, :data:`~lightning_vstream.profiling.RANGE_HANDOFF`,
+   :data:`~lightning_vstream.profiling.RANGE_COLOR_CONVERT`): ``DecodedFrame.__dlpack__(stream=...)``
+   wraps the decoder's surface without a copy, ordered on the decoder's stream, and
+   :func:`~lightning_vstream.decode.color.nv12_to_rgb` converts it with the stream's own matrix and
+   range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
 
 Decoders are expensive to create (tens of milliseconds), so closed :class:`NvDecoder` s hand theirs
-back to a :class:`DecoderPool`, and the next file with the same GPU, codec, size and output format
-takes it instead of creating one. A pool is per process: with ``decode_device="cuda"`` DataLoader
-workers must be started with ``multiprocessing_context="spawn"`` (CUDA does not survive ``fork``).
+back to a :class:`~lightning_vstream.decode.nvdec.DecoderPool`, and the next file with the same GPU,
+codec, size, bit depth and chroma format takes it instead of creating one. A pool is per process.
 
 PyNvVideoCodec is imported only when a decoder first opens a file: on machines without an NVIDIA
 driver its import fails, and the CPU path never touches it.
@@ -31,17 +30,39 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
-import threading
 import warnings
-from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.profiling import RANGE_DECODE, RANGE_DEMUX, RANGE_HANDOFF, nvtx_range
+from lightning_vstream.decode.base import (
+    DecoderBase,
+    Layout,
+    VideoDecodeError,
+    VideoInfo,
+)
+from lightning_vstream.decode.color import nv12_to_rgb
+from lightning_vstream.decode.nvdec import (
+    DecoderKey,
+    DecoderPool,
+    Latency,
+    PacketSource,
+    Session,
+    check_decodable,
+    create_session,
+    frame_pts,
+    packet_data,
+    shared_decoder_pool,
+)
+from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.profiling import (
+    RANGE_COLOR_CONVERT,
+    RANGE_DECODE,
+    RANGE_DEMUX,
+    RANGE_HANDOFF,
+    nvtx_range,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -51,12 +72,15 @@ __all__ = [
     "DecodeDevice",
     "DecoderKey",
     "DecoderPool",
+    "LatencyChoice",
     "NvDecoder",
     "import_pynvvideocodec",
     "nvdec_available",
     "resolve_decode_device",
     "shared_decoder_pool",
 ]
+
+LatencyChoice = Literal["auto", "native", "low"]
 
 DecodeDevice = Literal["cpu", "cuda", "auto"]
 
@@ -65,21 +89,6 @@ GPU_INSTALL_HINT = (
     "`pip install lightning_vstream[gpu]` on a machine with an NVIDIA GPU and driver, or use "
     "decode_device='cpu'."
 )
-
-#: FFmpeg codec name -> ``PyNvVideoCodec.cudaVideoCodec`` member, for codecs whose packets NVDEC
-#: takes as PyAV demuxes them (after the Annex-B filter for H.264/H.265).
-_NVDEC_CODECS = {
-    "h264": "H264",
-    "hevc": "HEVC",
-    "av1": "AV1",
-    "vp9": "VP9",
-    "vp8": "VP8",
-    "mpeg2video": "MPEG2",
-}
-_ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
-_OUTPUT_COLOR = {"chw": "RGBP", "hwc": "RGB"}
-
-T = TypeVar("T")
 
 
 # -- availability and device choice ------------------------------------------------------------
@@ -202,211 +211,6 @@ def resolve_decode_device(
     return torch.device("cuda", local_rank)
 
 
-# -- decoder reuse -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DecoderKey:
-    """What a decoder must match to be reused: GPU, codec, coded size and output colour format."""
-
-    gpu: int
-    codec: str
-    width: int
-    height: int
-    color: str
-
-
-class DecoderPool:
-    """Idle decoders kept for reuse, keyed by :class:`DecoderKey` (any hashable key works).
-
-    :meth:`acquire` returns an idle decoder with the same key, or calls ``create`` for a new one;
-    :meth:`release` gives a decoder back, keeping at most ``max_idle_per_key`` per key (extra ones
-    are dropped and freed by garbage collection). Thread-safe; a decoder is handed to one user at a
-    time. A pool inherited through ``fork`` empties itself, since CUDA objects do not survive it.
-
-    Args:
-        max_idle_per_key: Idle decoders kept per key; 0 disables reuse.
-
-    Example::
-
-        >>> pool = DecoderPool()
-        >>> dec = pool.acquire("hevc-1600x900", lambda: object())
-        >>> pool.release("hevc-1600x900", dec)
-        True
-        >>> pool.acquire("hevc-1600x900", lambda: object()) is dec, pool.stats["reused"]
-        (True, 1)
-    """
-
-    def __init__(self, *, max_idle_per_key: int = 8) -> None:
-        if max_idle_per_key < 0:
-            raise ValueError(f"max_idle_per_key={max_idle_per_key!r} must be >= 0.")
-        self.max_idle_per_key = max_idle_per_key
-        self._lock = threading.Lock()
-        self._idle: dict[Hashable, list[Any]] = collections.defaultdict(list)
-        self._pid = os.getpid()
-        self._created = 0
-        self._reused = 0
-        self._dropped = 0
-
-    def _check_process(self) -> None:
-        if os.getpid() != self._pid:
-            self._idle = collections.defaultdict(list)
-            self._pid = os.getpid()
-
-    def acquire(self, key: Hashable, create: Callable[[], T]) -> T:
-        """An idle decoder for ``key``, or a new one from ``create()``."""
-        with self._lock:
-            self._check_process()
-            idle = self._idle.get(key)
-            if idle:
-                self._reused += 1
-                return idle.pop()
-        decoder = create()  # outside the lock: creating a decoder takes milliseconds
-        with self._lock:
-            self._created += 1
-        return decoder
-
-    def release(self, key: Hashable, decoder: Any) -> bool:
-        """Give ``decoder`` back for reuse; returns False when it was dropped instead."""
-        with self._lock:
-            self._check_process()
-            idle = self._idle[key]
-            if len(idle) >= self.max_idle_per_key:
-                self._dropped += 1
-                return False
-            idle.append(decoder)
-            return True
-
-    def idle(self, key: Hashable | None = None) -> int:
-        """Number of idle decoders for ``key``, or in total."""
-        with self._lock:
-            if key is not None:
-                return len(self._idle.get(key, ()))
-            return sum(len(v) for v in self._idle.values())
-
-    def clear(self) -> None:
-        """Drop every idle decoder."""
-        with self._lock:
-            self._idle.clear()
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters: ``created``, ``reused``, ``dropped`` (released beyond the limit) and ``idle``."""
-        with self._lock:
-            return {
-                "created": self._created,
-                "reused": self._reused,
-                "dropped": self._dropped,
-                "idle": sum(len(v) for v in self._idle.values()),
-            }
-
-
-_shared_pool: DecoderPool | None = None
-_shared_pool_lock = threading.Lock()
-
-
-def shared_decoder_pool() -> DecoderPool:
-    """The process-wide pool :class:`NvDecoder` uses unless given another (created on first use)."""
-    global _shared_pool
-    with _shared_pool_lock:
-        if _shared_pool is None:
-            _shared_pool = DecoderPool()
-        return _shared_pool
-
-
-# -- packets -----------------------------------------------------------------------------------
-class _PacketSource:
-    """One video stream demuxed by PyAV, as Annex-B packets with presentation timestamps."""
-
-    def __init__(self, path: Path, codec: str) -> None:
-        import av
-
-        if not path.is_file():
-            raise FileNotFoundError(f"video file {str(path)!r} does not exist.")
-        try:
-            self._container = av.open(str(path), mode="r")
-        except av.FFmpegError as err:
-            raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
-        if not self._container.streams.video:
-            self._container.close()
-            raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
-        self._stream = self._container.streams.video[0]
-        self._filter_name = _ANNEXB_FILTERS.get(codec)
-        self._bsf = self._make_filter()
-
-    def _make_filter(self) -> Any:
-        if self._filter_name is None:
-            return None
-        from av.bitstream import BitStreamFilterContext
-
-        return BitStreamFilterContext(self._filter_name, self._stream)
-
-    def seek(self, target: int) -> None:
-        """Move to the keyframe at or before ``target`` (stream time base), as the frame table says."""
-        self._container.seek(target, stream=self._stream, backward=True)
-        # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
-        self._bsf = self._make_filter()
-
-    def packets(self) -> Iterator[Any]:
-        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer)."""
-        for packet in self._container.demux(self._stream):
-            if packet.size == 0:
-                continue  # demuxer flush packet
-            if self._bsf is None:
-                yield packet
-            else:
-                yield from self._bsf.filter(packet)
-
-    def close(self) -> None:
-        self._container.close()
-
-
-def _packet_data(nvc: ModuleType, packet: Any) -> tuple[Any, Any]:
-    """A PyNvVideoCodec ``PacketData`` pointing at ``packet``'s bytes, and the buffer to keep alive."""
-    import numpy as np
-
-    buffer = np.frombuffer(packet, dtype=np.uint8)
-    data = nvc.PacketData()
-    data.bsl_data = int(buffer.ctypes.data)
-    data.bsl = int(buffer.size)
-    pts = packet.pts if packet.pts is not None else packet.dts
-    data.pts = int(pts) if pts is not None else 0
-    return data, buffer
-
-
-def _frame_pts(frame: Any) -> int | None:
-    get = getattr(frame, "getPTS", None)
-    value = get() if get is not None else getattr(frame, "timestamp", None)
-    return None if value is None else int(value)
-
-
-@dataclass
-class _Session:
-    """A PyNvVideoCodec decoder and the CUDA stream its work and our copies run on."""
-
-    decoder: Any
-    stream: Any  # torch.cuda.Stream, or None when CUDA is unavailable (test doubles)
-
-
-def _create_session(nvc: ModuleType, key: DecoderKey) -> _Session:
-    import torch
-
-    stream = torch.cuda.Stream(device=key.gpu) if torch.cuda.is_available() else None
-    kwargs: dict[str, Any] = {
-        "gpuid": key.gpu,
-        "codec": getattr(nvc.cudaVideoCodec, _NVDEC_CODECS[key.codec]),
-        "cudacontext": 0,  # the device's primary context, which torch uses too
-        "cudastream": stream.cuda_stream if stream is not None else 0,
-        "usedevicememory": True,
-        "maxwidth": key.width,
-        "maxheight": key.height,
-        "outputColorType": getattr(nvc.OutputColorType, key.color),
-    }
-    latency = getattr(getattr(nvc, "DisplayDecodeLatencyType", None), "LOW", None)
-    if latency is not None:
-        # Frames come out as soon as they are decodable, still in presentation order.
-        kwargs["latency"] = latency
-    return _Session(nvc.CreateDecoder(**kwargs), stream)
-
-
 def _gpu_ordinal(device: Any) -> int:
     if isinstance(device, bool):
         raise TypeError(f"device={device!r} must be a CUDA device or GPU ordinal.")
@@ -435,10 +239,14 @@ class NvDecoder(DecoderBase):
     uint8 RGB CUDA tensors: opens lazily on first use; sequential :meth:`read` calls keep the
     decoder's state and decode each frame once; :meth:`seek` decodes forward within the current
     GOP and otherwise jumps to the keyframe at or before the target (stepping back a GOP if the
-    demuxer overshoots); every frame's timestamp is checked against the frame table. On a jump,
-    frames still inside the decoder are flushed and discarded (not counted in
-    :attr:`frames_decoded`). :meth:`close` flushes the decoder and returns it to ``pool`` for the
-    next file of the same codec and size.
+    demuxer overshoots); every packet's CRC-32 and every frame's timestamp is checked against the
+    frame table. On a jump, frames still inside the decoder are flushed and discarded (not counted
+    in :attr:`frames_decoded`). :meth:`close` flushes the decoder and returns it to ``pool`` for
+    the next file of the same format.
+
+    Work is ordered on CUDA streams, never by waiting on the host: the decoder and the colour
+    conversion run on the decoder's own stream, and the stream current when :meth:`read` is called
+    waits for them, so the frame is ready for whatever that stream runs next.
 
     Args:
         path: Video file.
@@ -447,9 +255,12 @@ class NvDecoder(DecoderBase):
         layout: ``"chw"`` (default) or ``"hwc"`` for the returned tensors.
         label: Where the file comes from (clip and camera), used in error messages.
         pool: Pool to take decoders from and return them to; :func:`shared_decoder_pool` if None.
+        latency: ``"auto"`` (default) uses NVDEC's ``LOW`` latency mode only for streams that
+            declare no frame reordering, ``NATIVE`` otherwise; ``"native"`` / ``"low"`` force one
+            (``"low"`` on a stream with B-frames is refused).
 
     Raises:
-        ValueError: ``layout`` or ``device`` is not supported.
+        ValueError: ``layout``, ``latency`` or ``device`` is not supported.
 
     Example::
 
@@ -467,20 +278,26 @@ class NvDecoder(DecoderBase):
         layout: Layout = "chw",
         label: str = "",
         pool: DecoderPool | None = None,
+        latency: LatencyChoice = "auto",
     ) -> None:
         if layout not in ("chw", "hwc"):
             raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+        if latency not in ("auto", "native", "low"):
+            raise ValueError(f"latency={latency!r} is not supported; use 'auto', 'native' or 'low'.")
         self.path = Path(path)
         self.gpu = _gpu_ordinal(device)
         self.layout = layout
         self.label = label
+        self.latency = latency
         self._pool = pool
         self._info = info
         self._nvc: ModuleType | None = None
         self._key: DecoderKey | None = None
-        self._session: _Session | None = None
-        self._source: _PacketSource | None = None
+        self._session: Session | None = None
+        self._source: PacketSource | None = None
         self._packets: Iterator[Any] | None = None
+        # Frames out of the decoder, not yet returned: (index, DecodedFrame). A DecodedFrame stays
+        # valid until the next Decode call, and Decode is called only when this queue is empty.
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
         self._dirty = False  # packets were fed since the decoder last flushed
         self._ended = False  # the end of the file has been fed to the decoder
@@ -519,6 +336,11 @@ class NvDecoder(DecoderBase):
         return self._pool
 
     @property
+    def key(self) -> DecoderKey | None:
+        """The key of the decoder in use (None while closed)."""
+        return self._key
+
+    @property
     def _next(self) -> int:
         """Index of the next frame the decoder pipeline yields (-1 when unknown)."""
         if self._queue:
@@ -526,18 +348,34 @@ class NvDecoder(DecoderBase):
         return self._last + 1 if self._last >= 0 else -1
 
     # -- opening and closing ----------------------------------------------------------------
+    def _latency_for(self, reorders: bool) -> Latency:
+        if self.latency == "native":
+            return "NATIVE"
+        if self.latency == "low":
+            if reorders:
+                raise ValueError(
+                    f"{self._where()} reorders frames (B-frames), so latency='low' would return frames out of "
+                    "order; use latency='auto' or 'native'."
+                )
+            return "LOW"
+        return "NATIVE" if reorders else "LOW"
+
     def _open(self) -> None:
         info = self.info
-        if info.codec not in _NVDEC_CODECS:
-            raise ValueError(
-                f"{self._where()} uses codec {info.codec!r}, which the GPU decoder does not take "
-                f"(supported: {sorted(_NVDEC_CODECS)}); decode it with decode_device='cpu'."
-            )
         nvc = import_pynvvideocodec()
-        key = DecoderKey(self.gpu, info.codec, info.width, info.height, _OUTPUT_COLOR[self.layout])
-        source = _PacketSource(self.path, info.codec)
+        source = PacketSource(self.path, info, self._where())
         try:
-            session = self.pool.acquire(key, lambda: _create_session(nvc, key))
+            fmt = source.format
+            check_decodable(nvc, self.gpu, fmt, self._where())
+            key = DecoderKey(
+                self.gpu, info.codec, info.width, info.height, fmt.bit_depth, fmt.chroma, "NATIVE",
+                self._latency_for(fmt.reorders),
+            )
+        except BaseException:
+            source.close()
+            raise
+        try:
+            session = self.pool.acquire(key, lambda: create_session(nvc, key))
         except Exception as err:
             source.close()
             raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
@@ -550,6 +388,7 @@ class NvDecoder(DecoderBase):
 
     def _flush(self) -> None:
         """Send the end of stream so the decoder drops its state; discard the frames it returns."""
+        self._queue.clear()  # their surfaces die with the next Decode
         if self._dirty and self._session is not None and self._nvc is not None:
             with nvtx_range(RANGE_DECODE):
                 self._session.decoder.Decode(self._nvc.PacketData())
@@ -571,6 +410,7 @@ class NvDecoder(DecoderBase):
             except Exception:  # noqa: BLE001 - closing a broken file must not mask the real error
                 pass
         self._session = None
+        self._key = None
         self._source = None
         self._packets = None
         self._queue.clear()
@@ -611,7 +451,6 @@ class NvDecoder(DecoderBase):
         if source is None:  # pragma: no cover - _open sets it or raises
             raise RuntimeError("internal error: no packet source after opening")
         self._flush()
-        self._queue.clear()
         with nvtx_range(RANGE_DEMUX):
             source.seek(self.info.key_seek[key_ordinal])
         self._seeks += 1
@@ -620,7 +459,13 @@ class NvDecoder(DecoderBase):
         self._last = -1
 
     # -- decoding ---------------------------------------------------------------------------
-    def read(self) -> torch.Tensor:
+    def read(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode the frame at :attr:`position` (into ``out`` when given) and advance by one.
+
+        Args:
+            out: A uint8 CUDA tensor of the frame's shape (any strides, for example a row of a
+                batch) to write the RGB frame into; the conversion writes it once, directly.
+        """
         info = self.info
         target = self._target
         if target >= info.frame_count:
@@ -640,7 +485,7 @@ class NvDecoder(DecoderBase):
             just_jumped = True
         while True:
             before = self._last
-            index, tensor = self._next_frame(target)
+            index, frame = self._next_frame(target)
             if index < target:
                 continue
             if index > target:
@@ -654,16 +499,17 @@ class NvDecoder(DecoderBase):
                     f"{self._where(target)}: the decoder skipped from frame {before} to frame {index}; "
                     "the frames between are missing or corrupt."
                 )
+            tensor = self._to_tensor(frame, index, out)
             self._target = index + 1
             return tensor
 
-    def get(self, index: int) -> torch.Tensor:
-        """Return frame ``index`` (see :meth:`seek` for the cost)."""
+    def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Return frame ``index`` (see :meth:`seek` for the cost), written into ``out`` when given."""
         self.seek(index)
-        return self.read()
+        return self.read(out)
 
     def _next_frame(self, keep_from: int) -> tuple[int, Any]:
-        """The next ``(index, tensor)`` in presentation order; tensors only for ``index >= keep_from``."""
+        """The next ``(index, frame)`` in presentation order; frames before ``keep_from`` are dropped."""
         while not self._queue:
             if self._ended:
                 target = self._target
@@ -682,7 +528,7 @@ class NvDecoder(DecoderBase):
         """Send the next packet, or the end of the stream, to the decoder; return the frames it gives."""
         import av
 
-        session, nvc, packets = self._session, self._nvc, self._packets
+        session, nvc, packets, key = self._session, self._nvc, self._packets, self._key
         if session is None or nvc is None or packets is None:  # pragma: no cover - read() opens first
             raise RuntimeError("internal error: decoding from a closed NvDecoder")
         with nvtx_range(RANGE_DEMUX):
@@ -692,16 +538,23 @@ class NvDecoder(DecoderBase):
                 target = self._target
                 self._reset(reusable=False)
                 raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
+            except VideoDecodeError:
+                self._reset(reusable=False)
+                raise
         try:
             with nvtx_range(RANGE_DECODE):
                 if packet is None:
                     frames = list(session.decoder.Decode(nvc.PacketData()))
                     self._ended, self._dirty = True, False
                 else:
-                    data, keep_alive = _packet_data(nvc, packet)
+                    low = key is not None and key.latency == "LOW"
+                    data, keep_alive = packet_data(nvc, packet, self._where(), end_of_picture=low)
                     self._dirty = True
                     frames = list(session.decoder.Decode(data))
                     del keep_alive  # NVDEC's parser has copied the bytes once Decode returns
+        except VideoDecodeError:
+            self._reset(reusable=False)
+            raise
         except Exception as err:  # noqa: BLE001 - PyNvVideoCodec raises its own exception types
             target = self._target
             self._reset(reusable=False)
@@ -711,7 +564,7 @@ class NvDecoder(DecoderBase):
     def _take(self, frame: Any, keep_from: int) -> None:
         info = self.info
         self._frames_decoded += 1
-        pts = _frame_pts(frame)
+        pts = frame_pts(frame)
         index = info.index_of_pts(pts) if pts is not None else None
         if index is None:
             target = self._target
@@ -721,33 +574,52 @@ class NvDecoder(DecoderBase):
                 "is not in the file's frame table (corrupt file, or a stale index: rebuild it with "
                 "`vstream index`)."
             )
-        # Frames before the target are dropped without touching their pixels.
-        tensor = self._to_tensor(frame, index) if index >= keep_from else None
-        self._queue.append((index, tensor))
+        if index >= keep_from:  # frames before the target are dropped without touching their pixels
+            self._queue.append((index, frame))
+        else:
+            self._last = index
 
-    def _to_tensor(self, frame: Any, index: int) -> torch.Tensor:
+    def _surface(self, frame: Any, stream: Any) -> torch.Tensor:
+        """The decoder's NV12 surface as a tensor (no copy), ordered on ``stream``."""
+        import torch
+
+        if stream is None:  # test doubles on machines without CUDA
+            return torch.from_dlpack(frame)
+        # Calling __dlpack__ directly: torch.from_dlpack(frame) first tries a newer protocol
+        # version and pays an exception per frame. stream=0 is refused by PyNvVideoCodec.
+        return torch.utils.dlpack.from_dlpack(frame.__dlpack__(stream=stream.cuda_stream))
+
+    def _to_tensor(self, frame: Any, index: int, out: torch.Tensor | None) -> torch.Tensor:
         import torch
 
         info = self.info
-        expected = (3, info.height, info.width) if self.layout == "chw" else (info.height, info.width, 3)
-        stream = self._session.stream if self._session is not None else None
+        session = self._session
+        stream: Any = session.stream if session is not None else None
+        source = self._source
+        spec = source.format.color if source is not None else None
         with nvtx_range(RANGE_HANDOFF):
+            consumer = torch.cuda.current_stream(self.gpu) if stream is not None else None
+            if out is not None and consumer is not None:
+                stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                surface = torch.from_dlpack(frame)  # zero-copy view of the decoder's surface
-                if tuple(surface.shape) != expected or surface.dtype != torch.uint8:
+                surface = self._surface(frame, stream)
+                expected = (info.height * 3 // 2, info.width)
+                if tuple(surface.shape) != expected or surface.dtype not in (torch.uint8, torch.uint16, torch.int16):
                     target = self._target
                     self._reset(reusable=False)
-                    raise VideoDecodeError(
-                        f"{self._where(target)}: NVDEC returned a {surface.dtype} frame of shape "
-                        f"{tuple(surface.shape)} for frame {index}; expected uint8 {expected}."
+                    raise DecoderCapabilityError(
+                        f"{self._where(target)}: NVDEC returned a {surface.dtype} surface of shape "
+                        f"{tuple(surface.shape)} for frame {index}; expected NV12/P016 {expected}. Decode this "
+                        "file with decode_device='cpu'."
                     )
-                # The decoder overwrites its surfaces with later frames: copy out, on the GPU.
-                out = surface.clone(memory_format=torch.contiguous_format)
-            if stream is not None and out.is_cuda:
-                consumer = torch.cuda.current_stream(out.device)
+                with nvtx_range(RANGE_COLOR_CONVERT):
+                    result = nv12_to_rgb(surface, spec, out=out, layout=self.layout) if spec is not None else \
+                        nv12_to_rgb(surface, out=out, layout=self.layout)
+            if consumer is not None:
                 consumer.wait_stream(stream)
-                out.record_stream(consumer)
-        return out
+                if out is None:
+                    result.record_stream(consumer)
+        return result
 
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"

@@ -61,6 +61,31 @@ class StreamVideoDataModule(pl.LightningDataModule):
             surfaces as an error instead of a hang (0 waits forever).
         rank: This process's rank; taken from the Trainer when None.
         world_size: Number of ranks; taken from the Trainer when None.
+        engine: How frames are decoded. ``"threads"``: the in-process stream engine
+            (:mod:`lightning_vstream.stream.engine`): decode threads write each frame once into a
+            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
+            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context, one
+            picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
+            threads for ``decode_device="cuda"``, workers on the CPU.
+        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
+        gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
+            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
+            and copies their frames to the GPU.
+        nvdec_probe: Decode one frame in a child process at setup (once per GPU), so a broken driver
+            or CUDA fault is an error at once rather than the end of a long run.
+        engine: How frames are decoded. ``"threads"``: the in-process stream engine
+            (:mod:`lightning_vstream.stream.engine`), decode threads writing each frame once into a
+            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
+            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context,
+            one picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
+            threads for ``decode_device="cuda"``, workers for the CPU.
+        engine_threads: Decode threads of the engine; None uses twice the GPU's NVDEC engines
+            (4 on the CPU).
+        gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
+            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
+            and copies their frames to the GPU.
+        nvdec_probe: Decode one frame in a child process at setup (once per GPU), so a broken driver
+            or CUDA fault shows up as an error at once rather than ending a long run.
 
     Example::
 
@@ -95,6 +120,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
+        engine: Literal["auto", "threads", "workers"] = "auto",
+        engine_threads: int | None = None,
+        gpu_fallback: Literal["none", "cpu"] = "none",
+        nvdec_probe: bool = True,
     ) -> None:
         super().__init__()
         checks = {
@@ -109,6 +138,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
             "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
             "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
+            "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
+            "engine_threads": (engine_threads, engine_threads is None or engine_threads >= 1, "None or an integer >= 1"),
+            "gpu_fallback": (gpu_fallback, gpu_fallback in ("none", "cpu"), "'none' or 'cpu'"),
         }
         for name, (value, ok, accepted) in checks.items():
             if not ok:
@@ -141,9 +173,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.timeout = timeout
         self.rank = rank
         self.world_size = world_size
+        self.engine = engine
+        self.engine_threads = engine_threads
+        self.gpu_fallback = gpu_fallback
+        self.nvdec_probe = nvdec_probe
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
-        self._loaders: dict[Stage, StreamDataLoader] = {}
+        self._loaders: dict[Stage, Any] = {}
 
     # -- setup -----------------------------------------------------------------------------
     def _device(self) -> str:
@@ -186,7 +222,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
             self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
         return self._indexes[split]
 
-    def _loader(self, split: Stage) -> StreamDataLoader:
+    def uses_engine(self) -> bool:
+        """Whether loaders decode with the in-process stream engine (see ``engine``)."""
+        if self.engine == "auto":
+            return self._device() != "cpu"
+        return self.engine == "threads"
+
+    def _loader(self, split: Stage) -> Any:
         index = self.index(split)
         rank, world = self._placement()
         training = split == "train"
@@ -202,9 +244,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
             segment_length=self.segment_length,
             frame_stride=self.frame_stride,
             remainder=remainder,
-            num_parts=max(1, self.num_workers),
+            num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        if self.uses_engine():
+            from lightning_vstream.stream.engine_factory import build_engine_loader
+
+            engine_loader = build_engine_loader(
+                index, sampler, device, threads=self.engine_threads, prefetch=self.prefetch_factor,
+                transform=self.transform, on_error=self.on_error, timeout=self.timeout,
+                decoder_threads=self.decoder_threads, gpu_fallback=self.gpu_fallback, probe=self.nvdec_probe,
+            )
+            old_loader = self._loaders.get(split)
+            if old_loader is not None:
+                old_loader.close()
+            self._loaders[split] = engine_loader
+            return engine_loader
         dataset = StreamDataset(
             index=index,
             max_open_decoders=self.max_open_decoders,
@@ -230,16 +285,16 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self._loaders[split] = loader
         return loader
 
-    def train_dataloader(self) -> StreamDataLoader:
+    def train_dataloader(self) -> Any:
         return self._loader("train")
 
-    def val_dataloader(self) -> StreamDataLoader | list[Any]:
+    def val_dataloader(self) -> Any:
         return self._loader("val") if self.index_files["val"] is not None else []
 
-    def test_dataloader(self) -> StreamDataLoader | list[Any]:
+    def test_dataloader(self) -> Any:
         return self._loader("test") if self.index_files["test"] is not None else []
 
-    def predict_dataloader(self) -> StreamDataLoader | list[Any]:
+    def predict_dataloader(self) -> Any:
         return self._loader("predict") if self.index_files["predict"] is not None else []
 
     # -- hooks -----------------------------------------------------------------------------

@@ -1,0 +1,523 @@
+"""NVDEC building blocks shared by every GPU reader: stream formats, capabilities, decoder sessions
+and their reuse, packets, and a one-time probe.
+
+- :class:`StreamFormat` describes what a decoder must handle (codec, size, bit depth, chroma,
+  colour) and comes from PyAV's view of the file (:func:`stream_format`).
+- :func:`decoder_caps` / :func:`check_decodable` ask NVDEC (``GetDecoderCaps``) whether a format is
+  decodable on a GPU and raise :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the
+  limit otherwise.
+- :class:`DecoderKey` and :class:`DecoderPool` reuse decoders between files: a key holds everything
+  ``CreateDecoder`` fixes (GPU, codec, size, bit depth, chroma, output format, latency), because
+  PyNvVideoCodec refuses to reconfigure a decoder across a bit-depth change.
+- :func:`create_session` creates a decoder on its *own* CUDA stream (never the NULL stream, which
+  would synchronise after every frame) in the primary context torch uses.
+- :func:`probe_nvdec` decodes one frame in a subprocess, once per GPU and process: a CUDA fault
+  inside PyNvVideoCodec ends the process instead of raising, so it is found at setup, not hours
+  into a run.
+
+Nothing here imports PyNvVideoCodec at module level.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import threading
+import zlib
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.color import ColorSpec, color_spec_from_stream
+from lightning_vstream.errors import DecoderCapabilityError
+
+__all__ = [
+    "NVDEC_CODECS",
+    "DecoderCaps",
+    "DecoderKey",
+    "DecoderPool",
+    "Latency",
+    "PacketSource",
+    "Session",
+    "StreamFormat",
+    "check_decodable",
+    "create_session",
+    "decoder_caps",
+    "frame_pts",
+    "num_decoder_engines",
+    "packet_data",
+    "probe_nvdec",
+    "shared_decoder_pool",
+    "stream_format",
+]
+
+Latency = Literal["NATIVE", "LOW"]
+
+#: FFmpeg codec name -> ``PyNvVideoCodec.cudaVideoCodec`` member, for codecs whose packets NVDEC
+#: takes as PyAV demuxes them (after the Annex-B filter for H.264/H.265).
+NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2"}
+_ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
+_CHROMA_NAMES = {"400": "Monochrome", "420": "420", "422": "422", "444": "444"}
+CHECKSUM_FIX = "(the file changed or is corrupt): restore it, or rebuild the index with `vstream index`."
+
+T = TypeVar("T")
+
+
+# -- stream formats ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamFormat:
+    """What a decoder must handle for one video stream.
+
+    Example::
+
+        >>> StreamFormat("hevc", 1600, 900, 8, "420").bit_depth
+        8
+    """
+
+    codec: str
+    width: int
+    height: int
+    bit_depth: int = 8
+    chroma: str = "420"  # "400", "420", "422" or "444"
+    color: ColorSpec = field(default_factory=ColorSpec)
+    reorders: bool = True  # frames may leave the decoder out of decode order (B-frames)
+
+
+def _pix_fmt_layout(pix_fmt: str) -> tuple[int, str]:
+    """(bit depth, chroma) of an FFmpeg pixel format name; (8, "420") when unknown."""
+    if pix_fmt in ("nv12", "nv21"):
+        return 8, "420"
+    if pix_fmt.startswith(("p010", "p016")):
+        return int(pix_fmt[1:4]) if pix_fmt[1:4].isdigit() else 16, "420"
+    match = re.fullmatch(r"(?:yuvj?|yuva)(4\d\d)p(\d+)?(?:le|be)?", pix_fmt)
+    if match:
+        return int(match.group(2) or 8), match.group(1)
+    match = re.fullmatch(r"gray(\d+)?(?:le|be)?", pix_fmt)
+    if match:
+        return int(match.group(1) or 8), "400"
+    return 8, "420"
+
+
+def stream_format(stream: Any, info: VideoInfo) -> StreamFormat:
+    """The :class:`StreamFormat` of a PyAV video stream (sizes from the frame table)."""
+    ctx = stream.codec_context
+    pix_fmt = str(ctx.pix_fmt or "yuv420p")
+    depth, chroma = _pix_fmt_layout(pix_fmt)
+    color = color_spec_from_stream(getattr(ctx, "colorspace", None), getattr(ctx, "color_range", None), pix_fmt)
+    reorders = int(getattr(ctx, "has_b_frames", 1) or 0) > 0
+    return StreamFormat(info.codec, info.width, info.height, depth, chroma, color, reorders)
+
+
+# -- capabilities --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecoderCaps:
+    """What ``GetDecoderCaps`` reports for one (GPU, codec, chroma, bit depth)."""
+
+    supported: bool
+    engines: int
+    min_width: int
+    min_height: int
+    max_width: int
+    max_height: int
+    max_macroblocks: int
+
+
+_caps_cache: dict[tuple[int, str, str, int], DecoderCaps] = {}
+_caps_lock = threading.Lock()
+
+
+def decoder_caps(nvc: ModuleType, gpu: int, codec: str, chroma: str = "420", bit_depth: int = 8) -> DecoderCaps:
+    """NVDEC's capabilities for a format on ``gpu`` (asked once per process and format).
+
+    Args:
+        nvc: The PyNvVideoCodec module.
+        gpu: GPU ordinal.
+        codec: FFmpeg codec name (``"hevc"``...).
+        chroma: ``"400"``, ``"420"``, ``"422"`` or ``"444"``.
+        bit_depth: Bits per sample.
+
+    Example::
+
+        >>> decoder_caps(PyNvVideoCodec, 0, "hevc").engines  # doctest: +SKIP
+        7
+    """
+    key = (gpu, codec, chroma, bit_depth)
+    with _caps_lock:
+        cached = _caps_cache.get(key)
+    if cached is not None:
+        return cached
+    if codec not in NVDEC_CODECS:
+        caps = DecoderCaps(False, 0, 0, 0, 0, 0, 0)
+    else:
+        raw = dict(
+            nvc.GetDecoderCaps(
+                gpuid=gpu,
+                codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec]),
+                chromaformat=getattr(nvc.cudaVideoChromaFormat, _CHROMA_NAMES.get(chroma, "420")),
+                bitdepth=bit_depth,
+            )
+        )
+        caps = DecoderCaps(
+            supported=bool(raw.get("supported", 0)),
+            engines=int(raw.get("num_decoder_engines", 0)),
+            min_width=int(raw.get("width_min", 0)),
+            min_height=int(raw.get("height_min", 0)),
+            max_width=int(raw.get("width_max", 0)),
+            max_height=int(raw.get("height_max", 0)),
+            max_macroblocks=int(raw.get("mb_num_max", 0)),
+        )
+    with _caps_lock:
+        _caps_cache[key] = caps
+    return caps
+
+
+def num_decoder_engines(nvc: ModuleType, gpu: int, codec: str = "hevc") -> int:
+    """Number of NVDEC engines on ``gpu`` (at least 1)."""
+    return max(1, decoder_caps(nvc, gpu, codec).engines)
+
+
+def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) -> DecoderCaps:
+    """Raise :class:`DecoderCapabilityError` unless NVDEC on ``gpu`` decodes ``fmt``.
+
+    Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
+    :func:`~lightning_vstream.decode.color.nv12_to_rgb` converts).
+    """
+    fix = "decode this file with decode_device='cpu', or pass gpu_fallback='cpu' to decode such files on the CPU."
+    label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[0]}:{fmt.chroma[1:]}"
+    if fmt.codec not in NVDEC_CODECS:
+        raise DecoderCapabilityError(
+            f"{where} uses codec {fmt.codec!r}, which NVDEC does not decode here (supported: "
+            f"{sorted(NVDEC_CODECS)}); {fix}"
+        )
+    if fmt.chroma != "420":
+        raise DecoderCapabilityError(
+            f"{where} is {label}: the GPU path converts only 4:2:0 frames; {fix}"
+        )
+    caps = decoder_caps(nvc, gpu, fmt.codec, fmt.chroma, fmt.bit_depth)
+    if not caps.supported:
+        raise DecoderCapabilityError(f"{where} is {label}, which NVDEC on GPU {gpu} cannot decode; {fix}")
+    if not (caps.min_width <= fmt.width <= caps.max_width and caps.min_height <= fmt.height <= caps.max_height):
+        raise DecoderCapabilityError(
+            f"{where} is {label}, outside what NVDEC on GPU {gpu} decodes for this format "
+            f"({caps.min_width}x{caps.min_height} to {caps.max_width}x{caps.max_height}); {fix}"
+        )
+    macroblocks = -(-fmt.width // 16) * -(-fmt.height // 16)
+    if caps.max_macroblocks and macroblocks > caps.max_macroblocks:
+        raise DecoderCapabilityError(
+            f"{where} is {label}: {macroblocks} macroblocks exceed NVDEC's {caps.max_macroblocks}; {fix}"
+        )
+    return caps
+
+
+# -- decoder reuse -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecoderKey:
+    """Everything ``CreateDecoder`` fixes: a decoder is reused only for a file with the same key."""
+
+    gpu: int
+    codec: str
+    width: int
+    height: int
+    bit_depth: int = 8
+    chroma: str = "420"
+    color: str = "NATIVE"  # PyNvVideoCodec OutputColorType member
+    latency: Latency = "NATIVE"
+
+
+class DecoderPool:
+    """Idle decoders kept for reuse, keyed by :class:`DecoderKey` (any hashable key works).
+
+    :meth:`acquire` returns an idle decoder with the same key, or calls ``create`` for a new one;
+    :meth:`release` gives a decoder back, keeping at most ``max_idle_per_key`` per key (extra ones
+    are dropped and freed by garbage collection). Thread-safe; a decoder is handed to one user at a
+    time. A pool inherited through ``fork`` empties itself, since CUDA objects do not survive it.
+
+    Args:
+        max_idle_per_key: Idle decoders kept per key; 0 disables reuse.
+
+    Example::
+
+        >>> pool = DecoderPool()
+        >>> dec = pool.acquire("hevc-1600x900", lambda: object())
+        >>> pool.release("hevc-1600x900", dec)
+        True
+        >>> pool.acquire("hevc-1600x900", lambda: object()) is dec, pool.stats["reused"]
+        (True, 1)
+    """
+
+    def __init__(self, *, max_idle_per_key: int = 8) -> None:
+        if max_idle_per_key < 0:
+            raise ValueError(f"max_idle_per_key={max_idle_per_key!r} must be >= 0.")
+        self.max_idle_per_key = max_idle_per_key
+        self._lock = threading.Lock()
+        self._idle: dict[Hashable, list[Any]] = collections.defaultdict(list)
+        self._pid = os.getpid()
+        self._created = 0
+        self._reused = 0
+        self._dropped = 0
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            self._idle = collections.defaultdict(list)
+            self._pid = os.getpid()
+
+    def acquire(self, key: Hashable, create: Callable[[], T]) -> T:
+        """An idle decoder for ``key``, or a new one from ``create()``."""
+        with self._lock:
+            self._check_process()
+            idle = self._idle.get(key)
+            if idle:
+                self._reused += 1
+                return idle.pop()  # type: ignore[no-any-return]
+        decoder = create()  # outside the lock: creating a decoder takes milliseconds
+        with self._lock:
+            self._created += 1
+        return decoder
+
+    def release(self, key: Hashable, decoder: Any) -> bool:
+        """Give ``decoder`` back for reuse; returns False when it was dropped instead."""
+        with self._lock:
+            self._check_process()
+            idle = self._idle[key]
+            if len(idle) >= self.max_idle_per_key:
+                self._dropped += 1
+                return False
+            idle.append(decoder)
+            return True
+
+    def idle(self, key: Hashable | None = None) -> int:
+        """Number of idle decoders for ``key``, or in total."""
+        with self._lock:
+            if key is not None:
+                return len(self._idle.get(key, ()))
+            return sum(len(v) for v in self._idle.values())
+
+    def clear(self) -> None:
+        """Drop every idle decoder."""
+        with self._lock:
+            self._idle.clear()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: ``created``, ``reused``, ``dropped`` (released beyond the limit) and ``idle``."""
+        with self._lock:
+            return {
+                "created": self._created,
+                "reused": self._reused,
+                "dropped": self._dropped,
+                "idle": sum(len(v) for v in self._idle.values()),
+            }
+
+
+_shared_pool: DecoderPool | None = None
+_shared_pool_lock = threading.Lock()
+
+
+def shared_decoder_pool() -> DecoderPool:
+    """The process-wide pool GPU decoders use unless given another (created on first use)."""
+    global _shared_pool
+    with _shared_pool_lock:
+        if _shared_pool is None:
+            _shared_pool = DecoderPool()
+        return _shared_pool
+
+
+# -- sessions ------------------------------------------------------------------------------------
+@dataclass
+class Session:
+    """A PyNvVideoCodec decoder and the CUDA stream its work and our conversions run on."""
+
+    decoder: Any
+    stream: Any  # torch.cuda.Stream; None only with test doubles on machines without CUDA
+    key: DecoderKey | None = None
+
+
+def create_session(nvc: ModuleType, key: DecoderKey) -> Session:
+    """Create a decoder for ``key`` on a new CUDA stream of its own, in torch's primary context."""
+    import torch
+
+    stream = torch.cuda.Stream(device=key.gpu) if torch.cuda.is_available() else None
+    decoder = nvc.CreateDecoder(
+        gpuid=key.gpu,
+        codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[key.codec]),
+        cudacontext=0,  # retain the device's primary context, which torch uses too
+        cudastream=stream.cuda_stream if stream is not None else 0,
+        usedevicememory=True,
+        maxwidth=key.width,
+        maxheight=key.height,
+        outputColorType=getattr(nvc.OutputColorType, key.color),
+        latency=getattr(nvc.DisplayDecodeLatencyType, key.latency),
+    )
+    return Session(decoder, stream, key)
+
+
+# -- packets -------------------------------------------------------------------------------------
+class PacketSource:
+    """One video stream demuxed by PyAV, as Annex-B packets with presentation timestamps.
+
+    Every packet is checked against the CRC-32 recorded in the frame table (before the Annex-B
+    filter rewrites it), as the CPU decoder does.
+
+    Args:
+        path: Video file.
+        info: Its frame table.
+        where: File, clip and camera for error messages.
+    """
+
+    def __init__(self, path: Path, info: VideoInfo, where: str = "") -> None:
+        import av
+
+        self.info = info
+        self.where = where or repr(str(path))
+        if not path.is_file():
+            raise FileNotFoundError(f"video file {str(path)!r} does not exist.")
+        try:
+            self._container = av.open(str(path), mode="r")
+        except av.FFmpegError as err:
+            raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
+        if not self._container.streams.video:
+            self._container.close()
+            raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
+        self._stream = self._container.streams.video[0]
+        extradata = self._stream.codec_context.extradata or b""
+        if info.config_crc32 is not None and zlib.crc32(extradata) != info.config_crc32:
+            self._container.close()
+            raise VideoDecodeError(
+                f"{self.where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the "
+                f"index was built {CHECKSUM_FIX}"
+            )
+        self.format = stream_format(self._stream, info)
+        self._filter_name = _ANNEXB_FILTERS.get(info.codec)
+        self._bsf = self._make_filter()
+
+    def _make_filter(self) -> Any:
+        if self._filter_name is None:
+            return None
+        from av.bitstream import BitStreamFilterContext
+
+        return BitStreamFilterContext(self._filter_name, self._stream)
+
+    def seek(self, target: int) -> None:
+        """Move to the keyframe at or before ``target`` (stream time base), as the frame table says."""
+        self._container.seek(target, stream=self._stream, backward=True)
+        # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
+        self._bsf = self._make_filter()
+
+    def _check(self, packet: Any) -> None:
+        crcs = self.info.crc32
+        if crcs is None or packet.pts is None:
+            return
+        index = self.info.index_of_pts(packet.pts)
+        if index is not None and zlib.crc32(packet) != crcs[index]:
+            raise VideoDecodeError(
+                f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
+                f"index was built {CHECKSUM_FIX}"
+            )
+
+    def packets(self) -> Iterator[Any]:
+        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer)."""
+        for packet in self._container.demux(self._stream):
+            if packet.size == 0:
+                continue  # demuxer flush packet
+            self._check(packet)
+            if self._bsf is None:
+                yield packet
+            else:
+                yield from self._bsf.filter(packet)
+
+    def close(self) -> None:
+        self._container.close()
+
+
+def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: bool = False) -> tuple[Any, Any]:
+    """A PyNvVideoCodec ``PacketData`` pointing at ``packet``'s bytes, and the buffer to keep alive.
+
+    Raises:
+        VideoDecodeError: The packet has no timestamp. NVDEC would hand its frame out with
+            timestamp 0, which could be taken for frame 0.
+    """
+    import numpy as np
+
+    pts = packet.pts if packet.pts is not None else packet.dts
+    if pts is None:
+        raise VideoDecodeError(
+            f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
+            "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
+        )
+    buffer = np.frombuffer(packet, dtype=np.uint8)
+    data = nvc.PacketData()
+    data.bsl_data = int(buffer.ctypes.data)
+    data.bsl = int(buffer.size)
+    data.pts = int(pts)
+    if end_of_picture:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
+        flag = nvc.VideoPacketFlag.ENDOFPICTURE
+        try:
+            data.decode_flag = flag
+        except TypeError:
+            data.decode_flag = int(flag)
+    return data, buffer
+
+
+def frame_pts(frame: Any) -> int | None:
+    """The presentation timestamp PyNvVideoCodec attached to a decoded frame."""
+    get = getattr(frame, "getPTS", None)
+    value = get() if get is not None else getattr(frame, "timestamp", None)
+    return None if value is None else int(value)
+
+
+# -- one-time probe ------------------------------------------------------------------------------
+_probed: dict[int, str] = {}
+_probe_lock = threading.Lock()
+Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def probe_nvdec(gpu: int, *, timeout: float = 180.0, runner: Runner | None = None, force: bool = False) -> None:
+    """Decode one 256x256 HEVC frame on ``gpu`` in a subprocess; raise if that fails.
+
+    Runs once per GPU and process (later calls return at once). A CUDA fault inside PyNvVideoCodec
+    ends the process that meets it, so the probe runs in a child process and turns a crash into an
+    error the caller can read.
+
+    Args:
+        gpu: GPU ordinal.
+        timeout: Seconds to wait for the child.
+        runner: Runs ``(command, timeout)`` and returns a ``CompletedProcess`` (tests inject one).
+        force: Probe again even if this GPU passed before.
+
+    Raises:
+        DecoderCapabilityError: The child failed, crashed or timed out; the message holds its output.
+
+    Example::
+
+        >>> probe_nvdec(0)  # doctest: +SKIP
+    """
+    with _probe_lock:
+        if not force and gpu in _probed:
+            return
+    cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe", str(gpu)]
+    try:
+        result = (runner or _run)(cmd, timeout)
+    except subprocess.TimeoutExpired:
+        raise DecoderCapabilityError(
+            f"the NVDEC probe on GPU {gpu} did not finish within {timeout:g} s (`{' '.join(cmd[1:])}`); check the "
+            "driver (nvidia-smi) or pass probe=False to skip it."
+        ) from None
+    if result.returncode != 0 or "NVDEC_PROBE_OK" not in (result.stdout or ""):
+        tail = ((result.stdout or "") + (result.stderr or "")).strip()[-1500:]
+        raise DecoderCapabilityError(
+            f"decoding one HEVC frame with NVDEC on GPU {gpu} failed in a child process (exit code "
+            f"{result.returncode}); GPU decoding would fail the same way in training. Its output:\n{tail}\n"
+            "Check the NVIDIA driver and PyNvVideoCodec install (docs/gpu.md), or use decode_device='cpu'."
+        )
+    with _probe_lock:
+        _probed[gpu] = result.stdout
