@@ -22,13 +22,15 @@ from _fake_nvc import fake_module
 from lightning_vstream.clips import gpu as clips_gpu
 from lightning_vstream.clips.batched import BatchReader, PlannedSample
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
-from lightning_vstream.clips.gpu import ColorSpec, NvGopDecoder, nv12_to_rgb
+from lightning_vstream.clips.gpu import NvGopDecoder
 from lightning_vstream.clips.planner import GopPlanner
 from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
+from lightning_vstream.decode.color import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
-from lightning_vstream.decode.gpu import DecoderPool
 from lightning_vstream.decode.images import decode_images
+from lightning_vstream.decode.nvdec import DecoderPool
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError
 from lightning_vstream.index import load_index
@@ -41,9 +43,9 @@ GOP = 8
 def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
-    clips_gpu._CAPS.clear()
+    nvdec._caps_cache.clear()
     yield module
-    clips_gpu._CAPS.clear()
+    nvdec._caps_cache.clear()
 
 
 @pytest.fixture(scope="module")
@@ -75,29 +77,17 @@ def _collect(decoder: NvGopDecoder, frames: list[int]) -> dict[int, torch.Tensor
     return out
 
 
-# -- colour conversion ---------------------------------------------------------------------------
-def test_nv12_conversion_matches_ffmpeg(videos: dict[str, Path]) -> None:
+# -- colour conversion (the shared converter, on this path's surfaces) ----------------------------
+def test_nv12_surfaces_convert_like_ffmpeg(videos: dict[str, Path]) -> None:
     import av
 
     with av.open(str(videos["h264"])) as container:
         frame = next(container.decode(video=0))
         nv12 = torch.from_numpy(frame.to_ndarray(format="nv12").copy())
         reference = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1).to(torch.int16)
-    out = nv12_to_rgb(nv12, torch.empty(3, 256, 256, dtype=torch.uint8), ColorSpec("bt601", False))
+    out = nv12_to_rgb(nv12, ColorSpec("bt601", False), out=torch.empty(3, 256, 256, dtype=torch.uint8))
     diff = (out.to(torch.int16) - reference).abs()
     assert diff.float().mean() < 3.0 and read_stamp(out).frame == 0
-
-
-def test_nv12_conversion_full_range_and_bt709() -> None:
-    nv12 = torch.full((6, 4), 128, dtype=torch.uint8)
-    nv12[:4] = 255
-    assert nv12_to_rgb(nv12, torch.empty(3, 4, 4, dtype=torch.uint8), ColorSpec("bt709", True)).unique().tolist() == [255]
-    nv12[4:, 1::2] = 255  # V high: red up, green down under both matrices
-    rgb601 = nv12_to_rgb(nv12.clone(), torch.empty(3, 4, 4, dtype=torch.uint8), ColorSpec("bt601", True))
-    rgb709 = nv12_to_rgb(nv12.clone(), torch.empty(3, 4, 4, dtype=torch.uint8), ColorSpec("bt709", True))
-    assert int(rgb709[1, 0, 0]) != int(rgb601[1, 0, 0])
-    with pytest.raises(ValueError, match=r"an NV12 image for a 4x4 frame has shape \(6, 4\), got \(4, 4\)"):
-        nv12_to_rgb(nv12[:4], torch.empty(3, 4, 4, dtype=torch.uint8))
 
 
 # -- the GOP decoder on a stand-in PyNvVideoCodec -------------------------------------------------
@@ -171,16 +161,16 @@ def test_unsupported_formats_are_refused_clearly(
     fake_nvc: types.ModuleType, videos: dict[str, Path], tmp_path: Path
 ) -> None:
     odd = write_stamped_video(tmp_path / "odd.mp4", clip=1, camera=0, frames=4, size=(255, 255))  # 4:4:4
-    with pytest.raises(DecoderCapabilityError, match=r"odd\.mp4.* is 8-bit 444; GPU random access decodes 8-bit 4:2:0"):
+    with pytest.raises(DecoderCapabilityError, match=r"odd\.mp4.* is h264 255x255 8-bit 4:4:4.*the GPU path converts only 4:2:0 frames"):
         _collect(NvGopDecoder(odd, info=probe_video(odd), gpu=0, pool=DecoderPool()), [0])
-    clips_gpu._CAPS.clear()
+    nvdec._caps_cache.clear()
     sys.modules["PyNvVideoCodec"] = fake_module(caps={"width_min": 512})
-    with pytest.raises(DecoderCapabilityError, match=r"is 256x256, outside what NVDEC on GPU 0 decodes for hevc"):
+    with pytest.raises(DecoderCapabilityError, match=r"hevc\.mp4.* is hevc 256x256 8-bit .*outside what NVDEC on GPU 0 decodes"):
         _collect(NvGopDecoder(videos["hevc"], info=probe_video(videos["hevc"]), gpu=0, pool=DecoderPool()), [0])
     info = probe_video(videos["hevc"])
     from dataclasses import replace
 
-    with pytest.raises(DecoderCapabilityError, match=r"codec 'mpeg4'.*decode_device='cpu'"):
+    with pytest.raises(DecoderCapabilityError, match=r"uses codec 'mpeg4', which NVDEC does not decode.*decode_device='cpu'"):
         _collect(NvGopDecoder(videos["hevc"], info=replace(info, codec="mpeg4"), gpu=0, pool=DecoderPool()), [0])
 
 
