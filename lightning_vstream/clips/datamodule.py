@@ -10,6 +10,7 @@ import lightning as L
 
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.clips.planner import FramePolicy
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -129,9 +130,9 @@ class ClipVideoDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if decode_device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
+            raise ConfigurationError(f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
         if frame_policy not in ("exact", "nearest_keyframe"):
-            raise ValueError(
+            raise ConfigurationError(
                 f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate)."
             )
         self.decode_device = decode_device

@@ -30,6 +30,7 @@ from lightning_vstream.clips.planner import (
 )
 from lightning_vstream.clips.selection import ClipRequest, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoInfo
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
@@ -173,15 +174,15 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         gop_threads: int | None = None,
     ) -> None:
         if frame_policy not in FRAME_POLICIES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
                 "the keyframe nearest each requested frame)."
             )
         if gop_threads is not None and (isinstance(gop_threads, bool) or not isinstance(gop_threads, int)
                                         or gop_threads < 0):
-            raise ValueError(f"gop_threads={gop_threads!r} must be an integer >= 0, or None for the default.")
+            raise ConfigurationError(f"gop_threads={gop_threads!r} must be an integer >= 0, or None for the default.")
         if not isinstance(decode_device, str) or not (decode_device == "cpu" or decode_device.startswith("cuda")):
-            raise ValueError(
+            raise ConfigurationError(
                 f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'cuda:<index>' "
                 "(the DataModule also takes 'auto')."
             )

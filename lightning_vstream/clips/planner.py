@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import VideoInfo
 
 __all__ = [
@@ -138,7 +139,7 @@ class GopPlanner:
             )
         known = self._infos.setdefault(source, info)
         if known is not info and known != info:
-            raise ValueError(f"{source!r} was planned with two different frame tables; plan each stream with one.")
+            raise ConfigurationError(f"{source!r} was planned with two different frame tables; plan each stream with one.")
         self._wanted.setdefault(source, {}).setdefault(frame, []).append(target)
 
     def add_many(self, source: Hashable, info: VideoInfo, frames: Iterable[int], targets: Iterable[Hashable]) -> None:
@@ -185,7 +186,7 @@ def assign_tasks(tasks: Sequence[GopTask], workers: int) -> list[list[GopTask]]:
         [[0, 2], [1, 3]]
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} must be a positive integer.")
+        raise ConfigurationError(f"workers={workers!r} must be a positive integer.")
     loads = [0] * workers
     holds: list[set[Hashable]] = [set() for _ in range(workers)]
     plan: list[list[GopTask]] = [[] for _ in range(workers)]
@@ -343,9 +344,9 @@ class GopExecutor:
         name: str = "vstream-gop",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"workers={workers!r} must be an integer >= 0 (0 decodes in the calling thread).")
+            raise ConfigurationError(f"workers={workers!r} must be an integer >= 0 (0 decodes in the calling thread).")
         if isinstance(max_open_per_worker, bool) or not isinstance(max_open_per_worker, int) or max_open_per_worker < 1:
-            raise ValueError(f"max_open_per_worker={max_open_per_worker!r} must be a positive integer.")
+            raise ConfigurationError(f"max_open_per_worker={max_open_per_worker!r} must be a positive integer.")
         self.open_decoder = open_decoder
         self.workers = workers
         self.max_open_per_worker = max_open_per_worker

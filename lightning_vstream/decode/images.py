@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 
@@ -358,7 +359,7 @@ def decode_images(
 
     global _warned_no_nvjpeg
     if jpeg not in ("auto", "nvjpeg", "pillow"):
-        raise ValueError(f"jpeg={jpeg!r} is not supported; use 'auto', 'nvjpeg' or 'pillow'.")
+        raise ConfigurationError(f"jpeg={jpeg!r} is not supported; use 'auto', 'nvjpeg' or 'pillow'.")
     target = torch.device(device)
     paths = [Path(f) for f in files]
     out: list[torch.Tensor | None] = [None] * len(paths)
