@@ -100,12 +100,13 @@ def prepare_random(args: argparse.Namespace) -> Path:
     from lightning_vstream.demos.synth import write_dataset
 
     root = args.data_dir / "random"
-    params = {"clips": args.clips, "frames": args.frames, "size": [1600, 900], "gop": 30, "codec": "hevc"}
+    width, height = args.size
+    params = {"clips": args.clips, "frames": args.frames, "size": [width, height], "gop": 30, "codec": "hevc"}
     marker, index = root / "params.json", root / "index.json"
     if marker.is_file() and index.is_file() and json.loads(marker.read_text()) == params:
         return index
-    print(f"writing {args.clips} clips x 6 cameras x {args.frames} frames, 1600x900 HEVC GOP 30 ...", flush=True)
-    index = write_dataset(root, clips=args.clips, cameras=6, frames=args.frames, size=(1600, 900), codec="hevc",
+    print(f"writing {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30 ...", flush=True)
+    index = write_dataset(root, clips=args.clips, cameras=6, frames=args.frames, size=(width, height), codec="hevc",
                           gop=30, bframes=0, fps=12.0, jobs=os.cpu_count() or 1)
     marker.write_text(json.dumps(params))
     return index
@@ -187,14 +188,19 @@ class Peer:
 
 
 class VStreamPeer(Peer):
-    def __init__(self, index_path: Path, *, device: str, threads: int | None, policy: str = "exact") -> None:
+    def __init__(self, index_path: Path, *, device: str, threads: int | None, policy: str = "exact",
+                 max_open: int = 8) -> None:
         from lightning_vstream.clips.dataset import VideoClipDataset
         from lightning_vstream.index import load_index
 
+        # One FFmpeg thread per CPU decoder: frame threading delays every frame by the thread count,
+        # which random access pays on every seek.
         self.dataset = VideoClipDataset(index=load_index(index_path), decode_device=device, gop_threads=threads,
-                                        frame_policy=policy, max_open_decoders=8)  # type: ignore[arg-type]
+                                        frame_policy=policy, max_open_decoders=max_open,  # type: ignore[arg-type]
+                                        decoder_threads=1)
         self.name = "vstream_gpu" + ("_keyframe" if policy != "exact" else "")
-        self.settings = f"decode_device={device!r}, gop_threads={threads}, frame_policy={policy!r}, __getitems__"
+        self.settings = (f"decode_device={device!r}, gop_threads={threads}, frame_policy={policy!r}, "
+                         f"max_open_decoders={max_open}, __getitems__")
 
     def read(self, reads: list[Read]) -> list[Any]:
         from lightning_vstream.clips.selection import ClipRequest
@@ -323,22 +329,27 @@ def torchcodec_reason() -> str | None:
 
 
 # -- measuring -----------------------------------------------------------------------------------
-def measure(peer: Peer, batches: list[list[Read]], warmup: list[list[Read]], repeats: int, names: list[str],
-            check: bool = True) -> dict[str, Any]:
+def _sync() -> None:
     import torch
 
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure(peer: Peer, batches: list[list[Read]], warmup: list[list[Read]], repeats: int, names: list[str],
+            check: bool = True) -> dict[str, Any]:
     for reads in warmup:
         images = peer.read(reads)
         if check:
             check_frames(reads, images, names)
-    torch.cuda.synchronize()
+    _sync()
     rates = []
     frames = sum(len(r[3]) for reads in batches for r in reads)
     for _ in range(repeats):
         started = time.perf_counter()
         for reads in batches:
             peer.read(reads)
-        torch.cuda.synchronize()
+        _sync()
         rates.append(frames / (time.perf_counter() - started))
     return {"peer": peer.name, "settings": peer.settings, "frames_per_repeat": frames,
             "camera_frames_per_s": summarize(rates)}
@@ -379,14 +390,14 @@ def run_case(title: str, peers: list[tuple[str, Callable[[], dict[str, Any]]]]) 
 def print_table(title: str, results: list[dict[str, Any]], baseline: str) -> None:
     base = next((r for r in results if r.get("peer") == baseline and "camera_frames_per_s" in r), None)
     print(f"\n{title}")
-    print(f"{'peer':<22}{'camera-frames/s':>17}{'spread':>9}{'vs ' + baseline:>22}  settings")
+    print(f"{'peer':<34}{'camera-frames/s':>16}{'spread':>8}{'x ' + baseline:>26}  settings")
     for r in results:
         if "camera_frames_per_s" not in r:
-            print(f"{r['peer']:<22}{'-':>17}{'':>9}{'':>22}  {r.get('status')}: {r.get('reason')}")
+            print(f"{r['peer']:<34}{'-':>16}{'':>8}{'':>26}  {r.get('status')}: {r.get('reason')}")
             continue
         fps = r["camera_frames_per_s"]
-        ratio = f"{base['camera_frames_per_s']['median'] / fps['median']:.2f}x" if base else "-"
-        print(f"{r['peer']:<22}{fps['median']:>17.0f}{fps['spread']:>9.0%}{ratio:>22}  {r['settings']}")
+        ratio = f"{fps['median'] / base['camera_frames_per_s']['median']:.2f}x" if base else "-"
+        print(f"{r['peer']:<34}{fps['median']:>16.0f}{fps['spread']:>8.0%}{ratio:>26}  {r['settings']}")
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -409,6 +420,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("random", "clips"), default=None)
+    parser.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")), default=(1600, 900),
+                        help="accvlab case frame size WIDTHxHEIGHT (1600x900 is the reference case)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="no GPU: measure only our CPU paths on the accvlab case (per-sample, GOP threads, "
+                             "nearest keyframe), for the planner's cost on this machine")
     parser.add_argument("--quick", action="store_true", help="small data and few samples (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -419,6 +435,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.cpu_only:
+        return main_cpu(args)
     reason = unavailable_reason(args.gpu)
     if reason is not None:
         print(f"gpu_random_access.py needs a CUDA GPU with PyNvVideoCodec: {reason}. Nothing was measured.",
@@ -466,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = fps / simple["camera_frames_per_s"]["median"]
                 goals["vs_simple_decoder"] = {"value": ratio, "goal": GOAL_RATIO, "met": ratio >= GOAL_RATIO}
         result["random"] = {"rows": rows, "goals": goals}
-        print_table("accvlab case: 6 cameras 1600x900 HEVC GOP 30, one random frame per camera per sample", rows,
-                    "vstream_gpu")
+        print_table(f"accvlab case: 6 cameras {args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera "
+                    "per sample", rows, "simple_decoder")
         for name, goal in goals.items():
             print(f"goal {name}: {goal['value']:.2f} vs >= {goal['goal']} -> {'met' if goal['met'] else 'NOT met'}")
     if args.only in (None, "clips"):
@@ -491,7 +509,41 @@ def main(argv: list[str] | None = None) -> int:
         if tc is not None:
             rows.append({"peer": "torchcodec_cuda", "status": "skipped", "reason": tc})
         result["clips"] = {"rows": rows}
-        print_table("clip case: 16 frames 1 s apart, 1280x720 60 fps H.264 GOP 250", rows, "vstream_gpu")
+        print_table("clip case: 16 frames 1 s apart, 1280x720 60 fps H.264 GOP 250", rows, "vstream_cpu")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def main_cpu(args: argparse.Namespace) -> int:
+    """Our CPU paths on the accvlab case: per-sample reads vs GOP-planned batches on threads vs keyframes."""
+    import torch
+
+    result: dict[str, Any] = {"status": "ok", "mode": "cpu-only", "environment": {
+        "python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()}}
+    index = prepare_random(args)
+    from lightning_vstream.index import load_index
+
+    names = list(load_index(index).camera_names)
+    timed = batched(random_samples(index, args.samples, args.seed), args.batch_size)
+    warm = batched(random_samples(index, args.batch_size, args.seed + 1), args.batch_size)
+    common = (timed, warm, args.repeats, names)
+
+    def cpu_peer(threads: int | None, policy: str = "exact") -> Peer:
+        peer = VStreamPeer(index, device="cpu", threads=threads, policy=policy, max_open=64)
+        peer.name = "vstream_cpu_keyframe" if policy != "exact" else (
+            f"vstream_cpu_gop_threads_{threads}" if threads else "vstream_cpu_per_sample")
+        return peer
+
+    rows = run_case("accvlab case on the CPU", [
+        ("vstream_cpu_per_sample", lambda: measure(cpu_peer(None), *common)),
+        *[(f"vstream_cpu_gop_threads_{t}", lambda t=t: measure(cpu_peer(t), *common)) for t in args.threads],
+        ("vstream_cpu_keyframe", lambda: measure(cpu_peer(None, "nearest_keyframe"), timed, [], args.repeats, names,
+                                                 check=False)),
+    ])
+    result["random_cpu"] = {"rows": rows}
+    print_table(f"accvlab case on the CPU ({args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera)",
+                rows, "vstream_cpu_per_sample")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0

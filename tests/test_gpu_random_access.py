@@ -311,6 +311,28 @@ def test_benchmark_without_cuda_exits_cleanly(tmp_path: Path, capsys: pytest.Cap
     assert json.loads(out.read_text())["status"] == "skipped"
 
 
+def test_benchmark_cpu_mode_measures_and_checks_frames(
+    tmp_path: Path, make_dataset: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_random_access_cpu", root / "benchmarks" / "gpu_random_access.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    index = make_dataset(clips=2, cameras=6, frames=12, size=(64, 48), gop=4)
+    monkeypatch.setattr(module, "prepare_random", lambda args: index)  # small data; the measuring is under test
+    out = tmp_path / "cpu.json"
+    argv = ["--cpu-only", "--samples", "4", "--batch-size", "2",
+            "--threads", "2", "--repeats", "1", "--data-dir", str(tmp_path / "data"), "--out", str(out)]
+    assert module.main(argv) == 0
+    rows = json.loads(out.read_text())["random_cpu"]["rows"]
+    assert [r["peer"] for r in rows] == ["vstream_cpu_per_sample", "vstream_cpu_gop_threads_2", "vstream_cpu_keyframe"]
+    assert all(r["camera_frames_per_s"]["median"] > 0 and r["frames_per_repeat"] == 24 for r in rows)
+
+
 # -- real GPU -------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("codec", ["h264", "hevc"])

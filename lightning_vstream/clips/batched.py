@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from lightning_vstream.decode.gpu import DecoderPool
 
-__all__ = ["BatchReader", "PlannedSample"]
+__all__ = ["BatchReader", "PlannedSample", "make_reader"]
 
 
 @dataclass(frozen=True)
@@ -207,3 +207,27 @@ class BatchReader:
     def close(self) -> None:
         """Stop the decoding threads and close their decoders."""
         self.executor.close()
+
+
+def make_reader(decode_device: str, gop_threads: int | None, max_open: int, decoder_threads: int) -> BatchReader:
+    """The reader for a dataset's settings: PyAV threads on the CPU, NVDEC threads on a CUDA device.
+
+    On the GPU ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
+    is this process's first GPU (see :func:`~lightning_vstream.decode.gpu.resolve_decode_device`).
+    """
+    if decode_device == "cpu":
+        return BatchReader(gpu=None, device="cpu", threads=gop_threads or 0, max_open_per_thread=max_open,
+                           decoder_threads=decoder_threads or 1)
+    import torch
+
+    from lightning_vstream.decode.gpu import resolve_decode_device
+
+    device = torch.device(decode_device)
+    if device.index is None:
+        device = resolve_decode_device("cuda", 0)
+    gpu = device.index or 0
+    if gop_threads is None:
+        from lightning_vstream.clips.gpu import decode_engine_count
+
+        gop_threads = 2 * decode_engine_count(gpu)
+    return BatchReader(gpu=gpu, device=device, threads=gop_threads, max_open_per_thread=max_open)

@@ -354,29 +354,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def reader(self) -> Any:
         """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
         if self._reader is None:
-            from lightning_vstream.clips.batched import BatchReader
+            from lightning_vstream.clips.batched import make_reader
 
-            if self.decode_device == "cpu":
-                self._reader = BatchReader(
-                    gpu=None, device="cpu", threads=self.gop_threads or 0,
-                    max_open_per_thread=self.max_open_decoders, decoder_threads=self.decoder_threads or 1,
-                )
-            else:
-                import torch
-
-                from lightning_vstream.decode.gpu import resolve_decode_device
-
-                device = torch.device(self.decode_device)
-                if device.index is None:
-                    device = resolve_decode_device("cuda", 0)
-                threads = self.gop_threads
-                if threads is None:
-                    from lightning_vstream.clips.gpu import decode_engine_count
-
-                    threads = 2 * decode_engine_count(device.index or 0)
-                self._reader = BatchReader(
-                    gpu=device.index or 0, device=device, threads=threads, max_open_per_thread=self.max_open_decoders
-                )
+            self._reader = make_reader(self.decode_device, self.gop_threads, self.max_open_decoders,
+                                       self.decoder_threads)
         return self._reader
 
     def close(self) -> None:
