@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from lightning_vstream.index.records import CameraStream
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import VideoDecodeError, WorkerError
@@ -197,7 +198,7 @@ def test_errors_raised_in_decode_threads_reach_the_consumer(index: Any) -> None:
 
 def _replace_camera(index: Any, clip: int, camera: int, path: Path, info: Any) -> Any:
     cameras = list(index.clips[clip].cameras)
-    cameras[camera] = dataclasses.replace(cameras[camera], path=path, info=info)
+    cameras[camera] = CameraStream(cameras[camera].name, path, info)
     clips = list(index.clips)
     clips[clip] = dataclasses.replace(clips[clip], cameras=tuple(cameras))
     return dataclasses.replace(index, clips=tuple(clips))

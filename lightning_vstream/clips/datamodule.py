@@ -23,6 +23,7 @@ from lightning_vstream._datamodule import (
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.planner import FramePolicy
 from lightning_vstream.clips.selection import (
     ClipRequest,
     FrameWindow,
@@ -81,7 +82,6 @@ class ClipVideoDataModule(pl.LightningDataModule):
             normalisation statistics are usable, and small enough for 6-camera clips on any GPU.
         num_workers: DataLoader worker processes.
         cameras: Cameras to load, in this order; all when None.
-        decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (NVDEC, in the workers) or ``"auto"``.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
         max_open_decoders: Decoders each worker keeps open (LRU).
         seed: Seed for random windows and shuffling.
@@ -123,6 +123,14 @@ class ClipVideoDataModule(pl.LightningDataModule):
         pad_annotations: Pad ragged annotation fields with a ``<name>_mask`` instead of lists.
         camera_frames: ``"stacked"``: ``frames`` ``[B, T, cameras, 3, H, W]``; ``"per_camera"``: a
             list of ``[B, T, 3, H_c, W_c]`` tensors, so cameras of different resolutions keep their size.
+        decode_device: ``"cpu"`` (PyAV in ``num_workers`` processes), ``"cuda"`` (NVDEC on this rank's
+            GPU, in the training process: each batch's GOPs spread over ``gop_threads`` threads;
+            ``num_workers`` is then ignored) or ``"auto"`` (``"cuda"`` when usable, else ``"cpu"``).
+        frame_policy: ``"exact"`` or ``"nearest_keyframe"`` (APPROXIMATE: keyframes nearest the
+            requested frames, labelled with their real indices); see
+            :class:`~lightning_vstream.clips.dataset.VideoClipDataset`.
+        gop_threads: GOP decoding threads per batch (None: twice the NVDEC engines on the GPU,
+            per-sample reading on the CPU).
 
     Raises:
         ConfigurationError: Conflicting or invalid arguments (named in the message).
@@ -177,6 +185,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
         augment: GeometryAugment | None = None,
         pad_annotations: bool = False,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
+        frame_policy: FramePolicy = "exact",
+        gop_threads: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["transform", "sampler"])
@@ -185,6 +195,13 @@ class ClipVideoDataModule(pl.LightningDataModule):
             raise ConfigurationError(
                 f"ClipVideoDataModule: camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
             )
+        if frame_policy not in ("exact", "nearest_keyframe"):
+            raise ConfigurationError(
+                f"ClipVideoDataModule: frame_policy={frame_policy!r} is not supported; use 'exact' or "
+                "'nearest_keyframe' (approximate)."
+            )
+        self.frame_policy: FramePolicy = frame_policy
+        self.gop_threads = gop_threads
         if segments is not None and clip_frames is not None:
             raise ConfigurationError(
                 f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
@@ -329,13 +346,15 @@ class ClipVideoDataModule(pl.LightningDataModule):
         augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         return VideoClipDataset(
             index=index, requests=requests, max_open_decoders=self.max_open_decoders,
-            decoder_threads=self.decoder_threads, transform=self.transform, device=self._device(),
+            decoder_threads=self.decoder_threads, transform=self.transform, decode_device=self._device(),
             on_error=self.on_error, annotations=self.annotations, augment=augment, seed=self.seed, epoch=epoch,
-            camera_frames=self.camera_frames,
+            camera_frames=self.camera_frames, frame_policy=self.frame_policy, gop_threads=self.gop_threads,
         )
 
     def _loader(self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool) -> StatefulDataLoader:
-        workers = self.num_workers
+        # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
+        # and worker processes would ship frames over IPC); frames arrive on the GPU already.
+        workers = 0 if dataset.decode_device != "cpu" else self.num_workers
         with warnings.catch_warnings():  # torchdata calls a torch API that torch has deprecated
             warnings.filterwarnings("ignore", message=".*set_vital.*")
             return self._stateful_loader(dataset, sampler, drop_last, workers)
@@ -349,7 +368,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             sampler=sampler,
             num_workers=workers,
             collate_fn=functools.partial(collate_clips, pad_annotations=True) if self.pad_annotations else collate_clips,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and dataset.decode_device == "cpu",  # GPU frames need no pinning
             drop_last=drop_last,
             timeout=self.timeout if workers > 0 else 0.0,
             multiprocessing_context=worker_context("ClipVideoDataModule", self.multiprocessing_context,

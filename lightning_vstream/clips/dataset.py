@@ -29,10 +29,11 @@ from torch.utils.data import Dataset
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
-from lightning_vstream.errors import ConfigurationTypeError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
@@ -205,7 +206,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         transform: Any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's
             ``T x cameras`` frames where they are decoded (see
             :class:`~lightning_vstream.transforms.FrameTransform`).
-        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
+        decode_device: ``"cpu"`` (PyAV), or a CUDA device (``"cuda"``, ``"cuda:1"``) to decode videos
+            with NVDEC and image folders with nvJPEG; frames then arrive on that GPU. GPU decoding
+            runs in the reading process (use ``num_workers=0``): the batch's GOPs are spread over
+            ``gop_threads`` threads, each with its own decoders and CUDA stream (the DataLoader's
+            batched fetch, ``__getitems__``). It delivers frames, labels and ``transform`` only:
+            annotations, augmentation, ``size`` and per-camera frames need ``decode_device="cpu"``.
         on_error: ``"raise"``: an unreadable frame raises a :class:`VideoDecodeError` naming
             file, clip, camera and frame, and a frame without annotation an
             :class:`~lightning_vstream.errors.AnnotationError`. ``"skip"``: an unreadable sample
@@ -215,9 +221,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         size: Output ``(height, width)`` of every frame: video decoders resize while converting
             to RGB (uint8, FFmpeg's swscale), image folders are resized after decoding. Cameras
             of different sizes can then share a sample. None keeps the files' size.
-        gop_threads: GOPs decoded at once per sample: a request's frames are grouped by GOP and
-            the groups of all its cameras spread over this many threads, each file read by up to
-            this many decoders (see :mod:`lightning_vstream.clips.gops`). 1 decodes them in turn.
+        gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
+            by GOP and the groups of all its cameras spread over this many threads, each file read
+            by up to this many decoders (see :mod:`lightning_vstream.clips.gops`; None: 2; 1 decodes
+            them in turn). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
         augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``;
@@ -226,6 +233,11 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         epoch: Epoch of the augmentation draws (the DataModule sets it when it builds a loader).
         camera_frames: ``"stacked"``: ``frames`` is one tensor; ``"per_camera"``: a list of
             ``[T, 3, H_c, W_c]`` tensors, one per camera, so cameras may differ in size.
+        frame_policy: ``"exact"`` (default) returns the requested frames. ``"nearest_keyframe"`` is
+            APPROXIMATE: each requested frame is replaced by the first camera's keyframe nearest to
+            it, which decodes without its GOP's other frames (much faster for random access on
+            long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
+            frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -252,15 +264,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         max_open_decoders: int = 8,
         decoder_threads: int = 0,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        device: str = "cpu",
+        decode_device: str = "cpu",
         on_error: Literal["raise", "skip"] = "raise",
         size: tuple[int, int] | None = None,
-        gop_threads: int = DEFAULT_GOP_THREADS,
+        gop_threads: int | None = None,
         annotations: AnnotationSource | Path | str | None = None,
         augment: GeometryAugment | None = None,
         seed: int = 0,
         epoch: int = 0,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
+        frame_policy: FramePolicy = "exact",
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
@@ -268,6 +281,27 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform={transform!r} is not callable; pass a callable on frame tensors or None.")
+        if frame_policy not in FRAME_POLICIES:
+            raise ConfigurationError(
+                f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
+                "the keyframe nearest each requested frame)."
+            )
+        if gop_threads is not None and (isinstance(gop_threads, bool) or not isinstance(gop_threads, int)
+                                        or gop_threads < 1):
+            raise ConfigurationError(f"gop_threads={gop_threads!r} must be an integer >= 1, or None for the default.")
+        if not isinstance(decode_device, str) or not (decode_device == "cpu" or decode_device.startswith("cuda")):
+            raise ConfigurationError(
+                f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'cuda:<index>' "
+                "(the DataModule also takes 'auto')."
+            )
+        if decode_device != "cpu" and (annotations is not None or augment is not None or size is not None
+                                       or camera_frames != "stacked"):
+            raise ConfigurationError(
+                f"decode_device={decode_device!r} delivers frames and labels only; annotations, augment, size and "
+                "camera_frames='per_camera' need decode_device='cpu'."
+            )
+        self.decode_device = decode_device
+        self.frame_policy: FramePolicy = frame_policy
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
             raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
@@ -279,13 +313,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
-        self.device = device
         self.on_error = on_error
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
         self._bad_files: set[str] = set()
         self.size = check_size(size)
-        self._gops = GopPool(threads=gop_threads)
+        self._gops = GopPool(threads=gop_threads if gop_threads is not None else DEFAULT_GOP_THREADS)
         self.gop_threads = gop_threads
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
@@ -311,6 +344,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.camera_frames = camera_frames
         #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
         self.missing_annotations = 0
+        self._reader: Any = None
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
@@ -360,7 +394,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             self._cache = DecoderCache(
                 capacity=self.max_open_decoders,
                 decoder_threads=self.decoder_threads,
-                device=self.device,
+                device=self.decode_device,
                 size=self.size,
             )
         return self._cache
@@ -374,9 +408,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
-        import torch
-
+    def _resolve(
+        self, item: int | ClipRequest
+    ) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int], ClipRequest, str]:
+        """The clip, camera streams, their frame tables, the frame indices ``item`` returns, the request and
+        where it came from (for errors). Frame tables are empty when the first camera cannot be probed
+        under ``on_error="skip"``."""
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
@@ -402,7 +439,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 raise
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             self._skip(streams[0].path, label, err)
-            return self._unreadable(clip, streams, request)
+            return clip, streams, [], [], request, origin
         if request.times:
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             indices = resolve_times(
@@ -410,7 +447,20 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         else:
             indices = list(request.frames)
+        if self.frame_policy == "nearest_keyframe":
+            indices = snap_to_keyframes(indices, reference)
         infos = [self._info(cam) for cam in streams]
+        return clip, streams, infos, indices, request, origin
+
+    def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
+        import torch
+
+        if self._batched():
+            return self.__getitems__([item])[0]
+        clip, streams, infos, indices, request, origin = self._resolve(item)
+        if not infos:
+            return self._unreadable(clip, streams, request)
+        reference = infos[0]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
         per_camera = self.camera_frames == "per_camera"
         if self.size is None and len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
@@ -425,17 +475,17 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if stacked:
             # Decoders write each frame straight into its slot of the sample: no stacking copies.
             height, width = self.size if self.size is not None else (reference.height, reference.width)
-            frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.device)
+            frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device)
             targets = [frames[:, c] for c in range(len(streams))]
         else:
             targets = [
                 torch.empty((len(indices), 3, *(self.size or (info.height, info.width))), dtype=torch.uint8,
-                            device=self.device)
+                            device=self.decode_device)
                 for info in infos
             ]
         valid = True
         try:
-            if self.device != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
+            if self.decode_device != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
                 for c, (cam, info) in enumerate(zip(streams, infos)):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoder = self.decoders.get(cam.path, info=info, label=label)
@@ -462,7 +512,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if self.augment is not None:
             params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
             frames = torch.empty(
-                (len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8, device=self.device
+                (len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8, device=self.decode_device
             )
             for c, native in enumerate(targets):
                 frames[:, c], matrix = self.augment.apply(native, params)
@@ -517,16 +567,64 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if str(path) not in self._bad_files:
             self._bad_files.add(str(path))
             log.warning("skipping samples of %s (%s): %s", label, str(path), err)
+    def _batched(self) -> bool:
+        return self.decode_device != "cpu"
+
+    def __getitems__(self, items: Sequence[int | ClipRequest]) -> list[dict[str, Any]]:
+        """The samples of ``items`` read together: GOP-planned and decoded on parallel threads.
+
+        The DataLoader calls this for a whole batch. On the CPU without ``gop_threads`` it reads
+        the samples one by one, as ``__getitem__`` does.
+        """
+        if not self._batched():
+            return [self[item] for item in items]
+        from lightning_vstream.clips.batched import PlannedSample
+
+        planned = []
+        for item in items:
+            clip, streams, infos, indices, _, _ = self._resolve(item)
+            planned.append(
+                PlannedSample(
+                    clip_id=clip.clip_id,
+                    camera_names=tuple(cam.name for cam in streams),
+                    paths=tuple(cam.path for cam in streams),
+                    infos=tuple(infos),
+                    labels=tuple(f"clip {clip.clip_id!r}, camera {cam.name!r}" for cam in streams),
+                    indices=tuple(indices),
+                )
+            )
+        samples: list[dict[str, Any]] = self.reader.read(planned)
+        for sample in samples:
+            sample.setdefault("valid", True)
+            if self.transform is not None:
+                frames = sample["frames"]
+                out = self.transform(frames.view(-1, *frames.shape[2:]))
+                sample["frames"] = out.view(frames.shape[0], frames.shape[1], *out.shape[1:])
+        return samples
+
+    @property
+    def reader(self) -> Any:
+        """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
+        if self._reader is None:
+            from lightning_vstream.clips.batched import make_reader
+
+            self._reader = make_reader(self.decode_device, self.gop_threads, self.max_open_decoders,
+                                       self.decoder_threads)
+        return self._reader
 
     def close(self) -> None:
         """Close this process's open decoders (they reopen lazily) and stop its GOP threads."""
         if self._cache is not None:
             self._cache.close()
         self._gops.close()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = None  # open files stay in the process that opened them
+        state["_reader"] = None  # so do decoding threads
         return state
 
     def __repr__(self) -> str:

@@ -19,12 +19,14 @@ Without that file, frame ``i`` is at ``i / fps`` seconds (``fps`` defaults to
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 
@@ -35,6 +37,7 @@ __all__ = [
     "DEFAULT_IMAGE_FPS",
     "TIMESTAMPS_FILE",
     "ImageFolderDecoder",
+    "decode_images",
     "image_files",
     "probe_image_folder",
     "with_image_fps",
@@ -296,6 +299,107 @@ def write_timestamps(folder: Path | str, seconds: Sequence[float]) -> Path:
     path.write_text("".join(f"{t!r}\n" for t in seconds), encoding="utf-8")
     return path
 
+
+
+_JPEG_SUFFIXES = (".jpg", ".jpeg")
+_warned_no_nvjpeg = False
+
+
+def _torchvision_io() -> Any:
+    """``torchvision.io`` if it can decode lists of JPEGs on the GPU (torchvision >= 0.19), else None."""
+    try:
+        import torchvision.io as tv_io  # type: ignore[import-not-found,unused-ignore]
+    except Exception:  # noqa: BLE001 - a torchvision built for another torch fails with all sorts of errors
+        return None
+    return tv_io if hasattr(tv_io, "decode_jpeg") and hasattr(tv_io, "ImageReadMode") else None
+
+
+def _pillow_chw(path: Path) -> torch.Tensor:
+    import numpy as np
+    import torch
+
+    image_mod = _pil()
+    try:
+        with image_mod.open(path) as image:
+            array = np.array(image.convert("RGB"))
+    except OSError as err:
+        raise VideoDecodeError(f"{str(path)!r}: unreadable image: {err}") from err
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def decode_images(
+    files: Sequence[Path | str], *, device: torch.device | str = "cpu", jpeg: Literal["auto", "nvjpeg", "pillow"] = "auto"
+) -> list[torch.Tensor]:
+    """Decode image files into uint8 RGB ``[3, H, W]`` tensors on ``device``.
+
+    On a CUDA device the JPEGs are decoded on the GPU in one batched call (nvJPEG through
+    ``torchvision.io.decode_jpeg(list_of_tensors, device=...)``): the compressed bytes are the only
+    thing copied to the GPU. PNGs, and JPEGs when torchvision is missing, decode with Pillow and are
+    copied over (``jpeg="auto"`` warns once then; ``jpeg="nvjpeg"`` raises instead).
+
+    Args:
+        files: Image files (JPEG or PNG).
+        device: Where the tensors go.
+        jpeg: ``"auto"``, ``"nvjpeg"`` (GPU decoding required on CUDA devices) or ``"pillow"``.
+
+    Returns:
+        One tensor per file, in order.
+
+    Raises:
+        ImportError: ``jpeg="nvjpeg"`` on a CUDA device without a usable torchvision.
+        VideoDecodeError: A file cannot be decoded (the message names it).
+
+    Example::
+
+        >>> frames = decode_images(image_files("clip/CAM_FRONT")[:8], device="cuda")  # doctest: +SKIP
+        >>> frames[0].device  # doctest: +SKIP
+        device(type='cuda', index=0)
+    """
+    import torch
+
+    global _warned_no_nvjpeg
+    if jpeg not in ("auto", "nvjpeg", "pillow"):
+        raise ConfigurationError(f"jpeg={jpeg!r} is not supported; use 'auto', 'nvjpeg' or 'pillow'.")
+    target = torch.device(device)
+    paths = [Path(f) for f in files]
+    out: list[torch.Tensor | None] = [None] * len(paths)
+    gpu_jpegs = [i for i, p in enumerate(paths) if p.suffix.lower() in _JPEG_SUFFIXES] if target.type == "cuda" else []
+    tv_io = _torchvision_io() if gpu_jpegs and jpeg != "pillow" else None
+    if gpu_jpegs and jpeg == "nvjpeg" and tv_io is None:
+        raise ImportError(
+            "GPU JPEG decoding needs torchvision >= 0.19 built for this torch (`pip install torchvision`); "
+            "or pass jpeg='pillow' to decode on the CPU and copy."
+        )
+    if gpu_jpegs and jpeg == "auto" and tv_io is None and not _warned_no_nvjpeg:
+        _warned_no_nvjpeg = True
+        warnings.warn(
+            "torchvision is not available: JPEG frames decode on the CPU with Pillow and are copied to the GPU. "
+            "Install torchvision (matching this torch) to decode them on the GPU with nvJPEG.",
+            stacklevel=2,
+        )
+    if tv_io is not None:
+        data = []
+        for i in gpu_jpegs:
+            try:
+                data.append(torch.frombuffer(bytearray(paths[i].read_bytes()), dtype=torch.uint8))
+            except OSError as err:
+                raise VideoDecodeError(f"{str(paths[i])!r}: unreadable image: {err}") from err
+        try:
+            decoded = tv_io.decode_jpeg(data, mode=tv_io.ImageReadMode.RGB, device=target)
+        except RuntimeError:
+            decoded = []
+            for i, raw in zip(gpu_jpegs, data):  # one by one, to name the file that fails
+                try:
+                    decoded.append(tv_io.decode_jpeg(raw, mode=tv_io.ImageReadMode.RGB, device=target))
+                except RuntimeError as err:
+                    raise VideoDecodeError(f"{str(paths[i])!r}: the GPU JPEG decoder failed: {err}") from err
+        for i, image in zip(gpu_jpegs, decoded):
+            out[i] = image
+    for i, path in enumerate(paths):
+        if out[i] is None:
+            image = _pillow_chw(path)
+            out[i] = image.to(target, non_blocking=True) if target.type != "cpu" else image
+    return [t for t in out if t is not None]
 
 
 def with_image_fps(index: VideoIndex, fps: float) -> VideoIndex:

@@ -1,0 +1,233 @@
+"""Reading a whole batch of clip samples at once: GOP-planned, decoded on parallel threads.
+
+:class:`BatchReader` is what :class:`~lightning_vstream.clips.VideoClipDataset` uses when it decodes
+on the GPU (or on the CPU with ``gop_threads > 0``): the frames every sample of a batch needs are
+planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP tasks spread over
+decoding threads (:class:`~lightning_vstream.clips.planner.GopExecutor`), and each wanted frame
+is written once, straight into its slot of one preallocated batch tensor. On the GPU the threads
+decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
+one batched call, and the caller's CUDA stream waits on events recorded by the decoding streams
+(no host synchronisation). On the CPU the same plan runs with PyAV decoders.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_vstream.clips.planner import (
+    GopDecoder,
+    GopExecutor,
+    GopPlanner,
+    GopTask,
+    frames_decoder_gops,
+)
+from lightning_vstream.decode.base import VideoInfo
+
+if TYPE_CHECKING:
+    import torch
+
+    from lightning_vstream.decode.gpu import DecoderPool
+
+__all__ = ["BatchReader", "PlannedSample", "make_reader"]
+
+
+@dataclass(frozen=True)
+class PlannedSample:
+    """One sample's resolved frames: the clip, its camera streams (path, frame table, label) and frame indices."""
+
+    clip_id: str
+    camera_names: tuple[str, ...]
+    paths: tuple[Path, ...]
+    infos: tuple[VideoInfo, ...]
+    labels: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+class BatchReader:
+    """Decodes batches of :class:`PlannedSample` s into sample dicts (see the module docs).
+
+    Args:
+        gpu: GPU ordinal to decode videos on with NVDEC; None decodes with PyAV on the CPU.
+        device: Where the frames tensor is allocated (``cuda:<gpu>`` on the GPU path).
+        threads: Decoding threads (0 decodes in the calling thread).
+        max_open_per_thread: Open decoders each thread keeps (LRU per file).
+        decoder_threads: FFmpeg threads per CPU decoder.
+        pool: NVDEC decoder pool (the process-wide one when None).
+
+    Example::
+
+        >>> reader = BatchReader(gpu=None, device="cpu", threads=2)
+        >>> samples = reader.read(planned)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        gpu: int | None,
+        device: torch.device | str,
+        threads: int,
+        max_open_per_thread: int = 4,
+        decoder_threads: int = 1,
+        pool: DecoderPool | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.device = device
+        self.decoder_threads = decoder_threads
+        self.pool = pool
+        self._labels: dict[Hashable, str] = {}
+        self._lock = threading.Lock()
+        self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
+
+    def _open(self, task: GopTask) -> GopDecoder:
+        path = Path(str(task.source))
+        label = self._labels.get(task.source, "")
+        if self.gpu is not None and not path.is_dir():
+            from lightning_vstream.clips.gpu import NvGopDecoder
+
+            return NvGopDecoder(path, info=task.info, gpu=self.gpu, pool=self.pool, label=label)
+        from lightning_vstream.decode import make_decoder
+
+        return frames_decoder_gops(make_decoder(path, info=task.info, threads=self.decoder_threads, label=label))
+
+    def read(self, samples: Sequence[PlannedSample]) -> list[dict[str, Any]]:
+        """Decode every sample's frames; the samples' ``frames`` are views of one batch tensor."""
+        import torch
+
+        if not samples:
+            return []
+        first = samples[0]
+        height, width = first.infos[0].height, first.infos[0].width
+        steps, cameras = len(first.indices), len(first.paths)
+        uniform = all(
+            len(s.indices) == steps and len(s.paths) == cameras and all((i.height, i.width) == (height, width)
+                                                                        for i in s.infos)
+            for s in samples
+        )
+        if uniform:
+            batch = torch.empty((len(samples), steps, cameras, 3, height, width), dtype=torch.uint8, device=self.device)
+            outs = list(batch.unbind(0))
+        else:  # samples of different shapes: one tensor each (collate_clips will say why they cannot stack)
+            outs = [
+                torch.empty((len(s.indices), len(s.paths), 3, s.infos[0].height, s.infos[0].width),
+                            dtype=torch.uint8, device=self.device)
+                for s in samples
+            ]
+        planner = GopPlanner()
+        images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]] = []
+        for b, sample in enumerate(samples):
+            for c, (path, info, label) in enumerate(zip(sample.paths, sample.infos, sample.labels)):
+                self._labels.setdefault(str(path), label)
+                for t, index in enumerate(sample.indices):
+                    if self.gpu is not None and path.is_dir():
+                        images.append((path, info, index, (b, t, c)))
+                    else:
+                        planner.add(str(path), info, index, (b, t, c))
+        self._decode(planner.tasks(), images, outs)
+        return [
+            {
+                "frames": out,
+                "clip_id": s.clip_id,
+                "frame_index": torch.tensor(s.indices, dtype=torch.int64),
+                "timestamp": torch.tensor([s.infos[0].timestamp(i) for i in s.indices], dtype=torch.float64),
+                "camera_names": list(s.camera_names),
+            }
+            for s, out in zip(samples, outs)
+        ]
+
+    def _decode(
+        self,
+        tasks: list[GopTask],
+        images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]],
+        outs: list[torch.Tensor],
+    ) -> None:
+        import torch
+
+        from lightning_vstream.clips.gpu import Nv12Frame
+
+        cuda = outs[0].is_cuda
+        start = None
+        if cuda:
+            start = torch.cuda.Event()
+            start.record(torch.cuda.current_stream(outs[0].device))  # the batch tensor is ready for writing
+        events: list[Any] = []
+
+        def deliver(task: GopTask, index: int, frame: Any, target: Any) -> None:
+            b, t, c = target
+            slot = outs[b][t, c]
+            if isinstance(frame, Nv12Frame):
+                frame.write_into(slot, after=start)
+                if frame.stream is not None:
+                    event = torch.cuda.Event()
+                    event.record(frame.stream)
+                    events.append(event)  # list.append is atomic: no lock needed
+            elif slot.is_cuda:
+                slot.copy_(frame, non_blocking=True)
+            else:
+                slot.numpy()[:] = frame.numpy()  # numpy copies stay off torch's thread pool, which FFmpeg uses
+
+        if images:
+            self._decode_images(images, outs)
+        self.executor.run(tasks, deliver)
+        if cuda:
+            consumer = torch.cuda.current_stream(outs[0].device)
+            for event in events:
+                consumer.wait_event(event)
+
+    def _decode_images(self, images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]], outs: list[Any]) -> None:
+        from lightning_vstream.decode.images import decode_images, image_files
+
+        listed: dict[Path, list[Path]] = {}
+        files = []
+        for path, info, index, _ in images:
+            if path not in listed:
+                listed[path] = image_files(path)
+                if len(listed[path]) != info.frame_count:
+                    from lightning_vstream.decode.base import VideoDecodeError
+
+                    raise VideoDecodeError(
+                        f"{str(path)!r} holds {len(listed[path])} images but its frame table lists {info.frame_count};"
+                        " rebuild the index with `vstream index`."
+                    )
+            files.append(listed[path][index])
+        decoded = decode_images(files, device=outs[0].device)
+        for (path, info, index, (b, t, c)), image in zip(images, decoded):
+            if tuple(image.shape) != (3, info.height, info.width):
+                from lightning_vstream.decode.base import VideoDecodeError
+
+                raise VideoDecodeError(
+                    f"{str(path)!r} frame {index} is {tuple(image.shape)}, but the camera's frames are "
+                    f"(3, {info.height}, {info.width}); every image of a camera must have one size."
+                )
+            outs[b][t, c].copy_(image)
+
+    def close(self) -> None:
+        """Stop the decoding threads and close their decoders."""
+        self.executor.close()
+
+
+def make_reader(decode_device: str, gop_threads: int | None, max_open: int, decoder_threads: int) -> BatchReader:
+    """The reader for a dataset's settings: PyAV threads on the CPU, NVDEC threads on a CUDA device.
+
+    On the GPU ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
+    is this process's first GPU (see :func:`~lightning_vstream.decode.gpu.resolve_decode_device`).
+    """
+    if decode_device == "cpu":
+        return BatchReader(gpu=None, device="cpu", threads=gop_threads or 0, max_open_per_thread=max_open,
+                           decoder_threads=decoder_threads or 1)
+    import torch
+
+    from lightning_vstream.decode.gpu import resolve_decode_device
+
+    device = torch.device(decode_device)
+    if device.index is None:
+        device = resolve_decode_device("cuda", 0)
+    gpu = device.index or 0
+    if gop_threads is None:
+        from lightning_vstream.clips.gpu import decode_engine_count
+
+        gop_threads = 2 * decode_engine_count(gpu)
+    return BatchReader(gpu=gpu, device=device, threads=gop_threads, max_open_per_thread=max_open)

@@ -1,0 +1,361 @@
+"""GOP planning and parallel GOP decoding (device-independent), checked on the CPU with PyAV and stamps."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.planner import (
+    GopExecutor,
+    GopPlanner,
+    GopTask,
+    assign_tasks,
+    frames_decoder_gops,
+    snap_to_keyframes,
+)
+from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.demos.synth import clip_number, read_stamp
+from lightning_vstream.index import load_index
+
+FRAMES = 40
+GOP = 10
+
+
+def _info(frames: int = 40, keys: tuple[int, ...] = (0, 10, 20, 30)) -> VideoInfo:
+    return VideoInfo("h264", 256, 256, (1, 30), tuple(range(frames)), keys, keys, 30.0)
+
+
+@pytest.fixture(scope="module")
+def index_path(make_dataset: Callable[..., Path]) -> Path:
+    return make_dataset(clips=3, cameras=2, frames=FRAMES, size=(64, 48), gop=GOP)
+
+
+def _check_sample(sample: dict[str, Any]) -> None:
+    clip = clip_number(sample["clip_id"])
+    for t, index in enumerate(sample["frame_index"].tolist()):
+        for c in range(sample["frames"].shape[1]):
+            stamp = read_stamp(sample["frames"][t, c])
+            assert (stamp.clip, stamp.camera, stamp.frame) == (clip, c, index), (t, c)
+
+
+# -- planning ----------------------------------------------------------------------------------
+def test_planner_groups_wanted_frames_by_gop_once() -> None:
+    info = _info()
+    planner = GopPlanner()
+    # Two requests sharing GOP 1, repeats and any order.
+    planner.add_many("a", info, [25, 12, 3, 12], [(0, t) for t in range(4)])
+    planner.add_many("a", info, [15, 11], [(1, t) for t in range(2)])
+    planner.add_many("b", info, [39], [(0, 0)])
+    tasks = planner.tasks()
+    assert [(t.source, t.gop, t.frames) for t in tasks] == [
+        ("a", 0, (3,)), ("a", 1, (11, 12, 15)), ("a", 2, (25,)), ("b", 3, (39,))
+    ]
+    assert tasks[1].targets == (((1, 1),), ((0, 1), (0, 3)), ((1, 0),))
+    assert [t.order for t in tasks] == [0, 1, 2, 3]
+    assert [t.cost for t in tasks] == [4, 6, 6, 10] and tasks[1].key_index == 10
+
+
+def test_planner_rejects_out_of_range_frames() -> None:
+    with pytest.raises(IndexError, match=r"frame 40 is out of range for 'a', which holds 40 frames"):
+        GopPlanner().add("a", _info(), 40, 0)
+
+
+def test_snap_to_keyframes_is_nearest_with_ties_to_the_earlier() -> None:
+    info = _info(keys=(0, 10, 20, 30))
+    assert snap_to_keyframes([0, 4, 5, 6, 10, 24, 25, 26, 35, 39], info) == [0, 0, 0, 10, 10, 20, 20, 30, 30, 30]
+
+
+def test_assign_balances_cost_and_keeps_plan_order() -> None:
+    info = _info()
+    planner = GopPlanner()
+    planner.add_many("a", info, [9, 19, 29, 39], range(4))
+    planner.add_many("b", info, [0], [9])
+    plan = assign_tasks(planner.tasks(), 2)
+    assert [[(t.source, t.gop) for t in w] for w in plan] == [[("a", 0), ("a", 2), ("b", 0)], [("a", 1), ("a", 3)]]
+    assert assign_tasks([], 3) == [[], [], []]
+    with pytest.raises(ValueError, match=r"workers=0 must be a positive integer"):
+        assign_tasks([], 0)
+
+
+def test_assign_prefers_a_worker_that_has_the_stream_open() -> None:
+    info = _info()
+    planner = GopPlanner()
+    planner.add_many("a", info, [9, 13], range(2))  # costs 10 and 4
+    planner.add("b", info, 8, 2)  # cost 9
+    plan = assign_tasks(planner.tasks(), 2)
+    # "a" GOP 1 joins "a" GOP 0 (load 10) rather than the least-loaded worker (load 9): within half its cost.
+    assert [[(t.source, t.gop) for t in w] for w in plan] == [[("a", 0), ("a", 1)], [("b", 0)]]
+
+
+# -- the executor with PyAV decoders -----------------------------------------------------------
+def _pyav_executor(workers: int, **kwargs: Any) -> GopExecutor:
+    return GopExecutor(lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info, threads=1)),
+                       workers=workers, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_executor_decodes_every_frame_exactly_once_per_gop(index_path: Path, workers: int) -> None:
+    index = load_index(index_path)
+    rng = random.Random(7)
+    planner = GopPlanner()
+    wanted: dict[tuple[int, int, int], tuple[str, int]] = {}
+    for b, clip in enumerate(index.clips):
+        for c, cam in enumerate(clip.cameras):
+            frames = [rng.randrange(FRAMES) for _ in range(6)]
+            for t, f in enumerate(frames):
+                planner.add(str(cam.path), cam.info, f, (b, t, c))
+                wanted[(b, t, c)] = (clip.clip_id, f)
+    got: dict[Any, tuple[int, torch.Tensor]] = {}
+    lock = threading.Lock()
+
+    def deliver(task: GopTask, index: int, frame: torch.Tensor, target: Any) -> None:
+        with lock:
+            assert target not in got
+            got[target] = (index, frame.clone())
+
+    decoded_before: list[int] = []
+    with _pyav_executor(workers) as executor:
+        tasks = planner.tasks()
+        executor.run(tasks, deliver)
+        assert executor.tasks_run == len(tasks)
+        for sources in executor.open_decoders().values():
+            assert len(sources) == len(set(sources))
+        decoded_before.append(executor.opened)
+    assert set(got) == set(wanted)
+    for (b, t, c), (clip_id, frame) in wanted.items():
+        index, image = got[(b, t, c)]
+        stamp = read_stamp(image)
+        assert index == frame and (stamp.clip, stamp.camera, stamp.frame) == (clip_number(clip_id), c, frame)
+    # Every decoder was opened once per worker that used its file (a GOP never decoded twice).
+    assert decoded_before[0] <= len({t.source for t in tasks}) * max(workers, 1)
+
+
+def test_gop_is_decoded_once_from_its_keyframe(index_path: Path) -> None:
+    cam = load_index(index_path).clips[0].cameras[0]
+    decoders: list[PyAVDecoder] = []
+
+    def open_decoder(task: GopTask) -> Any:
+        decoders.append(PyAVDecoder(task.source, info=task.info, threads=1))
+        return frames_decoder_gops(decoders[-1])
+
+    planner = GopPlanner()
+    planner.add_many(str(cam.path), cam.info, [17, 12, 13, 35, 12], range(5))
+    with GopExecutor(open_decoder, workers=0) as executor:
+        executor.run(planner.tasks(), lambda *args: None)
+    # GOP 1 from keyframe 10 to 17 (8 frames) + GOP 3 from 30 to 35 (6 frames).
+    assert decoders[0].frames_decoded == 8 + 6
+
+
+def test_executor_reuses_decoders_across_runs_and_limits_them(index_path: Path) -> None:
+    index = load_index(index_path)
+    cams = [cam for clip in index.clips for cam in clip.cameras]
+    executor = _pyav_executor(1, max_open_per_worker=2)
+    try:
+        for cam in cams[:2]:
+            planner = GopPlanner()
+            planner.add(str(cam.path), cam.info, 5, 0)
+            executor.run(planner.tasks(), lambda *args: None)
+        planner = GopPlanner()
+        planner.add(str(cams[0].path), cams[0].info, 25, 0)
+        executor.run(planner.tasks(), lambda *args: None)
+        assert executor.opened == 2
+        planner = GopPlanner()
+        planner.add(str(cams[2].path), cams[2].info, 5, 0)
+        executor.run(planner.tasks(), lambda *args: None)
+        assert executor.open_decoders() == {0: [str(cams[0].path), str(cams[2].path)]}
+    finally:
+        executor.close()
+
+
+class _Boom:
+    def __init__(self, fail_on: int, log: list[int]) -> None:
+        self.fail_on, self.log = fail_on, log
+        self.closed = False
+
+    def decode_gop(self, task: GopTask, emit: Any) -> None:
+        self.log.append(task.gop)
+        if task.gop == self.fail_on:
+            raise VideoDecodeError(f"gop {task.gop} is broken")
+        for f in task.frames:
+            emit(f, f)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_first_failure_propagates_and_no_thread_is_left(workers: int) -> None:
+    info = _info(frames=100, keys=tuple(range(0, 100, 10)))
+    log: list[int] = []
+    made: list[_Boom] = []
+
+    def open_decoder(task: GopTask) -> _Boom:
+        made.append(_Boom(fail_on=3, log=log))
+        return made[-1]
+
+    planner = GopPlanner()
+    planner.add_many("a", info, [g * 10 + 9 for g in range(10)], range(10))
+    executor = GopExecutor(open_decoder, workers=workers)
+    with pytest.raises(VideoDecodeError, match=r"gop 3 is broken"):
+        executor.run(planner.tasks(), lambda *args: None)
+    threads = executor.threads
+    assert any(d.closed for d in made)  # the failing decoder was dropped
+    # The executor stays usable after a failure.
+    ok = GopPlanner()
+    ok.add("a", info, 5, 0)
+    got: list[Any] = []
+    executor.run(ok.tasks(), lambda task, index, frame, target: got.append(frame))
+    assert got == [5]
+    executor.close()
+    assert executor.threads == [] and not any(t.is_alive() for t in threads)
+
+
+def test_dropped_executor_stops_its_threads() -> None:
+    import gc
+
+    executor = GopExecutor(lambda task: _Boom(-1, []), workers=3)
+    planner = GopPlanner()
+    planner.add("a", _info(), 1, 0)
+    executor.run(planner.tasks(), lambda *args: None)
+    threads = executor.threads
+    assert len(threads) == 3
+    del executor
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_executor_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"workers=-1 must be an integer >= 0"):
+        GopExecutor(lambda task: _Boom(-1, []), workers=-1)
+    with pytest.raises(ValueError, match=r"max_open_per_worker=0 must be a positive integer"):
+        GopExecutor(lambda task: _Boom(-1, []), max_open_per_worker=0)
+
+
+# -- the dataset: batched GOP reads and the nearest-keyframe policy, on the CPU ----------------
+@pytest.mark.parametrize("gop_threads", [1, 3])
+def test_dataset_batched_reads_match_the_per_sample_path(index_path: Path, gop_threads: int) -> None:
+    index = load_index(index_path)
+    rng = random.Random(3)
+    requests = [at_indices(c.clip_id, [rng.randrange(FRAMES) for _ in range(4)]) for c in index.clips for _ in range(2)]
+    plain = VideoClipDataset(index=index, requests=requests)
+    batched = VideoClipDataset(index=index, requests=requests, gop_threads=gop_threads)
+    loader = DataLoader(batched, batch_size=3, collate_fn=collate_clips)
+    try:
+        seen = 0
+        for batch in loader:
+            for b in range(len(batch["clip_id"])):
+                sample = {k: (v[b] if isinstance(v, (list, torch.Tensor)) and k != "camera_names" else v)
+                          for k, v in batch.items()}
+                reference = plain[seen]
+                assert torch.equal(sample["frames"], reference["frames"])
+                assert torch.equal(sample["frame_index"], reference["frame_index"])
+                _check_sample(sample)
+                seen += 1
+        assert seen == len(requests)
+        assert torch.equal(batched[0]["frames"], plain[0]["frames"])  # single items read the same way
+    finally:
+        batched.close()
+
+
+@pytest.mark.parametrize("gop_threads", [None, 2])
+def test_nearest_keyframe_policy_returns_real_keyframes_labelled_truly(index_path: Path, gop_threads: int | None) -> None:
+    index = load_index(index_path)
+    clip = index.clips[1]
+    dataset = VideoClipDataset(
+        index=index, requests=[at_indices(clip.clip_id, [3, 14, 16, 27, 39])], frame_policy="nearest_keyframe",
+        gop_threads=gop_threads,
+    )
+    try:
+        sample = dataset[0]
+        assert sample["frame_index"].tolist() == [0, 10, 20, 30, 30]
+        info = clip.cameras[0].info
+        assert sample["timestamp"].tolist() == [info.timestamp(i) for i in (0, 10, 20, 30, 30)]
+        _check_sample(sample)
+    finally:
+        dataset.close()
+
+
+def test_nearest_keyframe_decodes_only_keyframes(index_path: Path) -> None:
+    index = load_index(index_path)
+    clip = index.clips[0]
+    dataset = VideoClipDataset(index=index, requests=[at_indices(clip.clip_id, [8, 19, 33])],
+                               frame_policy="nearest_keyframe")
+    dataset[0]
+    assert dataset.decoders.frames_decoded == 3 * len(clip.cameras)
+
+
+def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"frame_policy='keyframe' is not supported; use 'exact' or 'nearest_keyframe'"):
+        VideoClipDataset(index=index_path, frame_policy="keyframe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"decode_device='gpu' is not supported; use 'cpu', 'cuda'"):
+        VideoClipDataset(index=index_path, decode_device="gpu")
+    with pytest.raises(ValueError, match=r"gop_threads=-1 must be an integer >= 1"):
+        VideoClipDataset(index=index_path, gop_threads=-1)
+
+
+def test_dataset_decode_error_propagates_from_a_thread(index_path: Path, tmp_path: Path) -> None:
+    index = load_index(index_path)
+    clip = index.clips[0]
+    dataset = VideoClipDataset(index=index, requests=[at_indices(clip.clip_id, [5])], gop_threads=2)
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video")
+    import dataclasses
+
+    from lightning_vstream.index.records import CameraStream
+
+    cam = clip.cameras[0]
+    dataset._clips[clip.clip_id] = dataclasses.replace(
+        clip, cameras=(CameraStream(cam.name, broken, cam.info), *clip.cameras[1:])
+    )
+    dataset._infos[broken] = cam.info
+    try:
+        with pytest.raises(VideoDecodeError, match=r"broken\.mp4.*not a readable video file"):
+            dataset[0]
+    finally:
+        dataset.close()
+
+
+# -- the DataModule --------------------------------------------------------------------------------
+def test_datamodule_passes_the_frame_policy_and_gop_threads(index_path: Path) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    dm = ClipVideoDataModule(index_file=index_path, clip_frames=3, frame_stride=7, batch_size=2, num_workers=0,
+                             frame_policy="nearest_keyframe", gop_threads=2, shuffle=False)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.dataset.frame_policy == "nearest_keyframe" and loader.dataset.gop_threads == 2
+    batch = next(iter(loader))
+    for b in range(len(batch["clip_id"])):
+        indices = batch["frame_index"][b].tolist()
+        assert all(i % GOP == 0 for i in indices)
+        for t, index in enumerate(indices):
+            stamp = read_stamp(batch["frames"][b, t, 0])
+            assert (stamp.clip, stamp.frame) == (clip_number(batch["clip_id"][b]), index)
+    loader.dataset.close()
+
+
+def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU path")
+    dm = ClipVideoDataModule(index_file=index_path, decode_device="cuda", num_workers=0)
+    with pytest.raises(RuntimeError, match=r"decode_device='cuda' needs a CUDA GPU.*decode_device='cpu'"):
+        dm.setup("fit")
+        dm.train_dataloader()
+    with pytest.raises(ValueError, match=r"decode_device='gpu' is invalid; expected 'cpu', 'cuda' or 'auto'"):
+        ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"frame_policy='fast' is not supported"):
+        ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]
