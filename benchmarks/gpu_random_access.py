@@ -323,7 +323,7 @@ class TorchCodecPeer(_PerThread):
 def torchcodec_reason() -> str | None:
     try:
         import torchcodec.decoders  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure means the peer is skipped, with the reason
+    except Exception as err:
         return f"{type(err).__name__}: {err}"
     return None
 
@@ -382,7 +382,7 @@ def run_case(title: str, peers: list[tuple[str, Callable[[], dict[str, Any]]]]) 
         print(f"  {title}: {name} ...", flush=True)
         try:
             results.append(run())
-        except Exception as err:  # noqa: BLE001 - a failing peer is reported and the run goes on
+        except Exception as err:
             results.append({"peer": name, "status": "failed", "reason": f"{type(err).__name__}: {err}"})
     return results
 

@@ -146,7 +146,7 @@ def environment(gpu: int | None) -> dict[str, Any]:
             from lightning_vstream.decode.nvdec import decoder_caps
 
             env["nvdec_engines"] = decoder_caps(PyNvVideoCodec, gpu, "hevc").engines
-        except Exception as err:  # noqa: BLE001 - reported, not fatal
+        except Exception as err:
             env["pynvvideocodec_error"] = repr(err)
     return env
 
@@ -297,7 +297,7 @@ def raw_decode_run(nvc: Any, sessions: list[Any], files: list[tuple[list[Any], l
                         packet.decode_flag = flag
                     frames[slot] += len(decoder.Decode(packet))
                 frames[slot] += len(decoder.Decode(empty))  # end of file: flush
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+        except BaseException as err:
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(count)]
@@ -412,7 +412,7 @@ def _loader_run_trainer(make_dm: Any, args: argparse.Namespace) -> tuple[int, fl
 def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     try:
         from lightning_vstream.stream.datamodule import StreamVideoDataModule
-    except Exception as err:  # noqa: BLE001 - reported, the raw figures still stand
+    except Exception as err:
         return {"config": config, "status": "unavailable",
                 "reason": f"lightning_vstream.stream.datamodule.StreamVideoDataModule cannot be imported "
                           f"({type(err).__name__}: {err})"}
@@ -427,7 +427,7 @@ def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace
     for _ in range(args.repeats):
         try:
             result = _loader_run_trainer(lambda: StreamVideoDataModule(**kwargs), args)
-        except Exception as err:  # noqa: BLE001 - one failing configuration must not lose the others
+        except Exception as err:
             return {"config": config, "status": "failed", "reason": f"{type(err).__name__}: {err}"}
         frames, seconds = result[0], result[1]
         usages.append(result[2] if len(result) > 2 else {})
@@ -486,7 +486,7 @@ def measure_seed(index: Path, args: argparse.Namespace) -> dict[str, Any]:
                             num_workers=args.seed_workers, multiprocessing_context="spawn", prefetch_factor=2)
         try:
             frames, seconds, usage = _fit(None, loader, args)
-        except Exception as err:  # noqa: BLE001 - reported; the other figures stand
+        except Exception as err:
             return {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
         fps.append(frames / seconds)
         usages.append(usage)

@@ -159,7 +159,7 @@ class NaivePyAV:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"  # same FFmpeg threading as vstream's decoder
             for index in indices:
-                target = int(round(Fraction(index) / Fraction(self.fps).limit_denominator(1001) / stream.time_base))
+                target = round(Fraction(index) / Fraction(self.fps).limit_denominator(1001) / stream.time_base)
                 container.seek(target, stream=stream, backward=True)
                 for frame in container.decode(stream):
                     self._decoded += 1
@@ -224,7 +224,7 @@ class TorchCodec:
 def _try(factory: Callable[[], Any]) -> tuple[Any, str | None]:
     try:
         return factory(), None
-    except Exception as err:  # noqa: BLE001 - any failure to import or load a peer is reported, not fatal
+    except Exception as err:
         causes = []
         cause: BaseException | None = err
         while cause is not None and len(causes) < 3:
@@ -340,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {name:<11} " + "  ".join(f"{x} s: {entry[str(x)]['median_s']:.3f} s" for x in lengths), flush=True)
 
     longest, shortest = str(lengths[-1]), str(lengths[0])
-    for name, entry in results.items():
+    for entry in results.values():
         entry["ratio_longest_to_shortest"] = entry[longest]["median_s"] / entry[shortest]["median_s"]
         entry["cpu_ratio_longest_to_shortest"] = entry[longest]["cpu_median_s"] / entry[shortest]["cpu_median_s"]
     ours = [n for n in results if n.startswith("vstream")]

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.demos.models import TinyStreamPETR
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 
 def main(args: Sequence[str] | None = None, *, run: bool = True) -> LightningCLI:

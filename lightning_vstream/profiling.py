@@ -92,7 +92,7 @@ def _nvtx_domain() -> Any:
         import nvtx
 
         return nvtx.get_domain(NVTX_DOMAIN)
-    except Exception:  # noqa: BLE001 - a missing or broken nvtx must never break data loading
+    except Exception:
         return None
 
 
@@ -117,7 +117,7 @@ def nvtx_available() -> bool:
     return _nvtx_domain() is not None
 
 
-class nvtx_range(ContextDecorator):  # noqa: N801 - reads like the context manager it is
+class nvtx_range(ContextDecorator):
     """Mark a stage of the pipeline as an NVTX push/pop range in the ``lightning_vstream`` domain.
 
     Usable as a context manager or a decorator; ranges nest. Use the ``RANGE_*`` constants of this

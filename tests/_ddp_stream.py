@@ -11,10 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import lightning.pytorch as pl  # noqa: E402
-from _stream_models import RecordingModel  # noqa: E402
+import lightning.pytorch as pl
+from _stream_models import RecordingModel
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule  # noqa: E402
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-
 from conftest import batch_stamp_errors
 
 

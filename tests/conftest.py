@@ -17,7 +17,7 @@ def _cuda_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken torch install means no CUDA
+    except Exception:
         return False
 
 

@@ -23,9 +23,8 @@ from _annotation_checks import (
 from lightning_vstream.annotations import AnnotationFiles
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
-from lightning_vstream.errors import AnnotationError
+from lightning_vstream.errors import AnnotationError, FrameSizeError
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 HERE = Path(__file__).parent

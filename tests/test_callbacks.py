@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import pytest
@@ -17,9 +17,9 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
+from lightning_vstream.demos.models import TinyStreamPETR
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.worker import DecodeStats
-from lightning_vstream.demos.models import TinyStreamPETR
 
 CAMERAS = 2
 SLOTS = 2
@@ -247,13 +247,13 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
 
     class Stub:
         strategy = TwoRanks()
-        loggers = [RecordingLogger()]
+        loggers: ClassVar[list[Any]] = [RecordingLogger()]
         global_step = 1
         log_every_n_steps = 1
         train_dataloader = None
 
     class Module(pl.LightningModule):
-        logged: dict[str, float] = {}
+        logged: ClassVar[dict[str, float]] = {}
 
         def log_dict(self, dictionary: Any, **kwargs: Any) -> None:  # type: ignore[override]
             self.logged.update({k: float(v) for k, v in dictionary.items()})

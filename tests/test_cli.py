@@ -10,8 +10,8 @@ import pytest
 
 from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.index import load_index, metadata_path, tables_path
 from lightning_vstream.demos.synth import Stamp, read_stamp
+from lightning_vstream.index import load_index, metadata_path, tables_path
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,7 @@ def _gop_bound(info: Any, wanted: list[int]) -> tuple[int, int]:
         key = info.keyframe_at_or_before(f)
         last_in_gop[key] = max(last_in_gop.get(key, key), f)
     exact = sum(last - key + 1 for key, last in last_in_gop.items())
-    ends = list(info.key_indices[1:]) + [info.frame_count]
+    ends = [*list(info.key_indices[1:]), info.frame_count]
     per_frame = sum(ends[info.gop_of(f)] - info.keyframe_at_or_before(f) for f in set(wanted))
     return exact, per_frame
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -104,7 +105,7 @@ def h264_b3(stamped_video: Callable[[Config], Path]) -> Path:
 def _gop_length(decoder: PyAVDecoder) -> int:
     """Longest keyframe interval of the file (what one seek may have to decode)."""
     keys = [*decoder.info.key_indices, decoder.info.frame_count]
-    return max(b - a for a, b in zip(keys, keys[1:]))
+    return max(b - a for a, b in itertools.pairwise(keys))
 
 
 def _check_frame(frame: torch.Tensor, config: Config, index: int) -> None:

@@ -105,7 +105,7 @@ def test_python_samples_run(path: Path, docs_cwd: Path) -> None:
             continue
         code = compile(block.code, f"{path.name}:{block.line}", "exec")
         try:
-            exec(code, namespace)  # noqa: S102 - running the documentation is the point
+            exec(code, namespace)
         except Exception as err:
             raise AssertionError(f"the sample at {path.relative_to(ROOT)} line {block.line} failed: "
                                  f"{type(err).__name__}: {err}") from err

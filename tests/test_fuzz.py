@@ -32,18 +32,18 @@ from hypothesis import strategies as st
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
-from lightning_vstream.index import (
-    IndexValidationError,
-    VideoIndex,
-    load_index,
-    build_index,
-    metadata_path,
-)
 from lightning_vstream.demos.synth import (
     Stamp,
     read_stamp,
     write_dataset,
     write_stamped_video,
+)
+from lightning_vstream.index import (
+    IndexValidationError,
+    VideoIndex,
+    build_index,
+    load_index,
+    metadata_path,
 )
 
 CLIP, CAMERA, FRAMES, GOP = 9, 2, 24, 6

@@ -53,7 +53,7 @@ class _FakeFrame:
         self._surface = surface
         self.timestamp = pts
 
-    def getPTS(self) -> int:  # noqa: N802 - PyNvVideoCodec's name
+    def getPTS(self) -> int:
         return self.timestamp
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
@@ -79,7 +79,7 @@ class _FakeDecoder:
         self.packets = 0
         self.flags: list[int] = []
 
-    def Decode(self, packet: Any) -> list[_FakeFrame]:  # noqa: N802 - PyNvVideoCodec's name
+    def Decode(self, packet: Any) -> list[_FakeFrame]:
         if self.module.fail_decode:
             raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
         if self.context is None:

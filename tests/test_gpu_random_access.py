@@ -219,7 +219,7 @@ def image_folder(tmp_path: Path) -> list[Path]:
         files.append(path)
     png = tmp_path / "frame_3.png"
     Image.fromarray(np.full((32, 48, 3), 200, dtype=np.uint8)).save(png)
-    return files + [png]
+    return [*files, png]
 
 
 def _fake_torchvision(calls: list[Any]) -> types.ModuleType:

@@ -14,14 +14,14 @@ import psutil
 import pytest
 from _stream_models import RecordingModel
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
-from lightning_vstream.stream.worker import StreamDataset, StreamTask
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.index import build_index, load_index
-from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
+from lightning_vstream.index import build_index, load_index
+from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.worker import StreamDataset, StreamTask
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames
@@ -110,7 +110,7 @@ def test_skip_delivers_only_right_frames_and_counts_exactly(
     # The damaged clip stops at the failure and never resumes; other clips are complete prefixes.
     bad = delivered.get(clip_name(BAD_CLIP), [])
     assert bad == list(range(len(bad))) and len(bad) < LENGTHS[BAD_CLIP]
-    for clip_id, frames in delivered.items():
+    for frames in delivered.values():
         assert frames == list(range(len(frames)))
     # Training drops the remainder, so the plan has no padding: every invalid slot-step was lost
     # to the skip and is counted once; only valid slots count as delivered.
@@ -124,7 +124,7 @@ def test_skipping_moves_the_slot_to_its_next_clip(pristine: Path, tmp_path: Path
     _truncate(_bad_file(root), keep=0.3)
     batches, _ = _stream(root, num_workers=0, on_error="skip")
     # Find the slot that followed the bad clip and check what it reads right after.
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(batches):  # noqa: B007 - step is used after the loop
         if clip_name(BAD_CLIP) in batch["clip_id"]:
             slot = batch["clip_id"].index(clip_name(BAD_CLIP))
             break
@@ -314,7 +314,7 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
         before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
         trainer.fit(RecordingModel(), datamodule=dm)
         children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"workers still running after fit (persistent_workers={persistent}): {alive}"
         assert dm.train_dataloader().dataset.open_files == 0
 
@@ -327,9 +327,7 @@ def test_unknown_on_error_policy_is_rejected(pristine: Path) -> None:
 def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path: Path) -> None:
     import json
 
-    from lightning_vstream.index import IndexValidationError, metadata_path
-
-    from lightning_vstream.index import build_index
+    from lightning_vstream.index import IndexValidationError, build_index, metadata_path
 
     root = _copy(pristine, tmp_path)
     build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False, table_format="json")

@@ -172,7 +172,7 @@ def test_random_frame_windows_lie_inside_their_clips_and_repeat_with_the_seed() 
     for req in reqs:
         assert req.clip_id != "short"  # 5 frames cannot hold a 7-frame window
         assert list(req.frames) == [req.frames[0] + o for o in window.offsets]
-        assert 0 <= req.frames[0] and req.frames[-1] < lengths[req.clip_id]
+        assert req.frames[0] >= 0 and req.frames[-1] < lengths[req.clip_id]
 
 
 def test_random_weighting_by_frames_and_by_videos() -> None:

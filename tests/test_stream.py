@@ -12,7 +12,6 @@ import torch
 
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FrameSizeError
-from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
@@ -269,7 +268,7 @@ def test_batches_kept_by_the_user_are_never_overwritten(stream_index: Path, num_
     views = [b["frames"][0, 0] for b in _loader(stream_index, num_workers=num_workers)]  # only views survive
     for batch in kept:
         assert_stamps(batch)
-    for step, view in enumerate(views):
+    for _step, view in enumerate(views):
         assert view.any()  # the view's base is still alive, so its storage was not recycled
     assert loader._pool.allocated >= len(kept) - 4  # held batches each needed their own storage
 

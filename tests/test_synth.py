@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
-from lightning_vstream.index import load_index, metadata_path, tables_path
 from lightning_vstream.demos.synth import (
     NUSCENES_CAMERAS,
     Stamp,
@@ -22,6 +21,7 @@ from lightning_vstream.demos.synth import (
     write_dataset,
     write_stamped_video,
 )
+from lightning_vstream.index import load_index, metadata_path, tables_path
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_write_dataset_names_many_cameras(tmp_path: Path) -> None:
     names = sorted(p.stem for p in (tmp_path / "videos" / "scene-0000").iterdir())
     assert names == [f"CAM_{i:02d}" for i in range(7)]
     assert path == tmp_path / "index.json"
-    assert NUSCENES_CAMERAS == tuple(sorted(NUSCENES_CAMERAS))
+    assert tuple(sorted(NUSCENES_CAMERAS)) == NUSCENES_CAMERAS
 
 
 def test_write_dataset_needs_a_camera(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ class AugmentParams:
 
 
 def _pair(name: str, value: object, *, positive: bool) -> tuple[float, float]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:  # type: ignore[arg-type]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
         raise ConfigurationError(f"GeometryAugment: {name}={value!r} must be a (low, high) pair of numbers.")
     low, high = (float(v) for v in cast(Sequence[Any], value))
     if low > high or (positive and low <= 0):

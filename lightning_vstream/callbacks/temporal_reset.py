@@ -103,7 +103,7 @@ class TemporalStateReset(pl.Callback):
                 "TemporalStateReset(method=...) with the name of your model's reset method, or "
                 "TemporalStateReset(fn=...) with a function fn(model, mask)."
             )
-        return owner  # type: ignore[no-any-return]
+        return owner
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._target(pl_module)  # fail before the first batch, not in the middle of an epoch

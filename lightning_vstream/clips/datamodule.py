@@ -416,12 +416,12 @@ class ClipVideoDataModule(pl.LightningDataModule):
         return self._loader(dataset, self._shard(dataset, False, 0, False), False)
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
-    val_dataloader = EvalLoader(  # type: ignore[assignment]
+    val_dataloader = EvalLoader(
         "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._eval_loader("val")
     )
-    test_dataloader = EvalLoader(  # type: ignore[assignment]
+    test_dataloader = EvalLoader(
         "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._eval_loader("test")
     )
-    predict_dataloader = EvalLoader(  # type: ignore[assignment]
+    predict_dataloader = EvalLoader(
         "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._eval_loader("predict")
     )

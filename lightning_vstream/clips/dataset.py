@@ -102,7 +102,7 @@ class DecoderCache:
             threads=self.decoder_threads,
             label=label,
             device=self.device,
-            **({"size": self.size} if self.size is not None else {}),
+            size=self.size,
         )
         self._open[path] = decoder
         self.opened += 1
@@ -149,7 +149,7 @@ class DecoderCache:
         return len(self._open)
 
     def __contains__(self, path: object) -> bool:
-        return Path(path) in self._open if isinstance(path, (str, Path)) else False  # type: ignore[arg-type]
+        return Path(path) in self._open if isinstance(path, (str, Path)) else False
 
     def drop(self, path: Path | str) -> None:
         """Close the decoder of ``path`` (after a failure: the next request reopens the file)."""

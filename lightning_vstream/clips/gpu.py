@@ -268,7 +268,7 @@ class NvGopDecoder:
         if session is not None and key is not None:
             try:
                 self._flush()
-            except Exception:  # noqa: BLE001 - a decoder that cannot flush is dropped, not reused
+            except Exception:
                 session = None
             if session is not None:
                 self.pool.release(key, session)

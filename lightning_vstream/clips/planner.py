@@ -420,7 +420,7 @@ class GopExecutor:
                     decoder.decode_gop(task, emit_for(task))
                     with run.done:
                         run.decoded_tasks += 1
-                except BaseException as err:  # noqa: BLE001 - handed to the caller, which re-raises it
+                except BaseException as err:
                     if decoder is not None:
                         worker.drop(task.source)
                     with run.done:

@@ -504,7 +504,7 @@ class PyAVDecoder(DecoderBase):
         """
         info = self.info
         wanted = sorted(set(indices))
-        if wanted and not (0 <= wanted[0] and wanted[-1] < info.frame_count):
+        if wanted and not (wanted[0] >= 0 and wanted[-1] < info.frame_count):
             bad = wanted[0] if wanted[0] < 0 else wanted[-1]
             self.seek(bad)  # raises the IndexError that names the file
         decoded = {i: self.get(i) for i in wanted}
@@ -518,7 +518,7 @@ class PyAVDecoder(DecoderBase):
         if self._container is not None:
             try:
                 self._container.close()
-            except Exception:  # noqa: BLE001 - closing a broken container must not mask the real error
+            except Exception:
                 pass
         self._container = None
         self._stream = None

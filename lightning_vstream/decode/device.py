@@ -34,7 +34,7 @@ def import_pynvvideocodec() -> ModuleType:
     """
     try:
         import PyNvVideoCodec
-    except Exception as err:  # noqa: BLE001 - without a driver its import raises RuntimeError, not ImportError
+    except Exception as err:
         raise ImportError(
             f"PyNvVideoCodec could not be imported ({type(err).__name__}: {err}). {GPU_INSTALL_HINT}"
         ) from err

@@ -277,14 +277,14 @@ class NvDecoder(DecoderBase):
         if session is not None and key is not None and reusable:
             try:
                 self._flush()
-            except Exception:  # noqa: BLE001 - a decoder that cannot flush is not worth keeping
+            except Exception:
                 reusable = False
             if reusable:
                 self.pool.release(key, session)
         if self._source is not None:
             try:
                 self._source.close()
-            except Exception:  # noqa: BLE001 - closing a broken file must not mask the real error
+            except Exception:
                 pass
         self._session = None
         self._key = None
@@ -432,7 +432,7 @@ class NvDecoder(DecoderBase):
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
-        except Exception as err:  # noqa: BLE001 - PyNvVideoCodec raises its own exception types
+        except Exception as err:
             target = self._target
             self._reset(reusable=False)
             raise VideoDecodeError(f"{self._where(target)}: NVDEC decoding failed: {err}") from err

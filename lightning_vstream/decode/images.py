@@ -309,7 +309,7 @@ def _torchvision_io() -> Any:
     """``torchvision.io`` if it can decode lists of JPEGs on the GPU (torchvision >= 0.19), else None."""
     try:
         import torchvision.io as tv_io  # type: ignore[import-not-found,unused-ignore]
-    except Exception:  # noqa: BLE001 - a torchvision built for another torch fails with all sorts of errors
+    except Exception:
         return None
     return tv_io if hasattr(tv_io, "decode_jpeg") and hasattr(tv_io, "ImageReadMode") else None
 

@@ -274,7 +274,7 @@ class DecoderPool:
             idle = self._idle.get(key)
             if idle:
                 self._reused += 1
-                return idle.pop()  # type: ignore[no-any-return]
+                return idle.pop()
         decoder = create()  # outside the lock: creating a decoder takes milliseconds
         with self._lock:
             self._created += 1

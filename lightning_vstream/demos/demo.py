@@ -119,8 +119,8 @@ class _StampCheck(pl.Callback):
 
 def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
     """The demo index under ``cache_dir``: reused when it loads, written (atomically) otherwise."""
-    from lightning_vstream.index import load_index
     from lightning_vstream.demos.synth import write_dataset
+    from lightning_vstream.index import load_index
 
     root = cache_dir / CACHE_NAME
     index_file = root / "index.json"
@@ -219,8 +219,8 @@ def run_demo(
     from lightning.pytorch.loggers import CSVLogger
 
     from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.demos.models import TinyStreamPETR
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")

@@ -9,6 +9,7 @@ produce realistic P/B-frames.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -232,9 +233,10 @@ def write_stamped_video(
     path.parent.mkdir(parents=True, exist_ok=True)
     width, height = size
     _cell(width, height)
-    if timestamps is not None:
-        if len(timestamps) != frames or any(b <= a for a, b in zip(timestamps, timestamps[1:])):
-            raise ValueError("timestamps must hold one strictly increasing time per frame.")
+    if timestamps is not None and (
+        len(timestamps) != frames or any(b <= a for a, b in itertools.pairwise(timestamps))
+    ):
+        raise ValueError("timestamps must hold one strictly increasing time per frame.")
     odd = width % 2 or height % 2
     params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}"
     encoder = {"h264": "libx264", "hevc": "libx265"}[codec]

@@ -82,7 +82,7 @@ def _decodable(codec: str) -> bool:
 
     try:
         av.codec.Codec(codec, "r")
-    except Exception:  # noqa: BLE001 - PyAV raises several types for unknown codecs
+    except Exception:
         return False
     return True
 
@@ -115,7 +115,7 @@ def _find_clip_folders(root: Path) -> dict[Path, list[Path]]:
             continue
         if cams and not image_files(folder):
             result.setdefault(folder.parent, []).append(folder)
-            dirnames[:] = [d for d in dirnames if not (folder / d) in cams.values()]
+            dirnames[:] = [d for d in dirnames if (folder / d) not in cams.values()]
     if unreadable:
         raise IndexValidationError(str(root), unreadable)
     return result
@@ -191,7 +191,7 @@ def build_index(
         raise IndexValidationError(str(root), problems)
     index: dict[str, dict[str, int]] = {}
     files: dict[str, VideoInfo] = {}
-    for vd, folder, name, path in jobs:
+    for vd, folder, _name, path in jobs:
         key = os.path.relpath(vd, output.parent).replace(os.sep, "/")
         counts = index.setdefault(key, {})
         n = infos[path].frame_count

@@ -351,13 +351,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
         return self._loader("train")
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
-    val_dataloader = EvalLoader(  # type: ignore[assignment]
+    val_dataloader = EvalLoader(
         "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._loader("val")
     )
-    test_dataloader = EvalLoader(  # type: ignore[assignment]
+    test_dataloader = EvalLoader(
         "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._loader("test")
     )
-    predict_dataloader = EvalLoader(  # type: ignore[assignment]
+    predict_dataloader = EvalLoader(
         "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._loader("predict")
     )
 

@@ -329,7 +329,7 @@ class StreamEngine:
                     with run.cond:
                         run.done[step] = run.done.get(step, 0) + 1
                         run.cond.notify_all()
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+        except BaseException as err:
             with run.cond:
                 if run.error is None:
                     run.error = err

@@ -88,15 +88,15 @@ class _CopyingDecoder:
 
     @property
     def info(self) -> VideoInfo:
-        return self.inner.info  # type: ignore[no-any-return]
+        return self.inner.info
 
     @property
     def position(self) -> int:
-        return self.inner.position  # type: ignore[no-any-return]
+        return self.inner.position
 
     @property
     def frames_decoded(self) -> int:
-        return self.inner.frames_decoded  # type: ignore[no-any-return]
+        return self.inner.frames_decoded
 
     @property
     def seeks(self) -> int:
@@ -130,13 +130,13 @@ class _FallbackDecoder(_CopyingDecoder):
     def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         if self._on_gpu:
             try:
-                return self.inner.get(index, out=out)  # type: ignore[no-any-return]
+                return self.inner.get(index, out=out)
             except DecoderCapabilityError as err:
                 log.warning("decoding %s on the CPU (gpu_fallback='cpu'): %s", self.path, err)
                 self.inner.close()
                 self.inner = self._make_cpu()
                 self._on_gpu = False
-        return self.inner.get(index, out=out)  # type: ignore[no-any-return]
+        return self.inner.get(index, out=out)
 
 
 class EngineLoader:

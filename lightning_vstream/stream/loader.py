@@ -96,7 +96,7 @@ class StreamSampler(DistributedSampler):
     ) -> None:
         if num_parts < 1:
             raise ValueError(f"num_parts={num_parts!r} must be >= 1.")
-        super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.clip_lengths = list(clip_lengths)
         self.num_cameras = num_cameras
         self.batch_size = batch_size
@@ -209,7 +209,7 @@ class StreamSampler(DistributedSampler):
         return [StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape)
                 for p, reads in enumerate(parts)]
 
-    def __iter__(self) -> Iterator[StreamTask]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[StreamTask]:
         self._issued.clear()
         if self.start_step == 0:
             self.reset_skips()

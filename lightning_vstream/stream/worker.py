@@ -53,7 +53,7 @@ RECENT_BUFFERS = 8
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return libc.malloc_trim  # type: ignore[no-any-return]
+        return libc.malloc_trim
     except (OSError, AttributeError):
         return None  # not glibc: nothing to do
 
