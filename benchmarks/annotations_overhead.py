@@ -43,8 +43,9 @@ def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int])
     index = root / "index.json"
     if not index.exists():
         print(f"generating {clips} clips x 6 cameras x {frames} frames of {size[0]}x{size[1]} H.264 ...")
-        write_dataset(root, clips=clips, cameras=6, frames=frames, size=size, gop=12, jobs=os.cpu_count() or 1,
-                      annotations=True)
+        write_dataset(
+            root, clips=clips, cameras=6, frames=frames, size=size, gop=12, jobs=os.cpu_count() or 1, annotations=True
+        )
     return index
 
 
@@ -94,17 +95,32 @@ def main() -> None:
     rows = {}
     for name, results in runs.items():
         cpu = [r[1] for r in results]
-        rows[name] = {"cpu_ms_per_frame": statistics.median(cpu), "cpu_min": min(cpu), "cpu_max": max(cpu),
-                      "frames_per_sec": statistics.median(r[0] for r in results), "frames": results[0][2]}
+        rows[name] = {
+            "cpu_ms_per_frame": statistics.median(cpu),
+            "cpu_min": min(cpu),
+            "cpu_max": max(cpu),
+            "frames_per_sec": statistics.median(r[0] for r in results),
+            "frames": results[0][2],
+        }
     base = rows["frames"]["cpu_ms_per_frame"]
-    print(f"\n{size[0]}x{size[1]} H.264, {args.clips} clips x 6 cameras x {args.frames} frames, batch 4, in-process; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"\n{size[0]}x{size[1]} H.264, {args.clips} clips x 6 cameras x {args.frames} frames, batch 4, in-process; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     print(f"{'configuration':<22}{'CPU ms/frame':>13}{'spread':>14}{'x baseline':>12}{'frames/s':>10}")
     for name, row in rows.items():
-        print(f"{name:<22}{row['cpu_ms_per_frame']:>13.2f}{row['cpu_min']:>7.2f}-{row['cpu_max']:<6.2f}"
-              f"{row['cpu_ms_per_frame'] / base:>12.2f}{row['frames_per_sec']:>10.0f}")
-    result = {"size": list(size), "clips": args.clips, "frames": args.frames, "repeats": args.repeats,
-              "cpu_count": os.cpu_count(), "rows": rows}
+        print(
+            f"{name:<22}{row['cpu_ms_per_frame']:>13.2f}{row['cpu_min']:>7.2f}-{row['cpu_max']:<6.2f}"
+            f"{row['cpu_ms_per_frame'] / base:>12.2f}{row['frames_per_sec']:>10.0f}"
+        )
+    result = {
+        "size": list(size),
+        "clips": args.clips,
+        "frames": args.frames,
+        "repeats": args.repeats,
+        "cpu_count": os.cpu_count(),
+        "rows": rows,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")

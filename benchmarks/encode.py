@@ -162,26 +162,47 @@ def main() -> None:
                     n, s = decode_videos(summary.index)
                     read.append(n / s)
                 shutil.rmtree(out)
-            rows.append({"config": config, "encode_fps": summarize(fps), "size_ratio": statistics.median(ratios),
-                         "read_fps": summarize(read)})
+            rows.append(
+                {
+                    "config": config,
+                    "encode_fps": summarize(fps),
+                    "size_ratio": statistics.median(ratios),
+                    "read_fps": summarize(read),
+                }
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     frames = args.clips * args.cameras * args.frames
     jpeg_fps = statistics.median(jpeg)
-    print(f"{frames} frames ({args.clips} clips x {args.cameras} cameras x {args.frames}) at {width}x{height}, "
-          f"JPEG q90 {jpeg_bytes / frames / 1024:.1f} KiB/frame; {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; "
-          f"JPEG decode baseline {jpeg_fps:.1f} frames/s (1 thread)")
+    print(
+        f"{frames} frames ({args.clips} clips x {args.cameras} cameras x {args.frames}) at {width}x{height}, "
+        f"JPEG q90 {jpeg_bytes / frames / 1024:.1f} KiB/frame; {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}; "
+        f"JPEG decode baseline {jpeg_fps:.1f} frames/s (1 thread)"
+    )
     print(f"{'config':<44} {'encode f/s':>16} {'size/JPEG':>10} {'read f/s':>9} {'read/JPEG':>10}")
     for row in rows:
         e, rd = row["encode_fps"], row["read_fps"]
-        print(f"{json.dumps(row['config']):<44} {e['median']:>7.1f} ({e['min']:.0f}-{e['max']:.0f}) "
-              f"{row['size_ratio']:>10.3f} {rd['median']:>9.1f} {rd['median'] / jpeg_fps:>9.2f}x")
+        print(
+            f"{json.dumps(row['config']):<44} {e['median']:>7.1f} ({e['min']:.0f}-{e['max']:.0f}) "
+            f"{row['size_ratio']:>10.3f} {rd['median']:>9.1f} {rd['median'] / jpeg_fps:>9.2f}x"
+        )
     result = {
         "schema": SCHEMA,
-        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()[0], "platform": platform.platform(), "python": platform.python_version()},
-        "data": {"clips": args.clips, "cameras": args.cameras, "frames": args.frames, "size": [width, height],
-                 "jpeg_quality": 90, "jpeg_bytes": jpeg_bytes},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0],
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "data": {
+            "clips": args.clips,
+            "cameras": args.cameras,
+            "frames": args.frames,
+            "size": [width, height],
+            "jpeg_quality": 90,
+            "jpeg_bytes": jpeg_bytes,
+        },
         "jpeg_decode_fps": summarize(jpeg),
         "configs": rows,
     }

@@ -54,16 +54,31 @@ def _child(index: str, method: str) -> None:
 
     imported = time.perf_counter()
     if "multiprocessing_context" in inspect.signature(StreamVideoDataModule).parameters:
-        dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=2, shuffle=False, decoder_threads=1,
-                                   multiprocessing_context=method)
+        dm = StreamVideoDataModule(
+            index_file=index,
+            batch_size=2,
+            num_workers=2,
+            shuffle=False,
+            decoder_threads=1,
+            multiprocessing_context=method,
+        )
         dm.setup("fit")
         loader = dm.train_dataloader()
     else:
         loaded = load_index(index)
-        sampler = StreamSampler([c.frame_count for c in loaded.clips], num_cameras=len(loaded.camera_names),
-                                batch_size=2, shuffle=False, num_parts=2)
-        loader = StreamDataLoader(StreamDataset(index=loaded, decoder_threads=1), sampler=sampler, num_workers=2,
-                                  multiprocessing_context=method)
+        sampler = StreamSampler(
+            [c.frame_count for c in loaded.clips],
+            num_cameras=len(loaded.camera_names),
+            batch_size=2,
+            shuffle=False,
+            num_parts=2,
+        )
+        loader = StreamDataLoader(
+            StreamDataset(index=loaded, decoder_threads=1),
+            sampler=sampler,
+            num_workers=2,
+            multiprocessing_context=method,
+        )
     begin = time.perf_counter()
     batch = next(iter(loader))
     first = time.perf_counter()
@@ -73,14 +88,22 @@ def _child(index: str, method: str) -> None:
 
 def _measure(code_dir: Path, index: Path, method: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code_dir)}
-    out = subprocess.run([sys.executable, __file__, "--child", str(index), method], capture_output=True, text=True,
-                         env=env, cwd=code_dir, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(index), method],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=code_dir,
+        timeout=300,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def _export(ref: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "lightning_vstream"], capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "lightning_vstream"], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
@@ -116,15 +139,28 @@ def main() -> None:
         for name in codes:
             times = [r["first_batch_s"] for r in results[name][method]]
             imports = [r["import_s"] for r in results[name][method]]
-            row[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-                         "import_median_s": statistics.median(imports)}
+            row[name] = {
+                "median_s": statistics.median(times),
+                "min_s": min(times),
+                "max_s": max(times),
+                "import_median_s": statistics.median(imports),
+            }
         summary[method] = row
         base, cur = row["baseline"], row["current"]
-        print(f"{method:<11} {base['median_s']:7.2f} ({base['min_s']:.2f}-{base['max_s']:.2f}) "
-              f"{cur['median_s']:7.2f} ({cur['min_s']:.2f}-{cur['max_s']:.2f}) "
-              f"{base['median_s'] / cur['median_s']:8.2f}x {base['import_median_s']:8.2f}/{cur['import_median_s']:.2f}")
-    report = {"baseline_ref": args.baseline_ref, "repeats": args.repeats, "machine": platform.platform(),
-              "cpus": os.cpu_count(), "python": sys.version.split()[0], "summary": summary, "raw": results}
+        print(
+            f"{method:<11} {base['median_s']:7.2f} ({base['min_s']:.2f}-{base['max_s']:.2f}) "
+            f"{cur['median_s']:7.2f} ({cur['min_s']:.2f}-{cur['max_s']:.2f}) "
+            f"{base['median_s'] / cur['median_s']:8.2f}x {base['import_median_s']:8.2f}/{cur['import_median_s']:.2f}"
+        )
+    report = {
+        "baseline_ref": args.baseline_ref,
+        "repeats": args.repeats,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "summary": summary,
+        "raw": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

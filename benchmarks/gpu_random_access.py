@@ -105,9 +105,21 @@ def prepare_random(args: argparse.Namespace) -> Path:
     marker, index = root / "params.json", root / "index.json"
     if marker.is_file() and index.is_file() and json.loads(marker.read_text()) == params:
         return index
-    print(f"writing {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30 ...", flush=True)
-    index = write_dataset(root, clips=args.clips, cameras=6, frames=args.frames, size=(width, height), codec="hevc",
-                          gop=30, bframes=0, fps=12.0, jobs=os.cpu_count() or 1)
+    print(
+        f"writing {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30 ...", flush=True
+    )
+    index = write_dataset(
+        root,
+        clips=args.clips,
+        cameras=6,
+        frames=args.frames,
+        size=(width, height),
+        codec="hevc",
+        gop=30,
+        bframes=0,
+        fps=12.0,
+        jobs=os.cpu_count() or 1,
+    )
     marker.write_text(json.dumps(params))
     return index
 
@@ -122,8 +134,19 @@ def prepare_clips(args: argparse.Namespace) -> Path:
     if marker.is_file() and index.is_file() and json.loads(marker.read_text()) == params:
         return index
     print(f"writing {args.videos} videos of {args.seconds:g} s 1280x720 60 fps H.264 GOP 250 ...", flush=True)
-    index = write_dataset(root, clips=args.videos, cameras=1, frames=frames, size=(1280, 720), codec="h264",
-                          gop=250, bframes=0, fps=60.0, preset="ultrafast", jobs=os.cpu_count() or 1)
+    index = write_dataset(
+        root,
+        clips=args.videos,
+        cameras=1,
+        frames=frames,
+        size=(1280, 720),
+        codec="h264",
+        gop=250,
+        bframes=0,
+        fps=60.0,
+        preset="ultrafast",
+        jobs=os.cpu_count() or 1,
+    )
     marker.write_text(json.dumps(params))
     return index
 
@@ -188,24 +211,34 @@ class Peer:
 
 
 class VStreamPeer(Peer):
-    def __init__(self, index_path: Path, *, device: str, threads: int | None, policy: str = "exact",
-                 max_open: int = 8) -> None:
+    def __init__(
+        self, index_path: Path, *, device: str, threads: int | None, policy: str = "exact", max_open: int = 8
+    ) -> None:
         from lightning_vstream.clips.dataset import VideoClipDataset
         from lightning_vstream.index import load_index
 
         # One FFmpeg thread per CPU decoder: frame threading delays every frame by the thread count,
         # which random access pays on every seek.
-        self.dataset = VideoClipDataset(index=load_index(index_path), decode_device=device, gop_threads=threads,
-                                        frame_policy=policy, max_open_decoders=max_open,  # type: ignore[arg-type]
-                                        decoder_threads=1)
+        self.dataset = VideoClipDataset(
+            index=load_index(index_path),
+            decode_device=device,
+            gop_threads=threads,
+            frame_policy=policy,
+            max_open_decoders=max_open,  # type: ignore[arg-type]
+            decoder_threads=1,
+        )
         self.name = "vstream_gpu" + ("_keyframe" if policy != "exact" else "")
-        self.settings = (f"decode_device={device!r}, gop_threads={threads}, frame_policy={policy!r}, "
-                         f"max_open_decoders={max_open}, __getitems__")
+        self.settings = (
+            f"decode_device={device!r}, gop_threads={threads}, frame_policy={policy!r}, "
+            f"max_open_decoders={max_open}, __getitems__"
+        )
 
     def read(self, reads: list[Read]) -> list[Any]:
         from lightning_vstream.clips.selection import ClipRequest
 
-        requests = [ClipRequest(clip_id, frames=tuple(frames), cameras=(camera,)) for clip_id, _, camera, frames in reads]
+        requests = [
+            ClipRequest(clip_id, frames=tuple(frames), cameras=(camera,)) for clip_id, _, camera, frames in reads
+        ]
         samples = self.dataset.__getitems__(requests)
         return [s["frames"][t, 0] for s in samples for t in range(s["frames"].shape[0])]
 
@@ -213,8 +246,9 @@ class VStreamPeer(Peer):
         self.dataset.close()
 
 
-def measure_cpu_loader(index_path: Path, batches: list[list[Read]], repeats: int, workers: int,
-                       names: list[str]) -> dict[str, Any]:
+def measure_cpu_loader(
+    index_path: Path, batches: list[list[Read]], repeats: int, workers: int, names: list[str]
+) -> dict[str, Any]:
     """Ours on the CPU at its best: a DataLoader with worker processes, one FFmpeg thread per decoder."""
     from torch.utils.data import DataLoader
 
@@ -228,21 +262,32 @@ def measure_cpu_loader(index_path: Path, batches: list[list[Read]], repeats: int
         positions.append(list(range(start, start + len(reads))))
         start += len(reads)
     dataset = VideoClipDataset(index=load_index(index_path), requests=requests, decoder_threads=1)
-    loader = DataLoader(dataset, batch_sampler=positions, num_workers=workers, collate_fn=collate_clips,
-                        persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
+    loader = DataLoader(
+        dataset,
+        batch_sampler=positions,
+        num_workers=workers,
+        collate_fn=collate_clips,
+        persistent_workers=workers > 0,
+        prefetch_factor=2 if workers else None,
+    )
     frames = sum(len(r[3]) for reads in batches for r in reads)
     for k, batch in enumerate(loader):  # warm-up pass, frames checked
         reads = batches[k]
-        check_frames(reads, [batch["frames"][b, t, 0] for b in range(len(reads)) for t in range(len(reads[b][3]))],
-                     names)
+        check_frames(
+            reads, [batch["frames"][b, t, 0] for b in range(len(reads)) for t in range(len(reads[b][3]))], names
+        )
     rates = []
     for _ in range(repeats):
         started = time.perf_counter()
         for _batch in loader:
             pass
         rates.append(frames / (time.perf_counter() - started))
-    return {"peer": "vstream_cpu", "settings": f"DataLoader num_workers={workers}, decoder_threads=1",
-            "frames_per_repeat": frames, "camera_frames_per_s": summarize(rates)}
+    return {
+        "peer": "vstream_cpu",
+        "settings": f"DataLoader num_workers={workers}, decoder_threads=1",
+        "frames_per_repeat": frames,
+        "camera_frames_per_s": summarize(rates),
+    }
 
 
 class _PerThread(Peer):
@@ -270,8 +315,10 @@ class SimpleDecoderPeer(_PerThread):
         super().__init__(threads)
         self.gpu, self.cache = gpu, cache
         self.name = "simple_decoder"
-        self.settings = (f"{threads} threads, one SimpleDecoder each on its own CUDA stream, reconfigure_decoder, "
-                         f"decoder_cache_size={cache}, RGBP, index access")
+        self.settings = (
+            f"{threads} threads, one SimpleDecoder each on its own CUDA stream, reconfigure_decoder, "
+            f"decoder_cache_size={cache}, RGBP, index access"
+        )
 
     def read_one(self, read: Read) -> list[Any]:
         import PyNvVideoCodec as nvc
@@ -281,9 +328,14 @@ class SimpleDecoderPeer(_PerThread):
         state = self.local
         if getattr(state, "decoder", None) is None:
             state.stream = torch.cuda.Stream(device=self.gpu)
-            state.decoder = nvc.SimpleDecoder(str(path), gpu_id=self.gpu, cuda_stream=state.stream.cuda_stream,
-                                              use_device_memory=True, decoder_cache_size=self.cache,
-                                              output_color_type=nvc.OutputColorType.RGBP)
+            state.decoder = nvc.SimpleDecoder(
+                str(path),
+                gpu_id=self.gpu,
+                cuda_stream=state.stream.cuda_stream,
+                use_device_memory=True,
+                decoder_cache_size=self.cache,
+                output_color_type=nvc.OutputColorType.RGBP,
+            )
             state.path = path
         elif state.path != path:
             state.decoder.reconfigure_decoder(str(path))
@@ -306,7 +358,9 @@ class TorchCodecPeer(_PerThread):
         self.VideoDecoder = VideoDecoder
         self.device = f"cuda:{gpu}"
         self.name = "torchcodec_cuda"
-        self.settings = f"{threads} threads, VideoDecoder(device='cuda', seek_mode='exact') kept per file, get_frames_at"
+        self.settings = (
+            f"{threads} threads, VideoDecoder(device='cuda', seek_mode='exact') kept per file, get_frames_at"
+        )
 
     def read_one(self, read: Read) -> list[Any]:
         _clip, path, _camera, frames = read
@@ -336,8 +390,9 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(peer: Peer, batches: list[list[Read]], warmup: list[list[Read]], repeats: int, names: list[str],
-            check: bool = True) -> dict[str, Any]:
+def measure(
+    peer: Peer, batches: list[list[Read]], warmup: list[list[Read]], repeats: int, names: list[str], check: bool = True
+) -> dict[str, Any]:
     for reads in warmup:
         images = peer.read(reads)
         if check:
@@ -351,8 +406,12 @@ def measure(peer: Peer, batches: list[list[Read]], warmup: list[list[Read]], rep
             peer.read(reads)
         _sync()
         rates.append(frames / (time.perf_counter() - started))
-    return {"peer": peer.name, "settings": peer.settings, "frames_per_repeat": frames,
-            "camera_frames_per_s": summarize(rates)}
+    return {
+        "peer": peer.name,
+        "settings": peer.settings,
+        "frames_per_repeat": frames,
+        "camera_frames_per_s": summarize(rates),
+    }
 
 
 def best_of(make: Callable[[int | None], Peer], options: Sequence[int | None], *args: Any) -> dict[str, Any]:
@@ -373,7 +432,7 @@ def best_of(make: Callable[[int | None], Peer], options: Sequence[int | None], *
 
 
 def batched(samples: list[list[Read]], batch_size: int) -> list[list[Read]]:
-    return [[r for s in samples[i:i + batch_size] for r in s] for i in range(0, len(samples), batch_size)]
+    return [[r for s in samples[i : i + batch_size] for r in s] for i in range(0, len(samples), batch_size)]
 
 
 def run_case(title: str, peers: list[tuple[str, Callable[[], dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -413,18 +472,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=400, help="timed samples per repeat (accvlab case)")
     parser.add_argument("--clip-samples", type=int, default=64, help="timed 16-frame clips per repeat (clip case)")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per batch")
-    parser.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[7, 14, 21],
-                        help="decoding thread counts tried for each peer (best kept)")
+    parser.add_argument(
+        "--threads",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[7, 14, 21],
+        help="decoding thread counts tried for each peer (best kept)",
+    )
     parser.add_argument("--simple-cache", type=int, default=8, help="SimpleDecoder decoder_cache_size")
     parser.add_argument("--cpu-workers", type=int, default=os.cpu_count() or 1, help="vstream_cpu processes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("random", "clips"), default=None)
-    parser.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")), default=(1600, 900),
-                        help="accvlab case frame size WIDTHxHEIGHT (1600x900 is the reference case)")
-    parser.add_argument("--cpu-only", action="store_true",
-                        help="no GPU: measure only our CPU paths on the accvlab case (per-sample, GOP threads, "
-                             "nearest keyframe), for the planner's cost on this machine")
+    parser.add_argument(
+        "--size",
+        type=lambda s: tuple(int(v) for v in s.lower().split("x")),
+        default=(1600, 900),
+        help="accvlab case frame size WIDTHxHEIGHT (1600x900 is the reference case)",
+    )
+    parser.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="no GPU: measure only our CPU paths on the accvlab case (per-sample, GOP threads, "
+        "nearest keyframe), for the planner's cost on this machine",
+    )
     parser.add_argument("--quick", action="store_true", help="small data and few samples (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -439,15 +509,20 @@ def main(argv: list[str] | None = None) -> int:
         return main_cpu(args)
     reason = unavailable_reason(args.gpu)
     if reason is not None:
-        print(f"gpu_random_access.py needs a CUDA GPU with PyNvVideoCodec: {reason}. Nothing was measured.",
-              file=sys.stderr)
+        print(
+            f"gpu_random_access.py needs a CUDA GPU with PyNvVideoCodec: {reason}. Nothing was measured.",
+            file=sys.stderr,
+        )
         args.out.write_text(json.dumps({"status": "skipped", "reason": reason}, indent=2) + "\n")
         return 2
     import torch
 
     torch.cuda.set_device(args.gpu)
-    result: dict[str, Any] = {"status": "ok", "environment": environment(args.gpu), "args": {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    result: dict[str, Any] = {
+        "status": "ok",
+        "environment": environment(args.gpu),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     gpu = f"cuda:{args.gpu}"
     threads = args.threads
     if args.only in (None, "random"):
@@ -461,16 +536,27 @@ def main(argv: list[str] | None = None) -> int:
         common = (timed, warm, args.repeats, names)
         peers: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("vstream_gpu", lambda: best_of(lambda t: VStreamPeer(index, device=gpu, threads=t), threads, *common)),
-            ("simple_decoder", lambda: best_of(lambda t: SimpleDecoderPeer(args.gpu, t or 1, args.simple_cache),
-                                               threads, *common)),
-            ("vstream_gpu_keyframe", lambda: measure(
-                VStreamPeer(index, device=gpu, threads=max(threads), policy="nearest_keyframe"), timed, [], 1, names,
-                check=False)),
+            (
+                "simple_decoder",
+                lambda: best_of(lambda t: SimpleDecoderPeer(args.gpu, t or 1, args.simple_cache), threads, *common),
+            ),
+            (
+                "vstream_gpu_keyframe",
+                lambda: measure(
+                    VStreamPeer(index, device=gpu, threads=max(threads), policy="nearest_keyframe"),
+                    timed,
+                    [],
+                    1,
+                    names,
+                    check=False,
+                ),
+            ),
         ]
         tc = torchcodec_reason()
         if tc is None:
-            peers.append(("torchcodec_cuda", lambda: best_of(lambda t: TorchCodecPeer(args.gpu, t or 1), threads,
-                                                            *common)))
+            peers.append(
+                ("torchcodec_cuda", lambda: best_of(lambda t: TorchCodecPeer(args.gpu, t or 1), threads, *common))
+            )
         rows = run_case("accvlab random access", peers)
         if tc is not None:
             rows.append({"peer": "torchcodec_cuda", "status": "skipped", "reason": tc})
@@ -484,8 +570,12 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = fps / simple["camera_frames_per_s"]["median"]
                 goals["vs_simple_decoder"] = {"value": ratio, "goal": GOAL_RATIO, "met": ratio >= GOAL_RATIO}
         result["random"] = {"rows": rows, "goals": goals}
-        print_table(f"accvlab case: 6 cameras {args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera "
-                    "per sample", rows, "simple_decoder")
+        print_table(
+            f"accvlab case: 6 cameras {args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera "
+            "per sample",
+            rows,
+            "simple_decoder",
+        )
         for name, goal in goals.items():
             print(f"goal {name}: {goal['value']:.2f} vs >= {goal['goal']} -> {'met' if goal['met'] else 'NOT met'}")
     if args.only in (None, "clips"):
@@ -503,8 +593,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         tc = torchcodec_reason()
         if tc is None:
-            peers.append(("torchcodec_cuda", lambda: best_of(lambda t: TorchCodecPeer(args.gpu, t or 1), threads,
-                                                            *common)))
+            peers.append(
+                ("torchcodec_cuda", lambda: best_of(lambda t: TorchCodecPeer(args.gpu, t or 1), threads, *common))
+            )
         rows = run_case("16-frame clips", peers)
         if tc is not None:
             rows.append({"peer": "torchcodec_cuda", "status": "skipped", "reason": tc})
@@ -519,8 +610,11 @@ def main_cpu(args: argparse.Namespace) -> int:
     """Our CPU paths on the accvlab case: per-sample reads vs GOP-planned batches on threads vs keyframes."""
     import torch
 
-    result: dict[str, Any] = {"status": "ok", "mode": "cpu-only", "environment": {
-        "python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()}}
+    result: dict[str, Any] = {
+        "status": "ok",
+        "mode": "cpu-only",
+        "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
+    }
     index = prepare_random(args)
     from lightning_vstream.index import load_index
 
@@ -531,19 +625,30 @@ def main_cpu(args: argparse.Namespace) -> int:
 
     def cpu_peer(threads: int | None, policy: str = "exact") -> Peer:
         peer = VStreamPeer(index, device="cpu", threads=threads, policy=policy, max_open=64)
-        peer.name = "vstream_cpu_keyframe" if policy != "exact" else (
-            f"vstream_cpu_gop_threads_{threads}" if threads else "vstream_cpu_per_sample")
+        peer.name = (
+            "vstream_cpu_keyframe"
+            if policy != "exact"
+            else (f"vstream_cpu_gop_threads_{threads}" if threads else "vstream_cpu_per_sample")
+        )
         return peer
 
-    rows = run_case("accvlab case on the CPU", [
-        ("vstream_cpu_per_sample", lambda: measure(cpu_peer(None), *common)),
-        *[(f"vstream_cpu_gop_threads_{t}", lambda t=t: measure(cpu_peer(t), *common)) for t in args.threads],
-        ("vstream_cpu_keyframe", lambda: measure(cpu_peer(None, "nearest_keyframe"), timed, [], args.repeats, names,
-                                                 check=False)),
-    ])
+    rows = run_case(
+        "accvlab case on the CPU",
+        [
+            ("vstream_cpu_per_sample", lambda: measure(cpu_peer(None), *common)),
+            *[(f"vstream_cpu_gop_threads_{t}", lambda t=t: measure(cpu_peer(t), *common)) for t in args.threads],
+            (
+                "vstream_cpu_keyframe",
+                lambda: measure(cpu_peer(None, "nearest_keyframe"), timed, [], args.repeats, names, check=False),
+            ),
+        ],
+    )
     result["random_cpu"] = {"rows": rows}
-    print_table(f"accvlab case on the CPU ({args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera)",
-                rows, "vstream_cpu_per_sample")
+    print_table(
+        f"accvlab case on the CPU ({args.size[0]}x{args.size[1]} HEVC GOP 30, one random frame per camera)",
+        rows,
+        "vstream_cpu_per_sample",
+    )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "lightning_vstream.bench.gpu_throughput/2"
-DEFAULT_LOADER_CONFIGS = ('{}', '{"engine_threads": 7}', '{"engine_threads": 28}', '{"prefetch_factor": 4}')
+DEFAULT_LOADER_CONFIGS = ("{}", '{"engine_threads": 7}', '{"engine_threads": 28}', '{"prefetch_factor": 4}')
 DEFAULT_DECODERS = "1,2,4,6,7,8,12,14,16,21,28"
 GOALS = {"loader_fps": 4000.0, "loader_over_raw": 0.9, "loader_over_seed": 1.6}
 
@@ -90,12 +90,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--crf", type=int, default=18, help="x265 quality; 18 gives about 0.5 Mbit per frame")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel encoders for the data")
     parser.add_argument("--gpu", type=int, default=0)
-    parser.add_argument("--decoders", type=_int_list, default=_int_list(DEFAULT_DECODERS),
-                        help=f"parallel decoder counts for (a) (default {DEFAULT_DECODERS})")
+    parser.add_argument(
+        "--decoders",
+        type=_int_list,
+        default=_int_list(DEFAULT_DECODERS),
+        help=f"parallel decoder counts for (a) (default {DEFAULT_DECODERS})",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument(
-        "--loader-config", type=_json_object, action="append", default=None,
+        "--loader-config",
+        type=_json_object,
+        action="append",
+        default=None,
         help="JSON object of extra StreamVideoDataModule arguments; repeat for several rows "
         f"(default: {', '.join(DEFAULT_LOADER_CONFIGS)})",
     )
@@ -108,8 +115,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.loader_config is None:
         args.loader_config = [json.loads(c) for c in DEFAULT_LOADER_CONFIGS]
-    for name in ("clips", "cameras", "frames", "gop", "jobs", "repeats", "batch_size", "loader_batches",
-                 "warmup_batches", "seed_workers"):
+    for name in (
+        "clips",
+        "cameras",
+        "frames",
+        "gop",
+        "jobs",
+        "repeats",
+        "batch_size",
+        "loader_batches",
+        "warmup_batches",
+        "seed_workers",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -135,8 +152,12 @@ def gpu_unavailable_reason(gpu: int) -> str | None:
 def environment(gpu: int | None) -> dict[str, Any]:
     import torch
 
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "torch_cuda": torch.version.cuda, "cpu_count": os.cpu_count()}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+    }
     if gpu is not None and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(gpu)
         try:
@@ -198,26 +219,52 @@ def prepare_data(args: argparse.Namespace) -> Path:
     from lightning_vstream.demos.synth import NUSCENES_CAMERAS, clip_name
     from lightning_vstream.index import build_index
 
-    params = {"clips": args.clips, "cameras": args.cameras, "frames": args.frames, "size": list(args.size),
-              "codec": "hevc", "gop": args.gop, "bframes": 0, "fps": 12.0, "crf": args.crf}
+    params = {
+        "clips": args.clips,
+        "cameras": args.cameras,
+        "frames": args.frames,
+        "size": list(args.size),
+        "codec": "hevc",
+        "gop": args.gop,
+        "bframes": 0,
+        "fps": 12.0,
+        "crf": args.crf,
+    }
     marker = args.data_dir / "bench_params.json"
     index = args.data_dir / "index.json"
     if marker.is_file() and index.is_file():
         existing = json.loads(marker.read_text())
         if existing != params:
-            raise SystemExit(f"{str(args.data_dir)!r} holds a dataset written with {existing}, not {params}; "
-                             "pass another --data-dir or matching options.")
+            raise SystemExit(
+                f"{str(args.data_dir)!r} holds a dataset written with {existing}, not {params}; "
+                "pass another --data-dir or matching options."
+            )
         print(f"reusing dataset in {args.data_dir}")
         return index
-    names = sorted(NUSCENES_CAMERAS[: args.cameras]) if args.cameras <= 6 else [f"CAM_{i:02d}" for i in range(args.cameras)]
+    names = (
+        sorted(NUSCENES_CAMERAS[: args.cameras]) if args.cameras <= 6 else [f"CAM_{i:02d}" for i in range(args.cameras)]
+    )
     jobs = [
-        {"path": args.data_dir / "videos" / clip_name(c) / f"{name}.mp4", "clip": c, "camera": k,
-         "frames": args.frames, "size": tuple(args.size), "codec": "hevc", "gop": args.gop, "bframes": 0,
-         "fps": 12.0, "crf": args.crf}
-        for c in range(args.clips) for k, name in enumerate(names)
+        {
+            "path": args.data_dir / "videos" / clip_name(c) / f"{name}.mp4",
+            "clip": c,
+            "camera": k,
+            "frames": args.frames,
+            "size": tuple(args.size),
+            "codec": "hevc",
+            "gop": args.gop,
+            "bframes": 0,
+            "fps": 12.0,
+            "crf": args.crf,
+        }
+        for c in range(args.clips)
+        for k, name in enumerate(names)
     ]
-    print(f"writing {args.clips} clips x {args.cameras} cameras, {args.frames} frames of "
-          f"{args.size[0]}x{args.size[1]} HEVC (crf {args.crf}) to {args.data_dir} ...", flush=True)
+    print(
+        f"writing {args.clips} clips x {args.cameras} cameras, {args.frames} frames of "
+        f"{args.size[0]}x{args.size[1]} HEVC (crf {args.crf}) to {args.data_dir} ...",
+        flush=True,
+    )
     started = time.perf_counter()
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)), mp_context=context) as pool:
@@ -274,8 +321,9 @@ def _create_raw_decoder(nvc: Any, gpu: int, codec: str, width: int, height: int,
     return create_session(nvc, DecoderKey(gpu, codec, width, height, latency=latency))  # type: ignore[arg-type]
 
 
-def raw_decode_run(nvc: Any, sessions: list[Any], files: list[tuple[list[Any], list[Any], int]], gpu: int,
-                   low_latency: bool = False) -> tuple[int, float]:
+def raw_decode_run(
+    nvc: Any, sessions: list[Any], files: list[tuple[list[Any], list[Any], int]], gpu: int, low_latency: bool = False
+) -> tuple[int, float]:
     """Decode every file once with ``len(sessions)`` threads; return (frames, seconds)."""
     import torch
 
@@ -315,8 +363,9 @@ def raw_decode_run(nvc: Any, sessions: list[Any], files: list[tuple[list[Any], l
     return sum(frames), elapsed
 
 
-def measure_raw(nvc: Any, index: Path, args: argparse.Namespace, latencies: tuple[str, ...] = ("NATIVE", "LOW")
-                ) -> dict[str, Any]:
+def measure_raw(
+    nvc: Any, index: Path, args: argparse.Namespace, latencies: tuple[str, ...] = ("NATIVE", "LOW")
+) -> dict[str, Any]:
     from lightning_vstream.decode.cpu import probe_video
 
     files = video_files(index)
@@ -329,25 +378,39 @@ def measure_raw(nvc: Any, index: Path, args: argparse.Namespace, latencies: tupl
     raw_decode_run(nvc, warm, loaded[:1], args.gpu)  # warm-up: driver, NVDEC clocks
     for latency in latencies:
         for count in args.decoders:
-            sessions = [_create_raw_decoder(nvc, args.gpu, info.codec, info.width, info.height, latency)
-                        for _ in range(count)]
+            sessions = [
+                _create_raw_decoder(nvc, args.gpu, info.codec, info.width, info.height, latency) for _ in range(count)
+            ]
             fps = []
             with Usage(args.gpu) as usage:
                 for _ in range(args.repeats):
                     frames, seconds = raw_decode_run(nvc, sessions, loaded, args.gpu, latency == "LOW")
                     if frames != expected:
-                        raise RuntimeError(f"raw NVDEC run with {count} decoders returned {frames} frames, "
-                                           f"expected {expected}")
+                        raise RuntimeError(
+                            f"raw NVDEC run with {count} decoders returned {frames} frames, expected {expected}"
+                        )
                     fps.append(frames / seconds)
-            row = {"latency": latency, "decoders": count, "frames_per_run": expected, "fps": summarize(fps),
-                   "usage": usage.result}
+            row = {
+                "latency": latency,
+                "decoders": count,
+                "frames_per_run": expected,
+                "fps": summarize(fps),
+                "usage": usage.result,
+            }
             rows.append(row)
             print(f"    {latency:<6} {count:3d} decoders: {row['fps']['median']:9.1f} frames/s", flush=True)
             del sessions
     best = max(rows, key=lambda r: r["fps"]["median"])
-    return {"files": len(files), "codec": info.codec, "width": info.width, "height": info.height,
-            "mbit_per_frame": data_rate(files, [f[2] for f in loaded]),
-            "output": "NATIVE (NV12), no colour conversion, one CUDA stream per decoder", "rows": rows, "best": best}
+    return {
+        "files": len(files),
+        "codec": info.codec,
+        "width": info.width,
+        "height": info.height,
+        "mbit_per_frame": data_rate(files, [f[2] for f in loaded]),
+        "output": "NATIVE (NV12), no colour conversion, one CUDA stream per decoder",
+        "rows": rows,
+        "best": best,
+    }
 
 
 # -- (b) and (c): a Lightning training step consuming batches ---------------------------------------
@@ -391,17 +454,26 @@ def _fit(datamodule: Any, train_loader: Any, args: argparse.Namespace) -> tuple[
 
     timer = Timer()
     trainer = L.Trainer(
-        accelerator="gpu", devices=[args.gpu], max_steps=args.warmup_batches + args.loader_batches,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[timer],
+        accelerator="gpu",
+        devices=[args.gpu],
+        max_steps=args.warmup_batches + args.loader_batches,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[timer],
     )
     if datamodule is not None:
         trainer.fit(Sink(), datamodule=datamodule)
     else:
         trainer.fit(Sink(), train_dataloaders=train_loader)
     if timer.usage is None or not hasattr(timer.usage, "result"):
-        raise RuntimeError(f"the loader delivered only {timer.seen} batches; use more --clips/--frames or fewer "
-                           "--warmup-batches / --loader-batches")
+        raise RuntimeError(
+            f"the loader delivered only {timer.seen} batches; use more --clips/--frames or fewer "
+            "--warmup-batches / --loader-batches"
+        )
     return timer.frames, timer.usage.result["wall_s"], timer.usage.result
 
 
@@ -413,9 +485,12 @@ def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace
     try:
         from lightning_vstream.stream.datamodule import StreamVideoDataModule
     except Exception as err:
-        return {"config": config, "status": "unavailable",
-                "reason": f"lightning_vstream.stream.datamodule.StreamVideoDataModule cannot be imported "
-                          f"({type(err).__name__}: {err})"}
+        return {
+            "config": config,
+            "status": "unavailable",
+            "reason": f"lightning_vstream.stream.datamodule.StreamVideoDataModule cannot be imported "
+            f"({type(err).__name__}: {err})",
+        }
     kwargs = {"index_file": str(index), "batch_size": args.batch_size, "decode_device": "cuda", **config}
     try:
         StreamVideoDataModule(**kwargs)
@@ -482,16 +557,27 @@ def measure_seed(index: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     fps, usages = [], []
     for _ in range(args.repeats):
-        loader = DataLoader(SeedDataset(index, args.gpu), batch_size=args.batch_size, shuffle=False,
-                            num_workers=args.seed_workers, multiprocessing_context="spawn", prefetch_factor=2)
+        loader = DataLoader(
+            SeedDataset(index, args.gpu),
+            batch_size=args.batch_size,
+            shuffle=False,
+            num_workers=args.seed_workers,
+            multiprocessing_context="spawn",
+            prefetch_factor=2,
+        )
         try:
             frames, seconds, usage = _fit(None, loader, args)
         except Exception as err:
             return {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
         fps.append(frames / seconds)
         usages.append(usage)
-    return {"status": "ok", "workers": args.seed_workers, "fps": summarize(fps), "usage": usages,
-            "design": "map-style dataset, NvDecoder per worker and file, spawn workers, CUDA IPC hand-off"}
+    return {
+        "status": "ok",
+        "workers": args.seed_workers,
+        "fps": summarize(fps),
+        "usage": usages,
+        "design": "map-style dataset, NvDecoder per worker and file, spawn workers, CUDA IPC hand-off",
+    }
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -528,17 +614,23 @@ def _usage_text(usage: dict[str, Any] | list[dict[str, Any]] | None) -> str:
 def print_table(result: dict[str, Any]) -> None:
     raw = result.get("raw_nvdec")
     if raw:
-        print(f"\n(a) raw NVDEC ceiling: {raw['files']} files of {raw['width']}x{raw['height']} {raw['codec']}, "
-              f"{raw.get('mbit_per_frame', 0):.2f} Mbit/frame, {raw['output']}")
+        print(
+            f"\n(a) raw NVDEC ceiling: {raw['files']} files of {raw['width']}x{raw['height']} {raw['codec']}, "
+            f"{raw.get('mbit_per_frame', 0):.2f} Mbit/frame, {raw['output']}"
+        )
         print(f"    {'latency':<7} {'decoders':>8}  {'median fps':>11}  {'min':>9}  {'max':>9}  usage")
         for row in raw["rows"]:
             f = row["fps"]
-            print(f"    {row.get('latency', ''):<7} {row['decoders']:>8}  {f['median']:>11.1f}  {f['min']:>9.1f}  "
-                  f"{f['max']:>9.1f}  {_usage_text(row.get('usage'))}")
+            print(
+                f"    {row.get('latency', ''):<7} {row['decoders']:>8}  {f['median']:>11.1f}  {f['min']:>9.1f}  "
+                f"{f['max']:>9.1f}  {_usage_text(row.get('usage'))}"
+            )
     loader = result.get("loader")
     if loader:
-        print(f"\n(b) our loader (StreamVideoDataModule, decode_device='cuda') in a Lightning step, "
-              f"batch_size={result.get('batch_size')}")
+        print(
+            f"\n(b) our loader (StreamVideoDataModule, decode_device='cuda') in a Lightning step, "
+            f"batch_size={result.get('batch_size')}"
+        )
         print(f"    {'config':<34}  {'median fps':>11}  {'min':>9}  {'max':>9}  {'/ (a)':>6}  usage")
         for row in loader:
             name = json.dumps(row["config"])
@@ -547,21 +639,28 @@ def print_table(result: dict[str, Any]) -> None:
                 continue
             f = row["fps"]
             share = f"{row['ratio_to_raw_best']:.3f}" if row.get("ratio_to_raw_best") is not None else "-"
-            print(f"    {name:<34}  {f['median']:>11.1f}  {f['min']:>9.1f}  {f['max']:>9.1f}  {share:>6}  "
-                  f"{_usage_text(row.get('usage'))}")
+            print(
+                f"    {name:<34}  {f['median']:>11.1f}  {f['min']:>9.1f}  {f['max']:>9.1f}  {share:>6}  "
+                f"{_usage_text(row.get('usage'))}"
+            )
     seed = result.get("seed_design")
     if seed:
         if seed["status"] == "ok":
             f = seed["fps"]
-            print(f"\n(c) seed design ({seed['workers']} spawn workers): {f['median']:.1f} frames/s "
-                  f"(min {f['min']:.1f}, max {f['max']:.1f})  {_usage_text(seed.get('usage'))}")
+            print(
+                f"\n(c) seed design ({seed['workers']} spawn workers): {f['median']:.1f} frames/s "
+                f"(min {f['min']:.1f}, max {f['max']:.1f})  {_usage_text(seed.get('usage'))}"
+            )
         else:
             print(f"\n(c) seed design: {seed['status']}: {seed['reason']}")
     summary = result.get("summary")
     if summary:
         print("\nsummary (goal: met?)")
-        for key, label in (("loader_fps", "(b) camera-frames/s"), ("loader_over_raw", "(b)/(a)"),
-                           ("loader_over_seed", "(b)/(c)")):
+        for key, label in (
+            ("loader_fps", "(b) camera-frames/s"),
+            ("loader_over_raw", "(b)/(a)"),
+            ("loader_over_seed", "(b)/(c)"),
+        ):
             value = summary.get(key)
             goal = summary["goals"][key]
             shown = "-" if value is None else f"{value:.3f}" if key != "loader_fps" else f"{value:.1f}"
@@ -588,9 +687,18 @@ def main(argv: list[str] | None = None) -> int:
     nvc = import_pynvvideocodec()
     result.update(status="ok", environment=environment(args.gpu), batch_size=args.batch_size)
     index = prepare_data(args)
-    result["data"] = {"index": str(index), "clips": args.clips, "cameras": args.cameras, "frames": args.frames,
-                      "size": list(args.size), "codec": "hevc", "gop": args.gop, "bframes": 0, "fps": 12.0,
-                      "crf": args.crf}
+    result["data"] = {
+        "index": str(index),
+        "clips": args.clips,
+        "cameras": args.cameras,
+        "frames": args.frames,
+        "size": list(args.size),
+        "codec": "hevc",
+        "gop": args.gop,
+        "bframes": 0,
+        "fps": 12.0,
+        "crf": args.crf,
+    }
     if not args.skip_raw:
         result["raw_nvdec"] = measure_raw(nvc, index, args)
     if not args.skip_loader:

@@ -62,14 +62,22 @@ def _write_binary(path: Path, clips: int, gop: int) -> float:
     per_frame = np.arange(FRAMES, dtype=np.int64) * 3000  # 30 fps in a 90 kHz time base
     key_frames = np.arange(0, FRAMES, gop, dtype=np.int64)
     arrays = {
-        "codec": np.zeros(n, np.int32), "width": np.full(n, 1600), "height": np.full(n, 900),
-        "tb_num": np.ones(n, np.int64), "tb_den": np.full(n, 90000), "fps": np.full(n, 30.0),
-        "has_crc": np.ones(n, np.uint8), "config_crc32": rng.integers(0, 2**32, n),
-        "size": rng.integers(10**6, 10**7, n), "mtime_ns": np.full(n, 1_700_000_000 * 10**9),
-        "head_crc32": rng.integers(0, 2**32, n), "tail_crc32": rng.integers(0, 2**32, n),
+        "codec": np.zeros(n, np.int32),
+        "width": np.full(n, 1600),
+        "height": np.full(n, 900),
+        "tb_num": np.ones(n, np.int64),
+        "tb_den": np.full(n, 90000),
+        "fps": np.full(n, 30.0),
+        "has_crc": np.ones(n, np.uint8),
+        "config_crc32": rng.integers(0, 2**32, n),
+        "size": rng.integers(10**6, 10**7, n),
+        "mtime_ns": np.full(n, 1_700_000_000 * 10**9),
+        "head_crc32": rng.integers(0, 2**32, n),
+        "tail_crc32": rng.integers(0, 2**32, n),
         "pts": np.tile(per_frame, n),
         "crc32": rng.integers(0, 2**32, n * FRAMES, dtype=np.uint32),
-        "key_indices": np.tile(key_frames, n), "key_seek": np.tile(key_frames * 3000, n),
+        "key_indices": np.tile(key_frames, n),
+        "key_seek": np.tile(key_frames * 3000, n),
         "frame_offsets": np.arange(n + 1, dtype=np.int64) * FRAMES,
         "key_offsets": np.arange(n + 1, dtype=np.int64) * len(key_frames),
     }
@@ -87,14 +95,22 @@ def _write_json(path: Path, clips: int, gop: int) -> float:
             "size": 5_000_000,
             "identity": {"size": 5_000_000, "mtime_ns": 1_700_000_000 * 10**9, "head_crc32": 1, "tail_crc32": 2},
             "info": {
-                "version": 1, "codec": "h264", "width": 1600, "height": 900, "time_base": [1, 90000],
-                "average_fps": 30.0, "pts": [i * 3000 for i in range(FRAMES)],
-                "key_indices": list(range(0, FRAMES, gop)), "key_seek": [i * 3000 for i in range(0, FRAMES, gop)],
-                "crc32": [rng.getrandbits(32) for _ in range(FRAMES)], "config_crc32": 7,
+                "version": 1,
+                "codec": "h264",
+                "width": 1600,
+                "height": 900,
+                "time_base": [1, 90000],
+                "average_fps": 30.0,
+                "pts": [i * 3000 for i in range(FRAMES)],
+                "key_indices": list(range(0, FRAMES, gop)),
+                "key_seek": [i * 3000 for i in range(0, FRAMES, gop)],
+                "crc32": [rng.getrandbits(32) for _ in range(FRAMES)],
+                "config_crc32": 7,
             },
         }
-    path.write_text(json.dumps({"format": "lightning_vstream.meta", "version": 1, "files": files},
-                               separators=(",", ":")))
+    path.write_text(
+        json.dumps({"format": "lightning_vstream.meta", "version": 1, "files": files}, separators=(",", ":"))
+    )
     return time.perf_counter() - start
 
 
@@ -135,7 +151,7 @@ def _records(tables: Any, clips: int) -> Any:
     out = []
     at = 0
     for clip_id, paths, _ in pending:
-        mine = rows[at:at + len(CAMERAS)]
+        mine = rows[at : at + len(CAMERAS)]
         streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(CAMERAS, paths, mine))
         at += len(CAMERAS)
         out.append(Clip(clip_id, video_dir, FRAMES, streams))
@@ -191,8 +207,12 @@ def _measure_binary(path: str, clips: int, workers: int, repeats: int, queue: An
         timings.append({"open_s": t_open, "first_lookup_s": t_first, "records_s": t_records, "lookup_s": t_lookup})
     tables_payload = pickle.dumps(FrameTables(path), protocol=pickle.HIGHEST_PROTOCOL)
     payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
-    result: dict[str, Any] = {**memory, "timings": timings, "pickled_tables_bytes": len(tables_payload),
-                              "pickled_index_mb": len(payload) / 2**20}
+    result: dict[str, Any] = {
+        **memory,
+        "timings": timings,
+        "pickled_tables_bytes": len(tables_payload),
+        "pickled_index_mb": len(payload) / 2**20,
+    }
     if workers:
         ctx = mp.get_context("spawn")
         wq = ctx.Queue()
@@ -204,9 +224,11 @@ def _measure_binary(path: str, clips: int, workers: int, repeats: int, queue: An
             result.setdefault("workers", []).append(got)
         idle = result["workers"][0][1]
         busy = [after for _, after, _ in result["workers"][1:]]
-        result.update(worker_extra_rss_mb=[b[0] - idle[0] for b in busy],
-                      worker_extra_anon_mb=[b[1] - idle[1] for b in busy],
-                      worker_unpickle_and_lookups_s=[s for _, _, s in result["workers"][1:]])
+        result.update(
+            worker_extra_rss_mb=[b[0] - idle[0] for b in busy],
+            worker_extra_anon_mb=[b[1] - idle[1] for b in busy],
+            worker_unpickle_and_lookups_s=[s for _, _, s in result["workers"][1:]],
+        )
     queue.put(result)
 
 
@@ -222,8 +244,14 @@ def _measure_json(path: str, queue: Any) -> None:
     rss, anon = _memory()
     del meta
     payload = pickle.dumps(infos, protocol=pickle.HIGHEST_PROTOCOL)
-    queue.put({"load_s": elapsed, "rss_mb": rss - base_rss, "anon_mb": anon - base_anon,
-               "pickled_tables_mb": len(payload) / 2**20})
+    queue.put(
+        {
+            "load_s": elapsed,
+            "rss_mb": rss - base_rss,
+            "anon_mb": anon - base_anon,
+            "pickled_tables_mb": len(payload) / 2**20,
+        }
+    )
 
 
 def _in_fresh_process(target: Any, *args: Any) -> dict[str, Any]:
@@ -246,8 +274,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("index_scale.json"))
     args = parser.parse_args()
 
-    results: dict[str, Any] = {"clips": args.clips, "cameras": len(CAMERAS), "frames": FRAMES,
-                               "machine": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    results: dict[str, Any] = {
+        "clips": args.clips,
+        "cameras": len(CAMERAS),
+        "frames": FRAMES,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
     with tempfile.TemporaryDirectory(prefix="index_scale_") as tmp:
         tmpdir = Path(tmp)
         small = args.json_files_clips
@@ -277,39 +311,97 @@ def main() -> None:
     files = args.clips * len(CAMERAS)
     rows = [
         ("files", f"{small * 6:,}", f"{small * 6:,}", f"{files:,}", f"{files:,} (x{scale:g})"),
-        ("table file", f"{results['json_bytes'] / 2**20:.0f} MB", "-", f"{results['binary_bytes'] / 2**20:,.0f} MB",
-         f"{results['json_bytes'] * scale / 2**30:.1f} GB"),
-        ("load tables to first lookup, s", f"{js['load_s']:.2f}", spread(bs, "open_s", 1, ".4f"),
-         f"{med(bb, 'open_s') + med(bb, 'first_lookup_s'):.4f}", f"{js['load_s'] * scale:.0f}"),
-        ("memory for tables: private (RSS), MB", f"{js['anon_mb']:.0f} ({js['rss_mb']:.0f})",
-         f"{bs['tables_anon_mb']:.1f} ({bs['tables_rss_mb']:.1f})", f"{bb['tables_anon_mb']:.1f} ({bb['tables_rss_mb']:.1f})",
-         f"{js['anon_mb'] * scale:,.0f}"),
-        ("index records (Clip, CameraStream), s", "(not built)", spread(bs, "records_s", 1, ".3f"),
-         spread(bb, "records_s"), "-"),
-        ("rank after records + 1000 lookups: private (RSS), MB", "-",
-         f"{bs['rank_anon_mb']:.0f} ({bs['rank_rss_mb']:.0f})", f"{bb['rank_anon_mb']:.0f} ({bb['rank_rss_mb']:.0f})", "-"),
-        ("VideoInfo lookup (random file), us", "-", f"{med(bs, 'lookup_s') * 1e6:.0f}", f"{med(bb, 'lookup_s') * 1e6:.0f}",
-         "-"),
-        ("pickled tables per spawn worker", f"{js['pickled_tables_mb']:.0f} MB", f"{bs['pickled_tables_bytes']} B",
-         f"{bb['pickled_tables_bytes']} B", f"{js['pickled_tables_mb'] * scale / 1024:.1f} GB"),
-        ("pickled index records per worker, MB", "-", f"{bs['pickled_index_mb']:.1f}", f"{bb['pickled_index_mb']:.0f}", "-"),
-        ("extra private memory per spawn worker, MB", "-", "-",
-         ", ".join(f"{v:.0f}" for v in bb.get("worker_extra_anon_mb", [])), "-"),
-        ("  its unpickling + 1000 lookups, s", "-", "-",
-         ", ".join(f"{v:.1f}" for v in bb.get("worker_unpickle_and_lookups_s", [])), "-"),
+        (
+            "table file",
+            f"{results['json_bytes'] / 2**20:.0f} MB",
+            "-",
+            f"{results['binary_bytes'] / 2**20:,.0f} MB",
+            f"{results['json_bytes'] * scale / 2**30:.1f} GB",
+        ),
+        (
+            "load tables to first lookup, s",
+            f"{js['load_s']:.2f}",
+            spread(bs, "open_s", 1, ".4f"),
+            f"{med(bb, 'open_s') + med(bb, 'first_lookup_s'):.4f}",
+            f"{js['load_s'] * scale:.0f}",
+        ),
+        (
+            "memory for tables: private (RSS), MB",
+            f"{js['anon_mb']:.0f} ({js['rss_mb']:.0f})",
+            f"{bs['tables_anon_mb']:.1f} ({bs['tables_rss_mb']:.1f})",
+            f"{bb['tables_anon_mb']:.1f} ({bb['tables_rss_mb']:.1f})",
+            f"{js['anon_mb'] * scale:,.0f}",
+        ),
+        (
+            "index records (Clip, CameraStream), s",
+            "(not built)",
+            spread(bs, "records_s", 1, ".3f"),
+            spread(bb, "records_s"),
+            "-",
+        ),
+        (
+            "rank after records + 1000 lookups: private (RSS), MB",
+            "-",
+            f"{bs['rank_anon_mb']:.0f} ({bs['rank_rss_mb']:.0f})",
+            f"{bb['rank_anon_mb']:.0f} ({bb['rank_rss_mb']:.0f})",
+            "-",
+        ),
+        (
+            "VideoInfo lookup (random file), us",
+            "-",
+            f"{med(bs, 'lookup_s') * 1e6:.0f}",
+            f"{med(bb, 'lookup_s') * 1e6:.0f}",
+            "-",
+        ),
+        (
+            "pickled tables per spawn worker",
+            f"{js['pickled_tables_mb']:.0f} MB",
+            f"{bs['pickled_tables_bytes']} B",
+            f"{bb['pickled_tables_bytes']} B",
+            f"{js['pickled_tables_mb'] * scale / 1024:.1f} GB",
+        ),
+        (
+            "pickled index records per worker, MB",
+            "-",
+            f"{bs['pickled_index_mb']:.1f}",
+            f"{bb['pickled_index_mb']:.0f}",
+            "-",
+        ),
+        (
+            "extra private memory per spawn worker, MB",
+            "-",
+            "-",
+            ", ".join(f"{v:.0f}" for v in bb.get("worker_extra_anon_mb", [])),
+            "-",
+        ),
+        (
+            "  its unpickling + 1000 lookups, s",
+            "-",
+            "-",
+            ", ".join(f"{v:.1f}" for v in bb.get("worker_unpickle_and_lookups_s", [])),
+            "-",
+        ),
     ]
     header = ("", "JSON (baseline)", "binary, same size", "binary, full size", "JSON extrapolated")
     widths = [max(len(str(r[i])) for r in (*rows, header)) for i in range(5)]
-    print(f"frame tables: {args.clips:,} clips x {len(CAMERAS)} cameras x {FRAMES} frames; GOP {args.gop}; "
-          f"each size in a fresh process, median of {args.repeats} [min-max]; {os.cpu_count()} CPUs")
+    print(
+        f"frame tables: {args.clips:,} clips x {len(CAMERAS)} cameras x {FRAMES} frames; GOP {args.gop}; "
+        f"each size in a fresh process, median of {args.repeats} [min-max]; {os.cpu_count()} CPUs"
+    )
     for r in (header, *rows):
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     load = med(bb, "open_s") + med(bb, "first_lookup_s")
     ratio = js["load_s"] * scale / load
-    print(f"tables: binary loads {ratio:,.0f}x faster than JSON would at full size and holds "
-          f"{js['anon_mb'] * scale / max(bb['tables_anon_mb'], 0.1):,.0f}x less private memory")
-    results["summary"] = {"binary_load_s": load, "json_extrapolated_load_s": js["load_s"] * scale,
-                          "json_extrapolated_anon_mb": js["anon_mb"] * scale, "load_ratio": ratio}
+    print(
+        f"tables: binary loads {ratio:,.0f}x faster than JSON would at full size and holds "
+        f"{js['anon_mb'] * scale / max(bb['tables_anon_mb'], 0.1):,.0f}x less private memory"
+    )
+    results["summary"] = {
+        "binary_load_s": load,
+        "json_extrapolated_load_s": js["load_s"] * scale,
+        "json_extrapolated_anon_mb": js["anon_mb"] * scale,
+        "load_ratio": ratio,
+    }
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
 

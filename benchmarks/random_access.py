@@ -116,13 +116,22 @@ def prepare(args: argparse.Namespace, length: int) -> tuple[Path, int, int]:
         print(f"  encoding {length} s of {args.size[0]}x{args.size[1]} {args.fps:g} fps H.264 ...", flush=True)
         tmp = video.with_suffix(".tmp.mp4")
         write_stamped_video(
-            tmp, clip=length, camera=0, frames=length * round(args.fps), size=tuple(args.size), gop=args.gop,
-            fps=args.fps, preset="ultrafast", crf=args.crf,
+            tmp,
+            clip=length,
+            camera=0,
+            frames=length * round(args.fps),
+            size=tuple(args.size),
+            gop=args.gop,
+            fps=args.fps,
+            preset="ultrafast",
+            crf=args.crf,
         )
         tmp.replace(video)
     build_index(folder, output=index, video_dirs=["videos"], progress=False)
     params_file.write_text(json.dumps(params))
-    print(f"  ready in {time.perf_counter() - started:.0f} s: {video} ({video.stat().st_size / 1e6:.0f} MB)", flush=True)
+    print(
+        f"  ready in {time.perf_counter() - started:.0f} s: {video} ({video.stat().st_size / 1e6:.0f} MB)", flush=True
+    )
     return index, period, stamped
 
 
@@ -241,7 +250,9 @@ def _check(frames: list[Any], indices: list[int], clip: int, period: int, who: s
         layout = "chw" if array.shape[0] == 3 else "hwc"
         stamp = read_stamp(array, layout=layout)
         if (stamp.clip, stamp.frame) != (clip, index % period):
-            raise AssertionError(f"{who}: frame {index} carries stamp {stamp} (expected clip {clip}, frame {index % period})")
+            raise AssertionError(
+                f"{who}: frame {index} carries stamp {stamp} (expected clip {clip}, frame {index % period})"
+            )
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -252,7 +263,13 @@ def _rotate(items: list[Any], r: int) -> list[Any]:
 
 def _stats(values: list[float]) -> dict[str, float]:
     q = np.percentile(values, [10, 50, 90])
-    return {"median_s": float(q[1]), "p10_s": float(q[0]), "p90_s": float(q[2]), "min_s": min(values), "max_s": max(values)}
+    return {
+        "median_s": float(q[1]),
+        "p10_s": float(q[0]),
+        "p90_s": float(q[2]),
+        "min_s": min(values),
+        "max_s": max(values),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -301,8 +318,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu = {(n, x): [] for n in names for x in lengths}
     decoded = {(n, x): [] for n in names for x in lengths}
     first: dict[tuple[str, int], float] = {}
-    print(f"{args.warmup} warm-up + {args.samples} timed rounds; each round runs every loader on one request per "
-          "length (orders rotate, so background load falls on all alike)", flush=True)
+    print(
+        f"{args.warmup} warm-up + {args.samples} timed rounds; each round runs every loader on one request per "
+        "length (orders rotate, so background load falls on all alike)",
+        flush=True,
+    )
     for r in range(total):
         for length in _rotate(lengths, r):
             case = cases[length]
@@ -396,7 +416,8 @@ def table(report: dict[str, Any]) -> str:
         f"{cfg['fps']:g} fps H.264 (GOP {cfg['gop']}), {cfg['samples']} timed samples per length; "
         f"{report['machine']['cpu_count']} CPU cores, PyAV {report['machine']['pyav']}",
         "",
-        "| loader | settings | " + " | ".join(f"{x} s video: wall s/sample (p10-p90) | CPU s/sample" for x in lengths)
+        "| loader | settings | "
+        + " | ".join(f"{x} s video: wall s/sample (p10-p90) | CPU s/sample" for x in lengths)
         + f" | {lengths[-1]} s / {lengths[0]} s (wall) | same, CPU time | decoded frames/sample ({lengths[0]} s) |",
         "|---|---|" + "---|---|" * len(lengths) + "---|---|---|",
     ]
@@ -409,16 +430,21 @@ def table(report: dict[str, Any]) -> str:
         dec = entry[lengths[0]].get("decoded_frames_per_sample")
         how = settings.get("vstream[gop=N]" if name.startswith("vstream") else name, "")
         lines.append(
-            f"| {name} | {how} | " + " | ".join(cells) + f" | {entry['ratio_longest_to_shortest']:.2f} | "
+            f"| {name} | {how} | "
+            + " | ".join(cells)
+            + f" | {entry['ratio_longest_to_shortest']:.2f} | "
             + f"{entry['cpu_ratio_longest_to_shortest']:.2f} | "
-            + (f"{dec:.0f}" if dec is not None else "n/a") + " |"
+            + (f"{dec:.0f}" if dec is not None else "n/a")
+            + " |"
         )
     for name, reason in report["unavailable"].items():
         lines.append(f"| {name} | not measured: {reason} |" + " |" * (2 * len(lengths) + 3))
     best = report.get("best_vstream", {})
     lines += [
         "",
-        "| cost / fastest vstream's cost (wall) | " + " | ".join(f"{x} s ({best.get(x, 'vstream')})" for x in lengths) + " |",
+        "| cost / fastest vstream's cost (wall) | "
+        + " | ".join(f"{x} s ({best.get(x, 'vstream')})" for x in lengths)
+        + " |",
         "|---|" + "---|" * len(lengths),
     ]
     for name, ratios in report["peer_cost_over_vstream"].items():
@@ -428,11 +454,19 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/results/random_access_data"),
-                        help="where generated videos are cached between runs")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("benchmarks/results/random_access_data"),
+        help="where generated videos are cached between runs",
+    )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/random_access.json"))
-    parser.add_argument("--lengths", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                        help="video lengths in seconds, comma-separated (default 60,300)")
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=None,
+        help="video lengths in seconds, comma-separated (default 60,300)",
+    )
     parser.add_argument("--long", action="store_true", help="also a 3000 s video")
     parser.add_argument("--quick", action="store_true", help="10 s and 30 s videos, 4 samples: a smoke run")
     parser.add_argument("--samples", type=int, default=None, help="timed samples per length (default 10)")
@@ -446,8 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prepare-only", action="store_true", help="write the videos and indexes, measure nothing")
     parser.add_argument("--skip", type=lambda s: s.split(","), default=[], help="peers to skip, e.g. opencv")
-    parser.add_argument("--gop-threads", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2],
-                        help="VideoClipDataset gop_threads values to measure (default 1,2)")
+    parser.add_argument(
+        "--gop-threads",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=[1, 2],
+        help="VideoClipDataset gop_threads values to measure (default 1,2)",
+    )
     args = parser.parse_args(argv)
     if args.lengths is None:
         args.lengths = [10, 30] if args.quick else [60, 300]

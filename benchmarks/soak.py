@@ -61,8 +61,9 @@ def _ensure_data(data_dir: Path, *, clips: int, frames: list[int], size: tuple[i
     if not index.exists():
         print(f"generating {clips} clips x 2 cameras x {frames} frames of {size[0]}x{size[1]} H.264 in {root} ...")
         start = time.perf_counter()
-        write_dataset(root, clips=clips, cameras=2, frames=frames, size=size, codec="h264", gop=gop,
-                      jobs=os.cpu_count() or 1)
+        write_dataset(
+            root, clips=clips, cameras=2, frames=frames, size=size, codec="h264", gop=gop, jobs=os.cpu_count() or 1
+        )
         print(f"  done in {time.perf_counter() - start:.0f} s")
     return index
 
@@ -90,18 +91,29 @@ def _memory() -> dict[str, Any]:
             rss += per_process[-1] * 2**20
         except psutil.NoSuchProcess:  # a worker exiting at an epoch end
             continue
-    return {"rss_mb": rss / 2**20, "uss_mb": uss / 2**20 if have_uss else float("nan"),
-            "children": len(per_process) - 1, "rss_per_process_mb": per_process}
+    return {
+        "rss_mb": rss / 2**20,
+        "uss_mb": uss / 2**20 if have_uss else float("nan"),
+        "children": len(per_process) - 1,
+        "rss_per_process_mb": per_process,
+    }
 
 
-def _stream_batches(index: Path, cfg: dict[str, Any], steps: int, batch_size: int, threads: int,
-                    summary: dict[str, Any]) -> Iterator[Any]:
+def _stream_batches(
+    index: Path, cfg: dict[str, Any], steps: int, batch_size: int, threads: int, summary: dict[str, Any]
+) -> Iterator[Any]:
     """Batches' frames from the DataModule's train loader, epoch after epoch; fills ``summary`` at the end."""
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
-    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=cfg["num_workers"],
-                               persistent_workers=cfg["persistent_workers"], decoder_threads=threads,
-                               shuffle=True, seed=0)
+    dm = StreamVideoDataModule(
+        index_file=index,
+        batch_size=batch_size,
+        num_workers=cfg["num_workers"],
+        persistent_workers=cfg["persistent_workers"],
+        decoder_threads=threads,
+        shuffle=True,
+        seed=0,
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     done = 0
@@ -179,19 +191,42 @@ def _fit(samples: list[dict[str, float]], key: str, warmup_step: float) -> dict[
 
     points = [(s["step"], s[key]) for s in samples if s["step"] > warmup_step and s[key] == s[key]]
     if len(points) < 3:
-        return {"slope_mb_per_1000": float("nan"), "spread_mb": float("nan"), "first_mb": float("nan"),
-                "last_mb": float("nan"), "samples": len(points)}
+        return {
+            "slope_mb_per_1000": float("nan"),
+            "spread_mb": float("nan"),
+            "first_mb": float("nan"),
+            "last_mb": float("nan"),
+            "samples": len(points),
+        }
     x = np.array([p[0] for p in points], dtype=float)
     y = np.array([p[1] for p in points], dtype=float)
     slope = float(np.polyfit(x, y, 1)[0]) * 1000
-    return {"slope_mb_per_1000": slope, "spread_mb": float(y.max() - y.min()), "first_mb": float(y[0]),
-            "last_mb": float(y[-1]), "samples": len(points)}
+    return {
+        "slope_mb_per_1000": slope,
+        "spread_mb": float(y.max() - y.min()),
+        "first_mb": float(y[0]),
+        "last_mb": float(y[-1]),
+        "samples": len(points),
+    }
 
 
 def _run_child(args: argparse.Namespace, index: Path, name: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", name, "--index", str(index), "--steps", str(args.steps),
-           "--sample-every", str(args.sample_every), "--batch-size", str(args.batch_size),
-           "--decoder-threads", str(args.decoder_threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--index",
+        str(index),
+        "--steps",
+        str(args.steps),
+        "--sample-every",
+        str(args.sample_every),
+        "--batch-size",
+        str(args.batch_size),
+        "--decoder-threads",
+        str(args.decoder_threads),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"soak run {name!r} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -219,8 +254,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.sample_every = max(1, args.steps // 100)
 
     if args.child:
-        result = run_one(args.index, args.child, steps=args.steps, every=args.sample_every,
-                         batch_size=args.batch_size, threads=args.decoder_threads)
+        result = run_one(
+            args.index,
+            args.child,
+            steps=args.steps,
+            every=args.sample_every,
+            batch_size=args.batch_size,
+            threads=args.decoder_threads,
+        )
         print(json.dumps(result))
         return result
 
@@ -236,26 +277,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["fit_uss"] = _fit(run["samples"], "uss_mb", warmup_step)
         runs[name] = run
 
-    print(f"\n{args.clips} clips x 2 cameras x {frames} frames, {width}x{height} H.264 GOP {args.gop}; "
-          f"batch_size={args.batch_size}; {args.steps} steps, sampled every {args.sample_every}, "
-          f"fit after step {warmup_step:.0f}; {os.cpu_count()} cores")
-    header = (f"{'configuration':<24}{'steps/s':>8}{'RSS MB':>9}{'RSS slope':>11}{'RSS spread':>12}"
-              f"{'USS MB':>9}{'USS slope':>11}{'USS spread':>12}{'files':>7}")
+    print(
+        f"\n{args.clips} clips x 2 cameras x {frames} frames, {width}x{height} H.264 GOP {args.gop}; "
+        f"batch_size={args.batch_size}; {args.steps} steps, sampled every {args.sample_every}, "
+        f"fit after step {warmup_step:.0f}; {os.cpu_count()} cores"
+    )
+    header = (
+        f"{'configuration':<24}{'steps/s':>8}{'RSS MB':>9}{'RSS slope':>11}{'RSS spread':>12}"
+        f"{'USS MB':>9}{'USS slope':>11}{'USS spread':>12}{'files':>7}"
+    )
     print(header)
     print(f"{'':<24}{'':>8}{'(last)':>9}{'MB/1k st':>11}{'MB':>12}{'(last)':>9}{'MB/1k st':>11}{'MB':>12}{'opened':>7}")
     for name, run in runs.items():
         r, u = run["fit_rss"], run["fit_uss"]
-        print(f"{name:<24}{run['steps'] / run['seconds']:>8.0f}{r['last_mb']:>9.1f}{r['slope_mb_per_1000']:>11.3f}"
-              f"{r['spread_mb']:>12.2f}{u['last_mb']:>9.1f}{u['slope_mb_per_1000']:>11.3f}{u['spread_mb']:>12.2f}"
-              f"{run['summary'].get('files_opened', 0):>7}")
-    over = [n for n, run in runs.items() if run["mode"] == "stream"
-            and run["fit_rss"]["slope_mb_per_1000"] > THRESHOLD_MB_PER_1000]
+        print(
+            f"{name:<24}{run['steps'] / run['seconds']:>8.0f}{r['last_mb']:>9.1f}{r['slope_mb_per_1000']:>11.3f}"
+            f"{r['spread_mb']:>12.2f}{u['last_mb']:>9.1f}{u['slope_mb_per_1000']:>11.3f}{u['spread_mb']:>12.2f}"
+            f"{run['summary'].get('files_opened', 0):>7}"
+        )
+    over = [
+        n
+        for n, run in runs.items()
+        if run["mode"] == "stream" and run["fit_rss"]["slope_mb_per_1000"] > THRESHOLD_MB_PER_1000
+    ]
     verdict = "all under" if not over else f"OVER in {over}"
     print(f"\nthreshold {THRESHOLD_MB_PER_1000} MB per 1000 steps (RSS slope): {verdict}")
     result = {
         "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "data": {"clips": args.clips, "cameras": 2, "frames": frames, "size": [width, height], "codec": "h264",
-                 "gop": args.gop},
+        "data": {
+            "clips": args.clips,
+            "cameras": 2,
+            "frames": frames,
+            "size": [width, height],
+            "codec": "h264",
+            "gop": args.gop,
+        },
         "batch_size": args.batch_size,
         "decoder_threads": args.decoder_threads,
         "steps": args.steps,

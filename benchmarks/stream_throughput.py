@@ -49,8 +49,19 @@ def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int],
     if not index.exists():
         print(f"generating {clips} clips x 6 cameras x {frames} frames of {size[0]}x{size[1]} HEVC in {root} ...")
         start = time.perf_counter()
-        write_dataset(root, clips=clips, cameras=6, frames=frames, size=size, codec="hevc", gop=30, bframes=0,
-                      fps=12, preset=preset, jobs=os.cpu_count() or 1)
+        write_dataset(
+            root,
+            clips=clips,
+            cameras=6,
+            frames=frames,
+            size=size,
+            codec="hevc",
+            gop=30,
+            bframes=0,
+            fps=12,
+            preset=preset,
+            jobs=os.cpu_count() or 1,
+        )
         print(f"  done in {time.perf_counter() - start:.0f} s")
     return index
 
@@ -89,10 +100,17 @@ class AfterDecodeResize:
         return self.transform(frames)
 
 
-def measure_stream(index: Path, *, batch_size: int, num_workers: int, decoder_threads: int,
-                   transform: Any = None) -> dict[str, float]:
-    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=num_workers,
-                               decoder_threads=decoder_threads, persistent_workers=False, seed=0)
+def measure_stream(
+    index: Path, *, batch_size: int, num_workers: int, decoder_threads: int, transform: Any = None
+) -> dict[str, float]:
+    dm = StreamVideoDataModule(
+        index_file=index,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        decoder_threads=decoder_threads,
+        persistent_workers=False,
+        seed=0,
+    )
     dm.transform = transform  # set after construction: the DataModule's argument is typed FrameTransform
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -204,12 +222,19 @@ def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace)
     runs: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(args.repeats):
         for name, transform in configs.items():
-            result = measure_stream(index, batch_size=args.batch_size, num_workers=args.workers,
-                                    decoder_threads=threads, transform=transform)
+            result = measure_stream(
+                index,
+                batch_size=args.batch_size,
+                num_workers=args.workers,
+                decoder_threads=threads,
+                transform=transform,
+            )
             runs[name].append(result["fps"])
     base = statistics.median(runs["no resize"])
-    print(f"\nresize to {size[1]}x{size[0]} ({args.workers} workers, decoder_threads={threads}, "
-          f"{args.repeats} repeats, median):")
+    print(
+        f"\nresize to {size[1]}x{size[0]} ({args.workers} workers, decoder_threads={threads}, "
+        f"{args.repeats} repeats, median):"
+    )
     print(f"{'configuration':<40}{'frames/s':>10}{'decode time added':>20}")
     table = {}
     for name, values in runs.items():
@@ -219,8 +244,13 @@ def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace)
         print(f"{name:<40}{fps:>10.1f}{added * 100:>19.1f}%")
     paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
     single = measure_decoder_resize(paths[:6], size, args.repeats)
-    return {"size": list(size), "workers": args.workers, "decoder_threads": threads, "configs": table,
-            "single_decoder": single}
+    return {
+        "size": list(size),
+        "workers": args.workers,
+        "decoder_threads": threads,
+        "configs": table,
+        "single_decoder": single,
+    }
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -236,14 +266,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--preset", default="veryfast", help="x265 preset of the generated files")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--decoder-threads", type=int, nargs="+", default=[0, 1],
-                        help="FFmpeg threads per decoder to try in the stream loader (0 = FFmpeg's choice)")
+    parser.add_argument(
+        "--decoder-threads",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="FFmpeg threads per decoder to try in the stream loader (0 = FFmpeg's choice)",
+    )
     parser.add_argument("--naive-steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 clips x 30 frames, 1 repeat")
     parser.add_argument("--resize", default=None, help="HEIGHTxWIDTH: also measure resizing, e.g. 450x800")
-    parser.add_argument("--resize-only", action="store_true",
-                        help="measure only the stream loader with and without --resize (no ceiling, no naive loader)")
+    parser.add_argument(
+        "--resize-only",
+        action="store_true",
+        help="measure only the stream loader with and without --resize (no ceiling, no naive loader)",
+    )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/stream_throughput.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -270,8 +308,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             measure_stream(index, batch_size=args.batch_size, num_workers=args.workers, decoder_threads=threads)
             for _ in range(args.repeats)
         ]
-    naive = [measure_naive(index, batch_size=args.batch_size, num_workers=args.workers, steps=args.naive_steps)
-             for _ in range(max(1, args.repeats - 1))]
+    naive = [
+        measure_naive(index, batch_size=args.batch_size, num_workers=args.workers, steps=args.naive_steps)
+        for _ in range(max(1, args.repeats - 1))
+    ]
 
     ceiling_fps = statistics.median(ceiling)
     naive_fps = statistics.median(naive)
@@ -282,8 +322,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         amp = statistics.median(r["amplification"] for r in runs)
         rows.append((f"stream loader, {args.workers} workers, decoder_threads={threads}", fps, fps / ceiling_fps, amp))
     rows.append((f"naive seek-per-frame loader, {args.workers} workers", naive_fps, naive_fps / ceiling_fps, None))
-    print(f"\n{len(paths)} files, {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30; "
-          f"{cores} cores; batch_size={args.batch_size}")
+    print(
+        f"\n{len(paths)} files, {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30; "
+        f"{cores} cores; batch_size={args.batch_size}"
+    )
     print(f"{'configuration':<58}{'frames/s':>10}{'x ceiling':>11}{'decode amp':>12}")
     for name, fps, ratio, amp in rows:
         print(f"{name:<58}{fps:>10.1f}{ratio:>11.2f}{'' if amp is None else f'{amp:.3f}':>12}")
@@ -291,14 +333,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nbest stream loader / ceiling = {best / ceiling_fps:.2f}; stream loader / naive = {best / naive_fps:.1f}x")
     result = {
         "machine": {"cores": cores, "platform": platform.platform(), "python": platform.python_version()},
-        "data": {"clips": args.clips, "cameras": 6, "frames": args.frames, "size": [width, height], "codec": "hevc",
-                 "gop": 30, "preset": args.preset},
+        "data": {
+            "clips": args.clips,
+            "cameras": 6,
+            "frames": args.frames,
+            "size": [width, height],
+            "codec": "hevc",
+            "gop": 30,
+            "preset": args.preset,
+        },
         "batch_size": args.batch_size,
         "workers": args.workers,
         "ceiling_fps": _summary(ceiling),
-        "stream": {str(t): {"fps": _summary([r["fps"] for r in runs]),
-                            "amplification": statistics.median(r["amplification"] for r in runs)}
-                   for t, runs in stream.items()},
+        "stream": {
+            str(t): {
+                "fps": _summary([r["fps"] for r in runs]),
+                "amplification": statistics.median(r["amplification"] for r in runs),
+            }
+            for t, runs in stream.items()
+        },
         "naive_fps": _summary(naive),
         "best_decoder_threads": best_threads,
         "ratio_to_ceiling": best / ceiling_fps,

@@ -50,8 +50,15 @@ def _measure(root: Path, size: tuple[int, int], clips: int, frames: int, repeats
                     dec.read()
         decode_s.append(time.perf_counter() - t0)
     probe, decode = statistics.median(probe_s), statistics.median(decode_s)
-    return {"width": size[0], "height": size[1], "files": len(files), "frames_per_file": frames,
-            "probe_s": probe, "decode_s": decode, "ratio": probe / decode}
+    return {
+        "width": size[0],
+        "height": size[1],
+        "files": len(files),
+        "frames_per_file": frames,
+        "probe_s": probe,
+        "decode_s": decode,
+        "ratio": probe / decode,
+    }
 
 
 def main() -> None:
@@ -66,8 +73,10 @@ def main() -> None:
     print(f"building frame tables (probe with CRCs) vs decoding every frame once; median of {args.repeats}")
     print(f"{'size':>10} {'files':>6} {'frames':>7} {'probe s':>8} {'decode s':>9} {'probe/decode':>13}")
     for r in results:
-        print(f"{r['width']:>5}x{r['height']:<4} {r['files']:>6} {r['frames_per_file']:>7} {r['probe_s']:>8.3f} "
-              f"{r['decode_s']:>9.3f} {r['ratio']:>12.1%}")
+        print(
+            f"{r['width']:>5}x{r['height']:<4} {r['files']:>6} {r['frames_per_file']:>7} {r['probe_s']:>8.3f} "
+            f"{r['decode_s']:>9.3f} {r['ratio']:>12.1%}"
+        )
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
 

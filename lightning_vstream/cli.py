@@ -27,7 +27,9 @@ def _counts(text: str) -> int | list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"frames {text!r} must be a count or a comma-separated list of counts.") from None
+        raise argparse.ArgumentTypeError(
+            f"frames {text!r} must be a count or a comma-separated list of counts."
+        ) from None
     if any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"frames {text!r} must be positive.")
     return values[0] if len(values) == 1 else values
@@ -59,23 +61,30 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
-        raise ValueError(f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; "
-                         "pass one of them.")
+        raise ValueError(
+            f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; pass one of them."
+        )
     if modes:
         flag = "--" + modes[0].replace("_", "-")
         if Path(args.root).is_dir():
-            raise ValueError(f"{str(args.root)!r} is a folder; {flag} works on an index file, e.g. "
-                             f"`vstream index {flag} {Path(args.root) / 'index.json'}`.")
+            raise ValueError(
+                f"{str(args.root)!r} is a folder; {flag} works on an index file, e.g. "
+                f"`vstream index {flag} {Path(args.root) / 'index.json'}`."
+            )
         return {"check": _check, "quick_check": _quick_check, "tables": _tables}[modes[0]](args)
     if Path(args.root).is_file():
-        raise ValueError(f"{str(args.root)!r} is a file; `vstream index` scans a dataset folder. To validate an "
-                         "existing index file, run `vstream index --check INDEX_FILE`.")
+        raise ValueError(
+            f"{str(args.root)!r} is a file; `vstream index` scans a dataset folder. To validate an "
+            "existing index file, run `vstream index --check INDEX_FILE`."
+        )
     output = args.output or Path(args.root) / "index.json"
-    path = build_index(args.root, output=output, progress=not args.quiet, metadata=not args.no_metadata,
-                       table_format=args.table_format)
+    path = build_index(
+        args.root, output=output, progress=not args.quiet, metadata=not args.no_metadata, table_format=args.table_format
+    )
     index = load_index(path)
-    print(f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, "
-          f"{index.total_frames} frames per camera")
+    print(
+        f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
+    )
     return 0
 
 
@@ -83,9 +92,11 @@ def _quick_check(args: argparse.Namespace) -> int:
     from lightning_vstream.index import load_index
 
     index = load_index(args.root, check="thorough")
-    print(f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
-          f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
-          "where size and modification time are unchanged).")
+    print(
+        f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
+        f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
+        "where size and modification time are unchanged)."
+    )
     return 0
 
 
@@ -102,9 +113,11 @@ def _check(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if report.problems:
         listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
-        print(f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
-              f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
-              file=sys.stderr)
+        print(
+            f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
+            f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
+            file=sys.stderr,
+        )
         return 1
     print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
     return 0
@@ -129,12 +142,23 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     from lightning_vstream.encode import encode_index
 
     summary = encode_index(
-        args.src_index, args.out_dir, codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
-        bitrate=args.bitrate, preset=args.preset, cameras=args.cameras, jobs=args.jobs, progress=not args.quiet,
+        args.src_index,
+        args.out_dir,
+        codec=args.codec,
+        gop=args.gop,
+        bframes=args.bframes,
+        crf=args.crf,
+        bitrate=args.bitrate,
+        preset=args.preset,
+        cameras=args.cameras,
+        jobs=args.jobs,
+        progress=not args.quiet,
     )
-    print(f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
-          f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
-          f"{summary.files_skipped} already done")
+    print(
+        f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
+        f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
+        f"{summary.files_skipped} already done"
+    )
     return 0
 
 
@@ -142,16 +166,26 @@ def _cmd_import_nuscenes(args: argparse.Namespace) -> int:
     from lightning_vstream.encode import EncodeSettings
     from lightning_vstream.importers import import_nuscenes
 
-    settings = EncodeSettings(codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf,
-                              bitrate=args.bitrate, preset=args.preset)
+    settings = EncodeSettings(
+        codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf, bitrate=args.bitrate, preset=args.preset
+    )
     result = import_nuscenes(
-        args.dataroot, args.out_dir, version=args.version, scenes=args.scenes, cameras=args.cameras,
-        key_frames_only=args.key_frames_only, settings=settings, jobs=args.jobs, progress=not args.quiet,
+        args.dataroot,
+        args.out_dir,
+        version=args.version,
+        scenes=args.scenes,
+        cameras=args.cameras,
+        key_frames_only=args.key_frames_only,
+        settings=settings,
+        jobs=args.jobs,
+        progress=not args.quiet,
     )
     enc = result.encode
-    print(f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
-          f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
-          f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done")
+    print(
+        f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
+        f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
+        f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done"
+    )
     return 0
 
 
@@ -207,8 +241,12 @@ def _encode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
     parser.add_argument("--bframes", type=_non_negative, default=0, help="consecutive B-frames (0 for none)")
     rate = parser.add_mutually_exclusive_group()
-    rate.add_argument("--crf", type=_crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)")
-    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf")
+    rate.add_argument(
+        "--crf", type=_crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)"
+    )
+    rate.add_argument(
+        "--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf"
+    )
     parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
     parser.add_argument("--jobs", type=_positive, default=1, help="files encoded in parallel (processes)")
 
@@ -236,8 +274,11 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--fps", type=float, default=12.0, help="frame rate")
     synth.add_argument("--preset", default="veryfast", help="x264/x265 speed preset")
     synth.add_argument("--jobs", type=_positive, default=1, help="parallel encoding processes")
-    synth.add_argument("--annotations", action="store_true",
-                       help="also write synthetic calibration, ego poses and boxes to ROOT/annotations")
+    synth.add_argument(
+        "--annotations",
+        action="store_true",
+        help="also write synthetic calibration, ego poses and boxes to ROOT/annotations",
+    )
     synth.set_defaults(func=_cmd_synth)
 
     index = sub.add_parser(
@@ -247,18 +288,33 @@ def _parser() -> argparse.ArgumentParser:
         "frame tables; or, with --check, verify an existing index file against the files.",
         formatter_class=_HelpFormatter,
     )
-    index.add_argument("root", type=Path, help="dataset folder (or, with --check/--quick-check/--tables, the index file)")
+    index.add_argument(
+        "root", type=Path, help="dataset folder (or, with --check/--quick-check/--tables, the index file)"
+    )
     index.add_argument("-o", "--output", type=Path, default=None, help="index file to write (default ROOT/index.json)")
     index.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
-    index.add_argument("--table-format", choices=["binary", "json"], default="binary",
-                       help="frame tables as index.tables.bin (memory-mapped, default) or index.meta.json")
-    index.add_argument("--check", action="store_true",
-                       help="re-read every packet of an existing index's files, verify checksums and fingerprints, "
-                            "list every problem; exit 1 on any")
-    index.add_argument("--quick-check", action="store_true",
-                       help="compare an existing index with its files using the stored frame tables (fast)")
-    index.add_argument("--tables", action="store_true",
-                       help="write the frame tables of an existing index's files (turns integrity checks on)")
+    index.add_argument(
+        "--table-format",
+        choices=["binary", "json"],
+        default="binary",
+        help="frame tables as index.tables.bin (memory-mapped, default) or index.meta.json",
+    )
+    index.add_argument(
+        "--check",
+        action="store_true",
+        help="re-read every packet of an existing index's files, verify checksums and fingerprints, "
+        "list every problem; exit 1 on any",
+    )
+    index.add_argument(
+        "--quick-check",
+        action="store_true",
+        help="compare an existing index with its files using the stored frame tables (fast)",
+    )
+    index.add_argument(
+        "--tables",
+        action="store_true",
+        help="write the frame tables of an existing index's files (turns integrity checks on)",
+    )
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     index.set_defaults(func=_cmd_index)
 
@@ -332,8 +388,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except PermissionError as err:
         where = f" {str(err.filename)!r}" if err.filename else ""
-        print(f"vstream {args.command}: error: permission denied{where}: check the file's owner and mode, "
-              "or run as a user who may read (and, for outputs, write) it.", file=sys.stderr)
+        print(
+            f"vstream {args.command}: error: permission denied{where}: check the file's owner and mode, "
+            "or run as a user who may read (and, for outputs, write) it.",
+            file=sys.stderr,
+        )
     except FileNotFoundError as err:
         message = str(err) if err.filename is None else f"{str(err.filename)!r} does not exist."
         print(f"vstream {args.command}: error: {message}", file=sys.stderr)

@@ -135,9 +135,7 @@ class FrameTransform:
         if not isinstance(self.antialias, bool):
             raise TypeError(f"antialias={self.antialias!r} must be True or False.")
         if (self.mean is None) != (self.std is None):
-            raise ValueError(
-                f"mean={self.mean!r} and std={self.std!r}: give both to normalize, or neither."
-            )
+            raise ValueError(f"mean={self.mean!r} and std={self.std!r}: give both to normalize, or neither.")
         if self.mean is not None and self.std is not None:
             object.__setattr__(self, "mean", _float_triple("mean", self.mean))
             std = _float_triple("std", self.std)

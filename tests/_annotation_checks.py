@@ -50,8 +50,15 @@ def stream_annotation_errors(batch: dict[str, Any]) -> list[str]:
     return errors
 
 
-def projection_errors(frames: torch.Tensor, intrinsics: torch.Tensor, extrinsics: torch.Tensor, clip: int,
-                      frame: int, native: Sequence[tuple[int, int]], depth: float = 5.0) -> tuple[list[str], int]:
+def projection_errors(
+    frames: torch.Tensor,
+    intrinsics: torch.Tensor,
+    extrinsics: torch.Tensor,
+    clip: int,
+    frame: int,
+    native: Sequence[tuple[int, int]],
+    depth: float = 5.0,
+) -> tuple[list[str], int]:
     """Project the centre of every stamp cell through ego space with the delivered calibration.
 
     For camera ``c`` of native size ``native[c]`` (width, height): the cell centre's viewing ray
@@ -95,16 +102,27 @@ def holey_annotations(ann_index: Path, tmp_path: Path) -> Path:
         starts = np.concatenate([[0], np.cumsum(counts)])
         frames = []
         for row in np.nonzero(keep)[0]:
-            boxes = data["frame.boxes"][starts[row]:starts[row + 1]]
-            labels = data["frame.labels"][starts[row]:starts[row + 1]]
-            frames.append({"frame_index": int(data["frame_index"][row]), "ego_pose": data["frame.ego_pose"][row],
-                           "token": str(data["frame.token"][row]), "is_key_frame": bool(data["frame.is_key_frame"][row]),
-                           "boxes": boxes, "labels": labels})
-        write_clip_annotations(folder, "scene-0001", frames=frames, camera_names=list(data["camera_names"]),
-                               clip={"scene_token": str(data["clip.scene_token"]),
-                                     "class_names": data["clip.class_names"]},
-                               camera={"intrinsics": data["camera.intrinsics"], "extrinsics": data["camera.extrinsics"]},
-                               ragged=("boxes", "labels"))
+            boxes = data["frame.boxes"][starts[row] : starts[row + 1]]
+            labels = data["frame.labels"][starts[row] : starts[row + 1]]
+            frames.append(
+                {
+                    "frame_index": int(data["frame_index"][row]),
+                    "ego_pose": data["frame.ego_pose"][row],
+                    "token": str(data["frame.token"][row]),
+                    "is_key_frame": bool(data["frame.is_key_frame"][row]),
+                    "boxes": boxes,
+                    "labels": labels,
+                }
+            )
+        write_clip_annotations(
+            folder,
+            "scene-0001",
+            frames=frames,
+            camera_names=list(data["camera_names"]),
+            clip={"scene_token": str(data["clip.scene_token"]), "class_names": data["clip.class_names"]},
+            camera={"intrinsics": data["camera.intrinsics"], "extrinsics": data["camera.extrinsics"]},
+            ragged=("boxes", "labels"),
+        )
     return folder
 
 
@@ -120,11 +138,17 @@ def write_mixed_rig(root: Path) -> Path:
 
     for clip in range(2):
         for cam, (name, size) in enumerate(MIXED_SIZES.items()):
-            write_stamped_video(root / "videos" / f"scene-{clip:04d}" / f"{name}.mp4", clip=clip, camera=cam,
-                                frames=6, size=size, gop=3)
+            write_stamped_video(
+                root / "videos" / f"scene-{clip:04d}" / f"{name}.mp4", clip=clip, camera=cam, frames=6, size=size, gop=3
+            )
         write_clip_annotations(
-            root / "annotations", f"scene-{clip:04d}", camera_names=list(MIXED_SIZES),
-            camera={"intrinsics": np.stack([synth_intrinsics(*s) for s in MIXED_SIZES.values()]),
-                    "extrinsics": np.stack([synth_extrinsics(c) for c in range(2)])},
-            frames=[{"frame_index": i} for i in range(6)])
+            root / "annotations",
+            f"scene-{clip:04d}",
+            camera_names=list(MIXED_SIZES),
+            camera={
+                "intrinsics": np.stack([synth_intrinsics(*s) for s in MIXED_SIZES.values()]),
+                "extrinsics": np.stack([synth_extrinsics(c) for c in range(2)]),
+            },
+            frames=[{"frame_index": i} for i in range(6)],
+        )
     return build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False)

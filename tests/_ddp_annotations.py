@@ -36,8 +36,14 @@ class CheckingModel(pl.LightningModule):
         ann = batch["annotations"]
         for slot, clip_id in enumerate(batch["clip_id"]):
             self.clips.add(clip_id)
-            errors, count = projection_errors(batch["frames"][slot], ann["intrinsics"][slot], ann["extrinsics"][slot],
-                                              clip_number(clip_id), int(batch["frame_index"][slot]), [(96, 64)] * 2)
+            errors, count = projection_errors(
+                batch["frames"][slot],
+                ann["intrinsics"][slot],
+                ann["extrinsics"][slot],
+                clip_number(clip_id),
+                int(batch["frame_index"][slot]),
+                [(96, 64)] * 2,
+            )
             self.errors += errors
             self.checked += count
         return self.layer(batch["frames"].float().mean(dim=(1, 3, 4)) / 255.0).pow(2).mean()
@@ -48,16 +54,36 @@ class CheckingModel(pl.LightningModule):
 
 def main() -> None:
     index, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    dm = StreamVideoDataModule(index_file=index, batch_size=1, num_workers=0, seed=3,
-                               annotations=index.parent / "annotations",
-                               augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2), flip=0.5))
+    dm = StreamVideoDataModule(
+        index_file=index,
+        batch_size=1,
+        num_workers=0,
+        seed=3,
+        annotations=index.parent / "annotations",
+        augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2), flip=0.5),
+    )
     model = CheckingModel()
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
-    (out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({
-        "errors": model.errors[:20], "checked": model.checked, "steps": model.steps, "clips": sorted(model.clips),
-    }))
+    (out_dir / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(
+            {
+                "errors": model.errors[:20],
+                "checked": model.checked,
+                "steps": model.steps,
+                "clips": sorted(model.clips),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,15 +23,28 @@ def main() -> None:
     dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3, engine=engine)
     model = RecordingModel()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=use_sampler,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=use_sampler,
     )
     trainer.fit(model, datamodule=dm)
     rank = trainer.global_rank
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({
-        "seen": model.seen, "errors": model.stamp_errors, "num_batches": trainer.num_training_batches,
-        "world_size": trainer.world_size,
-    }))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "seen": model.seen,
+                "errors": model.stamp_errors,
+                "num_batches": trainer.num_training_batches,
+                "world_size": trainer.world_size,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

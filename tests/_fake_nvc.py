@@ -99,8 +99,15 @@ def fake_module(*, engines: int = 3, caps: dict[str, int] | None = None) -> type
         return decoder
 
     def get_decoder_caps(**kwargs: Any) -> dict[str, int]:
-        base = {"supported": 1, "num_decoder_engines": engines, "mb_num_max": 0, "width_max": 8192, "height_max": 8192, "width_min": 48,
-                "height_min": 16}
+        base = {
+            "supported": 1,
+            "num_decoder_engines": engines,
+            "mb_num_max": 0,
+            "width_max": 8192,
+            "height_max": 8192,
+            "width_min": 48,
+            "height_min": 16,
+        }
         return {**base, **(caps or {})}
 
     module.PacketData = PacketData  # type: ignore[attr-defined]

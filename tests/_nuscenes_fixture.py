@@ -98,16 +98,32 @@ def write_nuscenes(
     """Write the dataset; ``drop`` lists (scene number, camera, cycle) images that are missing."""
     rng = np.random.default_rng(0)
     cams = tuple(sorted(cameras))
-    tables: dict[str, list[dict[str, Any]]] = {name: [] for name in (
-        "attribute", "calibrated_sensor", "category", "ego_pose", "instance", "log", "map", "sample",
-        "sample_annotation", "sample_data", "scene", "sensor", "visibility")}
+    tables: dict[str, list[dict[str, Any]]] = {
+        name: []
+        for name in (
+            "attribute",
+            "calibrated_sensor",
+            "category",
+            "ego_pose",
+            "instance",
+            "log",
+            "map",
+            "sample",
+            "sample_annotation",
+            "sample_data",
+            "scene",
+            "sensor",
+            "visibility",
+        )
+    }
     for name in CATEGORIES:
         tables["category"].append({"token": token("category", name), "name": name, "description": name})
     tables["visibility"].append({"token": "4", "level": "v80-100", "description": "visibility of whole object"})
     sensors = {c: token("sensor", c) for c in (*cams, "LIDAR_TOP")}
     for channel, tok in sensors.items():
-        tables["sensor"].append({"token": tok, "channel": channel,
-                                 "modality": "lidar" if channel == "LIDAR_TOP" else "camera"})
+        tables["sensor"].append(
+            {"token": tok, "channel": channel, "modality": "lidar" if channel == "LIDAR_TOP" else "camera"}
+        )
     cycles_per_scene = 1 + samples + (samples - 1) * sweeps_between + 1
     key_cycles = [1 + m * (sweeps_between + 1) for m in range(samples)]
     width, height = size
@@ -117,8 +133,15 @@ def write_nuscenes(
         info.scenes.append(name)
         info.cycles[s] = cycles_per_scene
         log_tok, scene_tok = token("log", s), token("scene", s)
-        tables["log"].append({"token": log_tok, "logfile": f"n015-2018-07-24-11-22-45+0800-{s}", "vehicle": "n015",
-                              "date_captured": "2018-07-24", "location": "singapore-onenorth"})
+        tables["log"].append(
+            {
+                "token": log_tok,
+                "logfile": f"n015-2018-07-24-11-22-45+0800-{s}",
+                "vehicle": "n015",
+                "date_captured": "2018-07-24",
+                "location": "singapore-onenorth",
+            }
+        )
         calib, sensor_to_ego, intrinsic = {}, {}, {}
         for k, cam in enumerate(cams):
             calib[cam] = token("calibrated_sensor", s, cam)
@@ -129,34 +152,75 @@ def write_nuscenes(
             sensor_to_ego[cam][:3, :3], sensor_to_ego[cam][:3, 3] = rotation, translation
             # The principal point sits right of the stamp, so the landmark marker stays clear of it.
             intrinsic[cam] = [[focal, 0.0, 176.0 + 0.25 * k], [0.0, focal, height / 2], [0.0, 0.0, 1.0]]
-            tables["calibrated_sensor"].append({
-                "token": calib[cam], "sensor_token": sensors[cam], "translation": translation,
-                "rotation": _matrix_quaternion(rotation), "camera_intrinsic": intrinsic[cam],
-            })
+            tables["calibrated_sensor"].append(
+                {
+                    "token": calib[cam],
+                    "sensor_token": sensors[cam],
+                    "translation": translation,
+                    "rotation": _matrix_quaternion(rotation),
+                    "camera_intrinsic": intrinsic[cam],
+                }
+            )
         calib["LIDAR_TOP"] = token("calibrated_sensor", s, "LIDAR_TOP")
-        tables["calibrated_sensor"].append({"token": calib["LIDAR_TOP"], "sensor_token": sensors["LIDAR_TOP"],
-                                            "translation": [0.9, 0.0, 1.8], "rotation": [1.0, 0.0, 0.0, 0.0],
-                                            "camera_intrinsic": []})
+        tables["calibrated_sensor"].append(
+            {
+                "token": calib["LIDAR_TOP"],
+                "sensor_token": sensors["LIDAR_TOP"],
+                "translation": [0.9, 0.0, 1.8],
+                "rotation": [1.0, 0.0, 0.0, 0.0],
+                "camera_intrinsic": [],
+            }
+        )
         t0 = BASE_US + s * 60_000_000
         cycle_time = [t0 + j * PERIOD_US + int(rng.integers(-400, 400)) for j in range(cycles_per_scene)]
         sample_tokens = [token("sample", s, m) for m in range(samples)]
         for m, j in enumerate(key_cycles):
-            tables["sample"].append({"token": sample_tokens[m], "timestamp": cycle_time[j] + 3_000,
-                                     "scene_token": scene_tok,
-                                     "prev": sample_tokens[m - 1] if m else "",
-                                     "next": sample_tokens[m + 1] if m + 1 < samples else ""})
+            tables["sample"].append(
+                {
+                    "token": sample_tokens[m],
+                    "timestamp": cycle_time[j] + 3_000,
+                    "scene_token": scene_tok,
+                    "prev": sample_tokens[m - 1] if m else "",
+                    "next": sample_tokens[m + 1] if m + 1 < samples else "",
+                }
+            )
             lidar_tok = token("sample_data", s, "LIDAR_TOP", j)
             pose_tok = token("ego_pose", s, "LIDAR_TOP", j)
-            tables["ego_pose"].append({"token": pose_tok, "timestamp": cycle_time[j] + 3_000,
-                                       "translation": [0.0, 0.0, 0.0], "rotation": [1.0, 0.0, 0.0, 0.0]})
-            tables["sample_data"].append({
-                "token": lidar_tok, "sample_token": sample_tokens[m], "ego_pose_token": pose_tok,
-                "calibrated_sensor_token": calib["LIDAR_TOP"], "timestamp": cycle_time[j] + 3_000,
-                "fileformat": "pcd", "is_key_frame": True, "height": 0, "width": 0,
-                "filename": f"samples/LIDAR_TOP/{lidar_tok}.pcd.bin", "prev": "", "next": ""})
-        tables["scene"].append({"token": scene_tok, "log_token": log_tok, "nbr_samples": samples,
-                                "first_sample_token": sample_tokens[0], "last_sample_token": sample_tokens[-1],
-                                "name": name, "description": f"synthetic scene {s}"})
+            tables["ego_pose"].append(
+                {
+                    "token": pose_tok,
+                    "timestamp": cycle_time[j] + 3_000,
+                    "translation": [0.0, 0.0, 0.0],
+                    "rotation": [1.0, 0.0, 0.0, 0.0],
+                }
+            )
+            tables["sample_data"].append(
+                {
+                    "token": lidar_tok,
+                    "sample_token": sample_tokens[m],
+                    "ego_pose_token": pose_tok,
+                    "calibrated_sensor_token": calib["LIDAR_TOP"],
+                    "timestamp": cycle_time[j] + 3_000,
+                    "fileformat": "pcd",
+                    "is_key_frame": True,
+                    "height": 0,
+                    "width": 0,
+                    "filename": f"samples/LIDAR_TOP/{lidar_tok}.pcd.bin",
+                    "prev": "",
+                    "next": "",
+                }
+            )
+        tables["scene"].append(
+            {
+                "token": scene_tok,
+                "log_token": log_tok,
+                "nbr_samples": samples,
+                "first_sample_token": sample_tokens[0],
+                "last_sample_token": sample_tokens[-1],
+                "name": name,
+                "description": f"synthetic scene {s}",
+            }
+        )
         for k, cam in enumerate(cams):
             # Grey 8x8 blocks (nothing red, so the landmark marker stands out after compression).
             blocks = np.random.default_rng(s * 10 + k).integers(40, 200, (height // 8, width // 8, 1))
@@ -188,35 +252,70 @@ def write_nuscenes(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(image).save(path, quality=95)
                 pose_tok = token("ego_pose", s, cam, j)
-                tables["ego_pose"].append({"token": pose_tok, "timestamp": stamp_us, "translation": ego_translation,
-                                           "rotation": quaternion_z(ego_yaw)})
-                records.append({
-                    "token": token("sample_data", s, cam, j), "sample_token": sample_tokens[m],
-                    "ego_pose_token": pose_tok, "calibrated_sensor_token": calib[cam], "timestamp": stamp_us,
-                    "fileformat": "jpg", "is_key_frame": is_key, "height": height, "width": width,
-                    "filename": filename, "prev": "", "next": ""})
+                tables["ego_pose"].append(
+                    {
+                        "token": pose_tok,
+                        "timestamp": stamp_us,
+                        "translation": ego_translation,
+                        "rotation": quaternion_z(ego_yaw),
+                    }
+                )
+                records.append(
+                    {
+                        "token": token("sample_data", s, cam, j),
+                        "sample_token": sample_tokens[m],
+                        "ego_pose_token": pose_tok,
+                        "calibrated_sensor_token": calib[cam],
+                        "timestamp": stamp_us,
+                        "fileformat": "jpg",
+                        "is_key_frame": is_key,
+                        "height": height,
+                        "width": width,
+                        "filename": filename,
+                        "prev": "",
+                        "next": "",
+                    }
+                )
             for a, b in itertools.pairwise(records):
                 a["next"], b["prev"] = b["token"], a["token"]
             tables["sample_data"].extend(records)
         # Boxes: a car and a pedestrian in every sample, a barrier in the middle one only.
-        for i, (category, present) in enumerate(((CATEGORIES[0], range(samples)), (CATEGORIES[1], range(samples)),
-                                                  (CATEGORIES[2], range(samples // 2, samples // 2 + 1)))):
+        for i, (category, present) in enumerate(
+            (
+                (CATEGORIES[0], range(samples)),
+                (CATEGORIES[1], range(samples)),
+                (CATEGORIES[2], range(samples // 2, samples // 2 + 1)),
+            )
+        ):
             inst_tok = token("instance", s, i)
             ann_toks = [token("sample_annotation", s, i, m) for m in present]
-            tables["instance"].append({"token": inst_tok, "category_token": token("category", category),
-                                       "nbr_annotations": len(ann_toks), "first_annotation_token": ann_toks[0],
-                                       "last_annotation_token": ann_toks[-1]})
+            tables["instance"].append(
+                {
+                    "token": inst_tok,
+                    "category_token": token("category", category),
+                    "nbr_annotations": len(ann_toks),
+                    "first_annotation_token": ann_toks[0],
+                    "last_annotation_token": ann_toks[-1],
+                }
+            )
             for n, m in enumerate(present):
                 t = (cycle_time[key_cycles[m]] - t0) / 1e6
-                tables["sample_annotation"].append({
-                    "token": ann_toks[n], "sample_token": sample_tokens[m], "instance_token": inst_tok,
-                    "visibility_token": "4", "attribute_tokens": [],
-                    "translation": [610.0 + 4.0 * i + 8.0 * t, 1603.0 - 2.0 * i + s, 0.8 + 0.1 * i],
-                    "size": [1.9 - 0.5 * i, 4.5 - 1.5 * i, 1.6 + 0.1 * i],
-                    "rotation": quaternion_z(0.2 * i - 1.0 + 0.1 * m),
-                    "prev": ann_toks[n - 1] if n else "", "next": ann_toks[n + 1] if n + 1 < len(ann_toks) else "",
-                    "num_lidar_pts": 10 * (i + 1), "num_radar_pts": i,
-                })
+                tables["sample_annotation"].append(
+                    {
+                        "token": ann_toks[n],
+                        "sample_token": sample_tokens[m],
+                        "instance_token": inst_tok,
+                        "visibility_token": "4",
+                        "attribute_tokens": [],
+                        "translation": [610.0 + 4.0 * i + 8.0 * t, 1603.0 - 2.0 * i + s, 0.8 + 0.1 * i],
+                        "size": [1.9 - 0.5 * i, 4.5 - 1.5 * i, 1.6 + 0.1 * i],
+                        "rotation": quaternion_z(0.2 * i - 1.0 + 0.1 * m),
+                        "prev": ann_toks[n - 1] if n else "",
+                        "next": ann_toks[n + 1] if n + 1 < len(ann_toks) else "",
+                        "num_lidar_pts": 10 * (i + 1),
+                        "num_radar_pts": i,
+                    }
+                )
     folder = root / version
     folder.mkdir(parents=True, exist_ok=True)
     for name, rows in tables.items():

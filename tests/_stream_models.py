@@ -21,13 +21,15 @@ class RecordingModel(pl.LightningModule):
 
     def _record(self, batch: dict[str, Any], into: list[dict[str, Any]]) -> None:
         self.stamp_errors.extend(batch_stamp_errors(batch))
-        into.append({
-            "epoch": self.current_epoch,
-            "clip_id": list(batch["clip_id"]),
-            "frame_index": batch["frame_index"].tolist(),
-            "is_first": batch["is_first"].tolist(),
-            "valid": batch["valid"].tolist(),
-        })
+        into.append(
+            {
+                "epoch": self.current_epoch,
+                "clip_id": list(batch["clip_id"]),
+                "frame_index": batch["frame_index"].tolist(),
+                "is_first": batch["is_first"].tolist(),
+                "valid": batch["valid"].tolist(),
+            }
+        )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         self._record(batch, self.seen)
@@ -38,8 +40,11 @@ class RecordingModel(pl.LightningModule):
         self._record(batch, self.val_seen)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
-        return {"clip_id": list(batch["clip_id"]), "frame_index": batch["frame_index"].tolist(),
-                "errors": batch_stamp_errors(batch)}
+        return {
+            "clip_id": list(batch["clip_id"]),
+            "frame_index": batch["frame_index"].tolist(),
+            "errors": batch_stamp_errors(batch),
+        }
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -24,9 +24,15 @@ from lightning_vstream.errors import AnnotationError, ConfigurationError
 
 def _frames(count: int, *, start: int = 0, fps: float = 10.0) -> list[dict]:
     return [
-        {"frame_index": i, "timestamp": i / fps, "ego_pose": np.eye(4, dtype=np.float32) * (i + 1),
-         "token": f"f{i}", "is_key_frame": i % 2 == 0, "boxes": np.full((i % 3, 9), i, np.float32),
-         "labels": np.arange(i % 3, dtype=np.int64)}
+        {
+            "frame_index": i,
+            "timestamp": i / fps,
+            "ego_pose": np.eye(4, dtype=np.float32) * (i + 1),
+            "token": f"f{i}",
+            "is_key_frame": i % 2 == 0,
+            "boxes": np.full((i % 3, 9), i, np.float32),
+            "labels": np.arange(i % 3, dtype=np.int64),
+        }
         for i in range(start, start + count)
     ]
 
@@ -34,8 +40,15 @@ def _frames(count: int, *, start: int = 0, fps: float = 10.0) -> list[dict]:
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     k = np.stack([np.eye(3, dtype=np.float32) * (c + 1) for c in range(3)])
-    write_clip_annotations(tmp_path, "clip-a", frames=_frames(6), camera_names=["A", "B", "C"],
-                           clip={"scene_token": "sa"}, camera={"intrinsics": k}, ragged=("boxes", "labels"))
+    write_clip_annotations(
+        tmp_path,
+        "clip-a",
+        frames=_frames(6),
+        camera_names=["A", "B", "C"],
+        clip={"scene_token": "sa"},
+        camera={"intrinsics": k},
+        ragged=("boxes", "labels"),
+    )
     return tmp_path
 
 
@@ -54,8 +67,11 @@ def test_round_trip_by_index_reorders_cameras(folder: Path) -> None:
 def test_timestamp_match_nearest_within_tolerance(folder: Path) -> None:
     source = AnnotationFiles(folder, match="timestamp", tolerance=0.02)
     assert annotate(source, "clip-a", 99, 0.31, ["A"])["token"] == "f3"
-    with pytest.raises(AnnotationError, match=r"clip 'clip-a' frame 99 \(t=0.350000 s\) has no annotation.*"
-                                              r"nearest annotated timestamps: \[0.3, 0.4\]"):
+    with pytest.raises(
+        AnnotationError,
+        match=r"clip 'clip-a' frame 99 \(t=0.350000 s\) has no annotation.*"
+        r"nearest annotated timestamps: \[0.3, 0.4\]",
+    ):
         annotate(source, "clip-a", 99, 0.35, ["A"])
 
 
@@ -86,8 +102,11 @@ def test_errors_name_file_and_fix(folder: Path, tmp_path: Path) -> None:
     with pytest.raises(AnnotationError, match="some frames have 'frame_index' and some do not"):
         write_clip_annotations(folder, "x", frames=[{"frame_index": 0}, {"timestamp": 1.0}])
     with pytest.raises(AnnotationError, match=r"field 'boxes' changes shape between frames.*ragged=\['boxes'"):
-        write_clip_annotations(folder, "x", frames=[{"frame_index": 0, "boxes": np.zeros((1, 9))},
-                                                    {"frame_index": 1, "boxes": np.zeros((2, 9))}])
+        write_clip_annotations(
+            folder,
+            "x",
+            frames=[{"frame_index": 0, "boxes": np.zeros((1, 9))}, {"frame_index": 1, "boxes": np.zeros((2, 9))}],
+        )
     with pytest.raises(AnnotationError, match="frame_index must be strictly increasing"):
         write_clip_annotations(folder, "x", frames=[{"frame_index": 1}, {"frame_index": 0}])
     with pytest.raises(AnnotationError, match="field 'token' appears as clip.token and frame.token"):
@@ -97,14 +116,20 @@ def test_errors_name_file_and_fix(folder: Path, tmp_path: Path) -> None:
 
 
 def test_collate_stacks_lists_and_pads() -> None:
-    items = [{"pose": torch.eye(4), "boxes": torch.ones(2, 9), "token": "a"}, None,
-             {"pose": torch.eye(4), "boxes": torch.ones(1, 9), "token": "c"}]
+    items = [
+        {"pose": torch.eye(4), "boxes": torch.ones(2, 9), "token": "a"},
+        None,
+        {"pose": torch.eye(4), "boxes": torch.ones(1, 9), "token": "c"},
+    ]
     out = collate_annotations(items, ragged={"boxes"})
     assert out["pose"].shape == (3, 4, 4) and out["pose"][1].abs().sum() == 0
     assert [b.shape[0] for b in out["boxes"]] == [2, 0, 1] and out["token"] == ["a", "", "c"]
     padded = collate_annotations(items, ragged={"boxes"}, pad=True)
-    assert padded["boxes"].shape == (3, 2, 9) and padded["boxes_mask"].tolist() == [[True, True], [False, False],
-                                                                                    [True, False]]
+    assert padded["boxes"].shape == (3, 2, 9) and padded["boxes_mask"].tolist() == [
+        [True, True],
+        [False, False],
+        [True, False],
+    ]
     with pytest.raises(AnnotationError, match="field 'boxes' has shapes .* must be declared ragged"):
         collate_annotations(items)
     with pytest.raises(AnnotationError, match="disagree on their fields"):
@@ -113,8 +138,15 @@ def test_collate_stacks_lists_and_pads() -> None:
     assert nested.shape == (2, 2, 3, 2) and mask.sum().item() == 6
 
 
-@pytest.mark.parametrize("params", [AugmentParams(), AugmentParams(0.8, 0.1, 0.9, True, 12.0),
-                                    AugmentParams(1.3, 0.7, 0.2, False, -20.0), AugmentParams(0.6, 1.0, 0.0, True)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        AugmentParams(),
+        AugmentParams(0.8, 0.1, 0.9, True, 12.0),
+        AugmentParams(1.3, 0.7, 0.2, False, -20.0),
+        AugmentParams(0.6, 1.0, 0.0, True),
+    ],
+)
 def test_augment_matrix_moves_a_marker_where_the_pixels_go(params: AugmentParams) -> None:
     aug = GeometryAugment(output_size=(40, 56), scale=(0.5, 1.5), flip=0.5, rotate=(-30, 30))
     image = torch.zeros(2, 3, 48, 64, dtype=torch.uint8)
@@ -160,8 +192,24 @@ def test_augment_rejects_bad_configuration() -> None:
 def test_synth_command_writes_annotations(tmp_path: Path) -> None:
     from lightning_vstream.cli import main
 
-    assert main(["synth", str(tmp_path), "--clips", "1", "--cameras", "2", "--frames", "3", "--size", "64x48",
-                 "--annotations"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                str(tmp_path),
+                "--clips",
+                "1",
+                "--cameras",
+                "2",
+                "--frames",
+                "3",
+                "--size",
+                "64x48",
+                "--annotations",
+            ]
+        )
+        == 0
+    )
     source = AnnotationFiles(tmp_path / "annotations")
     out = annotate(source, "scene-0000", 2, float("nan"), ["CAM_BACK", "CAM_BACK_LEFT"])
     assert out["token"] == "scene-0000:2" and out["boxes"].shape == (2, 9) and out["intrinsics"].shape == (2, 3, 3)

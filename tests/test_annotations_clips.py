@@ -27,8 +27,16 @@ def ann_index(make_dataset: Any) -> Path:
 
 
 def _dm(index: Path, **kw: Any) -> ClipVideoDataModule:
-    options: dict[str, Any] = {"batch_size": 3, "num_workers": 0, "seed": 2, "clip_frames": 3, "frame_stride": 2,
-                               "selection": "random", "clips_per_epoch": 9, "annotations": index.parent / "annotations"}
+    options: dict[str, Any] = {
+        "batch_size": 3,
+        "num_workers": 0,
+        "seed": 2,
+        "clip_frames": 3,
+        "frame_stride": 2,
+        "selection": "random",
+        "clips_per_epoch": 9,
+        "annotations": index.parent / "annotations",
+    }
     dm = ClipVideoDataModule(index_file=index, **{**options, **kw})
     dm.setup("fit")
     return dm
@@ -39,8 +47,13 @@ def _errors(batch: dict[str, Any], *, stamps: bool = True) -> list[str]:
     errors = []
     for b, clip_id in enumerate(batch["clip_id"]):
         for t, frame in enumerate(batch["frame_index"][b].tolist()):
-            one = {"token": ann["token"][b][t], "scene_token": ann["scene_token"][b], "ego_pose": ann["ego_pose"][b, t],
-                   "boxes": ann["boxes"][b][t], "is_key_frame": ann["is_key_frame"][b, t]}
+            one = {
+                "token": ann["token"][b][t],
+                "scene_token": ann["scene_token"][b],
+                "ego_pose": ann["ego_pose"][b, t],
+                "boxes": ann["boxes"][b][t],
+                "is_key_frame": ann["is_key_frame"][b, t],
+            }
             errors += frame_annotation_errors(one, f"sample {b} frame {t}", clip_id, frame)
             for c in range(batch["frames"].shape[2]) if stamps else ():
                 stamp = read_stamp(batch["frames"][b, t, c])
@@ -108,15 +121,20 @@ def test_augmentation_projects_onto_the_stamp_and_repeats_per_epoch(ann_index: P
         ann = batch["annotations"]
         for b, clip_id in enumerate(batch["clip_id"]):
             for t, frame in enumerate(batch["frame_index"][b].tolist()):
-                errors, count = projection_errors(batch["frames"][b, t], ann["intrinsics"][b], ann["extrinsics"][b],
-                                                  clip_number(clip_id), frame, [SIZE, SIZE])
+                errors, count = projection_errors(
+                    batch["frames"][b, t],
+                    ann["intrinsics"][b],
+                    ann["extrinsics"][b],
+                    clip_number(clip_id),
+                    frame,
+                    [SIZE, SIZE],
+                )
                 assert errors == [], errors[:5]
                 checked += count
     assert checked > 300
     again = list(_dm(ann_index, augment=augment, shuffle=False).train_dataloader())
     assert all(torch.equal(a["img_aug_matrix"], b["img_aug_matrix"]) for a, b in zip(first, again))
-    other = _dm(ann_index, augment=augment, shuffle=False)._dataset(
-        dm.train_index, dm.train_requests(0), epoch=1)  # type: ignore[arg-type]
+    other = _dm(ann_index, augment=augment, shuffle=False)._dataset(dm.train_index, dm.train_requests(0), epoch=1)  # type: ignore[arg-type]
     assert not torch.equal(other[0]["img_aug_matrix"], first[0]["img_aug_matrix"][0])
 
 
@@ -124,8 +142,14 @@ def test_mixed_rig_per_camera_frames_and_resized(tmp_path_factory: pytest.TempPa
     from _annotation_checks import MIXED_SIZES, write_mixed_rig
 
     index = write_mixed_rig(tmp_path_factory.mktemp("mixed_clips"))
-    options = {"annotations": index.parent / "annotations", "clip_frames": 2, "frame_stride": 1,
-               "selection": "regular", "clips_per_epoch": None, "batch_size": 2}
+    options = {
+        "annotations": index.parent / "annotations",
+        "clip_frames": 2,
+        "frame_stride": 1,
+        "selection": "regular",
+        "clips_per_epoch": None,
+        "batch_size": 2,
+    }
     batch = next(iter(_dm(index, camera_frames="per_camera", **options).train_dataloader()))
     assert [tuple(f.shape) for f in batch["frames"]] == [(2, 2, 3, h, w) for w, h in MIXED_SIZES.values()]
     for c, cam_frames in enumerate(batch["frames"]):
@@ -136,10 +160,20 @@ def test_mixed_rig_per_camera_frames_and_resized(tmp_path_factory: pytest.TempPa
     batch = next(iter(_dm(index, augment=resize, **options).train_dataloader()))
     assert batch["frames"].shape == (2, 2, 2, 3, 48, 80)
     for b, clip_id in enumerate(batch["clip_id"]):
-        errors, count = projection_errors(batch["frames"][b, 0], batch["annotations"]["intrinsics"][b],
-                                          batch["annotations"]["extrinsics"][b], clip_number(clip_id),
-                                          int(batch["frame_index"][b, 0]), list(MIXED_SIZES.values()))
+        errors, count = projection_errors(
+            batch["frames"][b, 0],
+            batch["annotations"]["intrinsics"][b],
+            batch["annotations"]["extrinsics"][b],
+            clip_number(clip_id),
+            int(batch["frame_index"][b, 0]),
+            list(MIXED_SIZES.values()),
+        )
         assert errors == [] and count > 50
     with pytest.raises(ValueError, match="camera_frames='per_camera' for one tensor per camera"):
-        next(iter(_dm(index, annotations=None, clip_frames=2, selection="regular", clips_per_epoch=None)
-                  .train_dataloader()))
+        next(
+            iter(
+                _dm(
+                    index, annotations=None, clip_frames=2, selection="regular", clips_per_epoch=None
+                ).train_dataloader()
+            )
+        )

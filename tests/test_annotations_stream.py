@@ -39,7 +39,12 @@ def ann_index(make_dataset: Any) -> Path:
 
 
 def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
-    options: dict[str, Any] = {"batch_size": 2, "num_workers": 0, "seed": 5, "annotations": index.parent / "annotations"}
+    options: dict[str, Any] = {
+        "batch_size": 2,
+        "num_workers": 0,
+        "seed": 5,
+        "annotations": index.parent / "annotations",
+    }
     dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
     dm.setup("fit")
     return dm
@@ -47,8 +52,13 @@ def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
 
 def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
     matrix = batch.get("img_aug_matrix")
-    return (batch["step"], list(batch["clip_id"]), batch["frame_index"].tolist(), list(batch["annotations"]["token"]),
-            None if matrix is None else matrix.tolist())
+    return (
+        batch["step"],
+        list(batch["clip_id"]),
+        batch["frame_index"].tolist(),
+        list(batch["annotations"]["token"]),
+        None if matrix is None else matrix.tolist(),
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -66,15 +76,22 @@ def test_annotations_match_the_frames_they_arrive_with(ann_index: Path, num_work
 
 
 def test_padded_boxes_and_evaluation_padding(ann_index: Path) -> None:
-    dm = StreamVideoDataModule(index_file=ann_index, val_index_file=ann_index, batch_size=3, num_workers=0,
-                               annotations=ann_index.parent / "annotations", pad_annotations=True)
+    dm = StreamVideoDataModule(
+        index_file=ann_index,
+        val_index_file=ann_index,
+        batch_size=3,
+        num_workers=0,
+        annotations=ann_index.parent / "annotations",
+        pad_annotations=True,
+    )
     dm.setup("validate")
     padded_slots = 0
     for batch in dm.val_dataloader():
         ann = batch["annotations"]
         assert ann["boxes"].shape[:1] == (3,) and ann["boxes_mask"].shape == ann["boxes"].shape[:2]
         assert ann["boxes_mask"].sum(dim=1).tolist() == [
-            int(f) % 4 if v else 0 for f, v in zip(batch["frame_index"], batch["valid"])]
+            int(f) % 4 if v else 0 for f, v in zip(batch["frame_index"], batch["valid"])
+        ]
         assert torch.equal(batch["has_annotations"], batch["valid"])
         padded_slots += int((~batch["valid"]).sum())
     assert padded_slots > 0  # padding slots carry zeros and has_annotations=False
@@ -105,8 +122,11 @@ def test_skip_flags_frames_without_annotations(ann_index: Path, tmp_path: Path, 
 
 def test_raise_names_clip_frame_and_fix(ann_index: Path, tmp_path: Path) -> None:
     dm = _dm(ann_index, annotations=holey_annotations(ann_index, tmp_path), shuffle=False, batch_size=4)
-    with pytest.raises(AnnotationError, match=r"clip 'scene-0001' frame 1 \(t=0.083333 s\) has no annotation in "
-                                              r"'.*scene-0001.npz'.*nearest annotated frame indices: \[0, 2\]"):
+    with pytest.raises(
+        AnnotationError,
+        match=r"clip 'scene-0001' frame 1 \(t=0.083333 s\) has no annotation in "
+        r"'.*scene-0001.npz'.*nearest annotated frame indices: \[0, 2\]",
+    ):
         for _ in dm.train_dataloader():
             pass
 
@@ -134,8 +154,14 @@ def test_augmentation_is_one_draw_per_clip_and_projects_onto_the_stamp(ann_index
         for slot, clip_id in enumerate(batch["clip_id"]):
             matrix = batch["img_aug_matrix"][slot]
             per_segment.setdefault((slot, clip_id), set()).add(tuple(matrix.flatten().tolist()))
-            errors, count = projection_errors(frames[slot], ann["intrinsics"][slot], ann["extrinsics"][slot],
-                                              clip_number(clip_id), int(batch["frame_index"][slot]), [SIZE, SIZE])
+            errors, count = projection_errors(
+                frames[slot],
+                ann["intrinsics"][slot],
+                ann["extrinsics"][slot],
+                clip_number(clip_id),
+                int(batch["frame_index"][slot]),
+                [SIZE, SIZE],
+            )
             assert errors == [], errors[:5]
             checked += count
     assert checked > 500
@@ -144,8 +170,9 @@ def test_augmentation_is_one_draw_per_clip_and_projects_onto_the_stamp(ann_index
     # Another epoch draws other transforms; evaluation uses the deterministic one.
     loader.sampler.set_epoch(1)
     again = next(iter(loader))
-    assert not torch.equal(again["img_aug_matrix"], next(iter(_dm(ann_index, augment=AUGMENT).train_dataloader()))[
-        "img_aug_matrix"])
+    assert not torch.equal(
+        again["img_aug_matrix"], next(iter(_dm(ann_index, augment=AUGMENT).train_dataloader()))["img_aug_matrix"]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -168,9 +195,13 @@ def test_cameras_of_different_sizes_are_resized_with_their_intrinsics(mixed_rig:
             assert scale == pytest.approx([80 / 96, 80 / 128])
             for slot, clip_id in enumerate(batch["clip_id"]):
                 errors, count = projection_errors(
-                    batch["frames"][slot], batch["annotations"]["intrinsics"][slot],
-                    batch["annotations"]["extrinsics"][slot], clip_number(clip_id),
-                    int(batch["frame_index"][slot]), list(sizes.values()))
+                    batch["frames"][slot],
+                    batch["annotations"]["intrinsics"][slot],
+                    batch["annotations"]["extrinsics"][slot],
+                    clip_number(clip_id),
+                    int(batch["frame_index"][slot]),
+                    list(sizes.values()),
+                )
                 assert errors == [], errors[:5]
                 checked += count
         assert checked > 200
@@ -178,8 +209,15 @@ def test_cameras_of_different_sizes_are_resized_with_their_intrinsics(mixed_rig:
 
 def test_ddp_ranks_get_the_annotations_of_their_frames(ann_index: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(HERE / "_ddp_annotations.py"), str(ann_index), str(tmp_path)], check=False,
-                            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(HERE / "_ddp_annotations.py"), str(ann_index), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["errors"] == [] for r in ranks)
@@ -187,8 +225,9 @@ def test_ddp_ranks_get_the_annotations_of_their_frames(ann_index: Path, tmp_path
     assert not set(ranks[0]["clips"]) & set(ranks[1]["clips"])
 
 
-def test_lightning_cli_configures_annotations_and_augmentation(ann_index: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lightning_cli_configures_annotations_and_augmentation(
+    ann_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
     root = HERE.parent
@@ -197,11 +236,29 @@ def test_lightning_cli_configures_annotations_and_augmentation(ann_index: Path, 
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)
-    cli = module.main(["--config", str(root / "examples" / "configs" / "stream.yaml"), "--data.index_file",
-                       str(ann_index), "--data.num_workers", "0", "--data.batch_size", "2",
-                       "--data.annotations", str(ann_index.parent / "annotations"),
-                       "--data.augment", "{output_size: [48, 64], flip: 0.5}", "--trainer.max_steps", "3",
-                       "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"], run=False)
+    cli = module.main(
+        [
+            "--config",
+            str(root / "examples" / "configs" / "stream.yaml"),
+            "--data.index_file",
+            str(ann_index),
+            "--data.num_workers",
+            "0",
+            "--data.batch_size",
+            "2",
+            "--data.annotations",
+            str(ann_index.parent / "annotations"),
+            "--data.augment",
+            "{output_size: [48, 64], flip: 0.5}",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.logger",
+            "false",
+        ],
+        run=False,
+    )
     dm, model = cli.datamodule, cli.model
     assert dm.augment == GeometryAugment(output_size=(48, 64), flip=0.5)
     cli.trainer.fit(model, datamodule=dm)
@@ -210,19 +267,24 @@ def test_lightning_cli_configures_annotations_and_augmentation(ann_index: Path, 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_per_camera_frames_keep_each_cameras_size(mixed_rig: Path, num_workers: int) -> None:
-    dm = _dm(mixed_rig, annotations=mixed_rig.parent / "annotations", num_workers=num_workers,
-             camera_frames="per_camera")
+    dm = _dm(
+        mixed_rig, annotations=mixed_rig.parent / "annotations", num_workers=num_workers, camera_frames="per_camera"
+    )
     steps = 0
     for batch in dm.train_dataloader():
         frames = batch["frames"]
-        assert isinstance(frames, list) and [tuple(f.shape[-2:]) for f in frames] == [(h, w) for w, h in
-                                                                                      MIXED_SIZES.values()]
+        assert isinstance(frames, list) and [tuple(f.shape[-2:]) for f in frames] == [
+            (h, w) for w, h in MIXED_SIZES.values()
+        ]
         k = batch["annotations"]["intrinsics"]
         for slot, clip_id in enumerate(batch["clip_id"]):
             for cam, (w, h) in enumerate(MIXED_SIZES.values()):
                 stamp = read_stamp(frames[cam][slot])
-                assert (stamp.clip, stamp.camera, stamp.frame) == (clip_number(clip_id), cam,
-                                                                   int(batch["frame_index"][slot]))
+                assert (stamp.clip, stamp.camera, stamp.frame) == (
+                    clip_number(clip_id),
+                    cam,
+                    int(batch["frame_index"][slot]),
+                )
                 assert torch.equal(k[slot, cam], torch.from_numpy(synth_intrinsics(w, h)))
         steps += 1
     assert steps > 0
@@ -241,8 +303,14 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
         assert batch["frames"].shape[-2:] == (72, 96) and batch["img_aug_matrix"].shape == (2, 2, 3, 3)
         ann = batch["annotations"]
         for slot, clip_id in enumerate(batch["clip_id"]):
-            errors, count = projection_errors(batch["frames"][slot], ann["intrinsics"][slot], ann["extrinsics"][slot],
-                                              clip_number(clip_id), int(batch["frame_index"][slot]), [SIZE, SIZE])
+            errors, count = projection_errors(
+                batch["frames"][slot],
+                ann["intrinsics"][slot],
+                ann["extrinsics"][slot],
+                clip_number(clip_id),
+                int(batch["frame_index"][slot]),
+                [SIZE, SIZE],
+            )
             assert errors == [], errors[:5]
             checked += count
     assert checked > 300
@@ -267,18 +335,34 @@ def test_trainer_resume_from_mid_epoch_checkpoint_repeats_targets_and_draws(ann_
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(max_steps: int, ckpt: str | None = None, checkpoint: Any = None) -> _Recorder:
-        dm = StreamVideoDataModule(index_file=ann_index, batch_size=2, num_workers=0, seed=5,
-                                   annotations=ann_index.parent / "annotations", augment=AUGMENT)
+        dm = StreamVideoDataModule(
+            index_file=ann_index,
+            batch_size=2,
+            num_workers=0,
+            seed=5,
+            annotations=ann_index.parent / "annotations",
+            augment=AUGMENT,
+        )
         model = _Recorder()
-        trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, max_epochs=3, logger=False,
-                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                             callbacks=[checkpoint] if checkpoint else [], enable_checkpointing=checkpoint is not None)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=max_steps,
+            max_epochs=3,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[checkpoint] if checkpoint else [],
+            enable_checkpointing=checkpoint is not None,
+        )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         return model
 
     uninterrupted = run(max_steps=24)
-    run(max_steps=5, checkpoint=ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1,
-                                                filename="{step}"))
+    run(
+        max_steps=5,
+        checkpoint=ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1, filename="{step}"),
+    )
     resumed = run(max_steps=24, ckpt=str(tmp_path / "ckpt" / "step=5.ckpt"))
     assert resumed.seen == uninterrupted.seen[5:]
     assert {epoch for epoch, _, _ in uninterrupted.seen} == {0, 1}  # the run crosses an epoch boundary

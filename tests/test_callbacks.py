@@ -95,8 +95,14 @@ class TimedModel(TinyStreamPETR):
 
 def _trainer(tmp_path: Path, callbacks: list[pl.Callback], logger: Logger | bool = False, **kwargs: Any) -> pl.Trainer:
     options: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
     )
     return pl.Trainer(**{**options, **kwargs})
 
@@ -107,8 +113,9 @@ def _logged_trainer(tmp_path: Path, monitor: StreamThroughputMonitor, logger: Lo
 
 
 def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
-    return StreamVideoDataModule(**{"index_file": index, "batch_size": SLOTS, "num_workers": 0, "shuffle": False,
-                                    **kwargs})
+    return StreamVideoDataModule(
+        **{"index_file": index, "batch_size": SLOTS, "num_workers": 0, "shuffle": False, **kwargs}
+    )
 
 
 # -- StreamThroughputMonitor ---------------------------------------------------------------------
@@ -167,8 +174,9 @@ def test_monitor_leaves_validation_time_out(callback_index: Path, tmp_path: Path
     model = TimedModel(clock, waits=[0.5] * 5, compute=0.5, val_time=100.0)
     monitor = StreamThroughputMonitor(window=4, log_every_n_steps=4, clock=clock)
     dm = _dm(callback_index, val_index_file=callback_index)
-    _logged_trainer(tmp_path, monitor, logger, max_steps=4, val_check_interval=2, num_sanity_val_steps=0,
-             limit_val_batches=2).fit(model, datamodule=dm)
+    _logged_trainer(
+        tmp_path, monitor, logger, max_steps=4, val_check_interval=2, num_sanity_val_steps=0, limit_val_batches=2
+    ).fit(model, datamodule=dm)
     ((_, metrics),) = logger.vstream()
     assert metrics["train/data_wait_fraction"] == 0.5
     assert metrics["train/samples_per_sec"] == 4 * SLOTS / 4.0
@@ -177,10 +185,16 @@ def test_monitor_leaves_validation_time_out(callback_index: Path, tmp_path: Path
 
 def test_monitor_counts_valid_slots_only(tmp_path: Path) -> None:
     batches = [
-        {"frames": torch.zeros(4, 3, 3, 8, 8), "valid": torch.tensor([True, True, False, False]),
-         "is_first": torch.ones(4, dtype=torch.bool)},
-        {"frames": torch.zeros(4, 3, 3, 8, 8), "valid": torch.tensor([True, True, True, False]),
-         "is_first": torch.zeros(4, dtype=torch.bool)},
+        {
+            "frames": torch.zeros(4, 3, 3, 8, 8),
+            "valid": torch.tensor([True, True, False, False]),
+            "is_first": torch.ones(4, dtype=torch.bool),
+        },
+        {
+            "frames": torch.zeros(4, 3, 3, 8, 8),
+            "valid": torch.tensor([True, True, True, False]),
+            "is_first": torch.zeros(4, dtype=torch.bool),
+        },
     ]
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5, 0.5], compute=0.5)
@@ -205,8 +219,9 @@ class _ListLoader(DataLoader):
 
 def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> None:
     batch = {"frames": torch.zeros(2, 1, 3, 8, 8), "is_first": torch.ones(2, dtype=torch.bool)}
-    stats = DecodeStats(frames_decoded=30, frames_delivered=20, skipped_samples=3, skipped_clips=1, read_errors=2,
-                        bad_files=1)
+    stats = DecodeStats(
+        frames_decoded=30, frames_delivered=20, skipped_samples=3, skipped_clips=1, read_errors=2, bad_files=1
+    )
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5] * 3, compute=0.5)
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
@@ -215,8 +230,12 @@ def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> No
     )
     ((_, metrics),) = logger.vstream()
     assert metrics["train/decode_amplification"] == 1.5
-    assert (metrics["train/skipped"], metrics["train/skipped_clips"], metrics["train/read_errors"],
-            metrics["train/bad_files"]) == (3.0, 1.0, 2.0, 1.0)
+    assert (
+        metrics["train/skipped"],
+        metrics["train/skipped_clips"],
+        metrics["train/read_errors"],
+        metrics["train/bad_files"],
+    ) == (3.0, 1.0, 2.0, 1.0)
 
 
 def test_monitor_without_decode_counters_logs_no_amplification(tmp_path: Path) -> None:
@@ -322,8 +341,14 @@ def test_monitor_sums_over_real_ddp_ranks(callback_index: Path, tmp_path: Path) 
     script = tmp_path / "ddp_throughput.py"
     script.write_text(DDP_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"))}
-    result = subprocess.run([sys.executable, str(script), str(callback_index), str(tmp_path)], capture_output=True,
-                            text=True, timeout=240, env=env, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(script), str(callback_index), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # Rank 0: 2 batches of 1 slot x 2 cameras in 4 s; rank 1: in 6 s.
@@ -411,7 +436,7 @@ class MemoryModel(TinyStreamPETR):
                 continue  # padding: the slot's memory is stale and its output unused
             if any(c != clip for c in self.memory_clips[slot]):
                 self.mixed.append(f"slot {slot} holds {self.memory_clips[slot]} while reading {clip}")
-            self.memory_clips[slot] = (self.memory_clips[slot] + [clip])[-self.memory_length:]
+            self.memory_clips[slot] = (self.memory_clips[slot] + [clip])[-self.memory_length :]
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         self._track(batch)
@@ -425,8 +450,14 @@ class MemoryModel(TinyStreamPETR):
 def test_reset_clears_exactly_the_flagged_slots(callback_index: Path, tmp_path: Path) -> None:
     model = MemoryModel()
     dm = _dm(callback_index, val_index_file=callback_index, batch_size=SLOTS)
-    trainer = _trainer(tmp_path, [TemporalStateReset()], max_epochs=1, num_sanity_val_steps=0,
-                       val_check_interval=3, limit_val_batches=3)
+    trainer = _trainer(
+        tmp_path,
+        [TemporalStateReset()],
+        max_epochs=1,
+        num_sanity_val_steps=0,
+        val_check_interval=3,
+        limit_val_batches=3,
+    )
     trainer.fit(model, datamodule=dm)
     assert model.mixed == []
     train_masks = [mask for stage, mask in model.events if stage == "train" and mask is not None]
@@ -456,8 +487,12 @@ def test_resuming_mid_epoch_resets_before_the_first_batch(callback_index: Path, 
     )
     # No epoch start in a resumed epoch: training start resets everything, then steps 3-5 follow
     # (slot 0 starts its second clip at step 5).
-    assert resumed.events == [("train", None), ("train", [False, False]), ("train", [False, False]),
-                              ("train", [True, False])]
+    assert resumed.events == [
+        ("train", None),
+        ("train", [False, False]),
+        ("train", [False, False]),
+        ("train", [True, False]),
+    ]
     assert resumed.mixed == []
 
 
@@ -501,11 +536,14 @@ def test_model_without_reset_method_is_a_clear_error_before_any_batch(callback_i
         def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
             raise AssertionError("no batch may run")
 
-    with pytest.raises(TypeError, match=(
-        r"TemporalStateReset: NoMemory.reset_temporal_state is missing\. Add a method "
-        r"`def reset_temporal_state\(self, mask: torch.Tensor \| None\) -> None`.*TemporalStateReset\(method=\.\.\.\)"
-        r".*TemporalStateReset\(fn=\.\.\.\)"
-    )):
+    with pytest.raises(
+        TypeError,
+        match=(
+            r"TemporalStateReset: NoMemory.reset_temporal_state is missing\. Add a method "
+            r"`def reset_temporal_state\(self, mask: torch.Tensor \| None\) -> None`.*TemporalStateReset\(method=\.\.\.\)"
+            r".*TemporalStateReset\(fn=\.\.\.\)"
+        ),
+    ):
         _trainer(tmp_path, [TemporalStateReset()], max_steps=1).fit(NoMemory(), datamodule=_dm(callback_index))
 
 
@@ -543,4 +581,3 @@ def test_stages_limit_where_resets_happen(callback_index: Path, tmp_path: Path) 
     dm = _dm(callback_index, val_index_file=callback_index)
     _trainer(tmp_path, [TemporalStateReset(stages=("val",))], max_steps=2, limit_val_batches=2).validate(model, dm)
     assert model.events and all(stage == "eval" for stage, _ in model.events)
-

@@ -44,9 +44,23 @@ def cli_index(make_dataset: Any) -> Path:
 
 
 def _args(index: Path, *extra: str) -> list[str]:
-    return ["--config", str(CONFIG), "--data.index_file", str(index), "--data.num_workers", "0",
-            "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
-            "--trainer.logger", "false", *extra]
+    return [
+        "--config",
+        str(CONFIG),
+        "--data.index_file",
+        str(index),
+        "--data.num_workers",
+        "0",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger",
+        "false",
+        *extra,
+    ]
 
 
 def test_config_sets_every_datamodule_option() -> None:
@@ -117,12 +131,28 @@ def test_user_transform_class_from_yaml_class_path(
 
     monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(index_file=str(cli_index), num_workers=0, batch_size=2, shuffle=False,
-                          transform={"class_path": "_user_transforms.Brighten", "init_args": {"amount": 40}})
+    config["data"].update(
+        index_file=str(cli_index),
+        num_workers=0,
+        batch_size=2,
+        shuffle=False,
+        transform={"class_path": "_user_transforms.Brighten", "init_args": {"amount": 40}},
+    )
     path = tmp_path / "brighten.yaml"
     path.write_text(yaml.safe_dump(config))
-    cli = _example().main(["--config", str(path), "--trainer.max_steps", "2", "--trainer.logger", "false",
-                           "--trainer.enable_progress_bar", "false"], run=False)
+    cli = _example().main(
+        [
+            "--config",
+            str(path),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+        ],
+        run=False,
+    )
     dm = cli.datamodule
     assert isinstance(dm.transform, Brighten) and dm.transform.amount == 40
     assert "transform" not in dm.hparams  # any object: not stored in checkpoints

@@ -41,8 +41,12 @@ class ClipModel(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)
-        self.seen: dict[str, list[list[tuple[str, tuple[int, ...]]]]] = {"train": [], "val": [], "test": [],
-                                                                        "predict": []}
+        self.seen: dict[str, list[list[tuple[str, tuple[int, ...]]]]] = {
+            "train": [],
+            "val": [],
+            "test": [],
+            "predict": [],
+        }
         self.errors: list[str] = []
 
     def _record(self, stage: str, batch: dict[str, Any]) -> torch.Tensor:
@@ -71,8 +75,15 @@ class EvalModel(ClipModel):
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                                   enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
     return pl.Trainer(**{**options, **kwargs})
 
 
@@ -84,19 +95,34 @@ def test_resume_mid_epoch_delivers_exactly_the_remaining_batches(
     clip_index: Path, tmp_path: Path, num_workers: int, selection: str, reload: int
 ) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> ClipModel:
-        dm = ClipVideoDataModule(index_file=clip_index, clip_frames=3, frame_stride=2, selection=selection,
-                                 clips_per_epoch=6, batch_size=2, num_workers=num_workers, seed=7)
+        dm = ClipVideoDataModule(
+            index_file=clip_index,
+            clip_frames=3,
+            frame_stride=2,
+            selection=selection,
+            clips_per_epoch=6,
+            batch_size=2,
+            num_workers=num_workers,
+            seed=7,
+        )
         model = ClipModel()
-        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=4, reload_dataloaders_every_n_epochs=reload,
-                           callbacks=callbacks or [], enable_checkpointing=bool(callbacks))
+        trainer = _trainer(
+            tmp_path,
+            max_steps=max_steps,
+            max_epochs=4,
+            reload_dataloaders_every_n_epochs=reload,
+            callbacks=callbacks or [],
+            enable_checkpointing=bool(callbacks),
+        )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         assert model.errors == []
         return model
 
     uninterrupted = run(max_steps=10)
     steps_per_epoch = len(uninterrupted.seen["train"]) // 4 if selection == "random" else 3
-    assert uninterrupted.seen["train"][:steps_per_epoch] != uninterrupted.seen["train"][steps_per_epoch:][
-        :steps_per_epoch]  # shuffled per epoch
+    assert (
+        uninterrupted.seen["train"][:steps_per_epoch] != uninterrupted.seen["train"][steps_per_epoch:][:steps_per_epoch]
+    )  # shuffled per epoch
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
     run(max_steps=4, callbacks=[checkpoint])  # step 4 lies inside the second epoch
     resumed = run(max_steps=10, ckpt=str(tmp_path / "ckpt" / "step=4.ckpt"))
@@ -113,8 +139,16 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
     messages = [str(w.message) for w in recwarn]
     assert not [m for m in messages if "Total length of" in m or "val_dataloader" in m or "validation_step" in m]
     model = EvalModel()
-    full = ClipVideoDataModule(index_file=clip_index, val_index_file=clip_index, test_index_file=clip_index,
-                               predict_index_file=clip_index, clip_frames=2, hop=6, batch_size=2, num_workers=0)
+    full = ClipVideoDataModule(
+        index_file=clip_index,
+        val_index_file=clip_index,
+        test_index_file=clip_index,
+        predict_index_file=clip_index,
+        clip_frames=2,
+        hop=6,
+        batch_size=2,
+        num_workers=0,
+    )
     trainer = _trainer(tmp_path)
     trainer.validate(model, datamodule=full)
     trainer.test(model, datamodule=full)
@@ -126,8 +160,14 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
 
 
 def test_transform_and_hyperparameters(clip_index: Path) -> None:
-    dm = ClipVideoDataModule(index_file=clip_index, clip_frames=2, batch_size=2, num_workers=0, shuffle=False,
-                             transform=FrameTransform(resize=(96, 128), dtype="float32"))
+    dm = ClipVideoDataModule(
+        index_file=clip_index,
+        clip_frames=2,
+        batch_size=2,
+        num_workers=0,
+        shuffle=False,
+        transform=FrameTransform(resize=(96, 128), dtype="float32"),
+    )
     assert dm.hparams["index_file"] == str(clip_index) and "transform" not in dm.hparams
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
@@ -144,16 +184,18 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     index = root / source.name
     bad = sorted((root / "videos").glob("*/*.mp4"))[1]
     bad.write_bytes(bad.read_bytes()[:200])  # truncated: its frames cannot be decoded
-    dm = ClipVideoDataModule(index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False,
-                             on_error="skip")
+    dm = ClipVideoDataModule(
+        index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False, on_error="skip"
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["valid"].tolist() == [True, False, True]
     assert not batch["frames"][1].any() and torch.isnan(batch["timestamp"][1]).all()
     assert stamp_errors(batch) == []
     # A file that breaks after the index was loaded fails while decoding, not while probing.
-    loaded = ClipVideoDataModule(index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0,
-                                 shuffle=False, on_error="skip")
+    loaded = ClipVideoDataModule(
+        index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False, on_error="skip"
+    )
     loaded.setup("fit")
     late = sorted((root / "videos").glob("*/*.mp4"))[2]
     late.write_bytes(late.read_bytes()[:300])
@@ -170,8 +212,16 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
 def test_clip_workers_start_without_lightning(clip_index: Path, tmp_path: Path, method: str) -> None:
     from _user_transforms import ImportProbe
 
-    dm = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=3, batch_size=2, num_workers=2, shuffle=False,
-                             multiprocessing_context=method, transform=ImportProbe(str(tmp_path)))
+    dm = ClipVideoDataModule(
+        index_file=clip_index,
+        clip_frames=2,
+        hop=3,
+        batch_size=2,
+        num_workers=2,
+        shuffle=False,
+        multiprocessing_context=method,
+        transform=ImportProbe(str(tmp_path)),
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.multiprocessing_context.get_start_method() == method

@@ -72,8 +72,13 @@ def vfr_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vfr")
     for camera, name in enumerate(("CAM_A", "CAM_B")):
         write_stamped_video(
-            root / "videos" / "scene-0005" / f"{name}.mp4", clip=5, camera=camera, frames=len(VFR_SECONDS),
-            timestamps=VFR_SECONDS, gop=4, bframes=2,
+            root / "videos" / "scene-0005" / f"{name}.mp4",
+            clip=5,
+            camera=camera,
+            frames=len(VFR_SECONDS),
+            timestamps=VFR_SECONDS,
+            gop=4,
+            bframes=2,
         )
     return build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False)
 
@@ -184,7 +189,9 @@ def _gop_bound(info: Any, wanted: list[int]) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("bframes", [0, 3])
-def test_random_request_decodes_at_most_one_gop_per_needed_frame(make_dataset: Callable[..., Path], bframes: int) -> None:
+def test_random_request_decodes_at_most_one_gop_per_needed_frame(
+    make_dataset: Callable[..., Path], bframes: int
+) -> None:
     index = load_index(make_dataset(clips=1, cameras=1, frames=120, gop=10, bframes=bframes))
     cam = index.clips[0].cameras[0]
     assert cam.info is not None and len(cam.info.key_indices) == 12
@@ -251,8 +258,11 @@ def test_dataloader_with_random_sampler(small_index: Path, num_workers: int) -> 
     reqs = random_clips(index, FrameWindow(3, stride=2), count=10, seed=0)
     ds = VideoClipDataset(index=index, requests=reqs, decoder_threads=1)
     loader = DataLoader(
-        ds, batch_size=4, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(0)),
-        num_workers=num_workers, collate_fn=collate_clips,
+        ds,
+        batch_size=4,
+        sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(0)),
+        num_workers=num_workers,
+        collate_fn=collate_clips,
     )
     seen = []
     for batch in loader:
@@ -298,7 +308,9 @@ class RequestSampler(Sampler[ClipRequest]):
 
 def test_user_sampler_yielding_requests(small_index: Path) -> None:
     ds = VideoClipDataset(index=small_index)
-    loader = DataLoader(ds, batch_size=2, sampler=RequestSampler(["scene-0000", "scene-0002", "scene-0001"]), collate_fn=collate_clips)
+    loader = DataLoader(
+        ds, batch_size=2, sampler=RequestSampler(["scene-0000", "scene-0002", "scene-0001"]), collate_fn=collate_clips
+    )
     batches = list(loader)
     assert [b["clip_id"] for b in batches] == [["scene-0000", "scene-0002"], ["scene-0001"]]
     assert batches[0]["frame_index"].tolist() == [[0, 2, 4], [1, 3, 5]]
@@ -353,7 +365,9 @@ def test_decoder_cache_is_a_bounded_lru(small_index: Path) -> None:
 def test_dataset_errors_name_request_clip_and_camera(small_index: Path) -> None:
     with pytest.raises(ValueError, match=r"requests\[1\]: clip 'scene-0099' is not in the index 'index.json'"):
         VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [0]), at_indices("scene-0099", [0])])
-    with pytest.raises(IndexError, match=r"requests\[0\]: frame 13 is out of range for clip 'scene-0001', which has 13 frames"):
+    with pytest.raises(
+        IndexError, match=r"requests\[0\]: frame 13 is out of range for clip 'scene-0001', which has 13 frames"
+    ):
         VideoClipDataset(index=small_index, requests=[at_indices("scene-0001", [0, 13])])
     with pytest.raises(ValueError, match=r"clip 'scene-0000' has no camera\(s\) \['CAM_FRONT'\]"):
         VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [0], cameras=["CAM_FRONT"])])
@@ -383,7 +397,10 @@ def test_collate_errors(small_index: Path) -> None:
     a = ds[at_indices("scene-0000", [0, 1])]
     b = ds[at_indices("scene-0001", [0, 1, 2])]
     c = ds[at_indices("scene-0001", [0, 1], cameras=["CAM_BACK"])]
-    with pytest.raises(ValueError, match=r"cannot batch clip 'scene-0000' \(frames \(2, 2, 3, 48, 64\)\) with clip 'scene-0001' \(frames \(3,"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot batch clip 'scene-0000' \(frames \(2, 2, 3, 48, 64\)\) with clip 'scene-0001' \(frames \(3,",
+    ):
         collate_clips([a, b])
     with pytest.raises(ValueError, match="must name the same cameras"):
         collate_clips([a, c])
@@ -392,7 +409,9 @@ def test_collate_errors(small_index: Path) -> None:
 
 
 # -- index_from_files -------------------------------------------------------------------------
-def test_index_from_files_caches_frame_tables(small_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_index_from_files_caches_frame_tables(
+    small_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     index = load_index(small_index)
     files = [index["scene-0002"].cameras[1].path, index["scene-0001"].cameras[0].path]
     cache = tmp_path / "tables.json"
@@ -440,12 +459,22 @@ def test_datamodule_fits_with_a_trainer(small_index: Path) -> None:
     import lightning as L
 
     dm = ClipVideoDataModule(
-        index_file=small_index, segments=[(6.0, 2), (12.0, 2)], selection="random", clips_per_epoch=6, batch_size=2, seed=1
+        index_file=small_index,
+        segments=[(6.0, 2), (12.0, 2)],
+        selection="random",
+        clips_per_epoch=6,
+        batch_size=2,
+        seed=1,
     )
     model = TinyModel.make()
     trainer = L.Trainer(
-        max_epochs=2, accelerator="cpu", enable_checkpointing=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
+        max_epochs=2,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        reload_dataloaders_every_n_epochs=1,
     )
     trainer.fit(model, dm)
     assert trainer.global_step == 6 and dm.world_size == 1 and dm.rank == 0
@@ -474,7 +503,12 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     assert [(c, tuple(f)) for c, f in zip(batch["clip_id"], batch["frame_index"].tolist())] == [
         (r.clip_id, r.frames) for r in sequential.train_requests()
     ]
-    custom = ClipVideoDataModule(index_file=small_index, clip_frames=2, sampler=lambda ds: RequestSampler(["scene-0001"]), val_index_file=small_index)
+    custom = ClipVideoDataModule(
+        index_file=small_index,
+        clip_frames=2,
+        sampler=lambda ds: RequestSampler(["scene-0001"]),
+        val_index_file=small_index,
+    )
     custom.setup("fit")
     assert next(iter(custom.train_dataloader()))["frame_index"].tolist() == [[0, 2, 4]]
     assert len(custom.val_dataloader().dataset) == len(regular_clips(load_index(small_index), FrameWindow(2)))
@@ -502,13 +536,19 @@ def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str)
 def test_dataset_refuses_a_camera_string_and_a_clip_id_as_position(small_index: Path) -> None:
     from lightning_vstream.errors import ConfigurationTypeError
 
-    with pytest.raises(ConfigurationTypeError, match=r"cameras='CAM_BACK' must be a list of camera names, not a single "
-                       r"string; pass \['CAM_BACK'\]"):
+    with pytest.raises(
+        ConfigurationTypeError,
+        match=r"cameras='CAM_BACK' must be a list of camera names, not a single "
+        r"string; pass \['CAM_BACK'\]",
+    ):
         VideoClipDataset(index=small_index, cameras="CAM_BACK")  # type: ignore[arg-type]
     ds = VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [1, 2])])
-    with pytest.raises(ConfigurationTypeError, match=r"indexed by request position \(an int in 0\.\.0\) or by a "
-                       r"ClipRequest, not by a str \('scene-0000'\); to read clip 'scene-0000', pass a request such "
-                       r"as dataset\[at_indices\('scene-0000', \[0, 1, 2\]\)\]"):
+    with pytest.raises(
+        ConfigurationTypeError,
+        match=r"indexed by request position \(an int in 0\.\.0\) or by a "
+        r"ClipRequest, not by a str \('scene-0000'\); to read clip 'scene-0000', pass a request such "
+        r"as dataset\[at_indices\('scene-0000', \[0, 1, 2\]\)\]",
+    ):
         ds["scene-0000"]  # type: ignore[index]
     with pytest.raises(TypeError, match=r"not by a float \(0\.0\)\.$"):
         ds[0.0]  # type: ignore[index]
@@ -537,8 +577,7 @@ def test_forked_workers_start_their_own_gop_threads(small_index: Path) -> None:
         VideoClipDataset(index=index, gop_threads=0)
     ds = VideoClipDataset(index=index, requests=reqs, gop_threads=2)
     check_stamps(ds[0])  # the parent's GOP pool and decoders now exist
-    loader = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=collate_clips,
-                        multiprocessing_context="fork")
+    loader = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=collate_clips, multiprocessing_context="fork")
     for batch in loader:
         check_stamps(batch)
     ds.close()

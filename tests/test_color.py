@@ -20,8 +20,9 @@ from lightning_vstream.errors import DecoderCapabilityError
 
 @pytest.fixture(scope="module")
 def frame(tmp_path_factory: pytest.TempPathFactory) -> av.VideoFrame:
-    path = write_stamped_video(tmp_path_factory.mktemp("color") / "v.mp4", clip=3, camera=1, frames=2, gop=2,
-                               codec="hevc", size=(256, 256))
+    path = write_stamped_video(
+        tmp_path_factory.mktemp("color") / "v.mp4", clip=3, camera=1, frames=2, gop=2, codec="hevc", size=(256, 256)
+    )
     with av.open(str(path)) as container:
         return next(container.decode(video=0))
 
@@ -65,8 +66,9 @@ def test_untagged_stream_uses_bt601_like_ffmpeg(frame: av.VideoFrame) -> None:
         (None, None, "yuvj420p", ColorSpec("bt601", True)),
     ],
 )
-def test_color_spec_follows_the_tags(colorspace: int | None, color_range: int | None, pix_fmt: str,
-                                     expected: ColorSpec) -> None:
+def test_color_spec_follows_the_tags(
+    colorspace: int | None, color_range: int | None, pix_fmt: str, expected: ColorSpec
+) -> None:
     assert color_spec_from_stream(colorspace, color_range, pix_fmt) == expected
 
 
@@ -101,7 +103,11 @@ def test_p016_ten_bit_frames(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("shape", "dtype", "message"),
     [
-        ((256, 256), torch.uint8, r"expected an NV12 frame of shape \[1.5 \* H, W\].*4:2:2 / 4:4:4.*decode_device='cpu'"),
+        (
+            (256, 256),
+            torch.uint8,
+            r"expected an NV12 frame of shape \[1.5 \* H, W\].*4:2:2 / 4:4:4.*decode_device='cpu'",
+        ),
         ((3, 24, 16), torch.uint8, "expected an NV12 frame"),
         ((24, 16), torch.float32, "8- or 16-bit"),
     ],

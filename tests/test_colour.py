@@ -74,7 +74,9 @@ def reference_rgb(frame: object) -> np.ndarray:
     bits = frame.format.components[0].bits  # type: ignore[attr-defined]
     dtype = np.uint16 if bits > 8 else np.uint8
     y, u, v = (
-        np.frombuffer(p, dtype=dtype).reshape(p.height, p.line_size // dtype().itemsize)[:, : p.width].astype(np.float64)
+        np.frombuffer(p, dtype=dtype)
+        .reshape(p.height, p.line_size // dtype().itemsize)[:, : p.width]
+        .astype(np.float64)
         for p in frame.planes[:3]  # type: ignore[attr-defined]
     )
     u = np.repeat(np.repeat(u, 2, 0), 2, 1)[: y.shape[0], : y.shape[1]]
@@ -215,8 +217,11 @@ def test_the_best_video_stream_is_used_unless_one_is_chosen(tmp_path: Path) -> N
     first = make_decoder(path, stream=0)
     assert first.info.width == 64
     assert [read_stamp(f) for f in first.get_many([6, 1])] == [Stamp(1, 0, 6), Stamp(1, 0, 1)]  # type: ignore[attr-defined]
-    with pytest.raises(ConfigurationError, match=r"stream=2 asks for video stream 2 of '.*two.mp4', which holds 2 "
-                       r"video stream\(s\) \(valid: 0\.\.1, or None for FFmpeg's best\)"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"stream=2 asks for video stream 2 of '.*two.mp4', which holds 2 "
+        r"video stream\(s\) \(valid: 0\.\.1, or None for FFmpeg's best\)",
+    ):
         probe_video(path, stream=2)
     with pytest.raises(ConfigurationError, match=r"stream=-1 must be None \(FFmpeg's best video stream\)"):
         PyAVDecoder(path, stream=-1)

@@ -376,7 +376,9 @@ def test_stale_frame_table_longer_than_the_file(tmp_path: Path, h264_b3: Path) -
     assert probe_video(short).frame_count == 24
     decoder = PyAVDecoder(short, info=probe_video(h264_b3), label="clip x")
     assert read_stamp(decoder.get(23)).frame == 23
-    match = r"short\.mp4' \(clip x\) frame 24: the file ended before this frame although its frame table lists 36 frames"
+    match = (
+        r"short\.mp4' \(clip x\) frame 24: the file ended before this frame although its frame table lists 36 frames"
+    )
     with pytest.raises(VideoDecodeError, match=match):
         decoder.read()
     # The decoder recovers: the file is reopened for the next request.

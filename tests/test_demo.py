@@ -19,8 +19,11 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 steps", first)
     assert "decode   amplification 1.00: 120 frames decoded for 120 delivered, 0 seeks" in first
     assert "stamps   120 frames checked, all stamps correct" in first
-    assert re.search(r"targets  20 slot-frames' annotations \(token, ego pose, boxes\) match their frames; "
-                     r"box-centre loss \d+\.\d\d -> \d+\.\d\d", first)
+    assert re.search(
+        r"targets  20 slot-frames' annotations \(token, ego pose, boxes\) match their frames; "
+        r"box-centre loss \d+\.\d\d -> \d+\.\d\d",
+        first,
+    )
     assert f"source   {cache.resolve() / 'demo-v2' / 'index.json'} (generated now)" in first
     assert "metrics  train/* figures logged to" in first
 
@@ -44,12 +47,16 @@ def test_demo_rebuilds_a_broken_cache(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not result.reused and result.stamp_errors == []
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--steps", "0"], "vstream demo: error: argument --steps: '0' must be at least 1."),
-    (["--num-workers", "-1"], "vstream demo: error: argument --num-workers: '-1' must be 0 or more."),
-])
-def test_demo_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
-                                    message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "vstream demo: error: argument --steps: '0' must be at least 1."),
+        (["--num-workers", "-1"], "vstream demo: error: argument --num-workers: '-1' must be 0 or more."),
+    ],
+)
+def test_demo_rejects_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--cache-dir", str(tmp_path), *argv])
     assert exit_info.value.code == 2

@@ -107,8 +107,9 @@ def test_python_samples_run(path: Path, docs_cwd: Path) -> None:
         try:
             exec(code, namespace)
         except Exception as err:
-            raise AssertionError(f"the sample at {path.relative_to(ROOT)} line {block.line} failed: "
-                                 f"{type(err).__name__}: {err}") from err
+            raise AssertionError(
+                f"the sample at {path.relative_to(ROOT)} line {block.line} failed: {type(err).__name__}: {err}"
+            ) from err
         ran += 1
     if not ran and not python_blocks(path):
         pytest.skip(f"{path.name} has no python samples")

@@ -81,8 +81,9 @@ def check_round_trip(src_index: Path, out_index: Path) -> None:
 
 
 @pytest.mark.parametrize(("codec", "bframes"), [("h264", 0), ("hevc", 2)])
-def test_image_folders_round_trip_with_source_times(image_index: Path, tmp_path: Path, codec: str,
-                                                    bframes: int) -> None:
+def test_image_folders_round_trip_with_source_times(
+    image_index: Path, tmp_path: Path, codec: str, bframes: int
+) -> None:
     summary = encode_index(image_index, tmp_path / "out", codec=codec, gop=4, bframes=bframes, crf=18, progress=False)
     assert summary.index == tmp_path / "out" / "index.json"
     assert (summary.files_encoded, summary.files_skipped, summary.frames_encoded) == (4, 0, 48)
@@ -117,16 +118,24 @@ def test_rerun_skips_done_files_and_redoes_damaged_ones(image_index: Path, tmp_p
 def test_video_source_keeps_variable_frame_times(tmp_path: Path) -> None:
     times = [0.0, 0.05, 0.1, 0.35, 0.4, 0.41, 0.9, 1.0]
     for k, cam in enumerate(CAMERAS):
-        write_stamped_video(tmp_path / "src" / "videos" / "scene-0003" / f"{cam}.mp4", clip=3, camera=k,
-                            frames=len(times), timestamps=times, bframes=2, gop=4)
+        write_stamped_video(
+            tmp_path / "src" / "videos" / "scene-0003" / f"{cam}.mp4",
+            clip=3,
+            camera=k,
+            frames=len(times),
+            timestamps=times,
+            bframes=2,
+            gop=4,
+        )
     src = build_index(tmp_path / "src", output=tmp_path / "src" / "index.json", progress=False)
     summary = encode_index(src, tmp_path / "out", codec="hevc", crf=20, gop=3, progress=False)
     check_round_trip(src, summary.index)
     assert load_index(summary.index, check="thorough")[0].cameras[1].info.timestamps == pytest.approx(times)
 
 
-def test_encode_sources_from_image_lists_and_cli(image_index: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_encode_sources_from_image_lists_and_cli(
+    image_index: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = load_index(image_index)[0].cameras[0].path
     files = tuple(sorted(folder.glob("*.jpg")))[:5]
     src = CameraSource("clip-a", "CAM_X", files, tuple(1_000_000 * i + 7 for i in (0, 1, 2, 5, 6)))
@@ -192,17 +201,25 @@ def test_bad_inputs_give_named_errors(image_index: Path, tmp_path: Path, monkeyp
     files = sorted(load_index(image_index)[0].cameras[0].path.glob("*.jpg"))[:3]
     (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(VideoDecodeError, match=r"clip 'c', camera 'CAM' frame 2 \(.*bad.jpg'\): unreadable image"):
-        encode_sources([CameraSource("c", "CAM", (*files[:2], tmp_path / "bad.jpg"), (0, 1, 2))], broken,
-                       progress=False)
+        encode_sources(
+            [CameraSource("c", "CAM", (*files[:2], tmp_path / "bad.jpg"), (0, 1, 2))], broken, progress=False
+        )
     assert not list(broken.rglob("*.mp4*"))  # nothing half-written is left behind
 
     from lightning_vstream.encode import writer
 
     monkeypatch.setattr(writer, "mismatch", lambda task, path, codec: "frame 3 is at 1.0 s instead of 1.5 s")
-    with pytest.raises(EncodeError, match=r"clip 'c', camera 'CAM': the encoded file does not keep the source "
-                                          r"frames: frame 3 is at 1.0 s instead of 1.5 s\. Use bframes=0"):
-        encode_sources([CameraSource("c", "CAM", tuple(files), (0, 1, 2))], broken,
-                       settings=EncodeSettings(codec="h264", bframes=2), progress=False)
+    with pytest.raises(
+        EncodeError,
+        match=r"clip 'c', camera 'CAM': the encoded file does not keep the source "
+        r"frames: frame 3 is at 1.0 s instead of 1.5 s\. Use bframes=0",
+    ):
+        encode_sources(
+            [CameraSource("c", "CAM", tuple(files), (0, 1, 2))],
+            broken,
+            settings=EncodeSettings(codec="h264", bframes=2),
+            progress=False,
+        )
     assert not list(broken.rglob("*.mp4*"))
 
 

@@ -36,20 +36,30 @@ def _sampler(index: Any, batch_size: int = 2, **kwargs: Any) -> StreamSampler:
     )
 
 
-def _loader(index: Any, *, threads: int = 3, prefetch: int = 2, device: Any = None, factory: Any = None,
-            **kwargs: Any) -> EngineLoader:
+def _loader(
+    index: Any, *, threads: int = 3, prefetch: int = 2, device: Any = None, factory: Any = None, **kwargs: Any
+) -> EngineLoader:
     engine_kwargs = {k: kwargs.pop(k) for k in ("transform", "on_error", "timeout", "hold") if k in kwargs}
     engine = StreamEngine(
-        index=index, sampler=_sampler(index, **kwargs), device=device or HostDevice(),
-        decoder_factory=factory or pyav_factory(threads=1), num_threads=threads, prefetch=prefetch, **engine_kwargs,
+        index=index,
+        sampler=_sampler(index, **kwargs),
+        device=device or HostDevice(),
+        decoder_factory=factory or pyav_factory(threads=1),
+        num_threads=threads,
+        prefetch=prefetch,
+        **engine_kwargs,
     )
     return EngineLoader(engine)
 
 
 def _labels(batch: dict[str, Any]) -> tuple[Any, ...]:
     return (
-        batch["step"], tuple(batch["clip_id"]), batch["frame_index"].tolist(), batch["is_first"].tolist(),
-        batch["valid"].tolist(), batch["camera_timestamp"].nan_to_num(-1).tolist(),
+        batch["step"],
+        tuple(batch["clip_id"]),
+        batch["frame_index"].tolist(),
+        batch["is_first"].tolist(),
+        batch["valid"].tolist(),
+        batch["camera_timestamp"].nan_to_num(-1).tolist(),
     )
 
 
@@ -165,8 +175,11 @@ def test_transform_runs_right_after_decoding(index: Any) -> None:
 def test_frames_of_another_size_need_a_transform(index: Any, tmp_path: Path) -> None:
     larger = write_stamped_video(tmp_path / "large.mp4", clip=2, camera=1, frames=27, size=(96, 64), gop=6)
     mixed = _replace_camera(index, 2, 1, larger, probe_video(larger))
-    with pytest.raises(ValueError, match=r"camera 'CAM_BACK_LEFT' frame 0 is \(3, 64, 96\) but the batch holds "
-                                         r"\(3, 48, 64\).*resize"):
+    with pytest.raises(
+        ValueError,
+        match=r"camera 'CAM_BACK_LEFT' frame 0 is \(3, 64, 96\) but the batch holds "
+        r"\(3, 48, 64\).*resize",
+    ):
         list(_loader(mixed, batch_size=2, shuffle=False))
     assert not _decode_threads()
 

@@ -30,8 +30,13 @@ def engine_index(make_dataset: Any) -> Path:
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
     defaults: dict[str, Any] = {
-        "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
-        "enable_model_summary": False, "enable_checkpointing": False, "default_root_dir": tmp_path,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "default_root_dir": tmp_path,
     }
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
@@ -67,8 +72,9 @@ def test_engine_and_worker_loaders_deliver_the_same_plan(engine_index: Path, tmp
 def test_resume_from_mid_epoch_checkpoint_with_the_engine(engine_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         model = RecordingModel()
-        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [],
-                           enable_checkpointing=bool(callbacks))
+        trainer = _trainer(
+            tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
+        )
         trainer.fit(model, datamodule=_dm(engine_index, seed=5), ckpt_path=ckpt)
         return model
 
@@ -118,7 +124,12 @@ def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_p
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, str(HERE / "_ddp_stream.py"), str(engine_index), str(tmp_path), "1", "threads"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -127,6 +138,9 @@ def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_p
     for epoch in (0, 1):
         clips = [{c for b in r["seen"] if b["epoch"] == epoch for c in b["clip_id"]} for r in ranks]
         assert clips[0] and clips[1] and not clips[0] & clips[1]
-    starts = [[c for b in r["seen"] if b["epoch"] == e for c, f in zip(b["clip_id"], b["is_first"]) if f]
-              for r in ranks for e in (0, 1)]
+    starts = [
+        [c for b in r["seen"] if b["epoch"] == e for c, f in zip(b["clip_id"], b["is_first"]) if f]
+        for r in ranks
+        for e in (0, 1)
+    ]
     assert starts[0] != starts[1] or starts[2] != starts[3]  # set_epoch reached the engine's sampler

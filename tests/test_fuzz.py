@@ -103,22 +103,55 @@ _scalars = (
     | st.text(max_size=12)
 )
 json_values = st.recursive(
-    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
 _names = st.text(max_size=100)  # up to 400 UTF-8 bytes: past the 255-byte limit on file names
-video_dirs = st.sampled_from(["videos", "./videos", "videos/", "videos/../videos", "..", ".", "", "/", "missing",
-                              "videos/scene-0000", "index.json"]) | _names
-clip_ids = st.sampled_from(["scene-0000", "scene-0001", "scene-0002", "../videos/scene-0000", "", ".", "..",
-                            "scene-0000/CAM_BACK.mp4", "scene-0000/"]) | _names
-counts = (
-    st.sampled_from([1, 8, 9, 0, -1])
-    | st.integers(min_value=-(2**40), max_value=2**70)
-    | json_values
-).map(json.dumps)
+video_dirs = (
+    st.sampled_from(
+        [
+            "videos",
+            "./videos",
+            "videos/",
+            "videos/../videos",
+            "..",
+            ".",
+            "",
+            "/",
+            "missing",
+            "videos/scene-0000",
+            "index.json",
+        ]
+    )
+    | _names
+)
+clip_ids = (
+    st.sampled_from(
+        [
+            "scene-0000",
+            "scene-0001",
+            "scene-0002",
+            "../videos/scene-0000",
+            "",
+            ".",
+            "..",
+            "scene-0000/CAM_BACK.mp4",
+            "scene-0000/",
+        ]
+    )
+    | _names
+)
+counts = (st.sampled_from([1, 8, 9, 0, -1]) | st.integers(min_value=-(2**40), max_value=2**70) | json_values).map(
+    json.dumps
+)
 index_texts = st.one_of(
-    st.lists(st.tuples(video_dirs, st.lists(st.tuples(clip_ids, counts), max_size=4).map(_obj)
-                       | json_values.map(json.dumps)), max_size=3).map(_obj),
+    st.lists(
+        st.tuples(
+            video_dirs, st.lists(st.tuples(clip_ids, counts), max_size=4).map(_obj) | json_values.map(json.dumps)
+        ),
+        max_size=3,
+    ).map(_obj),
     json_values.map(json.dumps),
 )
 cameras_args = st.none() | st.lists(st.sampled_from(["CAM_BACK", "CAM_BACK_LEFT", "CAM_FRONT", ""]), max_size=3)
@@ -175,12 +208,19 @@ def test_load_index_on_json_of_any_shape(dataset: Dataset, text: str, cameras: l
 def _info_dicts(real: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     """A real serialised VideoInfo with fields dropped, replaced or mangled."""
     fields = sorted(real)
-    mangled = st.fixed_dictionaries({}, optional={
-        key: st.just(real[key])
-        | json_values
-        | (st.lists(st.integers(-5, 10**6) | st.floats(), max_size=30) if isinstance(real[key], list) else st.nothing())
-        for key in fields
-    })
+    mangled = st.fixed_dictionaries(
+        {},
+        optional={
+            key: st.just(real[key])
+            | json_values
+            | (
+                st.lists(st.integers(-5, 10**6) | st.floats(), max_size=30)
+                if isinstance(real[key], list)
+                else st.nothing()
+            )
+            for key in fields
+        },
+    )
     return mangled | st.just(real)
 
 
@@ -189,16 +229,21 @@ def _info_dicts(real: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
 def test_load_index_with_a_malformed_sidecar(dataset: Dataset, case: st.DataObject, check: str) -> None:
     real = dataset.sidecar["files"]
     keys = st.sampled_from(dataset.file_keys) | _names
-    entries = json_values | st.fixed_dictionaries({}, optional={
-        "size": st.sampled_from(sorted({e["size"] for e in real.values()})) | json_values,
-        "info": _info_dicts(next(iter(real.values()))["info"]) | json_values,
-    })
+    entries = json_values | st.fixed_dictionaries(
+        {},
+        optional={
+            "size": st.sampled_from(sorted({e["size"] for e in real.values()})) | json_values,
+            "info": _info_dicts(next(iter(real.values()))["info"]) | json_values,
+        },
+    )
     files = st.dictionaries(keys, entries, max_size=4) | json_values
-    header = st.fixed_dictionaries({
-        "format": st.just("lightning_vstream.meta") | st.text(max_size=8),
-        "version": st.just(1) | json_values,
-        "files": files,
-    })
+    header = st.fixed_dictionaries(
+        {
+            "format": st.just("lightning_vstream.meta") | st.text(max_size=8),
+            "version": st.just(1) | json_values,
+            "files": files,
+        }
+    )
     sidecar = case.draw(header.map(json.dumps) | json_values.map(json.dumps), label="sidecar")
     _load(_write_index(dataset, dataset.index_text, sidecar), None, check)
 
@@ -242,8 +287,7 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Video]:
     folder = tmp_path_factory.mktemp("fuzz-videos")
     result = {}
     for name, options in VIDEOS.items():
-        path = write_stamped_video(folder / f"{name}.mp4", clip=CLIP, camera=CAMERA, frames=FRAMES, gop=GOP,
-                                   **options)  # type: ignore[arg-type]
+        path = write_stamped_video(folder / f"{name}.mp4", clip=CLIP, camera=CAMERA, frames=FRAMES, gop=GOP, **options)  # type: ignore[arg-type]
         data = path.read_bytes()
         result[name] = Video(name, data, probe_video(path), _top_level_box(data, b"moov"))
     return result
@@ -466,8 +510,9 @@ def test_deeply_nested_json_is_a_value_error(dataset: Dataset, which: str) -> No
         load_index(path)
 
 
-@pytest.mark.parametrize("entry", [{"v" * 300: {"scene-0000": 8}}, {"videos": {"s" * 300: 8}}],
-                         ids=["video_dir", "clip_id"])
+@pytest.mark.parametrize(
+    "entry", [{"v" * 300: {"scene-0000": 8}}, {"videos": {"s" * 300: 8}}], ids=["video_dir", "clip_id"]
+)
 def test_overlong_names_are_reported_not_raised_as_oserror(dataset: Dataset, entry: dict[str, Any]) -> None:
     with pytest.raises(IndexValidationError, match="does not exist"):
         load_index(_write_index(dataset, json.dumps(entry)))

@@ -119,7 +119,12 @@ def _fake_module(*, with_color: bool = True) -> types.ModuleType:
     module.VideoPacketFlag = types.SimpleNamespace(ENDOFPICTURE=8)  # type: ignore[attr-defined]
     module.cudaVideoChromaFormat = types.SimpleNamespace(Monochrome="400", **{"420": "420", "422": "422", "444": "444"})  # type: ignore[attr-defined]
     module.caps = dict(  # type: ignore[attr-defined]
-        supported=1, num_decoder_engines=7, width_min=144, height_min=144, width_max=8192, height_max=8192,
+        supported=1,
+        num_decoder_engines=7,
+        width_min=144,
+        height_min=144,
+        width_max=8192,
+        height_max=8192,
         mb_num_max=262144,
     )
     module.caps_calls = []  # type: ignore[attr-defined]
@@ -242,7 +247,9 @@ def test_resolve_rank_without_its_own_gpu() -> None:
         resolve_decode_device("cuda", 2, cuda_available=True, device_count=2, nvdec=True)
 
 
-@pytest.mark.parametrize(("choice", "rank", "message"), [("gpu", 0, "decode_device='gpu'"), ("cpu", -1, "local_rank=-1")])
+@pytest.mark.parametrize(
+    ("choice", "rank", "message"), [("gpu", 0, "decode_device='gpu'"), ("cpu", -1, "local_rank=-1")]
+)
 def test_resolve_rejects_bad_arguments(choice: str, rank: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_decode_device(choice, rank)  # type: ignore[arg-type]
@@ -306,7 +313,9 @@ def test_packet_source_missing_file(tmp_path: Path, videos: dict[str, Path]) -> 
 
 # -- NvDecoder on the stand-in -------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["hevc", "h264_bframes", "hevc_bframes"])
-def test_sequential_read_matches_the_cpu_decoder(fake_nvc: types.ModuleType, videos: dict[str, Path], name: str) -> None:
+def test_sequential_read_matches_the_cpu_decoder(
+    fake_nvc: types.ModuleType, videos: dict[str, Path], name: str
+) -> None:
     pool = DecoderPool()
     dec = NvDecoder(videos[name], pool=pool, label="clip 'x', camera 'CAM'")
     cpu = PyAVDecoder(videos[name])
@@ -328,7 +337,9 @@ def test_sequential_read_matches_the_cpu_decoder(fake_nvc: types.ModuleType, vid
 
 
 @pytest.mark.parametrize("name", ["hevc", "h264_bframes", "hevc_bframes"])
-def test_random_access_returns_the_requested_frame(fake_nvc: types.ModuleType, videos: dict[str, Path], name: str) -> None:
+def test_random_access_returns_the_requested_frame(
+    fake_nvc: types.ModuleType, videos: dict[str, Path], name: str
+) -> None:
     order = list(range(FRAMES)) * 2
     random.Random(7).shuffle(order)
     with NvDecoder(videos[name], pool=DecoderPool()) as dec:
@@ -336,7 +347,9 @@ def test_random_access_returns_the_requested_frame(fake_nvc: types.ModuleType, v
             assert _stamp(dec.get(i)) == i
 
 
-def test_forward_get_in_the_gop_decodes_forward_and_backward_seeks(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+def test_forward_get_in_the_gop_decodes_forward_and_backward_seeks(
+    fake_nvc: types.ModuleType, videos: dict[str, Path]
+) -> None:
     dec = NvDecoder(videos["hevc"], pool=DecoderPool())
     assert _stamp(dec.get(2)) == 2 and dec.seeks == 0  # first GOP: decoded from the start
     assert _stamp(dec.get(7)) == 7 and dec.seeks == 0
@@ -362,7 +375,9 @@ def test_hwc_layout_converts_to_interleaved_rgb(fake_nvc: types.ModuleType, vide
     dec.close()
 
 
-def test_closed_decoder_is_flushed_and_reused_for_the_same_size(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+def test_closed_decoder_is_flushed_and_reused_for_the_same_size(
+    fake_nvc: types.ModuleType, videos: dict[str, Path]
+) -> None:
     pool = DecoderPool()
     first = NvDecoder(videos["hevc"], pool=pool)
     assert _stamp(first.get(5)) == 5
@@ -494,8 +509,11 @@ def test_decoding_emits_the_pipeline_ranges(
 def test_below_nvdec_minimum_size_is_refused_with_the_limits(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
     small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
     dec = NvDecoder(small, pool=DecoderPool(), label="clip 'x', camera 'CAM'")
-    with pytest.raises(DecoderCapabilityError, match=r"\(clip 'x', camera 'CAM'\) is hevc 64x48 8-bit 4:2:0, outside "
-                                                     r"what NVDEC on GPU 0 decodes .*144x144 to 8192x8192.*gpu_fallback"):
+    with pytest.raises(
+        DecoderCapabilityError,
+        match=r"\(clip 'x', camera 'CAM'\) is hevc 64x48 8-bit 4:2:0, outside "
+        r"what NVDEC on GPU 0 decodes .*144x144 to 8192x8192.*gpu_fallback",
+    ):
         dec.read()
     assert fake_nvc.caps_calls[0]["chromaformat"] == "420" and fake_nvc.caps_calls[0]["bitdepth"] == 8
 
@@ -519,8 +537,9 @@ def test_cpu_fallback_decodes_what_nvdec_refuses(fake_nvc: types.ModuleType, tmp
     from lightning_vstream.stream.engine_loader import _CopyingDecoder, _FallbackDecoder
 
     small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
-    dec = _FallbackDecoder(NvDecoder(small, pool=DecoderPool()),
-                           lambda: _CopyingDecoder(PyAVDecoder(small), torch.device("cpu")))
+    dec = _FallbackDecoder(
+        NvDecoder(small, pool=DecoderPool()), lambda: _CopyingDecoder(PyAVDecoder(small), torch.device("cpu"))
+    )
     assert [_stamp(dec.get(i)) for i in range(4)] == [0, 1, 2, 3]
     assert isinstance(dec.inner, _CopyingDecoder)
 
@@ -558,7 +577,9 @@ def test_read_writes_into_a_batch_row(fake_nvc: types.ModuleType, videos: dict[s
     assert _stamp(batch[1]) == 6 and batch[0].count_nonzero() == 0 and batch[2].count_nonzero() == 0
 
 
-def test_packets_are_checked_against_the_frame_table_checksums(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
+def test_packets_are_checked_against_the_frame_table_checksums(
+    fake_nvc: types.ModuleType, videos: dict[str, Path]
+) -> None:
     info = probe_video(videos["hevc"])
     assert info.crc32 is not None
     wrong = replace(info, crc32=(info.crc32[0], info.crc32[1] ^ 1, *info.crc32[2:]))
@@ -575,8 +596,11 @@ def test_probe_failure_is_an_error_with_the_child_output() -> None:
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "CUDA_ERROR_ILLEGAL_ADDRESS in cuvidDecodePicture")
 
-    with pytest.raises(DecoderCapabilityError, match=r"(?s)GPU 5 failed in a child process \(exit code 1\).*"
-                                                     r"CUDA_ERROR_ILLEGAL_ADDRESS.*decode_device='cpu'"):
+    with pytest.raises(
+        DecoderCapabilityError,
+        match=r"(?s)GPU 5 failed in a child process \(exit code 1\).*"
+        r"CUDA_ERROR_ILLEGAL_ADDRESS.*decode_device='cpu'",
+    ):
         nvdec.probe_nvdec(5, runner=crashed)
     assert calls[0][-2:] == ["lightning_vstream.decode.nvdec_probe", "5"]
 
@@ -616,8 +640,13 @@ def test_stream_engine_with_nvdecoders_delivers_exact_frames(
     index = load_index(make_dataset(clips=3, cameras=2, frames=[12, 9, 15], size=(256, 256), codec="hevc", gop=6))
     pool = DecoderPool()
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    engine = StreamEngine(index=index, sampler=sampler, device=HostDevice(), num_threads=3,
-                          decoder_factory=lambda p, i, label: NvDecoder(p, info=i, label=label, pool=pool))
+    engine = StreamEngine(
+        index=index,
+        sampler=sampler,
+        device=HostDevice(),
+        num_threads=3,
+        decoder_factory=lambda p, i, label: NvDecoder(p, info=i, label=label, pool=pool),
+    )
     steps = 0
     for batch in EngineLoader(engine):
         assert_stamps(batch)
@@ -681,7 +710,9 @@ def test_benchmark_reports_a_failing_loader_and_goes_on(monkeypatch: pytest.Monk
         make_dm()
         raise RuntimeError("decode_device='cuda' needs the GPU backend")
 
-    monkeypatch.setitem(sys.modules, "lightning_vstream.stream.datamodule", types.SimpleNamespace(StreamVideoDataModule=DataModule))
+    monkeypatch.setitem(
+        sys.modules, "lightning_vstream.stream.datamodule", types.SimpleNamespace(StreamVideoDataModule=DataModule)
+    )
     monkeypatch.setattr(bench, "_loader_run_trainer", broken_run)
     args = bench.parse_args([])
     failed = bench.measure_loader(tmp_path / "index.json", {"num_workers": 0}, args)
@@ -763,7 +794,8 @@ def _tagged_video(path: Path, *, colorspace: int, pix_fmt: str = "yuv420p") -> P
         stream.options = {"x265-params": "log-level=none:bframes=0"}
         for _ in range(4):
             frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
-                format=pix_fmt, dst_colorspace="ITU709" if colorspace == 1 else "ITU601")
+                format=pix_fmt, dst_colorspace="ITU709" if colorspace == 1 else "ITU601"
+            )
             frame.colorspace = colorspace
             for packet in stream.encode(frame):
                 container.mux(packet)
@@ -805,8 +837,16 @@ def test_stream_engine_trains_on_gpu_batches(make_dataset: Any, tmp_path: Path) 
     index = make_dataset(clips=4, cameras=3, frames=[16, 12, 20, 14], size=(256, 256), codec="hevc", gop=8)
     dm = StreamVideoDataModule(index_file=index, batch_size=2, decode_device="cuda", seed=1)
     model = RecordingModel()
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=dm)
     assert isinstance(trainer.train_dataloader, EngineLoader)
     assert model.stamp_errors == [] and len(model.seen) == 2 * trainer.num_training_batches
@@ -841,9 +881,28 @@ def test_benchmark_smoke_on_gpu(tmp_path: Path) -> None:
     bench = _load_benchmark()
     out = tmp_path / "result.json"
     argv = [
-        "--data-dir", str(tmp_path / "data"), "--output", str(out), "--size", "320x192", "--clips", "4",
-        "--cameras", "2", "--frames", "30", "--decoders", "1,2", "--repeats", "1", "--loader-batches", "4",
-        "--warmup-batches", "2", "--loader-config", "{}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--output",
+        str(out),
+        "--size",
+        "320x192",
+        "--clips",
+        "4",
+        "--cameras",
+        "2",
+        "--frames",
+        "30",
+        "--decoders",
+        "1,2",
+        "--repeats",
+        "1",
+        "--loader-batches",
+        "4",
+        "--warmup-batches",
+        "2",
+        "--loader-config",
+        "{}",
     ]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())

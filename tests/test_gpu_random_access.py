@@ -68,6 +68,7 @@ def _collect(decoder: NvGopDecoder, frames: list[int]) -> dict[int, torch.Tensor
     planner.add_many(str(decoder.path), decoder.info, frames, range(len(frames)))
     out: dict[int, torch.Tensor] = {}
     for task in planner.tasks():
+
         def emit(index: int, frame: Any) -> None:
             image = torch.empty((3, decoder.info.height, decoder.info.width), dtype=torch.uint8)
             frame.write_into(image)
@@ -105,7 +106,9 @@ def test_gop_decoder_returns_exact_frames(fake_nvc: types.ModuleType, videos: di
     decoder.close()
 
 
-@pytest.mark.parametrize(("name", "latency", "flag"), [("hevc", "LOW", "ENDOFPICTURE"), ("hevc_bframes", "NATIVE", None)])
+@pytest.mark.parametrize(
+    ("name", "latency", "flag"), [("hevc", "LOW", "ENDOFPICTURE"), ("hevc_bframes", "NATIVE", None)]
+)
 def test_low_latency_only_without_reordering(
     fake_nvc: types.ModuleType, videos: dict[str, Path], name: str, latency: str, flag: str | None
 ) -> None:
@@ -134,7 +137,9 @@ def test_wrong_timestamp_raises(fake_nvc: types.ModuleType, videos: dict[str, Pa
     info = probe_video(videos["h264"])
     shifted = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None)
     decoder = NvGopDecoder(videos["h264"], info=shifted, gpu=0, pool=DecoderPool())
-    with pytest.raises(VideoDecodeError, match=r"h264\.mp4.*produced a frame with timestamp 0, which is not in the file's"):
+    with pytest.raises(
+        VideoDecodeError, match=r"h264\.mp4.*produced a frame with timestamp 0, which is not in the file's"
+    ):
         _collect(decoder, [3])
 
 
@@ -146,7 +151,9 @@ def test_corrupt_packet_fails_its_checksum(fake_nvc: types.ModuleType, videos: d
     bad = replace(info, crc32=tuple(c ^ 1 if i == 12 else c for i, c in enumerate(info.crc32)))
     decoder = NvGopDecoder(videos["h264"], info=bad, gpu=0, pool=DecoderPool(), label="clip 'x', camera 'CAM'")
     _collect(decoder, [9])  # GOP 1 ends before frame 12
-    with pytest.raises(VideoDecodeError, match=r"camera 'CAM'\) frame 12: the compressed data differs from the checksum"):
+    with pytest.raises(
+        VideoDecodeError, match=r"camera 'CAM'\) frame 12: the compressed data differs from the checksum"
+    ):
         _collect(decoder, [14])
 
 
@@ -161,16 +168,22 @@ def test_unsupported_formats_are_refused_clearly(
     fake_nvc: types.ModuleType, videos: dict[str, Path], tmp_path: Path
 ) -> None:
     odd = write_stamped_video(tmp_path / "odd.mp4", clip=1, camera=0, frames=4, size=(255, 255))  # 4:4:4
-    with pytest.raises(DecoderCapabilityError, match=r"odd\.mp4.* is h264 255x255 8-bit 4:4:4.*the GPU path converts only 4:2:0 frames"):
+    with pytest.raises(
+        DecoderCapabilityError, match=r"odd\.mp4.* is h264 255x255 8-bit 4:4:4.*the GPU path converts only 4:2:0 frames"
+    ):
         _collect(NvGopDecoder(odd, info=probe_video(odd), gpu=0, pool=DecoderPool()), [0])
     nvdec._caps_cache.clear()
     sys.modules["PyNvVideoCodec"] = fake_module(caps={"width_min": 512})
-    with pytest.raises(DecoderCapabilityError, match=r"hevc\.mp4.* is hevc 256x256 8-bit .*outside what NVDEC on GPU 0 decodes"):
+    with pytest.raises(
+        DecoderCapabilityError, match=r"hevc\.mp4.* is hevc 256x256 8-bit .*outside what NVDEC on GPU 0 decodes"
+    ):
         _collect(NvGopDecoder(videos["hevc"], info=probe_video(videos["hevc"]), gpu=0, pool=DecoderPool()), [0])
     info = probe_video(videos["hevc"])
     from dataclasses import replace
 
-    with pytest.raises(DecoderCapabilityError, match=r"uses codec 'mpeg4', which NVDEC does not decode.*decode_device='cpu'"):
+    with pytest.raises(
+        DecoderCapabilityError, match=r"uses codec 'mpeg4', which NVDEC does not decode.*decode_device='cpu'"
+    ):
         _collect(NvGopDecoder(videos["hevc"], info=replace(info, codec="mpeg4"), gpu=0, pool=DecoderPool()), [0])
 
 
@@ -187,10 +200,16 @@ def test_batch_reader_gpu_path_is_frame_exact(fake_nvc: types.ModuleType, tmp_pa
     for clip in index.clips:
         for _ in range(2):
             indices = tuple(rng.randrange(FRAMES) for _ in range(3))
-            samples.append(PlannedSample(
-                clip.clip_id, tuple(c.name for c in clip.cameras), tuple(c.path for c in clip.cameras),
-                tuple(c.info for c in clip.cameras), tuple(c.name for c in clip.cameras), indices,
-            ))
+            samples.append(
+                PlannedSample(
+                    clip.clip_id,
+                    tuple(c.name for c in clip.cameras),
+                    tuple(c.path for c in clip.cameras),
+                    tuple(c.info for c in clip.cameras),
+                    tuple(c.name for c in clip.cameras),
+                    indices,
+                )
+            )
     reader = BatchReader(gpu=0, device="cpu", threads=3, pool=DecoderPool())
     try:
         out = reader.read(samples)
@@ -244,9 +263,7 @@ def _fake_torchvision(calls: list[Any]) -> types.ModuleType:
     return package
 
 
-def test_gpu_images_decode_jpegs_in_one_batched_call(
-    image_folder: list[Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_gpu_images_decode_jpegs_in_one_batched_call(image_folder: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
     package = _fake_torchvision(calls)
     monkeypatch.setitem(sys.modules, "torchvision", package)
@@ -325,8 +342,21 @@ def test_benchmark_cpu_mode_measures_and_checks_frames(
     index = make_dataset(clips=2, cameras=6, frames=12, size=(64, 48), gop=4)
     monkeypatch.setattr(module, "prepare_random", lambda args: index)  # small data; the measuring is under test
     out = tmp_path / "cpu.json"
-    argv = ["--cpu-only", "--samples", "4", "--batch-size", "2",
-            "--threads", "2", "--repeats", "1", "--data-dir", str(tmp_path / "data"), "--out", str(out)]
+    argv = [
+        "--cpu-only",
+        "--samples",
+        "4",
+        "--batch-size",
+        "2",
+        "--threads",
+        "2",
+        "--repeats",
+        "1",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--out",
+        str(out),
+    ]
     assert module.main(argv) == 0
     rows = json.loads(out.read_text())["random_cpu"]["rows"]
     assert [r["peer"] for r in rows] == ["vstream_cpu_per_sample", "vstream_cpu_gop_threads_2", "vstream_cpu_keyframe"]
@@ -337,8 +367,9 @@ def test_benchmark_cpu_mode_measures_and_checks_frames(
 @pytest.mark.cuda
 @pytest.mark.parametrize("codec", ["h264", "hevc"])
 def test_cuda_random_access_is_frame_exact(tmp_path: Path, codec: str) -> None:
-    index_path = write_dataset(tmp_path, clips=2, cameras=3, frames=FRAMES, size=(256, 256), codec=codec, gop=GOP,
-                               bframes=2)
+    index_path = write_dataset(
+        tmp_path, clips=2, cameras=3, frames=FRAMES, size=(256, 256), codec=codec, gop=GOP, bframes=2
+    )
     index = load_index(index_path)
     rng = random.Random(5)
     requests = [at_indices(c.clip_id, [rng.randrange(FRAMES) for _ in range(4)]) for c in index.clips for _ in range(3)]
@@ -366,8 +397,12 @@ def test_cuda_random_access_is_frame_exact(tmp_path: Path, codec: str) -> None:
 def test_cuda_nearest_keyframe_policy(tmp_path: Path) -> None:
     index_path = write_dataset(tmp_path, clips=1, cameras=2, frames=FRAMES, size=(256, 256), codec="hevc", gop=GOP)
     index = load_index(index_path)
-    dataset = VideoClipDataset(index=index, requests=[at_indices(index.clips[0].clip_id, [3, 13, 21])],
-                               decode_device="cuda", frame_policy="nearest_keyframe")
+    dataset = VideoClipDataset(
+        index=index,
+        requests=[at_indices(index.clips[0].clip_id, [3, 13, 21])],
+        decode_device="cuda",
+        frame_policy="nearest_keyframe",
+    )
     try:
         sample = dataset[0]
         assert sample["frame_index"].tolist() == [0, 16, 16]  # keyframes 0, 8, 16: nearest, ties to the earlier

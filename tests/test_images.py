@@ -117,7 +117,9 @@ def test_probe_errors(tmp_path: Path) -> None:
 def test_decode_errors_name_folder_and_frame(tmp_path: Path) -> None:
     folder = write_image_folder(tmp_path / "CAM", clip=0, camera=0, frames=3)
     dec = ImageFolderDecoder(folder, label="clip 'scene-0000', camera 'CAM'")
-    with pytest.raises(IndexError, match=r"frame 3 is out of range for .*CAM' \(clip 'scene-0000', camera 'CAM'\), which holds 3"):
+    with pytest.raises(
+        IndexError, match=r"frame 3 is out of range for .*CAM' \(clip 'scene-0000', camera 'CAM'\), which holds 3"
+    ):
         dec.get(3)
     PIL.fromarray(np.zeros((10, 20, 3), np.uint8)).save(folder / "frame_1.png")
     with pytest.raises(VideoDecodeError, match=r"frame 1 \(frame_1.png\) is 20x10, but the camera's frames are 64x48"):
@@ -153,8 +155,9 @@ def test_index_building_understands_image_folders(tmp_path: Path) -> None:
     write_image_folder(videos / "scene-0001" / "CAM_A", clip=1, camera=0, frames=8)
     write_image_folder(videos / "scene-0001" / "CAM_B", clip=1, camera=1, frames=8)
     write_timestamps(videos / "scene-0001" / "CAM_B", [i * 0.1 for i in range(8)])
-    index_path = build_index(tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False,
-                             table_format="json")
+    index_path = build_index(
+        tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False, table_format="json"
+    )
     assert json.loads(index_path.read_text()) == {"videos": {"scene-0000": 10, "scene-0001": 8}}
     meta = json.loads(metadata_path(index_path).read_text())["files"]
     assert meta["videos/scene-0000/CAM_B"]["info"]["codec"] == "mjpeg"

@@ -80,11 +80,13 @@ def test_frames_are_aligned_frame_exact_and_keep_their_times(dataset: FixtureInf
             assert [(st.clip, st.camera, st.frame) for st in stamps] == [(s, k, j) for j in expected_cycles[s]]
             records = [tables["sample_data"][t] for t in tokens[:, k]]
             num, den = decoder.info.time_base
-            assert [Fraction(p * num, den) for p in decoder.info.pts] == [Fraction(r["timestamp"], 10**6)
-                                                                          for r in records]
+            assert [Fraction(p * num, den) for p in decoder.info.pts] == [
+                Fraction(r["timestamp"], 10**6) for r in records
+            ]
             assert all(Path(r["filename"]).parts[1] == cam.name for r in records)
-        assert ann["timestamp"] == pytest.approx([tables["sample_data"][t]["timestamp"] / 1e6 for t in tokens[:, 0]],
-                                                 abs=1e-6)
+        assert ann["timestamp"] == pytest.approx(
+            [tables["sample_data"][t]["timestamp"] / 1e6 for t in tokens[:, 0]], abs=1e-6
+        )
         assert ann["frame_index"].tolist() == list(range(clip.frame_count))
 
 
@@ -102,8 +104,11 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
         for k in range(len(dataset.cameras)):
             cs = tables["calibrated_sensor"][tables["sample_data"][first[k]]["calibrated_sensor_token"]]
             # The table's matrix, with the principal point moved to the pixel-centre-at-i+0.5 convention.
-            np.testing.assert_allclose(ann["camera.intrinsics"][k], np.add(cs["camera_intrinsic"], [[0, 0, 0.5],
-                                                                            [0, 0, 0.5], [0, 0, 0]]), rtol=1e-6)
+            np.testing.assert_allclose(
+                ann["camera.intrinsics"][k],
+                np.add(cs["camera_intrinsic"], [[0, 0, 0.5], [0, 0, 0.5], [0, 0, 0]]),
+                rtol=1e-6,
+            )
             np.testing.assert_allclose(ann["camera.extrinsics"][k][:3, :3], _matrix(cs["rotation"]), atol=1e-6)
             np.testing.assert_allclose(ann["camera.extrinsics"][k][:3, 3], cs["translation"], rtol=1e-6)
             np.testing.assert_array_equal(ann["camera.extrinsics"][k][3], [0, 0, 0, 1])
@@ -116,10 +121,12 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
             assert all(r["is_key_frame"] == bool(keys[i]) for r in records)
             for k, record in enumerate(records):
                 pose = tables["ego_pose"][record["ego_pose_token"]]
-                np.testing.assert_allclose(ann["frame_camera.cam_ego_pose"][i, k][:3, 3], pose["translation"],
-                                           rtol=1e-6)
-                np.testing.assert_allclose(ann["frame_camera.cam_ego_pose"][i, k][:3, :3],
-                                           _matrix(pose["rotation"]), atol=1e-6)
+                np.testing.assert_allclose(
+                    ann["frame_camera.cam_ego_pose"][i, k][:3, 3], pose["translation"], rtol=1e-6
+                )
+                np.testing.assert_allclose(
+                    ann["frame_camera.cam_ego_pose"][i, k][:3, :3], _matrix(pose["rotation"]), atol=1e-6
+                )
             ego = ann["frame.ego_pose"][i].astype(np.float64)
             np.testing.assert_array_equal(ego, ann["frame_camera.cam_ego_pose"][i, 0])
             if not keys[i]:
@@ -130,10 +137,13 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
             expected = [a for a in tables["sample_annotation"].values() if a["sample_token"] == sample_token]
             rows = slice(offsets[i], offsets[i + 1])
             assert sorted(ann["frame.box_tokens"][rows]) == sorted(a["token"] for a in expected)
-            for box, label, token, inst, lidar in zip(ann["frame.boxes"][rows], ann["frame.labels"][rows],
-                                                      ann["frame.box_tokens"][rows],
-                                                      ann["frame.instance_tokens"][rows],
-                                                      ann["frame.num_lidar_pts"][rows]):
+            for box, label, token, inst, lidar in zip(
+                ann["frame.boxes"][rows],
+                ann["frame.labels"][rows],
+                ann["frame.box_tokens"][rows],
+                ann["frame.instance_tokens"][rows],
+                ann["frame.num_lidar_pts"][rows],
+            ):
                 a = tables["sample_annotation"][token]
                 # Back to global with the delivered ego pose: the table's centre, size and heading.
                 centre = ego[:3, :3] @ box[:3].astype(np.float64) + ego[:3, 3]
@@ -141,23 +151,28 @@ def test_annotations_equal_the_tables(dataset: FixtureInfo, imported: NuScenesIm
                 np.testing.assert_allclose(box[3:6], a["size"], rtol=1e-6)
                 heading = _matrix(a["rotation"])[:, 0]
                 ego_yaw = math.atan2(ego[1, 0], ego[0, 0])
-                assert math.remainder(box[6] + ego_yaw - math.atan2(heading[1], heading[0]), 2 * math.pi) == \
-                    pytest.approx(0, abs=1e-5)
+                assert math.remainder(
+                    box[6] + ego_yaw - math.atan2(heading[1], heading[0]), 2 * math.pi
+                ) == pytest.approx(0, abs=1e-5)
                 name = categories[tables["instance"][a["instance_token"]]["category_token"]]
                 assert ann["clip.class_names"][label] == name and inst == a["instance_token"]
                 assert lidar == a["num_lidar_pts"]
                 # Velocity: the devkit's difference of the neighbouring annotations, in ego axes.
                 first_ann = tables["sample_annotation"][a["prev"]] if a["prev"] else a
                 last_ann = tables["sample_annotation"][a["next"]] if a["next"] else a
-                span = (tables["sample"][last_ann["sample_token"]]["timestamp"]
-                        - tables["sample"][first_ann["sample_token"]]["timestamp"]) / 1e6
-                velocity = (np.subtract(last_ann["translation"], first_ann["translation"]) / span
-                            if span else np.zeros(3))
+                span = (
+                    tables["sample"][last_ann["sample_token"]]["timestamp"]
+                    - tables["sample"][first_ann["sample_token"]]["timestamp"]
+                ) / 1e6
+                velocity = (
+                    np.subtract(last_ann["translation"], first_ann["translation"]) / span if span else np.zeros(3)
+                )
                 np.testing.assert_allclose(box[7:9], (ego[:3, :3].T @ velocity)[:2], atol=1e-4)
 
 
-def test_a_landmark_projected_with_the_delivered_geometry_lands_on_its_marker(dataset: FixtureInfo,
-                                                                             imported: NuScenesImport) -> None:
+def test_a_landmark_projected_with_the_delivered_geometry_lands_on_its_marker(
+    dataset: FixtureInfo, imported: NuScenesImport
+) -> None:
     """Intrinsics, extrinsics and per-camera ego poses, chained as documented, hit the drawn pixel."""
     index = load_index(imported.index)
     for s, clip in enumerate(index):
@@ -183,22 +198,44 @@ def test_rerun_skips_videos_already_done(dataset: FixtureInfo, imported: NuScene
     assert again.frames == imported.frames
 
 
-def test_key_frames_only_without_sweeps_and_cli(dataset: FixtureInfo, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_key_frames_only_without_sweeps_and_cli(
+    dataset: FixtureInfo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "nusc"
     shutil.copytree(dataset.root / dataset.version, root / dataset.version)
     shutil.copytree(dataset.root / "samples", root / "samples")
-    with pytest.raises(DatasetImportError, match=r"camera images listed in v1.0-mini/sample_data.json are missing.*"
-                                                 r"--key-frames-only"):
+    with pytest.raises(
+        DatasetImportError,
+        match=r"camera images listed in v1.0-mini/sample_data.json are missing.*"
+        r"--key-frames-only",
+    ):
         import_nuscenes(root, tmp_path / "out", cameras=list(dataset.cameras), settings=H264, progress=False)
-    argv = ["import-nuscenes", str(root), str(tmp_path / "out"), "--key-frames-only", "--codec", "h264",
-            "--scenes", "scene-0001", "--cameras", *dataset.cameras, "-q"]
+    argv = [
+        "import-nuscenes",
+        str(root),
+        str(tmp_path / "out"),
+        "--key-frames-only",
+        "--codec",
+        "h264",
+        "--scenes",
+        "scene-0001",
+        "--cameras",
+        *dataset.cameras,
+        "-q",
+    ]
     assert main(argv) == 0
     assert "1 scenes, 3 frames per camera (3 key frames); 3 videos encoded" in capsys.readouterr().out
     ann = np.load(tmp_path / "out" / "annotations" / "scene-0001.npz")
     assert ann["frame.is_key_frame"].all() and ann["frame.boxes.lengths"].tolist() == [2, 3, 2]
-    again = import_nuscenes(root, tmp_path / "out", key_frames_only=True, scenes=["scene-0001"],
-                            cameras=list(dataset.cameras), settings=EncodeSettings(codec="h264"), progress=False)
+    again = import_nuscenes(
+        root,
+        tmp_path / "out",
+        key_frames_only=True,
+        scenes=["scene-0001"],
+        cameras=list(dataset.cameras),
+        settings=EncodeSettings(codec="h264"),
+        progress=False,
+    )
     assert (again.left_out, again.key_frames, again.encode.files_skipped) == (0, 3, 3)
     assert main(["import-nuscenes", str(root), str(tmp_path / "o2"), "--version", "v1.0-trainval", "-q"]) == 1
     assert "has no table folder 'v1.0-trainval' (found ['v1.0-mini'])" in capsys.readouterr().err
@@ -212,8 +249,10 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
         import_nuscenes(dataset.root, tmp_path / "out", scenes=["scene-9999"], cameras=cams, progress=False)
     with pytest.raises(ConfigurationError, match="must be a list of camera channels, not a string"):
         import_nuscenes(dataset.root, tmp_path / "out", cameras="CAM_FRONT", progress=False)  # type: ignore[arg-type]
-    absent = (r"camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; "
-              r"the tables hold cameras \['CAM_BACK', ")
+    absent = (
+        r"camera\(s\) \['CAM_BACK_LEFT', 'CAM_BACK_RIGHT', 'CAM_FRONT_RIGHT'\]; "
+        r"the tables hold cameras \['CAM_BACK', "
+    )
     with pytest.raises(DatasetImportError, match=f"has no sample_data for {absent}"):
         import_nuscenes(dataset.root, tmp_path / "out", progress=False)  # the fixture has three of the six
     broken = tmp_path / "broken"
@@ -221,15 +260,18 @@ def test_bad_datasets_give_named_errors(dataset: FixtureInfo, tmp_path: Path) ->
     (broken / dataset.version / "ego_pose.json").unlink()
     with pytest.raises(DatasetImportError, match=r"table '.*ego_pose.json' is missing; extract the full metadata"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
-    (broken / dataset.version / "ego_pose.json").write_text("[{\"token\": ")
+    (broken / dataset.version / "ego_pose.json").write_text('[{"token": ')
     with pytest.raises(DatasetImportError, match=r"ego_pose\.json' is not valid JSON"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text(json.dumps([{"token": "x", "translation": [0, 0, 0]}]))
     with pytest.raises(DatasetImportError, match=r"record 0 \(token 'x'\) lacks field\(s\) \['rotation', 'timest"):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
     (broken / dataset.version / "ego_pose.json").write_text("[]")
-    with pytest.raises(DatasetImportError, match=r"ego_pose.json in .* has no record with token '[0-9a-f]+' "
-                                                 r"\(referenced by sample_data"):
+    with pytest.raises(
+        DatasetImportError,
+        match=r"ego_pose.json in .* has no record with token '[0-9a-f]+' "
+        r"\(referenced by sample_data",
+    ):
         import_nuscenes(broken, tmp_path / "out", cameras=cams, progress=False)
 
 

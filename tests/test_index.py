@@ -291,7 +291,9 @@ def test_thorough_frame_count_larger_than_the_file(small_index: Path, tmp_path: 
     with pytest.raises(IndexValidationError) as info:
         load_index(path, check="thorough")
     assert len(info.value.problems) == 2  # both cameras
-    expected = "clip 'scene-0001' lists 14 frames, but camera 'CAM_BACK' (CAM_BACK.mp4) holds 13. Re-run `vstream index`"
+    expected = (
+        "clip 'scene-0001' lists 14 frames, but camera 'CAM_BACK' (CAM_BACK.mp4) holds 13. Re-run `vstream index`"
+    )
     assert expected in str(info.value)
 
 

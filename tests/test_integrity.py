@@ -213,8 +213,11 @@ def test_index_built_through_a_symlinked_video_folder(data: Path, tmp_path: Path
 def test_plain_index_warns_once_and_tables_turn_checks_on(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tables_path(data).unlink()
     _WARNED_NO_TABLES.discard(str(data))
-    with pytest.warns(UserWarning, match=r"index '.*index\.json' has no frame tables .* integrity checks are off.*"
-                                         r"`vstream index --tables .*index\.json`"):
+    with pytest.warns(
+        UserWarning,
+        match=r"index '.*index\.json' has no frame tables .* integrity checks are off.*"
+        r"`vstream index --tables .*index\.json`",
+    ):
         load_index(data)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -233,7 +236,10 @@ def test_tables_of_a_curated_index_keep_its_clips(data: Path) -> None:
     subset.write_text(json.dumps({"videos": {"scene-0001": 16}}))
     written = write_index_tables(subset, progress=False)
     assert written == tables_path(subset)
-    assert sorted(FrameTables(written).keys()) == ["videos/scene-0001/CAM_BACK.mp4", "videos/scene-0001/CAM_BACK_LEFT.mp4"]
+    assert sorted(FrameTables(written).keys()) == [
+        "videos/scene-0001/CAM_BACK.mp4",
+        "videos/scene-0001/CAM_BACK_LEFT.mp4",
+    ]
     assert json.loads(subset.read_text()) == {"videos": {"scene-0001": 16}}
 
 
@@ -298,7 +304,9 @@ def test_lookup_of_unknown_keys(data: Path, tmp_path: Path) -> None:
 def test_damaged_binary_tables(data: Path, damage: Callable[[bytes], bytes], message: str) -> None:
     path = tables_path(data)
     path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(IndexValidationError, match=rf"frame-table file '.*index\.tables\.bin' {message}.*re-run `vstream index`"):
+    with pytest.raises(
+        IndexValidationError, match=rf"frame-table file '.*index\.tables\.bin' {message}.*re-run `vstream index`"
+    ):
         load_index(data)
 
 
@@ -338,8 +346,11 @@ def test_unreadable_clip_folder(data: Path, monkeypatch: pytest.MonkeyPatch) -> 
         return real_scandir(path)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "scandir", scandir)
-    with pytest.raises(IndexValidationError, match=r"clip 'scene-0001': folder '.*scene-0001' cannot be read "
-                                                   r"\(Permission denied\); check its permissions"):
+    with pytest.raises(
+        IndexValidationError,
+        match=r"clip 'scene-0001': folder '.*scene-0001' cannot be read "
+        r"\(Permission denied\); check its permissions",
+    ):
         load_index(data)
     with pytest.raises(IndexValidationError, match=r"folder '.*scene-0001' cannot be read \(Permission denied\)"):
         build_index(data.parent, output=data, progress=False)
@@ -355,8 +366,11 @@ def test_unreadable_sidecar(data: Path, monkeypatch: pytest.MonkeyPatch) -> None
         return real(self)
 
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
-    with pytest.raises(IndexValidationError, match=r"metadata file '.*index\.meta\.json' cannot be read "
-                                                   r"\(Permission denied\)"):
+    with pytest.raises(
+        IndexValidationError,
+        match=r"metadata file '.*index\.meta\.json' cannot be read "
+        r"\(Permission denied\)",
+    ):
         load_index(data)
 
 
@@ -377,22 +391,30 @@ def test_unreadable_binary_tables(data: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_index_with_bad_utf8(data: Path) -> None:
     data.write_bytes(b'{"videos": {"scene-0000": 12, "sc\xe9ne": 3}}')
-    with pytest.raises(IndexValidationError, match=r"index file '.*index\.json' is not valid UTF-8 \(byte 33: b'\\xe9'\)"):
+    with pytest.raises(
+        IndexValidationError, match=r"index file '.*index\.json' is not valid UTF-8 \(byte 33: b'\\xe9'\)"
+    ):
         load_index(data)
 
 
 def test_absurd_frame_count(data: Path) -> None:
     data.write_text(json.dumps({"videos": {"scene-0000": 10**30}}))
-    with pytest.raises(IndexValidationError, match=r"clip 'scene-0000' has frame count 10{30}, more than any video "
-                                                   r"holds \(at most 2147483647\)"):
+    with pytest.raises(
+        IndexValidationError,
+        match=r"clip 'scene-0000' has frame count 10{30}, more than any video "
+        r"holds \(at most 2147483647\)",
+    ):
         load_index(data)
 
 
 @pytest.mark.parametrize("clip_id", ["../videos/scene-0001", "scene-0000/", ".", "..", "a\\b", ""])
 def test_clip_ids_must_be_plain_folder_names(data: Path, clip_id: str) -> None:
     data.write_text(json.dumps({"videos": {"scene-0000": 12, clip_id: 16}}))
-    with pytest.raises(IndexValidationError, match=rf"clip id {re.escape(repr(clip_id))} in video folder "
-                                                   r"'videos' is not a plain folder name"):
+    with pytest.raises(
+        IndexValidationError,
+        match=rf"clip id {re.escape(repr(clip_id))} in video folder "
+        r"'videos' is not a plain folder name",
+    ):
         load_index(data)
 
 
@@ -412,8 +434,13 @@ def test_one_folder_under_two_names(data: Path) -> None:
 def _stream(index_file: Path, on_error: str) -> list[dict[str, object]]:
     from lightning_vstream import StreamVideoDataModule
 
-    dm = StreamVideoDataModule(index_file=index_file, batch_size=2, num_workers=0, on_error=on_error,  # type: ignore[arg-type]
-                               shuffle=False)
+    dm = StreamVideoDataModule(
+        index_file=index_file,
+        batch_size=2,
+        num_workers=0,
+        on_error=on_error,  # type: ignore[arg-type]
+        shuffle=False,
+    )
     dm.setup("fit")
     return list(dm.train_dataloader())
 

@@ -29,8 +29,13 @@ def lightning_index(make_dataset: Any) -> Path:
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
     defaults: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
     )
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
@@ -58,14 +63,14 @@ def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_in
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=5)
         model = RecordingModel()
-        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [],
-                           enable_checkpointing=bool(callbacks))
+        trainer = _trainer(
+            tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
+        )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         return model
 
     uninterrupted = run(max_steps=30)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1,
-                                 filename="{step}")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1, filename="{step}")
     run(max_steps=7, callbacks=[checkpoint])
     ckpt = tmp_path / "ckpt" / "step=7.ckpt"
     assert ckpt.exists()
@@ -76,8 +81,7 @@ def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_in
 
 
 def test_validation_reads_every_frame_once_in_index_order(lightning_index: Path, tmp_path: Path) -> None:
-    dm = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, batch_size=3,
-                               num_workers=0)
+    dm = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, batch_size=3, num_workers=0)
     model = RecordingModel()
     _trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
     assert model.stamp_errors == []
@@ -91,8 +95,9 @@ def test_validation_reads_every_frame_once_in_index_order(lightning_index: Path,
 
 
 def test_predict_and_validate_work_through_lightning_loops(lightning_index: Path, tmp_path: Path) -> None:
-    dm = StreamVideoDataModule(predict_index_file=lightning_index, val_index_file=lightning_index, batch_size=2,
-                               num_workers=0)
+    dm = StreamVideoDataModule(
+        predict_index_file=lightning_index, val_index_file=lightning_index, batch_size=2, num_workers=0
+    )
     trainer = _trainer(tmp_path)
     model = RecordingModel()
     outputs = trainer.predict(model, datamodule=dm)
@@ -109,9 +114,18 @@ def test_ddp_ranks_read_disjoint_clips_and_equal_steps(
 ) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, str(HERE / "_ddp_stream.py"), str(lightning_index), str(tmp_path),
-         "1" if use_distributed_sampler else "0"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            str(HERE / "_ddp_stream.py"),
+            str(lightning_index),
+            str(tmp_path),
+            "1" if use_distributed_sampler else "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -153,7 +167,10 @@ def test_transform_runs_in_the_workers(lightning_index: Path, assert_stamps: Any
 
     plain = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=0)
     scaled = StreamVideoDataModule(
-        index_file=lightning_index, batch_size=2, num_workers=2, seed=0,
+        index_file=lightning_index,
+        batch_size=2,
+        num_workers=2,
+        seed=0,
         transform=FrameTransform(resize=(96, 128), dtype="float32"),
     )
     for dm in (plain, scaled):
@@ -226,8 +243,9 @@ def test_no_validation_loop_or_warning_without_val_index(lightning_index: Path, 
 def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Path, tmp_path: Path) -> None:
     from _user_transforms import Brighten
 
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=4,
-                               transform=Brighten(amount=0))
+    dm = StreamVideoDataModule(
+        index_file=lightning_index, batch_size=2, num_workers=0, seed=4, transform=Brighten(amount=0)
+    )
     assert dm.hparams["index_file"] == str(lightning_index) and dm.hparams["seed"] == 4
     assert "transform" not in dm.hparams
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, filename="last")
@@ -252,8 +270,9 @@ def test_resume_under_dataloader_iter_matches_uninterrupted_run(lightning_index:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9)
         model = IterModel()
-        trainer = _trainer(tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [],
-                           enable_checkpointing=bool(callbacks))
+        trainer = _trainer(
+            tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
+        )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         assert model.stamp_errors == []
         return model
@@ -283,8 +302,14 @@ def test_workers_start_with_every_method_and_spawned_ones_skip_lightning(
 ) -> None:
     from _user_transforms import ImportProbe
 
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, shuffle=False,
-                               multiprocessing_context=method, transform=ImportProbe(str(tmp_path)))
+    dm = StreamVideoDataModule(
+        index_file=lightning_index,
+        batch_size=2,
+        num_workers=2,
+        shuffle=False,
+        multiprocessing_context=method,
+        transform=ImportProbe(str(tmp_path)),
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.multiprocessing_context.get_start_method() == method
@@ -310,10 +335,12 @@ def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
 
 
 def test_package_import_does_not_import_lightning() -> None:
-    code = ("import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.loader, "
-            "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu, lightning_vstream.index, "
-            "lightning_vstream.transforms; "
-            "assert 'lightning' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lightning.'))[:5]; "
-            "from lightning_vstream import StreamVideoDataModule; assert 'lightning' in sys.modules")
+    code = (
+        "import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.loader, "
+        "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu, lightning_vstream.index, "
+        "lightning_vstream.transforms; "
+        "assert 'lightning' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lightning.'))[:5]; "
+        "from lightning_vstream import StreamVideoDataModule; assert 'lightning' in sys.modules"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -58,7 +58,10 @@ def test_planner_groups_wanted_frames_by_gop_once() -> None:
     planner.add_many("b", info, [39], [(0, 0)])
     tasks = planner.tasks()
     assert [(t.source, t.gop, t.frames) for t in tasks] == [
-        ("a", 0, (3,)), ("a", 1, (11, 12, 15)), ("a", 2, (25,)), ("b", 3, (39,))
+        ("a", 0, (3,)),
+        ("a", 1, (11, 12, 15)),
+        ("a", 2, (25,)),
+        ("b", 3, (39,)),
     ]
     assert tasks[1].targets == (((1, 1),), ((0, 1), (0, 3)), ((1, 0),))
     assert [t.order for t in tasks] == [0, 1, 2, 3]
@@ -99,8 +102,9 @@ def test_assign_prefers_a_worker_that_has_the_stream_open() -> None:
 
 # -- the executor with PyAV decoders -----------------------------------------------------------
 def _pyav_executor(workers: int, **kwargs: Any) -> GopExecutor:
-    return GopExecutor(lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info, threads=1)),
-                       workers=workers, **kwargs)
+    return GopExecutor(
+        lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info, threads=1)), workers=workers, **kwargs
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 1, 3])
@@ -256,8 +260,10 @@ def test_dataset_batched_reads_match_the_per_sample_path(index_path: Path, gop_t
         seen = 0
         for batch in loader:
             for b in range(len(batch["clip_id"])):
-                sample = {k: (v[b] if isinstance(v, (list, torch.Tensor)) and k != "camera_names" else v)
-                          for k, v in batch.items()}
+                sample = {
+                    k: (v[b] if isinstance(v, (list, torch.Tensor)) and k != "camera_names" else v)
+                    for k, v in batch.items()
+                }
                 reference = plain[seen]
                 assert torch.equal(sample["frames"], reference["frames"])
                 assert torch.equal(sample["frame_index"], reference["frame_index"])
@@ -270,11 +276,15 @@ def test_dataset_batched_reads_match_the_per_sample_path(index_path: Path, gop_t
 
 
 @pytest.mark.parametrize("gop_threads", [None, 2])
-def test_nearest_keyframe_policy_returns_real_keyframes_labelled_truly(index_path: Path, gop_threads: int | None) -> None:
+def test_nearest_keyframe_policy_returns_real_keyframes_labelled_truly(
+    index_path: Path, gop_threads: int | None
+) -> None:
     index = load_index(index_path)
     clip = index.clips[1]
     dataset = VideoClipDataset(
-        index=index, requests=[at_indices(clip.clip_id, [3, 14, 16, 27, 39])], frame_policy="nearest_keyframe",
+        index=index,
+        requests=[at_indices(clip.clip_id, [3, 14, 16, 27, 39])],
+        frame_policy="nearest_keyframe",
         gop_threads=gop_threads,
     )
     try:
@@ -290,14 +300,17 @@ def test_nearest_keyframe_policy_returns_real_keyframes_labelled_truly(index_pat
 def test_nearest_keyframe_decodes_only_keyframes(index_path: Path) -> None:
     index = load_index(index_path)
     clip = index.clips[0]
-    dataset = VideoClipDataset(index=index, requests=[at_indices(clip.clip_id, [8, 19, 33])],
-                               frame_policy="nearest_keyframe")
+    dataset = VideoClipDataset(
+        index=index, requests=[at_indices(clip.clip_id, [8, 19, 33])], frame_policy="nearest_keyframe"
+    )
     dataset[0]
     assert dataset.decoders.frames_decoded == 3 * len(clip.cameras)
 
 
 def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"frame_policy='keyframe' is not supported; use 'exact' or 'nearest_keyframe'"):
+    with pytest.raises(
+        ValueError, match=r"frame_policy='keyframe' is not supported; use 'exact' or 'nearest_keyframe'"
+    ):
         VideoClipDataset(index=index_path, frame_policy="keyframe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"decode_device='gpu' is not supported; use 'cpu', 'cuda'"):
         VideoClipDataset(index=index_path, decode_device="gpu")
@@ -331,8 +344,16 @@ def test_dataset_decode_error_propagates_from_a_thread(index_path: Path, tmp_pat
 def test_datamodule_passes_the_frame_policy_and_gop_threads(index_path: Path) -> None:
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
 
-    dm = ClipVideoDataModule(index_file=index_path, clip_frames=3, frame_stride=7, batch_size=2, num_workers=0,
-                             frame_policy="nearest_keyframe", gop_threads=2, shuffle=False)
+    dm = ClipVideoDataModule(
+        index_file=index_path,
+        clip_frames=3,
+        frame_stride=7,
+        batch_size=2,
+        num_workers=0,
+        frame_policy="nearest_keyframe",
+        gop_threads=2,
+        shuffle=False,
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.dataset.frame_policy == "nearest_keyframe" and loader.dataset.gop_threads == 2

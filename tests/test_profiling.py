@@ -71,7 +71,14 @@ def test_names_are_the_documented_constants() -> None:
         "vstream/transform",
         "vstream/collate",
     )
-    assert RANGE_NAMES == (RANGE_DEMUX, RANGE_DECODE, RANGE_COLOR_CONVERT, RANGE_HANDOFF, RANGE_TRANSFORM, RANGE_COLLATE)
+    assert RANGE_NAMES == (
+        RANGE_DEMUX,
+        RANGE_DECODE,
+        RANGE_COLOR_CONVERT,
+        RANGE_HANDOFF,
+        RANGE_TRANSFORM,
+        RANGE_COLLATE,
+    )
     for name in RANGE_NAMES:
         assert f"``{name}``" in (profiling.__doc__ or ""), f"{name} is not documented in the module docstring"
 

@@ -32,8 +32,15 @@ def _dataset(root: Path) -> Path:
     """Five faststart clips (index first, so truncated files still open), two cameras, GOP 6."""
     for clip, frames in enumerate(LENGTHS):
         for cam, name in enumerate(["CAM_BACK", "CAM_BACK_LEFT"]):
-            write_stamped_video(root / "videos" / clip_name(clip) / f"{name}.mp4", clip=clip, camera=cam,
-                                frames=frames, size=(64, 48), gop=6, faststart=True)
+            write_stamped_video(
+                root / "videos" / clip_name(clip) / f"{name}.mp4",
+                clip=clip,
+                camera=cam,
+                frames=frames,
+                size=(64, 48),
+                gop=6,
+                faststart=True,
+            )
     return build_index(root, output=root / "index.json", progress=False)
 
 
@@ -69,8 +76,9 @@ def _flip_bits(path: Path, seed: int = 0) -> None:
 
 
 def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[str, Any]], Any]:
-    dm = StreamVideoDataModule(index_file=root / "index.json", batch_size=2, num_workers=num_workers,
-                               on_error=on_error, shuffle=False)  # type: ignore[arg-type]
+    dm = StreamVideoDataModule(
+        index_file=root / "index.json", batch_size=2, num_workers=num_workers, on_error=on_error, shuffle=False
+    )  # type: ignore[arg-type]
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
@@ -81,7 +89,9 @@ def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[s
 def test_raise_names_file_clip_camera_and_frame(pristine: Path, tmp_path: Path, damage: Any) -> None:
     root = _copy(pristine, tmp_path)
     damage(_bad_file(root))
-    with pytest.raises(VideoDecodeError, match=rf"{BAD_CAMERA}\.mp4.*clip 'scene-0002', camera '{BAD_CAMERA}'.* frame \d+"):
+    with pytest.raises(
+        VideoDecodeError, match=rf"{BAD_CAMERA}\.mp4.*clip 'scene-0002', camera '{BAD_CAMERA}'.* frame \d+"
+    ):
         _stream(root, num_workers=0, on_error="raise")
 
 
@@ -168,10 +178,20 @@ class _DyingDataset(StreamDataset):
 
 def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop") -> StreamDataLoader:
     index = load_index(root / "index.json")
-    sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, shuffle=False, remainder=remainder,  # type: ignore[arg-type]
-                            num_parts=max(1, num_workers))
-    return StreamDataLoader(StreamDataset(index=index, on_error="skip"), sampler=sampler, num_workers=num_workers,
-                            prefetch_factor=prefetch if num_workers else None)
+    sampler = StreamSampler(
+        LENGTHS,
+        num_cameras=2,
+        batch_size=2,
+        shuffle=False,
+        remainder=remainder,  # type: ignore[arg-type]
+        num_parts=max(1, num_workers),
+    )
+    return StreamDataLoader(
+        StreamDataset(index=index, on_error="skip"),
+        sampler=sampler,
+        num_workers=num_workers,
+        prefetch_factor=prefetch if num_workers else None,
+    )
 
 
 def _stamp(stamp: Any) -> tuple[int, int, int]:
@@ -185,8 +205,14 @@ def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
         for slot in range(2)
     )
     assert all(not batch["frames"][slot].any() for slot in range(2) if not batch["valid"][slot])
-    return (int(batch["step"]), tuple(batch["clip_id"]), tuple(batch["frame_index"].tolist()),
-            tuple(batch["valid"].tolist()), tuple(batch["is_first"].tolist()), stamps)
+    return (
+        int(batch["step"]),
+        tuple(batch["clip_id"]),
+        tuple(batch["frame_index"].tolist()),
+        tuple(batch["valid"].tolist()),
+        tuple(batch["is_first"].tolist()),
+        stamps,
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -273,19 +299,29 @@ def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persiste
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", _STALL_AND_EXIT, str(pristine / "index.json"), persistent],
-                            check=False, timeout=240, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", _STALL_AND_EXIT, str(pristine / "index.json"), persistent],
+        check=False,
+        timeout=240,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"WorkerError: DataLoader timed out after 2 seconds while waiting for part 1 of step 2 "
-                     r"\(clip 'scene-\d+', camera 'CAM_BACK_LEFT', frame 2 \('[^']+CAM_BACK_LEFT\.mp4'\)", result.stdout), (
-        result.stdout + result.stderr)[-2000:]
+    assert re.search(
+        r"WorkerError: DataLoader timed out after 2 seconds while waiting for part 1 of step 2 "
+        r"\(clip 'scene-\d+', camera 'CAM_BACK_LEFT', frame 2 \('[^']+CAM_BACK_LEFT\.mp4'\)",
+        result.stdout,
+    ), (result.stdout + result.stderr)[-2000:]
 
 
-@pytest.mark.parametrize(("dataset_cls", "timeout", "match"), [
-    (_StallingDataset, 2, "timed out after 2 seconds"),
-    # A dead worker is reported at once (torch's SIGCHLD handler), long before the timeout.
-    (_DyingDataset, 60, "exited unexpectedly|a decoding worker died"),
-])
+@pytest.mark.parametrize(
+    ("dataset_cls", "timeout", "match"),
+    [
+        (_StallingDataset, 2, "timed out after 2 seconds"),
+        # A dead worker is reported at once (torch's SIGCHLD handler), long before the timeout.
+        (_DyingDataset, 60, "exited unexpectedly|a decoding worker died"),
+    ],
+)
 def test_stalled_or_dead_worker_surfaces_as_an_error(
     pristine: Path, dataset_cls: type, timeout: int, match: str
 ) -> None:
@@ -306,11 +342,19 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
 
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:
     for persistent in (False, True):
-        dm = StreamVideoDataModule(index_file=pristine / "index.json", batch_size=2, num_workers=2,
-                                   persistent_workers=persistent)
-        trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=tmp_path)
+        dm = StreamVideoDataModule(
+            index_file=pristine / "index.json", batch_size=2, num_workers=2, persistent_workers=persistent
+        )
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            limit_train_batches=4,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
         before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
         trainer.fit(RecordingModel(), datamodule=dm)
         children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]

@@ -51,9 +51,7 @@ def test_every_frame_at_most_once_and_slots_follow_clips(world: int, shuffle: bo
 def test_ranks_read_disjoint_clips_and_run_the_same_steps(world: int) -> None:
     plans = _plans(world, batch_size=2, seed=1)
     assert len({p.num_steps for p in plans}) == 1
-    clips_per_rank = [
-        {r.clip for step in range(p.num_steps) for r in p.reads(step) if r is not None} for p in plans
-    ]
+    clips_per_rank = [{r.clip for step in range(p.num_steps) for r in p.reads(step) if r is not None} for p in plans]
     for a in range(world):
         for b in range(a + 1, world):
             assert not clips_per_rank[a] & clips_per_rank[b]
@@ -114,7 +112,14 @@ def test_frame_stride_reads_every_kth_frame() -> None:
     plan = StreamSchedule([10, 10], batch_size=1, shuffle=False, frame_stride=3, segment_length=2)
     frames = [plan.read(step, 0) for step in range(plan.num_steps)]
     assert [(r.clip, r.frame, r.is_first) for r in frames if r] == [
-        (0, 0, True), (0, 3, False), (0, 6, True), (0, 9, False), (1, 0, True), (1, 3, False), (1, 6, True), (1, 9, False),
+        (0, 0, True),
+        (0, 3, False),
+        (0, 6, True),
+        (0, 9, False),
+        (1, 0, True),
+        (1, 3, False),
+        (1, 6, True),
+        (1, 9, False),
     ]
 
 

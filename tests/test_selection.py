@@ -201,7 +201,9 @@ def test_random_time_windows_start_on_frames_of_variable_rate_clips() -> None:
 
 
 def test_random_clip_errors() -> None:
-    with pytest.raises(ValueError, match=r"it needs 61 frames \(count 4, stride 20\), and the longest clip, 'b', has 60"):
+    with pytest.raises(
+        ValueError, match=r"it needs 61 frames \(count 4, stride 20\), and the longest clip, 'b', has 60"
+    ):
         random_clips(CLIPS, FrameWindow(4, stride=20), count=1)
     with pytest.raises(ValueError, match=r"needs 10 s from first to last frame .* 'b', has 60 frames spanning 5.9 s"):
         random_clips(CLIPS, TimeWindow.at_rate(1.0, 11), count=1)
@@ -252,8 +254,11 @@ def test_a_single_camera_string_is_refused_not_split_into_letters() -> None:
         lambda: random_clips(CLIPS, FrameWindow(2), count=1, cameras="CAM_BACK"),  # type: ignore[arg-type]
         lambda: regular_clips(CLIPS, FrameWindow(2), cameras="CAM_BACK"),  # type: ignore[arg-type]
     ):
-        with pytest.raises(ConfigurationTypeError, match=r"cameras='CAM_BACK' must be a list of camera names, not a "
-                           r"single string; pass \['CAM_BACK'\]"):
+        with pytest.raises(
+            ConfigurationTypeError,
+            match=r"cameras='CAM_BACK' must be a list of camera names, not a "
+            r"single string; pass \['CAM_BACK'\]",
+        ):
             make()
     with pytest.raises(TypeError, match=r"must hold camera-name strings; 3 is a int"):
         at_indices("a", [0], cameras=["CAM_A", 3])  # type: ignore[list-item]
@@ -263,8 +268,11 @@ def test_a_single_camera_string_is_refused_not_split_into_letters() -> None:
 def test_non_numeric_times_raise_a_named_error(bad: object) -> None:
     from lightning_vstream.errors import ConfigurationTypeError
 
-    with pytest.raises(ConfigurationTypeError, match=rf"request for clip 'a': time {re.escape(repr(bad))} is a "
-                       rf"{type(bad).__name__}; times must be numbers of seconds"):
+    with pytest.raises(
+        ConfigurationTypeError,
+        match=rf"request for clip 'a': time {re.escape(repr(bad))} is a "
+        rf"{type(bad).__name__}; times must be numbers of seconds",
+    ):
         at_times("a", [0.5, bad])  # type: ignore[list-item]
 
 

@@ -24,16 +24,32 @@ def stream_index(make_dataset: Any) -> Path:
     return make_dataset(clips=5, cameras=3, frames=[20, 13, 27, 16, 22], size=(64, 48), gop=6)
 
 
-def _loader(index_path: Path, *, num_workers: int = 0, batch_size: int = 2, remainder: str = "drop",
-            shuffle: bool = True, seed: int = 1, max_open_decoders: int | None = None, transform: Any = None,
-            on_error: str = "raise", pin_memory: bool = False, **kw: Any) -> StreamDataLoader:
+def _loader(
+    index_path: Path,
+    *,
+    num_workers: int = 0,
+    batch_size: int = 2,
+    remainder: str = "drop",
+    shuffle: bool = True,
+    seed: int = 1,
+    max_open_decoders: int | None = None,
+    transform: Any = None,
+    on_error: str = "raise",
+    pin_memory: bool = False,
+    **kw: Any,
+) -> StreamDataLoader:
     index = load_index(index_path)
     sampler = StreamSampler(
-        [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=batch_size,
-        seed=seed, shuffle=shuffle, remainder=remainder, num_parts=max(1, num_workers), **kw,  # type: ignore[arg-type]
+        [c.frame_count for c in index.clips],
+        num_cameras=len(index.camera_names),
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        remainder=remainder,
+        num_parts=max(1, num_workers),
+        **kw,  # type: ignore[arg-type]
     )
-    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders, transform=transform,
-                            on_error=on_error)  # type: ignore[arg-type]
+    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders, transform=transform, on_error=on_error)  # type: ignore[arg-type]
     return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory)
 
 
@@ -42,7 +58,9 @@ def _key(batch: dict[str, Any]) -> list[tuple[str, int, bool]]:
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
-def test_stamps_match_schedule_and_amplification_stays_low(stream_index: Path, num_workers: int, assert_stamps: Any) -> None:
+def test_stamps_match_schedule_and_amplification_stays_low(
+    stream_index: Path, num_workers: int, assert_stamps: Any
+) -> None:
     loader = _loader(stream_index, num_workers=num_workers)
     plan = loader.sampler.schedule()
     steps = 0
@@ -188,8 +206,14 @@ def _mixed_sizes(root: Path, *, odd_clips: tuple[int, ...]) -> Path:
     for clip, frames in enumerate([8, 6, 10]):
         for cam, name in enumerate(["CAM_BACK", "CAM_BACK_LEFT"]):
             size = (128, 96) if cam == 1 and clip in odd_clips else (64, 48)
-            write_stamped_video(root / "videos" / clip_name(clip) / f"{name}.mp4", clip=clip, camera=cam,
-                                frames=frames, size=size, gop=6)
+            write_stamped_video(
+                root / "videos" / clip_name(clip) / f"{name}.mp4",
+                clip=clip,
+                camera=cam,
+                frames=frames,
+                size=size,
+                gop=6,
+            )
     return build_index(root, output=root / "index.json", progress=False)
 
 
@@ -200,9 +224,12 @@ def _mixed_sizes(root: Path, *, odd_clips: tuple[int, ...]) -> Path:
 def test_mixed_frame_sizes_name_the_file_clip_camera_and_both_sizes(tmp_path: Path, num_workers: int, odd: int) -> None:
     index_path = _mixed_sizes(tmp_path, odd_clips=(odd,))
     loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers)
-    with pytest.raises(FrameSizeError, match=rf"clip 'scene-000{odd}', camera 'CAM_BACK_LEFT', frame 0 \('[^']*"
-                                             rf"scene-000{odd}/CAM_BACK_LEFT\.mp4'\) is \(3, 96, 128\) but the "
-                                             r"batch's frames are \(3, 48, 64\); .*FrameTransform\(resize="):
+    with pytest.raises(
+        FrameSizeError,
+        match=rf"clip 'scene-000{odd}', camera 'CAM_BACK_LEFT', frame 0 \('[^']*"
+        rf"scene-000{odd}/CAM_BACK_LEFT\.mp4'\) is \(3, 96, 128\) but the "
+        r"batch's frames are \(3, 48, 64\); .*FrameTransform\(resize=",
+    ):
         list(loader)
 
 
@@ -232,8 +259,14 @@ def test_resize_transform_makes_mixed_camera_sizes_stackable(
     # per-part frames, later steps write into batch buffers (pinned where CUDA is available):
     # every path resizes each camera frame before writing it.
     index_path = _mixed_sizes(tmp_path, odd_clips=(0, 1, 2))
-    loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers,
-                     transform=FrameTransform(resize=(96, 128)), pin_memory=pin_memory)
+    loader = _loader(
+        index_path,
+        batch_size=2,
+        shuffle=False,
+        num_workers=num_workers,
+        transform=FrameTransform(resize=(96, 128)),
+        pin_memory=pin_memory,
+    )
     steps = 0
     for batch in loader:
         assert batch["frames"].shape == (2, 2, 3, 96, 128)
@@ -262,7 +295,9 @@ def test_sampler_shards_by_rank(stream_index: Path) -> None:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_batches_kept_by_the_user_are_never_overwritten(stream_index: Path, num_workers: int, assert_stamps: Any) -> None:
+def test_batches_kept_by_the_user_are_never_overwritten(
+    stream_index: Path, num_workers: int, assert_stamps: Any
+) -> None:
     loader = _loader(stream_index, num_workers=num_workers)
     kept = list(loader)  # every batch stays referenced until the end
     views = [b["frames"][0, 0] for b in _loader(stream_index, num_workers=num_workers)]  # only views survive

@@ -142,9 +142,7 @@ def test_write_dataset_layout(small_index: Path) -> None:
     root = small_index.parent
     assert small_index == root / "index.json"
     files = sorted(p.relative_to(root).as_posix() for p in (root / "videos").rglob("*") if p.is_file())
-    assert files == [
-        f"videos/scene-000{c}/{cam}.mp4" for c in range(3) for cam in ("CAM_BACK", "CAM_BACK_LEFT")
-    ]
+    assert files == [f"videos/scene-000{c}/{cam}.mp4" for c in range(3) for cam in ("CAM_BACK", "CAM_BACK_LEFT")]
     assert json.loads(small_index.read_text()) == {"videos": {"scene-0000": 20, "scene-0001": 13, "scene-0002": 27}}
     assert tables_path(small_index).is_file()
 

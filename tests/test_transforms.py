@@ -240,8 +240,13 @@ def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
     from lightning_vstream.stream.worker import StreamDataset
 
     index = load_index(index_path)
-    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2,
-                            seed=0, num_parts=max(1, num_workers))
+    sampler = StreamSampler(
+        [c.frame_count for c in index.clips],
+        num_cameras=len(index.camera_names),
+        batch_size=2,
+        seed=0,
+        num_parts=max(1, num_workers),
+    )
     return StreamDataLoader(StreamDataset(index=index, transform=transform), sampler=sampler, num_workers=num_workers)
 
 

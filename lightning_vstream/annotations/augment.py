@@ -53,8 +53,9 @@ def _pair(name: str, value: object, *, positive: bool) -> tuple[float, float]:
         raise ConfigurationError(f"GeometryAugment: {name}={value!r} must be a (low, high) pair of numbers.")
     low, high = (float(v) for v in cast(Sequence[Any], value))
     if low > high or (positive and low <= 0):
-        raise ConfigurationError(f"GeometryAugment: {name}={value!r} must have low <= high"
-                                 f"{' and both > 0' if positive else ''}.")
+        raise ConfigurationError(
+            f"GeometryAugment: {name}={value!r} must have low <= high{' and both > 0' if positive else ''}."
+        )
     return low, high
 
 
@@ -95,9 +96,15 @@ class GeometryAugment:
 
     def __post_init__(self) -> None:
         size = self.output_size
-        if (isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
-            raise ConfigurationError(f"GeometryAugment: output_size={size!r} must be (height, width), positive integers.")
+        if (
+            isinstance(size, (str, bytes))
+            or not hasattr(size, "__len__")
+            or len(size) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+        ):
+            raise ConfigurationError(
+                f"GeometryAugment: output_size={size!r} must be (height, width), positive integers."
+            )
         object.__setattr__(self, "output_size", (int(size[0]), int(size[1])))
         object.__setattr__(self, "scale", _pair("scale", self.scale, positive=True))
         object.__setattr__(self, "rotate", _pair("rotate", self.rotate, positive=False))
@@ -127,7 +134,9 @@ class GeometryAugment:
         angle = rng.uniform(*self.rotate)
         return AugmentParams(scale, crop_x, crop_y, flip, angle)
 
-    def geometry(self, height: int, width: int, params: AugmentParams) -> tuple[tuple[int, int], tuple[int, int], torch.Tensor]:
+    def geometry(
+        self, height: int, width: int, params: AugmentParams
+    ) -> tuple[tuple[int, int], tuple[int, int], torch.Tensor]:
         """``(resized height, width)``, crop ``(top, left)`` and the 3x3 float64 matrix for a ``height x width`` input."""
         out_h, out_w = self.output_size
         if self.fit == "cover":
@@ -137,8 +146,9 @@ class GeometryAugment:
         new_h, new_w = max(1, round(height * sy)), max(1, round(width * sx))
         top = round(params.crop_y * (new_h - out_h))
         left = round(params.crop_x * (new_w - out_w))
-        matrix = torch.tensor([[new_w / width, 0.0, -left], [0.0, new_h / height, -top], [0.0, 0.0, 1.0]],
-                              dtype=torch.float64)
+        matrix = torch.tensor(
+            [[new_w / width, 0.0, -left], [0.0, new_h / height, -top], [0.0, 0.0, 1.0]], dtype=torch.float64
+        )
         if params.flip:
             matrix = torch.tensor([[-1.0, 0.0, out_w], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64) @ matrix
         if params.rotate:
@@ -164,8 +174,9 @@ class GeometryAugment:
         rows = min(new_h - src_top, out_h - dst_top)
         cols = min(new_w - src_left, out_w - dst_left)
         if rows > 0 and cols > 0:
-            out[:, :, dst_top:dst_top + rows, dst_left:dst_left + cols] = x[:, :, src_top:src_top + rows,
-                                                                            src_left:src_left + cols]
+            out[:, :, dst_top : dst_top + rows, dst_left : dst_left + cols] = x[
+                :, :, src_top : src_top + rows, src_left : src_left + cols
+            ]
         if params.flip:
             out = out.flip(-1)
         if params.rotate:
@@ -210,8 +221,9 @@ def _rotation(degrees: float, height: int, width: int) -> torch.Tensor:
     a = math.radians(degrees)
     c, s = math.cos(a), math.sin(a)
     cx, cy = width / 2, height / 2
-    return torch.tensor([[c, -s, cx - c * cx + s * cy], [s, c, cy - s * cx - c * cy], [0.0, 0.0, 1.0]],
-                        dtype=torch.float64)
+    return torch.tensor(
+        [[c, -s, cx - c * cx + s * cy], [s, c, cy - s * cx - c * cy], [0.0, 0.0, 1.0]], dtype=torch.float64
+    )
 
 
 def _rotate(frames: torch.Tensor, degrees: float) -> torch.Tensor:

@@ -100,8 +100,9 @@ def sample_annotations(
             continue
         both = sorted(set(clip) & set(frame))
         if both:
-            raise AnnotationError(f"clip {clip_id!r} frame {index}: fields {both} come both per clip and per frame; "
-                                  "rename one of them.")
+            raise AnnotationError(
+                f"clip {clip_id!r} frame {index}: fields {both} come both per clip and per frame; rename one of them."
+            )
         items.append({name: _convert(value) for name, value in frame.items()})
     has = torch.tensor([item is not None for item in items], dtype=torch.bool)
     frames = collate_annotations(items, ragged=getattr(source, "ragged", ()))

@@ -40,7 +40,10 @@ def _blank(example: Any, ragged: bool) -> Any:
 
 
 def collate_annotations(
-    items: Sequence[Mapping[str, Any] | None], *, ragged: Collection[str] = (), pad: bool = False,
+    items: Sequence[Mapping[str, Any] | None],
+    *,
+    ragged: Collection[str] = (),
+    pad: bool = False,
     partial: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """Batch per-item annotation dicts (None for an item without annotations).
@@ -88,8 +91,10 @@ def collate_annotations(
     for name in names:
         example = next(items[i][name] for i in present if name in items[i])  # type: ignore[operator,index]
         is_ragged = name in ragged
-        values = [items[i][name] if items[i] is not None and name in items[i] else _blank(example, is_ragged)  # type: ignore[operator,index]
-                  for i in range(len(items))]
+        values = [
+            items[i][name] if items[i] is not None and name in items[i] else _blank(example, is_ragged)  # type: ignore[operator,index]
+            for i in range(len(items))
+        ]
         if is_ragged:
             if pad:
                 out[name], out[f"{name}_mask"] = pad_ragged(values)

@@ -117,8 +117,10 @@ def write_clip_annotations(
     def claim(space: str, name: str) -> str:
         _check_name(name, where)
         if name in names:
-            raise AnnotationError(f"{where}: field {name!r} appears as {names[name]}.{name} and {space}.{name}; "
-                                  "names must be unique across clip, camera and frame fields.")
+            raise AnnotationError(
+                f"{where}: field {name!r} appears as {names[name]}.{name} and {space}.{name}; "
+                "names must be unique across clip, camera and frame fields."
+            )
         names[name] = space
         return f"{space}.{name}"
 
@@ -130,8 +132,10 @@ def write_clip_annotations(
     for name, value in (camera or {}).items():
         array = _array(value, f"{where}, camera field {name!r}")
         if cams is None or array.ndim == 0 or array.shape[0] != len(cams):
-            raise AnnotationError(f"{where}: camera field {name!r} has shape {array.shape}; it needs camera_names and "
-                                  f"a first dimension of {len(cams) if cams else 'len(camera_names)'}.")
+            raise AnnotationError(
+                f"{where}: camera field {name!r} has shape {array.shape}; it needs camera_names and "
+                f"a first dimension of {len(cams) if cams else 'len(camera_names)'}."
+            )
         out[claim("camera", name)] = array
     keys = [k for k in frames[0] if k not in ("frame_index", "timestamp", "cameras")]
     cam_keys = list(frames[0].get("cameras", {}) or {})
@@ -153,19 +157,25 @@ def write_clip_annotations(
         try:
             values = [_array(f[name], f"{where}, frame {i} field {name!r}") for i, f in enumerate(frames)]
         except KeyError:
-            raise AnnotationError(f"{where}: field {name!r} is missing in some frames; every frame needs "
-                                  "the same fields (use empty arrays for frames without objects).") from None
+            raise AnnotationError(
+                f"{where}: field {name!r} is missing in some frames; every frame needs "
+                "the same fields (use empty arrays for frames without objects)."
+            ) from None
         key = claim("frame", name)
         if name in ragged:
             if any(v.ndim == 0 for v in values) or len({v.shape[1:] for v in values}) > 1:
-                raise AnnotationError(f"{where}: ragged field {name!r} needs shapes [N, ...] with the same trailing "
-                                      f"dimensions; got {sorted({v.shape for v in values})[:4]}.")
+                raise AnnotationError(
+                    f"{where}: ragged field {name!r} needs shapes [N, ...] with the same trailing "
+                    f"dimensions; got {sorted({v.shape for v in values})[:4]}."
+                )
             out[key] = np.concatenate(values, axis=0)
             out[key + ".lengths"] = np.array([len(v) for v in values], dtype=np.int64)
         else:
             if len({v.shape for v in values}) > 1:
-                raise AnnotationError(f"{where}: field {name!r} changes shape between frames "
-                                      f"({sorted({v.shape for v in values})[:4]}); pass ragged=[{name!r}, ...].")
+                raise AnnotationError(
+                    f"{where}: field {name!r} changes shape between frames "
+                    f"({sorted({v.shape for v in values})[:4]}); pass ragged=[{name!r}, ...]."
+                )
             out[key] = np.stack(values)
     for name in cam_keys:
         values = [_array(f["cameras"][name], f"{where}, frame {i} camera field {name!r}") for i, f in enumerate(frames)]
@@ -216,8 +226,10 @@ class ClipAnnotations:
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
             raise AnnotationError(f"{where} cannot be read ({err}); rewrite it with write_clip_annotations().") from err
         if str(arrays.get("format", "")) != FORMAT or int(arrays.get("version", -1)) != VERSION:
-            raise AnnotationError(f"{where} is not a version-{VERSION} {FORMAT} file (format={arrays.get('format')!r}, "
-                                  f"version={arrays.get('version')!r}); rewrite it with write_clip_annotations().")
+            raise AnnotationError(
+                f"{where} is not a version-{VERSION} {FORMAT} file (format={arrays.get('format')!r}, "
+                f"version={arrays.get('version')!r}); rewrite it with write_clip_annotations()."
+            )
         spaces: dict[str, dict[str, np.ndarray]] = {s: {} for s in NAMESPACES}
         lengths: dict[str, np.ndarray] = {}
         for key, value in arrays.items():
@@ -229,8 +241,10 @@ class ClipAnnotations:
             elif len(parts) == 2 and parts[0] in spaces and parts[1].isidentifier():
                 spaces[parts[0]][parts[1]] = value
             else:
-                raise AnnotationError(f"{where} has an unknown key {key!r}; keys are clip.<name>, camera.<name>, "
-                                      "frame.<name>[.lengths] or frame_camera.<name>.")
+                raise AnnotationError(
+                    f"{where} has an unknown key {key!r}; keys are clip.<name>, camera.<name>, "
+                    "frame.<name>[.lengths] or frame_camera.<name>."
+                )
         cams = tuple(str(c) for c in arrays["camera_names"]) if "camera_names" in arrays else None
         index = arrays.get("frame_index")
         times = arrays.get("timestamp")
@@ -238,27 +252,42 @@ class ClipAnnotations:
             raise AnnotationError(f"{where} has neither 'frame_index' nor 'timestamp'; frames cannot be matched.")
         rows = len(index) if index is not None else len(times)  # type: ignore[arg-type]
         for name, axis in (("frame_index", index), ("timestamp", times)):
-            if axis is not None and (axis.ndim != 1 or len(axis) != rows or (rows > 1 and not np.all(np.diff(axis) > 0))):
+            if axis is not None and (
+                axis.ndim != 1 or len(axis) != rows or (rows > 1 and not np.all(np.diff(axis) > 0))
+            ):
                 raise AnnotationError(f"{where}: {name!r} must be one strictly increasing value per row ({rows} rows).")
         for name, value in spaces["camera"].items():
             if cams is None or value.ndim == 0 or value.shape[0] != len(cams):
-                raise AnnotationError(f"{where}: camera.{name} has shape {value.shape} but camera_names lists "
-                                      f"{len(cams) if cams else 0} cameras.")
+                raise AnnotationError(
+                    f"{where}: camera.{name} has shape {value.shape} but camera_names lists "
+                    f"{len(cams) if cams else 0} cameras."
+                )
         for name, value in spaces["frame_camera"].items():
             if cams is None or value.ndim < 2 or value.shape[:2] != (rows, len(cams)):
-                raise AnnotationError(f"{where}: frame_camera.{name} has shape {value.shape}; expected [{rows}, "
-                                      f"{len(cams) if cams else 'C'}, ...].")
+                raise AnnotationError(
+                    f"{where}: frame_camera.{name} has shape {value.shape}; expected [{rows}, "
+                    f"{len(cams) if cams else 'C'}, ...]."
+                )
         offsets = {}
         for name, value in spaces["frame"].items():
             if name in lengths:
                 counts = lengths.pop(name)
-                if counts.shape != (rows,) or counts.min(initial=0) < 0 or value.ndim == 0 or counts.sum() != len(value):
-                    raise AnnotationError(f"{where}: frame.{name}.lengths must hold {rows} counts summing to the "
-                                          f"{value.shape[0] if value.ndim else 0} rows of frame.{name}.")
+                if (
+                    counts.shape != (rows,)
+                    or counts.min(initial=0) < 0
+                    or value.ndim == 0
+                    or counts.sum() != len(value)
+                ):
+                    raise AnnotationError(
+                        f"{where}: frame.{name}.lengths must hold {rows} counts summing to the "
+                        f"{value.shape[0] if value.ndim else 0} rows of frame.{name}."
+                    )
                 offsets[name] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             elif value.ndim == 0 or value.shape[0] != rows:
-                raise AnnotationError(f"{where}: frame.{name} has shape {value.shape}; expected [{rows}, ...] "
-                                      "(or add frame.{name}.lengths for a ragged field).")
+                raise AnnotationError(
+                    f"{where}: frame.{name} has shape {value.shape}; expected [{rows}, ...] "
+                    "(or add frame.{name}.lengths for a ragged field)."
+                )
         if lengths:
             raise AnnotationError(f"{where}: {sorted(lengths)} have .lengths but no frame.<name> data.")
         seen: dict[str, str] = {}
@@ -267,8 +296,18 @@ class ClipAnnotations:
                 if name in seen:
                     raise AnnotationError(f"{where}: field {name!r} appears as {seen[name]}.{name} and {space}.{name}.")
                 seen[name] = space
-        return cls(clip_id, path, cams, index, times, spaces["clip"], spaces["camera"], spaces["frame"], offsets,
-                   spaces["frame_camera"])
+        return cls(
+            clip_id,
+            path,
+            cams,
+            index,
+            times,
+            spaces["clip"],
+            spaces["camera"],
+            spaces["frame"],
+            offsets,
+            spaces["frame_camera"],
+        )
 
     def camera_order(self, cameras: Sequence[str]) -> list[int] | None:
         """Positions in ``camera_names`` of the loaded ``cameras`` (None when no field is per camera)."""
@@ -342,8 +381,10 @@ class AnnotationFiles:
             raise AnnotationError(f"tolerance={tolerance!r} must be a number of seconds >= 0.")
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise AnnotationError(f"annotation folder {str(self.folder)!r} does not exist; pass the folder that holds "
-                                  "the <clip_id>.npz files (write them with write_clip_annotations()).")
+            raise AnnotationError(
+                f"annotation folder {str(self.folder)!r} does not exist; pass the folder that holds "
+                "the <clip_id>.npz files (write them with write_clip_annotations())."
+            )
         self.match: MatchMode = match
         self.tolerance = float(tolerance)
         self._open: OrderedDict[str, ClipAnnotations] = OrderedDict()
@@ -410,7 +451,9 @@ class AnnotationFiles:
         self._clip_fields[key] = (ann, out)
         return dict(out)
 
-    def frame_annotations(self, clip_id: str, frame_index: int, timestamp: float, cameras: Sequence[str]) -> dict[str, Any]:
+    def frame_annotations(
+        self, clip_id: str, frame_index: int, timestamp: float, cameras: Sequence[str]
+    ) -> dict[str, Any]:
         ann = self.load(clip_id)
         row = ann.row(frame_index, timestamp, match=self.match, tolerance=self.tolerance)
         if row is None:

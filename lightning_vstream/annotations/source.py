@@ -88,8 +88,9 @@ def annotate(
     frame = source.frame_annotations(clip_id, frame_index, timestamp, cameras)
     both = sorted(set(clip) & set(frame))
     if both:
-        raise AnnotationError(f"clip {clip_id!r} frame {frame_index}: fields {both} come both per clip and per frame; "
-                              "rename one of them.")
+        raise AnnotationError(
+            f"clip {clip_id!r} frame {frame_index}: fields {both} come both per clip and per frame; rename one of them."
+        )
     return {name: _convert(value) for name, value in {**clip, **frame}.items()}
 
 

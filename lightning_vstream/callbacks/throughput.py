@@ -36,11 +36,14 @@ __all__ = ["StreamThroughputMonitor"]
 #: Metric names are prefixed with the stage, as Lightning's ThroughputMonitor does.
 PREFIX = "train/"
 #: Per-rank figures gathered at each log, in this order.
-_FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered",
-           "has_stats")
+_FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered", "has_stats")
 #: Error counters of :class:`~lightning_vstream.stream.worker.DecodeStats` (``on_error="skip"``) -> metric names.
-_COUNTERS = {"skipped_samples": "skipped", "skipped_clips": "skipped_clips", "read_errors": "read_errors",
-             "bad_files": "bad_files"}
+_COUNTERS = {
+    "skipped_samples": "skipped",
+    "skipped_clips": "skipped_clips",
+    "read_errors": "read_errors",
+    "bad_files": "bad_files",
+}
 
 
 @dataclass
@@ -273,4 +276,3 @@ def _count(batch: Any) -> tuple[torch.Tensor | int, int]:
     valid = batch.get("valid")
     samples: torch.Tensor | int = valid.sum() if isinstance(valid, torch.Tensor) else int(frames.shape[0])
     return samples, int(frames.shape[1])
-

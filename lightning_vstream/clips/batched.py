@@ -103,8 +103,9 @@ class BatchReader:
         height, width = first.infos[0].height, first.infos[0].width
         steps, cameras = len(first.indices), len(first.paths)
         uniform = all(
-            len(s.indices) == steps and len(s.paths) == cameras and all((i.height, i.width) == (height, width)
-                                                                        for i in s.infos)
+            len(s.indices) == steps
+            and len(s.paths) == cameras
+            and all((i.height, i.width) == (height, width) for i in s.infos)
             for s in samples
         )
         if uniform:
@@ -112,8 +113,11 @@ class BatchReader:
             outs = list(batch.unbind(0))
         else:  # samples of different shapes: one tensor each (collate_clips will say why they cannot stack)
             outs = [
-                torch.empty((len(s.indices), len(s.paths), 3, s.infos[0].height, s.infos[0].width),
-                            dtype=torch.uint8, device=self.device)
+                torch.empty(
+                    (len(s.indices), len(s.paths), 3, s.infos[0].height, s.infos[0].width),
+                    dtype=torch.uint8,
+                    device=self.device,
+                )
                 for s in samples
             ]
         planner = GopPlanner()
@@ -216,8 +220,13 @@ def make_reader(decode_device: str, gop_threads: int | None, max_open: int, deco
     is this process's first GPU (see :func:`~lightning_vstream.decode.gpu.resolve_decode_device`).
     """
     if decode_device == "cpu":
-        return BatchReader(gpu=None, device="cpu", threads=gop_threads or 0, max_open_per_thread=max_open,
-                           decoder_threads=decoder_threads or 1)
+        return BatchReader(
+            gpu=None,
+            device="cpu",
+            threads=gop_threads or 0,
+            max_open_per_thread=max_open,
+            decoder_threads=decoder_threads or 1,
+        )
     import torch
 
     from lightning_vstream.decode.gpu import resolve_decode_device

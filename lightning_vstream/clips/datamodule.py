@@ -215,27 +215,43 @@ class ClipVideoDataModule(pl.LightningDataModule):
         def positive(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        check_arguments("ClipVideoDataModule", {
-            "batch_size": (batch_size, positive(batch_size), "an integer >= 1"),
-            "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
-            "clips_per_epoch": (clips_per_epoch, clips_per_epoch is None or positive(clips_per_epoch),
-                                "None or an integer >= 1"),
-            "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
-            "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_decoders": (max_open_decoders, positive(max_open_decoders), "an integer >= 1"),
-            "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
-            "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
-            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-            "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
-            "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
-            "sampler": (sampler, sampler is None or callable(sampler),
-                        "None or a callable that takes the dataset and returns a torch Sampler"),
-            "multiprocessing_context": (multiprocessing_context, multiprocessing_context in (
-                None, "fork", "forkserver", "spawn"), "None, 'fork', 'forkserver' or 'spawn'"),
-            "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
-            "world_size": (world_size, world_size is None or positive(world_size), "None or an integer >= 1"),
-            "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
-        })
+        check_arguments(
+            "ClipVideoDataModule",
+            {
+                "batch_size": (batch_size, positive(batch_size), "an integer >= 1"),
+                "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
+                "clips_per_epoch": (
+                    clips_per_epoch,
+                    clips_per_epoch is None or positive(clips_per_epoch),
+                    "None or an integer >= 1",
+                ),
+                "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
+                "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
+                "max_open_decoders": (max_open_decoders, positive(max_open_decoders), "an integer >= 1"),
+                "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
+                "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
+                "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+                "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
+                "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
+                "sampler": (
+                    sampler,
+                    sampler is None or callable(sampler),
+                    "None or a callable that takes the dataset and returns a torch Sampler",
+                ),
+                "multiprocessing_context": (
+                    multiprocessing_context,
+                    multiprocessing_context in (None, "fork", "forkserver", "spawn"),
+                    "None, 'fork', 'forkserver' or 'spawn'",
+                ),
+                "transform": (
+                    transform,
+                    transform is None or callable(transform),
+                    "None or a callable on frame tensors",
+                ),
+                "world_size": (world_size, world_size is None or positive(world_size), "None or an integer >= 1"),
+                "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
+            },
+        )
         self.index_files: dict[Stage, Path | None] = {
             "train": None if index_file is None else Path(index_file),
             "val": None if val_index_file is None else Path(val_index_file),
@@ -243,8 +259,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
             "predict": None if predict_index_file is None else Path(predict_index_file),
         }
         if all(path is None for path in self.index_files.values()):
-            raise ConfigurationError("ClipVideoDataModule needs at least one of index_file, val_index_file, "
-                                     "test_index_file or predict_index_file.")
+            raise ConfigurationError(
+                "ClipVideoDataModule needs at least one of index_file, val_index_file, "
+                "test_index_file or predict_index_file."
+            )
         self.window: FrameWindow | TimeWindow = (
             TimeWindow(tuple(segments), time_policy)
             if segments is not None
@@ -295,7 +313,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load the index files the stage needs and take rank and world size from the Trainer (unless given)."""
         wanted: dict[str | None, tuple[Stage, ...]] = {
-            "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("predict",),
         }
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             path = self.index_files[split]
@@ -345,10 +366,20 @@ class ClipVideoDataModule(pl.LightningDataModule):
     ) -> VideoClipDataset:
         augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         return VideoClipDataset(
-            index=index, requests=requests, max_open_decoders=self.max_open_decoders,
-            decoder_threads=self.decoder_threads, transform=self.transform, decode_device=self._device(),
-            on_error=self.on_error, annotations=self.annotations, augment=augment, seed=self.seed, epoch=epoch,
-            camera_frames=self.camera_frames, frame_policy=self.frame_policy, gop_threads=self.gop_threads,
+            index=index,
+            requests=requests,
+            max_open_decoders=self.max_open_decoders,
+            decoder_threads=self.decoder_threads,
+            transform=self.transform,
+            decode_device=self._device(),
+            on_error=self.on_error,
+            annotations=self.annotations,
+            augment=augment,
+            seed=self.seed,
+            epoch=epoch,
+            camera_frames=self.camera_frames,
+            frame_policy=self.frame_policy,
+            gop_threads=self.gop_threads,
         )
 
     def _loader(self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool) -> StatefulDataLoader:
@@ -367,21 +398,28 @@ class ClipVideoDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=functools.partial(collate_clips, pad_annotations=True) if self.pad_annotations else collate_clips,
+            collate_fn=functools.partial(collate_clips, pad_annotations=True)
+            if self.pad_annotations
+            else collate_clips,
             pin_memory=self.pin_memory and dataset.decode_device == "cpu",  # GPU frames need no pinning
             drop_last=drop_last,
             timeout=self.timeout if workers > 0 else 0.0,
-            multiprocessing_context=worker_context("ClipVideoDataModule", self.multiprocessing_context,
-                                                   self._device(), workers),
+            multiprocessing_context=worker_context(
+                "ClipVideoDataModule", self.multiprocessing_context, self._device(), workers
+            ),
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             persistent_workers=self.persistent_workers and workers > 0,
         )
 
-    def _shard(
-        self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool
-    ) -> DistributedSampler[int]:
-        sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=self.world_size or 1, rank=self.rank or 0,
-                                     shuffle=shuffle, seed=self.seed, drop_last=drop_last)
+    def _shard(self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool) -> DistributedSampler[int]:
+        sampler: DistributedSampler[int] = DistributedSampler(
+            dataset,
+            num_replicas=self.world_size or 1,
+            rank=self.rank or 0,
+            shuffle=shuffle,
+            seed=self.seed,
+            drop_last=drop_last,
+        )
         # Set now, not only by Lightning at the epoch start: a resumed run builds its iterator
         # (and fast-forwards it) before that.
         sampler.set_epoch(epoch)
@@ -416,9 +454,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         return self._loader(dataset, self._shard(dataset, False, 0, False), False)
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
-    val_dataloader = EvalLoader(
-        "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._eval_loader("val")
-    )
+    val_dataloader = EvalLoader("val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._eval_loader("val"))
     test_dataloader = EvalLoader(
         "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._eval_loader("test")
     )

@@ -128,7 +128,11 @@ class DecoderCache:
         while len(extra) < count - 1:
             extra.append(
                 make_decoder(
-                    path, info=first.info, layout=self.layout, threads=self.decoder_threads, label=label,
+                    path,
+                    info=first.info,
+                    layout=self.layout,
+                    threads=self.decoder_threads,
+                    label=label,
                     size=self.size,
                 )
             )
@@ -286,16 +290,18 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
                 "the keyframe nearest each requested frame)."
             )
-        if gop_threads is not None and (isinstance(gop_threads, bool) or not isinstance(gop_threads, int)
-                                        or gop_threads < 1):
+        if gop_threads is not None and (
+            isinstance(gop_threads, bool) or not isinstance(gop_threads, int) or gop_threads < 1
+        ):
             raise ConfigurationError(f"gop_threads={gop_threads!r} must be an integer >= 1, or None for the default.")
         if not isinstance(decode_device, str) or not (decode_device == "cpu" or decode_device.startswith("cuda")):
             raise ConfigurationError(
                 f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'cuda:<index>' "
                 "(the DataModule also takes 'auto')."
             )
-        if decode_device != "cpu" and (annotations is not None or augment is not None or size is not None
-                                       or camera_frames != "stacked"):
+        if decode_device != "cpu" and (
+            annotations is not None or augment is not None or size is not None or camera_frames != "stacked"
+        ):
             raise ConfigurationError(
                 f"decode_device={decode_device!r} delivers frames and labels only; annotations, augment, size and "
                 "camera_frames='per_camera' need decode_device='cpu'."
@@ -475,12 +481,17 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if stacked:
             # Decoders write each frame straight into its slot of the sample: no stacking copies.
             height, width = self.size if self.size is not None else (reference.height, reference.width)
-            frames = torch.empty((len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device)
+            frames = torch.empty(
+                (len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device
+            )
             targets = [frames[:, c] for c in range(len(streams))]
         else:
             targets = [
-                torch.empty((len(indices), 3, *(self.size or (info.height, info.width))), dtype=torch.uint8,
-                            device=self.decode_device)
+                torch.empty(
+                    (len(indices), 3, *(self.size or (info.height, info.width))),
+                    dtype=torch.uint8,
+                    device=self.decode_device,
+                )
                 for info in infos
             ]
         valid = True
@@ -536,7 +547,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             from lightning_vstream.annotations.batch import sample_annotations
 
             sample["annotations"], sample["has_annotations"], missing = sample_annotations(
-                self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error)
+                self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error
+            )
             self.missing_annotations += missing
         if matrices:
             from lightning_vstream.annotations.batch import update_intrinsics
@@ -567,6 +579,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if str(path) not in self._bad_files:
             self._bad_files.add(str(path))
             log.warning("skipping samples of %s (%s): %s", label, str(path), err)
+
     def _batched(self) -> bool:
         return self.decode_device != "cpu"
 
@@ -608,8 +621,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if self._reader is None:
             from lightning_vstream.clips.batched import make_reader
 
-            self._reader = make_reader(self.decode_device, self.gop_threads, self.max_open_decoders,
-                                       self.decoder_threads)
+            self._reader = make_reader(
+                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads
+            )
         return self._reader
 
     def close(self) -> None:
@@ -675,8 +689,10 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
         like = valid[0]["frames"]
-        samples = [s if s.get("valid", True) or s["frames"].shape == like.shape
-                   else {**s, "frames": torch.zeros_like(like)} for s in samples]
+        samples = [
+            s if s.get("valid", True) or s["frames"].shape == like.shape else {**s, "frames": torch.zeros_like(like)}
+            for s in samples
+        ]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -692,8 +708,11 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
             )
     frames = first["frames"]
     batch: dict[str, Any] = {
-        "frames": (torch.stack([s["frames"] for s in samples]) if isinstance(frames, torch.Tensor)
-                   else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]),
+        "frames": (
+            torch.stack([s["frames"] for s in samples])
+            if isinstance(frames, torch.Tensor)
+            else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]
+        ),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -704,8 +723,9 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         from lightning_vstream.annotations.collate import collate_annotations
 
         items = [s["annotations"] for s in samples]
-        ragged = {n for item in items for n, v in item.items() if isinstance(v, list) and v and
-                  isinstance(v[0], torch.Tensor)}
+        ragged = {
+            n for item in items for n, v in item.items() if isinstance(v, list) and v and isinstance(v[0], torch.Tensor)
+        }
         partial = [not bool(s["has_annotations"].any()) for s in samples]
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
         batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])

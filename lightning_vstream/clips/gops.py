@@ -161,4 +161,3 @@ def decode_sequential(decoder: FrameDecoder, indices: Sequence[int], out: torch.
     """Decode ``indices`` into ``out[t]`` on one decoder, GOP by GOP in ascending order."""
     for group in plan_gops(decoder.info, indices):
         _decode_group(decoder, group, out)
-

@@ -139,7 +139,9 @@ class GopPlanner:
             )
         known = self._infos.setdefault(source, info)
         if known is not info and known != info:
-            raise ConfigurationError(f"{source!r} was planned with two different frame tables; plan each stream with one.")
+            raise ConfigurationError(
+                f"{source!r} was planned with two different frame tables; plan each stream with one."
+            )
         self._wanted.setdefault(source, {}).setdefault(frame, []).append(target)
 
     def add_many(self, source: Hashable, info: VideoInfo, frames: Iterable[int], targets: Iterable[Hashable]) -> None:

@@ -81,8 +81,7 @@ def camera_names(value: Sequence[str] | None, argument: str = "cameras") -> tupl
         names = tuple(value)
     except TypeError:
         raise ConfigurationTypeError(
-            f"{argument}={value!r} must be a list of camera names such as ['CAM_FRONT'], "
-            f"not a {type(value).__name__}."
+            f"{argument}={value!r} must be a list of camera names such as ['CAM_FRONT'], not a {type(value).__name__}."
         ) from None
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
@@ -204,9 +203,7 @@ def at_times(
         >>> at_times("scene-0003", [0.0, 0.5], policy="at_or_before").policy
         'at_or_before'
     """
-    return ClipRequest(
-        clip_id, times=tuple(times), policy=policy, cameras=camera_names(cameras)
-    )
+    return ClipRequest(clip_id, times=tuple(times), policy=policy, cameras=camera_names(cameras))
 
 
 def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -439,9 +436,7 @@ def _reference(clip: Clip, cameras: Sequence[str] | None) -> CameraStream:
     for cam in clip.cameras:
         if cam.name == cameras[0]:
             return cam
-    raise ValueError(
-        f"clip {clip.clip_id!r} has no camera {cameras[0]!r} (cameras: {list(clip.camera_names)})."
-    )
+    raise ValueError(f"clip {clip.clip_id!r} has no camera {cameras[0]!r} (cameras: {list(clip.camera_names)}).")
 
 
 def _starts(clips: Sequence[Clip], window: Window, cameras: Sequence[str] | None) -> list[list[float]]:
@@ -477,9 +472,7 @@ def _request(clip: Clip, window: Window, start: float, cameras: Sequence[str] | 
     cams = None if cameras is None else tuple(cameras)
     if isinstance(window, FrameWindow):
         return ClipRequest(clip.clip_id, frames=tuple(int(start) + o for o in window.offsets), cameras=cams)
-    return ClipRequest(
-        clip.clip_id, times=tuple(start + o for o in window.offsets), policy=window.policy, cameras=cams
-    )
+    return ClipRequest(clip.clip_id, times=tuple(start + o for o in window.offsets), policy=window.policy, cameras=cams)
 
 
 def random_clips(

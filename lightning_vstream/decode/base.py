@@ -18,6 +18,7 @@ __all__ = ["DecoderBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoIn
 
 Layout = Literal["chw", "hwc"]
 
+
 class DecoderBase:
     """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, and where
     a frame comes from for error messages. Subclasses set ``path``, ``label``, ``_target`` and

@@ -163,8 +163,7 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
                 records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(packet)))
         except av.FFmpegError as err:
             raise VideoDecodeError(
-                f"{str(path)!r} could not be demuxed after {len(records)} packets "
-                f"(truncated or corrupt file?): {err}"
+                f"{str(path)!r} could not be demuxed after {len(records)} packets (truncated or corrupt file?): {err}"
             ) from err
         if not records:
             raise VideoDecodeError(f"{str(path)!r} holds a video stream with no frames.")

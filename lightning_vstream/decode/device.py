@@ -41,8 +41,7 @@ def import_pynvvideocodec() -> ModuleType:
     if not hasattr(PyNvVideoCodec, "OutputColorType"):
         version = getattr(PyNvVideoCodec, "__version__", "unknown")
         raise ImportError(
-            f"PyNvVideoCodec {version} has no OutputColorType (RGB output on the GPU); "
-            "install pynvvideocodec>=2.0."
+            f"PyNvVideoCodec {version} has no OutputColorType (RGB output on the GPU); install pynvvideocodec>=2.0."
         )
     return PyNvVideoCodec
 

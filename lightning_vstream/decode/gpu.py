@@ -88,6 +88,7 @@ __all__ = [
 
 LatencyChoice = Literal["auto", "native", "low"]
 
+
 def _gpu_ordinal(device: Any) -> int:
     if isinstance(device, bool):
         raise TypeError(f"device={device!r} must be a CUDA device or GPU ordinal.")
@@ -245,7 +246,13 @@ class NvDecoder(DecoderBase):
             fmt = source.format
             check_decodable(nvc, self.gpu, fmt, self._where())
             key = DecoderKey(
-                self.gpu, info.codec, info.width, info.height, fmt.bit_depth, fmt.chroma, "NATIVE",
+                self.gpu,
+                info.codec,
+                info.width,
+                info.height,
+                fmt.bit_depth,
+                fmt.chroma,
+                "NATIVE",
                 self._latency_for(fmt.reorders),
             )
         except BaseException:
@@ -490,8 +497,11 @@ class NvDecoder(DecoderBase):
                         "file with decode_device='cpu'."
                     )
                 with nvtx_range(RANGE_COLOR_CONVERT):
-                    result = nv12_to_rgb(surface, spec, out=out, layout=self.layout) if spec is not None else \
-                        nv12_to_rgb(surface, out=out, layout=self.layout)
+                    result = (
+                        nv12_to_rgb(surface, spec, out=out, layout=self.layout)
+                        if spec is not None
+                        else nv12_to_rgb(surface, out=out, layout=self.layout)
+                    )
             if consumer is not None:
                 consumer.wait_stream(stream)
                 if out is None:
@@ -501,4 +511,3 @@ class NvDecoder(DecoderBase):
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
-

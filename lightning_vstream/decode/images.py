@@ -300,7 +300,6 @@ def write_timestamps(folder: Path | str, seconds: Sequence[float]) -> Path:
     return path
 
 
-
 _JPEG_SUFFIXES = (".jpg", ".jpeg")
 _warned_no_nvjpeg = False
 
@@ -328,7 +327,10 @@ def _pillow_chw(path: Path) -> torch.Tensor:
 
 
 def decode_images(
-    files: Sequence[Path | str], *, device: torch.device | str = "cpu", jpeg: Literal["auto", "nvjpeg", "pillow"] = "auto"
+    files: Sequence[Path | str],
+    *,
+    device: torch.device | str = "cpu",
+    jpeg: Literal["auto", "nvjpeg", "pillow"] = "auto",
 ) -> list[torch.Tensor]:
     """Decode image files into uint8 RGB ``[3, H, W]`` tensors on ``device``.
 

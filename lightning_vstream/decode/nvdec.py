@@ -196,9 +196,7 @@ def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) ->
             f"{sorted(NVDEC_CODECS)}); {fix}"
         )
     if fmt.chroma != "420":
-        raise DecoderCapabilityError(
-            f"{where} is {label}: the GPU path converts only 4:2:0 frames; {fix}"
-        )
+        raise DecoderCapabilityError(f"{where} is {label}: the GPU path converts only 4:2:0 frames; {fix}")
     caps = decoder_caps(nvc, gpu, fmt.codec, fmt.chroma, fmt.bit_depth)
     if not caps.supported:
         raise DecoderCapabilityError(f"{where} is {label}, which NVDEC on GPU {gpu} cannot decode; {fix}")

@@ -38,7 +38,12 @@ __all__ = ["DemoResult", "run_demo"]
 
 #: The demo dataset. Bump CACHE_NAME when changing it, so that stale caches are not reused.
 DATASET: dict[str, Any] = {
-    "clips": 8, "cameras": 6, "frames": [24, 40, 32, 28], "size": (160, 96), "gop": 12, "fps": 12.0,
+    "clips": 8,
+    "cameras": 6,
+    "frames": [24, 40, 32, 28],
+    "size": (160, 96),
+    "gop": 12,
+    "fps": 12.0,
     "annotations": True,
 }
 CACHE_NAME = "demo-v2"
@@ -77,14 +82,16 @@ class _StampCheck(pl.Callback):
         self.annotations_checked = 0
         self.box_losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = getattr(pl_module, "last_box_loss", None)
         if loss is not None:
             self.box_losses.append(float(loss.detach()))
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         from lightning_vstream.demos.synth import clip_number, read_stamp
 
         frames = batch["frames"]
@@ -99,10 +106,16 @@ class _StampCheck(pl.Callback):
             if ann is not None:
                 self.annotations_checked += 1
                 pose = ann["ego_pose"][slot]
-                if (ann["token"][slot] != f"{clip_id}:{frame}" or int(pose[0, 3]) != frame
-                        or int(pose[1, 3]) != clip_number(clip_id) or len(ann["boxes"][slot]) != frame % 4):
-                    self.errors.append(f"step {batch['step']}, slot {slot}: labelled {clip_id} frame {frame}, but "
-                                       f"its annotation is token {ann['token'][slot]!r}")
+                if (
+                    ann["token"][slot] != f"{clip_id}:{frame}"
+                    or int(pose[0, 3]) != frame
+                    or int(pose[1, 3]) != clip_number(clip_id)
+                    or len(ann["boxes"][slot]) != frame % 4
+                ):
+                    self.errors.append(
+                        f"step {batch['step']}, slot {slot}: labelled {clip_id} frame {frame}, but "
+                        f"its annotation is token {ann['token'][slot]!r}"
+                    )
             for camera in range(frames.shape[1]):
                 self.frames_checked += 1
                 try:
@@ -124,16 +137,21 @@ def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
 
     root = cache_dir / CACHE_NAME
     index_file = root / "index.json"
-    spec = (f"{DATASET['clips']} clips x {DATASET['cameras']} cameras, {DATASET['size'][0]}x{DATASET['size'][1]} "
-            f"H.264, GOP {DATASET['gop']}, {min(DATASET['frames'])}-{max(DATASET['frames'])} frames per clip")
+    spec = (
+        f"{DATASET['clips']} clips x {DATASET['cameras']} cameras, {DATASET['size'][0]}x{DATASET['size'][1]} "
+        f"H.264, GOP {DATASET['gop']}, {min(DATASET['frames'])}-{max(DATASET['frames'])} frames per clip"
+    )
     if index_file.exists():
         try:
             index = load_index(index_file)
         except (ValueError, FileNotFoundError) as err:
             print(f"data     cached dataset in {root} is unusable ({err}); rebuilding it", file=out)
         else:
-            if (len(index) == DATASET["clips"] and len(index.camera_names) == DATASET["cameras"]
-                    and (root / "annotations").is_dir()):
+            if (
+                len(index) == DATASET["clips"]
+                and len(index.camera_names) == DATASET["cameras"]
+                and (root / "annotations").is_dir()
+            ):
                 print(f"data     reused {spec}\n         from {root}", file=out)
                 return index_file, True
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +165,11 @@ def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
         staging.rename(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"data     generated {spec} in {time.perf_counter() - started:.1f} s\n         into {root} "
-          "(reused by the next run; delete the folder to rebuild)", file=out)
+    print(
+        f"data     generated {spec} in {time.perf_counter() - started:.1f} s\n         into {root} "
+        "(reused by the next run; delete the folder to rebuild)",
+        file=out,
+    )
     return index_file, False
 
 
@@ -161,9 +182,13 @@ def _quiet_lightning() -> Iterator[None]:
         lg.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
-            for message in (".*LeafSpec.*", ".*Total length of .* across ranks is zero.*",
-                            ".*does not have many workers.*", ".*smaller than the logging interval.*",
-                            ".*no .* loader has been created yet.*"):
+            for message in (
+                ".*LeafSpec.*",
+                ".*Total length of .* across ranks is zero.*",
+                ".*does not have many workers.*",
+                ".*smaller than the logging interval.*",
+                ".*no .* loader has been created yet.*",
+            ):
                 warnings.filterwarnings("ignore", message=message)
             yield
     finally:
@@ -232,22 +257,39 @@ def run_demo(
     index_file, reused = _dataset(cache_dir, out)
 
     cameras = DATASET["cameras"]
-    print(f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, "
-          f"{num_workers} decoding worker{'s' if num_workers != 1 else ''}", file=out)
+    print(
+        f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, "
+        f"{num_workers} decoding worker{'s' if num_workers != 1 else ''}",
+        file=out,
+    )
     monitor = StreamThroughputMonitor(window=10, log_every_n_steps=min(10, steps), prog_bar=True)
     check = _StampCheck()
     model = TinyStreamPETR()
-    dm = StreamVideoDataModule(index_file=index_file, batch_size=BATCH_SIZE, num_workers=num_workers, seed=0,
-                               decoder_threads=1, persistent_workers=False,
-                               annotations=index_file.parent / "annotations")
+    dm = StreamVideoDataModule(
+        index_file=index_file,
+        batch_size=BATCH_SIZE,
+        num_workers=num_workers,
+        seed=0,
+        decoder_threads=1,
+        persistent_workers=False,
+        annotations=index_file.parent / "annotations",
+    )
     logger = CSVLogger(save_dir=cache_dir / "runs", name="demo")
     with _quiet_lightning(), _torch_threads(1):
         pl.seed_everything(0, verbose=False)
         trainer = pl.Trainer(
-            accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=logger,
-            callbacks=[monitor, TemporalStateReset(), check], enable_checkpointing=False, enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            max_epochs=-1,
+            logger=logger,
+            callbacks=[monitor, TemporalStateReset(), check],
+            enable_checkpointing=False,
+            enable_model_summary=False,
             enable_progress_bar=sys.stderr.isatty() if progress_bar is None else progress_bar,
-            num_sanity_val_steps=0, log_every_n_steps=min(10, steps), default_root_dir=cache_dir / "runs",
+            num_sanity_val_steps=0,
+            log_every_n_steps=min(10, steps),
+            default_root_dir=cache_dir / "runs",
         )
         trainer.fit(model, datamodule=dm)
         stats = dm.decode_stats("train")
@@ -255,11 +297,18 @@ def run_demo(
     summary = monitor.summary()
     metrics_file = Path(logger.log_dir) / "metrics.csv"
     result = DemoResult(
-        index_file=index_file, reused=reused, steps=trainer.global_step,
-        frames_per_sec=summary["frames_per_sec"], samples_per_sec=summary["samples_per_sec"],
-        data_wait_fraction=summary["data_wait_fraction"], decode_amplification=stats.amplification,
-        frames_checked=check.frames_checked, stamp_errors=check.errors, slot_starts=check.slot_starts,
-        slots_reset=model.slots_reset, clips_read=dict(sorted(check.clips.items())),
+        index_file=index_file,
+        reused=reused,
+        steps=trainer.global_step,
+        frames_per_sec=summary["frames_per_sec"],
+        samples_per_sec=summary["samples_per_sec"],
+        data_wait_fraction=summary["data_wait_fraction"],
+        decode_amplification=stats.amplification,
+        frames_checked=check.frames_checked,
+        stamp_errors=check.errors,
+        slot_starts=check.slot_starts,
+        slots_reset=model.slots_reset,
+        clips_read=dict(sorted(check.clips.items())),
         metrics_file=metrics_file if metrics_file.exists() else None,
         annotations_checked=check.annotations_checked,
         box_loss=(check.box_losses[0], check.box_losses[-1]) if check.box_losses else None,
@@ -282,21 +331,32 @@ def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
     if result.stamp_errors:
         lines.append(f"stamps   {len(result.stamp_errors)} of {result.frames_checked} frames carry the wrong stamp")
     else:
-        lines.append(f"stamps   {result.frames_checked} frames checked, all stamps correct "
-                     "(clip, camera and frame read from the pixels)")
+        lines.append(
+            f"stamps   {result.frames_checked} frames checked, all stamps correct "
+            "(clip, camera and frame read from the pixels)"
+        )
     if result.annotations_checked:
-        trend = (f"; box-centre loss {result.box_loss[0]:.2f} -> {result.box_loss[1]:.2f}"
-                 if result.box_loss is not None else "")
-        lines.append(f"targets  {result.annotations_checked} slot-frames' annotations (token, ego pose, boxes) match "
-                     f"their frames{trend}")
-    lines.append(f"memory   {result.slots_reset} slot memories reset for {result.slot_starts} clip starts "
-                 "(is_first), other slots kept theirs")
+        trend = (
+            f"; box-centre loss {result.box_loss[0]:.2f} -> {result.box_loss[1]:.2f}"
+            if result.box_loss is not None
+            else ""
+        )
+        lines.append(
+            f"targets  {result.annotations_checked} slot-frames' annotations (token, ego pose, boxes) match "
+            f"their frames{trend}"
+        )
+    lines.append(
+        f"memory   {result.slots_reset} slot memories reset for {result.slot_starts} clip starts "
+        "(is_first), other slots kept theirs"
+    )
     clips = ", ".join(f"{clip} [{low}-{high}]" for clip, (low, high) in result.clips_read.items())
     lines.append(f"clips    {len(result.clips_read)} read (frames): {clips}")
     lines.append(f"source   {result.index_file} ({'reused from cache' if result.reused else 'generated now'})")
     if result.metrics_file is not None:
         lines.append(f"metrics  train/* figures logged to {result.metrics_file}")
-    lines.append("next     your data: `vstream index /path/to/videos`, then "
-                 "`python examples/train_stream.py fit --config examples/configs/stream.yaml "
-                 "--data.index_file /path/to/videos/index.json`")
+    lines.append(
+        "next     your data: `vstream index /path/to/videos`, then "
+        "`python examples/train_stream.py fit --config examples/configs/stream.yaml "
+        "--data.index_file /path/to/videos/index.json`"
+    )
     print("\n".join(lines), file=out)

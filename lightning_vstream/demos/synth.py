@@ -233,9 +233,7 @@ def write_stamped_video(
     path.parent.mkdir(parents=True, exist_ok=True)
     width, height = size
     _cell(width, height)
-    if timestamps is not None and (
-        len(timestamps) != frames or any(b <= a for a, b in itertools.pairwise(timestamps))
-    ):
+    if timestamps is not None and (len(timestamps) != frames or any(b <= a for a, b in itertools.pairwise(timestamps))):
         raise ValueError("timestamps must hold one strictly increasing time per frame.")
     odd = width % 2 or height % 2
     params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}"
@@ -394,7 +392,13 @@ def write_dataset(
     if annotations:
         from lightning_vstream.demos.synth_annotations import write_synthetic_annotations
 
-        write_synthetic_annotations(root / "annotations", clip_ids=[clip_name(c) for c in range(clips)],
-                                    clip_numbers=list(range(clips)), camera_names=names, frame_counts=counts,
-                                    size=size, fps=fps)
+        write_synthetic_annotations(
+            root / "annotations",
+            clip_ids=[clip_name(c) for c in range(clips)],
+            clip_numbers=list(range(clips)),
+            camera_names=names,
+            frame_counts=counts,
+            size=size,
+            fps=fps,
+        )
     return index_path

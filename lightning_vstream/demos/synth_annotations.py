@@ -74,13 +74,24 @@ def write_synthetic_annotations(
             boxes = np.zeros((i % 4, 9), dtype=np.float32)
             boxes[:, 0], boxes[:, 1], boxes[:, 2] = i, number, np.arange(i % 4)
             boxes[:, 3:6] = (1.0, 2.0, 1.5)
-            frames.append({
-                "frame_index": i, "timestamp": i / fps, "ego_pose": pose, "token": f"{clip_id}:{i}",
-                "is_key_frame": i % 6 == 0, "boxes": boxes, "labels": np.arange(i % 4, dtype=np.int64) % 3,
-            })
+            frames.append(
+                {
+                    "frame_index": i,
+                    "timestamp": i / fps,
+                    "ego_pose": pose,
+                    "token": f"{clip_id}:{i}",
+                    "is_key_frame": i % 6 == 0,
+                    "boxes": boxes,
+                    "labels": np.arange(i % 4, dtype=np.int64) % 3,
+                }
+            )
         write_clip_annotations(
-            folder, clip_id, frames=frames, camera_names=list(camera_names),
+            folder,
+            clip_id,
+            frames=frames,
+            camera_names=list(camera_names),
             clip={"scene_token": f"token-{clip_id}", "class_names": np.array(SYNTH_CLASSES)},
-            camera={"intrinsics": intrinsics, "extrinsics": extrinsics}, ragged=("boxes", "labels"),
+            camera={"intrinsics": intrinsics, "extrinsics": extrinsics},
+            ragged=("boxes", "labels"),
         )
     return Path(folder)

@@ -77,8 +77,9 @@ class EncodeSettings:
                 f"crf={self.crf!r} and bitrate={self.bitrate!r} were both given; pick one: crf for constant quality, "
                 "bitrate for a target size."
             )
-        if self.crf is not None and (isinstance(self.crf, bool) or not isinstance(self.crf, int)
-                                     or not 0 <= self.crf <= 51):
+        if self.crf is not None and (
+            isinstance(self.crf, bool) or not isinstance(self.crf, int) or not 0 <= self.crf <= 51
+        ):
             raise ConfigurationError(f"crf={self.crf!r} must be an integer from 0 (lossless) to 51.")
         if self.bitrate is not None:
             object.__setattr__(self, "bitrate", _parse_bitrate(self.bitrate))

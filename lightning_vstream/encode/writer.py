@@ -169,8 +169,9 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
                     raise EncodeError(f"{task.where}: the source holds more frames than its {len(ticks)} timestamps.")
                 if stream is None:
                     height, width = image.shape[:2]
-                    stream = out.add_stream(ENCODERS[settings.codec], rate=rate,
-                                            options=_encoder_options(settings, threads))
+                    stream = out.add_stream(
+                        ENCODERS[settings.codec], rate=rate, options=_encoder_options(settings, threads)
+                    )
                     stream.width, stream.height = width, height
                     # x264/x265 need even sizes for 4:2:0; odd sizes keep full chroma instead.
                     stream.pix_fmt = "yuv444p" if width % 2 or height % 2 else "yuv420p"
@@ -189,8 +190,11 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
                 out.mux(packet)
         problem = mismatch(task, partial, settings.codec)
         if problem is not None:
-            hint = (" Use bframes=0 (--bframes 0): B-frames over large time gaps can make encoders drop or "
-                    "retime frames.") if settings.bframes else ""
+            hint = (
+                (" Use bframes=0 (--bframes 0): B-frames over large time gaps can make encoders drop or retime frames.")
+                if settings.bframes
+                else ""
+            )
             raise EncodeError(f"{task.where}: the encoded file does not keep the source frames: {problem}.{hint}")
         os.replace(partial, task.path)
     except av.FFmpegError as err:

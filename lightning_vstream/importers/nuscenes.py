@@ -92,8 +92,10 @@ def _camera_records(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequ
     for channel, records in per_camera.items():
         times = [r["timestamp"] for r in records]
         if any(b <= a for a, b in itertools.pairwise(times)):
-            raise DatasetImportError(f"scene {scene['name']!r}, camera {channel!r}: two sample_data records share a "
-                                     "timestamp; every image needs its own time.")
+            raise DatasetImportError(
+                f"scene {scene['name']!r}, camera {channel!r}: two sample_data records share a "
+                "timestamp; every image needs its own time."
+            )
     return per_camera
 
 
@@ -119,8 +121,10 @@ def scene_cycles(
     key_of = {c: {r["sample_token"]: r for r in rows if r["is_key_frame"]} for c, rows in per_camera.items()}
     key_samples = [s["token"] for s in samples if all(s["token"] in key_of[c] for c in cameras)]
     if not key_samples:
-        raise DatasetImportError(f"scene {scene['name']!r} has no sample with a key frame from every camera of "
-                                 f"{list(cameras)}; pass --cameras with cameras the scene has key frames for.")
+        raise DatasetImportError(
+            f"scene {scene['name']!r} has no sample with a key frame from every camera of "
+            f"{list(cameras)}; pass --cameras with cameras the scene has key frames for."
+        )
     anchors = {c: [key_of[c][s]["timestamp"] for s in key_samples] for c in cameras}
     used_keys = {c: {key_of[c][s]["token"] for s in key_samples} for c in cameras}
     cycles = [_Cycle(tuple(key_of[c][s] for c in cameras), s) for s in key_samples]
@@ -146,8 +150,9 @@ def scene_cycles(
             matched: list[list[dict[str, Any] | None]] = [[r] + [None] * (len(cameras) - 1) for _, r in ref_rows]
             for k, camera in enumerate(cameras[1:], start=1):
                 rows = by_camera[camera].get(seg, [])
-                pairs = sorted((abs(o - ro), i, j) for i, (ro, _) in enumerate(ref_rows)
-                               for j, (o, _) in enumerate(rows))
+                pairs = sorted(
+                    (abs(o - ro), i, j) for i, (ro, _) in enumerate(ref_rows) for j, (o, _) in enumerate(rows)
+                )
                 taken_i: set[int] = set()
                 taken_j: set[int] = set()
                 for diff, i, j in pairs:
@@ -168,19 +173,24 @@ def scene_cycles(
     return cycles, total - len(cycles) * len(cameras)
 
 
-def _calibration(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequence[str],
-                 cycles: Sequence[_Cycle]) -> tuple[np.ndarray, np.ndarray]:
+def _calibration(
+    tables: NuScenesTables, scene: dict[str, Any], cameras: Sequence[str], cycles: Sequence[_Cycle]
+) -> tuple[np.ndarray, np.ndarray]:
     intrinsics, extrinsics = [], []
     for k, camera in enumerate(cameras):
         tokens = {c.records[k]["calibrated_sensor_token"] for c in cycles}
         if len(tokens) != 1:
-            raise DatasetImportError(f"scene {scene['name']!r}, camera {camera!r} uses {len(tokens)} calibrations "
-                                     "within one scene; the importer keeps one calibration per clip.")
+            raise DatasetImportError(
+                f"scene {scene['name']!r}, camera {camera!r} uses {len(tokens)} calibrations "
+                "within one scene; the importer keeps one calibration per clip."
+            )
         cs = tables.get("calibrated_sensor", tokens.pop(), referrer=f"scene {scene['name']!r}, camera {camera!r}")
         matrix = np.asarray(cs["camera_intrinsic"], dtype=np.float64)
         if matrix.shape != (3, 3):
-            raise DatasetImportError(f"calibrated_sensor {cs['token']!r} (camera {camera!r}) has camera_intrinsic of "
-                                     f"shape {matrix.shape}; expected 3x3.")
+            raise DatasetImportError(
+                f"calibrated_sensor {cs['token']!r} (camera {camera!r}) has camera_intrinsic of "
+                f"shape {matrix.shape}; expected 3x3."
+            )
         # nuScenes puts pixel centres at integer coordinates; the package at i + 0.5 (see the augmentation).
         intrinsics.append(_HALF_PIXEL @ matrix)
         extrinsics.append(transform_matrix(cs["translation"], cs["rotation"]))
@@ -192,8 +202,13 @@ def _pose(tables: NuScenesTables, record: dict[str, Any]) -> np.ndarray:
     return transform_matrix(pose["translation"], pose["rotation"])
 
 
-def _boxes(tables: NuScenesTables, sample_token: str, ego_pose: np.ndarray, class_index: dict[str, int],
-           by_sample: dict[str, list[dict[str, Any]]]) -> dict[str, np.ndarray]:
+def _boxes(
+    tables: NuScenesTables,
+    sample_token: str,
+    ego_pose: np.ndarray,
+    class_index: dict[str, int],
+    by_sample: dict[str, list[dict[str, Any]]],
+) -> dict[str, np.ndarray]:
     rotation, origin = ego_pose[:3, :3], ego_pose[:3, 3]
     rows, labels, tokens, instances, lidar, radar = [], [], [], [], [], []
     for ann in by_sample.get(sample_token, []):
@@ -223,9 +238,14 @@ def _boxes(tables: NuScenesTables, sample_token: str, ego_pose: np.ndarray, clas
 _RAGGED = ("boxes", "labels", "box_tokens", "instance_tokens", "num_lidar_pts", "num_radar_pts")
 
 
-def _scene_annotations(tables: NuScenesTables, scene: dict[str, Any], cameras: Sequence[str],
-                       cycles: Sequence[_Cycle], class_names: Sequence[str],
-                       by_sample: dict[str, list[dict[str, Any]]]) -> dict[str, np.ndarray]:
+def _scene_annotations(
+    tables: NuScenesTables,
+    scene: dict[str, Any],
+    cameras: Sequence[str],
+    cycles: Sequence[_Cycle],
+    class_names: Sequence[str],
+    by_sample: dict[str, list[dict[str, Any]]],
+) -> dict[str, np.ndarray]:
     """The arrays of one scene's annotation file (see the annotation file format)."""
     class_index = {name: i for i, name in enumerate(class_names)}
     intrinsics, extrinsics = _calibration(tables, scene, cameras, cycles)
@@ -334,8 +354,10 @@ def import_nuscenes(
         names = {s["name"] for s in all_scenes}
         unknown = [s for s in scenes if s not in names]
         if unknown:
-            raise ConfigurationError(f"scenes {unknown} are not in {version} under {str(root)!r}; it has "
-                                     f"{len(names)} scenes, e.g. {sorted(names)[:3]}.")
+            raise ConfigurationError(
+                f"scenes {unknown} are not in {version} under {str(root)!r}; it has "
+                f"{len(names)} scenes, e.g. {sorted(names)[:3]}."
+            )
         all_scenes = [s for s in all_scenes if s["name"] in set(scenes)]
     if not all_scenes:
         raise DatasetImportError(f"{version} under {str(root)!r} lists no scenes.")
@@ -355,8 +377,11 @@ def import_nuscenes(
         for k, camera in enumerate(cams):
             files = tuple(root / c.records[k]["filename"] for c in cycles)
             missing.extend(str(f) for f in files if not f.is_file())
-            sources.append(CameraSource(scene["name"], camera, files,
-                                        tuple(int(c.records[k]["timestamp"]) for c in cycles), (1, 1_000_000)))
+            sources.append(
+                CameraSource(
+                    scene["name"], camera, files, tuple(int(c.records[k]["timestamp"]) for c in cycles), (1, 1_000_000)
+                )
+            )
     if missing:
         raise DatasetImportError(
             f"{len(missing)} camera images listed in {version}/sample_data.json are missing under {str(root)!r}, "
@@ -364,8 +389,11 @@ def import_nuscenes(
             "/ --key-frames-only when only samples/ is present)."
         )
     if left_out and progress:
-        print(f"vstream import-nuscenes: left out {left_out} camera images whose capture cycle another camera "
-              "missed (the cameras stay aligned).", file=sys.stderr)
+        print(
+            f"vstream import-nuscenes: left out {left_out} camera images whose capture cycle another camera "
+            "missed (the cameras stay aligned).",
+            file=sys.stderr,
+        )
     summary = encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)
     folder = out_dir / "annotations"
     for scene, _, arrays in plans:

@@ -23,13 +23,29 @@ from lightning_vstream.errors import DatasetImportError
 
 __all__ = ["NuScenesTables", "box_velocity", "quaternion_matrix", "transform_matrix", "yaw_of"]
 
-_REQUIRED = ("scene", "sample", "sample_data", "calibrated_sensor", "sensor", "ego_pose", "sample_annotation",
-             "instance", "category")
+_REQUIRED = (
+    "scene",
+    "sample",
+    "sample_data",
+    "calibrated_sensor",
+    "sensor",
+    "ego_pose",
+    "sample_annotation",
+    "instance",
+    "category",
+)
 _FIELDS = {
     "scene": ("token", "name", "first_sample_token"),
     "sample": ("token", "timestamp", "scene_token"),
-    "sample_data": ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "filename", "timestamp",
-                    "is_key_frame"),
+    "sample_data": (
+        "token",
+        "sample_token",
+        "ego_pose_token",
+        "calibrated_sensor_token",
+        "filename",
+        "timestamp",
+        "is_key_frame",
+    ),
     "calibrated_sensor": ("token", "sensor_token", "translation", "rotation", "camera_intrinsic"),
     "sensor": ("token", "channel", "modality"),
     "ego_pose": ("token", "translation", "rotation", "timestamp"),
@@ -53,11 +69,13 @@ def quaternion_matrix(q: Sequence[float]) -> np.ndarray:
     if not norm > 0:
         raise ValueError(f"quaternion {list(q)!r} has zero length.")
     w, x, y, z = w / norm, x / norm, y / norm, z / norm
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def transform_matrix(translation: Sequence[float], rotation: Sequence[float]) -> np.ndarray:
@@ -104,8 +122,10 @@ class NuScenesTables:
         root = Path(dataroot)
         folder = root / version
         if not root.is_dir():
-            raise DatasetImportError(f"nuScenes folder {str(root)!r} does not exist; pass the folder that holds "
-                                     f"{version}/, samples/ and sweeps/.")
+            raise DatasetImportError(
+                f"nuScenes folder {str(root)!r} does not exist; pass the folder that holds "
+                f"{version}/, samples/ and sweeps/."
+            )
         if not folder.is_dir():
             found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("v1.0"))
             raise DatasetImportError(
@@ -118,20 +138,25 @@ class NuScenesTables:
             if not path.is_file():
                 if name == "log":
                     continue
-                raise DatasetImportError(f"nuScenes table {str(path)!r} is missing; extract the full metadata "
-                                         f"archive of {version} into {str(root)!r}.")
+                raise DatasetImportError(
+                    f"nuScenes table {str(path)!r} is missing; extract the full metadata "
+                    f"archive of {version} into {str(root)!r}."
+                )
             try:
                 rows = json.loads(path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise DatasetImportError(f"nuScenes table {str(path)!r} is not valid JSON ({err}); extract it "
-                                         "again.") from None
+                raise DatasetImportError(
+                    f"nuScenes table {str(path)!r} is not valid JSON ({err}); extract it again."
+                ) from None
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
                 raise DatasetImportError(f"nuScenes table {str(path)!r} must hold a JSON list of records.")
             for i, row in enumerate(rows):
                 missing = [f for f in _FIELDS[name] if f not in row]
                 if missing:
-                    raise DatasetImportError(f"nuScenes table {str(path)!r} record {i} (token "
-                                             f"{row.get('token')!r}) lacks field(s) {missing}.")
+                    raise DatasetImportError(
+                        f"nuScenes table {str(path)!r} record {i} (token "
+                        f"{row.get('token')!r}) lacks field(s) {missing}."
+                    )
             tables[name] = rows
         return cls(tables, str(folder))
 
@@ -145,8 +170,10 @@ class NuScenesTables:
             return self._by_token[table][token]
         except KeyError:
             by = f" (referenced by {referrer})" if referrer else ""
-            raise DatasetImportError(f"nuScenes table {table}.json in {self.where!r} has no record with token "
-                                     f"{token!r}{by}; the tables are incomplete or from different versions.") from None
+            raise DatasetImportError(
+                f"nuScenes table {table}.json in {self.where!r} has no record with token "
+                f"{token!r}{by}; the tables are incomplete or from different versions."
+            ) from None
 
     def has(self, table: str, token: str) -> bool:
         return token in self._by_token.get(table, {})

@@ -171,15 +171,23 @@ def build_index(
         if missing:
             raise FileNotFoundError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
         groups = {
-            Path(os.path.normpath(root / d)): sorted((p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name))
+            Path(os.path.normpath(root / d)): sorted(
+                (p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name)
+            )
             for d in video_dirs
         }
     else:
         groups = _find_clip_folders(root)
-    jobs = [(vd, folder, name, path) for vd, folders in groups.items() for folder in folders
-            for name, path in discover_cameras(folder).items()]
+    jobs = [
+        (vd, folder, name, path)
+        for vd, folders in groups.items()
+        for folder in folders
+        for name, path in discover_cameras(folder).items()
+    ]
     if not jobs:
-        raise IndexValidationError(str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."])
+        raise IndexValidationError(
+            str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."]
+        )
     infos: dict[Path, VideoInfo] = {}
     problems: list[str] = []
     for _, folder, name, path in tqdm(jobs, desc="probing", unit="file", disable=not progress or len(jobs) < 20):
@@ -220,7 +228,9 @@ def probe_with_identity(path: Path) -> VideoInfo:
     return dataclasses.replace(info, identity=identity) if identity is not None else info
 
 
-def write_frame_tables(index_path: Path, infos: Mapping[str, VideoInfo], *, table_format: TableFormat = "binary") -> Path:
+def write_frame_tables(
+    index_path: Path, infos: Mapping[str, VideoInfo], *, table_format: TableFormat = "binary"
+) -> Path:
     """Write frame tables next to ``index_path`` and remove the other format's stale file.
 
     Returns:
@@ -237,9 +247,7 @@ def write_frame_tables(index_path: Path, infos: Mapping[str, VideoInfo], *, tabl
     return sidecar
 
 
-def write_index_tables(
-    index_path: Path | str, *, table_format: TableFormat = "binary", progress: bool = True
-) -> Path:
+def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "binary", progress: bool = True) -> Path:
     """Probe every file an existing index lists and write its frame tables (turns integrity checks on).
 
     The index file itself is left as it is, so a curated index (a subset of a dataset) keeps its
@@ -268,7 +276,9 @@ def write_index_tables(
     layout = read_index_layout(index_path)
     infos: dict[str, VideoInfo] = {}
     problems: list[str] = []
-    for key, clip_id, camera, path in tqdm(layout, desc="probing", unit="file", disable=not progress or len(layout) < 20):
+    for key, clip_id, camera, path in tqdm(
+        layout, desc="probing", unit="file", disable=not progress or len(layout) < 20
+    ):
         try:
             infos[key] = probe_with_identity(path)
         except (VideoDecodeError, OSError, ValueError) as err:

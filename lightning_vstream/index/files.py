@@ -10,7 +10,13 @@ from typing import Any
 from lightning_vstream.errors import IndexValidationError
 
 __all__ = [
-    "IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "discover_cameras", "image_files", "is_dir", "natural_key", "scan_cameras",
+    "IMAGE_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
+    "discover_cameras",
+    "image_files",
+    "is_dir",
+    "natural_key",
+    "scan_cameras",
 ]
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".ts", ".h264", ".h265", ".hevc"})
@@ -53,8 +59,13 @@ def scan_cameras(folder: str) -> dict[str, str]:
         if ext.lower() in VIDEO_EXTENSIONS and entry.is_file():
             if stem in found:
                 raise IndexValidationError(
-                    str(folder), [(f"{str(folder)!r} holds two files for camera {stem!r}: "
-                                  f"{found[stem]!r} and {entry.name!r}; keep one.")]
+                    str(folder),
+                    [
+                        (
+                            f"{str(folder)!r} holds two files for camera {stem!r}: "
+                            f"{found[stem]!r} and {entry.name!r}; keep one."
+                        )
+                    ],
                 )
             found[stem] = entry.name
         elif entry.is_dir() and image_files(Path(entry.path)):

@@ -141,12 +141,16 @@ def _difference(stored: VideoInfo, probed: VideoInfo) -> tuple[str, int] | None:
         return f"frame {moved} onwards has other timestamps than the index recorded", 0
     bad = [i for i, (a, b) in enumerate(zip(probed.crc32, stored.crc32)) if a != b]
     if bad:
-        return (f"the compressed data of frame {bad[0]} differs from the checksum recorded when the index was "
-                f"built ({len(bad)} frame(s) differ)"), bad[0]
+        return (
+            f"the compressed data of frame {bad[0]} differs from the checksum recorded when the index was "
+            f"built ({len(bad)} frame(s) differ)"
+        ), bad[0]
     if probed.frame_count != stored.frame_count:
         shorter = min(probed.frame_count, stored.frame_count)
-        return (f"it holds {probed.frame_count} frames where the index recorded {stored.frame_count} (frame "
-                f"{shorter} onwards differs)"), shorter
+        return (
+            f"it holds {probed.frame_count} frames where the index recorded {stored.frame_count} (frame "
+            f"{shorter} onwards differs)"
+        ), shorter
     return None
 
 
@@ -175,8 +179,9 @@ def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = Fa
         current = file_identity(path)
         probed = probe(path)
     except (VideoDecodeError, OSError, ValueError) as err:
-        raise FileChangedError(where, [(f"{where} changed since the index was built and can no longer be read "
-                                       f"as a video ({err}). {_FIX}")]) from None
+        raise FileChangedError(
+            where, [(f"{where} changed since the index was built and can no longer be read as a video ({err}). {_FIX}")]
+        ) from None
     difference = _difference(stored, probed)
     if difference is not None and not (damaged_ok and difference[1] > 0):
         raise FileChangedError(where, [f"{where} changed since the index was built: {difference[0]}. {_FIX}"])

@@ -68,8 +68,13 @@ def _read_json(path: Path) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise IndexValidationError(
-            where, [(f"index file {where} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
-                    "save it as UTF-8 JSON, or re-run `vstream index` to rebuild it.")]
+            where,
+            [
+                (
+                    f"index file {where} is not valid UTF-8 (byte {err.start}: {raw[err.start : err.start + 1]!r}); "
+                    "save it as UTF-8 JSON, or re-run `vstream index` to rebuild it."
+                )
+            ],
         ) from None
     try:
         return json.loads(text, object_pairs_hook=_pairs_without_duplicates(where))
@@ -100,8 +105,14 @@ def _folder_problem(folder: Path) -> str:
 
 def _bad_clip_id(clip_id: str) -> bool:
     """True unless ``clip_id`` names exactly one folder inside its video folder."""
-    return (not clip_id or clip_id in (".", "..") or "/" in clip_id or "\\" in clip_id or "\0" in clip_id
-            or clip_id != clip_id.strip("\n\r"))
+    return (
+        not clip_id
+        or clip_id in (".", "..")
+        or "/" in clip_id
+        or "\\" in clip_id
+        or "\0" in clip_id
+        or clip_id != clip_id.strip("\n\r")
+    )
 
 
 def load_index(
@@ -165,8 +176,13 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
     data = _read_json(path)
     if not isinstance(data, dict):
         raise IndexValidationError(
-            where, [(f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
-                    f"not a {type(data).__name__}.")]
+            where,
+            [
+                (
+                    f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
+                    f"not a {type(data).__name__}."
+                )
+            ],
         )
     tables, meta = _load_tables(path) if with_tables else (None, {})
     base = path.parent
@@ -212,9 +228,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         folders_seen[real] = video_dir_key
         for clip_id, count in entries.items():
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-                problems.append(
-                    f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer."
-                )
+                problems.append(f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer.")
                 continue
             if count > MAX_FRAMES:
                 problems.append(
@@ -283,7 +297,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         rows = tables.rows([k for *_, keys in pending for k in keys]).tolist()
         at = 0
         for clip_id, video_dir, count, names, paths, _ in pending:
-            mine = rows[at:at + len(names)]
+            mine = rows[at : at + len(names)]
             streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, mine))
             at += len(names)
             clips.append(Clip(clip_id, video_dir, count, streams))
@@ -359,11 +373,18 @@ def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
     bare = [cam for cam in bare if not cam.is_image_folder]  # a stat each, only for files without tables
     if not bare:
         return
-    videos = [cam for clip in clips for cam in clip.cameras
-              if os.path.splitext(str(cam.path_str))[1].lower() in VIDEO_EXTENSIONS]
+    videos = [
+        cam
+        for clip in clips
+        for cam in clip.cameras
+        if os.path.splitext(str(cam.path_str))[1].lower() in VIDEO_EXTENSIONS
+    ]
     _WARNED_NO_TABLES.add(str(path))
-    what = (f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})" if not has_tables
-            else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})")
+    what = (
+        f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})"
+        if not has_tables
+        else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})"
+    )
     warnings.warn(
         f"index {str(path)!r} {what}, so integrity checks are off for those files: their packet checksums and "
         "file fingerprints are not checked, and a replaced or corrupted file can deliver wrong frames without an "

@@ -120,9 +120,7 @@ _set_tables = _SLOTS["tables"].__set__
 _set_row = _SLOTS["row"].__set__
 
 
-def _camera(
-    name: str, path: Path | str, info: VideoInfo | None, tables: FrameTables | None, row: int
-) -> CameraStream:
+def _camera(name: str, path: Path | str, info: VideoInfo | None, tables: FrameTables | None, row: int) -> CameraStream:
     return CameraStream(name, path, info, tables=tables, row=row)
 
 

@@ -42,12 +42,27 @@ _ALIGN = 64
 _FIX = "delete it or re-run `vstream index` to rebuild it"
 # name -> dtype; the per-file arrays have one row per file, the others are concatenated.
 _PER_FILE = {
-    "codec": "<i4", "width": "<i8", "height": "<i8", "tb_num": "<i8", "tb_den": "<i8", "fps": "<f8",
-    "has_crc": "u1", "config_crc32": "<i8", "size": "<i8", "mtime_ns": "<i8", "head_crc32": "<i8",
+    "codec": "<i4",
+    "width": "<i8",
+    "height": "<i8",
+    "tb_num": "<i8",
+    "tb_den": "<i8",
+    "fps": "<f8",
+    "has_crc": "u1",
+    "config_crc32": "<i8",
+    "size": "<i8",
+    "mtime_ns": "<i8",
+    "head_crc32": "<i8",
     "tail_crc32": "<i8",
 }
-_CONCAT = {"pts": "<i8", "crc32": "<u4", "key_indices": "<i8", "key_seek": "<i8",
-           "frame_offsets": "<i8", "key_offsets": "<i8"}
+_CONCAT = {
+    "pts": "<i8",
+    "crc32": "<u4",
+    "key_indices": "<i8",
+    "key_seek": "<i8",
+    "frame_offsets": "<i8",
+    "key_offsets": "<i8",
+}
 _I64 = (-(2**63), 2**63 - 1)
 #: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
 CACHED_INFOS = 256
@@ -96,11 +111,16 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
         info = infos[k]
         ident = info.identity
         values: dict[str, Any] = {
-            "codec": codec_id[info.codec], "width": info.width, "height": info.height,
-            "tb_num": info.time_base[0], "tb_den": info.time_base[1], "fps": info.average_fps,
+            "codec": codec_id[info.codec],
+            "width": info.width,
+            "height": info.height,
+            "tb_num": info.time_base[0],
+            "tb_den": info.time_base[1],
+            "fps": info.average_fps,
             "has_crc": int(info.crc32 is not None),
             "config_crc32": -1 if info.config_crc32 is None else info.config_crc32,
-            "size": -1 if ident is None else ident.size, "mtime_ns": -1 if ident is None else ident.mtime_ns,
+            "size": -1 if ident is None else ident.size,
+            "mtime_ns": -1 if ident is None else ident.mtime_ns,
             "head_crc32": -1 if ident is None else ident.head_crc32,
             "tail_crc32": -1 if ident is None else ident.tail_crc32,
         }
@@ -117,10 +137,17 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
         ints = [v for v in column if isinstance(v, int)]
         if ints and (min(ints) < _I64[0] or max(ints) > _I64[1]):
             raise ValueError(f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed.")
-    arrays: dict[str, np.ndarray] = {name: np.asarray(rows[name], dtype=dtype).reshape(len(keys))
-                                     for name, dtype in _PER_FILE.items()}
-    concatenated = {"pts": pts, "crc32": crcs, "key_indices": key_indices, "key_seek": key_seek,
-                    "frame_offsets": frame_offsets, "key_offsets": key_offsets}
+    arrays: dict[str, np.ndarray] = {
+        name: np.asarray(rows[name], dtype=dtype).reshape(len(keys)) for name, dtype in _PER_FILE.items()
+    }
+    concatenated = {
+        "pts": pts,
+        "crc32": crcs,
+        "key_indices": key_indices,
+        "key_seek": key_seek,
+        "frame_offsets": frame_offsets,
+        "key_offsets": key_offsets,
+    }
     for name, column in concatenated.items():
         arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
     return write_table_arrays(path, encoded, codecs, arrays)
@@ -149,8 +176,13 @@ def write_table_arrays(
         >>> write_table_arrays("t.tables.bin", [b"a.mp4"], ["h264"], arrays)  # doctest: +SKIP
     """
     path = Path(path)
-    key_array = np.asarray(keys) if isinstance(keys, np.ndarray) else (
-        np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1"))
+    key_array = (
+        np.asarray(keys)
+        if isinstance(keys, np.ndarray)
+        else (
+            np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1")
+        )
+    )
     missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
     if missing:
         raise ValueError(f"frame-table arrays {missing} are missing.")
@@ -233,8 +265,15 @@ class FrameTables:
             size = self.path.stat().st_size
             self._buf = _map(self.path) if size else np.zeros(0, np.uint8)
         except OSError as err:
-            raise IndexValidationError(where, [(f"frame-table file {where} cannot be read ({err.strerror or err}); "
-                                               f"check its permissions, or {_FIX}.")]) from None
+            raise IndexValidationError(
+                where,
+                [
+                    (
+                        f"frame-table file {where} cannot be read ({err.strerror or err}); "
+                        f"check its permissions, or {_FIX}."
+                    )
+                ],
+            ) from None
         except (UnicodeDecodeError, json.JSONDecodeError, struct.error):
             raise self._bad("has a damaged header") from None
         try:

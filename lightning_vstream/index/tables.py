@@ -25,7 +25,13 @@ from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
 
 __all__ = [
-    "META_FORMAT", "META_VERSION", "VideoInfo", "cached_info", "load_metadata", "metadata_entry", "metadata_path",
+    "META_FORMAT",
+    "META_VERSION",
+    "VideoInfo",
+    "cached_info",
+    "load_metadata",
+    "metadata_entry",
+    "metadata_path",
     "table_key",
 ]
 
@@ -159,15 +165,21 @@ class VideoInfo:
                 "positive. Rebuild it with `vstream index`."
             )
         if not info.pts or any(b <= a for a, b in zip(info.pts, info.pts[1:])):
-            raise ValueError("video metadata timestamps must be non-empty and strictly increasing; rebuild it with "
-                             "`vstream index`.")
+            raise ValueError(
+                "video metadata timestamps must be non-empty and strictly increasing; rebuild it with `vstream index`."
+            )
         if info.crc32 is not None and len(info.crc32) != len(info.pts):
             raise ValueError("video metadata has a checksum list of the wrong length; rebuild it with `vstream index`.")
         if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
             raise ValueError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
-        if any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:])) or info.key_indices[-1] >= info.frame_count:
-            raise ValueError("video metadata keyframe indices must be increasing and within the frame count; rebuild "
-                             "it with `vstream index`.")
+        if (
+            any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:]))
+            or info.key_indices[-1] >= info.frame_count
+        ):
+            raise ValueError(
+                "video metadata keyframe indices must be increasing and within the frame count; rebuild "
+                "it with `vstream index`."
+            )
         return info
 
 
@@ -200,26 +212,51 @@ def load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
             return {}
         raw = meta_file.read_bytes()
     except OSError as err:
-        raise IndexValidationError(where, [(f"metadata file {where} cannot be read ({err.strerror or err}); check "
-                                           "its permissions, or delete it and rebuild it with `vstream index`.")]) from None
+        raise IndexValidationError(
+            where,
+            [
+                (
+                    f"metadata file {where} cannot be read ({err.strerror or err}); check "
+                    "its permissions, or delete it and rebuild it with `vstream index`."
+                )
+            ],
+        ) from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise IndexValidationError(where, [(f"metadata file {where} is not valid UTF-8 (byte {err.start}); delete it "
-                                           "or rebuild it with `vstream index`.")]) from None
+        raise IndexValidationError(
+            where,
+            [
+                (
+                    f"metadata file {where} is not valid UTF-8 (byte {err.start}); delete it "
+                    "or rebuild it with `vstream index`."
+                )
+            ],
+        ) from None
     except RecursionError:
-        raise IndexValidationError(where, [(f"metadata file {where} nests JSON too deeply; delete it or rebuild it "
-                                           "with `vstream index`.")]) from None
+        raise IndexValidationError(
+            where, [(f"metadata file {where} nests JSON too deeply; delete it or rebuild it with `vstream index`.")]
+        ) from None
     except json.JSONDecodeError as err:
-        raise IndexValidationError(where, [
-            (f"metadata file {where} is not valid JSON ({err.msg} at line {err.lineno}, column "
-            f"{err.colno}); delete it or rebuild it with `vstream index`.")
-        ]) from None
+        raise IndexValidationError(
+            where,
+            [
+                (
+                    f"metadata file {where} is not valid JSON ({err.msg} at line {err.lineno}, column "
+                    f"{err.colno}); delete it or rebuild it with `vstream index`."
+                )
+            ],
+        ) from None
     if not isinstance(data, dict) or data.get("format") != META_FORMAT or data.get("version") != META_VERSION:
-        raise IndexValidationError(where, [
-            (f"metadata file {where} is not a version-{META_VERSION} lightning_vstream metadata file; "
-            "delete it or rebuild it with `vstream index`.")
-        ])
+        raise IndexValidationError(
+            where,
+            [
+                (
+                    f"metadata file {where} is not a version-{META_VERSION} lightning_vstream metadata file; "
+                    "delete it or rebuild it with `vstream index`."
+                )
+            ],
+        )
     files = data.get("files", {})
     return files if isinstance(files, dict) else {}
 

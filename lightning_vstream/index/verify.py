@@ -137,8 +137,10 @@ def verify_index(
             continue
         report.frames += probed.frame_count
         if stored is None:
-            report.problems.append(f"{label}: the index holds no frame table for this file, so its checksums cannot "
-                                   "be verified; run `vstream index --tables INDEX` to record them.")
+            report.problems.append(
+                f"{label}: the index holds no frame table for this file, so its checksums cannot "
+                "be verified; run `vstream index --tables INDEX` to record them."
+            )
             continue
         content = _compare(stored, probed, counts.get(clip_id, 0), label)
         report.problems.extend(content)
@@ -149,11 +151,15 @@ def verify_index(
         if recorded.size_only:
             continue
         if (recorded.size, recorded.head_crc32, recorded.tail_crc32) != (
-                current.size, current.head_crc32, current.tail_crc32):
+            current.size,
+            current.head_crc32,
+            current.tail_crc32,
+        ):
             if not content:
                 report.problems.append(
                     f"{label}: the file changed since the index was built ({recorded.describe_difference(current)}) "
-                    "although its frames still match; run `vstream index --tables INDEX` to record it again.")
+                    "although its frames still match; run `vstream index --tables INDEX` to record it again."
+                )
         elif recorded.mtime_ns != current.mtime_ns and not content:
             report.notes.append(f"{label}: modification time changed, content unchanged.")
     return report

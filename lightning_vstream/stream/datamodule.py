@@ -168,27 +168,42 @@ class StreamVideoDataModule(pl.LightningDataModule):
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
             "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
             "frame_stride": (frame_stride, frame_stride >= 1, "an integer >= 1"),
-            "segment_length": (segment_length, segment_length is None or segment_length >= 1,
-                               "None or an integer >= 1"),
+            "segment_length": (
+                segment_length,
+                segment_length is None or segment_length >= 1,
+                "None or an integer >= 1",
+            ),
             "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
             "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_decoders": (max_open_decoders, max_open_decoders is None or max_open_decoders >= 1,
-                                  "None or an integer >= 1"),
+            "max_open_decoders": (
+                max_open_decoders,
+                max_open_decoders is None or max_open_decoders >= 1,
+                "None or an integer >= 1",
+            ),
             "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
             "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
             "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
             "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
-            "multiprocessing_context": (multiprocessing_context, multiprocessing_context in (
-                None, "fork", "forkserver", "spawn"), "None, 'fork', 'forkserver' or 'spawn'"),
+            "multiprocessing_context": (
+                multiprocessing_context,
+                multiprocessing_context in (None, "fork", "forkserver", "spawn"),
+                "None, 'fork', 'forkserver' or 'spawn'",
+            ),
             "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
             "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
-            "engine_threads": (engine_threads, engine_threads is None or engine_threads >= 1, "None or an integer >= 1"),
+            "engine_threads": (
+                engine_threads,
+                engine_threads is None or engine_threads >= 1,
+                "None or an integer >= 1",
+            ),
             "gpu_fallback": (gpu_fallback, gpu_fallback in ("none", "cpu"), "'none' or 'cpu'"),
         }
         check_arguments("StreamVideoDataModule", checks)
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
-            raise ConfigurationError("StreamVideoDataModule needs at least one of index_file, val_index_file, "
-                             "test_index_file or predict_index_file.")
+            raise ConfigurationError(
+                "StreamVideoDataModule needs at least one of index_file, val_index_file, "
+                "test_index_file or predict_index_file."
+            )
         self.index_files: dict[Stage, Path | None] = {
             "train": Path(index_file) if index_file is not None else None,
             "val": Path(val_index_file) if val_index_file is not None else None,
@@ -219,8 +234,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.augment = augment
         self.pad_annotations = pad_annotations
         if camera_frames not in ("stacked", "per_camera"):
-            raise ValueError(f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
-                             "or 'per_camera'.")
+            raise ValueError(
+                f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
+                "or 'per_camera'."
+            )
         self.camera_frames = camera_frames
         self._annotation_source: AnnotationSource | None = None
         self.engine = engine
@@ -252,7 +269,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Parse and validate the index files the stage needs (no decoder is opened)."""
         wanted: dict[str | None, tuple[Stage, ...]] = {
-            "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("predict",),
             None: ("train", "val", "test", "predict"),
         }
         self._device()
@@ -301,9 +321,17 @@ class StreamVideoDataModule(pl.LightningDataModule):
             from lightning_vstream.stream.engine_factory import build_engine_loader
 
             engine_loader = build_engine_loader(
-                index, sampler, device, threads=self.engine_threads, prefetch=self.prefetch_factor,
-                transform=self.transform, on_error=self.on_error, timeout=self.timeout,
-                decoder_threads=self.decoder_threads, gpu_fallback=self.gpu_fallback, probe=self.nvdec_probe,
+                index,
+                sampler,
+                device,
+                threads=self.engine_threads,
+                prefetch=self.prefetch_factor,
+                transform=self.transform,
+                on_error=self.on_error,
+                timeout=self.timeout,
+                decoder_threads=self.decoder_threads,
+                gpu_fallback=self.gpu_fallback,
+                probe=self.nvdec_probe,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:
@@ -351,12 +379,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         return self._loader("train")
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
-    val_dataloader = EvalLoader(
-        "val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._loader("val")
-    )
-    test_dataloader = EvalLoader(
-        "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._loader("test")
-    )
+    val_dataloader = EvalLoader("val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._loader("val"))
+    test_dataloader = EvalLoader("test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._loader("test"))
     predict_dataloader = EvalLoader(
         "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._loader("predict")
     )
@@ -373,4 +397,3 @@ class StreamVideoDataModule(pl.LightningDataModule):
             warnings.warn(f"no {split} loader has been created yet; counters are zero.", stacklevel=2)
             return DecodeStats()
         return loader.stats
-

@@ -236,7 +236,11 @@ class StreamEngine:
             return self._assemble(step, step_plan, timestamps, abandoned, self._ring[slot])
 
     def _assemble(
-        self, step: int, plan: _StepPlan, timestamps: list[float], abandoned: dict[tuple[int, int], int],
+        self,
+        step: int,
+        plan: _StepPlan,
+        timestamps: list[float],
+        abandoned: dict[tuple[int, int], int],
         buffer: torch.Tensor,
     ) -> dict[str, Any]:
         cams = self.sampler.num_cameras
@@ -284,8 +288,9 @@ class StreamEngine:
             if thread.is_alive():
                 alive.append(thread)
         if alive and timeout > 0:  # pragma: no cover - a decoder stuck inside a native call
-            log.warning("%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive),
-                        timeout)
+            log.warning(
+                "%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive), timeout
+            )
         self._threads = alive
 
     def close(self) -> None:
@@ -348,8 +353,9 @@ class StreamEngine:
         except Exception:  # closing must not hide the error that ended the run
             log.debug("closing a decoder failed", exc_info=True)
 
-    def _decoder(self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int,
-                 camera_ordinal: int) -> FrameDecoder:
+    def _decoder(
+        self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int, camera_ordinal: int
+    ) -> FrameDecoder:
         entry = decoders.get(position)
         if entry is not None and entry[0] == clip_ordinal:
             return entry[1]
@@ -363,8 +369,15 @@ class StreamEngine:
             self._stats.files_opened += 1
         return dec
 
-    def _decode_step(self, run: _Run, t: int, step: int, plan: _StepPlan, buffer: torch.Tensor,
-                     decoders: dict[int, tuple[int, FrameDecoder]]) -> None:
+    def _decode_step(
+        self,
+        run: _Run,
+        t: int,
+        step: int,
+        plan: _StepPlan,
+        buffer: torch.Tensor,
+        decoders: dict[int, tuple[int, FrameDecoder]],
+    ) -> None:
         cams = self.sampler.num_cameras
         timestamps = run.timestamps[step]
         for position in range(t, len(plan.reads) * cams, self.num_threads):
@@ -420,8 +433,9 @@ class StreamEngine:
             "same size."
         )
 
-    def _abandon(self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int,
-                 err: VideoDecodeError) -> None:
+    def _abandon(
+        self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: VideoDecodeError
+    ) -> None:
         path = str(self.index.clips[read.clip].cameras[camera].path)
         with run.cond:
             key = (slot, read.segment)
@@ -436,8 +450,9 @@ class StreamEngine:
             if path not in self._bad_files:
                 self._bad_files.add(path)
                 self._stats.bad_files = len(self._bad_files)
-                log.warning("skipping clip %r from frame %d on: %s", self.index.clips[read.clip].clip_id, read.frame,
-                            err)
+                log.warning(
+                    "skipping clip %r from frame %d on: %s", self.index.clips[read.clip].clip_id, read.frame, err
+                )
 
     # -- counters --------------------------------------------------------------------------
     @property

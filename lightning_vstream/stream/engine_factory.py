@@ -62,7 +62,14 @@ def build_engine_loader(
         backend = HostDevice()
         factory = pyav_factory(threads=decoder_threads)
     engine = StreamEngine(
-        index=index, sampler=sampler, device=backend, decoder_factory=factory, num_threads=threads,
-        prefetch=prefetch, transform=transform, on_error=on_error, timeout=timeout,
+        index=index,
+        sampler=sampler,
+        device=backend,
+        decoder_factory=factory,
+        num_threads=threads,
+        prefetch=prefetch,
+        transform=transform,
+        on_error=on_error,
+        timeout=timeout,
     )
     return EngineLoader(engine)

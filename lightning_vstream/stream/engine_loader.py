@@ -72,8 +72,9 @@ def nvdec_factory(
         dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency)
         if fallback == "none":
             return dec
-        return _FallbackDecoder(dec, lambda: _CopyingDecoder(PyAVDecoder(path, info=info, threads=cpu_threads,
-                                                                         label=label), target))
+        return _FallbackDecoder(
+            dec, lambda: _CopyingDecoder(PyAVDecoder(path, info=info, threads=cpu_threads, label=label), target)
+        )
 
     return make
 

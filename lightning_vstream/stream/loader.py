@@ -206,8 +206,9 @@ class StreamSampler(DistributedSampler):
                 parts[position % self.num_parts].append(
                     StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
                 )
-        return [StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape)
-                for p, reads in enumerate(parts)]
+        return [
+            StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape) for p, reads in enumerate(parts)
+        ]
 
     def __iter__(self) -> Iterator[StreamTask]:
         self._issued.clear()
@@ -406,10 +407,13 @@ class StreamDataLoader(DataLoader):
             if isinstance(err, VStreamError) or not _TORCH_WORKER_FAILURE.search(str(err)):
                 raise
             what = "stalled" if "timed out" in str(err) else "died"
-            hint = ("A worker stalls when a file system stops answering or a decoder hangs: check the files named, "
-                    "or raise `timeout` if decoding is only slow." if what == "stalled" else
-                    "A worker is usually killed for memory: check its memory limit (the kernel log lists OOM "
-                    "kills) and the files named.")
+            hint = (
+                "A worker stalls when a file system stops answering or a decoder hangs: check the files named, "
+                "or raise `timeout` if decoding is only slow."
+                if what == "stalled"
+                else "A worker is usually killed for memory: check its memory limit (the kernel log lists OOM "
+                "kills) and the files named."
+            )
             raise WorkerError(
                 f"{err} while waiting for part {part} of step {step} ({self._describe(step, part)}): a decoding "
                 f"worker {what} and the workers were stopped. {hint}"
@@ -422,8 +426,13 @@ class StreamDataLoader(DataLoader):
         if entry is None:
             return "reads unknown"
         cams = sampler.num_cameras
-        positions = [slot * cams + camera for slot, read in enumerate(entry[0]) if read is not None
-                     for camera in range(cams) if (slot * cams + camera) % sampler.num_parts == part]
+        positions = [
+            slot * cams + camera
+            for slot, read in enumerate(entry[0])
+            if read is not None
+            for camera in range(cams)
+            if (slot * cams + camera) % sampler.num_parts == part
+        ]
         if not positions:
             return "no reads"
         read = entry[0][positions[0] // cams]
@@ -487,8 +496,7 @@ class StreamDataLoader(DataLoader):
             self._skips.skipped_clips += 1
             if path not in self._bad_files:
                 self._bad_files.add(path)
-                log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id,
-                            read.frame, error)
+                log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id, read.frame, error)
         num_steps = sampler.schedule().num_steps
         # A slot-step is lost to a skip when it holds no frame although it was due one: its read
         # failed or belongs to a clip given up, or (read None) the slot ran past the plan's end
@@ -550,9 +558,12 @@ class StreamDataLoader(DataLoader):
                 if valid[position // cams]:
                     matrices[position] = torch.from_numpy(matrix)
         add_annotations(
-            batch, items if dataset.annotations is not None else None,
-            ragged=getattr(dataset.annotations, "ragged", ()), pad=dataset.pad_annotations,
-            matrices=matrices if dataset.has_geometry else None, cameras=cams,
+            batch,
+            items if dataset.annotations is not None else None,
+            ragged=getattr(dataset.annotations, "ragged", ()),
+            pad=dataset.pad_annotations,
+            matrices=matrices if dataset.has_geometry else None,
+            cameras=cams,
         )
 
     def _check_sizes(
@@ -579,9 +590,14 @@ class StreamDataLoader(DataLoader):
             read = reads[pos // cams]
             assert read is not None
             where = StreamRead(pos, read.clip, pos % cams, read.frame, read.segment)
-            err = frame_size_error(index, where, tuple(frame.shape), shape,
-                                   got_dtype=frame.dtype if frame.dtype != dtype else None,
-                                   expected_dtype=dtype if frame.dtype != dtype else None)
+            err = frame_size_error(
+                index,
+                where,
+                tuple(frame.shape),
+                shape,
+                got_dtype=frame.dtype if frame.dtype != dtype else None,
+                expected_dtype=dtype if frame.dtype != dtype else None,
+            )
             if self.dataset.on_error == "raise":  # type: ignore[attr-defined]
                 raise err
             self._skips.read_errors += 1
@@ -598,7 +614,12 @@ class StreamDataLoader(DataLoader):
         return buffer
 
     def _merge_parts(
-        self, step: int, parts: list[StreamPart], rows: dict[int, torch.Tensor], valid: list[bool], cams: int,
+        self,
+        step: int,
+        parts: list[StreamPart],
+        rows: dict[int, torch.Tensor],
+        valid: list[bool],
+        cams: int,
         batch_size: int,
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
         if self._template is None:
@@ -631,8 +652,9 @@ class StreamDataLoader(DataLoader):
                 self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
             template = self._camera_templates.get(cam)
             if template is None:
-                raise RuntimeError(f"every read of camera {cam} failed at step {step}; no frame size is known yet to "
-                                   "pad with.")
+                raise RuntimeError(
+                    f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
+                )
             shape, dtype, device = template
             pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
             frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pin)
@@ -730,7 +752,10 @@ class StreamDataLoader(DataLoader):
             skips = self._skips_before(step)
         shifts, pending, abandoned = skips
         return {
-            "version": STATE_VERSION, "epoch": epoch, "step": step, "shifts": list(shifts),
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "step": step,
+            "shifts": list(shifts),
             "pending_shifts": [list(change) for change in pending],
             "abandoned": [list(pair) for pair in sorted(abandoned)],
             **self._config(),
@@ -753,8 +778,9 @@ class StreamDataLoader(DataLoader):
         self._resume = (int(state["epoch"]), int(state["step"]))
         shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
         if len(shifts) != sampler.batch_size:
-            raise ResumeStateError(f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size="
-                                   f"{sampler.batch_size}.")
+            raise ResumeStateError(
+                f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
+            )
         pending = [_ints(change, 3, "pending_shifts", sampler.batch_size) for change in state.get("pending_shifts", [])]
         abandoned = {_ints(pair, 2, "abandoned", sampler.batch_size) for pair in state.get("abandoned", [])}
         self._resume_skips = (shifts, pending, abandoned)  # type: ignore[assignment]

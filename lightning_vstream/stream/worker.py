@@ -137,8 +137,17 @@ class DecodeStats:
         return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
 
     def _values(self) -> tuple[int, ...]:
-        return (self.frames_decoded, self.frames_delivered, self.seeks, self.files_opened, self.read_errors,
-                self.skipped_clips, self.skipped_samples, self.bad_files, self.missing_annotations)
+        return (
+            self.frames_decoded,
+            self.frames_delivered,
+            self.seeks,
+            self.files_opened,
+            self.read_errors,
+            self.skipped_clips,
+            self.skipped_samples,
+            self.bad_files,
+            self.missing_annotations,
+        )
 
 
 @dataclass
@@ -332,7 +341,9 @@ class StreamDataset(Dataset):
             image = image.to(self.device)  # image folders decode on the CPU
         return image
 
-    def _deliver(self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]) -> torch.Tensor:
+    def _deliver(
+        self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]
+    ) -> torch.Tensor:
         """Decode one camera frame (into ``out`` when given), then augment and transform it.
 
         ``out`` is given only when nothing follows the decoder (see ``direct`` in
@@ -361,10 +372,17 @@ class StreamDataset(Dataset):
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         # Decode straight into the batch when nothing is left to do after the decoder.
-        direct = buffer is not None and self.augment is None and (
-            self.transform is None
-            or (self._decode_size is not None and isinstance(self.transform, FrameTransform)
-                and self.transform.is_resize_only)
+        direct = (
+            buffer is not None
+            and self.augment is None
+            and (
+                self.transform is None
+                or (
+                    self._decode_size is not None
+                    and isinstance(self.transform, FrameTransform)
+                    and self.transform.is_resize_only
+                )
+            )
         )
         annotations: dict[int, dict[str, Any]] = {}
         missing: list[tuple[int, str]] = []
@@ -388,8 +406,14 @@ class StreamDataset(Dataset):
                 if row is not None and image.data_ptr() != row.data_ptr():
                     # Augmented, transformed, or from a decoder that does not write into ``out``.
                     if image.dtype != row.dtype:
-                        raise frame_size_error(self.index, read, tuple(image.shape), tuple(row.shape),
-                                               got_dtype=image.dtype, expected_dtype=row.dtype)
+                        raise frame_size_error(
+                            self.index,
+                            read,
+                            tuple(image.shape),
+                            tuple(row.shape),
+                            got_dtype=image.dtype,
+                            expected_dtype=row.dtype,
+                        )
                     row.copy_(image)
             except VideoDecodeError as err:
                 if self.on_error == "raise":
@@ -418,8 +442,19 @@ class StreamDataset(Dataset):
                 if tensor is not None and tensor.device.type == "cpu":
                     tensor.share_memory_()
         return StreamPart(
-            task.epoch, task.step, task.part, worker_key, [r.position for r in task.reads], frames, timestamps,
-            self.stats, failed, annotations, missing, geometry, images,
+            task.epoch,
+            task.step,
+            task.part,
+            worker_key,
+            [r.position for r in task.reads],
+            frames,
+            timestamps,
+            self.stats,
+            failed,
+            annotations,
+            missing,
+            geometry,
+            images,
         )
 
     @property
@@ -458,8 +493,9 @@ class StreamDataset(Dataset):
             self._draws[key] = params
         return params
 
-    def _annotate(self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]],
-                  missing: list[tuple[int, str]]) -> None:
+    def _annotate(
+        self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]], missing: list[tuple[int, str]]
+    ) -> None:
         assert self.annotations is not None
         slot = read.position // len(self.index.camera_names)
         clip_id = self.index.clips[read.clip].clip_id
@@ -472,8 +508,9 @@ class StreamDataset(Dataset):
             return
         # Small CPU tensors travel back as numpy arrays: pickled by value, where torch would
         # give every tensor its own shared-memory segment (most of the cost, measured).
-        out[slot] = {k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
-                     for k, v in found.items()}
+        out[slot] = {
+            k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in found.items()
+        }
 
 
 def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
@@ -492,8 +529,13 @@ def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tenso
 
 
 def frame_size_error(
-    index: VideoIndex, read: StreamRead, got: tuple[int, ...], expected: tuple[int, ...], *,
-    got_dtype: torch.dtype | None = None, expected_dtype: torch.dtype | None = None,
+    index: VideoIndex,
+    read: StreamRead,
+    got: tuple[int, ...],
+    expected: tuple[int, ...],
+    *,
+    got_dtype: torch.dtype | None = None,
+    expected_dtype: torch.dtype | None = None,
 ) -> FrameSizeError:
     """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
     clip = index.clips[read.clip]
