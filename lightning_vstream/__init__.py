@@ -11,6 +11,7 @@ change between releases.
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
+from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -59,10 +60,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AnnotationFiles",
+    "AnnotationSource",
     "ClipRequest",
     "ClipVideoDataModule",
     "FrameTransform",
     "FrameWindow",
+    "GeometryAugment",
     "IndexValidationError",
     "StreamVideoDataModule",
     "TimeWindow",

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream.errors import ConfigurationError
+
 __all__ = ["main"]
 
 
@@ -61,19 +63,19 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; pass one of them."
         )
     if modes:
         flag = "--" + modes[0].replace("_", "-")
         if Path(args.root).is_dir():
-            raise ValueError(
+            raise ConfigurationError(
                 f"{str(args.root)!r} is a folder; {flag} works on an index file, e.g. "
                 f"`vstream index {flag} {Path(args.root) / 'index.json'}`."
             )
         return {"check": _check, "quick_check": _quick_check, "tables": _tables}[modes[0]](args)
     if Path(args.root).is_file():
-        raise ValueError(
+        raise ConfigurationError(
             f"{str(args.root)!r} is a file; `vstream index` scans a dataset folder. To validate an "
             "existing index file, run `vstream index --check INDEX_FILE`."
         )

@@ -18,14 +18,18 @@ __all__ = [
     "AnnotationError",
     "ConfigurationError",
     "ConfigurationTypeError",
+    "DataFormatError",
     "DatasetImportError",
     "DecoderCapabilityError",
     "EncodeError",
     "FileChangedError",
     "FrameSizeError",
     "IndexValidationError",
+    "MissingDependencyError",
+    "MissingFileError",
     "ResumeStateError",
     "StepMismatchError",
+    "UsageError",
     "VStreamError",
     "VideoDecodeError",
     "WorkerError",
@@ -112,3 +116,19 @@ class FileChangedError(IndexValidationError, VideoDecodeError):
     camera) and says to re-run ``vstream index``. Also an :class:`IndexValidationError` and a
     :class:`VideoDecodeError`, so either handler catches it.
     """
+
+
+class DataFormatError(VStreamError, ValueError):
+    """A file's content (an index, its frame tables, a timestamps file) is malformed; the message names the file."""
+
+
+class MissingFileError(VStreamError, FileNotFoundError):
+    """A file or folder that an index, a request or an argument names does not exist."""
+
+
+class MissingDependencyError(VStreamError, ImportError):
+    """An optional package a feature needs is not installed (or cannot be imported); the message says which."""
+
+
+class UsageError(VStreamError, RuntimeError):
+    """A method was called out of order (a loader before ``setup()``), or an internal invariant broke."""

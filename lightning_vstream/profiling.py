@@ -37,6 +37,8 @@ import threading
 from contextlib import ContextDecorator
 from typing import Any
 
+from lightning_vstream.errors import ConfigurationTypeError
+
 __all__ = [
     "NVTX_DOMAIN",
     "RANGE_COLLATE",
@@ -137,7 +139,7 @@ class nvtx_range(ContextDecorator):
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
-            raise TypeError(f"nvtx_range name must be a non-empty string, got {name!r}.")
+            raise ConfigurationTypeError(f"nvtx_range name must be a non-empty string, got {name!r}.")
         self.name = name
 
     def __enter__(self) -> nvtx_range:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from lightning_vstream.decode.base import Layout
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
 
 if TYPE_CHECKING:
@@ -47,18 +48,20 @@ _LAYOUTS = ("chw", "hwc")
 
 def _int_tuple(name: str, value: Any, length: int, fields: str) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != length:
-        raise ValueError(f"{name}={value!r} must be {length} integers ({fields}).")
+        raise ConfigurationError(f"{name}={value!r} must be {length} integers ({fields}).")
     items = tuple(value)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-        raise TypeError(f"{name}={value!r} must hold integers ({fields}), not {[type(v).__name__ for v in items]}.")
+        raise ConfigurationTypeError(
+            f"{name}={value!r} must hold integers ({fields}), not {[type(v).__name__ for v in items]}."
+        )
     return items
 
 
 def _float_triple(name: str, value: Any) -> tuple[float, float, float]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3:
-        raise ValueError(f"{name}={value!r} must be 3 numbers, one per RGB channel, in 0..1 units.")
+        raise ConfigurationError(f"{name}={value!r} must be 3 numbers, one per RGB channel, in 0..1 units.")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise TypeError(f"{name}={value!r} must hold numbers, one per RGB channel.")
+        raise ConfigurationTypeError(f"{name}={value!r} must hold numbers, one per RGB channel.")
     a, b, c = (float(v) for v in value)
     return a, b, c
 
@@ -66,7 +69,7 @@ def _float_triple(name: str, value: Any) -> tuple[float, float, float]:
 def _check_crop(crop: tuple[int, ...], height: int, width: int) -> None:
     top, left, crop_h, crop_w = crop
     if top + crop_h > height or left + crop_w > width:
-        raise ValueError(
+        raise ConfigurationError(
             f"crop (top={top}, left={left}, height={crop_h}, width={crop_w}) reaches row {top + crop_h} "
             f"and column {left + crop_w}, but the frames are {height} x {width} (height x width); "
             "shrink the crop or move it inside the frame."
@@ -123,31 +126,31 @@ class FrameTransform:
             crop = _int_tuple("crop", self.crop, 4, "top, left, height, width")
             top, left, height, width = crop
             if top < 0 or left < 0:
-                raise ValueError(f"crop={crop!r}: top and left must be >= 0.")
+                raise ConfigurationError(f"crop={crop!r}: top and left must be >= 0.")
             if height <= 0 or width <= 0:
-                raise ValueError(f"crop={crop!r}: height and width must be positive.")
+                raise ConfigurationError(f"crop={crop!r}: height and width must be positive.")
             object.__setattr__(self, "crop", crop)
         if self.resize is not None:
             resize = _int_tuple("resize", self.resize, 2, "height, width")
             if resize[0] <= 0 or resize[1] <= 0:
-                raise ValueError(f"resize={resize!r}: height and width must be positive.")
+                raise ConfigurationError(f"resize={resize!r}: height and width must be positive.")
             object.__setattr__(self, "resize", resize)
         if not isinstance(self.antialias, bool):
-            raise TypeError(f"antialias={self.antialias!r} must be True or False.")
+            raise ConfigurationTypeError(f"antialias={self.antialias!r} must be True or False.")
         if (self.mean is None) != (self.std is None):
-            raise ValueError(f"mean={self.mean!r} and std={self.std!r}: give both to normalize, or neither.")
+            raise ConfigurationError(f"mean={self.mean!r} and std={self.std!r}: give both to normalize, or neither.")
         if self.mean is not None and self.std is not None:
             object.__setattr__(self, "mean", _float_triple("mean", self.mean))
             std = _float_triple("std", self.std)
             if any(s <= 0 for s in std):
-                raise ValueError(f"std={std!r} must be positive for every channel.")
+                raise ConfigurationError(f"std={std!r} must be positive for every channel.")
             object.__setattr__(self, "std", std)
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {list(_DTYPES)}.")
+            raise ConfigurationError(f"dtype={self.dtype!r} is not supported; use one of {list(_DTYPES)}.")
         if self.layout not in _LAYOUTS:
-            raise ValueError(f"layout={self.layout!r} is not supported; use 'chw' or 'hwc'.")
+            raise ConfigurationError(f"layout={self.layout!r} is not supported; use 'chw' or 'hwc'.")
         if self.mean is not None and self.dtype == "uint8":
-            raise ValueError(
+            raise ConfigurationError(
                 "mean/std normalization produces negative and fractional values, which dtype='uint8' "
                 "cannot hold; pick dtype='float32', 'float16' or 'bfloat16', or drop mean and std."
             )
@@ -227,14 +230,16 @@ class FrameTransform:
         import torch
 
         if not isinstance(frames, torch.Tensor):
-            raise TypeError(f"FrameTransform expects a torch.Tensor of frames, got {type(frames).__name__}.")
+            raise ConfigurationTypeError(
+                f"FrameTransform expects a torch.Tensor of frames, got {type(frames).__name__}."
+            )
         if frames.dtype != torch.uint8:
-            raise TypeError(
+            raise ConfigurationTypeError(
                 f"FrameTransform expects uint8 frames as decoders produce them, got {frames.dtype}; "
                 "apply it before any other conversion."
             )
         if frames.dim() < 3 or frames.shape[-3] != 3:
-            raise ValueError(
+            raise ConfigurationError(
                 f"FrameTransform expects frames shaped [..., 3, H, W] (RGB, channels first), got "
                 f"{tuple(frames.shape)}; decode with layout='chw'."
             )

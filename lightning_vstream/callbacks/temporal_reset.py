@@ -23,6 +23,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+
 __all__ = ["ResetFn", "TemporalStateReset"]
 
 #: Signature of a user-given reset function: ``fn(model, mask)``; ``mask`` is None to reset all.
@@ -68,15 +70,17 @@ class TemporalStateReset(pl.Callback):
     ) -> None:
         super().__init__()
         if fn is not None and not callable(fn):
-            raise TypeError(f"TemporalStateReset: fn={fn!r} is not callable; pass a function fn(model, mask).")
+            raise ConfigurationTypeError(
+                f"TemporalStateReset: fn={fn!r} is not callable; pass a function fn(model, mask)."
+            )
         if not isinstance(method, str) or not method or any(not part.isidentifier() for part in method.split(".")):
-            raise ValueError(
+            raise ConfigurationError(
                 f"TemporalStateReset: method={method!r} is not a method name; pass the name of the model's reset "
                 "method, for example 'reset_temporal_state' or 'memory.reset'."
             )
         unknown = sorted(set(stages) - {"train", "val", "test", "predict"})
         if unknown:
-            raise ValueError(
+            raise ConfigurationError(
                 f"TemporalStateReset: stages={tuple(stages)!r} holds unknown loop(s) {unknown}; "
                 "use any of 'train', 'val', 'test', 'predict'."
             )
@@ -96,7 +100,7 @@ class TemporalStateReset(pl.Callback):
                 break
         if owner is None or not callable(owner):
             found = "is not callable" if owner is not None else "is missing"
-            raise TypeError(
+            raise ConfigurationTypeError(
                 f"TemporalStateReset: {type(pl_module).__name__}.{self.method} {found}. Add a method "
                 f"`def {self.method.rsplit('.', 1)[-1]}(self, mask: torch.Tensor | None) -> None` that forgets "
                 "the temporal state of the slots where mask is True (all slots when mask is None), pass "
@@ -119,7 +123,7 @@ class TemporalStateReset(pl.Callback):
             got = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
             if isinstance(mask, torch.Tensor):
                 got += f" whose 'is_first' is {mask.dtype} of shape {tuple(mask.shape)}"
-            raise ValueError(
+            raise ConfigurationError(
                 f"TemporalStateReset needs {stage} batches holding 'is_first', a BoolTensor [slots] "
                 f"(StreamVideoDataModule batches do), but got {got}. Remove the callback for other data, or "
                 f"pass stages=... without {stage!r}."

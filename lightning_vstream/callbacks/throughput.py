@@ -31,6 +31,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+
 __all__ = ["StreamThroughputMonitor"]
 
 #: Metric names are prefixed with the stage, as Lightning's ThroughputMonitor does.
@@ -132,9 +134,11 @@ class StreamThroughputMonitor(pl.Callback):
     ) -> None:
         super().__init__()
         if not _positive_int(window):
-            raise ValueError(f"StreamThroughputMonitor: window={window!r} is invalid; expected an integer >= 1.")
+            raise ConfigurationError(
+                f"StreamThroughputMonitor: window={window!r} is invalid; expected an integer >= 1."
+            )
         if log_every_n_steps is not None and not _positive_int(log_every_n_steps):
-            raise ValueError(
+            raise ConfigurationError(
                 f"StreamThroughputMonitor: log_every_n_steps={log_every_n_steps!r} is invalid; expected an integer "
                 ">= 1, or None for the Trainer's log_every_n_steps."
             )
@@ -268,7 +272,7 @@ def _count(batch: Any) -> tuple[torch.Tensor | int, int]:
     frames = batch.get("frames") if isinstance(batch, dict) else None
     if not isinstance(frames, torch.Tensor) or frames.dim() < 2:
         got = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
-        raise TypeError(
+        raise ConfigurationTypeError(
             "StreamThroughputMonitor counts frames of streaming batches: dicts whose 'frames' tensor is "
             f"[slots, cameras, ...] (as StreamVideoDataModule yields), but the training batch is {got}. "
             "Remove the callback for other data, or yield such dicts."

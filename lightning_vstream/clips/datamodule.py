@@ -33,7 +33,7 @@ from lightning_vstream.clips.selection import (
     random_clips,
     regular_clips,
 )
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, UsageError
 from lightning_vstream.index import VideoIndex, load_index
 
 __all__ = ["ClipVideoDataModule"]
@@ -345,7 +345,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def _index(self, split: Stage) -> VideoIndex:
         index = self._indexes.get(split)
         if index is None:
-            raise RuntimeError(f"ClipVideoDataModule.setup() must run before the {split} loader is built.")
+            raise UsageError(f"ClipVideoDataModule.setup() must run before the {split} loader is built.")
         return index
 
     def _epoch(self) -> int:

@@ -33,7 +33,7 @@ from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
-from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class DecoderCache:
         size: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
+            raise ConfigurationError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
         self.capacity = capacity
         self.layout = layout
         self.decoder_threads = decoder_threads
@@ -280,11 +280,15 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         frame_policy: FramePolicy = "exact",
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
-            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
+            raise ConfigurationError(
+                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
+            )
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if transform is not None and not callable(transform):
-            raise TypeError(f"transform={transform!r} is not callable; pass a callable on frame tensors or None.")
+            raise ConfigurationTypeError(
+                f"transform={transform!r} is not callable; pass a callable on frame tensors or None."
+            )
         if frame_policy not in FRAME_POLICIES:
             raise ConfigurationError(
                 f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
@@ -309,9 +313,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.decode_device = decode_device
         self.frame_policy: FramePolicy = frame_policy
         if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
-            raise ValueError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
+            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
-            raise ValueError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
+            raise ConfigurationError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.index = index if isinstance(index, VideoIndex) else load_index(index)
         self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
         names = camera_names(cameras)
@@ -329,14 +333,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.requests: list[ClipRequest] = list(requests)
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
-                raise TypeError(
+                raise ConfigurationTypeError(
                     f"requests[{pos}] is a {type(request).__name__}; build requests with at_indices(), "
                     "at_times(), multi_rate(), random_clips() or regular_clips()."
                 )
             self._check(request, f"requests[{pos}]")
         unknown = [n for n in self.cameras if n not in self.index.camera_names]
         if unknown or not self.cameras:
-            raise ValueError(
+            raise ConfigurationError(
                 f"cameras={list(self.cameras)!r}: {unknown or 'no cameras'} not in the index {self._where()}, "
                 f"whose cameras are {list(self.index.camera_names)}."
             )
@@ -360,7 +364,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         clip = self._clips.get(request.clip_id)
         if clip is None:
             known = ", ".join(repr(c) for c in list(self._clips)[:5])
-            raise ValueError(
+            raise ConfigurationError(
                 f"{origin}: clip {request.clip_id!r} is not in the index {self._where()} (clips include {known}); "
                 "check the clip id, or rebuild the index with `vstream index`."
             )
@@ -371,7 +375,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         names = request.cameras if request.cameras is not None else self.cameras
         missing = [n for n in names if n not in by_name]
         if missing:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(by_name)}); "
                 "request cameras that the index lists, or load the index with those cameras."
             )
@@ -471,7 +475,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         per_camera = self.camera_frames == "per_camera"
         if self.size is None and len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
-            raise ValueError(
+            raise ConfigurationError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
                 "cameras, so request them separately (cameras=[...]), pass size=(height, width) to resize "
                 "them while decoding, augment=GeometryAugment(output_size=...) to resize every camera with its "
@@ -684,7 +688,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     import torch
 
     if not samples:
-        raise ValueError("collate_clips got an empty list of samples.")
+        raise ConfigurationError("collate_clips got an empty list of samples.")
     valid = [s for s in samples if s.get("valid", True)]
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
@@ -696,12 +700,12 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
-            raise ValueError(
+            raise ConfigurationError(
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
         if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
-            raise ValueError(
+            raise ConfigurationError(
                 f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
                 f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
@@ -745,7 +749,7 @@ def _load_table_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise ConfigurationError(
             f"frame-table cache {str(path)!r} is not valid JSON ({err.msg} at line {err.lineno}); delete it."
         ) from None
     return data if isinstance(data, dict) else {}
@@ -786,14 +790,16 @@ def index_from_files(
 
     files = [Path(p).resolve() for p in paths]
     if not files:
-        raise ValueError("index_from_files needs at least one path.")
+        raise ConfigurationError("index_from_files needs at least one path.")
     names = [p.stem if p.is_file() else p.name for p in files] if ids is None else list(ids)
     if len(names) != len(files):
-        raise ValueError(f"ids has {len(names)} entries but {len(files)} paths were given; pass one id per path.")
+        raise ConfigurationError(
+            f"ids has {len(names)} entries but {len(files)} paths were given; pass one id per path."
+        )
     seen: dict[str, Path] = {}
     for name, path in zip(names, files):
         if name in seen:
-            raise ValueError(
+            raise ConfigurationError(
                 f"clip id {name!r} is used by both {str(seen[name])!r} and {str(path)!r}; pass ids=[...] "
                 "with one distinct id per path."
             )
@@ -804,7 +810,7 @@ def index_from_files(
     clips = []
     for name, path in zip(names, files):
         if not path.exists():
-            raise FileNotFoundError(f"{str(path)!r} (clip {name!r}) does not exist.")
+            raise MissingFileError(f"{str(path)!r} (clip {name!r}) does not exist.")
         stat = path.stat()
         key = [stat.st_size if path.is_file() else None, stat.st_mtime_ns]
         entry = cache.get(str(path))

@@ -139,11 +139,13 @@ class ClipRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.clip_id, str) or not self.clip_id:
-            raise TypeError(f"clip_id={self.clip_id!r} must be a non-empty string (a clip id from the index).")
+            raise ConfigurationTypeError(
+                f"clip_id={self.clip_id!r} must be a non-empty string (a clip id from the index)."
+            )
         frames = tuple(self.frames)
         times = tuple(self.times)
         if bool(frames) == bool(times):
-            raise ValueError(
+            raise ConfigurationError(
                 f"request for clip {self.clip_id!r} must give either frames or times (exactly one, non-empty); "
                 f"got frames={frames!r}, times={times!r}."
             )
@@ -153,18 +155,18 @@ class ClipRequest:
                     raise TypeError
                 operator.index(f)
             except TypeError:
-                raise TypeError(
+                raise ConfigurationTypeError(
                     f"request for clip {self.clip_id!r}: frame {f!r} is a {type(f).__name__}; "
                     "frame indices must be integers (use times=... for seconds)."
                 ) from None
         if self.policy not in _POLICIES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"request for clip {self.clip_id!r}: policy={self.policy!r} is not supported; "
                 f"use 'nearest' or 'at_or_before'."
             )
         cameras = camera_names(self.cameras)
         if cameras is not None and (not cameras or len(set(cameras)) != len(cameras)):
-            raise ValueError(
+            raise ConfigurationError(
                 f"request for clip {self.clip_id!r}: cameras={cameras!r} must be None (all cameras) or a "
                 "non-empty list of distinct camera names."
             )
@@ -209,18 +211,22 @@ def at_times(
 def _check_segments(segments: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
     checked: list[tuple[float, int]] = []
     if not segments:
-        raise ValueError("segments must hold at least one (rate, count) pair, for example [(1.0, 8), (2.0, 8)].")
+        raise ConfigurationError(
+            "segments must hold at least one (rate, count) pair, for example [(1.0, 8), (2.0, 8)]."
+        )
     for k, segment in enumerate(segments):
         try:
             rate, count = segment
         except (TypeError, ValueError):
-            raise ValueError(f"segments[{k}]={segment!r} must be a (rate in fps, number of frames) pair.") from None
+            raise ConfigurationError(
+                f"segments[{k}]={segment!r} must be a (rate in fps, number of frames) pair."
+            ) from None
         if isinstance(rate, bool) or not (isinstance(rate, numbers.Real) and 0 < rate < math.inf):
             raise ConfigurationError(
                 f"segments[{k}]: rate {rate!r} must be a positive, finite number of frames per second."
             )
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"segments[{k}]: count {count!r} must be a positive integer number of frames.")
+            raise ConfigurationError(f"segments[{k}]: count {count!r} must be a positive integer number of frames.")
         checked.append((float(rate), count))
     return checked
 
@@ -310,7 +316,7 @@ def resolve_times(
         [1, 1]
     """
     if policy not in _POLICIES:
-        raise ValueError(f"policy={policy!r} is not supported; use 'nearest' or 'at_or_before'.")
+        raise ConfigurationError(f"policy={policy!r} is not supported; use 'nearest' or 'at_or_before'.")
     # Search the integer pts directly: building every frame's time in seconds would make each
     # request cost time proportional to the video's length.
     num, den = info.time_base
@@ -369,7 +375,7 @@ class FrameWindow:
         for name in ("count", "stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"FrameWindow {name}={value!r} must be a positive integer.")
+                raise ConfigurationError(f"FrameWindow {name}={value!r} must be a positive integer.")
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -404,7 +410,9 @@ class TimeWindow:
     def __post_init__(self) -> None:
         object.__setattr__(self, "segments", tuple(_check_segments(self.segments)))
         if self.policy not in _POLICIES:
-            raise ValueError(f"TimeWindow policy={self.policy!r} is not supported; use 'nearest' or 'at_or_before'.")
+            raise ConfigurationError(
+                f"TimeWindow policy={self.policy!r} is not supported; use 'nearest' or 'at_or_before'."
+            )
 
     @classmethod
     def at_rate(cls, rate: float, count: int, *, policy: TimePolicy = "nearest") -> TimeWindow:
@@ -436,7 +444,9 @@ def _reference(clip: Clip, cameras: Sequence[str] | None) -> CameraStream:
     for cam in clip.cameras:
         if cam.name == cameras[0]:
             return cam
-    raise ValueError(f"clip {clip.clip_id!r} has no camera {cameras[0]!r} (cameras: {list(clip.camera_names)}).")
+    raise ConfigurationError(
+        f"clip {clip.clip_id!r} has no camera {cameras[0]!r} (cameras: {list(clip.camera_names)})."
+    )
 
 
 def _starts(clips: Sequence[Clip], window: Window, cameras: Sequence[str] | None) -> list[list[float]]:
@@ -514,11 +524,11 @@ def random_clips(
     clips = list(index)
     cameras = camera_names(cameras)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count={count!r} must be a non-negative integer number of requests.")
+        raise ConfigurationError(f"count={count!r} must be a non-negative integer number of requests.")
     if weighting not in ("frames", "videos"):
-        raise ValueError(f"weighting={weighting!r} is not supported; use 'frames' or 'videos'.")
+        raise ConfigurationError(f"weighting={weighting!r} is not supported; use 'frames' or 'videos'.")
     if not clips:
-        raise ValueError("random_clips needs at least one clip.")
+        raise ConfigurationError("random_clips needs at least one clip.")
     starts = _starts(clips, window, cameras)
     usable = [k for k, s in enumerate(starts) if s]
     if not usable:
@@ -570,17 +580,17 @@ def regular_clips(
     clips = list(index)
     cameras = camera_names(cameras)
     if not clips:
-        raise ValueError("regular_clips needs at least one clip.")
+        raise ConfigurationError("regular_clips needs at least one clip.")
     if isinstance(window, FrameWindow):
         step: float = window.span if hop is None else hop
         if isinstance(step, float) and step.is_integer():  # configs may spell 4 as 4.0
             step = int(step)
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise ValueError(f"hop={hop!r} must be a positive integer number of frames for a FrameWindow.")
+            raise ConfigurationError(f"hop={hop!r} must be a positive integer number of frames for a FrameWindow.")
     else:
         step = window.duration if hop is None else hop
         if isinstance(step, bool) or not (isinstance(step, (int, float)) and 0 < step < math.inf):
-            raise ValueError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
+            raise ConfigurationError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
     requests: list[ClipRequest] = []
     for clip, starts in zip(clips, _starts(clips, window, cameras)):
         if not starts:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +63,7 @@ class ColorSpec:
 
     def __post_init__(self) -> None:
         if self.matrix not in _WEIGHTS:
-            raise ValueError(f"matrix={self.matrix!r} is not supported; use one of {sorted(_WEIGHTS)}.")
+            raise ConfigurationError(f"matrix={self.matrix!r} is not supported; use one of {sorted(_WEIGHTS)}.")
 
 
 def color_spec_from_stream(colorspace: int | None, color_range: int | None, pix_fmt: str | None = None) -> ColorSpec:
@@ -169,6 +169,6 @@ def nv12_to_rgb(
         return rgb.to(torch.uint8, memory_format=torch.contiguous_format)
     expected = (3, height, width) if layout == "chw" else (height, width, 3)
     if tuple(out.shape) != expected:
-        raise ValueError(f"out has shape {tuple(out.shape)} but the converted frame is {expected} ({layout}).")
+        raise ConfigurationError(f"out has shape {tuple(out.shape)} but the converted frame is {expected} ({layout}).")
     out.copy_(rgb)
     return out

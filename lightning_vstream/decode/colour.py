@@ -107,7 +107,7 @@ class RGBConverter:
         height, width = (shape[1], shape[2]) if self.layout == "chw" else (shape[0], shape[1])
         resize = (height, width) != (frame.height, frame.width)
         if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous()):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{where}: out must be a contiguous uint8 tensor of shape {shape}, got {tuple(out.shape)} {out.dtype}."
             )
         if self.layout == "hwc" and not resize and frame.format.name in _RGB24_EXACT:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, MissingFileError
 from lightning_vstream.index.identity import verify_identity
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _open_container(path: Path) -> av.container.InputContainer:
     import av
 
     if not path.is_file():
-        raise FileNotFoundError(f"video file {str(path)!r} does not exist.")
+        raise MissingFileError(f"video file {str(path)!r} does not exist.")
     try:
         # Damaged files can carry tags that are not valid UTF-8; replace those characters
         # rather than fail on metadata nobody reads.
@@ -286,9 +286,9 @@ class PyAVDecoder(DecoderBase):
         interpolation: Interpolation = "bilinear",
     ) -> None:
         if layout not in ("chw", "hwc"):
-            raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+            raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         if threads < 0:
-            raise ValueError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
+            raise ConfigurationError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.path = Path(path)
         self.layout = layout
         self.stream = _check_stream(stream)

@@ -10,6 +10,8 @@ import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingDependencyError
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,12 +37,12 @@ def import_pynvvideocodec() -> ModuleType:
     try:
         import PyNvVideoCodec
     except Exception as err:
-        raise ImportError(
+        raise MissingDependencyError(
             f"PyNvVideoCodec could not be imported ({type(err).__name__}: {err}). {GPU_INSTALL_HINT}"
         ) from err
     if not hasattr(PyNvVideoCodec, "OutputColorType"):
         version = getattr(PyNvVideoCodec, "__version__", "unknown")
-        raise ImportError(
+        raise MissingDependencyError(
             f"PyNvVideoCodec {version} has no OutputColorType (RGB output on the GPU); install pynvvideocodec>=2.0."
         )
     return PyNvVideoCodec
@@ -102,16 +104,16 @@ def resolve_decode_device(
     import torch
 
     if decode_device not in ("cpu", "cuda", "auto"):
-        raise ValueError(f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
+        raise ConfigurationError(f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
     if not isinstance(local_rank, int) or local_rank < 0:
-        raise ValueError(f"local_rank={local_rank!r} must be a non-negative integer.")
+        raise ConfigurationError(f"local_rank={local_rank!r} must be a non-negative integer.")
     if decode_device == "cpu":
         return torch.device("cpu")
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if not cuda_available:
         if decode_device == "cuda":
-            raise RuntimeError(
+            raise DecoderCapabilityError(
                 "decode_device='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False (no "
                 "NVIDIA driver, a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides every GPU). Use "
                 "decode_device='cpu', or 'auto' to fall back to the CPU automatically."
@@ -122,7 +124,7 @@ def resolve_decode_device(
     if not nvdec:
         if decode_device == "cuda":
             import_pynvvideocodec()  # raises the ImportError that explains the fix
-            raise ImportError(f"PyNvVideoCodec is not usable. {GPU_INSTALL_HINT}")
+            raise MissingDependencyError(f"PyNvVideoCodec is not usable. {GPU_INSTALL_HINT}")
         warnings.warn(
             "decode_device='auto' decodes on the CPU: CUDA is available but PyNvVideoCodec is not. "
             "Run `pip install lightning_vstream[gpu]` to decode on the GPU.",
@@ -136,7 +138,7 @@ def resolve_decode_device(
     if device_count is None:
         device_count = torch.cuda.device_count()
     if local_rank >= device_count:
-        raise ValueError(
+        raise ConfigurationError(
             f"local_rank={local_rank} has no GPU of its own: this process sees {device_count} CUDA "
             f"device(s). Pass root_device=trainer.strategy.root_device, or check CUDA_VISIBLE_DEVICES."
         )

@@ -61,7 +61,7 @@ from lightning_vstream.decode.nvdec import (
     packet_data,
     shared_decoder_pool,
 )
-from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, DecoderCapabilityError, UsageError
 from lightning_vstream.profiling import (
     RANGE_COLOR_CONVERT,
     RANGE_DECODE,
@@ -91,7 +91,7 @@ LatencyChoice = Literal["auto", "native", "low"]
 
 def _gpu_ordinal(device: Any) -> int:
     if isinstance(device, bool):
-        raise TypeError(f"device={device!r} must be a CUDA device or GPU ordinal.")
+        raise ConfigurationTypeError(f"device={device!r} must be a CUDA device or GPU ordinal.")
     if isinstance(device, int):
         index = device
     else:
@@ -99,13 +99,13 @@ def _gpu_ordinal(device: Any) -> int:
 
         dev = torch.device(device)
         if dev.type != "cuda":
-            raise ValueError(
+            raise ConfigurationError(
                 f"NvDecoder decodes on an NVIDIA GPU, but device={str(dev)!r}; use PyAVDecoder "
                 "(decode_device='cpu') for CPU decoding."
             )
         index = dev.index if dev.index is not None else 0
     if index < 0:
-        raise ValueError(f"device={device!r}: the GPU ordinal must be >= 0.")
+        raise ConfigurationError(f"device={device!r}: the GPU ordinal must be >= 0.")
     return index
 
 
@@ -159,9 +159,9 @@ class NvDecoder(DecoderBase):
         latency: LatencyChoice = "auto",
     ) -> None:
         if layout not in ("chw", "hwc"):
-            raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+            raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         if latency not in ("auto", "native", "low"):
-            raise ValueError(f"latency={latency!r} is not supported; use 'auto', 'native' or 'low'.")
+            raise ConfigurationError(f"latency={latency!r} is not supported; use 'auto', 'native' or 'low'.")
         self.path = Path(path)
         self.gpu = _gpu_ordinal(device)
         self.layout = layout
@@ -231,7 +231,7 @@ class NvDecoder(DecoderBase):
             return "NATIVE"
         if self.latency == "low":
             if reorders:
-                raise ValueError(
+                raise ConfigurationError(
                     f"{self._where()} reorders frames (B-frames), so latency='low' would return frames out of "
                     "order; use latency='auto' or 'native'."
                 )
@@ -333,7 +333,7 @@ class NvDecoder(DecoderBase):
             self._open()
         source = self._source
         if source is None:  # pragma: no cover - _open sets it or raises
-            raise RuntimeError("internal error: no packet source after opening")
+            raise UsageError("internal error: no packet source after opening")
         self._flush()
         with nvtx_range(RANGE_DEMUX):
             source.seek(self.info.key_seek[key_ordinal])
@@ -414,7 +414,7 @@ class NvDecoder(DecoderBase):
 
         session, nvc, packets, key = self._session, self._nvc, self._packets, self._key
         if session is None or nvc is None or packets is None:  # pragma: no cover - read() opens first
-            raise RuntimeError("internal error: decoding from a closed NvDecoder")
+            raise UsageError("internal error: decoding from a closed NvDecoder")
         with nvtx_range(RANGE_DEMUX):
             try:
                 packet = next(packets, None)

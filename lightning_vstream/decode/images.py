@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 
@@ -56,7 +56,7 @@ def _pil() -> Any:
     try:
         from PIL import Image
     except ImportError:
-        raise ImportError(
+        raise MissingDependencyError(
             "image-folder cameras need Pillow; install it with `pip install lightning_vstream[images]` "
             "(or `pip install pillow`)."
         ) from None
@@ -80,18 +80,18 @@ def _read_timestamps(folder: Path, count: int) -> list[float] | None:
         try:
             values.append(float(text))
         except ValueError:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{str(path)!r} line {lineno}: {text!r} is not a time in seconds; the file must hold one "
                 "number per line (one line per image, in frame order)."
             ) from None
     if len(values) != count:
-        raise ValueError(
+        raise ConfigurationError(
             f"{str(path)!r} lists {len(values)} timestamps but {str(folder)!r} holds {count} images; "
             "write one line per image, or delete the file to use a fixed frame rate."
         )
     for i in range(1, len(values)):
         if values[i] <= values[i - 1]:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{str(path)!r}: the timestamps of frames {i - 1} and {i} ({values[i - 1]!r}, {values[i]!r}) "
                 "are not strictly increasing; fix the file so every line is later than the one before."
             )
@@ -125,12 +125,12 @@ def probe_image_folder(path: Path | str, *, fps: float = DEFAULT_IMAGE_FPS) -> V
     """
     folder = Path(path)
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist.")
+        raise MissingFileError(f"image folder {str(folder)!r} does not exist.")
     if not fps > 0:
-        raise ValueError(f"fps={fps!r} must be a positive frame rate (frames per second).")
+        raise ConfigurationError(f"fps={fps!r} must be a positive frame rate (frames per second).")
     files = image_files(folder)
     if not files:
-        raise ValueError(f"image folder {str(folder)!r} holds no .jpg, .jpeg or .png files.")
+        raise ConfigurationError(f"image folder {str(folder)!r} holds no .jpg, .jpeg or .png files.")
     image_mod = _pil()
     try:
         with image_mod.open(files[0]) as image:
@@ -143,7 +143,7 @@ def probe_image_folder(path: Path | str, *, fps: float = DEFAULT_IMAGE_FPS) -> V
         time_base = (1, _TIMESTAMP_UNITS)
         pts = tuple(round(t * _TIMESTAMP_UNITS) for t in seconds)
         if len(set(pts)) != len(pts):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{str(folder / TIMESTAMPS_FILE)!r} holds timestamps closer than one microsecond; "
                 "frames need distinct times."
             )
@@ -196,7 +196,7 @@ class ImageFolderDecoder(DecoderBase):
         label: str = "",
     ) -> None:
         if layout not in ("chw", "hwc"):
-            raise ValueError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+            raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         self.path = Path(path)
         self.layout = layout
         self.fps = fps
@@ -215,7 +215,7 @@ class ImageFolderDecoder(DecoderBase):
     def _list(self) -> list[Path]:
         if self._files is None:
             if not self.path.is_dir():
-                raise FileNotFoundError(f"image folder {self._where()} does not exist.")
+                raise MissingFileError(f"image folder {self._where()} does not exist.")
             files = image_files(self.path)
             if len(files) != self.info.frame_count:
                 raise VideoDecodeError(
@@ -263,7 +263,7 @@ class ImageFolderDecoder(DecoderBase):
         if out is None:
             return tensor
         if tuple(out.shape) != tuple(tensor.shape) or out.dtype != torch.uint8:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self._where(index)}: out must be a uint8 tensor of shape {tuple(tensor.shape)}, got "
                 f"{tuple(out.shape)} {out.dtype}."
             )
@@ -368,7 +368,7 @@ def decode_images(
     gpu_jpegs = [i for i, p in enumerate(paths) if p.suffix.lower() in _JPEG_SUFFIXES] if target.type == "cuda" else []
     tv_io = _torchvision_io() if gpu_jpegs and jpeg != "pillow" else None
     if gpu_jpegs and jpeg == "nvjpeg" and tv_io is None:
-        raise ImportError(
+        raise MissingDependencyError(
             "GPU JPEG decoding needs torchvision >= 0.19 built for this torch (`pip install torchvision`); "
             "or pass jpeg='pillow' to decode on the CPU and copy."
         )

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.color import ColorSpec, color_spec_from_stream
-from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingFileError
 
 __all__ = [
     "NVDEC_CODECS",
@@ -251,7 +251,7 @@ class DecoderPool:
 
     def __init__(self, *, max_idle_per_key: int = 8) -> None:
         if max_idle_per_key < 0:
-            raise ValueError(f"max_idle_per_key={max_idle_per_key!r} must be >= 0.")
+            raise ConfigurationError(f"max_idle_per_key={max_idle_per_key!r} must be >= 0.")
         self.max_idle_per_key = max_idle_per_key
         self._lock = threading.Lock()
         self._idle: dict[Hashable, list[Any]] = collections.defaultdict(list)
@@ -374,7 +374,7 @@ class PacketSource:
         self.info = info
         self.where = where or repr(str(path))
         if not path.is_file():
-            raise FileNotFoundError(f"video file {str(path)!r} does not exist.")
+            raise MissingFileError(f"video file {str(path)!r} does not exist.")
         try:
             self._container = av.open(str(path), mode="r")
         except av.FFmpegError as err:

@@ -34,6 +34,8 @@ from typing import Any, TextIO
 
 import lightning.pytorch as pl
 
+from lightning_vstream.errors import ConfigurationError, VideoDecodeError
+
 __all__ = ["DemoResult", "run_demo"]
 
 #: The demo dataset. Bump CACHE_NAME when changing it, so that stale caches are not reused.
@@ -248,9 +250,11 @@ def run_demo(
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
+        raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers={num_workers!r} is invalid; expected an integer >= 0 (0 decodes in-process).")
+        raise ConfigurationError(
+            f"num_workers={num_workers!r} is invalid; expected an integer >= 0 (0 decodes in-process)."
+        )
     out = out if out is not None else sys.stdout
     cache_dir = Path(cache_dir).expanduser().resolve()
     print("vstream demo: multi-camera clips streamed frame by frame into a temporal model (CPU)\n", file=out)
@@ -316,7 +320,7 @@ def run_demo(
     _report(result, stats, out)
     if result.stamp_errors:
         listed = "\n  ".join(result.stamp_errors[:10])
-        raise RuntimeError(f"{len(result.stamp_errors)} delivered frames carry the wrong stamp:\n  {listed}")
+        raise VideoDecodeError(f"{len(result.stamp_errors)} delivered frames carry the wrong stamp:\n  {listed}")
     return result
 
 

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_vstream.errors import ConfigurationError, UsageError
+
 __all__ = ["TinyStreamPETR", "box_centres"]
 
 #: Calibration features per camera: the first two rows of the intrinsics (normalized by the
@@ -104,9 +106,9 @@ class TinyStreamPETR(pl.LightningModule):
         super().__init__()
         for name, value in (("feature_dim", feature_dim), ("memory_length", memory_length), ("pool", pool)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TinyStreamPETR: {name}={value!r} is invalid; expected an integer >= 1.")
+                raise ConfigurationError(f"TinyStreamPETR: {name}={value!r} is invalid; expected an integer >= 1.")
         if not lr > 0:
-            raise ValueError(f"TinyStreamPETR: lr={lr!r} is invalid; expected a number > 0.")
+            raise ConfigurationError(f"TinyStreamPETR: lr={lr!r} is invalid; expected a number > 0.")
         self.save_hyperparameters()
         self.feature_dim = feature_dim
         self.memory_length = memory_length
@@ -178,7 +180,7 @@ class TinyStreamPETR(pl.LightningModule):
         if self.memory is None or self.memory_filled is None:
             return torch.zeros_like(query)
         if self.memory.shape[0] != query.shape[0]:
-            raise RuntimeError(
+            raise UsageError(
                 f"TinyStreamPETR holds memory for {self.memory.shape[0]} slots but the batch has "
                 f"{query.shape[0]}; reset the memory between loops, for example with the TemporalStateReset callback."
             )

@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_vstream.errors import ConfigurationError
+
 __all__ = [
     "NUSCENES_CAMERAS",
     "Stamp",
@@ -68,13 +70,13 @@ def clip_number(clip_id: str) -> int:
     try:
         return int(clip_id.rsplit("-", 1)[1])
     except (IndexError, ValueError):
-        raise ValueError(f"clip id {clip_id!r} is not a synthetic clip id like 'scene-0007'.") from None
+        raise ConfigurationError(f"clip id {clip_id!r} is not a synthetic clip id like 'scene-0007'.") from None
 
 
 def _cell(width: int, height: int) -> int:
     cell = min(width // _COLS, height // _COLS, _MAX_CELL)
     if cell < 4:
-        raise ValueError(f"frames of {width}x{height} are too small for a stamp; use at least 32x32.")
+        raise ConfigurationError(f"frames of {width}x{height} are too small for a stamp; use at least 32x32.")
     return cell
 
 
@@ -92,7 +94,7 @@ def _check(clip: int, camera: int, frame: int) -> int:
 def _bits(stamp: Stamp) -> list[int]:
     for value, width in ((stamp.clip, _CLIP_BITS), (stamp.camera, _CAMERA_BITS), (stamp.frame, _FRAME_BITS)):
         if not 0 <= value < (1 << width):
-            raise ValueError(f"stamp value {value} does not fit in {width} bits.")
+            raise ConfigurationError(f"stamp value {value} does not fit in {width} bits.")
     fields = (
         (stamp.clip, _CLIP_BITS),
         (stamp.camera, _CAMERA_BITS),
@@ -102,7 +104,7 @@ def _bits(stamp: Stamp) -> list[int]:
     bits: list[int] = []
     for value, width in fields:
         if not 0 <= value < (1 << width):
-            raise ValueError(f"stamp value {value} does not fit in {width} bits.")
+            raise ConfigurationError(f"stamp value {value} does not fit in {width} bits.")
         bits.extend((value >> (width - 1 - b)) & 1 for b in range(width))
     return bits
 
@@ -170,7 +172,7 @@ def read_stamp(
         pos += width_bits
     clip, camera, frame, check = values
     if _check(clip, camera, frame) != check:
-        raise ValueError(f"frame carries no valid stamp (read clip={clip}, camera={camera}, frame={frame}).")
+        raise ConfigurationError(f"frame carries no valid stamp (read clip={clip}, camera={camera}, frame={frame}).")
     return Stamp(clip, camera, frame)
 
 
@@ -234,7 +236,7 @@ def write_stamped_video(
     width, height = size
     _cell(width, height)
     if timestamps is not None and (len(timestamps) != frames or any(b <= a for a, b in itertools.pairwise(timestamps))):
-        raise ValueError("timestamps must hold one strictly increasing time per frame.")
+        raise ConfigurationError("timestamps must hold one strictly increasing time per frame.")
     odd = width % 2 or height % 2
     params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}"
     encoder = {"h264": "libx264", "hevc": "libx265"}[codec]
@@ -272,7 +274,7 @@ def write_stamped_video(
 
     written = probe_video(path).frame_count
     if written != frames:
-        raise ValueError(
+        raise ConfigurationError(
             f"{str(path)!r} holds {written} frames instead of {frames}: the encoder or muxer dropped frames "
             "(extreme timestamp gaps with B-frames do this); use fewer B-frames or smoother timestamps."
         )
@@ -352,7 +354,7 @@ def write_dataset(
     root = Path(root)
     if isinstance(cameras, int):
         if cameras < 1:
-            raise ValueError(f"cameras={cameras!r} must be >= 1.")
+            raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")
         names = list(NUSCENES_CAMERAS[:cameras]) if cameras <= 6 else [f"CAM_{i:02d}" for i in range(cameras)]
     else:
         names = list(cameras)

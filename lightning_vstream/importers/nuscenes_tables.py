@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_vstream.errors import DatasetImportError
+from lightning_vstream.errors import ConfigurationError, DatasetImportError
 
 __all__ = ["NuScenesTables", "box_velocity", "quaternion_matrix", "transform_matrix", "yaw_of"]
 
@@ -67,7 +67,7 @@ def quaternion_matrix(q: Sequence[float]) -> np.ndarray:
     w, x, y, z = (float(v) for v in q)
     norm = math.sqrt(w * w + x * x + y * y + z * z)
     if not norm > 0:
-        raise ValueError(f"quaternion {list(q)!r} has zero length.")
+        raise ConfigurationError(f"quaternion {list(q)!r} has zero length.")
     w, x, y, z = w / norm, x / norm, y / norm, z / norm
     return np.array(
         [

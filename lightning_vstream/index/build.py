@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from lightning_vstream.errors import IndexValidationError, VideoDecodeError
+from lightning_vstream.errors import DataFormatError, IndexValidationError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.files import discover_cameras, image_files, natural_key
 from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.records import CameraStream, Clip
@@ -159,17 +159,17 @@ def build_index(
     from tqdm import tqdm
 
     if table_format not in ("binary", "json"):
-        raise ValueError(f"table_format={table_format!r} is not supported; use 'binary' or 'json'.")
+        raise DataFormatError(f"table_format={table_format!r} is not supported; use 'binary' or 'json'.")
     # Absolute but not resolved: keys stay relative to the folders as the user sees them, even
     # when a video folder is a symbolic link.
     root = Path(os.path.abspath(root))
     output = Path(os.path.abspath(output))
     if not root.is_dir():
-        raise FileNotFoundError(f"dataset folder {str(root)!r} does not exist.")
+        raise MissingFileError(f"dataset folder {str(root)!r} does not exist.")
     if video_dirs is not None:
         missing = [d for d in video_dirs if not (root / d).is_dir()]
         if missing:
-            raise FileNotFoundError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
+            raise MissingFileError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
         groups = {
             Path(os.path.normpath(root / d)): sorted(
                 (p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name)

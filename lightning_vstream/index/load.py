@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_vstream.errors import FileChangedError, IndexValidationError
+from lightning_vstream.errors import (
+    ConfigurationTypeError,
+    DataFormatError,
+    FileChangedError,
+    IndexValidationError,
+    MissingFileError,
+)
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
@@ -57,7 +63,7 @@ def _pairs_without_duplicates(where: str) -> Any:
 def _read_json(path: Path) -> Any:
     where = repr(str(path))
     if not path.is_file():
-        raise FileNotFoundError(f"index file {where} does not exist.")
+        raise MissingFileError(f"index file {where} does not exist.")
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -79,11 +85,11 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_pairs_without_duplicates(where))
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise DataFormatError(
             f"index file {where} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."
         ) from None
     except RecursionError:
-        raise ValueError(f"index file {where} nests JSON too deeply to be an index.") from None
+        raise DataFormatError(f"index file {where} nests JSON too deeply to be an index.") from None
 
 
 def _folder_problem(folder: Path) -> str:
@@ -152,7 +158,7 @@ def load_index(
         >>> index = load_index("data/index.json", cameras=["CAM_FRONT", "CAM_BACK"])  # doctest: +SKIP
     """
     if check not in ("fast", "thorough"):
-        raise ValueError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
+        raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
     return _load(path, cameras, check, with_tables=True)
 
 
@@ -192,10 +198,12 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
     reference: tuple[str, tuple[str, ...]] | None = None
     if cameras is not None:
         if isinstance(cameras, str):
-            raise TypeError(f"cameras={cameras!r} must be a list of camera names, not a string; pass [{cameras!r}].")
+            raise ConfigurationTypeError(
+                f"cameras={cameras!r} must be a list of camera names, not a string; pass [{cameras!r}]."
+            )
         cameras = list(cameras)
         if not cameras or len(set(cameras)) != len(cameras):
-            raise ValueError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
+            raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
     # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files, keys).
     pending: list[tuple[str, Path, int, tuple[str, ...], list[str], list[str]]] = []

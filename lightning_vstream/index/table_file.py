@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.errors import DataFormatError, IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
 from lightning_vstream.index.tables import VideoInfo
 
@@ -97,7 +97,7 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     keys = sorted(infos)
     encoded = [k.encode("utf-8") for k in keys]
     if any(b"\0" in k or not k for k in encoded):
-        raise ValueError("frame-table keys must be non-empty and hold no NUL character.")
+        raise DataFormatError("frame-table keys must be non-empty and hold no NUL character.")
     codecs = sorted({infos[k].codec for k in keys})
     codec_id = {c: i for i, c in enumerate(codecs)}
     rows: dict[str, list[Any]] = {name: [] for name in _PER_FILE}
@@ -136,7 +136,9 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     for name, column in columns:
         ints = [v for v in column if isinstance(v, int)]
         if ints and (min(ints) < _I64[0] or max(ints) > _I64[1]):
-            raise ValueError(f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed.")
+            raise DataFormatError(
+                f"frame-table field {name!r} holds a value beyond 64 bits; these files cannot be indexed."
+            )
     arrays: dict[str, np.ndarray] = {
         name: np.asarray(rows[name], dtype=dtype).reshape(len(keys)) for name, dtype in _PER_FILE.items()
     }
@@ -185,17 +187,17 @@ def write_table_arrays(
     )
     missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
     if missing:
-        raise ValueError(f"frame-table arrays {missing} are missing.")
+        raise DataFormatError(f"frame-table arrays {missing} are missing.")
     out: dict[str, np.ndarray] = {"keys": key_array}
     for name, dtype in {**_PER_FILE, **_CONCAT}.items():
         arr = np.asarray(arrays[name])
         if arr.ndim != 1:
-            raise ValueError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
+            raise DataFormatError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
         out[name] = arr.astype(dtype, copy=False)
     if any(len(out[name]) != len(key_array) for name in _PER_FILE):
-        raise ValueError("every per-file frame-table array needs one row per key.")
+        raise DataFormatError("every per-file frame-table array needs one row per key.")
     if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):
-        raise ValueError("frame-table keys must be sorted and distinct.")
+        raise DataFormatError("frame-table keys must be sorted and distinct.")
     _write_arrays(path, out, {"files": len(key_array), "codecs": list(codecs)})
     return path
 

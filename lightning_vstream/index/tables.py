@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.errors import DataFormatError, IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
 
 __all__ = [
@@ -143,7 +143,7 @@ class VideoInfo:
     def from_dict(cls, data: dict[str, Any]) -> VideoInfo:
         """Inverse of :meth:`to_dict`; raises ``ValueError`` on a version or shape mismatch."""
         if data.get("version") != VIDEO_INFO_VERSION:
-            raise ValueError(
+            raise DataFormatError(
                 f"video metadata version {data.get('version')!r} is not supported (expected "
                 f"{VIDEO_INFO_VERSION}); rebuild it with `vstream index`."
             )
@@ -160,23 +160,25 @@ class VideoInfo:
             config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
         )
         if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:
-            raise ValueError(
+            raise DataFormatError(
                 f"video metadata has time_base {info.time_base} and size {info.width}x{info.height}; both must be "
                 "positive. Rebuild it with `vstream index`."
             )
         if not info.pts or any(b <= a for a, b in zip(info.pts, info.pts[1:])):
-            raise ValueError(
+            raise DataFormatError(
                 "video metadata timestamps must be non-empty and strictly increasing; rebuild it with `vstream index`."
             )
         if info.crc32 is not None and len(info.crc32) != len(info.pts):
-            raise ValueError("video metadata has a checksum list of the wrong length; rebuild it with `vstream index`.")
+            raise DataFormatError(
+                "video metadata has a checksum list of the wrong length; rebuild it with `vstream index`."
+            )
         if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
-            raise ValueError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
+            raise DataFormatError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")
         if (
             any(b <= a for a, b in zip(info.key_indices, info.key_indices[1:]))
             or info.key_indices[-1] >= info.frame_count
         ):
-            raise ValueError(
+            raise DataFormatError(
                 "video metadata keyframe indices must be increasing and within the frame count; rebuild "
                 "it with `vstream index`."
             )

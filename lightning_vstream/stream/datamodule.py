@@ -234,7 +234,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.augment = augment
         self.pad_annotations = pad_annotations
         if camera_frames not in ("stacked", "per_camera"):
-            raise ValueError(
+            raise ConfigurationError(
                 f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
                 "or 'per_camera'."
             )

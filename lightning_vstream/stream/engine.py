@@ -42,7 +42,7 @@ import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import probe_video
-from lightning_vstream.errors import WorkerError
+from lightning_vstream.errors import ConfigurationError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import (
     RANGE_COLLATE,
@@ -128,13 +128,13 @@ class StreamEngine:
         timeout: float = 300.0,
     ) -> None:
         if sampler.num_parts != 1:
-            raise ValueError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
+            raise ConfigurationError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
         if prefetch < 1 or hold < 1:
-            raise ValueError(f"prefetch={prefetch!r} and hold={hold!r} must both be >= 1.")
+            raise ConfigurationError(f"prefetch={prefetch!r} and hold={hold!r} must both be >= 1.")
         if num_threads is not None and num_threads < 1:
-            raise ValueError(f"num_threads={num_threads!r} must be >= 1 or None.")
+            raise ConfigurationError(f"num_threads={num_threads!r} must be >= 1 or None.")
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         self.index = index
         self.sampler = sampler
         self.device = device

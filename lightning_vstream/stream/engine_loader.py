@@ -18,7 +18,7 @@ import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.gpu import LatencyChoice
-from lightning_vstream.errors import DecoderCapabilityError, ResumeStateError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, ResumeStateError
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.loader import STATE_VERSION
 from lightning_vstream.stream.worker import DecodeStats
@@ -62,7 +62,7 @@ def nvdec_factory(
         >>> make = nvdec_factory(0, fallback="cpu")  # doctest: +SKIP
     """
     if fallback not in ("none", "cpu"):
-        raise ValueError(f"gpu_fallback={fallback!r} is not supported; use 'none' or 'cpu'.")
+        raise ConfigurationError(f"gpu_fallback={fallback!r} is not supported; use 'none' or 'cpu'.")
     from lightning_vstream.decode.cpu import PyAVDecoder
     from lightning_vstream.decode.gpu import NvDecoder
 

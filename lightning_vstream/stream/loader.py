@@ -29,7 +29,14 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_vstream.annotations.batch import add_annotations
-from lightning_vstream.errors import ResumeStateError, StepMismatchError, VStreamError, WorkerError
+from lightning_vstream.errors import (
+    ConfigurationError,
+    ResumeStateError,
+    StepMismatchError,
+    VideoDecodeError,
+    VStreamError,
+    WorkerError,
+)
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
 from lightning_vstream.stream.worker import (
@@ -95,7 +102,7 @@ class StreamSampler(DistributedSampler):
         num_parts: int = 1,
     ) -> None:
         if num_parts < 1:
-            raise ValueError(f"num_parts={num_parts!r} must be >= 1.")
+            raise ConfigurationError(f"num_parts={num_parts!r} must be >= 1.")
         super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.clip_lengths = list(clip_lengths)
         self.num_cameras = num_cameras
@@ -320,11 +327,11 @@ class StreamDataLoader(DataLoader):
         # batch_sampler and shuffle exist only so that Lightning can re-create the loader (it
         # does so for prediction); the sampler decides both.
         if batch_sampler is not None or shuffle:
-            raise ValueError(
+            raise ConfigurationError(
                 "StreamDataLoader takes neither batch_sampler nor shuffle: the StreamSampler batches and shuffles."
             )
         if sampler.num_parts != max(1, num_workers):
-            raise ValueError(
+            raise ConfigurationError(
                 f"sampler.num_parts={sampler.num_parts} must equal max(1, num_workers)={max(1, num_workers)} "
                 "so that every worker always serves the same camera streams."
             )
@@ -445,12 +452,14 @@ class StreamDataLoader(DataLoader):
     def _stop_workers(self, parts_iter: Any) -> None:
         """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
         workers = list(getattr(parts_iter, "_workers", ()))
-        if getattr(parts_iter, "_worker_pids_set", False):
-            # torch reports any worker exit as a crash until its pids leave its SIGCHLD check.
-            from torch.utils.data._utils import signal_handling
-
-            signal_handling._remove_worker_pids(id(parts_iter))
-            parts_iter._worker_pids_set = False
+        for attempt in range(3):
+            try:
+                _forget_worker_pids(parts_iter)
+                break
+            except RuntimeError as err:
+                # torch's SIGCHLD handler may report the dying worker before its pid is forgotten.
+                if attempt == 2 or not _TORCH_WORKER_FAILURE.search(str(err)):
+                    raise
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
@@ -623,7 +632,7 @@ class StreamDataLoader(DataLoader):
         batch_size: int,
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
         if self._template is None:
-            raise RuntimeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
+            raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
         shape, dtype, device = self._template
         complete = all(valid)
         only = parts[0].frames if len(parts) == 1 else None
@@ -652,7 +661,7 @@ class StreamDataLoader(DataLoader):
                 self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
             template = self._camera_templates.get(cam)
             if template is None:
-                raise RuntimeError(
+                raise VideoDecodeError(
                     f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
                 )
             shape, dtype, device = template
@@ -817,3 +826,19 @@ def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
             if pos not in bad and frame is not None:
                 rows[pos] = frame
     return rows
+
+
+def _forget_worker_pids(parts_iter: Any) -> None:
+    """Take the workers of ``parts_iter`` out of torch's SIGCHLD check, which reports any worker exit as a crash."""
+    if not getattr(parts_iter, "_worker_pids_set", False):
+        return
+    import signal
+
+    from torch.utils.data._utils import signal_handling
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        signal_handling._remove_worker_pids(id(parts_iter))
+        parts_iter._worker_pids_set = False
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

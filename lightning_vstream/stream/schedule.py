@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from lightning_vstream.errors import ConfigurationError
+
 __all__ = ["Remainder", "Segment", "SlotRead", "StreamSchedule", "split_segments"]
 
 Remainder = Literal["drop", "pad"]
@@ -72,13 +74,13 @@ def split_segments(
         [(0, 0, 2), (0, 2, 2), (0, 4, 1), (1, 0, 2), (1, 2, 1)]
     """
     if frame_stride < 1:
-        raise ValueError(f"frame_stride={frame_stride!r} must be >= 1.")
+        raise ConfigurationError(f"frame_stride={frame_stride!r} must be >= 1.")
     if segment_length is not None and segment_length < 1:
-        raise ValueError(f"segment_length={segment_length!r} must be >= 1 or None.")
+        raise ConfigurationError(f"segment_length={segment_length!r} must be >= 1 or None.")
     segments = []
     for clip, length in enumerate(clip_lengths):
         if length < 1:
-            raise ValueError(f"clip {clip} has {length} frames; every clip needs at least one.")
+            raise ConfigurationError(f"clip {clip} has {length} frames; every clip needs at least one.")
         delivered = -(-length // frame_stride)
         piece = segment_length or delivered
         for first in range(0, delivered, piece):
@@ -126,11 +128,11 @@ class StreamSchedule:
         remainder: Remainder = "drop",
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be >= 1.")
+            raise ConfigurationError(f"batch_size={batch_size!r} must be >= 1.")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank!r} must satisfy 0 <= rank < world_size={world_size!r}.")
+            raise ConfigurationError(f"rank={rank!r} must satisfy 0 <= rank < world_size={world_size!r}.")
         if remainder not in ("drop", "pad"):
-            raise ValueError(f"remainder={remainder!r} is not supported; use 'drop' or 'pad'.")
+            raise ConfigurationError(f"remainder={remainder!r} is not supported; use 'drop' or 'pad'.")
         self.batch_size = batch_size
         self.world_size = world_size
         self.rank = rank
@@ -138,7 +140,7 @@ class StreamSchedule:
         self.segments = split_segments(clip_lengths, segment_length=segment_length, frame_stride=frame_stride)
         slots = world_size * batch_size
         if len(self.segments) < slots:
-            raise ValueError(
+            raise ConfigurationError(
                 f"the index yields {len(self.segments)} segments but batch_size={batch_size} x world_size="
                 f"{world_size} needs at least {slots} (one per slot); lower batch_size, add clips, or set "
                 "segment_length to split long clips."

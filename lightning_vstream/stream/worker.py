@@ -27,7 +27,7 @@ from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.errors import AnnotationError, FrameSizeError
+from lightning_vstream.errors import AnnotationError, ConfigurationError, FrameSizeError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.transforms import FrameTransform
@@ -221,11 +221,13 @@ class StreamDataset(Dataset):
         camera_frames: CameraFrames = "stacked",
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
-            raise ValueError(f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'.")
+            raise ConfigurationError(
+                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
+            )
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
         if max_open_decoders is not None and max_open_decoders < 1:
-            raise ValueError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
+            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
         self.index = index
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
