@@ -38,7 +38,8 @@ from lightning_vstream.decode.gpu import (
 )
 from lightning_vstream.decode.nvdec import PacketSource
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
-from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.errors import DecoderCapabilityError, FileChangedError
+from lightning_vstream.index.identity import file_identity
 from lightning_vstream.transforms import FrameTransform
 
 FRAMES = 25
@@ -345,6 +346,18 @@ def test_random_access_returns_the_requested_frame(
     with NvDecoder(videos[name], pool=DecoderPool()) as dec:
         for i in order:
             assert _stamp(dec.get(i)) == i
+
+
+def test_a_file_replaced_after_indexing_is_refused_before_any_frame(
+    fake_nvc: types.ModuleType, videos: dict[str, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "CAM_FRONT.mp4"
+    path.write_bytes(videos["hevc"].read_bytes())
+    info = replace(probe_video(path), identity=file_identity(path))
+    path.write_bytes(videos["hevc_other_clip"].read_bytes())  # another clip's video under the indexed name
+    with NvDecoder(path, info=info, pool=DecoderPool()) as dec, pytest.raises(FileChangedError, match="CAM_FRONT.mp4"):
+        dec.get(0)
+    assert fake_nvc.created == []  # refused before a decoder was created
 
 
 def test_forward_get_in_the_gop_decodes_forward_and_backward_seeks(

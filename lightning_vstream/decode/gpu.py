@@ -240,6 +240,12 @@ class NvDecoder(DecoderBase):
 
     def _open(self) -> None:
         info = self.info
+        if info.identity is not None:
+            # As on the CPU: a file that differs from its index entry is re-verified packet by packet
+            # (FileChangedError if its content changed) before any frame is decoded.
+            from lightning_vstream.index.identity import verify_identity
+
+            self._info = info = verify_identity(self.path, info, self._where())
         nvc = import_pynvvideocodec()
         source = PacketSource(self.path, info, self._where())
         try:
