@@ -61,6 +61,9 @@ def write_colour_video(path: Path, case: str, frames: int = 2) -> Path:
             stream.codec_context.color_range = color_range
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(_blocks(i), format="rgb24").reformat(format=pix_fmt)
+            if colorspace is not None:
+                # The frame's tags must agree with the stream's: libx265 refuses a mismatch at random.
+                frame.colorspace, frame.color_range = colorspace, color_range
             frame.pts = i
             for packet in stream.encode(frame):
                 container.mux(packet)
@@ -192,7 +195,7 @@ def write_two_stream_video(path: Path) -> Path:
         for camera, (width, height) in enumerate(((64, 48), (128, 96))):
             stream = container.add_stream("libx264", rate=12, options={"preset": "ultrafast"})
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            stream.disposition = av.stream.Disposition.default
+            stream.disposition = av.stream.Disposition.default.value  # an int: older PyAV takes no flag object
             streams.append((stream, camera, _texture(width, height, camera)))
         for i in range(8):
             for stream, camera, texture in streams:
