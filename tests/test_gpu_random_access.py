@@ -27,9 +27,9 @@ from lightning_vstream.clips.planner import GopPlanner
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.color import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.decode.images import decode_images
+from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.nvdec import DecoderPool
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError

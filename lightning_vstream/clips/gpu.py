@@ -20,7 +20,7 @@ conversions it queued (one host wait per wanted frame; none for frames only deco
 
 The NVDEC building blocks (stream format, capabilities, decoder keys and pool, sessions, packets)
 come from :mod:`lightning_vstream.decode.nvdec` and the colour conversion from
-:func:`lightning_vstream.decode.color.nv12_to_rgb`, shared with the GPU stream engine: the
+:func:`lightning_vstream.decode.nv12.nv12_to_rgb`, shared with the GPU stream engine: the
 stream's matrix and range are honoured, and formats NVDEC or the conversion cannot take raise
 :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the fix.
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.clips.planner import Emit, GopDecoder, GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.color import ColorSpec, nv12_to_rgb
+from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
     DecoderPool,

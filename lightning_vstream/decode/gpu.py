@@ -15,7 +15,7 @@ How a frame travels:
 3. **hand-off and colour** (GPU, :data:`~lightning_vstream.profiling.RANGE_HANDOFF`,
    :data:`~lightning_vstream.profiling.RANGE_COLOR_CONVERT`): ``DecodedFrame.__dlpack__(stream=...)``
    wraps the decoder's surface without a copy, ordered on the decoder's stream, and
-   :func:`~lightning_vstream.decode.color.nv12_to_rgb` converts it with the stream's own matrix and
+   :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts it with the stream's own matrix and
    range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
 
 Decoders are expensive to create (tens of milliseconds), so closed :class:`NvDecoder` s hand theirs
@@ -41,7 +41,6 @@ from lightning_vstream.decode.base import (
     VideoDecodeError,
     VideoInfo,
 )
-from lightning_vstream.decode.color import nv12_to_rgb
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
@@ -49,6 +48,7 @@ from lightning_vstream.decode.device import (
     nvdec_available,
     resolve_decode_device,
 )
+from lightning_vstream.decode.nv12 import nv12_to_rgb
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
     DecoderPool,

@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.color import ColorSpec, color_spec_from_stream
+from lightning_vstream.decode.nv12 import ColorSpec, color_spec_from_stream
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingFileError
 
 __all__ = [
@@ -186,7 +186,7 @@ def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) ->
     """Raise :class:`DecoderCapabilityError` unless NVDEC on ``gpu`` decodes ``fmt``.
 
     Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
-    :func:`~lightning_vstream.decode.color.nv12_to_rgb` converts).
+    :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
     """
     fix = "decode this file with decode_device='cpu', or pass gpu_fallback='cpu' to decode such files on the CPU."
     label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"

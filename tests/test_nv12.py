@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_vstream.decode.color import (
+from lightning_vstream.decode.nv12 import (
     ColorSpec,
     color_spec_from_stream,
     nv12_to_rgb,
