@@ -49,10 +49,41 @@ def _blocks(seed: int) -> np.ndarray:
 def write_colour_video(path: Path, case: str, frames: int = 2) -> Path:
     import av
 
+    # In some processes this FFmpeg build's MP4 muxer refuses the first 10-bit HEVC packet
+    # (PatchWelcomeError while writing the header) and keeps refusing it for the life of the
+    # process; a fresh process writes the same file. Only test data is affected: the decoding
+    # under test never sees a refused file.
+    try:
+        return _write_colour_video(path, case, frames)
+    except av.error.PatchWelcomeError:
+        pass
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+        "from test_colour import _write_colour_video; _write_colour_video(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))"
+    )
+    for _ in range(5):
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(Path(__file__).parent), str(path), case, str(frames)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode == 0:
+            return path
+    raise RuntimeError(f"could not write the {case} test video: {result.stderr[-500:]}")
+
+
+def _write_colour_video(path: Path, case: str, frames: int) -> Path:
+    import av
+
     encoder, pix_fmt, colorspace, color_range = CASES[case]
     options = {"preset": "ultrafast", "crf": "8"}
     if encoder == "libx265":
-        options["x265-params"] = "log-level=error"
+        options["x265-params"] = "log-level=error:info=0"  # no version SEI in the headers
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream(encoder, rate=12, options=options)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, pix_fmt
