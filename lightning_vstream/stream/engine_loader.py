@@ -18,9 +18,9 @@ import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.gpu import LatencyChoice
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, ResumeStateError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
-from lightning_vstream.stream.loader import STATE_VERSION
+from lightning_vstream.stream.loader import STATE_VERSION, checked_resume_state, resume_config
 from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["EngineLoader", "GpuFallback", "nvdec_factory", "pyav_factory"]
@@ -195,19 +195,6 @@ class EngineLoader:
         """Record that the training loop used ``batch`` (the DataModule calls this)."""
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
-    def _config(self) -> dict[str, Any]:
-        sampler = self.sampler
-        return {
-            "seed": sampler.seed,
-            "shuffle": sampler.shuffle,
-            "batch_size": sampler.batch_size,
-            "world_size": sampler.num_replicas,
-            "num_clips": len(sampler.clip_lengths),
-            "total_frames": sum(sampler.clip_lengths),
-            "segment_length": sampler.segment_length,
-            "frame_stride": sampler.frame_stride,
-        }
-
     def state_dict(self) -> dict[str, Any]:
         """Plain-dict position: the epoch and the first step not yet consumed."""
         sampler = self.sampler
@@ -217,27 +204,19 @@ class EngineLoader:
         shifts = log_.get(step, sampler.shifts) if epoch == sampler.epoch else [0] * sampler.batch_size
         if step >= len(sampler.schedule(epoch)):
             epoch, step, shifts = epoch + 1, 0, [0] * sampler.batch_size
-        return {"version": STATE_VERSION, "epoch": epoch, "step": step, "shifts": list(shifts), **self._config()}
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "step": step,
+            "shifts": list(shifts),
+            **resume_config(sampler),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        if state.get("version") != STATE_VERSION:
-            raise ResumeStateError(
-                f"loader state version {state.get('version')!r} is not supported (expected {STATE_VERSION})."
-            )
-        for key, value in self._config().items():
-            if key in state and state[key] != value:
-                raise ResumeStateError(
-                    f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
-                    f"{key}={value!r}; resume with the same data and loader settings."
-                )
         sampler = self.sampler
-        shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
-        if len(shifts) != sampler.batch_size:
-            raise ResumeStateError(
-                f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
-            )
-        self._resume = (int(state["epoch"]), int(state["step"]))
+        epoch, step, shifts = checked_resume_state(state, sampler)
+        self._resume = (epoch, step)
         self._resume_shifts = shifts
         self._consumed = self._yielded = None
         sampler.set_epoch(self._resume[0])

@@ -712,19 +712,6 @@ class StreamDataLoader(DataLoader):
         """
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
-    def _config(self) -> dict[str, Any]:
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        return {
-            "seed": sampler.seed,
-            "shuffle": sampler.shuffle,
-            "batch_size": sampler.batch_size,
-            "world_size": sampler.num_replicas,
-            "num_clips": len(sampler.clip_lengths),
-            "total_frames": sum(sampler.clip_lengths),
-            "segment_length": sampler.segment_length,
-            "frame_stride": sampler.frame_stride,
-        }
-
     def _skips_before(self, step: int) -> _Skips:
         """The skips in force at ``step`` of the current pass, leaving out those found at ``step`` or later."""
         shifts, pending, abandoned = self._pass_start
@@ -767,35 +754,60 @@ class StreamDataLoader(DataLoader):
             "shifts": list(shifts),
             "pending_shifts": [list(change) for change in pending],
             "abandoned": [list(pair) for pair in sorted(abandoned)],
-            **self._config(),
+            **resume_config(self.sampler),  # type: ignore[arg-type]
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        if state.get("version") != STATE_VERSION:
-            raise ResumeStateError(
-                f"cannot resume: loader state version {state.get('version')!r} is not supported (expected "
-                f"{STATE_VERSION}); resume from a checkpoint written by this version of lightning_vstream."
-            )
-        for key, value in self._config().items():
-            if key in state and state[key] != value:
-                raise ResumeStateError(
-                    f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
-                    f"{key}={value!r}; resume with the same data and loader settings."
-                )
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        self._resume = (int(state["epoch"]), int(state["step"]))
-        shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
-        if len(shifts) != sampler.batch_size:
-            raise ResumeStateError(
-                f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
-            )
+        epoch, step, shifts = checked_resume_state(state, sampler)
+        self._resume = (epoch, step)
         pending = [_ints(change, 3, "pending_shifts", sampler.batch_size) for change in state.get("pending_shifts", [])]
         abandoned = {_ints(pair, 2, "abandoned", sampler.batch_size) for pair in state.get("abandoned", [])}
         self._resume_skips = (shifts, pending, abandoned)  # type: ignore[assignment]
         self._pass_epoch, self._pass_start, self._found = self._resume[0], self._resume_skips, []
         self._consumed = self._yielded = None
         sampler.set_epoch(self._resume[0])
+
+
+def resume_config(sampler: StreamSampler) -> dict[str, Any]:
+    """The settings a saved stream position is only valid for (stored in, and checked against, loader states)."""
+    return {
+        "seed": sampler.seed,
+        "shuffle": sampler.shuffle,
+        "batch_size": sampler.batch_size,
+        "world_size": sampler.num_replicas,
+        "num_clips": len(sampler.clip_lengths),
+        "total_frames": sum(sampler.clip_lengths),
+        "segment_length": sampler.segment_length,
+        "frame_stride": sampler.frame_stride,
+    }
+
+
+def checked_resume_state(state: dict[str, Any], sampler: StreamSampler) -> tuple[int, int, list[int]]:
+    """The ``(epoch, step, slot shifts)`` of a saved stream loader state, after checking its version and settings.
+
+    Raises:
+        ResumeStateError: Another state version, other settings (names the field and both values), or a
+            shift list that does not fit ``batch_size``.
+    """
+    if state.get("version") != STATE_VERSION:
+        raise ResumeStateError(
+            f"cannot resume: loader state version {state.get('version')!r} is not supported (expected "
+            f"{STATE_VERSION}); resume from a checkpoint written by this version of lightning_vstream."
+        )
+    for key, value in resume_config(sampler).items():
+        if key in state and state[key] != value:
+            raise ResumeStateError(
+                f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
+                f"{key}={value!r}; resume with the same data and loader settings."
+            )
+    shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
+    if len(shifts) != sampler.batch_size:
+        raise ResumeStateError(
+            f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
+        )
+    return int(state["epoch"]), int(state["step"]), shifts
 
 
 def _ints(value: Any, length: int, field: str, batch_size: int) -> tuple[int, ...]:
