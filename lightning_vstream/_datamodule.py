@@ -28,6 +28,15 @@ def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> 
             raise ConfigurationError(f"{owner}: {name}={value!r} is invalid; expected {accepted}.")
 
 
+def rank_decode_device(decode_device: str, trainer: pl.Trainer | None) -> str:
+    """The device this rank decodes on, ``"cpu"`` or ``"cuda:N"``: the Trainer's device for this rank when it has one."""
+    from lightning_vstream.decode.gpu import resolve_decode_device
+
+    local_rank = trainer.local_rank if trainer is not None else 0
+    root = trainer.strategy.root_device if trainer is not None else None
+    return str(resolve_decode_device(decode_device, local_rank, root_device=root))  # type: ignore[arg-type]
+
+
 def plain_hparams(module: pl.LightningDataModule) -> None:
     """Store paths in ``module.hparams`` as strings, and other objects as their ``repr``.
 

@@ -18,6 +18,7 @@ from lightning_vstream._datamodule import (
     MultiprocessingContext,
     check_arguments,
     plain_hparams,
+    rank_decode_device,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -334,12 +335,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
 
     def _device(self) -> str:
         if self._resolved_device is None:
-            from lightning_vstream.decode.gpu import resolve_decode_device
-
-            trainer = self.trainer
-            local_rank = trainer.local_rank if trainer is not None else 0
-            root = trainer.strategy.root_device if trainer is not None else None
-            self._resolved_device = str(resolve_decode_device(self.decode_device, local_rank, root_device=root))
+            self._resolved_device = rank_decode_device(self.decode_device, self.trainer)
         return self._resolved_device
 
     def _index(self, split: Stage) -> VideoIndex:
