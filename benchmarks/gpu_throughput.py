@@ -211,15 +211,9 @@ def _write_one(job: dict[str, Any]) -> None:
     write_stamped_video(**job)
 
 
-def prepare_data(args: argparse.Namespace) -> Path:
-    """Write the dataset into ``--data-dir`` unless an identical one is there; return the index path."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from lightning_vstream.demos.synth import NUSCENES_CAMERAS, clip_name
-    from lightning_vstream.index import build_index
-
-    params = {
+def data_params(args: argparse.Namespace) -> dict[str, Any]:
+    """What the benchmark dataset is made of (6 cameras 1600x900 HEVC, no B-frames, by default)."""
+    return {
         "clips": args.clips,
         "cameras": args.cameras,
         "frames": args.frames,
@@ -230,6 +224,17 @@ def prepare_data(args: argparse.Namespace) -> Path:
         "fps": 12.0,
         "crf": args.crf,
     }
+
+
+def prepare_data(args: argparse.Namespace) -> Path:
+    """Write the dataset into ``--data-dir`` unless an identical one is there; return the index path."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from lightning_vstream.demos.synth import NUSCENES_CAMERAS, clip_name
+    from lightning_vstream.index import build_index
+
+    params = data_params(args)
     marker = args.data_dir / "bench_params.json"
     index = args.data_dir / "index.json"
     if marker.is_file() and index.is_file():
@@ -687,18 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     nvc = import_pynvvideocodec()
     result.update(status="ok", environment=environment(args.gpu), batch_size=args.batch_size)
     index = prepare_data(args)
-    result["data"] = {
-        "index": str(index),
-        "clips": args.clips,
-        "cameras": args.cameras,
-        "frames": args.frames,
-        "size": list(args.size),
-        "codec": "hevc",
-        "gop": args.gop,
-        "bframes": 0,
-        "fps": 12.0,
-        "crf": args.crf,
-    }
+    result["data"] = {"index": str(index), **data_params(args)}
     if not args.skip_raw:
         result["raw_nvdec"] = measure_raw(nvc, index, args)
     if not args.skip_loader:
