@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -308,8 +309,10 @@ def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persiste
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(
-        r"WorkerError: DataLoader timed out after 2 seconds while waiting for part 1 of step 2 "
-        r"\(clip 'scene-\d+', camera 'CAM_BACK_LEFT', frame 2 \('[^']+CAM_BACK_LEFT\.mp4'\)",
+        r"WorkerError: decoding worker 1 \(pid \d+\) sent nothing for timeout=2 s while the loader waited for part 1 "
+        r"of step 2; it decodes the camera streams slot 0 CAM_BACK_LEFT \(clip 'scene-\d+', frame 2, "
+        r"'[^']+CAM_BACK_LEFT\.mp4'\), slot 1 CAM_BACK_LEFT \(clip 'scene-\d+', frame 2, '[^']+'\)\. The workers were "
+        r"stopped \(DataLoader timed out after 2 seconds\)",
         result.stdout,
     ), (result.stdout + result.stderr)[-2000:]
 
@@ -317,9 +320,9 @@ def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persiste
 @pytest.mark.parametrize(
     ("dataset_cls", "timeout", "match"),
     [
-        (_StallingDataset, 2, "timed out after 2 seconds"),
-        # A dead worker is reported at once (torch's SIGCHLD handler), long before the timeout.
-        (_DyingDataset, 60, "exited unexpectedly|a decoding worker died"),
+        (_StallingDataset, 2, r"^decoding worker [01] \(pid \d+\) sent nothing for timeout=2 s"),
+        # A dead worker is reported within a second, long before the timeout.
+        (_DyingDataset, 60, r"^decoding worker [01] \(pid \d+\) exited with code 3 while the loader waited for part"),
     ],
 )
 def test_stalled_or_dead_worker_surfaces_as_an_error(
@@ -338,6 +341,77 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
     del loader
     gc.collect()  # shut the remaining worker down before the next test
+
+
+def _kill_worker(loader: StreamDataLoader, worker_id: int) -> int:
+    """SIGKILL one decoding worker and wait until it is dead (not reaped): torch's SIGCHLD has been sent then."""
+    pid = next(pid for pid, wid in loader._worker_stats if wid == worker_id)
+    os.kill(pid, signal.SIGKILL)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    return pid
+
+
+# Worker 1 decodes camera 1 of both slots; step and clips vary with the loop.
+_KILLED = (
+    r"^decoding worker 1 \(pid (?P<pid>\d+)\) was killed by signal SIGKILL while the loader waited for part 1 of step "
+    r"\d+; it decodes the camera streams slot 0 CAM_BACK_LEFT \(clip 'scene-\d+', frame \d+, '[^']+CAM_BACK_LEFT.mp4'\), "
+    r"slot 1 CAM_BACK_LEFT \(clip 'scene-\d+', frame \d+, '[^']+CAM_BACK_LEFT.mp4'\)\. The other workers were stopped"
+)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
+def test_a_worker_killed_during_a_plain_loop_is_a_worker_error_from_the_loader(
+    pristine: Path, persistent: bool
+) -> None:
+    index = load_index(pristine / "index.json")
+    sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2, shuffle=False)
+    loader = StreamDataLoader(StreamDataset(index=index), sampler=sampler, num_workers=2, persistent_workers=persistent)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    killed = None
+    with pytest.raises(WorkerError, match=_KILLED) as caught:
+        for step, _ in enumerate(loader):
+            if step == 3:
+                killed = _kill_worker(loader, 1)
+                # The signal arrived while this loop body runs: torch's own handler would raise its
+                # RuntimeError right here. Give pending handlers bytecodes to run on.
+                assert sum(range(10_000)) > 0
+    match = re.match(_KILLED, str(caught.value))
+    assert match is not None and int(match["pid"]) == killed
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+
+
+class _KillsWorkerModel(RecordingModel):
+    """Kills decoding worker 1 with SIGKILL in the middle of its fourth training step."""
+
+    killed: int | None = None
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        if batch_idx == 3:
+            self.killed = _kill_worker(self.trainer.train_dataloader, 1)  # type: ignore[arg-type]
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_path: Path) -> None:
+    dm = StreamVideoDataModule(
+        index_file=pristine / "index.json", batch_size=2, num_workers=2, shuffle=False, engine="workers"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    model = _KillsWorkerModel()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(WorkerError, match=_KILLED) as caught:
+        trainer.fit(model, datamodule=dm)
+    match = re.match(_KILLED, str(caught.value))
+    assert match is not None and int(match["pid"]) == model.killed
+    assert model.stamp_errors == [] and len(model.seen) >= 4
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
 
 
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing.context
-import re
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +37,14 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.supervise import (
+    STOP_GRACE_S,
+    TORCH_WORKER_FAILURE,
+    dead_workers,
+    describe_exit,
+    stop_workers,
+    watch_workers,
+)
 from lightning_vstream.stream.worker import (
     DecodeStats,
     StreamDataset,
@@ -51,10 +57,6 @@ from lightning_vstream.stream.worker import (
 __all__ = ["StreamDataLoader", "StreamSampler"]
 
 STATE_VERSION = 1
-#: Seconds a worker gets to exit after SIGTERM, once the loader has failed, before SIGKILL.
-STOP_GRACE_S = 2.0
-# What torch raises when a worker stalls past the timeout or dies.
-_TORCH_WORKER_FAILURE = re.compile(r"DataLoader timed out after|DataLoader worker \(pid.*exited unexpectedly")
 log = logging.getLogger("lightning_vstream")
 
 # A skip found while assembling ``step``: (step, slot, segment, (from_step, new_shift) or None).
@@ -382,7 +384,7 @@ class StreamDataLoader(DataLoader):
         sampler.start_step = start
         sampler.shifts, sampler.pending_shifts, sampler.abandoned = list(skips[0]), list(skips[1]), set(skips[2])
         self._pass_epoch, self._pass_start, self._found = sampler.epoch, skips, []
-        parts_iter = super().__iter__()
+        parts_iter = self._start_workers()
         try:
             for step in range(start, len(plan)):
                 parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
@@ -399,79 +401,83 @@ class StreamDataLoader(DataLoader):
             sampler.start_step = 0
         self._resume = None
 
+    def _start_workers(self) -> Iterator[StreamPart]:
+        """``iter()`` of the DataLoader, with its workers watched by the loader rather than torch's SIGCHLD handler."""
+        try:
+            parts_iter = super().__iter__()
+            watch_workers(parts_iter, self.timeout)
+        except RuntimeError as err:
+            # A worker that died while starting, reported by torch's SIGCHLD handler.
+            if isinstance(err, VStreamError) or not TORCH_WORKER_FAILURE.search(str(err)):
+                raise
+            raise WorkerError(f"a decoding worker died while the workers started: {err}") from err
+        return parts_iter
+
     def _receive(self, parts_iter: Iterator[StreamPart], step: int, part: int) -> StreamPart:
         try:
             return next(parts_iter)
         except (ConnectionError, EOFError) as err:
             # A worker that dies while handing over shared memory breaks the connection first.
-            raise WorkerError(
-                f"a decoding worker died while sending part {part} of step {step} ({self._describe(step, part)}); "
-                "the DataLoader cannot continue. Check the worker's memory limit and the files it was decoding."
-            ) from err
+            raise WorkerError(self._worker_failure(parts_iter, step, part, err, stalled=False)) from err
         except RuntimeError as err:
             # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
             # the worker (a VideoDecodeError, say) keep their own type and pass through.
-            if isinstance(err, VStreamError) or not _TORCH_WORKER_FAILURE.search(str(err)):
+            if isinstance(err, VStreamError) or not TORCH_WORKER_FAILURE.search(str(err)):
                 raise
-            what = "stalled" if "timed out" in str(err) else "died"
-            hint = (
-                "A worker stalls when a file system stops answering or a decoder hangs: check the files named, "
-                "or raise `timeout` if decoding is only slow."
-                if what == "stalled"
-                else "A worker is usually killed for memory: check its memory limit (the kernel log lists OOM "
-                "kills) and the files named."
-            )
             raise WorkerError(
-                f"{err} while waiting for part {part} of step {step} ({self._describe(step, part)}): a decoding "
-                f"worker {what} and the workers were stopped. {hint}"
+                self._worker_failure(parts_iter, step, part, err, stalled="timed out" in str(err))
             ) from err
 
-    def _describe(self, step: int, part: int) -> str:
-        """The reads of one part, for errors: the first named with its file, then a count."""
+    def _worker_failure(self, parts_iter: Any, step: int, part: int, err: BaseException, *, stalled: bool) -> str:
+        """The message of a dead or stalled worker: which worker, how it ended, the camera streams it decodes."""
+        waiting = f"while the loader waited for part {part} of step {step}"
+        if stalled:
+            workers = getattr(parts_iter, "_workers", [])
+            pid = f" (pid {workers[part].pid})" if part < len(workers) else ""
+            return (
+                f"decoding worker {part}{pid} sent nothing for timeout={self.timeout:g} s {waiting}; it decodes "
+                f"{self._streams(step, part)}. The workers were stopped ({err}). A worker stalls when a file system "
+                "stops answering or a decoder hangs: check the files named, or raise `timeout` if decoding is only slow."
+            )
+        dead = dead_workers(parts_iter, within=STOP_GRACE_S)
+        if not dead:
+            who = f"a decoding worker broke its connection {waiting} ({type(err).__name__}: {err})"
+        else:
+            who = "; ".join(
+                f"decoding worker {worker} (pid {pid}) {describe_exit(code)} {waiting}; it decodes "
+                f"{self._streams(step, worker)}"
+                for worker, pid, code in dead
+            )
+        return (
+            f"{who}. The other workers were stopped and the DataLoader cannot continue. A worker is usually killed "
+            "for memory: check its memory limit (the kernel log lists OOM kills) and the files named."
+        )
+
+    def _streams(self, step: int, part: int, limit: int = 8) -> str:
+        """The camera streams part ``part`` reads at ``step``, for errors: slot, camera, clip, frame and file."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         entry = sampler._issued.get(step)
         if entry is None:
-            return "reads unknown"
+            return "camera streams not known yet"
         cams = sampler.num_cameras
-        positions = [
-            slot * cams + camera
-            for slot, read in enumerate(entry[0])
-            if read is not None
-            for camera in range(cams)
-            if (slot * cams + camera) % sampler.num_parts == part
-        ]
-        if not positions:
-            return "no reads"
-        read = entry[0][positions[0] // cams]
-        assert read is not None
-        clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
-        camera = clip.cameras[positions[0] % cams]
-        more = f", and {len(positions) - 1} more camera reads" if len(positions) > 1 else ""
-        return f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}){more}"
+        named = []
+        for slot, read in enumerate(entry[0]):
+            for camera in range(cams):
+                if read is None or (slot * cams + camera) % sampler.num_parts != part:
+                    continue
+                clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
+                stream = clip.cameras[camera]
+                named.append(
+                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
+                )
+        if not named:
+            return "no camera stream at this step"
+        more = f" and {len(named) - limit} more" if len(named) > limit else ""
+        return "the camera streams " + ", ".join(named[:limit]) + more
 
     def _stop_workers(self, parts_iter: Any) -> None:
         """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
-        workers = list(getattr(parts_iter, "_workers", ()))
-        for attempt in range(3):
-            try:
-                _forget_worker_pids(parts_iter)
-                break
-            except RuntimeError as err:
-                # torch's SIGCHLD handler may report the dying worker before its pid is forgotten.
-                if attempt == 2 or not _TORCH_WORKER_FAILURE.search(str(err)):
-                    raise
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in workers:
-            worker.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.is_alive():
-                worker.kill()  # SIGTERM ignored, e.g. a handler inherited from the training script
-                worker.join()
-        shutdown = getattr(parts_iter, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()  # queues and events; the processes are gone, so nothing waits
+        stop_workers(parts_iter)
         if self._iterator is parts_iter:
             self._iterator = None  # persistent workers: the next epoch starts new ones
 
@@ -838,19 +844,3 @@ def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
             if pos not in bad and frame is not None:
                 rows[pos] = frame
     return rows
-
-
-def _forget_worker_pids(parts_iter: Any) -> None:
-    """Take the workers of ``parts_iter`` out of torch's SIGCHLD check, which reports any worker exit as a crash."""
-    if not getattr(parts_iter, "_worker_pids_set", False):
-        return
-    import signal
-
-    from torch.utils.data._utils import signal_handling
-
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    try:
-        signal_handling._remove_worker_pids(id(parts_iter))
-        parts_iter._worker_pids_set = False
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
