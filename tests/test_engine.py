@@ -16,7 +16,7 @@ import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.demos.synth import write_stamped_video
-from lightning_vstream.errors import VideoDecodeError, WorkerError
+from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index import load_index
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.stream.devices import HostDevice
@@ -176,9 +176,9 @@ def test_frames_of_another_size_need_a_transform(index: Any, tmp_path: Path) -> 
     larger = write_stamped_video(tmp_path / "large.mp4", clip=2, camera=1, frames=27, size=(96, 64), gop=6)
     mixed = _replace_camera(index, 2, 1, larger, probe_video(larger))
     with pytest.raises(
-        ValueError,
-        match=r"camera 'CAM_BACK_LEFT' frame 0 is \(3, 64, 96\) but the batch holds "
-        r"\(3, 48, 64\).*resize",
+        FrameSizeError,
+        match=r"^clip 'scene-0002', camera 'CAM_BACK_LEFT', frame 0 \('[^']+large.mp4'\) is \(3, 64, 96\) but the "
+        r"batch's frames are \(3, 48, 64\).*resize",
     ):
         list(_loader(mixed, batch_size=2, shuffle=False))
     assert not _decode_threads()
@@ -229,7 +229,12 @@ def _truncated_index(index: Any, tmp_path: Path) -> Any:
 
 def test_on_error_raise_names_clip_camera_and_frame(index: Any, tmp_path: Path) -> None:
     index = _truncated_index(index, tmp_path)
-    with pytest.raises(VideoDecodeError, match=r"clip 'scene-0002', camera 'CAM_BACK_LEFT', frame \d+.*checksum"):
+    # The decoder's own message: the file, clip, camera and the frame whose packet failed its checksum.
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"^'[^']+CAM_BACK_LEFT.mp4' \(clip 'scene-0002', camera 'CAM_BACK_LEFT'\) frame \d+: the compressed "
+        r"data differs from the checksum",
+    ):
         list(_loader(index, shuffle=False))
     assert not _decode_threads()
 
