@@ -21,6 +21,7 @@ from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_v
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.worker import StreamDataset, StreamTask
 
@@ -177,7 +178,10 @@ class _DyingDataset(StreamDataset):
         return super().__getitem__(task)
 
 
-def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop") -> StreamDataLoader:
+def _skip_loader(
+    root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop", engine_threads: int = 0
+) -> Any:
+    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip"."""
     index = load_index(root / "index.json")
     sampler = StreamSampler(
         LENGTHS,
@@ -185,8 +189,10 @@ def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: 
         batch_size=2,
         shuffle=False,
         remainder=remainder,  # type: ignore[arg-type]
-        num_parts=max(1, num_workers),
+        num_parts=1 if engine_threads else max(1, num_workers),
     )
+    if engine_threads:
+        return build_engine_loader(index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip")
     return StreamDataLoader(
         StreamDataset(index=index, on_error="skip"),
         sampler=sampler,
@@ -216,27 +222,47 @@ def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    ("num_workers", "engine_threads"),
+    [(0, 0), (2, 0), (0, 1), (0, 3)],
+    ids=["workers0", "workers2", "engine1", "engine3"],
+)
 def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(
-    pristine: Path, tmp_path: Path, num_workers: int
+    pristine: Path, tmp_path: Path, num_workers: int, engine_threads: int
 ) -> None:
     root = _copy(pristine, tmp_path)
     _truncate(_bad_file(root))
-    full = [_record(b) for b in _skip_loader(root, num_workers=num_workers)]
+    options = {"num_workers": num_workers, "engine_threads": engine_threads}
+    full = [_record(b) for b in _skip_loader(root, **options)]
     failed_at = next(i for i, b in enumerate(full) if not all(b[3]))
     # Resume before, at and just after the failing step, inside the prefetch window (steps issued
     # before the skip was found still read the clip given up), and after it.
     for resume_at in range(failed_at - 1, failed_at + 5):
-        first = _skip_loader(root, num_workers=num_workers)
+        first = _skip_loader(root, **options)
         it = iter(first)
         produced = [next(it) for _ in range(resume_at + 2)]  # the loop has prefetched two more
         first.mark_consumed(produced[resume_at - 1])
         state = first.state_dict()
         assert state["step"] == resume_at
         del it, produced
-        resumed = _skip_loader(root, num_workers=num_workers)
+        first.close()
+        resumed = _skip_loader(root, **options)
         resumed.load_state_dict(state)
         assert [_record(b) for b in resumed] == full[resume_at:], f"resumed at step {resume_at}"
+
+
+def test_the_engine_delivers_the_same_batches_around_a_skip_whatever_its_threads(
+    pristine: Path, tmp_path: Path
+) -> None:
+    root = _copy(pristine, tmp_path)
+    _truncate(_bad_file(root))
+    runs = {
+        threads: [_record(b) for b in _skip_loader(root, num_workers=0, engine_threads=threads)]
+        for threads in (1, 2, 4)
+    }
+    runs[0] = [_record(b) for b in _skip_loader(root, num_workers=0, engine_threads=4)]  # and again
+    assert runs[1] == runs[2] == runs[4] == runs[0]
+    assert any(not all(valid) for _, _, _, valid, _, _ in runs[1])  # the skip happened
 
 
 def test_skip_counters_are_exact_for_every_worker_count_and_prefetch_depth(pristine: Path, tmp_path: Path) -> None:
@@ -244,22 +270,25 @@ def test_skip_counters_are_exact_for_every_worker_count_and_prefetch_depth(prist
     _truncate(_bad_file(root))
     bad = clip_name(BAD_CLIP)
     lost = set()
-    for num_workers, prefetch in [(0, 2), (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
+    settings = [(0, 2, 0), (1, 1, 0), (1, 2, 0), (1, 4, 0), (2, 1, 0), (2, 2, 0), (2, 4, 0), (0, 1, 2), (0, 4, 3)]
+    for num_workers, prefetch, engine_threads in settings:
         # Evaluation order ("pad"): every frame is due once, so the loss is exact and the same in
         # every setting: the frames of the damaged clip from the failure on.
-        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch, remainder="pad")
+        loader = _skip_loader(
+            root, num_workers=num_workers, prefetch=prefetch, remainder="pad", engine_threads=engine_threads
+        )
         batches = list(loader)
         valid = sum(int(b["valid"].sum()) for b in batches)
         delivered_bad = sum(1 for b in batches for slot in range(2) if b["valid"][slot] and b["clip_id"][slot] == bad)
         stats = loader.stats
-        setting = f"num_workers={num_workers}, prefetch_factor={prefetch}"
+        setting = f"num_workers={num_workers}, prefetch_factor={prefetch}, engine_threads={engine_threads}"
         assert stats.skipped_samples == LENGTHS[BAD_CLIP] - delivered_bad, setting
         assert valid + stats.skipped_samples == sum(LENGTHS), setting
         assert stats.frames_delivered == valid * 2, setting
         assert (stats.skipped_clips, stats.bad_files) == (1, 1), setting
         lost.add(stats.skipped_samples)
         # Training order ("drop"): no padding in the plan, so every invalid slot-step is a lost one.
-        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch)
+        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch, engine_threads=engine_threads)
         batches = list(loader)
         invalid = sum(int((~b["valid"]).sum()) for b in batches)
         assert loader.stats.skipped_samples == invalid, setting
