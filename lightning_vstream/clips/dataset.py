@@ -35,6 +35,7 @@ from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from lightning_vstream.index.records import ClipSequence
 
 if TYPE_CHECKING:
     import torch
@@ -317,7 +318,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
             raise ConfigurationError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
         self.index = index if isinstance(index, VideoIndex) else load_index(index)
-        self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
@@ -337,7 +337,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                     f"requests[{pos}] is a {type(request).__name__}; build requests with at_indices(), "
                     "at_times(), multi_rate(), random_clips() or regular_clips()."
                 )
-            self._check(request, f"requests[{pos}]")
+            self._check_request(request, f"requests[{pos}]")
         unknown = [n for n in self.cameras if n not in self.index.camera_names]
         if unknown or not self.cameras:
             raise ConfigurationError(
@@ -360,37 +360,50 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def _where(self) -> str:
         return repr(self.index.source.name)
 
-    def _clip(self, request: ClipRequest, origin: str) -> Clip:
-        clip = self._clips.get(request.clip_id)
-        if clip is None:
-            known = ", ".join(repr(c) for c in list(self._clips)[:5])
+    def _position(self, request: ClipRequest, origin: str) -> int:
+        try:
+            return self.index.position(request.clip_id)
+        except KeyError:
+            known = ", ".join(repr(self.index.clip_id(i)) for i in range(min(5, len(self.index))))
             raise ConfigurationError(
                 f"{origin}: clip {request.clip_id!r} is not in the index {self._where()} (clips include {known}); "
                 "check the clip id, or rebuild the index with `vstream index`."
-            )
-        return clip
+            ) from None
 
-    def _streams(self, request: ClipRequest, clip: Clip, origin: str) -> list[CameraStream]:
-        by_name = {cam.name: cam for cam in clip.cameras}
-        names = request.cameras if request.cameras is not None else self.cameras
-        missing = [n for n in names if n not in by_name]
+    def _check_names(self, request: ClipRequest, has: Sequence[str], origin: str) -> list[str]:
+        names = list(request.cameras if request.cameras is not None else self.cameras)
+        missing = [n for n in names if n not in has]
         if missing:
             raise ConfigurationError(
-                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(by_name)}); "
+                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(has)}); "
                 "request cameras that the index lists, or load the index with those cameras."
             )
-        return [by_name[n] for n in names]
+        return names
 
-    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
-        clip = self._clip(request, origin)
-        streams = self._streams(request, clip, origin)
+    def _check_frames(self, request: ClipRequest, frame_count: int, origin: str) -> None:
         for f in request.frames:
-            if not 0 <= f < clip.frame_count:
+            if not 0 <= f < frame_count:
                 raise IndexError(
                     f"{origin}: frame {f} is out of range for clip {request.clip_id!r}, which has "
-                    f"{clip.frame_count} frames (valid: 0..{clip.frame_count - 1}) in {self._where()}."
+                    f"{frame_count} frames (valid: 0..{frame_count - 1}) in {self._where()}."
                 )
-        return clip, streams
+
+    def _check_request(self, request: ClipRequest, origin: str) -> None:
+        """:meth:`_check` without building the clip where the index holds its clips as arrays."""
+        clips = self.index.clips
+        if not isinstance(clips, ClipSequence):
+            self._check(request, origin)
+            return
+        position = self._position(request, origin)
+        self._check_names(request, clips.camera_names, origin)
+        self._check_frames(request, int(clips.frame_counts[position]), origin)
+
+    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
+        clip = self.index.clips[self._position(request, origin)]
+        by_name = {cam.name: cam for cam in clip.cameras}
+        names = self._check_names(request, list(by_name), origin)
+        self._check_frames(request, clip.frame_count, origin)
+        return clip, [by_name[n] for n in names]
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -412,6 +425,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def _info(self, cam: CameraStream) -> VideoInfo:
         info = self._infos.get(cam.path)
         if info is None:
+            info = cam.info
+        if info is None:
+            # Only probed tables are kept here: the index's frame tables keep the recently used
+            # ones, so reading every file of a large index does not keep every table in memory.
             info = self._infos[cam.path] = frame_table(cam)
         return info
 
@@ -647,7 +664,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return (
-            f"VideoClipDataset({len(self.requests)} requests, {len(self._clips)} clips, "
+            f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
 

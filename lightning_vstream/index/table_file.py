@@ -332,6 +332,11 @@ class FrameTables:
         """File keys in sorted order."""
         return (k.decode("utf-8") for k in self._a["keys"])
 
+    @property
+    def key_array(self) -> np.ndarray:
+        """Every file key (UTF-8) in sorted order, as the memory-mapped ``S`` array: for vectorised searches."""
+        return self._a["keys"]
+
     def rows(self, keys: Sequence[str]) -> np.ndarray:
         """Row of each key, -1 where a key has no table (one vectorised binary search)."""
         table = self._a["keys"]

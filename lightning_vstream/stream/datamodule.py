@@ -300,7 +300,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
         sampler = StreamSampler(
-            [clip.frame_count for clip in index.clips],
+            index.frame_counts.tolist(),
             num_cameras=len(index.camera_names),
             batch_size=self.batch_size,
             num_replicas=world,
