@@ -313,6 +313,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         if self.uses_engine():
             from lightning_vstream.stream.engine_factory import build_engine_loader
 
@@ -328,6 +329,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 decoder_threads=self.decoder_threads,
                 gpu_fallback=self.gpu_fallback,
                 probe=self.nvdec_probe,
+                augment=augment,
+                seed=self.seed,
+                annotations=self._source(),
+                pad_annotations=self.pad_annotations,
+                camera_frames=self.camera_frames,
+                max_open_decoders=self.max_open_decoders,
+                pin_memory=self.pin_memory,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:
@@ -342,7 +350,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             device=device,
             on_error=self.on_error,
             annotations=self._source(),
-            augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+            augment=augment,
             seed=self.seed,
             pad_annotations=self.pad_annotations,
             camera_frames=self.camera_frames,
