@@ -42,7 +42,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +55,7 @@ from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_TRANSFORM, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger, failed_read, frame_size_error
@@ -85,6 +86,8 @@ class _Step:
     annotations: dict[int, Any] = field(default_factory=dict)  # slot -> its frame's annotations
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
+    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
+    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
 
 
 @dataclass
@@ -141,6 +144,10 @@ class StreamEngine:
             events); ``"pool"``: a batch per step whose memory is reused only once nothing
             references it (CPU memory, safe to keep).
         pin_memory: Allocate pool batches in pinned memory (when CUDA is available).
+        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`): each has batches of its own
+            (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
+            default output.
 
     Example::
 
@@ -172,6 +179,7 @@ class StreamEngine:
         decoder_resizes: bool = False,
         buffers: Buffers = "ring",
         pin_memory: bool = False,
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if sampler.num_parts != 1:
             raise ConfigurationError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
@@ -201,6 +209,7 @@ class StreamEngine:
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
         self.buffers = buffers
+        self.outputs = check_outputs("StreamEngine", outputs)
         self.steps = FrameSteps(
             index=index,
             transform=transform,
@@ -209,13 +218,16 @@ class StreamEngine:
             annotations=annotations,
             on_error=on_error,
             decode_device="cpu" if decoder_resizes else "cuda",
+            outputs=self.outputs,
         )
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
         self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
         self._shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._output_shapes: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
         self._ring: list[list[torch.Tensor]] = []
+        self._output_ring: list[dict[str, list[torch.Tensor]]] = []
         self._pool = BufferPool(shared=False, pinned=pin_memory and torch.cuda.is_available())
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
@@ -237,6 +249,18 @@ class StreamEngine:
         Taken from the first clip whose file of that camera has a frame table (from the index, or
         probed); with ``camera_frames="stacked"`` every camera shares camera 0's.
         """
+        height, width = self._file_size(camera)
+        return self.steps.frame_shape(height, width, self.device.torch_device)
+
+    def output_shapes(self, camera: int = 0) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of one frame of ``camera`` in each named output (see :meth:`frame_shape`)."""
+        if not self.outputs:
+            return {}
+        height, width = self._file_size(camera)
+        return self.steps.output_shapes(height, width, self.device.torch_device)
+
+    def _file_size(self, camera: int) -> tuple[int, int]:
+        """``(height, width)`` of the first readable file of ``camera``."""
         problems = []
         for clip in self.index.clips:
             stream = clip.cameras[camera]
@@ -245,7 +269,7 @@ class StreamEngine:
             except FILE_ERRORS as err:
                 problems.append(str(err))
                 continue
-            return self.steps.frame_shape(info.height, info.width, self.device.torch_device)
+            return info.height, info.width
         listed = "\n".join(f"  {p}" for p in problems[:5])
         raise VideoDecodeError(
             f"no file of camera {self.index.camera_names[camera]!r} can be read, so the batch's frame size is "
@@ -257,20 +281,29 @@ class StreamEngine:
             return
         cameras = self.sampler.num_cameras if self.camera_frames == "per_camera" else 1
         self._shapes = [self.frame_shape(camera) for camera in range(cameras)]
+        per_camera = [self.output_shapes(camera) for camera in range(cameras)]
+        self._output_shapes = {name: [shapes[name] for shapes in per_camera] for name in self.outputs}
         if self.buffers == "ring":
             self._ring = [self._new_frames() for _ in range(self.ring_size)]
+            self._output_ring = [self._new_outputs() for _ in range(self.ring_size)]
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
 
-    def _new_frames(self) -> list[torch.Tensor]:
-        """The frame tensors of one batch: one for all cameras, or one per camera."""
+    def _new_outputs(self) -> dict[str, list[torch.Tensor]]:
+        """The frame tensors of one batch for each named output."""
+        return {name: self._new_frames(shapes) for name, shapes in self._output_shapes.items()}
+
+    def _new_frames(self, shapes: list[tuple[tuple[int, ...], torch.dtype]] | None = None) -> list[torch.Tensor]:
+        """The frame tensors of one batch (of the default output, or of ``shapes``): one for all cameras, or one
+        per camera."""
         slots, cams = self.sampler.batch_size, self.sampler.num_cameras
+        shapes = self._shapes if shapes is None else shapes
         if self.camera_frames == "stacked":
-            shape, dtype = self._shapes[0]
+            shape, dtype = shapes[0]
             dims: list[tuple[tuple[int, ...], torch.dtype]] = [((slots * cams, *shape), dtype)]
         else:
-            dims = [((slots, *shape), dtype) for shape, dtype in self._shapes]
+            dims = [((slots, *shape), dtype) for shape, dtype in shapes]
         if self.buffers == "pool":
             return [self._pool.take(shape, dtype) for shape, dtype in dims]
         return [self.device.empty(shape, dtype) for shape, dtype in dims]
@@ -357,18 +390,7 @@ class StreamEngine:
         batch_size = self.sampler.batch_size
         reads = planned.reads
         valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
-        if self.camera_frames == "stacked":
-            stacked = planned.frames[0].view(batch_size, cams, *planned.frames[0].shape[1:])
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
-            frames: torch.Tensor | list[torch.Tensor] = stacked
-        else:
-            for camera_frames in planned.frames:
-                for slot, ok in enumerate(valid):
-                    if not ok:
-                        camera_frames[slot].zero_()
-            frames = list(planned.frames)
+        frames = self._finish_frames(planned.frames, valid)
         camera_ts = torch.tensor(planned.timestamps, dtype=torch.float64).view(batch_size, cams)
         for slot, ok in enumerate(valid):
             if not ok:
@@ -383,7 +405,7 @@ class StreamEngine:
                 cameras=cams,
             )
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        batch = {
+        batch: dict[str, Any] = {
             "frames": frames,
             "clip_id": [self.index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
@@ -395,6 +417,10 @@ class StreamEngine:
             "epoch": self.sampler.epoch,
             "step": step,
         }
+        if self.outputs:
+            batch["outputs"] = {
+                name: {"frames": self._finish_frames(planned.outputs[name], valid)} for name in self.outputs
+            }
         if self.steps.annotations is not None or self.steps.has_geometry:
             with self._stats_lock:
                 attach_annotations(
@@ -407,8 +433,23 @@ class StreamEngine:
                     geometry=planned.geometry.items(),
                     pad=self.pad_annotations,
                     stats=self._stats,
+                    output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
                 )
         return batch
+
+    def _finish_frames(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
+        """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
+        if self.camera_frames == "stacked":
+            stacked = tensors[0].view(self.sampler.batch_size, self.sampler.num_cameras, *tensors[0].shape[1:])
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
+            return stacked
+        for camera_frames in tensors:
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    camera_frames[slot].zero_()
+        return list(tensors)
 
     def _shutdown(self, run: _Run) -> None:
         with run.cond:
@@ -445,9 +486,18 @@ class StreamEngine:
             s = run.next_plan
             self.sampler.tasks(s)  # records the step as issued and applies the shift changes due
             reads, shifts, _ = self.sampler.issued(s)
-            frames = self._new_frames() if self.buffers == "pool" else self._ring[s % self.ring_size]
+            pool = self.buffers == "pool"
+            frames = self._new_frames() if pool else self._ring[s % self.ring_size]
+            outputs = self._new_outputs() if pool else self._output_ring[s % self.ring_size]
             streams = self.sampler.batch_size * self.sampler.num_cameras
-            run.steps[s] = _Step(reads, shifts, frames, [math.nan] * streams)
+            run.steps[s] = _Step(
+                reads,
+                shifts,
+                frames,
+                [math.nan] * streams,
+                outputs=outputs,
+                output_geometry={name: {} for name in self.outputs},
+            )
             run.next_plan = s + 1
         return run.steps[step]
 
@@ -505,22 +555,17 @@ class StreamEngine:
         row = self._row(planned.frames, position)
         try:
             decoded = self._decode_into(decoders, position, read, camera, row)
+            # What the named outputs are made from: the augmented frame, or the row decoded into directly.
+            base = row
             if decoded is not None:  # decoded into a separate frame: finish it, then write it into its row
-                image = decoded
                 with nvtx_range(RANGE_TRANSFORM):
-                    image = self.steps.finish(image, self.sampler.epoch, read.clip, segment_start)
-                if image.shape != row.shape or image.dtype != row.dtype:
-                    raise frame_size_error(
-                        self.index,
-                        read.clip,
-                        camera,
-                        read.frame,
-                        tuple(image.shape),
-                        tuple(row.shape),
-                        got_dtype=image.dtype if image.dtype != row.dtype else None,
-                        expected_dtype=row.dtype if image.dtype != row.dtype else None,
-                    )
-                row.copy_(image)
+                    base = self.steps.augmented(decoded, self.sampler.epoch, read.clip, segment_start)
+                    image = self.steps.transformed(base)
+                self._write(row, image, read, camera)
+            if self.outputs:
+                with nvtx_range(RANGE_TRANSFORM):
+                    for name, extra in self.steps.extra_outputs(base).items():
+                        self._write(self._row(planned.outputs[name], position), extra, read, camera)
         except FILE_ERRORS as err:
             if self.on_error == "raise":
                 raise
@@ -532,15 +577,31 @@ class StreamEngine:
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
         if self.steps.has_geometry:
-            planned.geometry[position] = self.steps.geometry(
-                info.height, info.width, self.sampler.epoch, read.clip, segment_start
-            )
+            size = (info.height, info.width, self.sampler.epoch, read.clip, segment_start)
+            planned.geometry[position] = self.steps.geometry(*size)
+            for name, matrix in self.steps.output_geometry(*size).items():
+                planned.output_geometry[name][position] = matrix
         if camera == 0 and self.steps.annotations is not None:
             found, why = self.steps.annotate(read.clip, read.frame, timestamp)
             if found is not None:
                 planned.annotations[slot] = found
             else:
                 planned.missing.append((slot, str(why)))
+
+    def _write(self, row: torch.Tensor, image: torch.Tensor, read: SlotRead, camera: int) -> None:
+        """Write one finished frame into its batch row; a frame of another shape or dtype is a FrameSizeError."""
+        if image.shape != row.shape or image.dtype != row.dtype:
+            raise frame_size_error(
+                self.index,
+                read.clip,
+                camera,
+                read.frame,
+                tuple(image.shape),
+                tuple(row.shape),
+                got_dtype=image.dtype if image.dtype != row.dtype else None,
+                expected_dtype=row.dtype if image.dtype != row.dtype else None,
+            )
+        row.copy_(image)
 
     def _decode_into(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import torch
@@ -11,6 +11,7 @@ import torch
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform
 from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
@@ -58,6 +59,7 @@ def build_engine_loader(
     camera_frames: Literal["stacked", "per_camera"] = "stacked",
     max_open_decoders: int | None = None,
     pin_memory: bool = False,
+    outputs: Mapping[str, OutputTransform] | None = None,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
@@ -65,8 +67,8 @@ def build_engine_loader(
     from the GPU's NVDEC engine count (``GetDecoderCaps``); batches are views of a ring in GPU
     memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
     PyAV decoders resize while converting when ``transform`` is a resizing
-    :class:`~lightning_vstream.FrameTransform`, and every batch is memory of its own until the
-    caller drops it.
+    :class:`~lightning_vstream.FrameTransform` (and no named ``outputs`` need the frame at its own
+    size), and every batch is memory of its own until the caller drops it.
 
     Example::
 
@@ -90,7 +92,7 @@ def build_engine_loader(
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
-        if isinstance(transform, FrameTransform) and augment is None:
+        if isinstance(transform, FrameTransform) and augment is None and not outputs:
             resize = transform.decoder_size()  # swscale resizes while it converts to RGB
         factory = pyav_factory(threads=decoder_threads, size=resize)
     engine = StreamEngine(
@@ -112,5 +114,6 @@ def build_engine_loader(
         decoder_resizes=resize is not None,
         buffers="ring" if target.type == "cuda" else "pool",
         pin_memory=pin_memory,
+        outputs=outputs,
     )
     return EngineLoader(engine)

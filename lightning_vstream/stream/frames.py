@@ -21,6 +21,7 @@ from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.annotations.source import AnnotationSource, annotate
 from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform, apply_output, changes_geometry
 from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.transforms import FrameTransform
 
@@ -44,7 +45,10 @@ class FrameSteps:
         on_error: ``"raise"``: a missing annotation raises; ``"skip"``: the frame is delivered without.
         decode_device: ``"cpu"`` when frames are decoded by PyAV: a
             :class:`~lightning_vstream.FrameTransform`'s resize then happens inside the decoder
-            (see :attr:`decode_size`), unless an augmentation must see the frame at its own size first.
+            (see :attr:`decode_size`), unless an augmentation or another output must see the frame
+            at its own size first.
+        outputs: Named outputs made from the same augmented frame, each with its own transform
+            (see :mod:`lightning_vstream.outputs`); ``transform`` makes the default output.
 
     Example::
 
@@ -63,17 +67,21 @@ class FrameSteps:
         annotations: AnnotationSource | None = None,
         on_error: str = "raise",
         decode_device: str = "cpu",
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         self.index = index
         self.transform = transform
+        #: The named outputs besides the default one, in order.
+        self.outputs: dict[str, OutputTransform] = dict(outputs or {})
         self.augment = augment
         self.seed = seed
         self.annotations = annotations
         self.on_error = on_error
         #: ``(height, width)`` CPU decoders resize to while converting to RGB (None: the file's size).
+        #: Not with named outputs: they are made from the frame at the file's size.
         self.decode_size = (
             transform.decoder_size()
-            if isinstance(transform, FrameTransform) and decode_device == "cpu" and augment is None
+            if isinstance(transform, FrameTransform) and decode_device == "cpu" and augment is None and not outputs
             else None
         )
         #: Nothing is left to do after the decoder: a frame can be decoded straight into its batch row.
@@ -85,10 +93,10 @@ class FrameSteps:
 
     @property
     def has_geometry(self) -> bool:
-        """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
+        """True when frames change geometry here (augmentation, or a transform of any output that crops or resizes)."""
         if self.augment is not None:
             return True
-        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
+        return changes_geometry(self.transform) or any(changes_geometry(t) for t in self.outputs.values())
 
     def frame_shape(self, height: int, width: int, device: torch.device | str = "cpu") -> tuple[tuple[int, ...], Any]:
         """Shape and dtype a ``height x width`` frame has once augmented and transformed."""
@@ -101,13 +109,37 @@ class FrameSteps:
         out = self.transform(torch.zeros((1, 3, height, width), dtype=torch.uint8, device=device))
         return tuple(out.shape[1:]), out.dtype
 
+    def output_shapes(
+        self, height: int, width: int, device: torch.device | str = "cpu"
+    ) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """Shape and dtype of each named output of a ``height x width`` frame."""
+        if self.augment is not None:
+            height, width = self.augment.output_size
+        shapes = {}
+        for name, transform in self.outputs.items():
+            out = apply_output(transform, torch.zeros((1, 3, height, width), dtype=torch.uint8, device=device))
+            shapes[name] = (tuple(out.shape[1:]), out.dtype)
+        return shapes
+
     def finish(self, image: torch.Tensor, epoch: int, clip: int, segment_start: int) -> torch.Tensor:
         """Augment, then transform one decoded ``[3, H, W]`` frame."""
+        return self.transformed(self.augmented(image, epoch, clip, segment_start))
+
+    def augmented(self, image: torch.Tensor, epoch: int, clip: int, segment_start: int) -> torch.Tensor:
+        """One decoded ``[3, H, W]`` frame with the segment's augmentation applied (itself without one)."""
         if self.augment is not None:
             image, _ = self.augment.apply(image, self.draw(epoch, clip, segment_start))
+        return image
+
+    def transformed(self, image: torch.Tensor) -> torch.Tensor:
+        """The default output of an augmented ``[3, H, W]`` frame."""
         if self.transform is not None:
             image = self.transform(image[None])[0]
         return image
+
+    def extra_outputs(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every named output of an augmented ``[3, H, W]`` frame (the frame itself for a None transform)."""
+        return {name: apply_output(transform, image[None])[0] for name, transform in self.outputs.items()}
 
     def draw(self, epoch: int, clip: int, segment_start: int) -> AugmentParams:
         """The augmentation of one clip segment in ``epoch`` (the same for every camera and frame of it)."""
@@ -132,12 +164,22 @@ class FrameSteps:
 
         Computed from the file's own frame size, so a resize done inside the decoder counts too.
         """
+        return self._geometry(self.transform, height, width, epoch, clip, segment_start)
+
+    def output_geometry(self, height: int, width: int, epoch: int, clip: int, segment_start: int) -> dict[str, Any]:
+        """``img_aug_matrix`` of each named output (see :meth:`geometry`): the same augmentation, then its transform."""
+        return {
+            name: self._geometry(transform, height, width, epoch, clip, segment_start)
+            for name, transform in self.outputs.items()
+        }
+
+    def _geometry(self, transform: Any, height: int, width: int, epoch: int, clip: int, segment_start: int) -> Any:
         matrix = torch.eye(3, dtype=torch.float32)
         if self.augment is not None:
             _, _, full = self.augment.geometry(height, width, self.draw(epoch, clip, segment_start))
             matrix = full.to(torch.float32)
             height, width = self.augment.output_size
-        after = transform_matrix(self.transform, height, width)
+        after = transform_matrix(transform, height, width)
         if after is not None:
             matrix = (after.double() @ matrix.double()).to(torch.float32)
         return matrix.numpy()  # by value: small tensors would each take a shared-memory segment
@@ -176,8 +218,11 @@ def attach_annotations(
     geometry: Iterable[tuple[int, Any]],
     pad: bool,
     stats: DecodeStats,
+    output_geometry: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
 ) -> None:
     """Add ``annotations``, ``has_annotations`` and ``img_aug_matrix`` to a batch (see :mod:`lightning_vstream.annotations`).
+
+    With named outputs (``batch["outputs"]``) each gets its own ``img_aug_matrix`` and ``intrinsics``.
 
     Args:
         batch: The batch, changed in place.
@@ -189,10 +234,18 @@ def attach_annotations(
         geometry: ``(slot * cameras + camera, img_aug_matrix)`` of the frames delivered.
         pad: Pad ragged fields with a mask instead of delivering lists.
         stats: Counts the valid slots delivered without their annotation (``missing_annotations``).
+        output_geometry: Per named output, ``(slot * cameras + camera, img_aug_matrix)`` of its frames.
     """
     slots = len(valid)
     items: list[dict[str, Any] | None] = [None] * slots
-    matrices: list[torch.Tensor | None] = [None] * (slots * cameras)
+
+    def by_position(pairs: Iterable[tuple[int, Any]]) -> list[torch.Tensor | None]:
+        matrices: list[torch.Tensor | None] = [None] * (slots * cameras)
+        for position, matrix in pairs:
+            if valid[position // cameras]:
+                matrices[position] = torch.from_numpy(matrix) if isinstance(matrix, np.ndarray) else matrix
+        return matrices
+
     for slot, values in found:
         if valid[slot]:
             items[slot] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
@@ -201,14 +254,14 @@ def attach_annotations(
             stats.missing_annotations += 1
             if stats.missing_annotations <= 3:
                 log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
-    for position, matrix in geometry:
-        if valid[position // cameras]:
-            matrices[position] = torch.from_numpy(matrix) if isinstance(matrix, np.ndarray) else matrix
     add_annotations(
         batch,
         items if steps.annotations is not None else None,
         ragged=getattr(steps.annotations, "ragged", ()),
         pad=pad,
-        matrices=matrices if steps.has_geometry else None,
+        matrices=by_position(geometry) if steps.has_geometry else None,
         cameras=cameras,
+        output_matrices={name: by_position(pairs) for name, pairs in (output_geometry or {}).items()}
+        if steps.has_geometry
+        else None,
     )
