@@ -36,6 +36,7 @@ from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 from lightning_vstream.index.records import ClipSequence
+from lightning_vstream.outputs import OutputTransform, apply_output, changes_geometry, check_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -196,7 +197,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
       step count); count them with ``(~batch["valid"]).sum()``.
     - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
       ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
-    - with ``augment``: ``img_aug_matrix`` float32 ``[cameras, 3, 3]`` (and ``intrinsics`` updated).
+    - with ``augment``, ``size``, or a transform that crops or resizes: ``img_aug_matrix`` float32
+      ``[cameras, 3, 3]``, from the file's pixels to the delivered ones (and ``intrinsics`` updated);
+    - with ``outputs``: ``outputs``, ``{name: {"frames", "img_aug_matrix", "intrinsics"}}`` (see
+      :mod:`lightning_vstream.outputs`), each laid out like ``frames``.
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -243,6 +247,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             it, which decodes without its GOP's other frames (much faster for random access on
             long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
             frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
+        outputs: More versions of the same frames, ``{name: transform}`` (``FrameTransform()``: the
+            frames as decoded and augmented): every frame is decoded and augmented once, then each transform
+            makes ``sample["outputs"][name]["frames"]``, with its own geometry.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -279,6 +286,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         epoch: int = 0,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -323,6 +331,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
+        self.outputs = check_outputs("VideoClipDataset", outputs)
         self.on_error = on_error
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
@@ -540,7 +549,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
             for target in targets:
                 target.zero_()
-        matrices = []
+        # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
+        decoded = [self.size or (info.height, info.width) for info in infos]
+        before = [_scale(info.height, info.width, *size) for info, size in zip(infos, decoded)]
         if self.augment is not None:
             params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
             frames = torch.empty(
@@ -548,16 +559,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
             for c, native in enumerate(targets):
                 frames[:, c], matrix = self.augment.apply(native, params)
-                matrices.append(matrix)
-        if self.transform is not None and not per_camera:
-            shape = frames.shape
-            frames = self.transform(frames.view(-1, *shape[2:]))
-            frames = frames.view(shape[0], shape[1], *frames.shape[1:])
+                before[c] = matrix.double() @ before[c]
+            decoded = [self.augment.output_size] * len(streams)
+        base: torch.Tensor | list[torch.Tensor] = (
+            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+        )
         nan = float("nan")
         timestamps = [reference.timestamp(i) if valid else nan for i in indices]
         camera_names = [cam.name for cam in streams]
         sample: dict[str, Any] = {
-            "frames": frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1))),
+            "frames": _make_output(self.transform, base, valid),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
@@ -571,12 +582,44 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error
             )
             self.missing_annotations += missing
-        if matrices:
-            from lightning_vstream.annotations.batch import update_intrinsics
-
-            sample["img_aug_matrix"] = torch.stack(matrices)
-            update_intrinsics(sample)
+        self._add_outputs(sample, base, valid, decoded, before)
         return sample
+
+    @property
+    def has_geometry(self) -> bool:
+        """Whether samples carry ``img_aug_matrix``: something between the file and a delivered output crops or resizes."""
+        return (
+            self.augment is not None
+            or self.size is not None
+            or changes_geometry(self.transform)
+            or any(changes_geometry(t) for t in self.outputs.values())
+        )
+
+    def _add_outputs(
+        self,
+        sample: dict[str, Any],
+        base: torch.Tensor | list[torch.Tensor],
+        valid: bool,
+        sizes: Sequence[tuple[int, int]],
+        before: Sequence[torch.Tensor],
+    ) -> None:
+        """Add the named outputs of ``base`` (frames decoded and augmented) and every output's geometry to ``sample``.
+
+        ``sizes`` is each camera's ``(height, width)`` in ``base``, ``before`` the matrix from the file's
+        pixels to them; ``sample["frames"]`` already holds the default output.
+        """
+        from lightning_vstream.annotations.batch import add_output_geometry, update_intrinsics
+
+        if self.outputs:
+            sample["outputs"] = {
+                name: {"frames": _make_output(transform, base, valid)} for name, transform in self.outputs.items()
+            }
+        if not self.has_geometry:
+            add_output_geometry(sample, None)
+            return
+        add_output_geometry(sample, {name: _matrices(t, sizes, before) for name, t in self.outputs.items()})
+        sample["img_aug_matrix"] = _matrices(self.transform, sizes, before)
+        update_intrinsics(sample)
 
     def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
         """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
@@ -584,7 +627,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
         count = len(request.times or request.frames)
         frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
-        return {
+        sample: dict[str, Any] = {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.full((count,), -1, dtype=torch.int64),
@@ -592,6 +635,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "camera_names": [cam.name for cam in streams],
             "valid": False,
         }
+        if self.outputs:
+            sample["outputs"] = {name: {"frames": frames} for name in self.outputs}
+        return sample
 
     def _skip(self, path: Path, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
@@ -612,6 +658,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         """
         if not self._batched():
             return [self[item] for item in items]
+        import torch
+
         from lightning_vstream.clips.batched import PlannedSample
 
         planned = []
@@ -628,12 +676,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 )
             )
         samples: list[dict[str, Any]] = self.reader.read(planned)
-        for sample in samples:
-            sample.setdefault("valid", True)
-            if self.transform is not None:
-                frames = sample["frames"]
-                out = self.transform(frames.view(-1, *frames.shape[2:]))
-                sample["frames"] = out.view(frames.shape[0], frames.shape[1], *out.shape[1:])
+        for sample, plan in zip(samples, planned):
+            valid = bool(sample.setdefault("valid", True))
+            base = sample["frames"]
+            sample["frames"] = _make_output(self.transform, base, valid)
+            sizes = [(info.height, info.width) for info in plan.infos]
+            self._add_outputs(sample, base, valid, sizes, [torch.eye(3, dtype=torch.float64) for _ in sizes])
         return samples
 
     @property
@@ -667,6 +715,42 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
+
+
+def _make_output(transform: OutputTransform | None, base: torch.Tensor | list[torch.Tensor], valid: bool) -> Any:
+    """One output of a sample's decoded (and augmented) frames: ``[T, cameras, ...]``, or one ``[T, ...]`` per camera.
+
+    An invalid sample's output holds zeros whatever the transform makes of its zero frames.
+    """
+    if isinstance(base, list):
+        return [_make_output(transform, frames[:, None], valid)[:, 0] for frames in base]
+    steps, cameras = base.shape[:2]
+    out = apply_output(transform, base.reshape(-1, *base.shape[2:]))
+    out = out.reshape(steps, cameras, *out.shape[1:])
+    if not valid and out.data_ptr() != base.data_ptr():
+        out = out.zero_()
+    return out
+
+
+def _scale(height: int, width: int, new_height: int, new_width: int) -> torch.Tensor:
+    """The float64 ``[3, 3]`` matrix of resizing ``height x width`` pixels to ``new_height x new_width``."""
+    import torch
+
+    return torch.diag(torch.tensor([new_width / width, new_height / height, 1.0], dtype=torch.float64))
+
+
+def _matrices(transform: object, sizes: Sequence[tuple[int, int]], before: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``img_aug_matrix`` ``[cameras, 3, 3]`` of one output: ``before`` (file to decoded and augmented pixels),
+    then the transform's crop and resize for each camera's ``(height, width)`` in ``sizes``."""
+    import torch
+
+    from lightning_vstream.annotations.augment import transform_matrix
+
+    out = []
+    for (height, width), matrix in zip(sizes, before):
+        after = transform_matrix(transform, height, width)
+        out.append((matrix if after is None else after.double() @ matrix).to(torch.float32))
+    return torch.stack(out) if out else torch.zeros((0, 3, 3))
 
 
 def _decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
@@ -709,11 +793,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     valid = [s for s in samples if s.get("valid", True)]
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
-        like = valid[0]["frames"]
-        samples = [
-            s if s.get("valid", True) or s["frames"].shape == like.shape else {**s, "frames": torch.zeros_like(like)}
-            for s in samples
-        ]
+        samples = [s if s.get("valid", True) else _sized_like(s, valid[0]) for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -727,13 +807,8 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
-    frames = first["frames"]
     batch: dict[str, Any] = {
-        "frames": (
-            torch.stack([s["frames"] for s in samples])
-            if isinstance(frames, torch.Tensor)
-            else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]
-        ),
+        "frames": _stack_frames([s["frames"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -750,9 +825,56 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         partial = [not bool(s["has_annotations"].any()) for s in samples]
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
         batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
-    if "img_aug_matrix" in first:
-        batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
+    if any("img_aug_matrix" in s for s in samples):
+        batch["img_aug_matrix"] = _stack_geometry([s.get("img_aug_matrix") for s in samples])
+    if "outputs" in first:
+        batch["outputs"] = {}
+        for name in first["outputs"]:
+            outputs = [s["outputs"][name] for s in samples]
+            output: dict[str, Any] = {"frames": _stack_frames([o["frames"] for o in outputs])}
+            for key in ("img_aug_matrix", "intrinsics"):
+                if any(key in o for o in outputs):
+                    output[key] = _stack_geometry([o.get(key) for o in outputs])
+            batch["outputs"][name] = output
     return batch
+
+
+def _stack_frames(frames: Sequence[Any]) -> Any:
+    """Stack the samples' frames of one output: one tensor, or one per camera (``camera_frames="per_camera"``)."""
+    import torch
+
+    if isinstance(frames[0], torch.Tensor):
+        return torch.stack(list(frames))
+    return [torch.stack([f[c] for f in frames]) for c in range(len(frames[0]))]
+
+
+def _stack_geometry(values: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Stack per-sample ``[cameras, 3, 3]`` matrices; a sample that could not be decoded has none (identity)."""
+    import torch
+
+    like = next(v for v in values if v is not None)
+    eye = torch.eye(3, dtype=like.dtype).expand_as(like)
+    return torch.stack([v if v is not None else eye for v in values])
+
+
+def _sized_like(sample: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]:
+    """An invalid sample with zero frames of the size (after transform) of a decoded sample ``like``, every output."""
+    import torch
+
+    def zeros(frames: Any, reference: Any) -> Any:
+        if _frame_shapes(frames) == _frame_shapes(reference):
+            return frames
+        if isinstance(reference, torch.Tensor):
+            return torch.zeros_like(reference)
+        return [torch.zeros_like(f) for f in reference]
+
+    out = {**sample, "frames": zeros(sample["frames"], like["frames"])}
+    if "outputs" in sample and "outputs" in like:
+        out["outputs"] = {
+            name: {**output, "frames": zeros(output["frames"], like["outputs"][name]["frames"])}
+            for name, output in sample["outputs"].items()
+        }
+    return out
 
 
 def _frame_shapes(frames: Any) -> Any:
