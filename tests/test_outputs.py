@@ -19,6 +19,7 @@ import torch
 from _annotation_checks import MIXED_SIZES, projection_errors, stream_annotation_errors, write_mixed_rig
 
 from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
@@ -27,6 +28,7 @@ from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
+from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.loader import StreamSampler
 from lightning_vstream.transforms import FrameTransform
 
@@ -39,10 +41,12 @@ LOADERS = {
     "engine": {"engine": "threads", "engine_threads": 3},
 }
 SMALL = FrameTransform(resize=(32, 48))
+SMALL_SHARP = FrameTransform(resize=(24, 36), antialias=False)  # resized by torch, not in the decoder
 OUTPUTS: dict[str, Any] = {
     "full": FrameTransform(),
-    "small": SMALL,
+    "small": SMALL,  # resized while the decoder converts to RGB (on the CPU)
     "half_float_hwc": FrameTransform(resize=(32, 48), dtype="float32", layout="hwc"),
+    "small_sharp": SMALL_SHARP,
 }
 AUGMENT = GeometryAugment(output_size=(56, 80), scale=(0.9, 1.3), flip=0.5, rotate=(-8.0, 8.0))
 
@@ -114,39 +118,90 @@ def _labels(batch: dict[str, Any]) -> tuple[Any, ...]:
 
 
 # -- pixels ----------------------------------------------------------------------------------------
+class Reference:
+    """What an output of one frame must hold: the frame decoded on its own, converted (and resized, where the
+    transform's resize can run in the conversion) by a fresh decoder, then transformed."""
+
+    def __init__(self, index: Path) -> None:
+        self.index = load_index(index)
+        self.decoders: dict[tuple[Path, Any], PyAVDecoder] = {}
+
+    def expected(self, transform: FrameTransform, clip_id: str, camera: int, frame: int) -> torch.Tensor:
+        path = self.index[clip_id].cameras[camera].path
+        size = transform.decoder_size()
+        decoder = self.decoders.get((path, size))
+        if decoder is None:
+            decoder = self.decoders[path, size] = PyAVDecoder(path, size=size)
+        return transform(decoder.get(frame)[None])[0]
+
+    def close(self) -> None:
+        for decoder in self.decoders.values():
+            decoder.close()
+
+
+def test_a_cpu_decoder_converts_one_decoded_frame_to_every_size(ann_index: Path) -> None:
+    path = load_index(ann_index).clips[0].cameras[1].path
+    decoder = PyAVDecoder(path, size=(48, 72))
+    frame, more = decoder.get_sizes(3, [(32, 48), (24, 36)])
+    assert decoder.frames_decoded == 4  # frames 0..3 from the keyframe, each once
+    assert torch.equal(frame, PyAVDecoder(path, size=(48, 72)).get(3))
+    for size, image in more.items():
+        assert (
+            torch.equal(image, PyAVDecoder(path, size=size).get(3)) and read_stamp(image, source_size=SIZE).frame == 3
+        )
+    decoder.close()
+
+
+def test_which_outputs_the_decoder_resizes() -> None:
+    half, quarter = FrameTransform(resize=(32, 48)), FrameTransform(resize=(16, 24))
+    # Every output starts with a resize: the decoder converts to the default's size, and to the others'.
+    assert decoder_sizes(half, {"q": quarter}, None) == ((32, 48), {"": (32, 48), "q": (16, 24)})
+    # An output needs the file's size (no transform, a crop first, antialias off, another callable).
+    for other in (FrameTransform(), FrameTransform(crop=(0, 0, 8, 8), resize=(4, 4)), SMALL_SHARP, lambda x: x):
+        assert decoder_sizes(half, {"q": quarter, "o": other}, None) == (None, {"": (32, 48), "q": (16, 24), "o": None})
+    assert decoder_sizes(half, {"q": quarter}, AUGMENT) == (None, {"": None, "q": None})  # augment sees the file's size
+    assert decoder_sizes(half, None, None) == ((32, 48), {"": (32, 48)})  # one output: as before
+
+
 @pytest.mark.parametrize("camera_frames", ["stacked", "per_camera"])
 @pytest.mark.parametrize("loader", list(LOADERS))
 def test_every_output_carries_the_stamps_of_one_decoded_frame(ann_index: Path, loader: str, camera_frames: str) -> None:
     default = FrameTransform(resize=(48, 72))
     dm = _dm(ann_index, loader, transform=default, outputs=OUTPUTS, camera_frames=camera_frames)
-    labels, delivered = [], 0
+    reference = Reference(ann_index)
+    transforms = {"frames": default, **OUTPUTS}
+    labels, defaults, delivered = [], [], 0
     for batch in dm.train_dataloader():
         assert set(batch["outputs"]) == set(OUTPUTS) and set(batch["outputs"]["small"]) == {"frames", "img_aug_matrix"}
         assert output_stamp_errors(batch, [SIZE] * CAMERAS) == []
-        full = batch["outputs"]["full"]["frames"]
-        for camera in range(CAMERAS):
-            native = torch.stack([camera_frame(full, slot, camera) for slot in range(2)])
-            assert tuple(native.shape[-2:]) == (SIZE[1], SIZE[0])
-            # Every output is its transform applied to the very same decoded frames.
-            for name, transform in (
-                ("frames", default),
-                ("small", SMALL),
-                ("half_float_hwc", OUTPUTS["half_float_hwc"]),
-            ):
-                frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
-                got = torch.stack([camera_frame(frames, slot, camera) for slot in range(2)])
-                valid = batch["valid"]
-                assert torch.equal(got[valid], transform(native)[valid]), (name, camera)
+        # Every output holds exactly the frame decoded once and converted: resized by the decoder's
+        # conversion where its transform starts with a resize, by torch otherwise.
+        for slot, clip_id in enumerate(batch["clip_id"]):
+            for camera in range(CAMERAS):
+                for name, transform in transforms.items():
+                    frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
+                    got = camera_frame(frames, slot, camera)
+                    if not batch["valid"][slot]:
+                        assert got.count_nonzero() == 0
+                        continue
+                    expected = reference.expected(transform, clip_id, camera, int(batch["frame_index"][slot]))
+                    assert torch.equal(got, expected), (name, slot, camera)
         small_matrix = batch["outputs"]["small"]["img_aug_matrix"]
         assert small_matrix.shape == (2, CAMERAS, 3, 3) and small_matrix[0, 0, 0, 0] == pytest.approx(48 / 96)
         assert batch["img_aug_matrix"][0, 0, 0, 0] == pytest.approx(72 / 96)
         assert torch.equal(batch["outputs"]["full"]["img_aug_matrix"][0, 0], torch.eye(3))
         labels.append(_labels(batch))
+        defaults.append(
+            [f.clone() for f in batch["frames"]] if camera_frames == "per_camera" else batch["frames"].clone()
+        )
         delivered += int(batch["valid"].sum()) * CAMERAS
+    reference.close()
     stats = dm.decode_stats()
     assert stats.frames_decoded == stats.frames_delivered == delivered > 0 and stats.amplification == 1.0
     plain = _dm(ann_index, loader, transform=default, camera_frames=camera_frames)
-    assert [_labels(b) for b in plain.train_dataloader()] == labels
+    for batch, frames, label in zip(plain.train_dataloader(), defaults, labels, strict=True):
+        assert _labels(batch) == label
+        assert all(map(torch.equal, batch["frames"], frames))  # the default output as without outputs
     assert plain.decode_stats().frames_decoded == delivered  # the same decoding without the outputs
 
 

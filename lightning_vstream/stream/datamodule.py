@@ -91,8 +91,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
             ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs` and
             ``docs/streaming.md``). In YAML, a mapping of names to ``class_path`` transforms or to
-            ``FrameTransform`` options. With outputs, CPU decoders deliver the file's size (the
-            default output's resize runs in torch instead of inside the decoder).
+            ``FrameTransform`` options. On the CPU, every output whose ``FrameTransform`` starts with a
+            resize is resized by the decoder's YUV -> RGB conversion of the one decoded frame.
         multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
             None takes torch's default (``fork`` on Linux), or ``spawn`` when decoding on CUDA.
             Workers import no lightning, so ``spawn`` and ``forkserver`` start in about the time

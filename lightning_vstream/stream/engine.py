@@ -137,9 +137,11 @@ class StreamEngine:
             ``[slots, 3, H_c, W_c]`` tensor per camera.
         max_open_decoders: Open decoders of the whole engine (shared out among the threads, at least
             one each); None keeps one per camera stream.
-        decoder_resizes: The factory's decoders already resize to ``transform.decoder_size()`` while
-            converting to RGB (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``),
-            so a resize-only :class:`~lightning_vstream.FrameTransform` has nothing left to do.
+        decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
+            :func:`~lightning_vstream.stream.frames.decoder_sizes` plans: to their own size
+            (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``) and, for the
+            outputs that need another one, ``get_sizes``; so a resize-only
+            :class:`~lightning_vstream.FrameTransform` has nothing left to do.
         buffers: ``"ring"``: a fixed ring of ``prefetch + hold`` batches (GPU memory, ordered by
             events); ``"pool"``: a batch per step whose memory is reused only once nothing
             references it (CPU memory, safe to keep).
@@ -554,17 +556,17 @@ class StreamEngine:
         segment_start = self.sampler.schedule().segments[read.segment].start
         row = self._row(planned.frames, position)
         try:
-            decoded = self._decode_into(decoders, position, read, camera, row)
+            decoded, converted = self._decode_into(decoders, position, read, camera, row)
             # What the named outputs are made from: the augmented frame, or the row decoded into directly.
             base = row
             if decoded is not None:  # decoded into a separate frame: finish it, then write it into its row
                 with nvtx_range(RANGE_TRANSFORM):
                     base = self.steps.augmented(decoded, self.sampler.epoch, read.clip, segment_start)
-                    image = self.steps.transformed(base)
+                    image = self.steps.transformed(base, converted)
                 self._write(row, image, read, camera)
             if self.outputs:
                 with nvtx_range(RANGE_TRANSFORM):
-                    for name, extra in self.steps.extra_outputs(base).items():
+                    for name, extra in self.steps.extra_outputs(base, converted).items():
                         self._write(self._row(planned.outputs[name], position), extra, read, camera)
         except FILE_ERRORS as err:
             if self.on_error == "raise":
@@ -610,15 +612,19 @@ class StreamEngine:
         read: SlotRead,
         camera: int,
         row: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """Decode one frame straight into ``row`` (None) when nothing follows the decoder, else return it.
+    ) -> tuple[torch.Tensor | None, dict[tuple[int, int], torch.Tensor]]:
+        """Decode one frame straight into ``row`` (None) when nothing follows the decoder, else return it; with
+        the decoder's conversions of it to :attr:`FrameSteps.extra_sizes` (decoders that have ``get_sizes``).
 
         What the decoder raises becomes a named error (see :func:`~lightning_vstream.stream.failures.failed_read`).
         """
         try:
             dec = self._decoder(decoders, position, read.clip, camera)
+            sizes = self.steps.extra_sizes if hasattr(dec, "get_sizes") else ()
             if not self.steps.direct:
-                return dec.get(read.frame)
+                if sizes:
+                    return dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
+                return dec.get(read.frame), {}
             size = getattr(dec, "output_size", None) or (dec.info.height, dec.info.width)
             if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
                 raise frame_size_error(
@@ -631,8 +637,11 @@ class StreamEngine:
                     got_dtype=torch.uint8 if row.dtype != torch.uint8 else None,
                     expected_dtype=row.dtype if row.dtype != torch.uint8 else None,
                 )
+            if sizes:
+                _, converted = dec.get_sizes(read.frame, sizes, out=row)  # type: ignore[attr-defined]
+                return None, converted
             dec.get(read.frame, out=row)  # type: ignore[call-arg]
-            return None
+            return None, {}
         except Exception as err:
             failure = failed_read(err, self.index, read.clip, camera, read.frame)
             if failure is None or failure is err:

@@ -19,8 +19,8 @@ from lightning_vstream.stream.engine_loader import (
     nvdec_factory,
     pyav_factory,
 )
+from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.loader import StreamSampler
-from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["build_engine_loader", "cpu_threads"]
 
@@ -66,9 +66,9 @@ def build_engine_loader(
     On a GPU this runs the one-time NVDEC probe (unless ``probe=False``) and sizes the thread pool
     from the GPU's NVDEC engine count (``GetDecoderCaps``); batches are views of a ring in GPU
     memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
-    PyAV decoders resize while converting when ``transform`` is a resizing
-    :class:`~lightning_vstream.FrameTransform` (and no named ``outputs`` need the frame at its own
-    size), and every batch is memory of its own until the caller drops it.
+    PyAV decoders resize while converting for every output whose transform is a resizing
+    :class:`~lightning_vstream.FrameTransform` (see :func:`~lightning_vstream.stream.frames.decoder_sizes`),
+    and every batch is memory of its own until the caller drops it.
 
     Example::
 
@@ -92,8 +92,7 @@ def build_engine_loader(
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
-        if isinstance(transform, FrameTransform) and augment is None and not outputs:
-            resize = transform.decoder_size()  # swscale resizes while it converts to RGB
+        resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
         factory = pyav_factory(threads=decoder_threads, size=resize)
     engine = StreamEngine(
         index=index,
@@ -111,7 +110,7 @@ def build_engine_loader(
         pad_annotations=pad_annotations,
         camera_frames=camera_frames,
         max_open_decoders=max_open_decoders,
-        decoder_resizes=resize is not None,
+        decoder_resizes=target.type == "cpu",
         buffers="ring" if target.type == "cuda" else "pool",
         pin_memory=pin_memory,
         outputs=outputs,

@@ -25,12 +25,45 @@ from lightning_vstream.outputs import OutputTransform, apply_output, changes_geo
 from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["FrameSteps", "attach_annotations"]
+__all__ = ["FrameSteps", "attach_annotations", "decoder_sizes"]
 
 log = logging.getLogger("lightning_vstream")
 
 #: Augmentation draws kept per process before the cache is emptied.
 MAX_DRAWS = 4096
+
+
+def decoder_sizes(
+    transform: object, outputs: Mapping[str, object] | None, augment: GeometryAugment | None
+) -> tuple[tuple[int, int] | None, dict[str, tuple[int, int] | None]]:
+    """Where a CPU video decoder's swscale conversion can do each output's resize.
+
+    A :class:`~lightning_vstream.FrameTransform` whose first step is a resize
+    (:meth:`~lightning_vstream.FrameTransform.decoder_size`) can take its input from the
+    decoder's YUV -> RGB conversion at that size, unless an augmentation must see the frame at
+    its own size first. The decoder converts each decoded frame once to its own size (the first
+    value: the default output's size when no output needs the file's size, else None) and once
+    more to every other size (:meth:`PyAVDecoder.get_sizes <lightning_vstream.decode.cpu.PyAVDecoder.get_sizes>`).
+
+    Returns:
+        The decoder's own size (None: the file's), and per output (``""``: the default output,
+        else its name) the size its input is converted to (None: the decoder's frame).
+
+    Example::
+
+        >>> from lightning_vstream.transforms import FrameTransform
+        >>> decoder_sizes(FrameTransform(resize=(450, 800)), {"small": FrameTransform(resize=(225, 400))}, None)
+        ((450, 800), {'': (450, 800), 'small': (225, 400)})
+        >>> decoder_sizes(None, {"small": FrameTransform(resize=(225, 400))}, None)
+        (None, {'': None, 'small': (225, 400)})
+    """
+    transforms = {"": transform, **(outputs or {})}
+    sizes = {
+        key: t.decoder_size() if isinstance(t, FrameTransform) and augment is None else None
+        for key, t in transforms.items()
+    }
+    own = None if any(size is None for size in sizes.values()) else sizes[""]
+    return own, sizes
 
 
 class FrameSteps:
@@ -77,12 +110,15 @@ class FrameSteps:
         self.seed = seed
         self.annotations = annotations
         self.on_error = on_error
+        own, sizes = decoder_sizes(transform, outputs, augment) if decode_device == "cpu" else (None, {})
         #: ``(height, width)`` CPU decoders resize to while converting to RGB (None: the file's size).
-        #: Not with named outputs: they are made from the frame at the file's size.
-        self.decode_size = (
-            transform.decoder_size()
-            if isinstance(transform, FrameTransform) and decode_device == "cpu" and augment is None and not outputs
-            else None
+        self.decode_size = own
+        #: Per output (``""``: the default one), the size of the decoder's conversion it starts from (None: the
+        #: decoder's own frame).
+        self.decoder_sizes: dict[str, tuple[int, int] | None] = sizes
+        #: The sizes a decoder converts each frame to besides its own (:meth:`PyAVDecoder.get_sizes`).
+        self.extra_sizes: tuple[tuple[int, int], ...] = tuple(
+            sorted({size for size in sizes.values() if size is not None and size != own})
         )
         #: Nothing is left to do after the decoder: a frame can be decoded straight into its batch row.
         self.direct = augment is None and (
@@ -131,15 +167,35 @@ class FrameSteps:
             image, _ = self.augment.apply(image, self.draw(epoch, clip, segment_start))
         return image
 
-    def transformed(self, image: torch.Tensor) -> torch.Tensor:
-        """The default output of an augmented ``[3, H, W]`` frame."""
+    def transformed(
+        self, image: torch.Tensor, converted: Mapping[tuple[int, int], torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The default output of an augmented ``[3, H, W]`` frame (``converted``: the decoder's other sizes of it)."""
+        image = self._input("", image, converted)
         if self.transform is not None:
             image = self.transform(image[None])[0]
         return image
 
-    def extra_outputs(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every named output of an augmented ``[3, H, W]`` frame (the frame itself for a None transform)."""
-        return {name: apply_output(transform, image[None])[0] for name, transform in self.outputs.items()}
+    def extra_outputs(
+        self, image: torch.Tensor, converted: Mapping[tuple[int, int], torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Every named output of an augmented ``[3, H, W]`` frame (``converted``: the decoder's other sizes of it)."""
+        return {
+            name: apply_output(transform, self._input(name, image, converted)[None])[0]
+            for name, transform in self.outputs.items()
+        }
+
+    def _input(
+        self, key: str, image: torch.Tensor, converted: Mapping[tuple[int, int], torch.Tensor] | None
+    ) -> torch.Tensor:
+        """What output ``key`` is made from: the decoder's conversion at its size when there is one, else ``image``.
+
+        The output's transform then finds its frame at the output size already and skips its resize.
+        """
+        size = self.decoder_sizes.get(key)
+        if converted and size is not None and size in converted:
+            return converted[size]
+        return image
 
     def draw(self, epoch: int, clip: int, segment_start: int) -> AugmentParams:
         """The augmentation of one clip segment in ``epoch`` (the same for every camera and frame of it)."""

@@ -175,8 +175,9 @@ class StreamDataset(Dataset):
         camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
             returned on its own (``StreamPart.images``), so cameras may differ in size.
         outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
-            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); a CPU decoder then
-            delivers the file's size and every transform resizes on its own.
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); on the CPU, an output whose
+            transform starts with a resize takes its frame from the decoder's conversion at that size
+            (:func:`~lightning_vstream.stream.frames.decoder_sizes`).
 
     Example::
 
@@ -304,16 +305,23 @@ class StreamDataset(Dataset):
         self._closed.files_opened += 1
         return dec
 
-    def _read(self, read: StreamRead, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when the backend can); failures become named errors (see
+    def _read(
+        self, read: StreamRead, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """Decode one camera frame (into ``out`` when the backend can), with the decoder's conversions of it to
+        :attr:`FrameSteps.extra_sizes` (CPU video only); failures become named errors (see
         :func:`~lightning_vstream.stream.failures.failed_read`)."""
+        converted: dict[tuple[int, int], torch.Tensor] = {}
         try:
             dec = self._decoder(read)
             with nvtx_range(RANGE_DECODE):
+                sizes = self.steps.extra_sizes if isinstance(dec, PyAVDecoder) else ()
                 if out is not None and isinstance(dec, PyAVDecoder):
                     if tuple(out.shape) != (3, *dec.output_size):
                         raise self._size_error(read, (3, *dec.output_size), tuple(out.shape))
-                    image = dec.get(read.frame, out=out)
+                    image, converted = dec.get_sizes(read.frame, sizes, out=out)
+                elif sizes:
+                    image, converted = dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
                 else:
                     image = dec.get(read.frame)
         except Exception as err:
@@ -323,7 +331,7 @@ class StreamDataset(Dataset):
             raise failure from err
         if image.device.type != torch.device(self.device).type:
             image = image.to(self.device)  # image folders decode on the CPU
-        return image
+        return image, converted
 
     def _size_error(
         self,
@@ -359,7 +367,7 @@ class StreamDataset(Dataset):
         :meth:`__getitem__`), so a frame decoded into it is delivered as it is. Returns the
         default output and the named ones.
         """
-        image = self._read(read, out)
+        image, converted = self._read(read, out)
         if self.has_geometry:
             info = self._decoders[read.position][1].info
             size = (info.height, info.width, epoch, read.clip, read.segment_start)
@@ -367,9 +375,9 @@ class StreamDataset(Dataset):
             for name, matrix in self.steps.output_geometry(*size).items():
                 output_geometry[name][read.position] = matrix
         if out is not None and image.data_ptr() == out.data_ptr():
-            return image, self.steps.extra_outputs(image)
+            return image, self.steps.extra_outputs(image, converted)
         augmented = self.steps.augmented(image, epoch, read.clip, read.segment_start)
-        return self.steps.transformed(augmented), self.steps.extra_outputs(augmented)
+        return self.steps.transformed(augmented, converted), self.steps.extra_outputs(augmented, converted)
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
