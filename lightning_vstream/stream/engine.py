@@ -620,7 +620,9 @@ class StreamEngine:
         """
         try:
             dec = self._decoder(decoders, position, read.clip, camera)
-            sizes = self.steps.extra_sizes if hasattr(dec, "get_sizes") else ()
+            sizes = self.steps.extra_sizes  # empty unless PyAV decoders convert to more sizes (decoder_resizes)
+            if sizes and not hasattr(dec, "get_sizes"):
+                sizes = ()
             if not self.steps.direct:
                 if sizes:
                     return dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
