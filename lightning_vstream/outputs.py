@@ -16,6 +16,12 @@ very same pixels. The batch gains::
 (in YAML ``{}``) delivers the frames as decoded and augmented, for example full resolution next
 to a resized default output; it copies nothing.
 
+Where the work happens: the transforms run where frames are decoded (DataLoader workers, engine
+threads, on the decode device). On the CPU, an output whose ``FrameTransform`` starts with a
+resize takes its frame from one more swscale conversion of the decoded frame at that size
+(:func:`~lightning_vstream.stream.frames.decoder_sizes`) on the streaming DataModule; the clip
+DataModule resizes in torch. Slots or samples that deliver nothing are zero in every output.
+
 Example::
 
     >>> from lightning_vstream.transforms import FrameTransform
@@ -34,10 +40,7 @@ from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["OUTPUTS", "OutputTransform", "apply_output", "changes_geometry", "check_outputs"]
-
-#: The batch key holding the named outputs.
-OUTPUTS = "outputs"
+__all__ = ["OutputTransform", "apply_output", "changes_geometry", "check_outputs"]
 
 #: What an output is made with: a callable on uint8 frames ``[n, 3, H, W]``.
 OutputTransform = Callable[["torch.Tensor"], Any]

@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from _annotation_checks import MIXED_SIZES, projection_errors, stream_annotation_errors, write_mixed_rig
+from _output_checks import stamp_of
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.decode.cpu import PyAVDecoder
@@ -68,24 +69,6 @@ def _dm(index: Path, loader: str, **kw: Any) -> StreamVideoDataModule:
     dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
     dm.setup("fit")
     return dm
-
-
-def as_uint8_chw(image: torch.Tensor) -> torch.Tensor:
-    """One delivered frame as uint8 ``[3, H, W]``, whatever the output's dtype (0..1 floats) and layout."""
-    image = image.cpu()
-    if image.shape[0] != 3 and image.shape[-1] == 3:
-        image = image.movedim(-1, 0)
-    if image.is_floating_point():
-        image = (image.float() * 255).round().clamp(0, 255).to(torch.uint8)
-    return image
-
-
-def stamp_of(image: torch.Tensor, source: tuple[int, int]) -> tuple[int, int, int]:
-    """``(clip, camera, frame)`` stamped into a delivered frame of a ``source`` (width, height) video."""
-    image = as_uint8_chw(image)
-    resized = tuple(image.shape[-2:]) != (source[1], source[0])
-    stamp = read_stamp(image, source_size=source if resized else None)
-    return stamp.clip, stamp.camera, stamp.frame
 
 
 def camera_frame(frames: Any, slot: int, camera: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from _annotation_checks import MIXED_SIZES, projection_errors, write_mixed_rig
-from test_outputs import SIZE, as_uint8_chw, stamp_of
+from _output_checks import as_uint8_chw, stamp_of
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
@@ -23,6 +23,7 @@ from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationTypeError
 from lightning_vstream.transforms import FrameTransform
 
+SIZE = (96, 64)  # (width, height) of the files
 CAMERAS = 2
 SMALL = FrameTransform(resize=(32, 48))
 OUTPUTS: dict[str, Any] = {
