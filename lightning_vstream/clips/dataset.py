@@ -29,6 +29,15 @@ from torch.utils.data import Dataset
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.outputs import (
+    frame_shapes,
+    make_output,
+    output_matrices,
+    resize_matrix,
+    sized_like,
+    stack_frames,
+    stack_geometry,
+)
 from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
@@ -36,7 +45,7 @@ from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 from lightning_vstream.index.records import ClipSequence
-from lightning_vstream.outputs import OutputTransform, apply_output, changes_geometry, check_outputs
+from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -551,7 +560,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 target.zero_()
         # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
         decoded = [self.size or (info.height, info.width) for info in infos]
-        before = [_scale(info.height, info.width, *size) for info, size in zip(infos, decoded)]
+        before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
         if self.augment is not None:
             params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
             frames = torch.empty(
@@ -568,7 +577,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         timestamps = [reference.timestamp(i) if valid else nan for i in indices]
         camera_names = [cam.name for cam in streams]
         sample: dict[str, Any] = {
-            "frames": _make_output(self.transform, base, valid),
+            "frames": make_output(self.transform, base, valid),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
@@ -612,13 +621,13 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
         if self.outputs:
             sample["outputs"] = {
-                name: {"frames": _make_output(transform, base, valid)} for name, transform in self.outputs.items()
+                name: {"frames": make_output(transform, base, valid)} for name, transform in self.outputs.items()
             }
         if not self.has_geometry:
             add_output_geometry(sample, None)
             return
-        add_output_geometry(sample, {name: _matrices(t, sizes, before) for name, t in self.outputs.items()})
-        sample["img_aug_matrix"] = _matrices(self.transform, sizes, before)
+        add_output_geometry(sample, {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()})
+        sample["img_aug_matrix"] = output_matrices(self.transform, sizes, before)
         update_intrinsics(sample)
 
     def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
@@ -679,7 +688,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         for sample, plan in zip(samples, planned):
             valid = bool(sample.setdefault("valid", True))
             base = sample["frames"]
-            sample["frames"] = _make_output(self.transform, base, valid)
+            sample["frames"] = make_output(self.transform, base, valid)
             sizes = [(info.height, info.width) for info in plan.infos]
             self._add_outputs(sample, base, valid, sizes, [torch.eye(3, dtype=torch.float64) for _ in sizes])
         return samples
@@ -715,42 +724,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
-
-
-def _make_output(transform: OutputTransform | None, base: torch.Tensor | list[torch.Tensor], valid: bool) -> Any:
-    """One output of a sample's decoded (and augmented) frames: ``[T, cameras, ...]``, or one ``[T, ...]`` per camera.
-
-    An invalid sample's output holds zeros whatever the transform makes of its zero frames.
-    """
-    if isinstance(base, list):
-        return [_make_output(transform, frames[:, None], valid)[:, 0] for frames in base]
-    steps, cameras = base.shape[:2]
-    out = apply_output(transform, base.reshape(-1, *base.shape[2:]))
-    out = out.reshape(steps, cameras, *out.shape[1:])
-    if not valid and out.data_ptr() != base.data_ptr():
-        out = out.zero_()
-    return out
-
-
-def _scale(height: int, width: int, new_height: int, new_width: int) -> torch.Tensor:
-    """The float64 ``[3, 3]`` matrix of resizing ``height x width`` pixels to ``new_height x new_width``."""
-    import torch
-
-    return torch.diag(torch.tensor([new_width / width, new_height / height, 1.0], dtype=torch.float64))
-
-
-def _matrices(transform: object, sizes: Sequence[tuple[int, int]], before: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``img_aug_matrix`` ``[cameras, 3, 3]`` of one output: ``before`` (file to decoded and augmented pixels),
-    then the transform's crop and resize for each camera's ``(height, width)`` in ``sizes``."""
-    import torch
-
-    from lightning_vstream.annotations.augment import transform_matrix
-
-    out = []
-    for (height, width), matrix in zip(sizes, before):
-        after = transform_matrix(transform, height, width)
-        out.append((matrix if after is None else after.double() @ matrix).to(torch.float32))
-    return torch.stack(out) if out else torch.zeros((0, 3, 3))
 
 
 def _decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
@@ -793,7 +766,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     valid = [s for s in samples if s.get("valid", True)]
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
-        samples = [s if s.get("valid", True) else _sized_like(s, valid[0]) for s in samples]
+        samples = [s if s.get("valid", True) else sized_like(s, valid[0]) for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -801,14 +774,14 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
-        if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
+        if frame_shapes(s["frames"]) != frame_shapes(first["frames"]):
             raise ConfigurationError(
-                f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
-                f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
+                f"cannot batch clip {first['clip_id']!r} (frames {frame_shapes(first['frames'])}) with clip "
+                f"{s['clip_id']!r} (frames {frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
     batch: dict[str, Any] = {
-        "frames": _stack_frames([s["frames"] for s in samples]),
+        "frames": stack_frames([s["frames"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -826,60 +799,17 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
         batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
     if any("img_aug_matrix" in s for s in samples):
-        batch["img_aug_matrix"] = _stack_geometry([s.get("img_aug_matrix") for s in samples])
+        batch["img_aug_matrix"] = stack_geometry([s.get("img_aug_matrix") for s in samples])
     if "outputs" in first:
         batch["outputs"] = {}
         for name in first["outputs"]:
             outputs = [s["outputs"][name] for s in samples]
-            output: dict[str, Any] = {"frames": _stack_frames([o["frames"] for o in outputs])}
+            output: dict[str, Any] = {"frames": stack_frames([o["frames"] for o in outputs])}
             for key in ("img_aug_matrix", "intrinsics"):
                 if any(key in o for o in outputs):
-                    output[key] = _stack_geometry([o.get(key) for o in outputs])
+                    output[key] = stack_geometry([o.get(key) for o in outputs])
             batch["outputs"][name] = output
     return batch
-
-
-def _stack_frames(frames: Sequence[Any]) -> Any:
-    """Stack the samples' frames of one output: one tensor, or one per camera (``camera_frames="per_camera"``)."""
-    import torch
-
-    if isinstance(frames[0], torch.Tensor):
-        return torch.stack(list(frames))
-    return [torch.stack([f[c] for f in frames]) for c in range(len(frames[0]))]
-
-
-def _stack_geometry(values: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """Stack per-sample ``[cameras, 3, 3]`` matrices; a sample that could not be decoded has none (identity)."""
-    import torch
-
-    like = next(v for v in values if v is not None)
-    eye = torch.eye(3, dtype=like.dtype).expand_as(like)
-    return torch.stack([v if v is not None else eye for v in values])
-
-
-def _sized_like(sample: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]:
-    """An invalid sample with zero frames of the size (after transform) of a decoded sample ``like``, every output."""
-    import torch
-
-    def zeros(frames: Any, reference: Any) -> Any:
-        if _frame_shapes(frames) == _frame_shapes(reference):
-            return frames
-        if isinstance(reference, torch.Tensor):
-            return torch.zeros_like(reference)
-        return [torch.zeros_like(f) for f in reference]
-
-    out = {**sample, "frames": zeros(sample["frames"], like["frames"])}
-    if "outputs" in sample and "outputs" in like:
-        out["outputs"] = {
-            name: {**output, "frames": zeros(output["frames"], like["outputs"][name]["frames"])}
-            for name, output in sample["outputs"].items()
-        }
-    return out
-
-
-def _frame_shapes(frames: Any) -> Any:
-    """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
-    return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:
