@@ -238,7 +238,7 @@ class StreamDataset(Dataset):
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
         # and paged in (a few MB of page faults per step otherwise).
-        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS)
+        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
@@ -249,7 +249,7 @@ class StreamDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
-        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS)
+        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         return state
 
     @property
