@@ -14,7 +14,7 @@ very same pixels. The batch gains::
 ``img_aug_matrix`` and ``intrinsics`` describe that output's own pixels: the geometry augmentation
 (drawn once, shared by every output), then the output's crop and resize. ``FrameTransform()``
 (in YAML ``{}``) delivers the frames as decoded and augmented, for example full resolution next
-to a resized default output; it copies nothing.
+to a resized default output (an identity: no work beyond filling its batch).
 
 Where the work happens: the transforms run where frames are decoded (DataLoader workers, engine
 threads, on the decode device). On the CPU, an output whose ``FrameTransform`` starts with a
