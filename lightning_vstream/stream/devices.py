@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaDevice", "EngineDevice", "HostDevice"]
+__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "nvdec_engine_device"]
 
 
 class EngineDevice(Protocol):
@@ -138,3 +138,20 @@ class CudaDevice:
 
     def default_threads(self) -> int:
         return 2 * max(1, self.engines)
+
+
+def nvdec_engine_device(gpu: int, *, engines: int = 1) -> EngineDevice:
+    """The engine device for NVDEC decoding on GPU ``gpu``: :class:`CudaDevice`, or :class:`HostDevice`
+    when NVDEC's frames live in host memory (a test driver, see
+    :class:`~lightning_vstream.decode.device.HostMemory`), with as many threads as on the GPU.
+
+    Example::
+
+        >>> nvdec_engine_device(0, engines=7).default_threads()  # doctest: +SKIP
+        14
+    """
+    from lightning_vstream.decode.device import frame_memory
+
+    if frame_memory().host:
+        return HostDevice(threads=2 * max(1, engines))
+    return CudaDevice(gpu, engines=engines)

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
+from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
     EngineLoader,
@@ -47,7 +47,6 @@ def build_engine_loader(
     backend: EngineDevice
     factory: DecoderFactory
     if target.type == "cuda":
-        from lightning_vstream.decode.gpu import import_pynvvideocodec
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
         gpu = target.index if target.index is not None else 0
@@ -55,8 +54,8 @@ def build_engine_loader(
             probe_nvdec(gpu)
         first = index.clips[0].cameras[0].info
         codec = first.codec if first is not None else "hevc"
-        engines = num_decoder_engines(import_pynvvideocodec(), gpu, codec)
-        backend = CudaDevice(gpu, engines=engines)
+        engines = num_decoder_engines(gpu, codec)
+        backend = nvdec_engine_device(gpu, engines=engines)
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice()
