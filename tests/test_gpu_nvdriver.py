@@ -651,3 +651,23 @@ def test_gop_decoder_latency_reuse_and_refusals(
         VideoDecodeError, match=r"camera 'CAM'\) frame 12: the compressed data differs from the checksum"
     ):
         collect(decoder, [14])
+
+
+def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: Path) -> None:
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_host_cost", root / "benchmarks" / "gpu_host_cost.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "host_cost.json"
+    argv = ["--json", str(out), "--clips", "2", "--cameras", "2", "--frames", "12", "--gop", "6", "--repeats", "1"]
+    assert bench.main([*argv, "--data-dir", str(tmp_path / "data")]) == 0
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok" and result["rows"]["engine"]["frames_per_run"] == 48
+    for key in ("bare_us_per_frame", "engine_us_per_frame", "ratio", "python_calls_per_frame", "torch_ops_per_frame"):
+        assert result[key] > 0 or key == "torch_ops_per_frame", key
+    assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
+    assert result["conversion"]["calls"] > 0 and result["profile"]

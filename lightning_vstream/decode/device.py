@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import re
+import struct
 import threading
 import warnings
 from types import ModuleType
@@ -253,31 +255,17 @@ class CudaMemory:
         return from_dlpack(frame.__dlpack__(stream=stream.cuda_stream))
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+#: A DLPack ``DLTensor``: data, device (type, id), ndim, dtype (code, bits, lanes), shape, strides, byte offset.
+_DL_TENSOR = struct.Struct("=QiiiBBHQQQ")
 #: DLPack (type code, bits) -> numpy type string.
 _DL_TYPES = {(1, 8): "|u1", (1, 16): "<u2", (0, 8): "|i1", (0, 16): "<i2", (2, 32): "<f4"}
+#: Views already built, by memory and layout: a decoder hands out the same buffer frame after frame.
+_views: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+_views_lock = threading.Lock()
+_VIEWS_KEPT = 256
 
 
 class _HostArray:
@@ -295,32 +283,41 @@ def host_view(capsule: Any) -> torch.Tensor:
 
     Only correct where that memory is host memory, as under the fake NVIDIA driver (its "device"
     allocations are host allocations). Shape, strides and dtype are the capsule's own, so a wrong
-    layout exported by the library shows here exactly as it would on a GPU.
+    layout exported by the library shows here exactly as it would on a GPU. Views are kept by
+    memory address and layout, since a decoder exports the same buffer again and again.
 
     Raises:
         DecoderCapabilityError: The capsule's dtype is not one a decoded frame can have.
     """
+    data, _, _, ndim, code, bits, lanes, shape_at, strides_at, offset = _DL_TENSOR.unpack(
+        ctypes.string_at(_capsule_pointer(capsule, b"dltensor"), _DL_TENSOR.size)
+    )
+    shape = struct.unpack(f"={ndim}q", ctypes.string_at(shape_at, 8 * ndim))
+    strides = struct.unpack(f"={ndim}q", ctypes.string_at(strides_at, 8 * ndim)) if strides_at else None
+    key = (data + offset, shape, strides, code, bits, lanes)
+    view = _views.get(key)
+    if view is not None:
+        return view
     import numpy as np
     import torch
 
-    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    ndim = t.ndim
-    shape = tuple(t.shape[i] for i in range(ndim))
-    typestr = _DL_TYPES.get((t.dtype.code, t.dtype.bits))
-    if typestr is None or t.dtype.lanes != 1:
-        raise DecoderCapabilityError(
-            f"a decoded frame exported DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, {t.dtype.lanes} lanes)"
-        )
-    itemsize = t.dtype.bits // 8
-    strides = tuple(t.strides[i] * itemsize for i in range(ndim)) if t.strides else None
+    typestr = _DL_TYPES.get((code, bits))
+    if typestr is None or lanes != 1:
+        raise DecoderCapabilityError(f"a decoded frame exported DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
+    itemsize = bits // 8
     interface = {
         "version": 3,
         "shape": shape,
         "typestr": typestr,
-        "data": (int(t.data or 0) + int(t.byte_offset), False),
-        "strides": strides,
+        "data": (data + offset, False),
+        "strides": tuple(s * itemsize for s in strides) if strides is not None else None,
     }
-    return torch.from_numpy(np.asarray(_HostArray(interface, capsule)))
+    view = torch.from_numpy(np.asarray(_HostArray(interface, capsule)))
+    with _views_lock:
+        _views[key] = view
+        if len(_views) > _VIEWS_KEPT:
+            _views.popitem(last=False)
+    return view
 
 
 class _HostStream:

@@ -194,9 +194,11 @@ class NvDecoder(DecoderBase):
         self._source: PacketSource | None = None
         self._packets: Iterator[Any] | None = None
         self._convert: Nv12Converter | None = None
+        self._import: Any = None  # FrameMemory.import_surface of the open file's memory
         self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
         self._low = False  # LOW latency: every packet ends its picture
         self._surface_layout: tuple[Any, ...] = ()
+        self._pts_index: dict[int, int] = {}  # the open file's pts -> frame index
         # Frames out of the decoder, not yet returned: (index, DecodedFrame). A DecodedFrame stays
         # valid until the next Decode call, and Decode is called only when this queue is empty.
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
@@ -318,6 +320,8 @@ class NvDecoder(DecoderBase):
             raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
         self._convert = convert
+        self._import = memory.import_surface
+        self._pts_index = {pts: index for index, pts in enumerate(info.pts)}
         self._ordered = memory.host or stream is not None
         self._low = latency == "LOW"
         # What every frame's DLPack export must look like: NV12 (uint8) or P016 (16-bit), (1.5 H, W), rows
@@ -457,7 +461,8 @@ class NvDecoder(DecoderBase):
 
     def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return frame ``index`` (see :meth:`seek` for the cost), written into ``out`` when given."""
-        self.seek(index)
+        if index != self._target or self._needs_seek or index < 0:
+            self.seek(index)
         return self.read(out)
 
     def _feed(self, keep_from: int) -> None:
@@ -491,8 +496,15 @@ class NvDecoder(DecoderBase):
                 frames = session.decoder.Decode(nvc.PacketData())
                 self._ended, self._dirty = True, False
             else:
+                pts = packet.pts
+                if pts is None or self._low:
+                    data = packet_data(nvc, packet, self._where(), end_of_picture=self._low)
+                else:  # packet_data's work, inline: this runs once per frame
+                    data = nvc.PacketData()
+                    data.bsl_data = packet.buffer_ptr
+                    data.bsl = packet.buffer_size
+                    data.pts = pts
                 # The packet owns the bytes PacketData points at, and lives until Decode has returned.
-                data = packet_data(nvc, packet, self._where(), end_of_picture=self._low)
                 self._dirty = True
                 frames = session.decoder.Decode(data)
         except VideoDecodeError:
@@ -504,7 +516,7 @@ class NvDecoder(DecoderBase):
             raise VideoDecodeError(f"{self._where(target)}: NVDEC decoding failed: {err}") from err
         if not frames:
             return
-        lookup = self.info.index_of_pts
+        lookup = self._pts_index.get
         for frame in frames:
             self._frames_decoded += 1
             pts = frame.getPTS()
@@ -538,21 +550,20 @@ class NvDecoder(DecoderBase):
         session, convert = self._session, self._convert
         if session is None or convert is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: converting on a closed NvDecoder")
-        memory = self.memory
         shape, strides, itemsize = self._surface_layout
         if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
-            surface = memory.import_surface(frame, session.stream)
+            surface = self._import(frame, session.stream)
             if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
                 raise self._surface_error(surface, index)
             return convert(surface, out)
         import torch
 
         stream = session.stream
-        consumer = memory.current_stream(self.gpu)
+        consumer = self.memory.current_stream(self.gpu)
         if out is not None:
             stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
         with torch.cuda.stream(stream):
-            surface = memory.import_surface(frame, stream)
+            surface = self._import(frame, stream)
             if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
                 raise self._surface_error(surface, index)
             result = convert(surface, out)

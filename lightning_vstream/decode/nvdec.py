@@ -537,27 +537,31 @@ class PacketSource:
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
 
-    def _check(self, packet: Any) -> None:
-        crcs = self.info.crc32
-        if crcs is None or packet.pts is None:
-            return
-        index = self.info.index_of_pts(packet.pts)
-        if index is not None and zlib.crc32(packet) != crcs[index]:
-            raise VideoDecodeError(
-                f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
-                f"index was built {CHECKSUM_FIX}"
-            )
-
     def packets(self) -> Iterator[Any]:
-        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer)."""
+        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
+
+        Each packet is checked against the frame table's CRC-32 (before the Annex-B filter
+        rewrites it); a mismatch raises :class:`~lightning_vstream.errors.VideoDecodeError`.
+        """
+        crcs = self.info.crc32
+        lookup = self.info.index_of_pts
+        crc32 = zlib.crc32
+        bsf = self._bsf
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
-            self._check(packet)
-            if self._bsf is None:
+            if crcs is not None:
+                pts = packet.pts
+                index = lookup(pts) if pts is not None else None
+                if index is not None and crc32(packet) != crcs[index]:
+                    raise VideoDecodeError(
+                        f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
+                        f"the index was built {CHECKSUM_FIX}"
+                    )
+            if bsf is None:
                 yield packet
             else:
-                yield from self._bsf.filter(packet)
+                yield from bsf.filter(packet)
 
     def close(self) -> None:
         self._container.close()
