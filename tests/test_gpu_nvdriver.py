@@ -671,3 +671,30 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
         assert result[key] > 0 or key == "torch_ops_per_frame", key
     assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
     assert result["conversion"]["calls"] > 0 and result["profile"]
+
+
+def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
+    tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.index import load_index
+    from lightning_vstream.index.build import build_index
+    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.loader import StreamSampler
+
+    for clip, codec in enumerate(("hevc", "h264", "hevc")):  # two formats: the H.264 clip comes second
+        for camera in range(2):
+            path = tmp_path / "videos" / f"scene-{clip:04d}" / f"CAM_{camera}.mp4"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            encode(path, codec, frames=8, gop=4, start=300.0 + 20 * clip + 10 * camera)
+    index = load_index(build_index(tmp_path, output=tmp_path / "index.json", progress=False))
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    clips = _mark_dataset(marker, index)
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=1, shuffle=False)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False)
+    batches = iter(loader)
+    first = next(batches)
+    before_first_step = len(marker.decoders)
+    assert before_first_step == 4  # 2 threads x 1 stream each x 2 formats, all before the first batch
+    seen = [first, *batches]
+    assert len(marker.decoders) == before_first_step  # no decoder created at a clip switch
+    assert [clips[b["clip_id"][0]] for b in seen] == [0] * 8 + [1] * 8 + [2] * 8
