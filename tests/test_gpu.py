@@ -698,3 +698,17 @@ def test_the_decoder_chooses_latency_from_the_recorded_depth(
             assert dec.key is not None and dec.key.latency == latency
     with pytest.raises(ConfigurationError, match=r"latency='low' needs to know.*`vstream index`"):
         _decoder(videos["h264"], info=replace(info, reorder_depth=None), latency="low").read()
+
+
+# -- vstream doctor without a GPU ----------------------------------------------------------------------
+def test_doctor_without_a_gpu_says_so_in_one_line_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from lightning_vstream.cli import main
+
+    monkeypatch.delenv("VSTREAM_NVDEC_HOST_MEMORY", raising=False)
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", None)  # what a machine without the driver sees
+    assert main(["doctor", "--json", str(tmp_path / "doctor.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("vstream doctor: no usable NVIDIA GPU here (PyNvVideoCodec")
+    assert "decode_device='cpu'" in out and not (tmp_path / "doctor.json").exists()

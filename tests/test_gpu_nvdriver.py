@@ -698,3 +698,56 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     seen = [first, *batches]
     assert len(marker.decoders) == before_first_step  # no decoder created at a clip switch
     assert [clips[b["clip_id"][0]] for b in seen] == [0] * 8 + [1] * 8 + [2] * 8
+
+
+# -- vstream doctor over the test driver ---------------------------------------------------------------
+def test_doctor_runs_every_check_it_can_and_says_what_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import os
+
+    from lightning_vstream import doctor
+
+    monkeypatch.setenv("FAKE_W", "256")
+    monkeypatch.setenv("FAKE_H", "256")
+    monkeypatch.setenv("FAKE_CODED_W", "256")
+    monkeypatch.setenv("FAKE_CODED_H", "256")
+    real = doctor._compare
+
+    def compare(entry: dict[str, Any], gpu: int, host: bool) -> dict[str, Any]:
+        # The fake driver announces one bit depth and reorders as told: as each file needs.
+        os.environ["FAKE_DEPTH"] = str(entry["depth"])
+        os.environ["FAKE_REORDER"] = str(probe_video(entry["path"]).reorder_depth or 0)
+        try:
+            return real(entry, gpu, host)
+        finally:
+            os.environ["FAKE_DEPTH"], os.environ["FAKE_REORDER"] = "8", "0"
+
+    monkeypatch.setattr(doctor, "_compare", compare)
+    monkeypatch.setattr(nvdec, "_probed", {})
+    out = tmp_path / "doctor.json"
+    assert doctor.run_doctor(json_path=out, size=(256, 256), frames=12, timing_frames=12) == 0
+    printed = capsys.readouterr().out
+    assert "MODE: a test driver stands in for the GPU" in printed and "pixels not checked" in printed
+    report = json.loads(out.read_text())
+    assert report["schema"] == doctor.SCHEMA and report["mode"] == "test-driver" and report["status"] == "limited"
+    assert report["environment"]["pynvvideocodec"] == "2.2.4" and report["nvdec"]["engines"] == 7
+    assert report["nvdec"]["codecs"]["hevc"]["10-bit"] == {
+        "supported": True,
+        "engines": 7,
+        "min": "144x144",
+        "max": "8192x8192",
+    }
+    assert [r["file"] for r in report["frames"]] == [
+        "hevc 8-bit",
+        "hevc 8-bit, B-frames (open GOP)",
+        "h264 8-bit",
+        "h264 8-bit, B-frames",
+        "hevc 10-bit, B-frames",
+    ]
+    assert all(r["status"] == "limited" and r["stamps"].startswith("not checked") for r in report["frames"])
+    assert [r["latency"] for r in report["frames"]] == ["LOW", "NATIVE", "LOW", "NATIVE", "NATIVE"]
+    throughput = report["throughput"]
+    assert throughput["raw_nvdec_1"]["frames"] == throughput["engine"]["frames"] == 2 * 6 * 12
+    assert throughput["workers"]["status"] == "skipped"
