@@ -559,10 +559,9 @@ def test_nvdec_colours_match_the_cpu_for_the_stream_matrix(tmp_path: Path, color
 
 @pytest.mark.cuda
 def test_nvdec_capabilities_and_probe_on_this_gpu(tmp_path: Path) -> None:
-    nvc = import_pynvvideocodec()
-    caps = nvdec.decoder_caps(nvc, 0, "hevc")
+    caps = nvdec.decoder_caps(0, "hevc")
     assert caps.supported and caps.engines >= 1 and caps.min_width <= 256 <= caps.max_width
-    nvdec.probe_nvdec(0, force=True)
+    assert nvdec.probe_nvdec(0, force=True)["pixels"] == "checked"
     small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
     with pytest.raises(DecoderCapabilityError, match="64x48"):
         NvDecoder(small, device=0, pool=DecoderPool()).read()
