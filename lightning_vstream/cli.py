@@ -238,6 +238,12 @@ datasets to video, import nuScenes, write stamped synthetic data, run the end-to
 exit codes: 0 success, 1 the command failed, 2 usage error"""
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from lightning_vstream.doctor import run_doctor
+
+    return run_doctor(gpu=args.gpu, json_path=args.json, size=args.size)
+
+
 def _encode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=["hevc", "h264"], default="hevc", help="video codec")
     parser.add_argument("--gop", type=_positive, default=12, help="frames between keyframes")
@@ -364,6 +370,19 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_positive, default=40, help="training steps")
     demo.add_argument("--num-workers", type=_non_negative, default=2, help="decoding worker processes")
     demo.set_defaults(func=_cmd_demo)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check whether this machine can decode on the GPU, correctly, and how fast",
+        description="Report the driver, PyNvVideoCodec and NVDEC's engines and limits; decode stamped files on NVDEC "
+        "and on the CPU and compare them frame by frame; measure raw NVDEC, the stream engine and the worker "
+        "design. Without an NVIDIA GPU it says so and exits 0.",
+        formatter_class=_HelpFormatter,
+    )
+    doctor.add_argument("--gpu", type=_non_negative, default=0, help="GPU ordinal to check")
+    doctor.add_argument("--json", type=Path, default=Path("vstream_doctor.json"), help="where the full report goes")
+    doctor.add_argument("--size", type=_size, default=(960, 544), help="size of the generated test files, WIDTHxHEIGHT")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

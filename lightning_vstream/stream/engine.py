@@ -148,6 +148,7 @@ class StreamEngine:
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
         self._ring: list[torch.Tensor] = []
+        self._rows: list[list[torch.Tensor]] = []  # each ring batch's rows, made once (indexing costs an op)
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
@@ -176,6 +177,7 @@ class StreamEngine:
         shape, dtype = self.frame_shape()
         rows = self.sampler.batch_size * self.sampler.num_cameras
         self._ring = [self.device.empty((rows, *shape), dtype) for _ in range(self.ring_size)]
+        self._rows = [list(batch.unbind(0)) for batch in self._ring]
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
@@ -329,7 +331,7 @@ class StreamEngine:
                     slot_index = step % self.ring_size
                     self.device.wait(self._release_events[slot_index], stream)
                     with nvtx_range(RANGE_ENGINE_STEP):
-                        self._decode_step(run, t, step, plan, self._ring[slot_index], decoders)
+                        self._decode_step(run, t, step, plan, self._rows[slot_index], decoders)
                     self.device.record(self._done_events[t][slot_index], stream)
                     with run.cond:
                         run.done[step] = run.done.get(step, 0) + 1
@@ -375,7 +377,7 @@ class StreamEngine:
         t: int,
         step: int,
         plan: _StepPlan,
-        buffer: torch.Tensor,
+        rows: list[torch.Tensor],
         decoders: dict[int, tuple[int, FrameDecoder]],
     ) -> None:
         cams = self.sampler.num_cameras
@@ -390,7 +392,7 @@ class StreamEngine:
                     continue
             try:
                 dec = self._decoder(decoders, position, read.clip, camera)
-                self._write(dec, read, camera, buffer[position])  # the decoder emits its own NVTX ranges
+                self._write(dec, read, camera, rows[position])  # straight into the batch row
             except VideoDecodeError as err:
                 located = self._located(err, read, camera)
                 if self.on_error == "raise":

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
+from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
     EngineLoader,
@@ -36,8 +36,9 @@ def build_engine_loader(
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
-    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``) and sizes the thread pool
-    from the GPU's NVDEC engine count (``GetDecoderCaps``).
+    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
+    from the GPU's NVDEC engine count (``GetDecoderCaps``), and has each decode thread create its
+    decoders for every format of the index before the first step.
 
     Example::
 
@@ -47,7 +48,6 @@ def build_engine_loader(
     backend: EngineDevice
     factory: DecoderFactory
     if target.type == "cuda":
-        from lightning_vstream.decode.gpu import import_pynvvideocodec
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
         gpu = target.index if target.index is not None else 0
@@ -55,8 +55,12 @@ def build_engine_loader(
             probe_nvdec(gpu)
         first = index.clips[0].cameras[0].info
         codec = first.codec if first is not None else "hevc"
-        engines = num_decoder_engines(import_pynvvideocodec(), gpu, codec)
-        backend = CudaDevice(gpu, engines=engines)
+        engines = num_decoder_engines(gpu, codec)
+        rows = sampler.batch_size * sampler.num_cameras
+        per_thread = -(-rows // max(1, min(threads or 2 * engines, rows)))
+        backend = nvdec_engine_device(
+            gpu, engines=engines, prepare=one_file_per_format(index), streams_per_thread=per_thread
+        )
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice()
