@@ -31,6 +31,7 @@ __all__ = [
     "StepMismatchError",
     "UsageError",
     "VStreamError",
+    "VStreamWarning",
     "VideoDecodeError",
     "WorkerError",
 ]
@@ -132,3 +133,8 @@ class MissingDependencyError(VStreamError, ImportError):
 
 class UsageError(VStreamError, RuntimeError):
     """A method was called out of order (a loader before ``setup()``), or an internal invariant broke."""
+
+
+class VStreamWarning(UserWarning):
+    """Base class of every warning lightning_vstream issues (silence them all with
+    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors)."""

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream.errors import (
+    ConfigurationError,
     ConfigurationTypeError,
     DataFormatError,
     FileChangedError,
     IndexValidationError,
     MissingFileError,
+    VStreamWarning,
 )
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
@@ -62,8 +64,15 @@ def _pairs_without_duplicates(where: str) -> Any:
 
 def _read_json(path: Path) -> Any:
     where = repr(str(path))
+    if path.is_dir():
+        inside = path / "index.json"
+        fix = f"pass {str(inside)!r}" if inside.is_file() else f"run `vstream index {path}` to write {str(inside)!r}"
+        raise ConfigurationError(f"index file {where} is a folder; {fix}.")
     if not path.is_file():
-        raise MissingFileError(f"index file {where} does not exist.")
+        raise MissingFileError(
+            f"index file {where} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
+            "or `vstream synth FOLDER` to write a stamped synthetic dataset."
+        )
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -207,6 +216,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         reference = ("the cameras argument", tuple(cameras))
     # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files, keys).
     pending: list[tuple[str, Path, int, tuple[str, ...], list[str], list[str]]] = []
+    scanned: list[set[str]] = []  # the camera files of every clip folder read
     clips: list[Clip] = []
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
@@ -280,6 +290,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                 reference = (f"clip {clip_id!r}", tuple(found))
             names = reference[1]
             missing = [n for n in names if n not in found]
+            scanned.append(set(found))
             if missing:
                 problems.append(
                     f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
@@ -309,6 +320,18 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, mine))
             at += len(names)
             clips.append(Clip(clip_id, video_dir, count, streams))
+    if cameras is not None and scanned:
+        # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
+        nowhere = [n for n in cameras if not any(n in found for found in scanned)]
+        if nowhere:
+            existing = sorted(set().union(*scanned))
+            raise IndexValidationError(
+                where,
+                [
+                    f"{where}: cameras={cameras!r}: no clip has camera(s) {nowhere}; the index's clips have "
+                    f"cameras {existing}. Pass names from that list, or cameras=None for all of them."
+                ],
+            )
     changed: list[str] = []
     if check == "thorough" and not problems:
         # The fast check opens no file: a decoder compares each file's identity when it opens it.
@@ -398,6 +421,6 @@ def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
         "file fingerprints are not checked, and a replaced or corrupted file can deliver wrong frames without an "
         f"error. Turn the checks on with `vstream index --tables {path}` (writes the frame tables of the files "
         "this index lists).",
-        UserWarning,
+        VStreamWarning,
         stacklevel=4,
     )
