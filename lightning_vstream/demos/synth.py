@@ -13,8 +13,8 @@ import itertools
 import json
 import multiprocessing
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -30,6 +30,7 @@ __all__ = [
     "clip_name",
     "clip_number",
     "draw_stamp",
+    "frame_image",
     "read_stamp",
     "write_dataset",
     "write_stamped_video",
@@ -191,6 +192,13 @@ def _frame(texture: np.ndarray, width: int, height: int, index: int, stamp: Stam
     return image
 
 
+def frame_image(width: int, height: int, stamp: Stamp) -> np.ndarray:
+    """The RGB image ``[height, width, 3]`` (uint8) of a stamped frame, as :func:`write_stamped_video` encodes it."""
+    _cell(width, height)
+    texture = _texture(width, height, seed=stamp.clip * 1000 + stamp.camera)
+    return _frame(texture, width, height, stamp.frame, stamp)
+
+
 def write_stamped_video(
     path: Path | str,
     *,
@@ -296,7 +304,38 @@ def _mux_audio(container: Any, audio: Any, pts: int, *, until: float) -> int:
 
 
 def _write_job(job: dict[str, Any]) -> str:
+    if job.pop("images"):
+        for key in ("codec", "gop", "bframes", "preset"):
+            job.pop(key)
+        from lightning_vstream.demos.synth_images import write_stamped_images
+
+        return str(write_stamped_images(job.pop("path").with_suffix(""), **job))
     return str(write_stamped_video(**job))
+
+
+#: What a dataset written by :func:`write_dataset` may leave in its root, besides the video folder.
+_DATASET_FILES = ("annotations", "index.tables.bin", "index.meta.json")
+
+
+def _existing_dataset(root: Path, video_dir: str, index_name: str) -> list[str]:
+    """The entries of ``root`` that belong to a dataset written there before (empty when there is none)."""
+    found = []
+    for name in (index_name, video_dir, *_DATASET_FILES):
+        path = root / name
+        if (path.is_dir() and any(path.iterdir())) or path.is_file():
+            found.append(name + ("/" if path.is_dir() else ""))
+    return found
+
+
+def _clear_dataset(root: Path, entries: Sequence[str]) -> None:
+    import shutil
+
+    for name in entries:
+        path = root / name.rstrip("/")
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def write_dataset(
@@ -316,10 +355,14 @@ def write_dataset(
     index_name: str = "index.json",
     with_metadata: bool = True,
     annotations: bool = False,
+    images: bool = False,
+    replace: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Path:
     """Write a stamped multi-camera dataset in accvlab's layout plus its index.
 
-    Files go to ``root/<video_dir>/<clip_id>/<camera>.mp4``; the index is written to
+    Files go to ``root/<video_dir>/<clip_id>/<camera>.mp4`` (with ``images``: a folder
+    ``<camera>/`` of JPEG files and ``timestamps.txt``); the index is written to
     ``root/<index_name>`` with ``video_dir`` relative to it. Clip ``i`` is named
     :func:`clip_name` ``(i)`` and its frames are stamped with ``clip=i``; camera numbers are
     positions in the sorted camera list, as the index orders cameras.
@@ -341,9 +384,19 @@ def write_dataset(
         with_metadata: Also write the frame-table metadata file next to the index.
         annotations: Also write synthetic annotations to ``root/annotations`` (values encode
             clip and frame; see :mod:`lightning_vstream.demos.synth_annotations`).
+        images: Write each camera as a folder of stamped JPEG images with ``timestamps.txt``
+            instead of a video file (an image dataset, as ``vstream encode`` takes; needs Pillow).
+        replace: Delete a dataset already in ``root`` (its index, frame tables, video folder and
+            annotations; nothing else) before writing. Without it such a folder is refused, since
+            its stale clip and camera files would end up in the new index.
+        progress: Called as ``progress(path, done, total)`` after each camera file is written.
 
     Returns:
         Path of the written index file.
+
+    Raises:
+        ConfigurationError: ``root`` holds another dataset and ``replace`` is False, or an argument
+            is invalid (the message names it).
 
     Example::
 
@@ -352,6 +405,17 @@ def write_dataset(
     from lightning_vstream.index import build_index
 
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ConfigurationError(f"{str(root)!r} is a file; give a folder to write the dataset into.")
+    if root.is_dir():
+        stale = _existing_dataset(root, video_dir, index_name)
+        if stale and not replace:
+            raise ConfigurationError(
+                f"{str(root)!r} already holds a dataset ({', '.join(stale)}); writing another one there would mix "
+                "their clip and camera files into one index. Choose an empty folder, or pass --replace "
+                "(replace=True) to delete those entries first."
+            )
+        _clear_dataset(root, stale)
     if isinstance(cameras, int):
         if cameras < 1:
             raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")
@@ -375,16 +439,24 @@ def write_dataset(
                     bframes=bframes,
                     fps=fps,
                     preset=preset,
+                    images=images,
                 )
             )
+    total = len(job_list)
     if jobs > 1:
         # forkserver: encoding processes inherit no state (open decoders, threads) from the caller.
         context = multiprocessing.get_context("forkserver")
         with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1), mp_context=context) as pool:
-            list(pool.map(_write_job, job_list))
+            futures = [pool.submit(_write_job, job) for job in job_list]
+            for done, future in enumerate(as_completed(futures), 1):
+                written = future.result()
+                if progress is not None:
+                    progress(written, done, total)
     else:
-        for job in job_list:
-            _write_job(job)
+        for done, job in enumerate(job_list, 1):
+            written = _write_job(job)
+            if progress is not None:
+                progress(written, done, total)
     index_path = root / index_name
     entries = {video_dir: {clip_name(c): counts[c] for c in range(clips)}}
     if with_metadata:
