@@ -236,11 +236,14 @@ def test_lightning_cli_configures_annotations_and_augmentation(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["train_stream.py"])  # LightningCLI(args=...) warns about extra argv
     cli = module.main(
         [
             "--config",
             str(root / "examples" / "configs" / "stream.yaml"),
             "--data.index_file",
+            str(ann_index),
+            "--data.val_index_file",
             str(ann_index),
             "--data.num_workers",
             "0",

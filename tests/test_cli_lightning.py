@@ -49,6 +49,8 @@ def _args(index: Path, *extra: str) -> list[str]:
         str(CONFIG),
         "--data.index_file",
         str(index),
+        "--data.val_index_file",
+        str(index),
         "--data.num_workers",
         "0",
         "--trainer.max_steps",
@@ -94,7 +96,7 @@ def test_cli_fit_subcommand_runs(cli_index: Path, tmp_path: Path, monkeypatch: p
 
 def _bad_config(tmp_path: Path, index: Path, **data: Any) -> Path:
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(index_file=str(index), **data)
+    config["data"].update(index_file=str(index), val_index_file=str(index), **data)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -142,7 +144,7 @@ def test_a_misspelt_option_is_named_first_with_the_closest_valid_one(
     cli_index: Path, tmp_path: Path, section: str, key: str, args: list[str], message: str
 ) -> None:
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"]["index_file"] = str(cli_index)
+    config["data"].update(index_file=str(cli_index), val_index_file=str(cli_index))
     config[section][key] = 2
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -179,7 +181,9 @@ def test_frame_transform_from_yaml_by_its_options_or_class_path(
     from lightning_vstream import FrameTransform
 
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(index_file=str(cli_index), num_workers=0, batch_size=2, transform=transform)
+    config["data"].update(
+        index_file=str(cli_index), val_index_file=None, num_workers=0, batch_size=2, transform=transform
+    )
     path = tmp_path / "transform.yaml"
     path.write_text(yaml.safe_dump(config))
     dm = _example().main(["--config", str(path)], run=False).datamodule
@@ -199,6 +203,7 @@ def test_user_transform_class_from_yaml_class_path(
     config = yaml.safe_load(CONFIG.read_text())
     config["data"].update(
         index_file=str(cli_index),
+        val_index_file=str(cli_index),
         num_workers=0,
         batch_size=2,
         shuffle=False,
@@ -229,3 +234,35 @@ def test_user_transform_class_from_yaml_class_path(
     assert torch.equal(bright["frames"], (base["frames"].to(torch.int16) + 40).clamp(0, 255).to(torch.uint8))
     cli.trainer.fit(cli.model, datamodule=dm)
     assert cli.trainer.global_step == 2
+
+
+def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
+    """`examples/train_stream.py fit` as the docs run it: Lightning's log lines, but no warning."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHONWARNINGS")}
+    argv = [
+        "fit",
+        "--config",
+        str(CONFIG),
+        "--data.index_file",
+        str(cli_index),
+        "--data.val_index_file",
+        str(cli_index),
+    ]
+    argv += ["--data.num_workers", "0", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_stream.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if re.search(r"\.py:\d+: |Warning", line)]
+    assert warned == []
+    assert (tmp_path / "runs" / "stream" / "lightning_logs" / "version_0" / "metrics.csv").is_file()
