@@ -365,7 +365,10 @@ def test_synth_refuses_a_folder_holding_another_dataset_unless_told_to_replace_i
     capsys.readouterr()
     assert main([*_synth(root), "-q"]) == 2
     err = capsys.readouterr().err
-    assert f"vstream synth: error: {str(root)!r} already holds a dataset (index.json, videos/, index.tables.bin)" in err
+    assert err.startswith(
+        f"vstream synth: error: {str(root)!r} holds another dataset: videos/scene-0000/CAM_BACK_RIGHT.mp4, "
+        "videos/scene-0001/CAM_BACK_RIGHT.mp4, videos/scene-0002/ would not be overwritten"
+    )
     assert "pass --replace" in err
     assert len(load_index(root / "index.json").camera_names) == 3  # untouched
 
@@ -374,6 +377,8 @@ def test_synth_refuses_a_folder_holding_another_dataset_unless_told_to_replace_i
     assert index.camera_names == ("CAM_BACK", "CAM_BACK_LEFT") and len(index) == 2
     assert sorted(p.name for p in (root / "videos").iterdir()) == ["scene-0000", "scene-0001"]
     assert (root / "notes.txt").read_text() == "mine"  # only the dataset's own entries are replaced
+    assert main([*_synth(root), "-q"]) == 0  # the same dataset again: every file is overwritten, none left over
+    assert main([*_synth(root), "-q", "--images"]) == 2  # camera folders would sit beside the camera files
 
 
 def test_synth_writes_an_image_dataset_that_encode_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

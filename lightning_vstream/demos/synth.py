@@ -313,28 +313,43 @@ def _write_job(job: dict[str, Any]) -> str:
     return str(write_stamped_video(**job))
 
 
-#: What a dataset written by :func:`write_dataset` may leave in its root, besides the video folder.
+#: What a dataset written by :func:`write_dataset` may leave in its root, besides its index and video folder.
 _DATASET_FILES = ("annotations", "index.tables.bin", "index.meta.json")
 
 
-def _existing_dataset(root: Path, video_dir: str, index_name: str) -> list[str]:
-    """The entries of ``root`` that belong to a dataset written there before (empty when there is none)."""
-    found = []
-    for name in (index_name, video_dir, *_DATASET_FILES):
-        path = root / name
-        if (path.is_dir() and any(path.iterdir())) or path.is_file():
-            found.append(name + ("/" if path.is_dir() else ""))
-    return found
+def _stale(root: Path, video_dir: str, clip_ids: Sequence[str], cameras: Sequence[str], images: bool) -> list[str]:
+    """Files of an earlier dataset in ``root`` that writing this one would not overwrite, relative to ``root``.
+
+    Such files would end up in the new index (a clip or camera too many) or beside it (annotations of
+    other clips, tables in the other format); writing the same dataset again leaves none.
+    """
+    stale: list[str] = []
+    videos = root / video_dir
+    expected = {f"{name}{'' if images else '.mp4'}" for name in cameras}
+    if videos.is_dir():
+        for clip in sorted(videos.iterdir()):
+            if clip.name not in clip_ids:
+                stale.append(f"{video_dir}/{clip.name}" + ("/" if clip.is_dir() else ""))
+            elif clip.is_dir():
+                stale += [f"{video_dir}/{clip.name}/{e.name}" for e in sorted(clip.iterdir()) if e.name not in expected]
+    annotations = root / "annotations"
+    if annotations.is_dir():
+        wanted = {f"{clip}.npz" for clip in clip_ids}
+        stale += [f"annotations/{e.name}" for e in sorted(annotations.iterdir()) if e.name not in wanted]
+    if (root / "index.meta.json").exists():  # tables are written as index.tables.bin
+        stale.append("index.meta.json")
+    return stale
 
 
-def _clear_dataset(root: Path, entries: Sequence[str]) -> None:
+def _clear_dataset(root: Path, video_dir: str, index_name: str) -> None:
+    """Delete the index, tables, video folder and annotations of a dataset in ``root``; nothing else."""
     import shutil
 
-    for name in entries:
-        path = root / name.rstrip("/")
+    for name in (index_name, video_dir, *_DATASET_FILES):
+        path = root / name
         if path.is_dir():
             shutil.rmtree(path)
-        else:
+        elif path.exists():
             path.unlink()
 
 
@@ -387,16 +402,18 @@ def write_dataset(
         images: Write each camera as a folder of stamped JPEG images with ``timestamps.txt``
             instead of a video file (an image dataset, as ``vstream encode`` takes; needs Pillow).
         replace: Delete a dataset already in ``root`` (its index, frame tables, video folder and
-            annotations; nothing else) before writing. Without it such a folder is refused, since
-            its stale clip and camera files would end up in the new index.
+            annotations; nothing else) before writing. Without it, a folder holding files of another
+            dataset that this one would not overwrite (clips or cameras too many, annotations of other
+            clips) is refused, since they would end up in the new index; writing the same dataset again
+            is fine.
         progress: Called as ``progress(path, done, total)`` after each camera file is written.
 
     Returns:
         Path of the written index file.
 
     Raises:
-        ConfigurationError: ``root`` holds another dataset and ``replace`` is False, or an argument
-            is invalid (the message names it).
+        ConfigurationError: ``root`` holds another dataset's files and ``replace`` is False, or an
+            argument is invalid (the message names it).
 
     Example::
 
@@ -407,15 +424,6 @@ def write_dataset(
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise ConfigurationError(f"{str(root)!r} is a file; give a folder to write the dataset into.")
-    if root.is_dir():
-        stale = _existing_dataset(root, video_dir, index_name)
-        if stale and not replace:
-            raise ConfigurationError(
-                f"{str(root)!r} already holds a dataset ({', '.join(stale)}); writing another one there would mix "
-                "their clip and camera files into one index. Choose an empty folder, or pass --replace "
-                "(replace=True) to delete those entries first."
-            )
-        _clear_dataset(root, stale)
     if isinstance(cameras, int):
         if cameras < 1:
             raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")
@@ -423,6 +431,17 @@ def write_dataset(
     else:
         names = list(cameras)
     names = sorted(names)
+    if replace:
+        _clear_dataset(root, video_dir, index_name)
+    elif root.is_dir():
+        stale = _stale(root, video_dir, [clip_name(c) for c in range(clips)], names, images)
+        if stale:
+            listed = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
+            raise ConfigurationError(
+                f"{str(root)!r} holds another dataset: {listed} would not be overwritten and would end up in the "
+                "new index. Choose an empty folder, or pass --replace (replace=True) to delete the dataset there "
+                "(its index, frame tables, videos and annotations; nothing else) first."
+            )
     counts = [frames] * clips if isinstance(frames, int) else [frames[i % len(frames)] for i in range(clips)]
     job_list = []
     for c in range(clips):
