@@ -19,7 +19,7 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert main(["demo", "--cache-dir", str(cache), "--steps", "5", "--num-workers", "0"]) == 0
     first = capsys.readouterr().out
     assert "data     generated 10 clips x 6 cameras" in first
-    assert "(6 clips to train on, 4 held out for validation)" in first
+    assert "(6 clips to train on, 4 held out for validation)" in " ".join(first.split())
     assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 training steps", first)
     assert "decode   amplification 1.00: 120 frames decoded for 120 delivered in training, 0 seeks" in first
     # 5 training steps x 4 slots x 6 cameras, then the validation pass over the 4 held-out clips.

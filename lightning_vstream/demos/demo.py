@@ -255,7 +255,7 @@ def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
             print(f"data     cached dataset in {root} is unusable ({err}); rebuilding it", file=out)
         else:
             if sizes == [DATASET["clips"] - VAL_CLIPS, VAL_CLIPS] and (root / "annotations").is_dir():
-                print(f"data     reused {spec}\n         ({split}) from {root}", file=out)
+                print(_wrap(f"data     reused {spec} ({split}) from {root}"), file=out)
                 return root, True
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -270,8 +270,10 @@ def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(
-        f"data     generated {spec} in {time.perf_counter() - started:.1f} s\n         ({split}) into {root}; "
-        "the next run reuses it (delete the folder to rebuild)",
+        _wrap(
+            f"data     generated {spec} in {time.perf_counter() - started:.1f} s ({split}) into {root}; "
+            "the next run reuses it (delete the folder to rebuild)"
+        ),
         file=out,
     )
     return root, False
