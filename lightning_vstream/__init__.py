@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         regular_clips,
         segment_times,
     )
-    from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError
+    from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError, VStreamWarning
     from lightning_vstream.index import VideoIndex, build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
@@ -58,6 +58,7 @@ _EXPORTS = {
     "TimeWindow": "lightning_vstream.clips.selection",
     "VStreamCLI": "lightning_vstream.lightning_cli",
     "VStreamError": "lightning_vstream.errors",
+    "VStreamWarning": "lightning_vstream.errors",
     "VideoClipDataset": "lightning_vstream.clips.dataset",
     "VideoDecodeError": "lightning_vstream.errors",
     "VideoIndex": "lightning_vstream.index",
@@ -114,6 +115,7 @@ __all__ = [
     "TimeWindow",
     "VStreamCLI",
     "VStreamError",
+    "VStreamWarning",
     "VideoClipDataset",
     "VideoDecodeError",
     "VideoIndex",

@@ -31,7 +31,6 @@ __all__ = [
     "StepMismatchError",
     "UsageError",
     "VStreamError",
-    "VStreamWarning",
     "VideoDecodeError",
     "WorkerError",
 ]
@@ -137,4 +136,6 @@ class UsageError(VStreamError, RuntimeError):
 
 class VStreamWarning(UserWarning):
     """Base class of every warning lightning_vstream issues (silence them all with
-    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors)."""
+    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).
+
+    Public as ``lightning_vstream.VStreamWarning``; ``__all__`` here lists the exceptions."""

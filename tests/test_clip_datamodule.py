@@ -10,9 +10,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_vstream import VStreamWarning
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.errors import VideoDecodeError, VStreamWarning
+from lightning_vstream.errors import VideoDecodeError
 from lightning_vstream.transforms import FrameTransform
 
 

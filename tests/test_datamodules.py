@@ -11,10 +11,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_vstream import ClipVideoDataModule, GpuOptions, StreamVideoDataModule
+from lightning_vstream import ClipVideoDataModule, GpuOptions, StreamVideoDataModule, VStreamWarning
 from lightning_vstream.callbacks import TemporalStateReset
 from lightning_vstream.demos.models import TinyStreamPETR
-from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError, VStreamWarning
+from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,9 @@ class Stateless(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self.layer(batch["frames"].float().mean(dim=(1, 3, 4)) / 255).pow(2).mean()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        pass
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -169,5 +172,6 @@ def test_gpu_options_from_a_yaml_section(index: Path, tmp_path: Path, monkeypatc
     monkeypatch.setattr("sys.argv", ["train"])
     config = tmp_path / "gpu.yaml"
     config.write_text(f"data:\n  index_file: {index}\n  gpu:\n    fallback: cpu\n    probe: false\n")
-    cli = LightningCLI(TinyStreamPETR, StreamVideoDataModule, run=False, args=["--config", str(config)])
+    args = ["--config", str(config), "--trainer.logger", "false", "--seed_everything", "0"]
+    cli = LightningCLI(TinyStreamPETR, StreamVideoDataModule, run=False, args=args)
     assert cli.datamodule.gpu == GpuOptions(fallback="cpu", probe=False)

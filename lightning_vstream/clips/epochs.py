@@ -100,9 +100,11 @@ class EpochClipDataset(Dataset[dict[str, Any]]):
         """Close this process's decoders (they reopen lazily)."""
         self.dataset.close()
 
-    @property
-    def decode_device(self) -> str:
-        return self.dataset.decode_device
+    def __getattr__(self, name: str) -> Any:
+        # Reads of anything else (frame_policy, requests, index...) go to the dataset; not while unpickling.
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 class EpochClipSampler(DistributedSampler[EpochItem]):

@@ -118,7 +118,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
 
     Fitting without :class:`~lightning_vstream.callbacks.TemporalStateReset` in the Trainer's
-    callbacks warns once (a :class:`~lightning_vstream.errors.VStreamWarning`): nothing would clear
+    callbacks warns once (a :class:`~lightning_vstream.VStreamWarning`): nothing would clear
     the model's memory where a slot starts a new clip. A model that reads ``batch["is_first"]``
     itself, or keeps no state from step to step, says so with a class attribute
     ``handles_is_first = True``, which silences the warning.
