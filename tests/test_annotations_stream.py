@@ -320,6 +320,8 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
 
 
 class _Recorder(pl.LightningModule):
+    handles_is_first = True  # keeps no state from one step to the next
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)
