@@ -6,12 +6,11 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import Sampler
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_vstream._datamodule import (
     EvalLoader,
@@ -24,7 +23,6 @@ from lightning_vstream._datamodule import (
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
-from lightning_vstream.clips.epochs import STAT_FIELDS, EpochClipDataset, EpochClipSampler, new_counters
 from lightning_vstream.clips.planner import FramePolicy
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -37,8 +35,12 @@ from lightning_vstream.clips.selection import (
 )
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
-from lightning_vstream.stream.worker import DecodeStats
 from lightning_vstream.transforms import FrameTransform
+
+if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
+    from lightning_vstream.clips.epochs import EpochClipDataset, EpochClipSampler
+    from lightning_vstream.clips.loader import ClipDataLoader
+    from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["ClipVideoDataModule"]
 
@@ -396,6 +398,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def _loader(
         self, split: Stage, dataset: EpochClipDataset, sampler: Sampler[Any], drop_last: bool
     ) -> ClipDataLoader:
+        from lightning_vstream.clips.loader import ClipDataLoader
+
         workers = self._workers(dataset.dataset)
         with warnings.catch_warnings():  # torchdata calls a torch API that torch has deprecated
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -431,6 +435,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
         epoch: int,
         drop_last: bool,
     ) -> EpochClipSampler:
+        from lightning_vstream.clips.epochs import EpochClipSampler
+
         sampler = EpochClipSampler(
             dataset,
             draw,
@@ -448,6 +454,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ClipDataLoader:
         """Loader over the training requests: new random windows and augmentations every epoch (through the
         sampler's ``set_epoch``); stateful, so checkpoints resume mid-epoch exactly."""
+        from lightning_vstream.clips.epochs import EpochClipDataset, new_counters
+
         epoch = self._epoch()
         plain = self._dataset(self._index("train"), self.train_requests(epoch), epoch=epoch)
         dataset = EpochClipDataset(plain, new_counters(self._workers(plain)))
@@ -461,6 +469,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
 
     def _eval_loader(self, split: Stage) -> ClipDataLoader:
         """Regular windows over the ``split`` index, in order."""
+        from lightning_vstream.clips.epochs import EpochClipDataset, new_counters
+
         index = self._index(split)
         plain = self._dataset(index, regular_clips(index, self.window, hop=self.hop), training=False)
         dataset = EpochClipDataset(plain, new_counters(self._workers(plain)))
@@ -479,6 +489,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def decode_stats(self, split: Stage = "train") -> DecodeStats:
         """Counters of the ``split`` loader, summed over its workers: frames decoded and delivered, samples
         skipped (``valid=False``), distinct bad files (per worker), frames without annotation."""
+        from lightning_vstream.stream.worker import DecodeStats
+
         loader = self._loaders.get(split)
         if loader is None:
             warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
@@ -490,24 +502,3 @@ class ClipVideoDataModule(pl.LightningDataModule):
         ``stage`` is None); the DataModule can be fitted again afterwards."""
         for loader in self._loaders.values():
             loader.close()
-
-
-class ClipDataLoader(StatefulDataLoader):
-    """The ``StatefulDataLoader`` of :class:`ClipVideoDataModule`, with its workers' counters in :attr:`stats`."""
-
-    dataset: EpochClipDataset
-
-    @property
-    def stats(self) -> DecodeStats:
-        """What every worker (and this process) decoded, delivered and skipped since the loader was built."""
-        totals = dict(zip(STAT_FIELDS, self.dataset.counters.sum(dim=0).tolist()))
-        return DecodeStats(**totals)
-
-    def close(self) -> None:
-        """End persistent workers and close this process's decoders (they reopen lazily)."""
-        iterator = getattr(self, "_iterator", None)
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
-        self._iterator = None
-        self.dataset.close()
