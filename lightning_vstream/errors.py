@@ -132,3 +132,10 @@ class MissingDependencyError(VStreamError, ImportError):
 
 class UsageError(VStreamError, RuntimeError):
     """A method was called out of order (a loader before ``setup()``), or an internal invariant broke."""
+
+
+class VStreamWarning(UserWarning):
+    """Base class of every warning lightning_vstream issues (silence them all with
+    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).
+
+    Public as ``lightning_vstream.VStreamWarning``; ``__all__`` here lists the exceptions."""

@@ -236,11 +236,14 @@ def test_lightning_cli_configures_annotations_and_augmentation(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["train_stream.py"])  # LightningCLI(args=...) warns about extra argv
     cli = module.main(
         [
             "--config",
             str(root / "examples" / "configs" / "stream.yaml"),
             "--data.index_file",
+            str(ann_index),
+            "--data.val_index_file",
             str(ann_index),
             "--data.num_workers",
             "0",
@@ -317,6 +320,8 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
 
 
 class _Recorder(pl.LightningModule):
+    handles_is_first = True  # keeps no state from one step to the next
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)

@@ -112,7 +112,7 @@ def test_auto_uses_workers_on_the_cpu_and_threads_on_cuda(engine_index: Path) ->
     [
         ({"engine": "processes"}, r"engine='processes' is invalid; expected 'auto', 'threads' or 'workers'"),
         ({"engine_threads": 0}, r"engine_threads=0 is invalid; expected None or an integer >= 1"),
-        ({"gpu_fallback": "gpu"}, r"gpu_fallback='gpu' is invalid; expected 'none' or 'cpu'"),
+        ({"gpu": {"fallback": "gpu"}}, r"fallback='gpu' is invalid; expected 'none' or 'cpu'"),
     ],
 )
 def test_engine_arguments_are_checked(engine_index: Path, kwargs: dict[str, Any], match: str) -> None:

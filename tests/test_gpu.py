@@ -393,7 +393,7 @@ def test_probe_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     def hung(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         raise subprocess.TimeoutExpired(cmd, timeout)
 
-    with pytest.raises(DecoderCapabilityError, match=r"did not finish within 3 s.*nvdec_probe=False"):
+    with pytest.raises(DecoderCapabilityError, match=r"did not finish within 3 s.*probe=False"):
         nvdec.probe_nvdec(1, runner=hung, timeout=3)
 
 

@@ -572,7 +572,7 @@ def test_formats_nvdec_or_the_conversion_cannot_take_are_refused_or_fall_back_to
     with pytest.raises(
         DecoderCapabilityError,
         match=r"\(clip 'x', camera 'CAM'\) is hevc 64x48 8-bit 4:2:0, outside what NVDEC on GPU 0 decodes "
-        r".*144x144 to 8192x8192.*gpu_fallback",
+        r".*144x144 to 8192x8192.*fallback=.cpu.",
     ):
         NvDecoder(small, pool=DecoderPool(), label="clip 'x', camera 'CAM'").read()
     odd = write_stamped_video(tmp_path / "odd.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(257, 255))

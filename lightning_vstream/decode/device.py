@@ -25,7 +25,7 @@ import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingDependencyError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingDependencyError, VStreamWarning
 
 if TYPE_CHECKING:
     import torch
@@ -178,6 +178,7 @@ def resolve_decode_device(
         warnings.warn(
             "decode_device='auto' decodes on the CPU: CUDA is available but PyNvVideoCodec is not. "
             "Run `pip install lightning_vstream[gpu]` to decode on the GPU.",
+            VStreamWarning,
             stacklevel=2,
         )
         return torch.device("cpu")

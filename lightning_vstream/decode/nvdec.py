@@ -286,7 +286,7 @@ def _run_child(gpu: int, cmd: list[str], timeout: float, runner: Runner | None, 
     except subprocess.TimeoutExpired:
         raise DecoderCapabilityError(
             f"{what} on GPU {gpu} did not finish within {timeout:g} s (`{' '.join(cmd[1:])}`); check the driver "
-            "(nvidia-smi), or pass nvdec_probe=False to skip the decoding probe."
+            "(nvidia-smi), or pass gpu=GpuOptions(probe=False) to skip the decoding probe."
         ) from None
     report = _child_report(result)
     if result.returncode != 0 or report is None or report.get("status") != "ok":
@@ -311,7 +311,7 @@ def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner |
     Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
     :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
     """
-    fix = "decode this file with decode_device='cpu', or pass gpu_fallback='cpu' to decode such files on the CPU."
+    fix = "decode this file with decode_device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
     label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"
     if fmt.codec not in NVDEC_CODECS:
         raise DecoderCapabilityError(

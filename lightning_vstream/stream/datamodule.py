@@ -11,20 +11,24 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_vstream._datamodule import (
+    DEFAULT_GPU_OPTIONS,
     EvalLoader,
+    GpuOptions,
     MultiprocessingContext,
     check_arguments,
+    gpu_options,
     plain_hparams,
     rank_decode_device,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset
+from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]
 
@@ -109,11 +113,15 @@ class StreamVideoDataModule(pl.LightningDataModule):
             picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
             threads for ``decode_device="cuda"``, workers on the CPU.
         engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
-        gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
-            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
-            and copies their frames to the GPU.
-        nvdec_probe: Decode one frame in a child process at setup (once per GPU), so a broken driver
-            or CUDA fault is an error at once rather than the end of a long run.
+        gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot
+            decode, and whether to probe the decoder at setup (:class:`~lightning_vstream.GpuOptions`).
+            In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
+
+    Fitting without :class:`~lightning_vstream.callbacks.TemporalStateReset` in the Trainer's
+    callbacks warns once (a :class:`~lightning_vstream.VStreamWarning`): nothing would clear
+    the model's memory where a slot starts a new clip. A model that reads ``batch["is_first"]``
+    itself, or keeps no state from step to step, says so with a class attribute
+    ``handles_is_first = True``, which silences the warning.
 
     Example::
 
@@ -145,9 +153,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         index_check: Literal["fast", "thorough"] = "fast",
-        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
-        # "class_path must name a subclass of it" and would refuse transform classes.
-        transform: Callable[[torch.Tensor], Any] | None = None,
+        # FrameTransform first, so that a YAML mapping of its options ({resize: ..., dtype: ...}) builds
+        # one. The callable returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class
+        # return type as "class_path must name a subclass of it" and would refuse transform classes.
+        transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         multiprocessing_context: MultiprocessingContext | None = None,
         timeout: float = 300.0,
@@ -159,8 +168,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         engine: Literal["auto", "threads", "workers"] = "auto",
         engine_threads: int | None = None,
-        gpu_fallback: Literal["none", "cpu"] = "none",
-        nvdec_probe: bool = True,
+        gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["transform"])
@@ -197,7 +205,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 engine_threads is None or engine_threads >= 1,
                 "None or an integer >= 1",
             ),
-            "gpu_fallback": (gpu_fallback, gpu_fallback in ("none", "cpu"), "'none' or 'cpu'"),
         }
         check_arguments("StreamVideoDataModule", checks)
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
@@ -243,8 +250,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self._annotation_source: AnnotationSource | None = None
         self.engine = engine
         self.engine_threads = engine_threads
-        self.gpu_fallback = gpu_fallback
-        self.nvdec_probe = nvdec_probe
+        self.gpu = gpu_options("StreamVideoDataModule", gpu)
+        self._warned_reset = False
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, Any] = {}
@@ -278,6 +285,40 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
+        if stage == "fit":
+            self._check_temporal_reset()
+
+    def _check_temporal_reset(self) -> None:
+        """Warn (once, on rank 0) when fitting with nothing that resets the model's memory at ``is_first``."""
+        trainer = self.trainer
+        if self._warned_reset or trainer is None or trainer.global_rank != 0:
+            return
+        from lightning_vstream.callbacks import TemporalStateReset
+
+        model = trainer.lightning_module
+        if any(isinstance(c, TemporalStateReset) for c in getattr(trainer, "callbacks", [])) or (
+            getattr(model, "handles_is_first", False) is True
+        ):
+            return
+        self._warned_reset = True
+        name = type(model).__name__
+        if callable(getattr(model, "reset_temporal_state", None)):
+            what = f"{name} defines reset_temporal_state(mask), but no TemporalStateReset callback calls it"
+            fix = "add TemporalStateReset() to the Trainer's callbacks"
+        else:
+            what = "the Trainer has no TemporalStateReset callback"
+            fix = (
+                f"give {name} a method reset_temporal_state(mask) that forgets the memory of the slots where "
+                "mask is True, and add TemporalStateReset() to the Trainer's callbacks"
+            )
+        warnings.warn(
+            f"StreamVideoDataModule: {what}, so nothing clears the model's memory where a batch slot starts a new "
+            f"clip (batch['is_first']), and memory carries over from one clip into the next. To fix it, {fix}. If "
+            f"{name} reads batch['is_first'] itself, or keeps no state from one step to the next, set the class "
+            "attribute `handles_is_first = True` on it to say so (see docs/temporal_models.md).",
+            VStreamWarning,
+            stacklevel=2,
+        )
 
     def index(self, split: Stage = "train") -> VideoIndex:
         """The parsed index of ``split`` (after :meth:`setup`)."""
@@ -326,8 +367,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 on_error=self.on_error,
                 timeout=self.timeout,
                 decoder_threads=self.decoder_threads,
-                gpu_fallback=self.gpu_fallback,
-                probe=self.nvdec_probe,
+                gpu_fallback=self.gpu.fallback,
+                probe=self.gpu.probe,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:
@@ -390,6 +431,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
         """Decoding counters of the ``split`` loader (frames decoded / delivered, seeks...)."""
         loader = self._loaders.get(split)
         if loader is None:
-            warnings.warn(f"no {split} loader has been created yet; counters are zero.", stacklevel=2)
+            warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
             return DecodeStats()
         return loader.stats
