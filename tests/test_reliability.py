@@ -79,8 +79,13 @@ def _flip_bits(path: Path, seed: int = 0) -> None:
 
 def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[str, Any]], Any]:
     dm = StreamVideoDataModule(
-        index_file=root / "index.json", batch_size=2, num_workers=num_workers, on_error=on_error, shuffle=False
-    )  # type: ignore[arg-type]
+        index_file=root / "index.json",
+        batch_size=2,
+        num_workers=num_workers,
+        on_error=on_error,  # type: ignore[arg-type]
+        shuffle=False,
+        engine="workers",
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
@@ -446,7 +451,11 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_p
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:
     for persistent in (False, True):
         dm = StreamVideoDataModule(
-            index_file=pristine / "index.json", batch_size=2, num_workers=2, persistent_workers=persistent
+            index_file=pristine / "index.json",
+            batch_size=2,
+            num_workers=2,
+            persistent_workers=persistent,
+            engine="workers",
         )
         trainer = pl.Trainer(
             accelerator="cpu",

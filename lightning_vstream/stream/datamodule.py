@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from lightning_vstream.stream.worker import DecodeStats, StreamDataset
 __all__ = ["StreamVideoDataModule"]
 
 Stage = Literal["train", "val", "test", "predict"]
+log = logging.getLogger("lightning_vstream")
 
 
 class StreamVideoDataModule(pl.LightningDataModule):
@@ -60,7 +62,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes; each serves fixed camera streams.
+        num_workers: Decoding worker processes (``engine="workers"``); each serves fixed camera streams.
         cameras: Cameras to load, in this order; all (sorted) when None.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
@@ -103,12 +105,19 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
             cameras of different resolutions keep their own size (and their own intrinsics).
         engine: How frames are decoded. ``"threads"``: the in-process stream engine
-            (:mod:`lightning_vstream.stream.engine`): decode threads write each frame once into a
-            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
-            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context, one
-            picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
-            threads for ``decode_device="cuda"``, workers on the CPU.
-        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
+            (:mod:`lightning_vstream.stream.engine`): decode threads in the training process write
+            each frame once into its batch (on a GPU: a ring of batches ordered by CUDA events; on
+            the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
+            ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
+            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads,
+            on the CPU and on a GPU, unless ``persistent_workers`` or ``multiprocessing_context`` ask
+            for worker processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            when your training step holds the GIL for long stretches (much Python per step, a
+            CPU-bound model in Python): decode threads then wait for it, worker processes do not.
+            Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
+            may stay invalid for a different number of steps), count alike, and save the same state.
+        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines, or one
+            per core this process may run on (``os.sched_getaffinity``).
         gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
             file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
             and copies their frames to the GPU.
@@ -290,9 +299,20 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def uses_engine(self) -> bool:
         """Whether loaders decode with the in-process stream engine (see ``engine``)."""
-        if self.engine == "auto":
-            return self._device() != "cpu"
-        return self.engine == "threads"
+        return self.engine_choice()[0] == "threads"
+
+    def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
+        """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
+        if self.engine != "auto":
+            return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
+        if self.persistent_workers:
+            return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
+        if self.multiprocessing_context is not None:
+            return "workers", (
+                f"engine='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only worker "
+                "processes have"
+            )
+        return "threads", "engine='auto': decode threads in the training process"
 
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
@@ -313,6 +333,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        if training:
+            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
         if self.uses_engine():
             from lightning_vstream.stream.engine_factory import build_engine_loader
 
@@ -328,6 +350,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 decoder_threads=self.decoder_threads,
                 gpu_fallback=self.gpu_fallback,
                 probe=self.nvdec_probe,
+                augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+                seed=self.seed,
+                annotations=self._source(),
+                pad_annotations=self.pad_annotations,
+                camera_frames=self.camera_frames,
+                max_open_decoders=self.max_open_decoders,
+                pin_memory=self.pin_memory,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:

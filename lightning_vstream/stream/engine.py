@@ -38,10 +38,12 @@ further batches have been requested (Lightning's loop keeps one batch in prefetc
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +75,17 @@ CameraFrames = Literal["stacked", "per_camera"]
 #: Steps kept in the engine's shift log (the slot shifts each step was planned with).
 SHIFT_LOG_STEPS = 256
 
+# Engines with decode threads, stopped at interpreter exit: a daemon thread still inside FFmpeg or
+# torch when the interpreter finalizes is ended by pthread_exit, which aborts the process if it
+# unwinds through C++ frames ("terminate called without an active exception").
+_RUNNING: weakref.WeakSet[StreamEngine] = weakref.WeakSet()
+_exit_hook: list[bool] = []
+
+
+def _stop_running_engines() -> None:
+    for engine in list(_RUNNING):
+        engine.close()
+
 
 @dataclass
 class _Step:
@@ -85,6 +98,26 @@ class _Step:
     annotations: dict[int, Any] = field(default_factory=dict)  # slot -> its frame's annotations
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
+    counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
+
+
+@dataclass
+class _Decoders:
+    """One decode thread's open decoders (by stream position) and the counters of those it closed."""
+
+    open: dict[int, tuple[int, FrameDecoder]] = field(default_factory=dict)  # position -> (clip, decoder)
+    decoded: int = 0
+    seeks: int = 0
+    opened: int = 0
+    read_errors: int = 0
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """Frames decoded, seeks, files opened and read errors of this thread so far."""
+        decoded, seeks = self.decoded, self.seeks
+        for _, dec in self.open.values():
+            decoded += dec.frames_decoded
+            seeks += getattr(dec, "seeks", 0)
+        return decoded, seeks, self.opened, self.read_errors
 
 
 @dataclass
@@ -225,6 +258,10 @@ class StreamEngine:
         self._stats_lock = threading.Lock()
         self._ledger = SkipLedger()
         self._stats = self._ledger.stats
+        # Decoder counters as of the last step handed out (as the worker loader counts them, work done
+        # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
+        self._earlier_runs = (0, 0, 0, 0)
+        self._this_run: dict[int, tuple[int, int, int, int]] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
         self.history = SkipHistory(sampler.batch_size)
         #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
@@ -293,6 +330,11 @@ class StreamEngine:
         sampler.start_step = start
         self.history.begin(sampler.epoch, skips)
         self.steps.forget_draws()
+        with self._stats_lock:
+            self._earlier_runs = tuple(
+                sum(values) for values in zip(self._earlier_runs, *self._this_run.values())
+            )
+            self._this_run = {}
         run = _Run(
             start=start,
             num_steps=len(sampler.schedule()),
@@ -304,6 +346,10 @@ class StreamEngine:
             abandoned={pair: -1 for pair in skips[2]},
         )
         self._run = run
+        if not _exit_hook:
+            atexit.register(_stop_running_engines)
+            _exit_hook.append(True)
+        _RUNNING.add(self)
         self._threads = [
             threading.Thread(target=self._thread_main, args=(run, t), name=f"vstream-decode-{t}", daemon=True)
             for t in range(self.num_threads)
@@ -374,6 +420,7 @@ class StreamEngine:
             if not ok:
                 camera_ts[slot] = math.nan
         with self._stats_lock:
+            self._this_run.update(planned.counts)
             self._ledger.count_step(
                 reads=reads,
                 valid=valid,
@@ -460,7 +507,7 @@ class StreamEngine:
         return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
 
     def _thread_main(self, run: _Run, t: int) -> None:
-        decoders: dict[int, tuple[int, FrameDecoder]] = {}
+        decoders = _Decoders()
         stream = self._streams[t]
         step = run.start
         position = -1
@@ -477,6 +524,7 @@ class StreamEngine:
                     with nvtx_range(RANGE_ENGINE_STEP):
                         for position in range(t, len(planned.reads) * self.sampler.num_cameras, self.num_threads):
                             self._decode_one(run, step, position, planned, decoders)
+                    planned.counts[t] = decoders.counts()
                     self.device.record(self._done_events[t][step % self.ring_size], stream)
                     with run.cond:
                         run.progress[t] = step
@@ -486,12 +534,10 @@ class StreamEngine:
                 run.errors[t] = (step, position, err)
                 run.cond.notify_all()
         finally:
-            for opened in list(decoders):
+            for opened in list(decoders.open):
                 self._close_decoder(decoders, opened)
 
-    def _decode_one(
-        self, run: _Run, step: int, position: int, planned: _Step, decoders: dict[int, tuple[int, FrameDecoder]]
-    ) -> None:
+    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: _Decoders) -> None:
         """Decode, finish and write one camera frame of ``step``; a failed read is raised or skipped."""
         slot, camera = divmod(position, self.sampler.num_cameras)
         read = planned.reads[slot]
@@ -524,11 +570,12 @@ class StreamEngine:
         except FILE_ERRORS as err:
             if self.on_error == "raise":
                 raise
-            if position in decoders:
+            if position in decoders.open:
                 self._close_decoder(decoders, position)
+            decoders.read_errors += 1
             self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
             return
-        info = decoders[position][1].info
+        info = decoders.open[position][1].info
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
         if self.steps.has_geometry:
@@ -544,7 +591,7 @@ class StreamEngine:
 
     def _decode_into(
         self,
-        decoders: dict[int, tuple[int, FrameDecoder]],
+        decoders: _Decoders,
         position: int,
         read: SlotRead,
         camera: int,
@@ -578,34 +625,31 @@ class StreamEngine:
                 raise
             raise failure from err
 
-    def _close_decoder(self, decoders: dict[int, tuple[int, FrameDecoder]], position: int) -> None:
-        _, dec = decoders.pop(position)
-        with self._stats_lock:
-            self._stats.frames_decoded += dec.frames_decoded
-            self._stats.seeks += getattr(dec, "seeks", 0)
+    def _close_decoder(self, decoders: _Decoders, position: int) -> None:
+        _, dec = decoders.open.pop(position)
+        decoders.decoded += dec.frames_decoded
+        decoders.seeks += getattr(dec, "seeks", 0)
         try:
             dec.close()
         except Exception:  # closing must not hide the error that ended the run
             log.debug("closing a decoder failed", exc_info=True)
 
-    def _decoder(
-        self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int, camera_ordinal: int
-    ) -> FrameDecoder:
-        entry = decoders.get(position)
+    def _decoder(self, decoders: _Decoders, position: int, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
+        entry = decoders.open.get(position)
         if entry is not None and entry[0] == clip_ordinal:
-            decoders[position] = decoders.pop(position)  # most recently used last
+            if self._decoders_per_thread is not None:
+                decoders.open[position] = decoders.open.pop(position)  # most recently used last
             return entry[1]
         if entry is not None:
             self._close_decoder(decoders, position)
         limit = self._decoders_per_thread
-        while limit is not None and len(decoders) >= limit:
-            self._close_decoder(decoders, next(iter(decoders)))
+        while limit is not None and len(decoders.open) >= limit:
+            self._close_decoder(decoders, next(iter(decoders.open)))
         clip = self.index.clips[clip_ordinal]
         camera = clip.cameras[camera_ordinal]
         dec = self.decoder_factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
-        decoders[position] = (clip_ordinal, dec)
-        with self._stats_lock:
-            self._stats.files_opened += 1
+        decoders.open[position] = (clip_ordinal, dec)
+        decoders.opened += 1
         return dec
 
     def _abandon(
@@ -623,7 +667,6 @@ class StreamEngine:
                 run.changes[key] = change
                 self.history.found(step, slot, read.segment, change)
             with self._stats_lock:
-                self._stats.read_errors += 1
                 if known is None:
                     path = str(self.index.clips[read.clip].cameras[camera].path)
                     self._ledger.clip_skipped(self.index.clips[read.clip].clip_id, read.frame, path, err)
@@ -631,6 +674,10 @@ class StreamEngine:
     # -- counters --------------------------------------------------------------------------
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of every run so far (decoders still open count when they close)."""
+        """Decoding counters of every run so far, as of the last batch handed out."""
         with self._stats_lock:
-            return self._stats + DecodeStats()
+            totals = [sum(values) for values in zip(self._earlier_runs, *self._this_run.values())]
+            counted = DecodeStats(
+                frames_decoded=totals[0], seeks=totals[1], files_opened=totals[2], read_errors=totals[3]
+            )
+            return self._stats + counted
