@@ -444,3 +444,18 @@ def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotat
         "workers",
         "engine='workers'",
     )
+
+
+def test_a_new_iteration_stops_an_unfinished_one(index: Any) -> None:
+    import gc
+
+    loader = _loader(index, shuffle=True, seed=2)
+    reference = [_labels(b) for b in StreamDataLoader(StreamDataset(index=index), sampler=_sampler(index, seed=2))]
+    unfinished = iter(loader)
+    assert _labels(next(unfinished)) == reference[0]
+    # Lightning may start the next epoch before it drops the last epoch's iterator.
+    assert [_labels(b) for b in loader] == reference
+    del unfinished
+    gc.collect()  # the dropped iterator's clean-up must leave the engine usable
+    assert [_labels(b) for b in loader] == reference
+    assert not _decode_threads()

@@ -164,7 +164,8 @@ def _reference(case: Case, root: Path, bad_file: Path) -> tuple[int, str]:
     stream = load_index(root / "index.json").clips[BAD_CLIP].cameras[BAD_CAMERA]
     if case.after_setup:
         case.damage(root, bad_file)
-    decoder = PyAVDecoder(stream.path, info=stream.info, label=f"clip {clip_name(BAD_CLIP)!r}, camera {stream.name!r}")
+    label = f"clip {clip_name(BAD_CLIP)!r}, camera {stream.name!r}"
+    decoder = PyAVDecoder(stream.path, info=stream.info, label=label, threads=1)
     try:
         for frame in range(LENGTHS[BAD_CLIP]):
             try:
@@ -234,6 +235,10 @@ def _loader(kind: str, index_file: Path, on_error: str, *, training: bool = Fals
         "engine": "threads" if kind == "engine" else "workers",
         "num_workers": 2 if kind == "workers2" else 0,
         "engine_threads": 3,
+        # One FFmpeg thread per decoder, as the reference reads: with frame threads a decoder reads
+        # packets ahead, so a damaged packet stops it at an earlier frame (how much earlier depends
+        # on the cores); the engine on the CPU uses one anyway.
+        "decoder_threads": 1,
     }
     if training:
         dm = StreamVideoDataModule(index_file=index_file, shuffle=False, **options)

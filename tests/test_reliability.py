@@ -186,7 +186,11 @@ class _DyingDataset(StreamDataset):
 def _skip_loader(
     root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop", engine_threads: int = 0
 ) -> Any:
-    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip"."""
+    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip".
+
+    Both decode with one FFmpeg thread per decoder (the engine's CPU default), so the damaged packet
+    stops both at the same frame (frame threads read packets ahead, and stop earlier).
+    """
     index = load_index(root / "index.json")
     sampler = StreamSampler(
         LENGTHS,
@@ -197,9 +201,11 @@ def _skip_loader(
         num_parts=1 if engine_threads else max(1, num_workers),
     )
     if engine_threads:
-        return build_engine_loader(index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip")
+        return build_engine_loader(
+            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip", decoder_threads=1
+        )
     return StreamDataLoader(
-        StreamDataset(index=index, on_error="skip"),
+        StreamDataset(index=index, on_error="skip", decoder_threads=1),
         sampler=sampler,
         num_workers=num_workers,
         prefetch_factor=prefetch if num_workers else None,

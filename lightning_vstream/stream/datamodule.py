@@ -73,7 +73,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers alive between epochs.
         max_open_decoders: Open decoders per worker; None keeps one per camera stream.
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; the thread engine on the CPU
+            then uses 1, its own threads being the parallelism).
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
         transform: Any callable taking and returning a frame tensor ``[n, 3, H, W]`` (uint8 as
             decoded), applied where frames are decoded (in the workers, on the decode device):

@@ -139,6 +139,7 @@ class _Run:
     changes: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)  # its shift change
     stopping: bool = False
     timed_out: bool = False
+    workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
 
 
 class StreamEngine:
@@ -253,7 +254,7 @@ class StreamEngine:
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
-        self._threads: list[threading.Thread] = []
+        self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
         self._run: _Run | None = None
         self._stats_lock = threading.Lock()
         self._ledger = SkipLedger()
@@ -322,6 +323,8 @@ class StreamEngine:
     def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
         """Yield the batches of the sampler's current epoch from step ``start``, with ``skips`` in force there."""
         self._allocate()
+        if self._run is not None:  # an earlier run whose iterator was left unfinished
+            self._shutdown(self._run)
         self._join(60.0)  # threads of an earlier run that was stopped while they were stuck
         sampler = self.sampler
         skips = skips if skips is not None else no_skips(sampler.batch_size)
@@ -331,9 +334,7 @@ class StreamEngine:
         self.history.begin(sampler.epoch, skips)
         self.steps.forget_draws()
         with self._stats_lock:
-            self._earlier_runs = tuple(
-                sum(values) for values in zip(self._earlier_runs, *self._this_run.values())
-            )
+            self._earlier_runs = tuple(sum(values) for values in zip(self._earlier_runs, *self._this_run.values()))
             self._this_run = {}
         run = _Run(
             start=start,
@@ -350,11 +351,11 @@ class StreamEngine:
             atexit.register(_stop_running_engines)
             _exit_hook.append(True)
         _RUNNING.add(self)
-        self._threads = [
+        run.workers = [
             threading.Thread(target=self._thread_main, args=(run, t), name=f"vstream-decode-{t}", daemon=True)
             for t in range(self.num_threads)
         ]
-        for thread in self._threads:
+        for thread in run.workers:
             thread.start()
         try:
             for step in range(start, run.num_steps):
@@ -458,18 +459,23 @@ class StreamEngine:
         return batch
 
     def _shutdown(self, run: _Run) -> None:
+        """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""
         with run.cond:
             run.stopping = True
             run.cond.notify_all()
         # After a timeout the threads are stuck in a decoder: do not wait for them here; close()
         # (or the next run) collects them once they return.
+        self._stuck.extend(run.workers)
+        run.workers = []
         self._join(0.0 if run.timed_out else 60.0)
-        self.sampler.start_step = 0
-        self._run = None
+        if self._run is run:
+            self.sampler.start_step = 0
+            self._run = None
 
     def _join(self, timeout: float) -> None:
+        """Wait for the threads of stopped runs."""
         alive = []
-        for thread in self._threads:
+        for thread in self._stuck:
             thread.join(timeout=timeout)
             if thread.is_alive():
                 alive.append(thread)
@@ -477,7 +483,7 @@ class StreamEngine:
             log.warning(
                 "%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive), timeout
             )
-        self._threads = alive
+        self._stuck = alive
 
     def close(self) -> None:
         """Stop the threads of a run in progress (their decoders close as they exit)."""

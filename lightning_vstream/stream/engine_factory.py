@@ -21,7 +21,10 @@ from lightning_vstream.stream.engine_loader import (
 from lightning_vstream.stream.loader import StreamSampler
 from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["build_engine_loader", "cpu_threads"]
+__all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
+
+#: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
+CPU_DECODER_THREADS = 1
 
 
 def cpu_threads() -> int:
@@ -64,7 +67,8 @@ def build_engine_loader(
     On a GPU this runs the one-time NVDEC probe (unless ``probe=False``) and sizes the thread pool
     from the GPU's NVDEC engine count (``GetDecoderCaps``); batches are views of a ring in GPU
     memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
-    PyAV decoders resize while converting when ``transform`` is a resizing
+    each PyAV decoder uses ``decoder_threads`` FFmpeg threads (:data:`CPU_DECODER_THREADS` for 0),
+    decoders resize while converting when ``transform`` is a resizing
     :class:`~lightning_vstream.FrameTransform`, and every batch is memory of its own until the
     caller drops it.
 
@@ -92,7 +96,9 @@ def build_engine_loader(
         backend = HostDevice(threads=cpu_threads())
         if isinstance(transform, FrameTransform) and augment is None:
             resize = transform.decoder_size()  # swscale resizes while it converts to RGB
-        factory = pyav_factory(threads=decoder_threads, size=resize)
+        # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
+        # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize)
     engine = StreamEngine(
         index=index,
         sampler=sampler,
