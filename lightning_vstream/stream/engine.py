@@ -549,9 +549,9 @@ class StreamEngine:
         read = planned.reads[slot]
         if read is None:
             return
-        with run.cond:
-            given_up = run.abandoned.get((slot, read.segment), step) < step
-        if given_up:
+        # Read without the lock: a failure another thread is recording right now only costs a
+        # decode whose slot the batch marks invalid anyway.
+        if run.abandoned.get((slot, read.segment), step) < step:
             return  # its segment failed at an earlier step: nothing to decode
         segment_start = self.sampler.schedule().segments[read.segment].start
         row = self._row(planned.frames, position)
