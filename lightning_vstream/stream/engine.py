@@ -46,20 +46,19 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_TRANSFORM, RANGE_WAIT, nvtx_range
+from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
-from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger, failed_read, frame_size_error
+from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger
 from lightning_vstream.stream.frames import FrameSteps, attach_annotations
 from lightning_vstream.stream.loader import BufferPool, StreamSampler
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
@@ -68,7 +67,6 @@ from lightning_vstream.stream.schedule import SlotRead
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[[Path, "VideoInfo | None", str], FrameDecoder]
 OnError = Literal["raise", "skip"]
 Buffers = Literal["ring", "pool"]
 CameraFrames = Literal["stacked", "per_camera"]
@@ -99,25 +97,6 @@ class _Step:
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
     counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
-
-
-@dataclass
-class _Decoders:
-    """One decode thread's open decoders (by stream position) and the counters of those it closed."""
-
-    open: dict[int, tuple[int, FrameDecoder]] = field(default_factory=dict)  # position -> (clip, decoder)
-    decoded: int = 0
-    seeks: int = 0
-    opened: int = 0
-    read_errors: int = 0
-
-    def counts(self) -> tuple[int, int, int, int]:
-        """Frames decoded, seeks, files opened and read errors of this thread so far."""
-        decoded, seeks = self.decoded, self.seeks
-        for _, dec in self.open.values():
-            decoded += dec.frames_decoded
-            seeks += getattr(dec, "seeks", 0)
-        return decoded, seeks, self.opened, self.read_errors
 
 
 @dataclass
@@ -513,7 +492,7 @@ class StreamEngine:
         return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
 
     def _thread_main(self, run: _Run, t: int) -> None:
-        decoders = _Decoders()
+        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
         stream = self._streams[t]
         step = run.start
         position = -1
@@ -540,11 +519,13 @@ class StreamEngine:
                 run.errors[t] = (step, position, err)
                 run.cond.notify_all()
         finally:
-            for opened in list(decoders.open):
-                self._close_decoder(decoders, opened)
+            decoders.close_all()
 
-    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: _Decoders) -> None:
-        """Decode, finish and write one camera frame of ``step``; a failed read is raised or skipped."""
+    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: ThreadDecoders) -> None:
+        """Decode and write one camera frame of ``step``, with its timestamp, geometry and annotations.
+
+        A failed read is raised (``on_error="raise"``) or gives up the slot's segment (``"skip"``).
+        """
         slot, camera = divmod(position, self.sampler.num_cameras)
         read = planned.reads[slot]
         if read is None:
@@ -554,109 +535,35 @@ class StreamEngine:
         if run.abandoned.get((slot, read.segment), step) < step:
             return  # its segment failed at an earlier step: nothing to decode
         segment_start = self.sampler.schedule().segments[read.segment].start
-        row = self._row(planned.frames, position)
+        epoch = self.sampler.epoch
         try:
-            decoded = self._decode_into(decoders, position, read, camera, row)
-            if decoded is not None:  # decoded into a separate frame: finish it, then write it into its row
-                image = decoded
-                with nvtx_range(RANGE_TRANSFORM):
-                    image = self.steps.finish(image, self.sampler.epoch, read.clip, segment_start)
-                if image.shape != row.shape or image.dtype != row.dtype:
-                    raise frame_size_error(
-                        self.index,
-                        read.clip,
-                        camera,
-                        read.frame,
-                        tuple(image.shape),
-                        tuple(row.shape),
-                        got_dtype=image.dtype if image.dtype != row.dtype else None,
-                        expected_dtype=row.dtype if image.dtype != row.dtype else None,
-                    )
-                row.copy_(image)
+            info = decoders.write(
+                position=position,
+                clip=read.clip,
+                camera=camera,
+                frame=read.frame,
+                row=self._row(planned.frames, position),
+                epoch=epoch,
+                segment_start=segment_start,
+            )
         except FILE_ERRORS as err:
             if self.on_error == "raise":
                 raise
             if position in decoders.open:
-                self._close_decoder(decoders, position)
+                decoders.close(position)
             decoders.read_errors += 1
             self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
             return
-        info = decoders.open[position][1].info
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
         if self.steps.has_geometry:
-            planned.geometry[position] = self.steps.geometry(
-                info.height, info.width, self.sampler.epoch, read.clip, segment_start
-            )
+            planned.geometry[position] = self.steps.geometry(info.height, info.width, epoch, read.clip, segment_start)
         if camera == 0 and self.steps.annotations is not None:
             found, why = self.steps.annotate(read.clip, read.frame, timestamp)
             if found is not None:
                 planned.annotations[slot] = found
             else:
                 planned.missing.append((slot, str(why)))
-
-    def _decode_into(
-        self,
-        decoders: _Decoders,
-        position: int,
-        read: SlotRead,
-        camera: int,
-        row: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """Decode one frame straight into ``row`` (None) when nothing follows the decoder, else return it.
-
-        What the decoder raises becomes a named error (see :func:`~lightning_vstream.stream.failures.failed_read`).
-        """
-        try:
-            dec = self._decoder(decoders, position, read.clip, camera)
-            if not self.steps.direct:
-                return dec.get(read.frame)
-            size = getattr(dec, "output_size", None) or (dec.info.height, dec.info.width)
-            if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
-                raise frame_size_error(
-                    self.index,
-                    read.clip,
-                    camera,
-                    read.frame,
-                    (3, *size),
-                    tuple(row.shape),
-                    got_dtype=torch.uint8 if row.dtype != torch.uint8 else None,
-                    expected_dtype=row.dtype if row.dtype != torch.uint8 else None,
-                )
-            dec.get(read.frame, out=row)  # type: ignore[call-arg]
-            return None
-        except Exception as err:
-            failure = failed_read(err, self.index, read.clip, camera, read.frame)
-            if failure is None or failure is err:
-                raise
-            raise failure from err
-
-    def _close_decoder(self, decoders: _Decoders, position: int) -> None:
-        _, dec = decoders.open.pop(position)
-        decoders.decoded += dec.frames_decoded
-        decoders.seeks += getattr(dec, "seeks", 0)
-        try:
-            dec.close()
-        except Exception:  # closing must not hide the error that ended the run
-            log.debug("closing a decoder failed", exc_info=True)
-
-    def _decoder(self, decoders: _Decoders, position: int, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
-        entry = decoders.open.get(position)
-        if entry is not None and entry[0] == clip_ordinal:
-            if self._decoders_per_thread is not None:
-                decoders.open[position] = decoders.open.pop(position)  # most recently used last
-            return entry[1]
-        if entry is not None:
-            self._close_decoder(decoders, position)
-        limit = self._decoders_per_thread
-        while limit is not None and len(decoders.open) >= limit:
-            self._close_decoder(decoders, next(iter(decoders.open)))
-        clip = self.index.clips[clip_ordinal]
-        camera = clip.cameras[camera_ordinal]
-        dec = self.decoder_factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
-        decoders.open[position] = (clip_ordinal, dec)
-        decoders.opened += 1
-        return dec
 
     def _abandon(
         self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException
