@@ -18,6 +18,7 @@ Files are tiny and generated once per module; each case is one copy of the datas
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import re
 import shutil
@@ -339,3 +340,29 @@ def test_skip_in_training_order_counts_every_invalid_slot_step(
     assert stats.skipped_samples == invalid >= 1
     assert stats.frames_delivered == (2 * len(batches) - invalid) * len(CAMERAS)
     assert _delivered(batches, clip_name(BAD_CLIP)) == list(range(data.failing_read))
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, under torch 2.13
+@pytest.mark.parametrize("case", ["truncated-55%", "replaced-after-indexing"])
+def test_the_clip_loaders_workers_raise_the_files_error_as_itself(damaged: Callable[[str], Damaged], case: str) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    data = damaged(case)
+    dm = ClipVideoDataModule(
+        index_file=data.root / "index.json", batch_size=2, num_workers=1, clip_frames=6, shuffle=False, timeout=60
+    )
+    dm.setup("fit")
+    with pytest.raises(CASES[case].error) as caught:
+        for _ in dm.train_dataloader():
+            pass
+    error = caught.value
+    del caught
+    assert type(error) is CASES[case].error
+    first = str(error).split("\n", 1)[0]  # the worker's own message, not torch's preamble
+    assert "clip 'scene-0002'" in first and str(data.bad_file) in first, first
+    assert "DataLoader worker process 0" in str(error)  # where it was raised, after the message
+    # torch ends a DataLoader's workers when its iterator goes, which the traceback holds on to.
+    error.__traceback__ = None
+    del error
+    dm.teardown("fit")
+    gc.collect()
