@@ -105,6 +105,14 @@ def test_auto_uses_threads_on_the_cpu_and_on_cuda(engine_index: Path) -> None:
     dm._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
     assert dm.uses_engine()
     assert not StreamVideoDataModule(index_file=engine_index, engine="workers", decode_device="cpu").uses_engine()
+    # Settings only processes have choose workers on the CPU, never on a GPU.
+    gpu = StreamVideoDataModule(index_file=engine_index, persistent_workers=True, num_workers=2)
+    assert gpu.engine_choice()[0] == "workers"
+    gpu._resolved_device = "cuda:0"
+    assert gpu.engine_choice() == (
+        "threads",
+        "engine='auto' decoding on cuda:0: decode threads in the training process",
+    )
 
 
 @pytest.mark.parametrize(

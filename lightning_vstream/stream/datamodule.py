@@ -110,9 +110,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             each frame once into its batch (on a GPU: a ring of batches ordered by CUDA events; on
             the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
             ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
-            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads,
-            on the CPU and on a GPU, unless ``persistent_workers`` or ``multiprocessing_context`` ask
-            for worker processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
+            on the CPU, workers when ``persistent_workers`` or ``multiprocessing_context`` ask for
+            processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
             when your training step holds the GIL for long stretches (much Python per step, a
             CPU-bound model in Python): decode threads then wait for it, worker processes do not.
             Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
@@ -306,6 +306,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
         if self.engine != "auto":
             return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
+        if self._device() != "cpu":
+            return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
         if self.persistent_workers:
             return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
         if self.multiprocessing_context is not None:
