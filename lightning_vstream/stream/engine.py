@@ -534,7 +534,8 @@ class StreamEngine:
         # decode whose slot the batch marks invalid anyway.
         if run.abandoned.get((slot, read.segment), step) < step:
             return  # its segment failed at an earlier step: nothing to decode
-        segment_start = self.sampler.schedule().segments[read.segment].start
+        # Where the slot's segment starts keys the augmentation draw; nothing else needs it.
+        segment_start = self.sampler.schedule().segments[read.segment].start if self.steps.augment is not None else 0
         epoch = self.sampler.epoch
         try:
             info = decoders.write(

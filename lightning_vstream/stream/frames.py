@@ -81,14 +81,12 @@ class FrameSteps:
             transform is None
             or (self.decode_size is not None and isinstance(transform, FrameTransform) and transform.is_resize_only)
         )
+        #: Frames change geometry here (augmentation, or a transform that crops or resizes): batches
+        #: carry ``img_aug_matrix``.
+        self.has_geometry = augment is not None or any(
+            getattr(transform, name, None) is not None for name in ("crop", "resize")
+        )
         self._draws: dict[tuple[int, int, int], AugmentParams] = {}
-
-    @property
-    def has_geometry(self) -> bool:
-        """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
-        if self.augment is not None:
-            return True
-        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
 
     def frame_shape(self, height: int, width: int, device: torch.device | str = "cpu") -> tuple[tuple[int, ...], Any]:
         """Shape and dtype a ``height x width`` frame has once augmented and transformed."""
