@@ -295,7 +295,11 @@ def test_a_stalled_decoder_times_out_with_a_clear_error(index: Any) -> None:
 
     loader = _loader(index, timeout=0.5, factory=lambda path, info, label: Stalled(path, info=info, label=label))
     try:
-        with pytest.raises(WorkerError, match=r"no batch for step 0 within timeout=0.5 s"):
+        with pytest.raises(
+            WorkerError,
+            match=r"no batch for step 0 within timeout=0.5 s: decode thread 0 did not finish the camera streams "
+            r"slot 0 CAM_BACK \(clip 'scene-\d+', frame 0, '[^']+CAM_BACK.mp4'\)",
+        ):
             next(iter(loader))
     finally:
         gate.set()

@@ -360,11 +360,12 @@ class StreamEngine:
                 finished = run.cond.wait_for(functools.partial(self._ready, run, step), timeout=self.timeout or None)
             if not finished:
                 run.timed_out = True
-                done = sum(1 for p in run.progress if p >= step)
+                late = [t for t, done in enumerate(run.progress) if done < step]
                 raise WorkerError(
-                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s "
-                    f"({done} of {self.num_threads} decode threads done); a file may be stalled on a "
-                    "slow file system, or raise the timeout."
+                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s: "
+                    + "; ".join(f"decode thread {t} did not finish {self._streams_of(run, step, t)}" for t in late)
+                    + ". A file may be stalled on a slow file system, or a decoder hangs: check the files named, "
+                    "or raise the timeout if decoding is only slow."
                 )
             failures = sorted((s, p, t) for t, (s, p, _) in run.errors.items() if s <= step)
             if failures:
@@ -377,6 +378,25 @@ class StreamEngine:
             self.device.wait(events[step % self.ring_size])
         with nvtx_range(RANGE_COLLATE):
             return self._assemble(step, planned, abandoned)
+
+    def _streams_of(self, run: _Run, step: int, t: int, limit: int = 8) -> str:
+        """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
+        planned = run.steps.get(step)
+        if planned is None:
+            return "its camera streams (not planned yet)"
+        cams = self.sampler.num_cameras
+        named = []
+        for position in range(t, len(planned.reads) * cams, self.num_threads):
+            slot, camera = divmod(position, cams)
+            read = planned.reads[slot]
+            if read is not None:
+                clip = self.index.clips[read.clip]
+                stream = clip.cameras[camera]
+                named.append(
+                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
+                )
+        more = f" and {len(named) - limit} more" if len(named) > limit else ""
+        return "the camera streams " + ", ".join(named[:limit]) + more
 
     def _assemble(self, step: int, planned: _Step, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
         cams = self.sampler.num_cameras
