@@ -45,7 +45,10 @@ def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
         "seed": 5,
         "annotations": index.parent / "annotations",
     }
-    dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
+    options = {**options, **kw}
+    # num_workers > 0 asks for the worker loader; 0 runs the default, the thread engine.
+    options.setdefault("engine", "workers" if options["num_workers"] else "auto")
+    dm = StreamVideoDataModule(index_file=index, **options)
     dm.setup("fit")
     return dm
 

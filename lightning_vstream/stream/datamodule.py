@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from lightning_vstream.transforms import FrameTransform
 __all__ = ["StreamVideoDataModule"]
 
 Stage = Literal["train", "val", "test", "predict"]
+log = logging.getLogger("lightning_vstream")
 
 
 class StreamVideoDataModule(pl.LightningDataModule):
@@ -64,7 +66,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes; each serves fixed camera streams.
+        num_workers: Decoding worker processes (``engine="workers"``); each serves fixed camera streams.
         cameras: Cameras to load, in this order; all (sorted) when None.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
@@ -75,7 +77,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers alive between epochs.
         max_open_decoders: Open decoders per worker; None keeps one per camera stream.
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; the thread engine on the CPU
+            then uses 1, its own threads being the parallelism).
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
         transform: Any callable taking and returning a frame tensor ``[n, 3, H, W]`` (uint8 as
             decoded), applied where frames are decoded (in the workers, on the decode device):
@@ -107,12 +110,19 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
             cameras of different resolutions keep their own size (and their own intrinsics).
         engine: How frames are decoded. ``"threads"``: the in-process stream engine
-            (:mod:`lightning_vstream.stream.engine`): decode threads write each frame once into a
-            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
-            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context, one
-            picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
-            threads for ``decode_device="cuda"``, workers on the CPU.
-        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
+            (:mod:`lightning_vstream.stream.engine`): decode threads in the training process write
+            each frame once into its batch (on a GPU: a ring of batches ordered by CUDA events; on
+            the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
+            ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
+            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
+            on the CPU, workers when ``persistent_workers`` or ``multiprocessing_context`` ask for
+            processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            when your training step holds the GIL for long stretches (much Python per step, a
+            CPU-bound model in Python): decode threads then wait for it, worker processes do not.
+            Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
+            may stay invalid for a different number of steps), count alike, and save the same state.
+        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines, or one
+            per core this process may run on (``os.sched_getaffinity``).
         gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot
             decode, and whether to probe the decoder at setup (:class:`~lightning_vstream.GpuOptions`).
             In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
@@ -331,9 +341,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def uses_engine(self) -> bool:
         """Whether loaders decode with the in-process stream engine (see ``engine``)."""
-        if self.engine == "auto":
-            return self._device() != "cpu"
-        return self.engine == "threads"
+        return self.engine_choice()[0] == "threads"
+
+    def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
+        """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
+        if self.engine != "auto":
+            return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
+        if self._device() != "cpu":
+            return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
+        if self.persistent_workers:
+            return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
+        if self.multiprocessing_context is not None:
+            return "workers", (
+                f"engine='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only worker "
+                "processes have"
+            )
+        return "threads", "engine='auto': decode threads in the training process"
 
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
@@ -354,6 +377,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        if training:
+            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
         if self.uses_engine():
             from lightning_vstream.stream.engine_factory import build_engine_loader
 
@@ -369,6 +394,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 decoder_threads=self.decoder_threads,
                 gpu_fallback=self.gpu.fallback,
                 probe=self.gpu.probe,
+                augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+                seed=self.seed,
+                annotations=self._source(),
+                pad_annotations=self.pad_annotations,
+                camera_frames=self.camera_frames,
+                max_open_decoders=self.max_open_decoders,
+                pin_memory=self.pin_memory,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:

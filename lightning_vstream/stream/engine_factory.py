@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
@@ -16,8 +19,26 @@ from lightning_vstream.stream.engine_loader import (
     pyav_factory,
 )
 from lightning_vstream.stream.loader import StreamSampler
+from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["build_engine_loader"]
+__all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
+
+#: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
+CPU_DECODER_THREADS = 1
+
+
+def cpu_threads() -> int:
+    """Decode threads for the engine on the CPU: one per core this process may run on (``os.sched_getaffinity``).
+
+    Example::
+
+        >>> cpu_threads() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def build_engine_loader(
@@ -33,12 +54,24 @@ def build_engine_loader(
     decoder_threads: int = 0,
     gpu_fallback: Literal["none", "cpu"] = "none",
     probe: bool = True,
+    augment: GeometryAugment | None = None,
+    seed: int = 0,
+    annotations: AnnotationSource | None = None,
+    pad_annotations: bool = False,
+    camera_frames: Literal["stacked", "per_camera"] = "stacked",
+    max_open_decoders: int | None = None,
+    pin_memory: bool = False,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
     On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
-    from the GPU's NVDEC engine count (``GetDecoderCaps``), and has each decode thread create its
-    decoders for every format of the index before the first step.
+    from the GPU's NVDEC engine count (``GetDecoderCaps``) and has each decode thread create its
+    decoders for every format of the index before the first step; batches are views of a ring in
+    GPU memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
+    each PyAV decoder uses ``decoder_threads`` FFmpeg threads (:data:`CPU_DECODER_THREADS` for 0),
+    decoders resize while converting when ``transform`` is a resizing
+    :class:`~lightning_vstream.FrameTransform`, and every batch is memory of its own until the
+    caller drops it.
 
     Example::
 
@@ -47,6 +80,7 @@ def build_engine_loader(
     target = torch.device(device)
     backend: EngineDevice
     factory: DecoderFactory
+    resize = None
     if target.type == "cuda":
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
@@ -63,8 +97,12 @@ def build_engine_loader(
         )
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
-        backend = HostDevice()
-        factory = pyav_factory(threads=decoder_threads)
+        backend = HostDevice(threads=cpu_threads())
+        if isinstance(transform, FrameTransform) and augment is None:
+            resize = transform.decoder_size()  # swscale resizes while it converts to RGB
+        # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
+        # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize)
     engine = StreamEngine(
         index=index,
         sampler=sampler,
@@ -75,5 +113,14 @@ def build_engine_loader(
         transform=transform,
         on_error=on_error,
         timeout=timeout,
+        augment=augment,
+        seed=seed,
+        annotations=annotations,
+        pad_annotations=pad_annotations,
+        camera_frames=camera_frames,
+        max_open_decoders=max_open_decoders,
+        decoder_resizes=resize is not None,
+        buffers="ring" if target.type == "cuda" else "pool",
+        pin_memory=pin_memory,
     )
     return EngineLoader(engine)

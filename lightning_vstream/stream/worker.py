@@ -18,19 +18,16 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch.utils.data import Dataset
 
-from lightning_vstream.annotations.augment import (
-    AugmentParams,
-    GeometryAugment,
-    transform_matrix,
-)
-from lightning_vstream.annotations.source import AnnotationSource, annotate
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
+from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.errors import AnnotationError, ConfigurationError, FrameSizeError
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
-from lightning_vstream.transforms import FrameTransform
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, failed_read, frame_size_error
+from lightning_vstream.stream.frames import FrameSteps
 
 __all__ = [
     "CameraFrames",
@@ -40,7 +37,6 @@ __all__ = [
     "StreamPart",
     "StreamRead",
     "StreamTask",
-    "frame_size_error",
 ]
 
 OnError = Literal["raise", "skip"]
@@ -102,52 +98,6 @@ class StreamTask(NamedTuple):
     reads: tuple[StreamRead, ...]
     buffer: torch.Tensor | None = None
     frame_shape: tuple[int, ...] | None = None
-
-
-@dataclass
-class DecodeStats:
-    """Decoding counters.
-
-    ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
-    loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
-    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
-    stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
-    abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
-    ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
-    the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
-    ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
-    annotation could not be found.
-    """
-
-    frames_decoded: int = 0
-    frames_delivered: int = 0
-    seeks: int = 0
-    files_opened: int = 0
-    read_errors: int = 0
-    skipped_clips: int = 0
-    skipped_samples: int = 0
-    bad_files: int = 0
-    missing_annotations: int = 0
-
-    @property
-    def amplification(self) -> float:
-        return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
-
-    def __add__(self, other: DecodeStats) -> DecodeStats:
-        return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
-
-    def _values(self) -> tuple[int, ...]:
-        return (
-            self.frames_decoded,
-            self.frames_delivered,
-            self.seeks,
-            self.files_opened,
-            self.read_errors,
-            self.skipped_clips,
-            self.skipped_samples,
-            self.bad_files,
-            self.missing_annotations,
-        )
 
 
 @dataclass
@@ -233,20 +183,22 @@ class StreamDataset(Dataset):
         self.decoder_threads = decoder_threads
         self.transform = transform
         self.device = device
-        # Video decoded on the CPU is resized by swscale while it converts to RGB.
-        # Not under augmentation, which must see the frame at its own size before any resize.
-        self._decode_size = (
-            transform.decoder_size()
-            if isinstance(transform, FrameTransform) and device == "cpu" and augment is None
-            else None
-        )
         self.on_error = on_error
         self.annotations = annotations
         self.augment = augment
         self.seed = seed
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
-        self._draws: dict[tuple[int, int, int], AugmentParams] = {}
+        # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
+        self.steps = FrameSteps(
+            index=index,
+            transform=transform,
+            augment=augment,
+            seed=seed,
+            annotations=annotations,
+            on_error=on_error,
+            decode_device=device,
+        )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
         self._closes = 0
@@ -314,34 +266,52 @@ class StreamDataset(Dataset):
             threads=self.decoder_threads,
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
             device=self.device,
-            size=self._decode_size,
+            size=self.steps.decode_size,
         )
         self._decoders[read.position] = (read.clip, dec)
         self._closed.files_opened += 1
         return dec
 
     def _read(self, read: StreamRead, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when the backend can); failures become VideoDecodeErrors."""
-        clip = self.index.clips[read.clip]
-        camera = clip.cameras[read.camera]
+        """Decode one camera frame (into ``out`` when the backend can); failures become named errors (see
+        :func:`~lightning_vstream.stream.failures.failed_read`)."""
         try:
             dec = self._decoder(read)
             with nvtx_range(RANGE_DECODE):
                 if out is not None and isinstance(dec, PyAVDecoder):
                     if tuple(out.shape) != (3, *dec.output_size):
-                        raise frame_size_error(self.index, read, (3, *dec.output_size), tuple(out.shape))
+                        raise self._size_error(read, (3, *dec.output_size), tuple(out.shape))
                     image = dec.get(read.frame, out=out)
                 else:
                     image = dec.get(read.frame)
-        except VideoDecodeError:
-            raise
-        except (OSError, IndexError, ValueError, RuntimeError) as err:
-            raise VideoDecodeError(
-                f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}): {err}"
-            ) from err
+        except Exception as err:
+            failure = failed_read(err, self.index, read.clip, read.camera, read.frame)
+            if failure is None or failure is err:
+                raise
+            raise failure from err
         if image.device.type != torch.device(self.device).type:
             image = image.to(self.device)  # image folders decode on the CPU
         return image
+
+    def _size_error(
+        self,
+        read: StreamRead,
+        got: tuple[int, ...],
+        expected: tuple[int, ...],
+        *,
+        got_dtype: torch.dtype | None = None,
+        expected_dtype: torch.dtype | None = None,
+    ) -> Exception:
+        return frame_size_error(
+            self.index,
+            read.clip,
+            read.camera,
+            read.frame,
+            got,
+            expected,
+            got_dtype=got_dtype,
+            expected_dtype=expected_dtype,
+        )
 
     def _deliver(
         self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]
@@ -353,14 +323,11 @@ class StreamDataset(Dataset):
         """
         image = self._read(read, out)
         if self.has_geometry:
-            geometry[read.position] = self._geometry_of(epoch, read)
+            info = self._decoders[read.position][1].info
+            geometry[read.position] = self.steps.geometry(info.height, info.width, epoch, read.clip, read.segment_start)
         if out is not None and image.data_ptr() == out.data_ptr():
             return image
-        if self.augment is not None:
-            image, _ = self.augment.apply(image, self._draw(epoch, read))
-        if self.transform is not None:
-            image = self.transform(image[None])[0]
-        return image
+        return self.steps.finish(image, epoch, read.clip, read.segment_start)
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
@@ -374,18 +341,7 @@ class StreamDataset(Dataset):
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         # Decode straight into the batch when nothing is left to do after the decoder.
-        direct = (
-            buffer is not None
-            and self.augment is None
-            and (
-                self.transform is None
-                or (
-                    self._decode_size is not None
-                    and isinstance(self.transform, FrameTransform)
-                    and self.transform.is_resize_only
-                )
-            )
-        )
+        direct = buffer is not None and self.steps.direct
         annotations: dict[int, dict[str, Any]] = {}
         missing: list[tuple[int, str]] = []
         geometry: dict[int, Any] = {}
@@ -393,7 +349,7 @@ class StreamDataset(Dataset):
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._given_up.clear()  # segment numbers belong to one epoch's plan
-            self._draws.clear()
+            self.steps.forget_draws()
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
             if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
@@ -404,20 +360,15 @@ class StreamDataset(Dataset):
                 row = buffer[read.position] if buffer is not None else None
                 image = self._deliver(read, row if direct else None, task.epoch, geometry)
                 if expected is not None and tuple(image.shape) != expected:
-                    raise frame_size_error(self.index, read, tuple(image.shape), expected)
+                    raise self._size_error(read, tuple(image.shape), expected)
                 if row is not None and image.data_ptr() != row.data_ptr():
                     # Augmented, transformed, or from a decoder that does not write into ``out``.
                     if image.dtype != row.dtype:
-                        raise frame_size_error(
-                            self.index,
-                            read,
-                            tuple(image.shape),
-                            tuple(row.shape),
-                            got_dtype=image.dtype,
-                            expected_dtype=row.dtype,
+                        raise self._size_error(
+                            read, tuple(image.shape), tuple(row.shape), got_dtype=image.dtype, expected_dtype=row.dtype
                         )
                     row.copy_(image)
-            except VideoDecodeError as err:
+            except FILE_ERRORS as err:
                 if self.on_error == "raise":
                     raise
                 # The loader decides what the failure means for the slot; here the decoder goes
@@ -462,57 +413,17 @@ class StreamDataset(Dataset):
     @property
     def has_geometry(self) -> bool:
         """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
-        if self.augment is not None:
-            return True
-        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
-
-    def _geometry_of(self, epoch: int, read: StreamRead) -> Any:
-        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value).
-
-        Computed from the file's own frame size, so a resize done inside the decoder counts too.
-        """
-        info = self._decoders[read.position][1].info
-        height, width = info.height, info.width
-        matrix = torch.eye(3, dtype=torch.float32)
-        if self.augment is not None:
-            _, _, full = self.augment.geometry(height, width, self._draw(epoch, read))
-            matrix = full.to(torch.float32)
-            height, width = self.augment.output_size
-        after = transform_matrix(self.transform, height, width)
-        if after is not None:
-            matrix = (after.double() @ matrix.double()).to(torch.float32)
-        return matrix.numpy()  # by value: see _annotate
-
-    def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
-        key = (epoch, read.clip, read.segment_start)
-        params = self._draws.get(key)
-        if params is None:
-            assert self.augment is not None
-            clip_id = self.index.clips[read.clip].clip_id
-            params = self.augment.draw(seed=self.seed, epoch=epoch, key=f"{clip_id}:{read.segment_start}")
-            if len(self._draws) > 4096:
-                self._draws.clear()
-            self._draws[key] = params
-        return params
+        return self.steps.has_geometry
 
     def _annotate(
         self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]], missing: list[tuple[int, str]]
     ) -> None:
-        assert self.annotations is not None
         slot = read.position // len(self.index.camera_names)
-        clip_id = self.index.clips[read.clip].clip_id
-        try:
-            found = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
-        except AnnotationError as err:
-            if self.on_error == "raise":
-                raise
-            missing.append((slot, str(err)))
-            return
-        # Small CPU tensors travel back as numpy arrays: pickled by value, where torch would
-        # give every tensor its own shared-memory segment (most of the cost, measured).
-        out[slot] = {
-            k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in found.items()
-        }
+        found, why = self.steps.annotate(read.clip, read.frame, timestamp)
+        if found is not None:
+            out[slot] = found
+        else:
+            missing.append((slot, str(why)))
 
 
 def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
@@ -528,25 +439,3 @@ def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tenso
         if image is not None:
             frames[row].copy_(image)
     return frames
-
-
-def frame_size_error(
-    index: VideoIndex,
-    read: StreamRead,
-    got: tuple[int, ...],
-    expected: tuple[int, ...],
-    *,
-    got_dtype: torch.dtype | None = None,
-    expected_dtype: torch.dtype | None = None,
-) -> FrameSizeError:
-    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
-    clip = index.clips[read.clip]
-    camera = clip.cameras[read.camera]
-    what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
-    batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
-    return FrameSizeError(
-        f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}) is {what} but "
-        f"the batch's frames are {batch}; batches stack frames of one size, so pass a resize transform "
-        "(transform=FrameTransform(resize=(H, W))) or re-encode the file to the size of the others. "
-        "With on_error='skip' such clips are skipped."
-    )
