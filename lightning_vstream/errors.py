@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "AnnotationError",
@@ -80,10 +81,10 @@ class VStreamError(Exception):
         ('VStreamError', "clip 'scene-0001': file 'a.mp4' is damaged")
     """
 
-    def __init__(self, *args: object) -> None:
+    def __init__(self, *args: object, **kwargs: Any) -> None:
         if len(args) == 1 and isinstance(args[0], str):
             args = (_original_first(type(self), args[0]),)
-        super().__init__(*args)
+        super().__init__(*args, **kwargs)  # keywords: ImportError's name and path
 
 
 class IndexValidationError(VStreamError, ValueError):
@@ -189,3 +190,10 @@ class MissingDependencyError(VStreamError, ImportError):
 
 class UsageError(VStreamError, RuntimeError):
     """A method was called out of order (a loader before ``setup()``), or an internal invariant broke."""
+
+
+class VStreamWarning(UserWarning):
+    """Base class of every warning lightning_vstream issues (silence them all with
+    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).
+
+    Public as ``lightning_vstream.VStreamWarning``; ``__all__`` here lists the exceptions."""

@@ -45,7 +45,10 @@ def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
         "seed": 5,
         "annotations": index.parent / "annotations",
     }
-    dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
+    options = {**options, **kw}
+    # num_workers > 0 asks for the worker loader; 0 runs the default, the thread engine.
+    options.setdefault("engine", "workers" if options["num_workers"] else "auto")
+    dm = StreamVideoDataModule(index_file=index, **options)
     dm.setup("fit")
     return dm
 
@@ -250,11 +253,14 @@ def test_lightning_cli_configures_annotations_and_augmentation(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["train_stream.py"])  # LightningCLI(args=...) warns about extra argv
     cli = module.main(
         [
             "--config",
             str(root / "examples" / "configs" / "stream.yaml"),
             "--data.index_file",
+            str(ann_index),
+            "--data.val_index_file",
             str(ann_index),
             "--data.num_workers",
             "0",
@@ -331,6 +337,8 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
 
 
 class _Recorder(pl.LightningModule):
+    handles_is_first = True  # keeps no state from one step to the next
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)

@@ -18,6 +18,7 @@ Files are tiny and generated once per module; each case is one copy of the datas
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import re
 import shutil
@@ -164,7 +165,8 @@ def _reference(case: Case, root: Path, bad_file: Path) -> tuple[int, str]:
     stream = load_index(root / "index.json").clips[BAD_CLIP].cameras[BAD_CAMERA]
     if case.after_setup:
         case.damage(root, bad_file)
-    decoder = PyAVDecoder(stream.path, info=stream.info, label=f"clip {clip_name(BAD_CLIP)!r}, camera {stream.name!r}")
+    label = f"clip {clip_name(BAD_CLIP)!r}, camera {stream.name!r}"
+    decoder = PyAVDecoder(stream.path, info=stream.info, label=label, threads=1)
     try:
         for frame in range(LENGTHS[BAD_CLIP]):
             try:
@@ -234,6 +236,10 @@ def _loader(kind: str, index_file: Path, on_error: str, *, training: bool = Fals
         "engine": "threads" if kind == "engine" else "workers",
         "num_workers": 2 if kind == "workers2" else 0,
         "engine_threads": 3,
+        # One FFmpeg thread per decoder, as the reference reads: with frame threads a decoder reads
+        # packets ahead, so a damaged packet stops it at an earlier frame (how much earlier depends
+        # on the cores); the engine on the CPU uses one anyway.
+        "decoder_threads": 1,
     }
     if training:
         dm = StreamVideoDataModule(index_file=index_file, shuffle=False, **options)
@@ -334,3 +340,29 @@ def test_skip_in_training_order_counts_every_invalid_slot_step(
     assert stats.skipped_samples == invalid >= 1
     assert stats.frames_delivered == (2 * len(batches) - invalid) * len(CAMERAS)
     assert _delivered(batches, clip_name(BAD_CLIP)) == list(range(data.failing_read))
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, under torch 2.13
+@pytest.mark.parametrize("case", ["truncated-55%", "replaced-after-indexing"])
+def test_the_clip_loaders_workers_raise_the_files_error_as_itself(damaged: Callable[[str], Damaged], case: str) -> None:
+    from lightning_vstream.clips.datamodule import ClipVideoDataModule
+
+    data = damaged(case)
+    dm = ClipVideoDataModule(
+        index_file=data.root / "index.json", batch_size=2, num_workers=1, clip_frames=6, shuffle=False, timeout=60
+    )
+    dm.setup("fit")
+    with pytest.raises(CASES[case].error) as caught:
+        for _ in dm.train_dataloader():
+            pass
+    error = caught.value
+    del caught
+    assert type(error) is CASES[case].error
+    first = str(error).split("\n", 1)[0]  # the worker's own message, not torch's preamble
+    assert "clip 'scene-0002'" in first and str(data.bad_file) in first, first
+    assert "DataLoader worker process 0" in str(error)  # where it was raised, after the message
+    # torch ends a DataLoader's workers when its iterator goes, which the traceback holds on to.
+    error.__traceback__ = None
+    del error
+    dm.teardown("fit")
+    gc.collect()

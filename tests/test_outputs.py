@@ -339,13 +339,15 @@ def test_the_engine_ring_holds_every_output_until_the_hold(ann_index: Path) -> N
 
 @pytest.fixture
 def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    from _fake_nvc import fake_module
+    """The stand-in module, with GPU 0's capability table read from a stand-in probe report."""
+    from _fake_nvc import caps_runner, fake_module
 
     from lightning_vstream.decode import nvdec
 
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
-    monkeypatch.setattr(nvdec, "_caps_cache", {})
+    monkeypatch.setattr(nvdec, "_caps_tables", {})
+    nvdec.gpu_caps(0, runner=caps_runner())
     return module
 
 
@@ -353,20 +355,25 @@ def test_nvdec_decodes_into_the_batch_and_the_outputs_are_made_from_it(
     fake_nvc: types.ModuleType, make_dataset: Any
 ) -> None:
     """With NVDEC the default output is converted straight into its ring row; the other outputs read that row."""
+    from _fake_nvc import StandInMemory
+
     from lightning_vstream.decode.gpu import NvDecoder
     from lightning_vstream.decode.nvdec import DecoderPool
 
-    index = load_index(make_dataset(clips=2, cameras=2, frames=[9, 7], size=(64, 48), codec="hevc", gop=4))
+    # NVDEC's HEVC minimum is 144x144: the stand-in refuses smaller files as the library does.
+    index = load_index(make_dataset(clips=2, cameras=2, frames=[9, 7], size=(192, 144), codec="hevc", gop=4))
     pool = DecoderPool()
     loader = _engine(
         index,
-        decoder_factory=lambda p, i, label: NvDecoder(p, info=i, label=label, pool=pool),
-        outputs={"small": FrameTransform(resize=(24, 32)), "float": FrameTransform(dtype="float32")},
+        decoder_factory=lambda p, i, label: NvDecoder(
+            p, info=i, label=label, pool=pool, stream="current", memory=StandInMemory()
+        ),
+        outputs={"small": FrameTransform(resize=(72, 96)), "float": FrameTransform(dtype="float32")},
     )
     assert loader.engine.steps.direct
     steps = 0
     for batch in loader:
-        assert output_stamp_errors(batch, [(64, 48)] * 2) == []
+        assert output_stamp_errors(batch, [(192, 144)] * 2) == []
         steps += 1
     stats = loader.stats
     assert steps > 0 and stats.frames_decoded == stats.frames_delivered and stats.amplification == 1.0
@@ -402,6 +409,8 @@ def test_outputs_are_checked_when_the_datamodule_is_built(ann_index: Path) -> No
 
 class OutputsModel(pl.LightningModule):
     """Checks the stamps of every output it trains on."""
+
+    handles_is_first = True  # keeps no state from one step to the next
 
     def __init__(self) -> None:
         super().__init__()

@@ -326,29 +326,44 @@ def test_lightning_cli_configures_clip_outputs(
 # -- the batched (GPU) read path ----------------------------------------------------------------------
 @pytest.fixture
 def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    from _fake_nvc import fake_module
+    """The stand-in module and its host memory, with GPU 0's capability table read from a stand-in probe report."""
+    from _fake_nvc import StandInMemory, caps_runner, fake_module
 
+    import lightning_vstream.decode.device as device_module
+    from lightning_vstream.clips import gpu as clips_gpu
     from lightning_vstream.decode import nvdec
 
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
-    monkeypatch.setattr(nvdec, "_caps_cache", {})
+    monkeypatch.setattr(nvdec, "_caps_tables", {})
+    nvdec.gpu_caps(0, runner=caps_runner())
+    monkeypatch.setattr(device_module, "frame_memory", StandInMemory)
+    monkeypatch.setattr(clips_gpu, "frame_memory", StandInMemory)
     return module
 
 
-def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, ann_index: Path) -> None:
+NVDEC_SIZE = (192, 144)
+
+
+@pytest.fixture(scope="module")
+def nvdec_index(make_dataset: Any) -> Path:
+    """Three clips, two cameras, 192x144 (NVDEC's smallest frame, which the stand-in refuses below as NVDEC does)."""
+    return make_dataset(clips=3, cameras=2, frames=[10, 7, 12], size=NVDEC_SIZE, gop=5)
+
+
+def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, nvdec_index: Path) -> None:
     """The path NVDEC takes (a whole batch planned by GOP), run on the CPU with a stand-in PyNvVideoCodec."""
     from lightning_vstream.clips.batched import BatchReader
     from lightning_vstream.decode.nvdec import DecoderPool
 
     requests = [at_indices("scene-0000", [1, 4, 8]), at_indices("scene-0002", [0, 11, 5])]
-    dataset = VideoClipDataset(index=ann_index, requests=requests, decode_device="cuda", outputs=OUTPUTS)
+    dataset = VideoClipDataset(index=nvdec_index, requests=requests, decode_device="cuda", outputs=OUTPUTS)
     dataset._reader = BatchReader(gpu=0, device="cpu", threads=2, pool=DecoderPool())
     try:
         batch = collate_clips(dataset.__getitems__([0, 1]))
-        assert clip_stamp_errors(batch, [SIZE] * CAMERAS) == []
+        assert clip_stamp_errors(batch, [NVDEC_SIZE] * CAMERAS) == []
         small = batch["outputs"]["small"]
-        assert small["frames"].shape == (2, 3, CAMERAS, 3, 32, 48) and small["img_aug_matrix"][0, 0, 0, 0] == 0.5
+        assert small["frames"].shape == (2, 3, CAMERAS, 3, 32, 48) and small["img_aug_matrix"][0, 0, 0, 0] == 0.25
         assert torch.equal(batch["outputs"]["full"]["frames"], batch["frames"])
         assert as_uint8_chw(batch["outputs"]["half_float_hwc"]["frames"][0, 0, 0]).shape == (3, 32, 48)
     finally:

@@ -79,8 +79,13 @@ def _flip_bits(path: Path, seed: int = 0) -> None:
 
 def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[str, Any]], Any]:
     dm = StreamVideoDataModule(
-        index_file=root / "index.json", batch_size=2, num_workers=num_workers, on_error=on_error, shuffle=False
-    )  # type: ignore[arg-type]
+        index_file=root / "index.json",
+        batch_size=2,
+        num_workers=num_workers,
+        on_error=on_error,  # type: ignore[arg-type]
+        shuffle=False,
+        engine="workers",
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
@@ -181,7 +186,11 @@ class _DyingDataset(StreamDataset):
 def _skip_loader(
     root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop", engine_threads: int = 0
 ) -> Any:
-    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip"."""
+    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip".
+
+    Both decode with one FFmpeg thread per decoder (the engine's CPU default), so the damaged packet
+    stops both at the same frame (frame threads read packets ahead, and stop earlier).
+    """
     index = load_index(root / "index.json")
     sampler = StreamSampler(
         LENGTHS,
@@ -192,9 +201,11 @@ def _skip_loader(
         num_parts=1 if engine_threads else max(1, num_workers),
     )
     if engine_threads:
-        return build_engine_loader(index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip")
+        return build_engine_loader(
+            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip", decoder_threads=1
+        )
     return StreamDataLoader(
-        StreamDataset(index=index, on_error="skip"),
+        StreamDataset(index=index, on_error="skip", decoder_threads=1),
         sampler=sampler,
         num_workers=num_workers,
         prefetch_factor=prefetch if num_workers else None,
@@ -446,7 +457,11 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_p
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:
     for persistent in (False, True):
         dm = StreamVideoDataModule(
-            index_file=pristine / "index.json", batch_size=2, num_workers=2, persistent_workers=persistent
+            index_file=pristine / "index.json",
+            batch_size=2,
+            num_workers=2,
+            persistent_workers=persistent,
+            engine="workers",
         )
         trainer = pl.Trainer(
             accelerator="cpu",

@@ -374,6 +374,11 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.missing_annotations = 0
         self._reader: Any = None
 
+    @property
+    def bad_files(self) -> int:
+        """Distinct files this process could not read (``on_error="skip"``)."""
+        return len(self._bad_files)
+
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
         return repr(self.index.source.name)

@@ -3,10 +3,41 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 
-__all__ = ["FrameDecoder", "VideoDecodeError", "VideoInfo", "make_decoder"]
+if TYPE_CHECKING:
+    from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+    from lightning_vstream.decode.images import with_image_fps
+
+__all__ = [
+    "FrameDecoder",
+    "PyAVDecoder",
+    "VideoDecodeError",
+    "VideoInfo",
+    "make_decoder",
+    "probe_video",
+    "with_image_fps",
+]
+
+#: Loaded on first access: the CPU backend's decoder and prober, and the image-folder frame rate.
+_LAZY = {
+    "PyAVDecoder": "lightning_vstream.decode.cpu",
+    "probe_video": "lightning_vstream.decode.cpu",
+    "with_image_fps": "lightning_vstream.decode.images",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_vstream.decode' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def make_decoder(

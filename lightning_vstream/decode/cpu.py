@@ -167,6 +167,7 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
             ) from err
         if not records:
             raise VideoDecodeError(f"{str(path)!r} holds a video stream with no frames.")
+        reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
         records.sort(key=lambda r: r[0])
         pts = tuple(r[0] for r in records)
         for i in range(1, len(pts)):
@@ -212,9 +213,25 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
             crc32=tuple(r[3] for r in records),
             config_crc32=zlib.crc32(codec_ctx.extradata or b""),
             average_fps=fps,
+            reorder_depth=reorder,
         )
     finally:
         container.close()
+
+
+def _reorder_depth(decode_order_pts: list[int]) -> int:
+    """How many frames decoding must run ahead of presentation: 0 when packets come in pts order.
+
+    Frame ``p`` (in presentation order) can be shown once every frame up to it has been decoded,
+    i.e. after the packet at the largest decode position among frames ``0..p``; the depth is the
+    most that position exceeds ``p``. ``I0 P3 B1 B2`` has depth 1, a stream without B-frames 0.
+    """
+    order = sorted(range(len(decode_order_pts)), key=decode_order_pts.__getitem__)
+    depth = reached = 0
+    for shown, decoded in enumerate(order):
+        reached = max(reached, decoded)
+        depth = max(depth, reached - shown)
+    return depth
 
 
 def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) -> Iterator[Any]:

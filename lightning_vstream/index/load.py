@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream.errors import (
+    ConfigurationError,
     ConfigurationTypeError,
     DataFormatError,
     FileChangedError,
     IndexValidationError,
     MissingFileError,
+    VStreamWarning,
 )
 from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
@@ -70,8 +72,15 @@ def read_index_bytes(path: Path | str) -> bytes:
     """
     where = repr(str(path))
     path = Path(path)
+    if path.is_dir():
+        inside = path / "index.json"
+        fix = f"pass {str(inside)!r}" if inside.is_file() else f"run `vstream index {path}` to write {str(inside)!r}"
+        raise ConfigurationError(f"index file {where} is a folder; {fix}.")
     if not path.is_file():
-        raise MissingFileError(f"index file {where} does not exist.")
+        raise MissingFileError(
+            f"index file {where} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
+            "or `vstream synth FOLDER` to write a stamped synthetic dataset."
+        )
     try:
         return path.read_bytes()
     except OSError as err:
@@ -221,6 +230,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         if not cameras or len(set(cameras)) != len(cameras):
             raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
+    scanned: list[set[str]] = []  # the camera files of every clip folder read
 
     def scan(clip_id: str, folder: str, out: list[str]) -> tuple[str, ...] | None:
         """The clip's camera file names (in camera order) found on disk, or None with the problems in ``out``."""
@@ -246,6 +256,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             reference = (f"clip {clip_id!r}", tuple(found))
         names = reference[1]
         missing = [n for n in names if n not in found]
+        scanned.append(set(found))
         if missing:
             out.append(
                 f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
@@ -358,6 +369,18 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             problems[place:place] = found
             if files is not None:
                 layout_of[at] = layouts.setdefault(files, len(layouts))
+    if cameras is not None and scanned:
+        # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
+        nowhere = [n for n in cameras if not any(n in found for found in scanned)]
+        if nowhere:
+            existing = sorted(set().union(*scanned))
+            raise IndexValidationError(
+                where,
+                [
+                    f"{where}: cameras={cameras!r}: no clip has camera(s) {nowhere}; the index's clips have "
+                    f"cameras {existing}. Pass names from that list, or cameras=None for all of them."
+                ],
+            )
     records = (
         ClipArrays(
             source=str(path),
@@ -502,7 +525,7 @@ def _warn_if_unchecked(path: Path, clips: Sequence[Clip], candidates: Iterable[C
         "file fingerprints are not checked, and a replaced or corrupted file can deliver wrong frames without an "
         f"error. Turn the checks on with `vstream index --tables {path}` (writes the frame tables of the files "
         "this index lists).",
-        UserWarning,
+        VStreamWarning,
         stacklevel=4,
     )
 

@@ -12,7 +12,8 @@ offset]``), each aligned to 64 bytes. Rows are sorted by ``keys`` (file path rel
 index folder, ``/``-separated), so a lookup is a binary search. Per-frame arrays (``pts``,
 ``crc32``) and per-keyframe arrays (``key_indices``, ``key_seek``) are concatenated over files,
 with ``frame_offsets`` / ``key_offsets`` (length files + 1) marking where each file's rows start.
-Optional values (``config_crc32``, identity fields) hold -1 when unknown.
+Optional values (``config_crc32``, identity fields, ``reorder_depth``) hold -1 when unknown.
+Version 2 added ``reorder_depth``; version-1 files still load, with it unknown.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from lightning_vstream.index.tables import VideoInfo
 __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "write_table_arrays", "write_tables"]
 
 TABLES_FORMAT = "lightning_vstream.tables"
-TABLES_VERSION = 1
+TABLES_VERSION = 2
+#: Older versions still read, and the per-file arrays they lack (read as unknown, -1).
+_OLDER_VERSIONS = {1: ("reorder_depth",)}
 _MAGIC = b"VSTABLES"
 _PREFIX = struct.Struct("<8sII")
 _ALIGN = 64
@@ -54,6 +57,7 @@ _PER_FILE = {
     "mtime_ns": "<i8",
     "head_crc32": "<i8",
     "tail_crc32": "<i8",
+    "reorder_depth": "<i4",
 }
 _CONCAT = {
     "pts": "<i8",
@@ -123,6 +127,7 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
             "mtime_ns": -1 if ident is None else ident.mtime_ns,
             "head_crc32": -1 if ident is None else ident.head_crc32,
             "tail_crc32": -1 if ident is None else ident.tail_crc32,
+            "reorder_depth": -1 if info.reorder_depth is None else info.reorder_depth,
         }
         for name, value in values.items():
             rows[name].append(value)
@@ -165,7 +170,8 @@ def write_table_arrays(
         keys: UTF-8 encoded file keys, sorted and distinct (a list of bytes or an ``S`` array).
         codecs: Codec names the ``codec`` array indexes.
         arrays: Every per-file array (one row per key) and concatenated array of the format (see
-            the module docs), in any integer or float dtype that converts losslessly.
+            the module docs), in any integer or float dtype that converts losslessly;
+            ``reorder_depth`` may be left out (unknown).
 
     Returns:
         ``path``.
@@ -185,6 +191,7 @@ def write_table_arrays(
             np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1")
         )
     )
+    arrays = {"reorder_depth": np.full(len(key_array), -1), **arrays}  # optional: unknown unless given
     missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
     if missing:
         raise DataFormatError(f"frame-table arrays {missing} are missing.")
@@ -261,7 +268,7 @@ class FrameTables:
             with open(self.path, "rb") as f:
                 prefix = f.read(_PREFIX.size)
                 magic, version, header_len = _PREFIX.unpack(prefix) if len(prefix) == _PREFIX.size else (b"", 0, 0)
-                if magic != _MAGIC or version != TABLES_VERSION:
+                if magic != _MAGIC or (version != TABLES_VERSION and version not in _OLDER_VERSIONS):
                     raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
                 header = json.loads(f.read(header_len).decode("utf-8"))
             size = self.path.stat().st_size
@@ -295,6 +302,8 @@ class FrameTables:
             if isinstance(err, IndexValidationError):
                 raise
             raise self._bad("has a damaged header") from None
+        for name in _OLDER_VERSIONS.get(version, ()):
+            arrays.setdefault(name, np.full(self._n, -1, dtype=_PER_FILE[name]))
         missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
         if missing:
             raise self._bad(f"lacks the arrays {missing}")
@@ -397,6 +406,7 @@ class FrameTables:
         if min(tb) <= 0 or width <= 0 or height <= 0:
             raise self._bad(f"holds a non-positive size or time base for {key!r}")
         config = int(a["config_crc32"][row])
+        reorder = int(a["reorder_depth"][row])
         return VideoInfo(
             codec=self._codecs[int(a["codec"][row])],
             width=width,
@@ -409,4 +419,5 @@ class FrameTables:
             crc32=tuple(a["crc32"][f0:f1].tolist()) if a["has_crc"][row] else None,
             config_crc32=None if config < 0 else config,
             identity=self.identity(row),
+            reorder_depth=None if reorder < 0 else reorder,
         )

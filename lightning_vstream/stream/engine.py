@@ -17,7 +17,10 @@ How a step flows:
   ``s % ring``; on the CPU (``buffers="pool"``) every step takes a batch from a pool that reuses
   its memory only once nothing references the batch handed out. Each frame is written once into its
   row (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.gpu.NvDecoder.get>`), or copied
-  once after the transform.
+  once after the transform. With named ``outputs`` every output has batches of its own (a ring
+  each, or one from the pool each per step), and the thread that decodes a frame writes every
+  output of it, on its own stream (:meth:`ThreadDecoders.write
+  <lightning_vstream.stream.engine_reads.ThreadDecoders.write>`).
 - **Events, not host syncs.** Each thread records an event on its own stream when it has queued a
   step; the consumer makes its current stream wait on those events. When the consumer asks for
   step ``k`` it releases step ``k - hold`` by recording a release event on its stream, which the
@@ -38,27 +41,28 @@ further batches have been requested (Lightning's loop keeps one batch in prefetc
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, check_outputs
-from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_TRANSFORM, RANGE_WAIT, nvtx_range
+from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
-from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger, failed_read, frame_size_error
+from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger
 from lightning_vstream.stream.frames import FrameSteps, attach_annotations
 from lightning_vstream.stream.loader import BufferPool, StreamSampler
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
@@ -67,12 +71,22 @@ from lightning_vstream.stream.schedule import SlotRead
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[[Path, "VideoInfo | None", str], FrameDecoder]
 OnError = Literal["raise", "skip"]
 Buffers = Literal["ring", "pool"]
 CameraFrames = Literal["stacked", "per_camera"]
 #: Steps kept in the engine's shift log (the slot shifts each step was planned with).
 SHIFT_LOG_STEPS = 256
+
+# Engines with decode threads, stopped at interpreter exit: a daemon thread still inside FFmpeg or
+# torch when the interpreter finalizes is ended by pthread_exit, which aborts the process if it
+# unwinds through C++ frames ("terminate called without an active exception").
+_RUNNING: weakref.WeakSet[StreamEngine] = weakref.WeakSet()
+_exit_hook: list[bool] = []
+
+
+def _stop_running_engines() -> None:
+    for engine in list(_RUNNING):
+        engine.close()
 
 
 @dataclass
@@ -88,6 +102,7 @@ class _Step:
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
     outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
     output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
+    counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
 
 
 @dataclass
@@ -109,6 +124,7 @@ class _Run:
     changes: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)  # its shift change
     stopping: bool = False
     timed_out: bool = False
+    workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
 
 
 class StreamEngine:
@@ -234,11 +250,15 @@ class StreamEngine:
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
-        self._threads: list[threading.Thread] = []
+        self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
         self._run: _Run | None = None
         self._stats_lock = threading.Lock()
         self._ledger = SkipLedger()
         self._stats = self._ledger.stats
+        # Decoder counters as of the last step handed out (as the worker loader counts them, work done
+        # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
+        self._earlier_runs = (0, 0, 0, 0)
+        self._this_run: dict[int, tuple[int, int, int, int]] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
         self.history = SkipHistory(sampler.batch_size)
         #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
@@ -320,6 +340,8 @@ class StreamEngine:
     def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
         """Yield the batches of the sampler's current epoch from step ``start``, with ``skips`` in force there."""
         self._allocate()
+        if self._run is not None:  # an earlier run whose iterator was left unfinished
+            self._shutdown(self._run)
         self._join(60.0)  # threads of an earlier run that was stopped while they were stuck
         sampler = self.sampler
         skips = skips if skips is not None else no_skips(sampler.batch_size)
@@ -328,6 +350,9 @@ class StreamEngine:
         sampler.start_step = start
         self.history.begin(sampler.epoch, skips)
         self.steps.forget_draws()
+        with self._stats_lock:
+            self._earlier_runs = tuple(sum(values) for values in zip(self._earlier_runs, *self._this_run.values()))
+            self._this_run = {}
         run = _Run(
             start=start,
             num_steps=len(sampler.schedule()),
@@ -339,11 +364,15 @@ class StreamEngine:
             abandoned={pair: -1 for pair in skips[2]},
         )
         self._run = run
-        self._threads = [
+        if not _exit_hook:
+            atexit.register(_stop_running_engines)
+            _exit_hook.append(True)
+        _RUNNING.add(self)
+        run.workers = [
             threading.Thread(target=self._thread_main, args=(run, t), name=f"vstream-decode-{t}", daemon=True)
             for t in range(self.num_threads)
         ]
-        for thread in self._threads:
+        for thread in run.workers:
             thread.start()
         try:
             for step in range(start, run.num_steps):
@@ -369,11 +398,12 @@ class StreamEngine:
                 finished = run.cond.wait_for(functools.partial(self._ready, run, step), timeout=self.timeout or None)
             if not finished:
                 run.timed_out = True
-                done = sum(1 for p in run.progress if p >= step)
+                late = [t for t, done in enumerate(run.progress) if done < step]
                 raise WorkerError(
-                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s "
-                    f"({done} of {self.num_threads} decode threads done); a file may be stalled on a "
-                    "slow file system, or raise the timeout."
+                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s: "
+                    + "; ".join(f"decode thread {t} did not finish {self._streams_of(run, step, t)}" for t in late)
+                    + ". A file may be stalled on a slow file system, or a decoder hangs: check the files named, "
+                    "or raise the timeout if decoding is only slow."
                 )
             failures = sorted((s, p, t) for t, (s, p, _) in run.errors.items() if s <= step)
             if failures:
@@ -387,6 +417,25 @@ class StreamEngine:
         with nvtx_range(RANGE_COLLATE):
             return self._assemble(step, planned, abandoned)
 
+    def _streams_of(self, run: _Run, step: int, t: int, limit: int = 8) -> str:
+        """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
+        planned = run.steps.get(step)
+        if planned is None:
+            return "its camera streams (not planned yet)"
+        cams = self.sampler.num_cameras
+        named = []
+        for position in range(t, len(planned.reads) * cams, self.num_threads):
+            slot, camera = divmod(position, cams)
+            read = planned.reads[slot]
+            if read is not None:
+                clip = self.index.clips[read.clip]
+                stream = clip.cameras[camera]
+                named.append(
+                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
+                )
+        more = f" and {len(named) - limit} more" if len(named) > limit else ""
+        return "the camera streams " + ", ".join(named[:limit]) + more
+
     def _assemble(self, step: int, planned: _Step, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
         cams = self.sampler.num_cameras
         batch_size = self.sampler.batch_size
@@ -398,6 +447,7 @@ class StreamEngine:
             if not ok:
                 camera_ts[slot] = math.nan
         with self._stats_lock:
+            self._this_run.update(planned.counts)
             self._ledger.count_step(
                 reads=reads,
                 valid=valid,
@@ -454,18 +504,23 @@ class StreamEngine:
         return list(tensors)
 
     def _shutdown(self, run: _Run) -> None:
+        """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""
         with run.cond:
             run.stopping = True
             run.cond.notify_all()
         # After a timeout the threads are stuck in a decoder: do not wait for them here; close()
         # (or the next run) collects them once they return.
+        self._stuck.extend(run.workers)
+        run.workers = []
         self._join(0.0 if run.timed_out else 60.0)
-        self.sampler.start_step = 0
-        self._run = None
+        if self._run is run:
+            self.sampler.start_step = 0
+            self._run = None
 
     def _join(self, timeout: float) -> None:
+        """Wait for the threads of stopped runs."""
         alive = []
-        for thread in self._threads:
+        for thread in self._stuck:
             thread.join(timeout=timeout)
             if thread.is_alive():
                 alive.append(thread)
@@ -473,7 +528,7 @@ class StreamEngine:
             log.warning(
                 "%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive), timeout
             )
-        self._threads = alive
+        self._stuck = alive
 
     def close(self) -> None:
         """Stop the threads of a run in progress (their decoders close as they exit)."""
@@ -512,7 +567,7 @@ class StreamEngine:
         return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
 
     def _thread_main(self, run: _Run, t: int) -> None:
-        decoders: dict[int, tuple[int, FrameDecoder]] = {}
+        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
         stream = self._streams[t]
         step = run.start
         position = -1
@@ -529,6 +584,7 @@ class StreamEngine:
                     with nvtx_range(RANGE_ENGINE_STEP):
                         for position in range(t, len(planned.reads) * self.sampler.num_cameras, self.num_threads):
                             self._decode_one(run, step, position, planned, decoders)
+                    planned.counts[t] = decoders.counts()
                     self.device.record(self._done_events[t][step % self.ring_size], stream)
                     with run.cond:
                         run.progress[t] = step
@@ -538,48 +594,47 @@ class StreamEngine:
                 run.errors[t] = (step, position, err)
                 run.cond.notify_all()
         finally:
-            for opened in list(decoders):
-                self._close_decoder(decoders, opened)
+            decoders.close_all()
 
-    def _decode_one(
-        self, run: _Run, step: int, position: int, planned: _Step, decoders: dict[int, tuple[int, FrameDecoder]]
-    ) -> None:
-        """Decode, finish and write one camera frame of ``step``; a failed read is raised or skipped."""
+    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: ThreadDecoders) -> None:
+        """Decode and write one camera frame of ``step``, with its timestamp, geometry and annotations.
+
+        A failed read is raised (``on_error="raise"``) or gives up the slot's segment (``"skip"``).
+        """
         slot, camera = divmod(position, self.sampler.num_cameras)
         read = planned.reads[slot]
         if read is None:
             return
-        with run.cond:
-            given_up = run.abandoned.get((slot, read.segment), step) < step
-        if given_up:
+        # Read without the lock: a failure another thread is recording right now only costs a
+        # decode whose slot the batch marks invalid anyway.
+        if run.abandoned.get((slot, read.segment), step) < step:
             return  # its segment failed at an earlier step: nothing to decode
-        segment_start = self.sampler.schedule().segments[read.segment].start
-        row = self._row(planned.frames, position)
+        # Where the slot's segment starts keys the augmentation draw; nothing else needs it.
+        segment_start = self.sampler.schedule().segments[read.segment].start if self.steps.augment is not None else 0
+        epoch = self.sampler.epoch
         try:
-            decoded, converted = self._decode_into(decoders, position, read, camera, row)
-            # What the named outputs are made from: the augmented frame, or the row decoded into directly.
-            base = row
-            if decoded is not None:  # decoded into a separate frame: finish it, then write it into its row
-                with nvtx_range(RANGE_TRANSFORM):
-                    base = self.steps.augmented(decoded, self.sampler.epoch, read.clip, segment_start)
-                    image = self.steps.transformed(base, converted)
-                self._write(row, image, read, camera)
-            if self.outputs:
-                with nvtx_range(RANGE_TRANSFORM):
-                    for name, extra in self.steps.extra_outputs(base, converted).items():
-                        self._write(self._row(planned.outputs[name], position), extra, read, camera)
+            info = decoders.write(
+                position=position,
+                clip=read.clip,
+                camera=camera,
+                frame=read.frame,
+                row=self._row(planned.frames, position),
+                epoch=epoch,
+                segment_start=segment_start,
+                outputs={name: self._row(frames, position) for name, frames in planned.outputs.items()},
+            )
         except FILE_ERRORS as err:
             if self.on_error == "raise":
                 raise
-            if position in decoders:
-                self._close_decoder(decoders, position)
+            if position in decoders.open:
+                decoders.close(position)
+            decoders.read_errors += 1
             self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
             return
-        info = decoders[position][1].info
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
         if self.steps.has_geometry:
-            size = (info.height, info.width, self.sampler.epoch, read.clip, segment_start)
+            size = (info.height, info.width, epoch, read.clip, segment_start)
             planned.geometry[position] = self.steps.geometry(*size)
             for name, matrix in self.steps.output_geometry(*size).items():
                 planned.output_geometry[name][position] = matrix
@@ -589,96 +644,6 @@ class StreamEngine:
                 planned.annotations[slot] = found
             else:
                 planned.missing.append((slot, str(why)))
-
-    def _write(self, row: torch.Tensor, image: torch.Tensor, read: SlotRead, camera: int) -> None:
-        """Write one finished frame into its batch row; a frame of another shape or dtype is a FrameSizeError."""
-        if image.shape != row.shape or image.dtype != row.dtype:
-            raise frame_size_error(
-                self.index,
-                read.clip,
-                camera,
-                read.frame,
-                tuple(image.shape),
-                tuple(row.shape),
-                got_dtype=image.dtype if image.dtype != row.dtype else None,
-                expected_dtype=row.dtype if image.dtype != row.dtype else None,
-            )
-        row.copy_(image)
-
-    def _decode_into(
-        self,
-        decoders: dict[int, tuple[int, FrameDecoder]],
-        position: int,
-        read: SlotRead,
-        camera: int,
-        row: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, dict[tuple[int, int], torch.Tensor]]:
-        """Decode one frame straight into ``row`` (None) when nothing follows the decoder, else return it; with
-        the decoder's conversions of it to :attr:`FrameSteps.extra_sizes` (decoders that have ``get_sizes``).
-
-        What the decoder raises becomes a named error (see :func:`~lightning_vstream.stream.failures.failed_read`).
-        """
-        try:
-            dec = self._decoder(decoders, position, read.clip, camera)
-            sizes = self.steps.extra_sizes  # empty unless PyAV decoders convert to more sizes (decoder_resizes)
-            if sizes and not hasattr(dec, "get_sizes"):
-                sizes = ()
-            if not self.steps.direct:
-                if sizes:
-                    return dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
-                return dec.get(read.frame), {}
-            size = getattr(dec, "output_size", None) or (dec.info.height, dec.info.width)
-            if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
-                raise frame_size_error(
-                    self.index,
-                    read.clip,
-                    camera,
-                    read.frame,
-                    (3, *size),
-                    tuple(row.shape),
-                    got_dtype=torch.uint8 if row.dtype != torch.uint8 else None,
-                    expected_dtype=row.dtype if row.dtype != torch.uint8 else None,
-                )
-            if sizes:
-                _, converted = dec.get_sizes(read.frame, sizes, out=row)  # type: ignore[attr-defined]
-                return None, converted
-            dec.get(read.frame, out=row)  # type: ignore[call-arg]
-            return None, {}
-        except Exception as err:
-            failure = failed_read(err, self.index, read.clip, camera, read.frame)
-            if failure is None or failure is err:
-                raise
-            raise failure from err
-
-    def _close_decoder(self, decoders: dict[int, tuple[int, FrameDecoder]], position: int) -> None:
-        _, dec = decoders.pop(position)
-        with self._stats_lock:
-            self._stats.frames_decoded += dec.frames_decoded
-            self._stats.seeks += getattr(dec, "seeks", 0)
-        try:
-            dec.close()
-        except Exception:  # closing must not hide the error that ended the run
-            log.debug("closing a decoder failed", exc_info=True)
-
-    def _decoder(
-        self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int, camera_ordinal: int
-    ) -> FrameDecoder:
-        entry = decoders.get(position)
-        if entry is not None and entry[0] == clip_ordinal:
-            decoders[position] = decoders.pop(position)  # most recently used last
-            return entry[1]
-        if entry is not None:
-            self._close_decoder(decoders, position)
-        limit = self._decoders_per_thread
-        while limit is not None and len(decoders) >= limit:
-            self._close_decoder(decoders, next(iter(decoders)))
-        clip = self.index.clips[clip_ordinal]
-        camera = clip.cameras[camera_ordinal]
-        dec = self.decoder_factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
-        decoders[position] = (clip_ordinal, dec)
-        with self._stats_lock:
-            self._stats.files_opened += 1
-        return dec
 
     def _abandon(
         self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException
@@ -695,7 +660,6 @@ class StreamEngine:
                 run.changes[key] = change
                 self.history.found(step, slot, read.segment, change)
             with self._stats_lock:
-                self._stats.read_errors += 1
                 if known is None:
                     path = str(self.index.clips[read.clip].cameras[camera].path)
                     self._ledger.clip_skipped(self.index.clips[read.clip].clip_id, read.frame, path, err)
@@ -703,6 +667,10 @@ class StreamEngine:
     # -- counters --------------------------------------------------------------------------
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of every run so far (decoders still open count when they close)."""
+        """Decoding counters of every run so far, as of the last batch handed out."""
         with self._stats_lock:
-            return self._stats + DecodeStats()
+            totals = [sum(values) for values in zip(self._earlier_runs, *self._this_run.values())]
+            counted = DecodeStats(
+                frames_decoded=totals[0], seeks=totals[1], files_opened=totals[2], read_errors=totals[3]
+            )
+            return self._stats + counted

@@ -12,7 +12,7 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform
-from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
+from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
     EngineLoader,
@@ -22,7 +22,10 @@ from lightning_vstream.stream.engine_loader import (
 from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.loader import StreamSampler
 
-__all__ = ["build_engine_loader", "cpu_threads"]
+__all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
+
+#: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
+CPU_DECODER_THREADS = 1
 
 
 def cpu_threads() -> int:
@@ -63,12 +66,15 @@ def build_engine_loader(
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
-    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``) and sizes the thread pool
-    from the GPU's NVDEC engine count (``GetDecoderCaps``); batches are views of a ring in GPU
-    memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
-    PyAV decoders resize while converting for every output whose transform is a resizing
-    :class:`~lightning_vstream.FrameTransform` (see :func:`~lightning_vstream.stream.frames.decoder_sizes`),
-    and every batch is memory of its own until the caller drops it.
+    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
+    from the GPU's NVDEC engine count (``GetDecoderCaps``) and has each decode thread create its
+    decoders for every format of the index before the first step; batches are views of a ring in
+    GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
+    (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
+    (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
+    transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
+    :func:`~lightning_vstream.stream.frames.decoder_sizes`), and every batch is memory of its own
+    until the caller drops it.
 
     Example::
 
@@ -79,7 +85,6 @@ def build_engine_loader(
     factory: DecoderFactory
     resize = None
     if target.type == "cuda":
-        from lightning_vstream.decode.gpu import import_pynvvideocodec
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
         gpu = target.index if target.index is not None else 0
@@ -87,13 +92,19 @@ def build_engine_loader(
             probe_nvdec(gpu)
         first = index.clips[0].cameras[0].info
         codec = first.codec if first is not None else "hevc"
-        engines = num_decoder_engines(import_pynvvideocodec(), gpu, codec)
-        backend = CudaDevice(gpu, engines=engines)
+        engines = num_decoder_engines(gpu, codec)
+        rows = sampler.batch_size * sampler.num_cameras
+        per_thread = -(-rows // max(1, min(threads or 2 * engines, rows)))
+        backend = nvdec_engine_device(
+            gpu, engines=engines, prepare=one_file_per_format(index), streams_per_thread=per_thread
+        )
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
         resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
-        factory = pyav_factory(threads=decoder_threads, size=resize)
+        # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
+        # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize)
     engine = StreamEngine(
         index=index,
         sampler=sampler,

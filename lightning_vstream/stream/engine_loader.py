@@ -61,6 +61,9 @@ def nvdec_factory(
 
     Streaming reads every frame in order, so decoders keep NVDEC's ``NATIVE`` latency mode, which
     pipelines pictures (``LOW`` returns each frame sooner but stalls the engine between packets).
+    Each decoder runs on the stream of the engine thread that opens it (``stream="current"``), so
+    frames need no stream ordering of their own: the engine orders whole steps with one event per
+    thread.
 
     Example::
 
@@ -69,12 +72,13 @@ def nvdec_factory(
     if fallback not in ("none", "cpu"):
         raise ConfigurationError(f"gpu_fallback={fallback!r} is not supported; use 'none' or 'cpu'.")
     from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.gpu import NvDecoder
 
-    target = torch.device("cuda", gpu)
+    target = frame_memory().device(gpu)  # the GPU (the CPU under a test driver's host memory)
 
     def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
-        dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency)
+        dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency, stream="current")
         if fallback == "none":
             return dec
         return _FallbackDecoder(

@@ -125,14 +125,14 @@ class FrameSteps:
             transform is None
             or (self.decode_size is not None and isinstance(transform, FrameTransform) and transform.is_resize_only)
         )
+        #: Frames change geometry here (augmentation, or a transform of any output that crops or
+        #: resizes): batches carry ``img_aug_matrix``.
+        self.has_geometry = (
+            augment is not None
+            or changes_geometry(transform)
+            or any(changes_geometry(t) for t in self.outputs.values())
+        )
         self._draws: dict[tuple[int, int, int], AugmentParams] = {}
-
-    @property
-    def has_geometry(self) -> bool:
-        """True when frames change geometry here (augmentation, or a transform of any output that crops or resizes)."""
-        if self.augment is not None:
-            return True
-        return changes_geometry(self.transform) or any(changes_geometry(t) for t in self.outputs.values())
 
     def frame_shape(self, height: int, width: int, device: torch.device | str = "cpu") -> tuple[tuple[int, ...], Any]:
         """Shape and dtype a ``height x width`` frame has once augmented and transformed."""

@@ -46,6 +46,7 @@ from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedul
 from lightning_vstream.stream.supervise import (
     STOP_GRACE_S,
     TORCH_WORKER_FAILURE,
+    WorkerTimeout,
     dead_workers,
     describe_exit,
     stop_workers,
@@ -462,6 +463,8 @@ class StreamDataLoader(DataLoader):
         except (ConnectionError, EOFError) as err:
             # A worker that dies while handing over shared memory breaks the connection first.
             raise WorkerError(self._worker_failure(parts_iter, step, part, err, stalled=False)) from err
+        except WorkerTimeout as err:
+            raise WorkerError(self._worker_failure(parts_iter, step, part, err, stalled=True)) from err
         except RuntimeError as err:
             # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
             # the worker (a VideoDecodeError, say) keep their own type and pass through.

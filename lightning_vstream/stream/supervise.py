@@ -18,16 +18,24 @@ import time
 import weakref
 from typing import Any
 
+from lightning_vstream.errors import WorkerError
+
 __all__ = [
     "STOP_GRACE_S",
     "TORCH_WORKER_FAILURE",
     "WORKER_CHECK_S",
+    "WorkerTimeout",
     "dead_workers",
     "describe_exit",
     "forget_worker_pids",
     "stop_workers",
     "watch_workers",
 ]
+
+
+class WorkerTimeout(WorkerError):
+    """No part arrived within the loader's timeout (the loader reports it with the worker and its streams)."""
+
 
 #: Seconds between checks that every worker is alive while the loader waits for a part.
 WORKER_CHECK_S = 1.0
@@ -45,7 +53,7 @@ def watch_workers(parts_iter: Any, timeout: float) -> None:
     After this, waiting for a part polls the result queue for at most :data:`WORKER_CHECK_S` seconds
     at a time and checks between polls that every worker is alive (torch's own check, which raises
     ``DataLoader worker (pid(s) ...) exited unexpectedly``), and gives up after ``timeout`` seconds
-    (0: never) with torch's ``DataLoader timed out after ...`` error.
+    (0: never) with a :class:`WorkerTimeout`.
     """
     if not hasattr(parts_iter, "_workers"):
         return  # no worker processes
@@ -65,7 +73,7 @@ def _get_part(ref: weakref.ref[Any], timeout: float) -> Any:
         if received:
             return data
         if deadline is not None and time.monotonic() >= deadline:
-            raise RuntimeError(f"DataLoader timed out after {timeout:g} seconds")
+            raise WorkerTimeout(f"DataLoader timed out after {timeout:g} seconds")
 
 
 def forget_worker_pids(parts_iter: Any) -> None:
