@@ -189,6 +189,37 @@ def test_every_output_carries_the_stamps_of_one_decoded_frame(ann_index: Path, l
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))
+def test_the_decoder_resizes_to_the_default_output_and_converts_the_other_sizes(ann_index: Path, loader: str) -> None:
+    """Every output starts with a resize: frames are decoded straight into the batch at the default
+    output's size, and each other size is one more conversion of the same decoded frame."""
+    default, quarter = FrameTransform(resize=(48, 72)), FrameTransform(resize=(16, 24))
+    outputs = {"small": SMALL, "quarter": quarter}
+    dm = _dm(ann_index, loader, transform=default, outputs=outputs)
+    loader_ = dm.train_dataloader()
+    steps = loader_.engine.steps if loader == "engine" else loader_.dataset.steps
+    assert steps.decode_size == (48, 72) and steps.extra_sizes == ((16, 24), (32, 48)) and steps.direct
+    reference = Reference(ann_index)
+    transforms = {"frames": default, **outputs}
+    delivered = 0
+    for batch in loader_:
+        for slot, clip_id in enumerate(batch["clip_id"]):
+            for camera in range(CAMERAS):
+                for name, transform in transforms.items():
+                    frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
+                    got = camera_frame(frames, slot, camera)
+                    if not batch["valid"][slot]:
+                        assert got.count_nonzero() == 0
+                        continue
+                    # Equal to swscale's conversion at that size (a torch resize would differ).
+                    expected = reference.expected(transform, clip_id, camera, int(batch["frame_index"][slot]))
+                    assert torch.equal(got, expected), (name, slot, camera)
+        delivered += int(batch["valid"].sum()) * CAMERAS
+    reference.close()
+    stats = dm.decode_stats()
+    assert stats.frames_decoded == stats.frames_delivered == delivered > 0
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
 def test_each_outputs_geometry_describes_its_own_pixels(ann_index: Path, loader: str) -> None:
     """One augmentation draw per segment, shared by every output; each output's intrinsics project onto its stamp."""
     small = FrameTransform(resize=(42, 60))
