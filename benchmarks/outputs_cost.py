@@ -11,7 +11,8 @@ threads). Configurations:
 - 1 output, resized in the decoder: ``transform=FrameTransform(resize=half)`` alone, which the CPU
   decoder does while converting to RGB (swscale);
 - 2 outputs, resized + as decoded: that transform plus ``outputs={"full": FrameTransform()}``;
-  with outputs every frame is decoded at the file's size and each transform resizes in torch.
+  the identity output needs the file's size, so the decoder converts every frame at that size and
+  once more at half size for the default output (``PyAVDecoder.get_sizes``).
 
 Each configuration streams one epoch ``--repeats`` times, interleaved; the table shows the median
 wall-clock camera-frames/sec (a camera-frame counts once whatever the number of outputs), its
