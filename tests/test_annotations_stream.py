@@ -78,6 +78,20 @@ def test_annotations_match_the_frames_they_arrive_with(ann_index: Path, num_work
     assert steps == len(loader) > 0
 
 
+def test_thread_engine_delivers_annotations_and_augmentation_like_the_workers(ann_index: Path) -> None:
+    """engine="threads" gets every option the worker loader gets: the same labels, targets and draws."""
+    options: dict[str, Any] = {"augment": AUGMENT, "shuffle": True}
+    engine = [_record(b) for b in _dm(ann_index, engine="threads", engine_threads=2, **options).train_dataloader()]
+    workers = [_record(b) for b in _dm(ann_index, engine="workers", **options).train_dataloader()]
+    assert engine == workers and engine[0][4] is not None
+    for batch in _dm(ann_index, engine="threads", **options).train_dataloader():
+        assert stream_annotation_errors(batch) == []
+    padded = next(iter(_dm(ann_index, engine="threads", pad_annotations=True).train_dataloader()))
+    assert padded["annotations"]["boxes_mask"].dim() == 2
+    per_camera = next(iter(_dm(ann_index, engine="threads", camera_frames="per_camera").train_dataloader()))
+    assert isinstance(per_camera["frames"], list) and len(per_camera["frames"]) == 2
+
+
 def test_padded_boxes_and_evaluation_padding(ann_index: Path) -> None:
     dm = StreamVideoDataModule(
         index_file=ann_index,

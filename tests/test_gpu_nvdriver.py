@@ -438,6 +438,63 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
     assert not list(fake_log.calls("cuStreamSynchronize"))
 
 
+@pytest.mark.parametrize("transform", [None, "resize"], ids=["decoded_into_the_ring", "transformed"])
+def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_library(
+    dataset: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog, transform: str | None
+) -> None:
+    """``outputs`` on the GPU path: one decode per frame, every output made on the decode thread's stream.
+
+    Without a transform the default output is converted straight into its ring row and the named
+    outputs are made from that row; with one, every output is made from the decoded frame.
+    """
+    from lightning_vstream.index import load_index
+    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.transforms import FrameTransform
+
+    index = load_index(dataset)
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    clips = _mark_dataset(marker, index)
+    default = FrameTransform(resize=(160, 160)) if transform else None
+    outputs = {
+        "small": FrameTransform(resize=(64, 96)),
+        "normalized": FrameTransform(dtype="float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
+    }
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, transform=default, outputs=outputs)
+    assert loader.engine.steps.direct == (default is None)
+    spec = _spec(index.clips[0].cameras[0].path)
+    steps = 0
+    pointers: dict[str, set[int]] = {"frames": set(), "small": set(), "normalized": set()}
+    for batch in loader:
+        steps += 1
+        assert set(batch["outputs"]) == {"small", "normalized"}
+        pointers["frames"].add(batch["frames"].data_ptr())
+        for name in outputs:
+            pointers[name].add(batch["outputs"][name]["frames"].data_ptr())
+        assert batch["outputs"]["small"]["frames"].shape == (2, 2, 3, 64, 96)
+        assert batch["outputs"]["normalized"]["frames"].dtype == torch.float32
+        for slot in range(2):
+            if not batch["valid"][slot]:  # padding: zero in every output
+                assert not batch["frames"][slot].any()
+                assert all(not batch["outputs"][name]["frames"][slot].any() for name in outputs)
+                continue
+            stamp = (clips[batch["clip_id"][slot]], int(batch["frame_index"][slot]))
+            for camera in range(2):
+                decoded = stamped_rgb((stamp[0], camera, stamp[1]), 256, 256, spec)
+                expected = decoded if default is None else default(decoded[None])[0]
+                assert torch.equal(batch["frames"][slot, camera], expected), (slot, camera, stamp)
+                for name, made in outputs.items():
+                    got = batch["outputs"][name]["frames"][slot, camera]
+                    assert torch.equal(got, made(decoded[None])[0]), (name, slot, camera, stamp)
+    assert steps == len(sampler.schedule()) and loader.stats.amplification == 1.0
+    assert marker.decode_calls > 0 and len(marker.decoders) == 4  # each frame decoded once, for all outputs
+    # Every output has a ring of its own, reused as the default output's is.
+    ring = loader.engine.ring_size
+    assert all(len(p) == ring for p in pointers.values()) and not set.intersection(*pointers.values())
+    assert not list(fake_log.calls("cuStreamSynchronize"))
+
+
 def test_random_access_batches_over_the_real_library(
     files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ from lightning_vstream.clips.selection import (
 )
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.outputs import check_outputs
 from lightning_vstream.transforms import FrameTransform
 
 if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
@@ -81,8 +82,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
     Resume: loaders are torchdata ``StatefulDataLoader`` objects, so Lightning stores the position
     in every checkpoint and a run resumed mid-epoch gets exactly the batches the uninterrupted
     run would have had next (with a ``sampler`` factory: if it is deterministic). The arguments
-    are saved as hyperparameters, except ``transform`` and ``sampler`` (pass them again to
-    ``load_from_checkpoint``).
+    are saved as hyperparameters, except ``transform``, ``outputs`` and ``sampler`` (pass them
+    again to ``load_from_checkpoint``).
 
     Args:
         index_file: Index file of the training clips.
@@ -121,6 +122,12 @@ class ClipVideoDataModule(pl.LightningDataModule):
             naming file, clip, camera and frame. ``"skip"``: an unreadable sample is delivered with
             ``valid=False`` (zeros), so batches keep their size, each bad file logged once per
             worker; a frame without annotation is delivered with ``has_annotations=False``.
+        outputs: More versions of the same frames, ``{name: transform}`` (each a transform as
+            ``transform`` takes; ``FrameTransform()`` for the frames as decoded): every frame is decoded and
+            augmented once, then each output's transform makes ``batch["outputs"][name]["frames"]``
+            (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
+            ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs`). In YAML, a
+            mapping of names to ``class_path`` transforms or to ``FrameTransform`` options.
         timeout: Seconds to wait for a worker's batch before raising (0 waits forever).
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
         rank: Global rank; from the Trainer when None.
@@ -189,6 +196,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         # return type as "class_path must name a subclass of it" and would refuse transform classes.
         transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        outputs: dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None = None,
         timeout: float = 300.0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -201,7 +209,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         gop_threads: int | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "sampler"])
+        self.save_hyperparameters(ignore=["transform", "sampler", "outputs"])
         plain_hparams(self)
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -299,6 +307,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.index_check = index_check
         self.transform = transform
+        self.outputs = check_outputs("ClipVideoDataModule", outputs)
         self.on_error = on_error
         self.timeout = timeout
         self.drop_last = drop_last
@@ -388,6 +397,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             camera_frames=self.camera_frames,
             frame_policy=self.frame_policy,
             gop_threads=self.gop_threads,
+            outputs=self.outputs,
         )
 
     def _workers(self, dataset: VideoClipDataset) -> int:

@@ -29,6 +29,15 @@ from torch.utils.data import Dataset
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.outputs import (
+    frame_shapes,
+    make_output,
+    output_matrices,
+    resize_matrix,
+    sized_like,
+    stack_frames,
+    stack_geometry,
+)
 from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
@@ -36,6 +45,7 @@ from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 from lightning_vstream.index.records import ClipSequence
+from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -196,7 +206,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
       step count); count them with ``(~batch["valid"]).sum()``.
     - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
       ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
-    - with ``augment``: ``img_aug_matrix`` float32 ``[cameras, 3, 3]`` (and ``intrinsics`` updated).
+    - with ``augment``, ``size``, or a transform that crops or resizes: ``img_aug_matrix`` float32
+      ``[cameras, 3, 3]``, from the file's pixels to the delivered ones (and ``intrinsics`` updated);
+    - with ``outputs``: ``outputs``, ``{name: {"frames", "img_aug_matrix", "intrinsics"}}`` (see
+      :mod:`lightning_vstream.outputs`), each laid out like ``frames``.
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -243,6 +256,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             it, which decodes without its GOP's other frames (much faster for random access on
             long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
             frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
+        outputs: More versions of the same frames, ``{name: transform}`` (``FrameTransform()``: the
+            frames as decoded and augmented): every frame is decoded and augmented once, then each transform
+            makes ``sample["outputs"][name]["frames"]``, with its own geometry.
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -279,6 +295,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         epoch: int = 0,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -323,6 +340,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
+        self.outputs = check_outputs("VideoClipDataset", outputs)
         self.on_error = on_error
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
@@ -545,7 +563,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
             for target in targets:
                 target.zero_()
-        matrices = []
+        # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
+        decoded = [self.size or (info.height, info.width) for info in infos]
+        before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
         if self.augment is not None:
             params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
             frames = torch.empty(
@@ -553,16 +573,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
             for c, native in enumerate(targets):
                 frames[:, c], matrix = self.augment.apply(native, params)
-                matrices.append(matrix)
-        if self.transform is not None and not per_camera:
-            shape = frames.shape
-            frames = self.transform(frames.view(-1, *shape[2:]))
-            frames = frames.view(shape[0], shape[1], *frames.shape[1:])
+                before[c] = matrix.double() @ before[c]
+            decoded = [self.augment.output_size] * len(streams)
+        base: torch.Tensor | list[torch.Tensor] = (
+            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+        )
         nan = float("nan")
         timestamps = [reference.timestamp(i) if valid else nan for i in indices]
         camera_names = [cam.name for cam in streams]
         sample: dict[str, Any] = {
-            "frames": frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1))),
+            "frames": make_output(self.transform, base, valid),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
@@ -576,12 +596,44 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error
             )
             self.missing_annotations += missing
-        if matrices:
-            from lightning_vstream.annotations.batch import update_intrinsics
-
-            sample["img_aug_matrix"] = torch.stack(matrices)
-            update_intrinsics(sample)
+        self._add_outputs(sample, base, valid, decoded, before)
         return sample
+
+    @property
+    def has_geometry(self) -> bool:
+        """Whether samples carry ``img_aug_matrix``: something between the file and a delivered output crops or resizes."""
+        return (
+            self.augment is not None
+            or self.size is not None
+            or changes_geometry(self.transform)
+            or any(changes_geometry(t) for t in self.outputs.values())
+        )
+
+    def _add_outputs(
+        self,
+        sample: dict[str, Any],
+        base: torch.Tensor | list[torch.Tensor],
+        valid: bool,
+        sizes: Sequence[tuple[int, int]],
+        before: Sequence[torch.Tensor],
+    ) -> None:
+        """Add the named outputs of ``base`` (frames decoded and augmented) and every output's geometry to ``sample``.
+
+        ``sizes`` is each camera's ``(height, width)`` in ``base``, ``before`` the matrix from the file's
+        pixels to them; ``sample["frames"]`` already holds the default output.
+        """
+        from lightning_vstream.annotations.batch import add_output_geometry, update_intrinsics
+
+        if self.outputs:
+            sample["outputs"] = {
+                name: {"frames": make_output(transform, base, valid)} for name, transform in self.outputs.items()
+            }
+        if not self.has_geometry:
+            add_output_geometry(sample, None)
+            return
+        add_output_geometry(sample, {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()})
+        sample["img_aug_matrix"] = output_matrices(self.transform, sizes, before)
+        update_intrinsics(sample)
 
     def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
         """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
@@ -589,7 +641,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
         count = len(request.times or request.frames)
         frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
-        return {
+        sample: dict[str, Any] = {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.full((count,), -1, dtype=torch.int64),
@@ -597,6 +649,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "camera_names": [cam.name for cam in streams],
             "valid": False,
         }
+        if self.outputs:
+            sample["outputs"] = {name: {"frames": frames} for name in self.outputs}
+        return sample
 
     def _skip(self, path: Path, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
@@ -617,6 +672,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         """
         if not self._batched():
             return [self[item] for item in items]
+        import torch
+
         from lightning_vstream.clips.batched import PlannedSample
 
         planned = []
@@ -633,12 +690,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 )
             )
         samples: list[dict[str, Any]] = self.reader.read(planned)
-        for sample in samples:
-            sample.setdefault("valid", True)
-            if self.transform is not None:
-                frames = sample["frames"]
-                out = self.transform(frames.view(-1, *frames.shape[2:]))
-                sample["frames"] = out.view(frames.shape[0], frames.shape[1], *out.shape[1:])
+        for sample, plan in zip(samples, planned):
+            valid = bool(sample.setdefault("valid", True))
+            base = sample["frames"]
+            sample["frames"] = make_output(self.transform, base, valid)
+            sizes = [(info.height, info.width) for info in plan.infos]
+            self._add_outputs(sample, base, valid, sizes, [torch.eye(3, dtype=torch.float64) for _ in sizes])
         return samples
 
     @property
@@ -714,11 +771,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     valid = [s for s in samples if s.get("valid", True)]
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
-        like = valid[0]["frames"]
-        samples = [
-            s if s.get("valid", True) or s["frames"].shape == like.shape else {**s, "frames": torch.zeros_like(like)}
-            for s in samples
-        ]
+        samples = [s if s.get("valid", True) else sized_like(s, valid[0]) for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -726,19 +779,14 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
-        if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
+        if frame_shapes(s["frames"]) != frame_shapes(first["frames"]):
             raise ConfigurationError(
-                f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
-                f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
+                f"cannot batch clip {first['clip_id']!r} (frames {frame_shapes(first['frames'])}) with clip "
+                f"{s['clip_id']!r} (frames {frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
-    frames = first["frames"]
     batch: dict[str, Any] = {
-        "frames": (
-            torch.stack([s["frames"] for s in samples])
-            if isinstance(frames, torch.Tensor)
-            else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]
-        ),
+        "frames": stack_frames([s["frames"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -755,14 +803,18 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         partial = [not bool(s["has_annotations"].any()) for s in samples]
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
         batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
-    if "img_aug_matrix" in first:
-        batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
+    if any("img_aug_matrix" in s for s in samples):
+        batch["img_aug_matrix"] = stack_geometry([s.get("img_aug_matrix") for s in samples])
+    if "outputs" in first:
+        batch["outputs"] = {}
+        for name in first["outputs"]:
+            outputs = [s["outputs"][name] for s in samples]
+            output: dict[str, Any] = {"frames": stack_frames([o["frames"] for o in outputs])}
+            for key in ("img_aug_matrix", "intrinsics"):
+                if any(key in o for o in outputs):
+                    output[key] = stack_geometry([o.get(key) for o in outputs])
+            batch["outputs"][name] = output
     return batch
-
-
-def _frame_shapes(frames: Any) -> Any:
-    """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
-    return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:

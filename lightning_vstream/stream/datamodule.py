@@ -26,6 +26,7 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.outputs import check_outputs
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset
@@ -52,10 +53,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
     about a missing ``validation_step``).
 
     Lightning-native state: the constructor arguments are saved as hyperparameters (except
-    ``transform``, which may be any object: pass it again to ``load_from_checkpoint``), and the
-    train loader is stateful: Lightning stores its position in every checkpoint and a run resumed
-    from a mid-epoch checkpoint continues with exactly the next batch, also when the model's
-    ``training_step`` takes a ``dataloader_iter``.
+    ``transform`` and ``outputs``, which may hold any object: pass them again to
+    ``load_from_checkpoint``), and the train loader is stateful: Lightning stores its position in
+    every checkpoint and a run resumed from a mid-epoch checkpoint continues with exactly the next
+    batch, also when the model's ``training_step`` takes a ``dataloader_iter``.
 
     Args:
         index_file: Training index (accvlab format).
@@ -89,6 +90,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
             an error naming file, clip, camera and frame. ``"skip"``: the slot gives up that clip
             and moves to its next one (``is_first=True``); the batches in between mark it
             ``valid=False``; each bad file is logged once and counted in :meth:`decode_stats`.
+        outputs: More versions of the same frames, ``{name: transform}`` (each a transform as
+            ``transform`` takes; ``FrameTransform()`` for the frames as decoded): every frame is decoded and
+            augmented once, then each output's transform makes ``batch["outputs"][name]["frames"]``
+            (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
+            ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs` and
+            ``docs/streaming.md``). In YAML, a mapping of names to ``class_path`` transforms or to
+            ``FrameTransform`` options. On the CPU, every output whose ``FrameTransform`` starts with a
+            resize is resized by the decoder's YUV -> RGB conversion of the one decoded frame.
         multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
             None takes torch's default (``fork`` on Linux), or ``spawn`` when decoding on CUDA.
             Workers import no lightning, so ``spawn`` and ``forkserver`` start in about the time
@@ -168,6 +177,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         # return type as "class_path must name a subclass of it" and would refuse transform classes.
         transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        outputs: dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None = None,
         multiprocessing_context: MultiprocessingContext | None = None,
         timeout: float = 300.0,
         rank: int | None = None,
@@ -181,7 +191,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform"])
+        self.save_hyperparameters(ignore=["transform", "outputs"])
         plain_hparams(self)
         checks = {
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
@@ -244,6 +254,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.index_check = index_check
         self.transform = transform
         self.on_error = on_error
+        self.outputs = check_outputs("StreamVideoDataModule", outputs)
         self.multiprocessing_context = multiprocessing_context
         self.timeout = timeout
         self.rank = rank
@@ -377,6 +388,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
         if training:
             log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
         if self.uses_engine():
@@ -394,13 +406,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 decoder_threads=self.decoder_threads,
                 gpu_fallback=self.gpu.fallback,
                 probe=self.gpu.probe,
-                augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+                augment=augment,
                 seed=self.seed,
                 annotations=self._source(),
                 pad_annotations=self.pad_annotations,
                 camera_frames=self.camera_frames,
                 max_open_decoders=self.max_open_decoders,
                 pin_memory=self.pin_memory,
+                outputs=self.outputs,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:
@@ -415,10 +428,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             device=device,
             on_error=self.on_error,
             annotations=self._source(),
-            augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+            augment=augment,
             seed=self.seed,
             pad_annotations=self.pad_annotations,
             camera_frames=self.camera_frames,
+            outputs=self.outputs,
         )
         loader = StreamDataLoader(
             dataset,

@@ -17,7 +17,10 @@ How a step flows:
   ``s % ring``; on the CPU (``buffers="pool"``) every step takes a batch from a pool that reuses
   its memory only once nothing references the batch handed out. Each frame is written once into its
   row (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.gpu.NvDecoder.get>`), or copied
-  once after the transform.
+  once after the transform. With named ``outputs`` every output has batches of its own (a ring
+  each, or one from the pool each per step), and the thread that decodes a frame writes every
+  output of it, on its own stream (:meth:`ThreadDecoders.write
+  <lightning_vstream.stream.engine_reads.ThreadDecoders.write>`).
 - **Events, not host syncs.** Each thread records an event on its own stream when it has queued a
   step; the consumer makes its current stream wait on those events. When the consumer asks for
   step ``k`` it releases step ``k - hold`` by recording a release event on its stream, which the
@@ -44,7 +47,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,6 +58,7 @@ from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
@@ -96,6 +100,8 @@ class _Step:
     annotations: dict[int, Any] = field(default_factory=dict)  # slot -> its frame's annotations
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
+    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
+    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
     counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
 
 
@@ -147,13 +153,19 @@ class StreamEngine:
             ``[slots, 3, H_c, W_c]`` tensor per camera.
         max_open_decoders: Open decoders of the whole engine (shared out among the threads, at least
             one each); None keeps one per camera stream.
-        decoder_resizes: The factory's decoders already resize to ``transform.decoder_size()`` while
-            converting to RGB (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``),
-            so a resize-only :class:`~lightning_vstream.FrameTransform` has nothing left to do.
+        decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
+            :func:`~lightning_vstream.stream.frames.decoder_sizes` plans: to their own size
+            (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``) and, for the
+            outputs that need another one, ``get_sizes``; so a resize-only
+            :class:`~lightning_vstream.FrameTransform` has nothing left to do.
         buffers: ``"ring"``: a fixed ring of ``prefetch + hold`` batches (GPU memory, ordered by
             events); ``"pool"``: a batch per step whose memory is reused only once nothing
             references it (CPU memory, safe to keep).
         pin_memory: Allocate pool batches in pinned memory (when CUDA is available).
+        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`): each has batches of its own
+            (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
+            default output.
 
     Example::
 
@@ -185,6 +197,7 @@ class StreamEngine:
         decoder_resizes: bool = False,
         buffers: Buffers = "ring",
         pin_memory: bool = False,
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if sampler.num_parts != 1:
             raise ConfigurationError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
@@ -214,6 +227,7 @@ class StreamEngine:
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
         self.buffers = buffers
+        self.outputs = check_outputs("StreamEngine", outputs)
         self.steps = FrameSteps(
             index=index,
             transform=transform,
@@ -222,13 +236,16 @@ class StreamEngine:
             annotations=annotations,
             on_error=on_error,
             decode_device="cpu" if decoder_resizes else "cuda",
+            outputs=self.outputs,
         )
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
         self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
         self._shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._output_shapes: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
         self._ring: list[list[torch.Tensor]] = []
+        self._output_ring: list[dict[str, list[torch.Tensor]]] = []
         self._pool = BufferPool(shared=False, pinned=pin_memory and torch.cuda.is_available())
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
@@ -254,6 +271,18 @@ class StreamEngine:
         Taken from the first clip whose file of that camera has a frame table (from the index, or
         probed); with ``camera_frames="stacked"`` every camera shares camera 0's.
         """
+        height, width = self._file_size(camera)
+        return self.steps.frame_shape(height, width, self.device.torch_device)
+
+    def output_shapes(self, camera: int = 0) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of one frame of ``camera`` in each named output (see :meth:`frame_shape`)."""
+        if not self.outputs:
+            return {}
+        height, width = self._file_size(camera)
+        return self.steps.output_shapes(height, width, self.device.torch_device)
+
+    def _file_size(self, camera: int) -> tuple[int, int]:
+        """``(height, width)`` of the first readable file of ``camera``."""
         problems = []
         for clip in self.index.clips:
             stream = clip.cameras[camera]
@@ -262,7 +291,7 @@ class StreamEngine:
             except FILE_ERRORS as err:
                 problems.append(str(err))
                 continue
-            return self.steps.frame_shape(info.height, info.width, self.device.torch_device)
+            return info.height, info.width
         listed = "\n".join(f"  {p}" for p in problems[:5])
         raise VideoDecodeError(
             f"no file of camera {self.index.camera_names[camera]!r} can be read, so the batch's frame size is "
@@ -274,20 +303,29 @@ class StreamEngine:
             return
         cameras = self.sampler.num_cameras if self.camera_frames == "per_camera" else 1
         self._shapes = [self.frame_shape(camera) for camera in range(cameras)]
+        per_camera = [self.output_shapes(camera) for camera in range(cameras)]
+        self._output_shapes = {name: [shapes[name] for shapes in per_camera] for name in self.outputs}
         if self.buffers == "ring":
             self._ring = [self._new_frames() for _ in range(self.ring_size)]
+            self._output_ring = [self._new_outputs() for _ in range(self.ring_size)]
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
 
-    def _new_frames(self) -> list[torch.Tensor]:
-        """The frame tensors of one batch: one for all cameras, or one per camera."""
+    def _new_outputs(self) -> dict[str, list[torch.Tensor]]:
+        """The frame tensors of one batch for each named output."""
+        return {name: self._new_frames(shapes) for name, shapes in self._output_shapes.items()}
+
+    def _new_frames(self, shapes: list[tuple[tuple[int, ...], torch.dtype]] | None = None) -> list[torch.Tensor]:
+        """The frame tensors of one batch (of the default output, or of ``shapes``): one for all cameras, or one
+        per camera."""
         slots, cams = self.sampler.batch_size, self.sampler.num_cameras
+        shapes = self._shapes if shapes is None else shapes
         if self.camera_frames == "stacked":
-            shape, dtype = self._shapes[0]
+            shape, dtype = shapes[0]
             dims: list[tuple[tuple[int, ...], torch.dtype]] = [((slots * cams, *shape), dtype)]
         else:
-            dims = [((slots, *shape), dtype) for shape, dtype in self._shapes]
+            dims = [((slots, *shape), dtype) for shape, dtype in shapes]
         if self.buffers == "pool":
             return [self._pool.take(shape, dtype) for shape, dtype in dims]
         return [self.device.empty(shape, dtype) for shape, dtype in dims]
@@ -403,18 +441,7 @@ class StreamEngine:
         batch_size = self.sampler.batch_size
         reads = planned.reads
         valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
-        if self.camera_frames == "stacked":
-            stacked = planned.frames[0].view(batch_size, cams, *planned.frames[0].shape[1:])
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
-            frames: torch.Tensor | list[torch.Tensor] = stacked
-        else:
-            for camera_frames in planned.frames:
-                for slot, ok in enumerate(valid):
-                    if not ok:
-                        camera_frames[slot].zero_()
-            frames = list(planned.frames)
+        frames = self._finish_frames(planned.frames, valid)
         camera_ts = torch.tensor(planned.timestamps, dtype=torch.float64).view(batch_size, cams)
         for slot, ok in enumerate(valid):
             if not ok:
@@ -430,7 +457,7 @@ class StreamEngine:
                 cameras=cams,
             )
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        batch = {
+        batch: dict[str, Any] = {
             "frames": frames,
             "clip_id": [self.index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
@@ -442,6 +469,10 @@ class StreamEngine:
             "epoch": self.sampler.epoch,
             "step": step,
         }
+        if self.outputs:
+            batch["outputs"] = {
+                name: {"frames": self._finish_frames(planned.outputs[name], valid)} for name in self.outputs
+            }
         if self.steps.annotations is not None or self.steps.has_geometry:
             with self._stats_lock:
                 attach_annotations(
@@ -454,8 +485,23 @@ class StreamEngine:
                     geometry=planned.geometry.items(),
                     pad=self.pad_annotations,
                     stats=self._stats,
+                    output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
                 )
         return batch
+
+    def _finish_frames(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
+        """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
+        if self.camera_frames == "stacked":
+            stacked = tensors[0].view(self.sampler.batch_size, self.sampler.num_cameras, *tensors[0].shape[1:])
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
+            return stacked
+        for camera_frames in tensors:
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    camera_frames[slot].zero_()
+        return list(tensors)
 
     def _shutdown(self, run: _Run) -> None:
         """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""
@@ -497,9 +543,18 @@ class StreamEngine:
             s = run.next_plan
             self.sampler.tasks(s)  # records the step as issued and applies the shift changes due
             reads, shifts, _ = self.sampler.issued(s)
-            frames = self._new_frames() if self.buffers == "pool" else self._ring[s % self.ring_size]
+            pool = self.buffers == "pool"
+            frames = self._new_frames() if pool else self._ring[s % self.ring_size]
+            outputs = self._new_outputs() if pool else self._output_ring[s % self.ring_size]
             streams = self.sampler.batch_size * self.sampler.num_cameras
-            run.steps[s] = _Step(reads, shifts, frames, [math.nan] * streams)
+            run.steps[s] = _Step(
+                reads,
+                shifts,
+                frames,
+                [math.nan] * streams,
+                outputs=outputs,
+                output_geometry={name: {} for name in self.outputs},
+            )
             run.next_plan = s + 1
         return run.steps[step]
 
@@ -566,6 +621,7 @@ class StreamEngine:
                 row=self._row(planned.frames, position),
                 epoch=epoch,
                 segment_start=segment_start,
+                outputs={name: self._row(frames, position) for name, frames in planned.outputs.items()},
             )
         except FILE_ERRORS as err:
             if self.on_error == "raise":
@@ -578,7 +634,10 @@ class StreamEngine:
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
         if self.steps.has_geometry:
-            planned.geometry[position] = self.steps.geometry(info.height, info.width, epoch, read.clip, segment_start)
+            size = (info.height, info.width, epoch, read.clip, segment_start)
+            planned.geometry[position] = self.steps.geometry(*size)
+            for name, matrix in self.steps.output_geometry(*size).items():
+                planned.output_geometry[name][position] = matrix
         if camera == 0 and self.steps.annotations is not None:
             found, why = self.steps.annotate(read.clip, read.frame, timestamp)
             if found is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import torch
@@ -11,6 +11,7 @@ import torch
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform
 from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
@@ -18,8 +19,8 @@ from lightning_vstream.stream.engine_loader import (
     nvdec_factory,
     pyav_factory,
 )
+from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.loader import StreamSampler
-from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
 
@@ -61,17 +62,19 @@ def build_engine_loader(
     camera_frames: Literal["stacked", "per_camera"] = "stacked",
     max_open_decoders: int | None = None,
     pin_memory: bool = False,
+    outputs: Mapping[str, OutputTransform] | None = None,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
     On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
     from the GPU's NVDEC engine count (``GetDecoderCaps``) and has each decode thread create its
     decoders for every format of the index before the first step; batches are views of a ring in
-    GPU memory. On the CPU the thread pool has one thread per core available (:func:`cpu_threads`),
-    each PyAV decoder uses ``decoder_threads`` FFmpeg threads (:data:`CPU_DECODER_THREADS` for 0),
-    decoders resize while converting when ``transform`` is a resizing
-    :class:`~lightning_vstream.FrameTransform`, and every batch is memory of its own until the
-    caller drops it.
+    GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
+    (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
+    (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
+    transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
+    :func:`~lightning_vstream.stream.frames.decoder_sizes`), and every batch is memory of its own
+    until the caller drops it.
 
     Example::
 
@@ -98,8 +101,7 @@ def build_engine_loader(
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
-        if isinstance(transform, FrameTransform) and augment is None:
-            resize = transform.decoder_size()  # swscale resizes while it converts to RGB
+        resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
         # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
         # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
         factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize)
@@ -119,8 +121,9 @@ def build_engine_loader(
         pad_annotations=pad_annotations,
         camera_frames=camera_frames,
         max_open_decoders=max_open_decoders,
-        decoder_resizes=resize is not None,
+        decoder_resizes=target.type == "cpu",
         buffers="ring" if target.type == "cuda" else "pool",
         pin_memory=pin_memory,
+        outputs=outputs,
     )
     return EngineLoader(engine)

@@ -58,6 +58,11 @@ __all__ = ["STATE_VERSION", "StreamDataLoader", "StreamSampler", "checked_resume
 
 log = logging.getLogger("lightning_vstream")
 
+#: A step's batch buffers, one per output: ``""`` for the default output, else the output's name.
+Buffers = dict[str, torch.Tensor]
+#: Shape, dtype and device of an output's frames.
+Template = tuple[tuple[int, ...], torch.dtype, torch.device]
+
 
 class StreamSampler(DistributedSampler):
     """Emits :class:`StreamTask` indices: ``num_parts`` per step, for this rank's slots.
@@ -116,11 +121,12 @@ class StreamSampler(DistributedSampler):
         self.pending_shifts: list[tuple[int, int, int]] = []
         #: ``(slot, segment)`` pairs given up in this pass: their reads are not sent to workers.
         self.abandoned: set[tuple[int, int]] = set()
-        #: Shape of every frame of the batch once known; sent with each task so workers check it.
-        self.frame_shape: tuple[int, ...] | None = None
-        self._issued: dict[int, tuple[list[SlotRead | None], list[int], torch.Tensor | None]] = {}
-        #: Weak reference to a callable giving each step's batch buffer (None: parts mode).
-        self.buffer_factory: weakref.WeakMethod[Callable[[], torch.Tensor | None]] | None = None
+        #: Shape of every frame of the batch once known, per output (``""``: the default output, ``batch["frames"]``;
+        #: else a name of ``batch["outputs"]``); sent with each task so workers check it.
+        self.frame_shapes: dict[str, tuple[int, ...]] = {}
+        self._issued: dict[int, tuple[list[SlotRead | None], list[int], Buffers | None]] = {}
+        #: Weak reference to a callable giving each step's batch buffers, per output (None: parts mode).
+        self.buffer_factory: weakref.WeakMethod[Callable[[], Buffers | None]] | None = None
         self._next_step = 0
         self.schedule()  # validate the configuration now, not in a worker
 
@@ -167,8 +173,8 @@ class StreamSampler(DistributedSampler):
             reads.append(plan.read(position, slot) if position < plan.num_steps else None)
         return reads
 
-    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], torch.Tensor | None]:
-        """The reads, shifts and batch buffer ``step`` was issued with (the loader labels batches with them)."""
+    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], Buffers | None]:
+        """The reads, shifts and batch buffers ``step`` was issued with (the loader labels batches with them)."""
         return self._issued.pop(step)
 
     def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> tuple[int, int] | None:
@@ -225,8 +231,8 @@ class StreamSampler(DistributedSampler):
         self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
         reads = self.reads(step)
         factory = self.buffer_factory() if self.buffer_factory is not None else None
-        buffer = factory() if factory is not None else None
-        self._issued[step] = (reads, list(self.shifts), buffer)
+        buffers = factory() if factory is not None else None
+        self._issued[step] = (reads, list(self.shifts), buffers)
         self._next_step = step + 1
         segments = self.schedule().segments
         for slot, read in enumerate(reads):
@@ -238,8 +244,14 @@ class StreamSampler(DistributedSampler):
                 parts[position % self.num_parts].append(
                     StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
                 )
+        buffer = buffers.get("") if buffers is not None else None
+        output_buffers = {name: b for name, b in buffers.items() if name} if buffers is not None else None
+        output_shapes = {name: shape for name, shape in self.frame_shapes.items() if name}
         return [
-            StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape) for p, reads in enumerate(parts)
+            StreamTask(
+                self.epoch, step, p, tuple(reads), buffer, self.frame_shapes.get(""), output_buffers, output_shapes
+            )
+            for p, reads in enumerate(parts)
         ]
 
     def __iter__(self) -> Iterator[StreamTask]:
@@ -316,6 +328,8 @@ class StreamDataLoader(DataLoader):
     - ``camera_timestamp``: float64 ``[batch_size, cameras]``
     - ``camera_names``: list of camera names
     - ``epoch``, ``step``: the batch's position in the stream plan
+    - with the dataset's named outputs, ``outputs``: ``{name: {"frames": ...}}``, laid out like
+      ``frames`` (see :mod:`lightning_vstream.outputs`)
 
     It is stateful: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch at the first batch
     not handed out yet. Lightning saves this state in every checkpoint (it does so for any loader
@@ -392,8 +406,10 @@ class StreamDataLoader(DataLoader):
         self._history.begin(sampler.epoch, self._resume_skips)
         self._ledger = SkipLedger()
         self._skips = self._ledger.stats
-        self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
-        self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
+        # Per output ("": the default one), the frames' shape, dtype and device once known; per
+        # (output, camera) with camera_frames="per_camera".
+        self._templates: dict[str, Template] = {}
+        self._camera_templates: dict[tuple[str, int], Template] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         self._pool = BufferPool(shared=num_workers > 0)
 
@@ -522,13 +538,18 @@ class StreamDataLoader(DataLoader):
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
             self._worker_stats[part.worker_key] = part.stats
-        reads, shifts, buffer = sampler.issued(step)
+        reads, shifts, buffers = sampler.issued(step)
         valid = [r is not None and (slot, r.segment) not in sampler.abandoned for slot, r in enumerate(reads)]
         failed = [failure for part in parts for failure in part.failed]
-        rows: dict[int, torch.Tensor] = {}
-        if buffer is None:
-            rows = _rows(parts)
-            failed += self._check_sizes(step, reads, rows, valid, cams)
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
+        views = {key: [part.output(key) for part in parts] for key in keys}
+        rows: dict[str, dict[int, torch.Tensor]] = {}
+        if buffers is None:
+            oversized: set[int] = set()
+            for key in keys:
+                rows[key] = _rows(views[key])
+                failed += self._check_sizes(step, reads, rows[key], valid, cams, key, oversized)
         for position, path, error in failed:
             slot = position // cams
             read = reads[slot]
@@ -542,15 +563,16 @@ class StreamDataLoader(DataLoader):
         self._ledger.count_step(
             reads=reads, valid=valid, shifts=shifts, step=step, num_steps=sampler.schedule().num_steps, cameras=cams
         )
-        delivered: torch.Tensor | list[torch.Tensor]
-        if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
-            delivered = self._merge_cameras(step, parts, valid, cams, batch_size)
-        elif buffer is not None:
-            frames = self._finish_buffer(buffer, valid, cams)
-            delivered = frames.view(batch_size, cams, *buffer.shape[1:])
-        else:
-            frames, shape = self._merge_parts(step, parts, rows, valid, cams, batch_size)
-            delivered = frames.view(batch_size, cams, *shape)
+        delivered: dict[str, torch.Tensor | list[torch.Tensor]] = {}
+        for key in keys:
+            if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
+                delivered[key] = self._merge_cameras(step, views[key], valid, cams, batch_size, key)
+            elif buffers is not None:
+                frames = self._finish_buffer(buffers[key], valid, cams)
+                delivered[key] = frames.view(batch_size, cams, *buffers[key].shape[1:])
+            else:
+                frames, shape = self._merge_parts(step, views[key], rows[key], valid, cams, batch_size, key)
+                delivered[key] = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
             for pos, ts in zip(part.positions, part.timestamps):
@@ -558,8 +580,8 @@ class StreamDataLoader(DataLoader):
                     camera_ts[pos] = ts
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        batch = {
-            "frames": delivered,
+        batch: dict[str, Any] = {
+            "frames": delivered[""],
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
             "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
@@ -570,7 +592,8 @@ class StreamDataLoader(DataLoader):
             "epoch": sampler.epoch,
             "step": step,
         }
-        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        if dataset.outputs:
+            batch["outputs"] = {name: {"frames": delivered[name]} for name in dataset.outputs}
         if dataset.annotations is not None or dataset.has_geometry:
             self._add_annotations(batch, parts, valid, cams)
         return batch
@@ -588,28 +611,41 @@ class StreamDataLoader(DataLoader):
             geometry=[item for part in parts for item in part.geometry.items()],
             pad=dataset.pad_annotations,
             stats=self._skips,
+            output_geometry={
+                name: [item for part in parts for item in part.output_geometry.get(name, {}).items()]
+                for name in dataset.outputs
+            },
         )
 
     def _check_sizes(
-        self, step: int, reads: list[SlotRead | None], rows: dict[int, torch.Tensor], valid: list[bool], cams: int
+        self,
+        step: int,
+        reads: list[SlotRead | None],
+        rows: dict[int, torch.Tensor],
+        valid: list[bool],
+        cams: int,
+        key: str = "",
+        found: set[int] | None = None,
     ) -> list[tuple[int, str, str]]:
-        """Frames whose size differs from the batch's, as failures (or raised, under on_error="raise").
+        """Frames of output ``key`` whose size differs from the batch's, as failures (or raised, under on_error="raise").
 
         Until the batch size is known (the first steps), the frame at the lowest position sets it.
+        ``found`` holds the positions found already in another output (each failed read counts once).
         """
         delivered = sorted(pos for pos in rows if valid[pos // cams])
-        if self._template is None and delivered:
+        if key not in self._templates and delivered:
             first = rows[delivered[0]]
-            self._template = (tuple(first.shape), first.dtype, first.device)
-            self.sampler.frame_shape = tuple(first.shape)  # type: ignore[attr-defined]
-        if self._template is None:
+            self._templates[key] = (tuple(first.shape), first.dtype, first.device)
+            self.sampler.frame_shapes[key] = tuple(first.shape)  # type: ignore[attr-defined]
+        if key not in self._templates:
             return []
-        shape, dtype, _ = self._template
+        shape, dtype, _ = self._templates[key]
+        found = set() if found is None else found
         failed = []
         index = self.dataset.index  # type: ignore[attr-defined]
         for pos in delivered:
             frame = rows[pos]
-            if tuple(frame.shape) == shape and frame.dtype == dtype:
+            if (tuple(frame.shape) == shape and frame.dtype == dtype) or pos in found:
                 continue
             read = reads[pos // cams]
             assert read is not None
@@ -626,6 +662,7 @@ class StreamDataLoader(DataLoader):
             if self.dataset.on_error == "raise":  # type: ignore[attr-defined]
                 raise err
             self._skips.read_errors += 1
+            found.add(pos)
             failed.append((pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
         return failed
 
@@ -646,10 +683,12 @@ class StreamDataLoader(DataLoader):
         valid: list[bool],
         cams: int,
         batch_size: int,
+        key: str = "",
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
-        if self._template is None:
+        template = self._templates.get(key)
+        if template is None:
             raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
-        shape, dtype, device = self._template
+        shape, dtype, device = template
         complete = all(valid)
         only = parts[0].frames if len(parts) == 1 else None
         if complete and isinstance(only, torch.Tensor) and not self.pin_output:
@@ -666,16 +705,16 @@ class StreamDataLoader(DataLoader):
         return frames, shape
 
     def _merge_cameras(
-        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int
+        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int, key: str = ""
     ) -> list[torch.Tensor]:
-        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera."""
+        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera (of output ``key``)."""
         images = {pos: image for part in parts for pos, image in part.images.items()}
         out = []
         for cam in range(cams):
             sample = next((image for pos, image in images.items() if pos % cams == cam), None)
             if sample is not None:
-                self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
-            template = self._camera_templates.get(cam)
+                self._camera_templates[key, cam] = (tuple(sample.shape), sample.dtype, sample.device)
+            template = self._camera_templates.get((key, cam))
             if template is None:
                 raise VideoDecodeError(
                     f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
@@ -690,17 +729,21 @@ class StreamDataLoader(DataLoader):
             out.append(frames)
         return out
 
-    def _new_buffer(self) -> torch.Tensor | None:
-        """A batch the workers decode straight into, once the frame size is known (CPU only).
+    def _new_buffer(self) -> Buffers | None:
+        """The batches the workers decode straight into, one per output, once the frame sizes are known (CPU only).
 
         Frames then cross from worker to batch with a single write: no per-part tensors, no
         copy in the main process. The first steps, and GPU decoding, use per-part tensors.
         """
-        if self._template is None or self._template[2].type != "cpu":
+        keys = ["", *self.dataset.outputs]  # type: ignore[attr-defined]
+        if any(key not in self._templates or self._templates[key][2].type != "cpu" for key in keys):
             return None
-        shape, dtype, _ = self._template
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        return self._pool.take((sampler.batch_size * sampler.num_cameras, *shape), dtype)
+        buffers = {}
+        for key in keys:
+            shape, dtype, _ = self._templates[key]
+            buffers[key] = self._pool.take((sampler.batch_size * sampler.num_cameras, *shape), dtype)
+        return buffers
 
     def close(self) -> None:
         """Shut down persistent workers and close the decoders of this process."""

@@ -11,7 +11,7 @@ import ctypes
 import functools
 import os
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -25,6 +25,7 @@ from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, failed_read, frame_size_error
 from lightning_vstream.stream.frames import FrameSteps
@@ -90,6 +91,7 @@ class StreamTask(NamedTuple):
     memory when workers decode): the dataset writes its reads into their rows directly.
     ``frame_shape``, when known, is the shape every frame of the batch has (after the
     transform); a frame of another shape is a :class:`~lightning_vstream.errors.FrameSizeError`.
+    ``output_buffers`` and ``output_shapes`` are the same for each named output.
     """
 
     epoch: int
@@ -98,6 +100,8 @@ class StreamTask(NamedTuple):
     reads: tuple[StreamRead, ...]
     buffer: torch.Tensor | None = None
     frame_shape: tuple[int, ...] | None = None
+    output_buffers: Mapping[str, torch.Tensor] | None = None
+    output_shapes: Mapping[str, tuple[int, ...]] | None = None
 
 
 @dataclass
@@ -117,6 +121,28 @@ class StreamPart:
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
     images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
+    # Per named output: what ``frames``, ``images`` and ``geometry`` hold for the default output.
+    outputs: dict[str, torch.Tensor | list[torch.Tensor | None] | None] = field(default_factory=dict)
+    output_images: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
+    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)
+
+    def output(self, name: str) -> StreamPart:
+        """This part as seen by one output: its frames, images and geometry in the default output's fields."""
+        if not name:
+            return self
+        return StreamPart(
+            self.epoch,
+            self.step,
+            self.part,
+            self.worker_key,
+            self.positions,
+            self.outputs.get(name),
+            self.timestamps,
+            self.stats,
+            self.failed,
+            geometry=self.output_geometry.get(name, {}),
+            images=self.output_images.get(name, {}),
+        )
 
 
 class StreamDataset(Dataset):
@@ -148,6 +174,10 @@ class StreamDataset(Dataset):
         pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
         camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
             returned on its own (``StreamPart.images``), so cameras may differ in size.
+        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); on the CPU, an output whose
+            transform starts with a resize takes its frame from the decoder's conversion at that size
+            (:func:`~lightning_vstream.stream.frames.decoder_sizes`).
 
     Example::
 
@@ -169,6 +199,7 @@ class StreamDataset(Dataset):
         seed: int = 0,
         pad_annotations: bool = False,
         camera_frames: CameraFrames = "stacked",
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -189,6 +220,7 @@ class StreamDataset(Dataset):
         self.seed = seed
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
+        self.outputs = check_outputs("StreamDataset", outputs)
         # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
         self.steps = FrameSteps(
             index=index,
@@ -198,6 +230,7 @@ class StreamDataset(Dataset):
             annotations=annotations,
             on_error=on_error,
             decode_device=device,
+            outputs=self.outputs,
         )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
@@ -205,7 +238,7 @@ class StreamDataset(Dataset):
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
         # and paged in (a few MB of page faults per step otherwise).
-        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS)
+        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
@@ -216,7 +249,7 @@ class StreamDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
-        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS)
+        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         return state
 
     @property
@@ -272,16 +305,23 @@ class StreamDataset(Dataset):
         self._closed.files_opened += 1
         return dec
 
-    def _read(self, read: StreamRead, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when the backend can); failures become named errors (see
+    def _read(
+        self, read: StreamRead, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """Decode one camera frame (into ``out`` when the backend can), with the decoder's conversions of it to
+        :attr:`FrameSteps.extra_sizes` (CPU video only); failures become named errors (see
         :func:`~lightning_vstream.stream.failures.failed_read`)."""
+        converted: dict[tuple[int, int], torch.Tensor] = {}
         try:
             dec = self._decoder(read)
             with nvtx_range(RANGE_DECODE):
+                sizes = self.steps.extra_sizes if isinstance(dec, PyAVDecoder) else ()
                 if out is not None and isinstance(dec, PyAVDecoder):
                     if tuple(out.shape) != (3, *dec.output_size):
                         raise self._size_error(read, (3, *dec.output_size), tuple(out.shape))
-                    image = dec.get(read.frame, out=out)
+                    image, converted = dec.get_sizes(read.frame, sizes, out=out)
+                elif sizes:
+                    image, converted = dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
                 else:
                     image = dec.get(read.frame)
         except Exception as err:
@@ -291,7 +331,7 @@ class StreamDataset(Dataset):
             raise failure from err
         if image.device.type != torch.device(self.device).type:
             image = image.to(self.device)  # image folders decode on the CPU
-        return image
+        return image, converted
 
     def _size_error(
         self,
@@ -314,20 +354,30 @@ class StreamDataset(Dataset):
         )
 
     def _deliver(
-        self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]
-    ) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when given), then augment and transform it.
+        self,
+        read: StreamRead,
+        out: torch.Tensor | None,
+        epoch: int,
+        geometry: dict[int, Any],
+        output_geometry: dict[str, dict[int, Any]],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Decode one camera frame (into ``out`` when given), augment it, and make every output of it.
 
         ``out`` is given only when nothing follows the decoder (see ``direct`` in
-        :meth:`__getitem__`), so a frame decoded into it is delivered as it is.
+        :meth:`__getitem__`), so a frame decoded into it is delivered as it is. Returns the
+        default output and the named ones.
         """
-        image = self._read(read, out)
+        image, converted = self._read(read, out)
         if self.has_geometry:
             info = self._decoders[read.position][1].info
-            geometry[read.position] = self.steps.geometry(info.height, info.width, epoch, read.clip, read.segment_start)
+            size = (info.height, info.width, epoch, read.clip, read.segment_start)
+            geometry[read.position] = self.steps.geometry(*size)
+            for name, matrix in self.steps.output_geometry(*size).items():
+                output_geometry[name][read.position] = matrix
         if out is not None and image.data_ptr() == out.data_ptr():
-            return image
-        return self.steps.finish(image, epoch, read.clip, read.segment_start)
+            return image, self.steps.extra_outputs(image, converted)
+        augmented = self.steps.augmented(image, epoch, read.clip, read.segment_start)
+        return self.steps.transformed(augmented, converted), self.steps.extra_outputs(augmented, converted)
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
@@ -337,6 +387,20 @@ class StreamDataset(Dataset):
             self._recent_buffers.append(buffer)
         per_camera = self.camera_frames == "per_camera"
         expected = None if per_camera else tuple(buffer.shape[1:]) if buffer is not None else task.frame_shape
+        out_buffers = dict(task.output_buffers or {})
+        if worker is not None:
+            self._recent_buffers.extend(out_buffers.values())
+        out_expected = {
+            name: None
+            if per_camera
+            else tuple(out_buffers[name].shape[1:])
+            if name in out_buffers
+            else (task.output_shapes or {}).get(name)
+            for name in self.outputs
+        }
+        out_stacked: dict[str, list[torch.Tensor | None]] = {name: [None] * len(task.reads) for name in self.outputs}
+        out_images: dict[str, dict[int, torch.Tensor]] = {name: {} for name in self.outputs}
+        out_geometry: dict[str, dict[int, Any]] = {name: {} for name in self.outputs}
         stacked: list[torch.Tensor | None] = [None] * len(task.reads)
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
@@ -358,16 +422,11 @@ class StreamDataset(Dataset):
                 continue
             try:
                 row = buffer[read.position] if buffer is not None else None
-                image = self._deliver(read, row if direct else None, task.epoch, geometry)
-                if expected is not None and tuple(image.shape) != expected:
-                    raise self._size_error(read, tuple(image.shape), expected)
-                if row is not None and image.data_ptr() != row.data_ptr():
-                    # Augmented, transformed, or from a decoder that does not write into ``out``.
-                    if image.dtype != row.dtype:
-                        raise self._size_error(
-                            read, tuple(image.shape), tuple(row.shape), got_dtype=image.dtype, expected_dtype=row.dtype
-                        )
-                    row.copy_(image)
+                image, extras = self._deliver(read, row if direct else None, task.epoch, geometry, out_geometry)
+                self._place(read, image, row, expected)
+                for name, extra in extras.items():
+                    out_row = out_buffers[name][read.position] if name in out_buffers else None
+                    self._place(read, extra, out_row, out_expected[name])
             except FILE_ERRORS as err:
                 if self.on_error == "raise":
                     raise
@@ -378,22 +437,30 @@ class StreamDataset(Dataset):
                 if read.position in self._decoders:
                     self._close(read.position)
                 geometry.pop(read.position, None)
+                for matrices in out_geometry.values():
+                    matrices.pop(read.position, None)
                 failed.append((read.position, path, str(err)))
                 continue
             if per_camera:
-                if worker is not None and image.device.type == "cpu":
-                    image = image.clone().share_memory_()  # a decoder may reuse its output memory
-                images[read.position] = image
+                images[read.position] = _own(image, worker is not None)
+                for name, extra in extras.items():
+                    out_images[name][read.position] = _own(extra, worker is not None)
             elif buffer is None:
                 stacked[i] = image
+                for name, extra in extras.items():
+                    out_stacked[name][i] = extra
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
             if self.annotations is not None and read.camera == 0:
                 self._annotate(read, timestamps[i], annotations, missing)
         frames = _stack(stacked) if buffer is None and not per_camera else None
-        if frames is not None and worker is not None:
-            for tensor in [frames] if isinstance(frames, torch.Tensor) else frames:
-                if tensor is not None and tensor.device.type == "cpu":
-                    tensor.share_memory_()
+        out_frames = {
+            name: _stack(out_stacked[name]) if buffer is None and not per_camera else None for name in self.outputs
+        }
+        if worker is not None:
+            for stack in (frames, *out_frames.values()):
+                for tensor in [stack] if isinstance(stack, torch.Tensor) else stack or []:
+                    if tensor is not None and tensor.device.type == "cpu":
+                        tensor.share_memory_()
         return StreamPart(
             task.epoch,
             task.step,
@@ -408,7 +475,24 @@ class StreamDataset(Dataset):
             missing,
             geometry,
             images,
+            out_frames,
+            out_images,
+            out_geometry,
         )
+
+    def _place(
+        self, read: StreamRead, image: torch.Tensor, row: torch.Tensor | None, expected: tuple[int, ...] | None
+    ) -> None:
+        """Check one output frame against the batch's frame shape and write it into its row (when given)."""
+        if expected is not None and tuple(image.shape) != expected:
+            raise self._size_error(read, tuple(image.shape), expected)
+        if row is not None and image.data_ptr() != row.data_ptr():
+            # Augmented, transformed, or from a decoder that does not write into ``out``.
+            if image.dtype != row.dtype:
+                raise self._size_error(
+                    read, tuple(image.shape), tuple(row.shape), got_dtype=image.dtype, expected_dtype=row.dtype
+                )
+            row.copy_(image)
 
     @property
     def has_geometry(self) -> bool:
@@ -424,6 +508,13 @@ class StreamDataset(Dataset):
             out[slot] = found
         else:
             missing.append((slot, str(why)))
+
+
+def _own(image: torch.Tensor, in_worker: bool) -> torch.Tensor:
+    """A frame to return on its own from a worker: a copy in shared memory (a decoder may reuse its output memory)."""
+    if in_worker and image.device.type == "cpu":
+        return image.clone().share_memory_()
+    return image
 
 
 def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
