@@ -266,8 +266,11 @@ def decoder_loop(files: list[Any]) -> Callable[[], int]:
     return run
 
 
-def engine_loop(index_path: Path, args: argparse.Namespace, device: Any = None) -> Callable[[], int]:
-    """One epoch of the stream engine (one decode thread); returns the frames delivered."""
+def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None) -> Callable[[], int]:
+    """One epoch of the stream engine (one decode thread); returns the frames delivered.
+
+    ``wrap_use`` wraps the engine device's ``use`` (each decode thread's block on its stream).
+    """
     from lightning_vstream.index import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.loader import StreamSampler
@@ -277,8 +280,9 @@ def engine_loop(index_path: Path, args: argparse.Namespace, device: Any = None) 
         [c.frame_count for c in index.clips], num_cameras=args.cameras, batch_size=args.batch_size, shuffle=False
     )
     loader = build_engine_loader(index, sampler, "cuda:0", threads=1, probe=False)
-    if device is not None:
-        loader.engine.device = device
+    if wrap_use is not None:
+        device = loader.engine.device
+        device.use = wrap_use(device.use)
 
     def run() -> int:
         frames = 0
@@ -350,24 +354,25 @@ def _op_counter() -> Any:
 def counted(make: Callable[[Any], Callable[[], int]]) -> dict[str, Any]:
     """Python calls and ATen ops per frame, each from a run of its own (counting ops costs Python calls).
 
-    Dispatch modes are per thread, so the engine's decode threads get one through their device.
+    Dispatch modes are per thread, so the engine's decode threads enter one in their device's ``use``.
     """
-    from lightning_vstream.stream.devices import HostDevice
-
     ops: dict[str, int] = {}
     mode = _op_counter()
     counting = [False]
 
-    class CountingDevice(HostDevice):
+    def wrap_use(use: Callable[[Any], Any]) -> Callable[[Any], Any]:
         @contextmanager
-        def use(self, stream: Any) -> Iterator[None]:
-            if not counting[0]:
-                yield
-                return
-            with mode(ops):
-                yield
+        def counting_use(stream: Any) -> Iterator[None]:
+            with use(stream):
+                if not counting[0]:
+                    yield
+                    return
+                with mode(ops):
+                    yield
 
-    run = make(CountingDevice())
+        return counting_use
+
+    run = make(wrap_use)
     run()  # warm: decoders exist, tables are loaded
     with counting_python_calls() as calls:
         frames = run()
@@ -506,7 +511,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "bare": counted(lambda device: runs[0][1]),
         "bare_per_stream": counted(lambda device: runs[1][1]),
         "decoder": counted(lambda device: runs[2][1]),
-        "engine": counted(lambda device: engine_loop(index_path, args, device)),
+        "engine": counted(lambda wrap_use: engine_loop(index_path, args, wrap_use)),
     }
     result["python_calls_per_frame"] = result["counts"]["engine"]["python_calls_per_frame"]
     result["torch_ops_per_frame"] = result["counts"]["engine"]["torch_ops_per_frame"]

@@ -15,13 +15,14 @@
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import ctypes
+import functools
 import os
 import re
-import struct
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -251,73 +252,57 @@ class CudaMemory:
         return torch.cuda.current_stream(gpu)
 
     def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        from torch.utils.dlpack import from_dlpack
-
-        return from_dlpack(frame.__dlpack__(stream=stream.cuda_stream))
+        return _torch_from_dlpack()(frame.__dlpack__(stream=stream.cuda_stream))
 
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-#: A DLPack ``DLTensor``: data, device (type, id), ndim, dtype (code, bits, lanes), shape, strides, byte offset.
-_DL_TENSOR = struct.Struct("=QiiiBBHQQQ")
-#: DLPack (type code, bits) -> numpy type string.
-_DL_TYPES = {(1, 8): "|u1", (1, 16): "<u2", (0, 8): "|i1", (0, 16): "<i2", (2, 32): "<f4"}
-#: Views already built, by memory and layout: a decoder hands out the same buffer frame after frame.
-_views: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
-_views_lock = threading.Lock()
-_VIEWS_KEPT = 256
+#: DLPack's ``DLDevice`` of the CPU (device type 1, id 0), written over a capsule's device at byte 8 of its
+#: ``DLManagedTensor`` (after the data pointer).
+_CPU_DEVICE = (ctypes.c_int32 * 2)(1, 0)
+_DEVICE_OFFSET = 8
 
 
-class _HostArray:
-    """A numpy ``__array_interface__`` over a capsule's memory; holds the capsule while it is viewed."""
+@functools.cache
+def _frame_dtypes() -> frozenset[Any]:
+    """Sample types a decoded frame can have (NV12: 8-bit; P016: 16-bit words)."""
+    import torch
 
-    __slots__ = ("__array_interface__", "capsule")
+    return frozenset((torch.uint8, torch.int8, torch.uint16, torch.int16, torch.float32))
 
-    def __init__(self, interface: dict[str, Any], capsule: Any) -> None:
-        self.__array_interface__ = interface
-        self.capsule = capsule
+
+@functools.cache
+def _torch_from_dlpack() -> Callable[[Any], torch.Tensor]:
+    """torch's ``from_dlpack`` (imported once, not per frame)."""
+    from torch.utils.dlpack import from_dlpack
+
+    return from_dlpack
 
 
 def host_view(capsule: Any) -> torch.Tensor:
     """A CPU tensor viewing the memory of a DLPack capsule whatever device the capsule names.
 
     Only correct where that memory is host memory, as under the fake NVIDIA driver (its "device"
-    allocations are host allocations). Shape, strides and dtype are the capsule's own, so a wrong
-    layout exported by the library shows here exactly as it would on a GPU. Views are kept by
-    memory address and layout, since a decoder exports the same buffer again and again.
+    allocations are host allocations). The capsule's device is relabelled as the CPU and the
+    capsule is imported by torch's own ``from_dlpack``, the call that imports it on a GPU: shape,
+    strides and dtype are the capsule's own, so a wrong layout exported by the library shows here
+    exactly as it would on a GPU, and the import costs the host what it costs there (plus the
+    relabelling, one ``memmove``). The tensor owns the capsule's memory as torch's import does: the
+    exporter's deleter runs when the tensor is freed.
 
     Raises:
         DecoderCapabilityError: The capsule's dtype is not one a decoded frame can have.
-    """
-    data, _, _, ndim, code, bits, lanes, shape_at, strides_at, offset = _DL_TENSOR.unpack(
-        ctypes.string_at(_capsule_pointer(capsule, b"dltensor"), _DL_TENSOR.size)
-    )
-    shape = struct.unpack(f"={ndim}q", ctypes.string_at(shape_at, 8 * ndim))
-    strides = struct.unpack(f"={ndim}q", ctypes.string_at(strides_at, 8 * ndim)) if strides_at else None
-    key = (data + offset, shape, strides, code, bits, lanes)
-    view = _views.get(key)
-    if view is not None:
-        return view
-    import numpy as np
-    import torch
 
-    typestr = _DL_TYPES.get((code, bits))
-    if typestr is None or lanes != 1:
-        raise DecoderCapabilityError(f"a decoded frame exported DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
-    itemsize = bits // 8
-    interface = {
-        "version": 3,
-        "shape": shape,
-        "typestr": typestr,
-        "data": (data + offset, False),
-        "strides": tuple(s * itemsize for s in strides) if strides is not None else None,
-    }
-    view = torch.from_numpy(np.asarray(_HostArray(interface, capsule)))
-    with _views_lock:
-        _views[key] = view
-        if len(_views) > _VIEWS_KEPT:
-            _views.popitem(last=False)
+    Example::
+
+        >>> host_view(torch.zeros(2, 3, dtype=torch.uint8).__dlpack__()).shape
+        torch.Size([2, 3])
+    """
+    ctypes.memmove(_capsule_pointer(capsule, b"dltensor") + _DEVICE_OFFSET, _CPU_DEVICE, 8)
+    view = _torch_from_dlpack()(capsule)
+    if view.dtype not in _frame_dtypes():
+        raise DecoderCapabilityError(f"a decoded frame exported DLPack dtype {view.dtype} (shape {tuple(view.shape)})")
     return view
 
 
@@ -377,16 +362,38 @@ class HostMemory:
         return _HostStream(int(handle.value or 0))
 
     def current_stream(self, gpu: int) -> _HostStream:
-        streams: dict[int, _HostStream] | None = getattr(self._local, "streams", None)
-        if streams is None:
-            streams = self._local.streams = {}
+        """The calling thread's stream of GPU ``gpu``: the one :meth:`using` set, or one of the thread's own."""
+        streams = self._streams()
         stream = streams.get(gpu)
         if stream is None:
             stream = streams[gpu] = self.new_stream(gpu)
         return stream
 
+    @contextlib.contextmanager
+    def using(self, gpu: int, stream: Any) -> Iterator[None]:
+        """Make ``stream`` the calling thread's current stream of GPU ``gpu`` in the block (``torch.cuda.stream``'s part)."""
+        streams = self._streams()
+        previous = streams.get(gpu)
+        streams[gpu] = stream
+        try:
+            yield
+        finally:
+            if previous is None:
+                streams.pop(gpu, None)
+            else:
+                streams[gpu] = previous
+
+    def _streams(self) -> dict[int, Any]:
+        streams: dict[int, Any] | None = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = {}
+        return streams
+
     def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        return host_view(frame.__dlpack__(stream=stream.cuda_stream))
+        # host_view without its dtype check (the decoder checks every frame's layout): once per frame.
+        capsule = frame.__dlpack__(stream=stream.cuda_stream)
+        ctypes.memmove(_capsule_pointer(capsule, b"dltensor") + _DEVICE_OFFSET, _CPU_DEVICE, 8)
+        return _torch_from_dlpack()(capsule)
 
 
 _host_memory: HostMemory | None = None

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "nvdec_engine_device", "one_file_per_format"]
+__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "HostNvdecDevice", "nvdec_engine_device", "one_file_per_format"]
 
 log = logging.getLogger("lightning_vstream")
 #: GPU memory left free after the decoders are created, below which a warning says what to change.
@@ -30,16 +30,26 @@ DEFAULT_HEADROOM = 2 << 30
 
 
 class _Prepared:
-    """Runs a ``prepare`` hook once in each thread that asks."""
+    """Runs a ``prepare`` hook once per stream of work, in the first thread that asks for that stream.
+
+    Decoders are kept (by the stream they run on) between epochs, and the engine's decode threads
+    of every epoch use the same streams: preparing once per stream, not once per thread, spares
+    later epochs from opening every file again.
+    """
 
     def __init__(self, prepare: Callable[[], None] | None) -> None:
         self.prepare = prepare
-        self._local = threading.local()
+        self._done: dict[int, Any] = {}  # id(stream) -> stream (kept, so the id stays its own)
+        self._lock = threading.Lock()
 
-    def __call__(self) -> None:
-        if self.prepare is not None and not getattr(self._local, "done", False):
-            self._local.done = True
-            self.prepare()
+    def __call__(self, stream: Any = None) -> None:
+        if self.prepare is None:
+            return
+        with self._lock:
+            if id(stream) in self._done:
+                return
+            self._done[id(stream)] = stream
+        self.prepare()
 
 
 class EngineDevice(Protocol):
@@ -104,7 +114,7 @@ class HostDevice:
 
     @contextlib.contextmanager
     def use(self, stream: Any) -> Iterator[None]:
-        self._prepare()
+        self._prepare(stream)
         yield
 
     def new_event(self) -> None:
@@ -154,7 +164,7 @@ class CudaDevice:
     def use(self, stream: Any) -> Iterator[None]:
         torch.cuda.set_device(self.index)  # per thread: the decoder threads start on device 0 otherwise
         with torch.cuda.stream(stream):
-            self._prepare()
+            self._prepare(stream)
             yield
 
     def new_event(self) -> torch.cuda.Event:
@@ -168,6 +178,35 @@ class CudaDevice:
 
     def default_threads(self) -> int:
         return 2 * max(1, self.engines)
+
+
+class HostNvdecDevice(HostDevice):
+    """:class:`HostDevice` for NVDEC under a driver whose device memory is host memory (a test driver).
+
+    As on a GPU, each decode thread gets a stream of the driver of its own, kept for the engine's
+    life and made the thread's current stream while it decodes, so its decoders are created on it
+    and reused from one epoch to the next (see :class:`~lightning_vstream.decode.device.HostMemory`).
+
+    Example::
+
+        >>> device = HostNvdecDevice(HostMemory(), 0)  # doctest: +SKIP
+        >>> device.new_stream().cuda_stream != 0  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, memory: Any, gpu: int, *, threads: int = 4, prepare: Callable[[], None] | None = None) -> None:
+        super().__init__(threads=threads, prepare=prepare)
+        self.memory = memory
+        self.gpu = gpu
+
+    def new_stream(self) -> Any:
+        return self.memory.new_stream(self.gpu)
+
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        with self.memory.using(self.gpu, stream):
+            self._prepare(stream)
+            yield
 
 
 def nvdec_engine_device(
@@ -195,7 +234,8 @@ def nvdec_engine_device(
     """
     from lightning_vstream.decode.device import frame_memory
 
-    host = frame_memory().host
+    memory = frame_memory()
+    host = memory.host
     hook = None
     if prepare:
         files = list(prepare)
@@ -208,7 +248,7 @@ def nvdec_engine_device(
                 _check_headroom(gpu, headroom, created)
 
     if host:
-        return HostDevice(threads=2 * max(1, engines), prepare=hook)
+        return HostNvdecDevice(memory, gpu, threads=2 * max(1, engines), prepare=hook)
     return CudaDevice(gpu, engines=engines, prepare=hook)
 
 
