@@ -225,6 +225,41 @@ def test_packet_source_yields_annexb_with_frame_table_timestamps(videos: dict[st
         source.close()
 
 
+def test_packet_source_names_the_demuxer_by_extension_and_probes_a_misnamed_file(
+    tmp_path: Path, videos: dict[str, Path]
+) -> None:
+    """Naming the demuxer skips FFmpeg's format probing; the packets are those probing would give."""
+    from av.bitstream import BitStreamFilterContext
+
+    def packets(path: Path, info: Any) -> list[tuple[int, bytes]]:
+        source = PacketSource(path, info)
+        try:
+            return [(p.pts, bytes(p)) for p in source.packets()]
+        finally:
+            source.close()
+
+    def probed(path: Path) -> list[tuple[int, bytes]]:  # FFmpeg's own choice of demuxer, then the same filter
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            annexb = BitStreamFilterContext("hevc_mp4toannexb", stream)
+            return [(q.pts, bytes(q)) for p in container.demux(stream) if p.size for q in annexb.filter(p)]
+
+    mp4 = videos["hevc"]
+    with nvdec._open_input(mp4) as container:
+        assert container.format.name == "mp4"  # the demuxer named, not probed for
+    assert packets(mp4, probe_video(mp4)) == probed(mp4)
+    mkv = write_stamped_video(tmp_path / "clip.mkv", clip=1, camera=0, frames=6, gop=3, codec="hevc", size=(64, 48))
+    misnamed = tmp_path / "clip.mp4"
+    misnamed.write_bytes(mkv.read_bytes())  # Matroska under an MP4 name: the named demuxer refuses it
+    with nvdec._open_input(misnamed) as container:
+        assert container.format.name == "matroska,webm"
+    assert packets(misnamed, probe_video(misnamed)) == packets(mkv, probe_video(mkv)) == probed(mkv)
+    garbage = tmp_path / "garbage.mp4"
+    garbage.write_bytes(b"not a video" * 100)
+    with pytest.raises(VideoDecodeError, match=r"garbage\.mp4' is not a readable video file"):
+        PacketSource(garbage, probe_video(mp4))
+
+
 def test_packet_source_missing_file(tmp_path: Path, videos: dict[str, Path]) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         PacketSource(tmp_path / "nope.mp4", probe_video(videos["hevc"]))

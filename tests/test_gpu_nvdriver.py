@@ -564,6 +564,58 @@ def test_a_demuxer_landing_past_the_keyframe_steps_back_one_gop(
     _assert_stamped({12: frame}, 9, path)
 
 
+@pytest.mark.parametrize("name", ["hevc", "hevc_open_gop_bframes", "h264_bframes"])
+def test_frames_read_in_order_into_rows_are_exact_and_a_seek_after_them_lands_exactly(
+    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streaming case (each frame the one after the last, written into a batch row) checks every frame as a
+    seek does: its stamp, its timestamp and its export; then a seek back and reading on from there."""
+    path = files[name]
+    info = probe_video(path)
+    fake_format(monkeypatch, info)
+    marker.add(info, 12, 0)
+    rows = torch.zeros((info.frame_count, 3, 256, 256), dtype=torch.uint8)
+    pool = DecoderPool()
+    dec = NvDecoder(path, info=info, pool=pool, stream="current")
+    for i in range(info.frame_count):
+        assert dec.get(i, out=rows[i]).data_ptr() == rows[i].data_ptr()  # written into the row itself
+    assert dec.seeks == 0 and dec.position == info.frame_count
+    _assert_stamped(dict(enumerate(rows)), 12, path)
+    again = {i: dec.get(i).clone() for i in (3, 4, 5, 13, 14)}  # back to GOP 0, then on to GOP 1
+    assert dec.seeks == 2
+    _assert_stamped(again, 12, path)
+    with pytest.raises(IndexError, match=r"frame 20 is out of range .* holds 20 frames"):
+        dec.get(info.frame_count)
+    dec.close()
+    assert pool.idle() == 1
+
+
+@pytest.mark.parametrize(("latency", "before"), [("native", 11), ("low", 13)])
+def test_a_corrupt_packet_met_while_streaming_is_caught_and_its_decoder_dropped(
+    files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, latency: Any, before: int
+) -> None:
+    path = files["hevc"]
+    info = probe_video(path)
+    fake_format(monkeypatch, info)
+    marker.add(info, 13, 0)
+    assert info.crc32 is not None
+    wrong = replace(info, crc32=tuple(c ^ 1 if i == 13 else c for i, c in enumerate(info.crc32)))
+    pool = DecoderPool()
+    dec = NvDecoder(path, info=wrong, pool=pool, stream="current", latency=latency, label="clip 'x', camera 'CAM'")
+    row = torch.zeros((3, 256, 256), dtype=torch.uint8)
+    got = {}
+    with pytest.raises(
+        VideoDecodeError, match=r"camera 'CAM'\) frame 13: the compressed data differs from the checksum"
+    ):
+        for i in range(info.frame_count):
+            got[i] = dec.get(i, out=row).clone()
+    # In NATIVE latency the library hands a picture out two Decode calls after its packet: frame 13's packet
+    # is demuxed while frame 11 is read. In LOW latency each packet's picture comes out of its own Decode.
+    assert sorted(got) == list(range(before))
+    _assert_stamped(got, 13, path)
+    assert pool.idle() == 0  # the decoder that met it is dropped, not reused
+
+
 def test_hwc_layout_and_the_gpu_the_decoder_runs_on(
     files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:

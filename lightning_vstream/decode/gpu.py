@@ -194,12 +194,19 @@ class NvDecoder(DecoderBase):
         self._session: Session | None = None
         self._source: PacketSource | None = None
         self._packets: Iterator[Any] | None = None
-        self._convert: Nv12Converter | None = None
+        self._convert: Any = None  # the open file's Nv12Converter
         self._import: Any = None  # FrameMemory.import_surface of the open file's memory
         self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
         self._low = False  # LOW latency: every packet ends its picture
         self._surface_layout: tuple[Any, ...] = ()
-        self._pts_index: dict[int, int] = {}  # the open file's pts -> frame index
+        # Of the open file, looked up once per file rather than per frame: its frame count, its
+        # pts -> frame index lookup, the decoder's Decode, its stream, and the one PacketData every
+        # packet is sent in (the parser copies the bytes during Decode, so it can be refilled).
+        self._count = 0
+        self._pts_lookup: Any = None
+        self._decode: Any = None
+        self._stream: Any = None
+        self._data: Any = None
         # Frames out of the decoder, not yet returned: (index, DecodedFrame). A DecodedFrame stays
         # valid until the next Decode call, and Decode is called only when this queue is empty.
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
@@ -322,9 +329,15 @@ class NvDecoder(DecoderBase):
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
         self._convert = convert
         self._import = memory.import_surface
-        self._pts_index = {pts: index for index, pts in enumerate(info.pts)}
+        self._count = info.frame_count
+        self._pts_lookup = info.pts_index.get
+        self._decode = session.decoder.Decode
+        self._stream = session.stream
+        self._data = nvc.PacketData()
         self._ordered = memory.host or stream is not None
         self._low = latency == "LOW"
+        if self._low:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
+            self._data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
         # What every frame's DLPack export must look like: NV12 (uint8) or P016 (16-bit), (1.5 H, W), rows
         # of W samples. PyNvVideoCodec before 2.2.4 exports P016 with strides (W, 2): a wrong view.
         self._surface_layout = ((info.height * 3 // 2, info.width), (info.width, 1), 1 if fmt.bit_depth <= 8 else 2)
@@ -361,6 +374,8 @@ class NvDecoder(DecoderBase):
         self._source = None
         self._packets = None
         self._convert = None
+        self._count = 0
+        self._decode = self._stream = self._data = None
         self._queue.clear()
         self._needs_seek = True
 
@@ -416,6 +431,37 @@ class NvDecoder(DecoderBase):
             out: A uint8 tensor of the frame's shape on :attr:`device` (any strides, for example a
                 row of a batch) to write the RGB frame into; the conversion writes it once, directly.
         """
+        if self._session is None or self._needs_seek or self._target >= self._count:
+            return self._read_positioned(out)
+        return self.get(self._target, out)
+
+    def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Return frame ``index`` (see :meth:`seek` for the cost), written into ``out`` when given."""
+        if index != self._target or self._session is None or self._needs_seek or index >= self._count:
+            if index != self._target or self._needs_seek or index < 0:
+                self.seek(index)
+            return self._read_positioned(out)
+        # The next frame of an open file: the streaming case, once per frame. Every frame still goes
+        # through the same checks as after a seek: its timestamp (in _feed), its index and its export.
+        queue = self._queue
+        while not queue:
+            self._feed(index)
+        taken, frame = queue.popleft()
+        if taken != index:
+            taken, frame = self._catch_up(index, taken, frame, -1)
+        self._last = taken
+        if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
+            surface = self._import(frame, self._stream)
+            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
+                raise self._surface_error(surface, taken)
+            tensor = self._convert(surface, out)
+        else:
+            tensor = self._to_tensor(frame, taken, out)
+        self._target = taken + 1
+        return tensor
+
+    def _read_positioned(self, out: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`read` when the file is not open yet, a seek is pending, or the file has no frame at the position."""
         info = self._info if self._info is not None else self.info
         target = self._target
         if target >= info.frame_count:
@@ -436,45 +482,51 @@ class NvDecoder(DecoderBase):
             else:
                 key_ordinal = -1
         queue = self._queue
-        while True:
-            before = self._last
-            while not queue:
-                self._feed(target)
-            index, frame = queue.popleft()
-            self._last = index
-            if index == target:
-                break
-            if index < target:
-                continue
-            if key_ordinal > 0:
-                # The demuxer landed past the wanted keyframe; step back one GOP.
-                key_ordinal -= 1
-                self._jump(key_ordinal)
-                continue
-            self._reset(reusable=False)
-            raise VideoDecodeError(
-                f"{self._where(target)}: the decoder skipped from frame {before} to frame {index}; "
-                "the frames between are missing or corrupt."
-            )
+        while not queue:
+            self._feed(target)
+        index, frame = queue.popleft()
+        if index != target:
+            index, frame = self._catch_up(target, index, frame, key_ordinal)
+        self._last = index
         tensor = self._to_tensor(frame, index, out)
         self._target = index + 1
         return tensor
 
-    def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Return frame ``index`` (see :meth:`seek` for the cost), written into ``out`` when given."""
-        if index != self._target or self._needs_seek or index < 0:
-            self.seek(index)
-        return self.read(out)
+    def _catch_up(self, target: int, index: int, frame: Any, key_ordinal: int) -> tuple[int, Any]:
+        """Take frames out of the decoder until frame ``target``'s; ``index`` (not ``target``) came out first.
+
+        Frames before ``target`` are passed over. A frame past it means the demuxer landed past the
+        wanted keyframe after a jump to GOP ``key_ordinal`` (then the jump steps back one GOP), or
+        frames are missing (:class:`VideoDecodeError`).
+        """
+        queue = self._queue
+        while True:
+            before = self._last
+            self._last = index
+            if index == target:
+                return index, frame
+            if index > target:
+                if key_ordinal > 0:
+                    # The demuxer landed past the wanted keyframe; step back one GOP.
+                    key_ordinal -= 1
+                    self._jump(key_ordinal)
+                else:
+                    self._reset(reusable=False)
+                    raise VideoDecodeError(
+                        f"{self._where(target)}: the decoder skipped from frame {before} to frame {index}; "
+                        "the frames between are missing or corrupt."
+                    )
+            while not queue:
+                self._feed(target)
+            index, frame = queue.popleft()
 
     def _feed(self, keep_from: int) -> None:
         """Send the next packet, or the end of the stream, to the decoder; queue the frames from ``keep_from`` on.
 
         Frames before ``keep_from`` are dropped without touching their pixels.
         """
-        import av
-
-        session, nvc, packets = self._session, self._nvc, self._packets
-        if session is None or nvc is None or packets is None:  # pragma: no cover - read() opens first
+        packets, nvc = self._packets, self._nvc
+        if packets is None or nvc is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: decoding from a closed NvDecoder")
         if self._ended:
             target = self._target
@@ -485,29 +537,33 @@ class NvDecoder(DecoderBase):
             )
         try:
             packet = next(packets, None)
-        except av.FFmpegError as err:
-            target = self._target
-            self._reset(reusable=False)
-            raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
+        except Exception as err:
+            import av
+
+            if not isinstance(err, av.FFmpegError):
+                raise
+            target = self._target
+            self._reset(reusable=False)
+            raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
         try:
             if packet is None:
-                frames = session.decoder.Decode(nvc.PacketData())
+                frames = self._decode(nvc.PacketData())
                 self._ended, self._dirty = True, False
             else:
                 pts = packet.pts
-                if pts is None or self._low:
+                if pts is None:
                     data = packet_data(nvc, packet, self._where(), end_of_picture=self._low)
-                else:  # packet_data's work, inline: this runs once per frame
-                    data = nvc.PacketData()
+                else:  # packet_data's work, inline and into the file's one PacketData: this runs once per frame
+                    data = self._data
                     data.bsl_data = packet.buffer_ptr
                     data.bsl = packet.buffer_size
                     data.pts = pts
                 # The packet owns the bytes PacketData points at, and lives until Decode has returned.
                 self._dirty = True
-                frames = session.decoder.Decode(data)
+                frames = self._decode(data)
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
@@ -517,7 +573,7 @@ class NvDecoder(DecoderBase):
             raise VideoDecodeError(f"{self._where(target)}: NVDEC decoding failed: {err}") from err
         if not frames:
             return
-        lookup = self._pts_index.get
+        lookup = self._pts_lookup
         for frame in frames:
             self._frames_decoded += 1
             pts = frame.getPTS()
@@ -551,10 +607,9 @@ class NvDecoder(DecoderBase):
         session, convert = self._session, self._convert
         if session is None or convert is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: converting on a closed NvDecoder")
-        shape, strides, itemsize = self._surface_layout
         if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
             surface = self._import(frame, session.stream)
-            if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
                 raise self._surface_error(surface, index)
             return convert(surface, out)
         import torch
@@ -565,7 +620,7 @@ class NvDecoder(DecoderBase):
             stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
         with torch.cuda.stream(stream):
             surface = self._import(frame, stream)
-            if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
                 raise self._surface_error(surface, index)
             result = convert(surface, out)
         consumer.wait_stream(stream)

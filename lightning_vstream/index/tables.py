@@ -113,11 +113,19 @@ class VideoInfo:
 
     def index_of_pts(self, pts: int) -> int | None:
         """Frame index of a presentation timestamp, or None if no frame has it."""
+        return self.pts_index.get(pts)
+
+    @property
+    def pts_index(self) -> dict[int, int]:
+        """Presentation timestamp -> frame index, built on first use and kept (readers look up every packet).
+
+        Treat it as read-only: it is shared by every reader of this table.
+        """
         lookup = self._pts_lookup
         if lookup is None:  # built on first use: frame tables are often created by the thousand
             lookup = {p: i for i, p in enumerate(self.pts)}
             object.__setattr__(self, "_pts_lookup", lookup)
-        return lookup.get(pts)
+        return lookup
 
     def keyframe_at_or_before(self, index: int) -> int:
         """Frame index of the last keyframe at or before frame ``index``."""
