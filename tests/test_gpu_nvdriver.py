@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import av
 import pytest
 import torch
 from _nvdriver import FakeLog, Marker, encode, fake_format, install_marker, pattern_nv12, stamped_rgb
@@ -430,12 +431,62 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
             for camera in range(2):
                 expected = stamped_rgb((stamp[0], camera, stamp[1]), 256, 256, _spec(index.clips[0].cameras[0].path))
                 assert torch.equal(batch["frames"][slot, camera], expected), (slot, camera, stamp)
+                # Each camera's own timestamp, from its own frame table (every file starts at its own time).
+                info = index.clips[stamp[0]].cameras[camera].info
+                assert float(batch["camera_timestamp"][slot, camera]) == info.timestamp(stamp[1])
+            assert float(batch["timestamp"][slot]) == float(batch["camera_timestamp"][slot, 0])
     assert steps == len(sampler.schedule()) and loader.stats.amplification == 1.0
     # One decoder per (slot, camera) stream, each on its decode thread's own stream, reused across clips.
     assert len(marker.decoders) == 4
     streams = {d.stream.cuda_stream for d in marker.decoders}
     assert len(streams) == 2 and 0 not in streams
     assert not list(fake_log.calls("cuStreamSynchronize"))
+
+
+def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
+    dataset: Path, tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """on_error='skip' when every frame goes straight from NVDEC into its batch row: the damaged clip
+    delivers its intact frames exactly, then its slot moves on, and the skip is counted once."""
+    from lightning_vstream.index import CameraStream, load_index
+    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.loader import StreamSampler
+
+    index = load_index(dataset)
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    clips = _mark_dataset(marker, index)
+    bad = index.clips[2]  # 15 frames: its packets from frame 7 on are damaged
+    camera = bad.cameras[1]
+    data = bytearray(camera.path.read_bytes())
+    container = av.open(str(camera.path))
+    positions = {packet.pts: packet.pos for packet in container.demux(video=0) if packet.size}
+    container.close()
+    assert camera.info is not None
+    where = positions[camera.info.pts[7]] + 16
+    data[where : where + 32] = bytes(32)
+    damaged = tmp_path / camera.path.name
+    damaged.write_bytes(bytes(data))
+    cameras = (bad.cameras[0], CameraStream(camera.name, damaged, camera.info))
+    index = replace(index, clips=(*list(index.clips)[:2], replace(bad, cameras=cameras)))
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, on_error="skip")
+    spec = _spec(index.clips[0].cameras[0].path)
+    delivered = []
+    for batch in loader:
+        for slot in range(2):
+            if not batch["valid"][slot]:
+                assert not batch["frames"][slot].any() and torch.isnan(batch["camera_timestamp"][slot]).all()
+                continue
+            stamp = (clips[batch["clip_id"][slot]], int(batch["frame_index"][slot]))
+            for cam in range(2):
+                expected = stamped_rgb((stamp[0], cam, stamp[1]), 256, 256, spec)
+                assert torch.equal(batch["frames"][slot, cam], expected), (batch["step"], slot, cam, stamp)
+            if stamp[0] == 2:
+                delivered.append(stamp[1])
+    # Frame 7's packet is demuxed while an earlier frame is read (NATIVE latency holds pictures back).
+    assert delivered == list(range(len(delivered))) and 0 < len(delivered) <= 7
+    stats = loader.stats
+    assert (stats.read_errors, stats.skipped_clips, stats.bad_files) == (1, 1, 1)
 
 
 @pytest.mark.parametrize("transform", [None, "resize"], ids=["decoded_into_the_ring", "transformed"])

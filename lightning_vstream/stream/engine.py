@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -76,6 +77,10 @@ Buffers = Literal["ring", "pool"]
 CameraFrames = Literal["stacked", "per_camera"]
 #: Steps kept in the engine's shift log (the slot shifts each step was planned with).
 SHIFT_LOG_STEPS = 256
+# The engine's NVTX ranges, one each per step (a range holds no state between its push and pop).
+_STEP_RANGE = nvtx_range(RANGE_ENGINE_STEP)
+_WAIT_RANGE = nvtx_range(RANGE_WAIT)
+_COLLATE_RANGE = nvtx_range(RANGE_COLLATE)
 
 # Engines with decode threads, stopped at interpreter exit: a daemon thread still inside FFmpeg or
 # torch when the interpreter finalizes is ended by pthread_exit, which aborts the process if it
@@ -103,6 +108,7 @@ class _Step:
     outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
     output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
     counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
+    rows: list[torch.Tensor] = field(default_factory=list)  # position -> its row of ``frames``
 
 
 @dataclass
@@ -241,10 +247,15 @@ class StreamEngine:
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
+        #: Every frame goes straight from the decoder into its batch row with nothing else to add.
+        self._plain = (
+            self.steps.direct and not self.outputs and not self.steps.has_geometry and self.steps.annotations is None
+        )
         self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
         self._shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._output_shapes: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
         self._ring: list[list[torch.Tensor]] = []
+        self._ring_rows: list[list[torch.Tensor]] = []  # per ring batch: position -> its row, made once
         self._output_ring: list[dict[str, list[torch.Tensor]]] = []
         self._pool = BufferPool(shared=False, pinned=pin_memory and torch.cuda.is_available())
         self._done_events: list[list[Any]] = []
@@ -307,6 +318,7 @@ class StreamEngine:
         self._output_shapes = {name: [shapes[name] for shapes in per_camera] for name in self.outputs}
         if self.buffers == "ring":
             self._ring = [self._new_frames() for _ in range(self.ring_size)]
+            self._ring_rows = [self._rows_of(frames) for frames in self._ring]
             self._output_ring = [self._new_outputs() for _ in range(self.ring_size)]
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
@@ -335,6 +347,14 @@ class StreamEngine:
             return frames[0][position]
         slot, camera = divmod(position, self.sampler.num_cameras)
         return frames[camera][slot]
+
+    def _rows_of(self, frames: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every row of one batch's frames, by position (one ``unbind`` per tensor rather than a view per frame)."""
+        if self.camera_frames == "stacked":
+            return list(frames[0].unbind(0))
+        per_camera = [camera_frames.unbind(0) for camera_frames in frames]
+        cams = self.sampler.num_cameras
+        return [per_camera[position % cams][position // cams] for position in range(self.sampler.batch_size * cams)]
 
     # -- the consumer ----------------------------------------------------------------------
     def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
@@ -394,8 +414,12 @@ class StreamEngine:
                 self.device.record(self._release_events[(step - self.hold) % self.ring_size])
                 run.released = step - self.hold + 1
             run.cond.notify_all()
-            with nvtx_range(RANGE_WAIT):
-                finished = run.cond.wait_for(functools.partial(self._ready, run, step), timeout=self.timeout or None)
+            finished = self._ready(run, step)
+            if not finished:
+                with _WAIT_RANGE:
+                    finished = run.cond.wait_for(
+                        functools.partial(self._ready, run, step), timeout=self.timeout or None
+                    )
             if not finished:
                 run.timed_out = True
                 late = [t for t, done in enumerate(run.progress) if done < step]
@@ -405,16 +429,17 @@ class StreamEngine:
                     + ". A file may be stalled on a slow file system, or a decoder hangs: check the files named, "
                     "or raise the timeout if decoding is only slow."
                 )
-            failures = sorted((s, p, t) for t, (s, p, _) in run.errors.items() if s <= step)
-            if failures:
-                raise run.errors[failures[0][2]][2]
+            if run.errors:
+                failures = sorted((s, p, t) for t, (s, p, _) in run.errors.items() if s <= step)
+                if failures:
+                    raise run.errors[failures[0][2]][2]
             planned = run.steps.pop(step)
-            abandoned = {pair: first for pair, first in run.abandoned.items() if first <= step}
+            abandoned = {pair: first for pair, first in run.abandoned.items() if first <= step} if run.abandoned else {}
         self.shift_log[step] = list(planned.shifts)
         self.shift_log.pop(step - SHIFT_LOG_STEPS, None)
         for events in self._done_events:
             self.device.wait(events[step % self.ring_size])
-        with nvtx_range(RANGE_COLLATE):
+        with _COLLATE_RANGE:
             return self._assemble(step, planned, abandoned)
 
     def _streams_of(self, run: _Run, step: int, t: int, limit: int = 8) -> str:
@@ -440,12 +465,26 @@ class StreamEngine:
         cams = self.sampler.num_cameras
         batch_size = self.sampler.batch_size
         reads = planned.reads
-        valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
+        if abandoned:
+            valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
+        else:
+            valid = [r is not None for r in reads]
         frames = self._finish_frames(planned.frames, valid)
-        camera_ts = torch.tensor(planned.timestamps, dtype=torch.float64).view(batch_size, cams)
+        camera_ts = np.array(planned.timestamps, dtype=np.float64).reshape(batch_size, cams)
         for slot, ok in enumerate(valid):
             if not ok:
                 camera_ts[slot] = math.nan
+        clips = self.index.clips
+        clip_ids, frame_index, is_first = [], [], []
+        for r, ok in zip(reads, valid):
+            if ok and r is not None:
+                clip_ids.append(clips[r.clip].clip_id)
+                frame_index.append(r.frame)
+                is_first.append(r.is_first)
+            else:
+                clip_ids.append("")
+                frame_index.append(-1)
+                is_first.append(False)
         with self._stats_lock:
             self._this_run.update(planned.counts)
             self._ledger.count_step(
@@ -456,15 +495,15 @@ class StreamEngine:
                 num_steps=self.sampler.schedule().num_steps,
                 cameras=cams,
             )
-        labels = [r if ok else None for r, ok in zip(reads, valid)]
         batch: dict[str, Any] = {
             "frames": frames,
-            "clip_id": [self.index.clips[r.clip].clip_id if r is not None else "" for r in labels],
-            "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
-            "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
-            "valid": torch.tensor(valid, dtype=torch.bool),
-            "timestamp": camera_ts[:, 0].clone(),
-            "camera_timestamp": camera_ts,
+            "clip_id": clip_ids,
+            # Small label tensors through numpy: a third of what torch.tensor(list) costs the host.
+            "frame_index": torch.from_numpy(np.array(frame_index, dtype=np.int64)),
+            "is_first": torch.from_numpy(np.array(is_first, dtype=np.bool_)),
+            "valid": torch.from_numpy(np.array(valid, dtype=np.bool_)),
+            "timestamp": torch.from_numpy(camera_ts[:, 0].copy()),
+            "camera_timestamp": torch.from_numpy(camera_ts),
             "camera_names": list(self.index.camera_names),
             "epoch": self.sampler.epoch,
             "step": step,
@@ -541,7 +580,7 @@ class StreamEngine:
         """The reads and batch of ``step``, planned once and in order (call with ``run.cond`` held)."""
         while run.next_plan <= step:
             s = run.next_plan
-            self.sampler.tasks(s)  # records the step as issued and applies the shift changes due
+            self.sampler.issue(s)  # records the step as issued and applies the shift changes due
             reads, shifts, _ = self.sampler.issued(s)
             pool = self.buffers == "pool"
             frames = self._new_frames() if pool else self._ring[s % self.ring_size]
@@ -554,6 +593,7 @@ class StreamEngine:
                 [math.nan] * streams,
                 outputs=outputs,
                 output_geometry={name: {} for name in self.outputs},
+                rows=self._rows_of(frames) if pool else self._ring_rows[s % self.ring_size],
             )
             run.next_plan = s + 1
         return run.steps[step]
@@ -570,20 +610,29 @@ class StreamEngine:
         decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
         stream = self._streams[t]
         step = run.start
-        position = -1
+        cams = self.sampler.num_cameras
+        positions = range(t, self.sampler.batch_size * cams, self.num_threads)  # this thread's streams
+        mine = [(position, *divmod(position, cams)) for position in positions]  # with their slot and camera
+        # Frames nothing follows the decoder for take the short way (see _decode_plain).
+        plain = self._plain and decoders.limit is None
+        at = [-1]  # the stream being read, for the error report
         try:
             with self.device.use(stream):
                 for step in range(run.start, run.num_steps):
-                    position = -1
+                    at[0] = -1
                     with run.cond:
                         run.cond.wait_for(functools.partial(self._may_write, run, step))
                         if run.stopping:
                             return
                         planned = self._plan(run, step)
                     self.device.wait(self._release_events[step % self.ring_size], stream)
-                    with nvtx_range(RANGE_ENGINE_STEP):
-                        for position in range(t, len(planned.reads) * self.sampler.num_cameras, self.num_threads):
-                            self._decode_one(run, step, position, planned, decoders)
+                    with _STEP_RANGE:
+                        if plain:
+                            self._decode_plain(run, step, planned, decoders, mine, at)
+                        else:
+                            for position in positions:
+                                at[0] = position
+                                self._decode_one(run, step, position, planned, decoders)
                     planned.counts[t] = decoders.counts()
                     self.device.record(self._done_events[t][step % self.ring_size], stream)
                     with run.cond:
@@ -591,7 +640,7 @@ class StreamEngine:
                         run.cond.notify_all()
         except BaseException as err:
             with run.cond:
-                run.errors[t] = (step, position, err)
+                run.errors[t] = (step, at[0], err)
                 run.cond.notify_all()
         finally:
             decoders.close_all()
@@ -618,18 +667,13 @@ class StreamEngine:
                 clip=read.clip,
                 camera=camera,
                 frame=read.frame,
-                row=self._row(planned.frames, position),
+                row=planned.rows[position],
                 epoch=epoch,
                 segment_start=segment_start,
                 outputs={name: self._row(frames, position) for name, frames in planned.outputs.items()},
             )
         except FILE_ERRORS as err:
-            if self.on_error == "raise":
-                raise
-            if position in decoders.open:
-                decoders.close(position)
-            decoders.read_errors += 1
-            self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
+            self._read_failed(run, step, position, planned, decoders, read, err)
             return
         timestamp = info.timestamp(read.frame)
         planned.timestamps[position] = timestamp
@@ -644,6 +688,56 @@ class StreamEngine:
                 planned.annotations[slot] = found
             else:
                 planned.missing.append((slot, str(why)))
+
+    def _decode_plain(
+        self,
+        run: _Run,
+        step: int,
+        planned: _Step,
+        decoders: ThreadDecoders,
+        mine: list[tuple[int, int, int]],
+        at: list[int],
+    ) -> None:
+        """:meth:`_decode_one` for all of a thread's streams (``(position, slot, camera)``) at ``step``, for
+        frames nothing follows the decoder for: no transform left to apply, no augmentation, named output,
+        geometry or annotation. Each frame goes from the decoder into its row, and its timestamp is noted
+        (:meth:`ThreadDecoders.read_into <lightning_vstream.stream.engine_reads.ThreadDecoders.read_into>`);
+        failed reads are handled as there. ``at[0]`` follows the stream being read.
+        """
+        reads, rows, timestamps = planned.reads, planned.rows, planned.timestamps
+        abandoned = run.abandoned
+        read_into = decoders.read_into
+        for position, slot, camera in mine:
+            at[0] = position
+            read = reads[slot]
+            if read is None:
+                continue
+            # Read without the lock, as in _decode_one.
+            if abandoned and abandoned.get((slot, read.segment), step) < step:
+                continue  # its segment failed at an earlier step: nothing to decode
+            try:
+                timestamps[position] = read_into(position, read.clip, camera, read.frame, rows[position])
+            except FILE_ERRORS as err:
+                self._read_failed(run, step, position, planned, decoders, read, err)
+
+    def _read_failed(
+        self,
+        run: _Run,
+        step: int,
+        position: int,
+        planned: _Step,
+        decoders: ThreadDecoders,
+        read: SlotRead,
+        err: BaseException,
+    ) -> None:
+        """A camera read of ``step`` failed: raise (``on_error="raise"``), or give up the slot's segment."""
+        if self.on_error == "raise":
+            raise err
+        if position in decoders.open:
+            decoders.close(position)
+        decoders.read_errors += 1
+        slot, camera = divmod(position, self.sampler.num_cameras)
+        self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
 
     def _abandon(
         self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException

@@ -55,6 +55,8 @@ class ThreadDecoders:
         self.steps = steps
         self.limit = limit
         self.open: dict[int, tuple[int, FrameDecoder]] = {}  # position -> (clip, decoder)
+        # position -> (clip, decoder, timestamps of its frames) for read_into, whose row was checked once
+        self._direct: dict[int, tuple[int, FrameDecoder, list[float]]] = {}
         self.decoded = 0  # frames decoded by the decoders closed so far
         self.seeks = 0
         self.opened = 0
@@ -120,6 +122,63 @@ class ThreadDecoders:
                 for name, extra in self.steps.extra_outputs(base, converted).items():
                     self._place(extra, outputs[name], clip, camera, frame)
         return self.open[position][1].info
+
+    def read_into(self, position: int, clip: int, camera: int, frame: int, row: torch.Tensor) -> float:
+        """Decode ``frame`` of stream ``position`` straight into ``row`` when nothing follows the decoder; its timestamp.
+
+        What :meth:`write` does for a frame with no transform left to apply, no augmentation and no named
+        output, in fewer steps: the row's shape and dtype are checked against the decoder's frames once per
+        file (they do not change while the file is read), and the timestamps of the file's frames are
+        computed once.
+
+        Args:
+            position: The stream (``slot * cameras + camera``).
+            clip: Ordinal of the clip in the index.
+            camera: Ordinal of the camera.
+            frame: Frame index in the camera's file.
+            row: Where the frame goes.
+
+        Returns:
+            The frame's presentation time in seconds.
+
+        Raises:
+            VideoDecodeError: (or another of :data:`~lightning_vstream.stream.failures.FILE_ERRORS`)
+                The frame cannot be read, or the row has another shape or dtype than its frames.
+        """
+        entry = self._direct.get(position)
+        try:
+            if entry is None or entry[0] != clip:
+                entry = self._direct_entry(position, clip, camera, frame, row)
+            entry[1].get(frame, out=row)  # type: ignore[call-arg]
+        except Exception as err:
+            failure = failed_read(err, self.index, clip, camera, frame)
+            if failure is None or failure is err:
+                raise
+            raise failure from err
+        return entry[2][frame]
+
+    def _direct_entry(
+        self, position: int, clip: int, camera: int, frame: int, row: torch.Tensor
+    ) -> tuple[int, FrameDecoder, list[float]]:
+        """The decoder of stream ``position`` for ``clip`` once its frames are known to fit ``row``."""
+        dec = self.decoder(position, clip, camera)
+        info = dec.info
+        size = getattr(dec, "output_size", None) or (info.height, info.width)
+        if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
+            other_dtype = row.dtype != torch.uint8
+            raise frame_size_error(
+                self.index,
+                clip,
+                camera,
+                frame,
+                (3, *size),
+                tuple(row.shape),
+                got_dtype=torch.uint8 if other_dtype else None,
+                expected_dtype=row.dtype if other_dtype else None,
+            )
+        entry = (clip, dec, info.timestamps)
+        self._direct[position] = entry
+        return entry
 
     def _place(self, image: torch.Tensor, row: torch.Tensor, clip: int, camera: int, frame: int) -> None:
         """Copy one finished frame into its row; another shape or dtype is a :class:`~lightning_vstream.errors.FrameSizeError`."""
@@ -198,6 +257,7 @@ class ThreadDecoders:
     def close(self, position: int) -> None:
         """Close the decoder of stream ``position``, keeping its counters."""
         _, dec = self.open.pop(position)
+        self._direct.pop(position, None)
         self.decoded += dec.frames_decoded
         self.seeks += getattr(dec, "seeks", 0)
         try:

@@ -222,18 +222,28 @@ class StreamSampler(DistributedSampler):
             return from_step, next_segment - from_step
         return None
 
-    def tasks(self, step: int) -> list[StreamTask]:
-        """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
-        parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
-        due = [change for change in self.pending_shifts if change[0] <= step]
-        for _, slot, shift in sorted(due):
-            self.shifts[slot] = shift
-        self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
+    def issue(self, step: int) -> tuple[list[SlotRead | None], Buffers | None]:
+        """Record ``step`` as issued, applying the shift changes due by then: its reads and batch buffers.
+
+        :meth:`tasks` issues a step and splits it into parts; the stream engine, which plans whole
+        steps, issues them with this alone and takes them back with :meth:`issued`.
+        """
+        if self.pending_shifts:
+            due = [change for change in self.pending_shifts if change[0] <= step]
+            for _, slot, shift in sorted(due):
+                self.shifts[slot] = shift
+            self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
         reads = self.reads(step)
         factory = self.buffer_factory() if self.buffer_factory is not None else None
         buffers = factory() if factory is not None else None
         self._issued[step] = (reads, list(self.shifts), buffers)
         self._next_step = step + 1
+        return reads, buffers
+
+    def tasks(self, step: int) -> list[StreamTask]:
+        """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
+        parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
+        reads, buffers = self.issue(step)
         segments = self.schedule().segments
         for slot, read in enumerate(reads):
             if read is None or (slot, read.segment) in self.abandoned:
