@@ -21,7 +21,7 @@ import pytest
 import torch
 from _nvdriver import FakeLog, Marker, encode, fake_format, install_marker, pattern_nv12, stamped_rgb
 
-from lightning_vstream.decode import nvdec
+from lightning_vstream.decode import nvdec, nvdec_packets
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.decode.device import frame_memory, host_view, import_pynvvideocodec, pynvvideocodec_version
 from lightning_vstream.decode.gpu import NvDecoder
@@ -48,6 +48,13 @@ WITHOUT_REORDERING = [name for name, kind in KINDS.items() if not kind.get("bfra
 def marker(monkeypatch: pytest.MonkeyPatch) -> Marker:
     """Stamps every frame the GPU readers decode (see tests/_nvdriver.py)."""
     return install_marker(monkeypatch)
+
+
+@pytest.fixture(params=["from_the_file", "through_the_demuxer"])
+def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways NvDecoder gets its packets: from the file's bytes with a learnt layout, or from PyAV's demuxer."""
+    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", request.param == "from_the_file")
+    return str(request.param)
 
 
 @pytest.fixture
@@ -107,7 +114,7 @@ def test_reorder_depth_is_measured_from_the_packets(files: dict[str, Path]) -> N
 # -- every file kind -----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(KINDS))
 def test_every_file_kind_decodes_exactly_in_native_latency(
-    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
+    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog, reading: str
 ) -> None:
     path = files[name]
     info = probe_video(path)
@@ -288,7 +295,7 @@ def test_the_output_buffer_is_reused_by_the_next_decode_and_frames_never_read_it
 # -- seeking, end of stream, reuse ----------------------------------------------------------------
 @pytest.mark.parametrize("name", ["hevc", "hevc_open_gop_bframes", "h264_bframes"])
 def test_random_access_returns_each_requested_frame(
-    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch
+    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, reading: str
 ) -> None:
     path = files[name]
     info = probe_video(path)
@@ -609,15 +616,22 @@ def test_a_demuxer_landing_past_the_keyframe_steps_back_one_gop(
     marker.add(info, 9, 0)
     # A seek target for keyframe 1 that lands on keyframe 2, as some demuxers do.
     overshooting = replace(info, key_seek=(info.key_seek[0], info.pts[20], info.key_seek[2]))
+    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", False)  # through PyAV's demuxer
     with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
         frame = dec.get(12)
         assert dec.seeks == 2
+    _assert_stamped({12: frame}, 9, path)
+    # Read from the file's bytes, the keyframe's packet is found by its timestamp: one jump.
+    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", True)
+    with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
+        frame = dec.get(12)
+        assert dec.seeks == 1
     _assert_stamped({12: frame}, 9, path)
 
 
 @pytest.mark.parametrize("name", ["hevc", "hevc_open_gop_bframes", "h264_bframes"])
 def test_frames_read_in_order_into_rows_are_exact_and_a_seek_after_them_lands_exactly(
-    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch
+    files: dict[str, Path], name: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, reading: str
 ) -> None:
     """The streaming case (each frame the one after the last, written into a batch row) checks every frame as a
     seek does: its stamp, its timestamp and its export; then a seek back and reading on from there."""
@@ -643,7 +657,7 @@ def test_frames_read_in_order_into_rows_are_exact_and_a_seek_after_them_lands_ex
 
 @pytest.mark.parametrize(("latency", "before"), [("native", 11), ("low", 13)])
 def test_a_corrupt_packet_met_while_streaming_is_caught_and_its_decoder_dropped(
-    files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, latency: Any, before: int
+    files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, latency: Any, before: int, reading: str
 ) -> None:
     path = files["hevc"]
     info = probe_video(path)
@@ -665,6 +679,58 @@ def test_a_corrupt_packet_met_while_streaming_is_caught_and_its_decoder_dropped(
     assert sorted(got) == list(range(before))
     _assert_stamped(got, 13, path)
     assert pool.idle() == 0  # the decoder that met it is dropped, not reused
+
+
+def test_packets_read_from_the_file_are_pynvvideocodecs_own_demuxers_byte_for_byte(files: dict[str, Path]) -> None:
+    """What NVDEC is fed from a file's bytes is what PyNvVideoCodec's demuxer (FFmpeg's, with its Annex-B filters)
+    hands out for the same file: the same bytes and timestamps, packet by packet."""
+    import ctypes
+    from types import SimpleNamespace
+
+    nvc = import_pynvvideocodec()
+    for name, path in files.items():
+        info = probe_video(path)
+        theirs = []
+        demuxer = nvc.CreateDemuxer(str(path))
+        while (packet := demuxer.Demux()).bsl:
+            theirs.append((packet.pts, ctypes.string_at(packet.bsl_data, packet.bsl)))
+        source = PacketSource(path, info)
+        layout = source.learn_layout(path)
+        source.close()
+        assert layout is not None, name
+        ours, data = [], SimpleNamespace()
+        reader = nvdec_packets.LayoutSource(path, info, name, layout)
+        while reader.fill(data):
+            ours.append((data.pts, ctypes.string_at(data.bsl_data, data.bsl)))
+        reader.close()
+        assert ours == theirs, name
+
+
+def test_a_file_is_demuxed_once_per_process_then_read_from_its_bytes(
+    files: dict[str, Path], tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.errors import FileChangedError
+    from lightning_vstream.index.identity import file_identity
+
+    path = tmp_path / "CAM_FRONT.mp4"
+    path.write_bytes(files["hevc"].read_bytes())
+    info = replace(probe_video(path), identity=file_identity(path))
+    fake_format(monkeypatch, info)
+    marker.add(info, 14, 0)
+    opened = []
+    real_open = nvdec._open_input
+    monkeypatch.setattr(nvdec, "_open_input", lambda p: opened.append(p) or real_open(p))
+    read = []
+    for _ in range(3):
+        with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+            read.append({i: dec.get(i).clone() for i in (0, 1, 2, 15, 16)})
+    assert len(opened) == 1  # demuxed at the first opening only
+    for frames in read:
+        _assert_stamped(frames, 14, path)
+    # Another file under the indexed name is caught at its next opening, not read with the old layout.
+    path.write_bytes(files["h264"].read_bytes())
+    with pytest.raises(FileChangedError, match="CAM_FRONT.mp4"):
+        NvDecoder(path, info=info, pool=DecoderPool()).get(0)
 
 
 def test_hwc_layout_and_the_gpu_the_decoder_runs_on(

@@ -35,11 +35,12 @@ driver its import fails, and the CPU path never touches it.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import (
     DecoderBase,
     Layout,
@@ -64,9 +65,9 @@ from lightning_vstream.decode.nvdec import (
     Session,
     check_decodable,
     create_session,
-    packet_data,
     shared_decoder_pool,
 )
+from lightning_vstream.decode.nvdec_packets import LayoutSource
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, DecoderCapabilityError, UsageError
 from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
 
@@ -192,8 +193,7 @@ class NvDecoder(DecoderBase):
         self._nvc: ModuleType | None = None
         self._key: DecoderKey | None = None
         self._session: Session | None = None
-        self._source: PacketSource | None = None
-        self._packets: Iterator[Any] | None = None
+        self._source: PacketSource | LayoutSource | None = None
         self._convert: Any = None  # the open file's Nv12Converter
         self._import: Any = None  # FrameMemory.import_surface of the open file's memory
         self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
@@ -286,12 +286,10 @@ class NvDecoder(DecoderBase):
         if info.identity is not None:
             # As on the CPU: a file that differs from its index entry is re-verified packet by packet
             # (FileChangedError if its content changed) before any frame is decoded.
-            from lightning_vstream.index.identity import verify_identity
-
-            self._info = info = verify_identity(self.path, info, self._where())
+            self._info = info = _verified(self.path, info, self._where())
         nvc = import_pynvvideocodec()
         memory = self.memory
-        source = PacketSource(self.path, info, self._where())
+        source = self._packet_source(info)
         try:
             fmt = source.format
             check_decodable(self.gpu, fmt, self._where())
@@ -341,11 +339,34 @@ class NvDecoder(DecoderBase):
         # What every frame's DLPack export must look like: NV12 (uint8) or P016 (16-bit), (1.5 H, W), rows
         # of W samples. PyNvVideoCodec before 2.2.4 exports P016 with strides (W, 2): a wrong view.
         self._surface_layout = ((info.height * 3 // 2, info.width), (info.width, 1), 1 if fmt.bit_depth <= 8 else 2)
-        self._packets = source.packets()
         self._queue.clear()
         self._dirty = False  # fresh decoders and pooled ones (flushed on release) hold nothing
         self._ended = False
         self._last = -1
+
+    def _packet_source(self, info: VideoInfo) -> PacketSource | LayoutSource:
+        """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
+
+        A file's layout is worked out at its first opening in the process (one pass of PyAV's demuxer, see
+        :func:`~lightning_vstream.decode.nvdec_packets.learn_layout`) and kept; files whose packets cannot be
+        read from their bytes exactly as the demuxer gives them are read through the demuxer.
+        """
+        where = self._where()
+        if not nvdec_packets.READ_FROM_LAYOUT:
+            return PacketSource(self.path, info, where)
+        known, layout = nvdec_packets.cached_layout(self.path)
+        if not known:
+            source = PacketSource(self.path, info, where)
+            try:
+                layout = source.learn_layout(self.path)
+            except Exception:  # a damaged file: the demuxer meets it again at its frame, and says so there
+                layout = None
+            finally:
+                source.close()
+            nvdec_packets.keep_layout(self.path, layout)
+        if layout is None:
+            return PacketSource(self.path, info, where)
+        return LayoutSource(self.path, info, where, layout)
 
     def _flush(self) -> None:
         """Send the end of stream so the decoder drops its state; discard the frames it returns."""
@@ -372,7 +393,6 @@ class NvDecoder(DecoderBase):
         self._session = None
         self._key = None
         self._source = None
-        self._packets = None
         self._convert = None
         self._count = 0
         self._decode = self._stream = self._data = None
@@ -417,9 +437,8 @@ class NvDecoder(DecoderBase):
             raise UsageError("internal error: no packet source after opening")
         self._flush()
         with nvtx_range(RANGE_DEMUX):
-            source.seek(self.info.key_seek[key_ordinal])
+            source.seek_key(key_ordinal)
         self._seeks += 1
-        self._packets = source.packets()
         self._ended = False
         self._last = -1
 
@@ -525,8 +544,8 @@ class NvDecoder(DecoderBase):
 
         Frames before ``keep_from`` are dropped without touching their pixels.
         """
-        packets, nvc = self._packets, self._nvc
-        if packets is None or nvc is None:  # pragma: no cover - read() opens first
+        source, nvc = self._source, self._nvc
+        if source is None or nvc is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: decoding from a closed NvDecoder")
         if self._ended:
             target = self._target
@@ -535,8 +554,9 @@ class NvDecoder(DecoderBase):
                 f"{self._where(target)}: the file ended before this frame although its frame "
                 f"table lists {self.info.frame_count} frames (truncated file?)."
             )
+        data = self._data
         try:
-            packet = next(packets, None)
+            more = source.fill(data)
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
@@ -549,21 +569,13 @@ class NvDecoder(DecoderBase):
             self._reset(reusable=False)
             raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
         try:
-            if packet is None:
-                frames = self._decode(nvc.PacketData())
-                self._ended, self._dirty = True, False
-            else:
-                pts = packet.pts
-                if pts is None:
-                    data = packet_data(nvc, packet, self._where(), end_of_picture=self._low)
-                else:  # packet_data's work, inline and into the file's one PacketData: this runs once per frame
-                    data = self._data
-                    data.bsl_data = packet.buffer_ptr
-                    data.bsl = packet.buffer_size
-                    data.pts = pts
-                # The packet owns the bytes PacketData points at, and lives until Decode has returned.
+            if more:
+                # The source keeps the bytes data points at until its next fill, after Decode has returned.
                 self._dirty = True
                 frames = self._decode(data)
+            else:
+                frames = self._decode(nvc.PacketData())
+                self._ended, self._dirty = True, False
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
@@ -631,6 +643,33 @@ class NvDecoder(DecoderBase):
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
+
+
+#: (path, identity recorded in the index) -> the file's stat (size, modification and change times, inode,
+#: device) when it last matched that identity. A file not written since (any write changes its change time)
+#: still matches, so later openings in this process skip reading its fingerprint again.
+_MATCHED: dict[tuple[str, Any], tuple[int, ...]] = {}
+_MATCHED_KEPT = 65536
+
+
+def _verified(path: Path, info: VideoInfo, where: str) -> VideoInfo:
+    """:func:`~lightning_vstream.index.identity.verify_identity`, skipped for a file unchanged since it matched."""
+    from lightning_vstream.index.identity import verify_identity
+
+    key = (str(path), info.identity)
+    try:
+        st = os.stat(path)
+        stamp: tuple[int, ...] | None = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    except OSError:
+        stamp = None
+    if stamp is not None and _MATCHED.get(key) == stamp:
+        return info
+    checked = verify_identity(path, info, where)
+    if stamp is not None and checked is info:
+        if len(_MATCHED) >= _MATCHED_KEPT:
+            _MATCHED.clear()
+        _MATCHED[key] = stamp
+    return checked
 
 
 def prepare_decoders(

@@ -518,6 +518,8 @@ class PacketSource:
         self.format = stream_format(self._stream, info)
         self._filter_name = _ANNEXB_FILTERS.get(info.codec)
         self._bsf = self._make_filter()
+        self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
+        self._held: Any = None  # the packet fill() last pointed at
 
     def _make_filter(self) -> Any:
         if self._filter_name is None:
@@ -531,6 +533,52 @@ class PacketSource:
         self._container.seek(target, stream=self._stream, backward=True)
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
+        self._iter = None
+
+    def seek_key(self, key_ordinal: int) -> None:
+        """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
+        self.seek(self.info.key_seek[key_ordinal])
+
+    def fill(self, data: Any) -> bool:
+        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
+
+        The packet, which owns the bytes, is kept until the next call (the parser copies them during ``Decode``).
+
+        Raises:
+            VideoDecodeError: The packet differs from the frame table's CRC-32, or has no timestamp.
+            av.FFmpegError: Demuxing failed.
+        """
+        packets = self._iter
+        if packets is None:
+            packets = self._iter = self.packets()
+        packet = next(packets, None)
+        if packet is None:
+            return False
+        pts = packet.pts if packet.pts is not None else packet.dts
+        if pts is None:
+            raise _no_timestamp(self.where)
+        data.bsl_data = packet.buffer_ptr
+        data.bsl = packet.buffer_size
+        data.pts = pts
+        self._held = packet
+        return True
+
+    def learn_layout(self, path: Path) -> Any:
+        """Demux the whole stream once and work out where its packets lie in the file (see
+        :func:`~lightning_vstream.decode.nvdec_packets.learn_layout`); None when they cannot be read from there.
+
+        The demuxer is left at the end of the stream: open a new source to read packets.
+        """
+        from lightning_vstream.decode.nvdec_packets import learn_layout
+
+        return learn_layout(
+            path,
+            self._container,
+            self._stream,
+            codec=self.format.codec,
+            filter_name=self._filter_name,
+            stream_format=self.format,
+        )
 
     def packets(self) -> Iterator[Any]:
         """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
@@ -559,6 +607,7 @@ class PacketSource:
                 yield from bsf.filter(packet)
 
     def close(self) -> None:
+        self._held = self._iter = None
         self._container.close()
 
 
@@ -594,10 +643,7 @@ def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: boo
     """
     pts = packet.pts if packet.pts is not None else packet.dts
     if pts is None:
-        raise VideoDecodeError(
-            f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
-            "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
-        )
+        raise _no_timestamp(where)
     data = nvc.PacketData()
     data.bsl_data = packet.buffer_ptr
     data.bsl = packet.buffer_size
@@ -605,6 +651,13 @@ def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: boo
     if end_of_picture:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
         data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
     return data
+
+
+def _no_timestamp(where: str) -> VideoDecodeError:
+    return VideoDecodeError(
+        f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
+        "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
+    )
 
 
 def frame_pts(frame: Any) -> int:

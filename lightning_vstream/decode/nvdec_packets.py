@@ -1,0 +1,488 @@
+"""Packets for NVDEC read straight from their file, once it is known where each one lies.
+
+Demuxing with PyAV costs the host a few microseconds per packet (a packet object, a read call, the
+Annex-B filter's packet), and opening a container costs about what a hundred packets do. When it is
+known where every packet of a file lies, NVDEC can be fed from the file's bytes instead: one read
+per GOP, and per packet a slice of that read, its CRC-32 check against the frame table, and, for
+H.264 and H.265 in MP4, the conversion to Annex-B that FFmpeg's ``h264_mp4toannexb`` /
+``hevc_mp4toannexb`` filters make, done in place when it leaves the packet's size as it is (a
+4-byte length replaced by a 4-byte start code).
+
+- :func:`learn_layout` finds a file's :class:`FileLayout` by demuxing it once with PyAV. The layout
+  is kept only if every packet is found whole at its byte position, and only if the conversion of
+  every packet here gives byte for byte what FFmpeg's filter gives; any other file is read through
+  PyAV as before (:class:`~lightning_vstream.decode.nvdec.PacketSource`).
+- :func:`cached_layout` / :func:`keep_layout`: layouts are kept per process, keyed by the file's
+  path, size, modification time and inode, so a file is demuxed by PyAV once per process and read
+  from its bytes in every later epoch.
+- :class:`LayoutSource` reads a file's packets with its layout and hands each to NVDEC as
+  :class:`~lightning_vstream.decode.nvdec.PacketSource` would: same bytes, same timestamps, same
+  order, every packet checked against the frame table's CRC-32 first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import ctypes
+import dataclasses
+import itertools
+import os
+import threading
+import zlib
+from array import array
+from pathlib import Path
+from typing import Any
+
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.errors import MissingFileError
+
+__all__ = [
+    "AS_IS",
+    "IN_PLACE",
+    "LAYOUTS_KEPT",
+    "READ_FROM_LAYOUT",
+    "REWRITTEN",
+    "FileLayout",
+    "LayoutSource",
+    "annexb_mode",
+    "cached_layout",
+    "forget_layouts",
+    "keep_layout",
+    "learn_layout",
+    "to_annexb",
+]
+
+START4 = b"\x00\x00\x00\x01"
+START3 = b"\x00\x00\x01"
+#: Layouts kept per process (least recently used dropped first); about 25 bytes per packet each.
+LAYOUTS_KEPT = 4096
+#: Read packets from their file once their layout is known (False: always through PyAV's demuxer).
+READ_FROM_LAYOUT = True
+CHECKSUM_FIX = "(the file changed or is corrupt): restore it, or rebuild the index with `vstream index`."
+#: How a packet becomes what NVDEC takes (:attr:`FileLayout.kind`): as it is; its one NAL unit's 4-byte length
+#: overwritten by a 4-byte start code; or written anew by :func:`to_annexb`.
+AS_IS, IN_PLACE, REWRITTEN = 0, 1, 2
+
+
+# -- Annex-B, as FFmpeg's mp4toannexb filters make it ------------------------------------------------
+def annexb_mode(codec: str, extradata: bytes) -> tuple[str, bytes] | None:
+    """How packets of ``codec`` with this codec configuration become Annex-B: ``(mode, parameter sets)``.
+
+    ``mode`` is ``"hevc"`` or ``"h264"`` (packets hold NAL units behind 4-byte lengths, converted
+    as FFmpeg's filter does, with the configuration's parameter sets in Annex-B put before each
+    keyframe's picture), or ``"none"`` (packets are fed as they are). None: a configuration this
+    module does not convert (NAL lengths of 1 to 3 bytes, or a malformed record).
+
+    Example::
+
+        >>> annexb_mode("vp9", b"")
+        ('none', b'')
+    """
+    if codec not in ("hevc", "h264") or not extradata or extradata[0] != 1:
+        return "none", b""  # no filter, or an Annex-B configuration (the filters pass such packets on)
+    try:
+        if codec == "hevc":
+            if len(extradata) < 23 or (extradata[21] & 3) != 3:
+                return None
+            units = []
+            at, arrays = 23, extradata[22]
+            for _ in range(arrays):
+                count = int.from_bytes(extradata[at + 1 : at + 3], "big")
+                at += 3
+                for _ in range(count):
+                    length = int.from_bytes(extradata[at : at + 2], "big")
+                    units.append(extradata[at + 2 : at + 2 + length])
+                    at += 2 + length
+            if at > len(extradata):
+                return None
+            return "hevc", b"".join(START4 + bytes(u) for u in units)
+        if len(extradata) < 7 or (extradata[4] & 3) != 3:
+            return None
+        units = []
+        at = 5
+        for mask in (0x1F, 0xFF):  # sequence parameter sets, then picture parameter sets
+            count = extradata[at] & mask
+            at += 1
+            for _ in range(count):
+                length = int.from_bytes(extradata[at : at + 2], "big")
+                units.append(extradata[at + 2 : at + 2 + length])
+                at += 2 + length
+        if at > len(extradata):
+            return None
+        return "h264", b"".join(START4 + bytes(u) for u in units)
+    except IndexError:
+        return None
+
+
+def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
+    """One packet in Annex-B as FFmpeg's ``hevc_mp4toannexb`` / ``h264_mp4toannexb`` filter writes it.
+
+    H.265: every NAL unit behind a 4-byte start code; ``prefix`` (the parameter sets) before the
+    packet's first IRAP NAL unit. H.264: a 4-byte start code for the packet's first unit and for
+    parameter sets, 3 bytes for the others; ``prefix`` before the first IDR slice of a packet that
+    carries no parameter sets of its own.
+
+    Raises:
+        ValueError: The NAL unit lengths do not add up to the packet.
+    """
+    out = bytearray()
+    size = len(packet)
+    at = 0
+    marked = False  # the prefix is in (H.265: an IRAP unit was met; H.264: parameter sets were)
+    while at < size:
+        if size - at < 4:
+            raise ValueError(f"{size - at} bytes left where a 4-byte NAL unit length should be")
+        length = int.from_bytes(packet[at : at + 4], "big")
+        at += 4
+        if length < 1 or length > size - at:
+            raise ValueError(f"a NAL unit length of {length} with {size - at} bytes left")
+        header = packet[at]
+        if mode == "hevc":
+            irap = 16 <= (header >> 1) & 0x3F <= 23
+            if irap and not marked:
+                out += prefix
+                marked = True
+            out += START4
+        else:
+            kind = header & 0x1F
+            if kind in (7, 8):
+                marked = True  # parameter sets of its own: nothing is put in front of its picture
+            elif kind == 5 and not marked:
+                out += prefix
+                marked = True
+            out += START4 if not out or kind in (7, 8) else START3
+        out += packet[at : at + length]
+        at += length
+    return out
+
+
+# -- layouts ---------------------------------------------------------------------------------------
+class FileLayout:
+    """Where every packet of one video stream lies in its file, in decode order, and how NVDEC takes it.
+
+    Args:
+        pos: Byte offset of every packet.
+        size: Byte size of every packet.
+        pts: Presentation timestamp of every packet (stream time base).
+        kind: How each packet becomes what NVDEC takes: :data:`AS_IS`, :data:`IN_PLACE` (its one NAL unit's
+            4-byte length becomes a start code) or :data:`REWRITTEN` (:func:`to_annexb`).
+        chunks: Decode-order indices where the file's reads start: 0 and every keyframe packet.
+        spans: ``(start, end)`` bytes of each chunk's packets.
+        mode: Annex-B conversion (see :func:`annexb_mode`).
+        prefix: The parameter sets put before keyframes' pictures.
+        stream_format: The stream's :class:`~lightning_vstream.decode.nvdec.StreamFormat`.
+        config_crc32: CRC-32 of the stream's codec configuration (checked against the frame table).
+    """
+
+    __slots__ = (
+        "_order",
+        "chunks",
+        "config_crc32",
+        "kind",
+        "mode",
+        "pos",
+        "prefix",
+        "pts",
+        "size",
+        "spans",
+        "stream_format",
+    )
+
+    def __init__(
+        self,
+        pos: array,
+        size: array,
+        pts: array,
+        kind: bytes,
+        chunks: tuple[int, ...],
+        spans: tuple[tuple[int, int], ...],
+        mode: str,
+        prefix: bytes,
+        stream_format: Any,
+        config_crc32: int,
+    ) -> None:
+        self.pos, self.size, self.pts, self.kind = pos, size, pts, kind
+        self.chunks, self.spans = chunks, spans
+        self.mode, self.prefix = mode, prefix
+        self.stream_format = stream_format
+        self.config_crc32 = config_crc32
+        self._order: dict[int, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def packet_of(self, pts: int) -> int | None:
+        """Decode-order index of the packet with presentation timestamp ``pts`` (None: no such packet)."""
+        order = self._order
+        if order is None:
+            order = self._order = {p: i for i, p in enumerate(self.pts)}
+        return order.get(pts)
+
+
+def learn_layout(
+    path: Path, container: Any, stream: Any, *, codec: str, filter_name: str | None, stream_format: Any
+) -> FileLayout | None:
+    """Demux a whole video stream once and work out its :class:`FileLayout`; None when it cannot be used.
+
+    ``container`` is positioned at the start and is left at the end. A layout is returned only when
+    every packet has a timestamp and a byte position, the file's bytes there are the packet, and
+    :func:`to_annexb` gives, for every packet, exactly what FFmpeg's ``filter_name`` filter gives
+    (the filter NVDEC's packets otherwise go through).
+
+    Raises:
+        av.FFmpegError: Demuxing failed (the caller reads the file as before, and meets it there).
+    """
+    from av.bitstream import BitStreamFilterContext
+
+    extradata = bytes(stream.codec_context.extradata or b"")
+    conversion = annexb_mode(codec, extradata) if filter_name is not None else ("none", b"")
+    if conversion is None:
+        return None
+    mode, prefix = conversion
+    annexb = BitStreamFilterContext(filter_name, stream) if filter_name is not None else None
+    pos, size, pts = array("q"), array("q"), array("q")
+    kind = bytearray()
+    crcs = []
+    chunks = [0]
+    for packet in container.demux(stream):
+        if packet.size == 0:
+            continue  # demuxer flush packet
+        if packet.pts is None or packet.pos is None or packet.pos < 0:
+            return None
+        raw = bytes(packet)
+        if packet.is_keyframe and len(pos) > 0:
+            chunks.append(len(pos))
+        pos.append(packet.pos)
+        size.append(packet.size)
+        pts.append(packet.pts)
+        crcs.append(zlib.crc32(raw))
+        kind.append(_kind(raw, mode))
+        if annexb is not None:
+            filtered = b"".join(bytes(p) for p in annexb.filter(packet))
+            try:
+                converted = to_annexb(raw, mode, prefix) if mode != "none" else raw
+            except ValueError:
+                return None
+            if converted != filtered:
+                return None
+    if not pos:
+        return None
+    spans = []
+    bounds = [*chunks, len(pos)]
+    for first, stop in itertools.pairwise(bounds):
+        spans.append((min(pos[first:stop]), max(p + n for p, n in zip(pos[first:stop], size[first:stop]))))
+    # The file's bytes at each position must be the packet (not so where a container cuts packets up).
+    try:
+        with open(path, "rb") as f:
+            for (first, stop), (start, end) in zip(itertools.pairwise(bounds), spans):
+                f.seek(start)
+                block = memoryview(f.read(end - start))
+                for i in range(first, stop):
+                    at = pos[i] - start
+                    if zlib.crc32(block[at : at + size[i]]) != crcs[i]:
+                        return None
+    except OSError:
+        return None
+    return FileLayout(
+        pos, size, pts, bytes(kind), tuple(chunks), tuple(spans), mode, prefix, stream_format, zlib.crc32(extradata)
+    )
+
+
+def _kind(packet: bytes, mode: str) -> int:
+    """:data:`AS_IS`, :data:`IN_PLACE` or :data:`REWRITTEN` for one packet (see :attr:`FileLayout.kind`)."""
+    if mode == "none":
+        return AS_IS
+    if len(packet) <= 4 or int.from_bytes(packet[:4], "big") + 4 != len(packet):
+        return REWRITTEN  # several NAL units (H.264 writes 3-byte start codes after the first), or none
+    header = packet[4]
+    if mode == "hevc":
+        return REWRITTEN if 16 <= (header >> 1) & 0x3F <= 23 else IN_PLACE  # IRAP: parameter sets go in front
+    return REWRITTEN if header & 0x1F in (5, 7, 8) else IN_PLACE  # IDR slice or parameter sets
+
+
+_layouts: collections.OrderedDict[tuple[Any, ...], FileLayout | None] = collections.OrderedDict()
+_layouts_lock = threading.Lock()
+
+
+def _layout_key(path: Path) -> tuple[Any, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def cached_layout(path: Path) -> tuple[bool, FileLayout | None]:
+    """``(known, layout)``: whether a layout was worked out for ``path`` as it is now (same size,
+    modification time and inode), and that layout (None: its packets are read through PyAV)."""
+    key = _layout_key(path)
+    if key is None:
+        return False, None
+    with _layouts_lock:
+        if key not in _layouts:
+            return False, None
+        _layouts.move_to_end(key)
+        return True, _layouts[key]
+
+
+def keep_layout(path: Path, layout: FileLayout | None) -> None:
+    """Keep ``layout`` for ``path``, None for a file read through PyAV (see :func:`cached_layout`); at most
+    :data:`LAYOUTS_KEPT` are kept."""
+    key = _layout_key(path)
+    if key is None:
+        return
+    with _layouts_lock:
+        _layouts[key] = layout
+        _layouts.move_to_end(key)
+        while len(_layouts) > LAYOUTS_KEPT:
+            _layouts.popitem(last=False)
+
+
+def forget_layouts() -> None:
+    """Drop every kept layout."""
+    with _layouts_lock:
+        _layouts.clear()
+
+
+# -- reading with a layout ---------------------------------------------------------------------------
+class LayoutSource:
+    """A video stream's packets read from its file with a :class:`FileLayout`, ready for NVDEC.
+
+    What :class:`~lightning_vstream.decode.nvdec.PacketSource` hands NVDEC, without a demuxer: the
+    same packets in the same order with the same timestamps, each checked against the frame
+    table's CRC-32 before it is converted to Annex-B. The file is read one chunk (a GOP) at a time.
+
+    Args:
+        path: Video file.
+        info: Its frame table.
+        where: File, clip and camera for error messages.
+        layout: Where its packets lie (from :func:`learn_layout`).
+
+    Raises:
+        MissingFileError: The file does not exist.
+        VideoDecodeError: Its codec configuration differs from the frame table's checksum.
+    """
+
+    def __init__(self, path: Path, info: VideoInfo, where: str, layout: FileLayout) -> None:
+        self.info = info
+        self.where = where
+        self.layout = layout
+        # What the stream says (codec, bit depth, chroma, colour) with what this frame table says (size, reordering).
+        self.format = dataclasses.replace(
+            layout.stream_format, width=info.width, height=info.height, reorder_depth=info.reorder_depth
+        )
+        if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
+            raise VideoDecodeError(
+                f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
+                f"was built {CHECKSUM_FIX}"
+            )
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise MissingFileError(f"video file {str(path)!r} does not exist.") from None
+        except OSError as err:
+            raise VideoDecodeError(f"{where}: the file cannot be read ({err.strerror or err}).") from err
+        self._count = len(layout)
+        self._pos, self._size, self._pts = layout.pos, layout.size, layout.pts
+        self._lookup = info.pts_index.get
+        self._crcs = info.crc32
+        self._kind = layout.kind
+        self._next = 0  # decode-order index of the next packet
+        self._stop = 0  # end of the chunk in memory (0: none)
+        self._base = 0  # file offset of the chunk's first byte
+        self._view: memoryview | None = None
+        self._address = 0
+        self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
+
+    def seek_key(self, key_ordinal: int) -> None:
+        """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
+        info = self.info
+        target = info.pts[info.key_indices[key_ordinal]]
+        index = self.layout.packet_of(target)
+        if index is None:
+            raise VideoDecodeError(
+                f"{self.where}: the frame table's keyframe {key_ordinal} (timestamp {target}) is no packet of the "
+                f"file {CHECKSUM_FIX}"
+            )
+        self._next = index
+        self._stop = 0  # a chunk converted in place is read again from the file
+
+    def fill(self, data: Any) -> bool:
+        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
+
+        The bytes stay valid until the next call.
+
+        Raises:
+            VideoDecodeError: The packet differs from the frame table's CRC-32, or cannot be read.
+        """
+        i = self._next
+        if i >= self._stop:
+            if i >= self._count:
+                return False
+            self._load(i)
+        size = self._size[i]
+        pts = self._pts[i]
+        offset = self._pos[i] - self._base
+        view = self._view[offset : offset + size]  # type: ignore[index]
+        crcs = self._crcs
+        if crcs is not None:
+            index = self._lookup(pts)
+            if index is not None and zlib.crc32(view) != crcs[index]:
+                raise VideoDecodeError(
+                    f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
+                    f"index was built {CHECKSUM_FIX}"
+                )
+        address = self._address + offset
+        kind = self._kind[i]  # what the packet was when the layout was learnt: its checksum says it still is
+        if kind == IN_PLACE:
+            view[:4] = START4
+        elif kind == REWRITTEN:
+            address, size = self._convert(view, pts)
+        data.bsl_data = address
+        data.bsl = size
+        data.pts = pts
+        self._next = i + 1
+        return True
+
+    def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
+        try:
+            packet = to_annexb(view, self.layout.mode, self.layout.prefix)
+        except ValueError as err:
+            index = self._lookup(pts)
+            raise VideoDecodeError(
+                f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
+            ) from err
+        buffer = (ctypes.c_char * len(packet)).from_buffer(packet)
+        self._held = (packet, buffer)
+        return ctypes.addressof(buffer), len(packet)
+
+    def _load(self, i: int) -> None:
+        """Read the chunk that starts at packet ``i`` (0 or a keyframe) into memory."""
+        chunks = self.layout.chunks
+        ordinal = bisect.bisect_right(chunks, i) - 1
+        start, end = self.layout.spans[ordinal]
+        stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
+        block = bytearray(end - start)
+        try:
+            got = os.preadv(self._fd, [block], start)
+        except OSError as err:
+            raise VideoDecodeError(f"{self.where}: reading the file failed ({err.strerror or err}).") from err
+        if got != len(block):
+            raise VideoDecodeError(
+                f"{self.where}: the file ends at byte {start + got}, before its packets do (truncated file?) "
+                f"{CHECKSUM_FIX}"
+            )
+        self._view = memoryview(block)
+        self._address = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))
+        self._block = block
+        self._base = start
+        self._stop = stop
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._view = None
+        self._held = None
