@@ -274,10 +274,15 @@ def _frame_dtypes() -> frozenset[Any]:
 
 @functools.cache
 def _torch_from_dlpack() -> Callable[[Any], torch.Tensor]:
-    """torch's ``from_dlpack`` (imported once, not per frame)."""
+    """torch's import of a DLPack capsule, looked up once rather than per frame.
+
+    For a capsule, ``torch.utils.dlpack.from_dlpack`` checks its keyword arguments and calls
+    ``torch._C._from_dlpack``; this takes that call directly where it exists, once per frame.
+    """
+    import torch
     from torch.utils.dlpack import from_dlpack
 
-    return from_dlpack
+    return getattr(torch._C, "_from_dlpack", None) or from_dlpack
 
 
 def host_view(capsule: Any) -> torch.Tensor:

@@ -35,6 +35,7 @@ driver its import fails, and the CPU path never touches it.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from pathlib import Path
 from types import ModuleType
@@ -180,7 +181,7 @@ class NvDecoder(DecoderBase):
             raise ConfigurationError(f"stream={stream!r} is not supported; use 'own' or 'current'.")
         if backend not in ("auto", "triton", "torch"):
             raise ConfigurationError(f"backend={backend!r} is not supported; use 'auto', 'triton' or 'torch'.")
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
         self.gpu = _gpu_ordinal(device)
         self.layout = layout
         self.label = label
@@ -283,16 +284,17 @@ class NvDecoder(DecoderBase):
 
     def _open(self) -> None:
         info = self.info
+        where = self._where()
         if info.identity is not None:
             # As on the CPU: a file that differs from its index entry is re-verified packet by packet
             # (FileChangedError if its content changed) before any frame is decoded.
-            self._info = info = _verified(self.path, info, self._where())
+            self._info = info = _verified(self.path, info, where)
         nvc = import_pynvvideocodec()
         memory = self.memory
-        source = self._packet_source(info)
+        source = self._packet_source(info, where)
         try:
             fmt = source.format
-            check_decodable(self.gpu, fmt, self._where())
+            check_decodable(self.gpu, fmt, where)
             latency = self._latency_for(fmt.reorder_depth)
             stream = memory.current_stream(self.gpu) if self.stream == "current" else None
             if stream is not None and not stream.cuda_stream:
@@ -308,14 +310,7 @@ class NvDecoder(DecoderBase):
                 latency,
                 stream.cuda_stream if stream is not None else 0,
             )
-            convert = Nv12Converter(
-                fmt.color,
-                info.height,
-                info.width,
-                layout=self.layout,
-                device=memory.device(self.gpu),
-                backend=self.backend,
-            )
+            convert = _converter(fmt.color, info.height, info.width, self.layout, memory.device(self.gpu), self.backend)
         except BaseException:
             source.close()
             raise
@@ -323,7 +318,7 @@ class NvDecoder(DecoderBase):
             session = self.pool.acquire(key, lambda: create_session(nvc, key, memory, stream))
         except Exception as err:
             source.close()
-            raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
+            raise VideoDecodeError(f"{where}: creating the NVDEC decoder failed: {err}") from err
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
         self._convert = convert
         self._import = memory.import_surface
@@ -344,14 +339,13 @@ class NvDecoder(DecoderBase):
         self._ended = False
         self._last = -1
 
-    def _packet_source(self, info: VideoInfo) -> PacketSource | LayoutSource:
+    def _packet_source(self, info: VideoInfo, where: str) -> PacketSource | LayoutSource:
         """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
 
         A file's layout is worked out at its first opening in the process (one pass of PyAV's demuxer, see
         :func:`~lightning_vstream.decode.nvdec_packets.learn_layout`) and kept; files whose packets cannot be
         read from their bytes exactly as the demuxer gives them are read through the demuxer.
         """
-        where = self._where()
         if not nvdec_packets.READ_FROM_LAYOUT:
             return PacketSource(self.path, info, where)
         known, layout = nvdec_packets.cached_layout(self.path)
@@ -643,6 +637,12 @@ class NvDecoder(DecoderBase):
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
+
+
+@functools.lru_cache(maxsize=64)
+def _converter(spec: Any, height: int, width: int, layout: Layout, device: Any, backend: Backend) -> Nv12Converter:
+    """The converter of a stream format (it holds no state of its own, so files of one format share it)."""
+    return Nv12Converter(spec, height, width, layout=layout, device=device, backend=backend)
 
 
 #: (path, identity recorded in the index) -> the file's stat (size, modification and change times, inode,

@@ -305,6 +305,19 @@ def num_decoder_engines(gpu: int, codec: str = "hevc", *, runner: Runner | None 
     return max(1, decoder_caps(gpu, codec, runner=runner).engines)
 
 
+class _FormatLabel:
+    """``hevc 1600x900 8-bit 4:2:0``: a stream format as error messages name it, written when formatted."""
+
+    __slots__ = ("fmt",)
+
+    def __init__(self, fmt: StreamFormat) -> None:
+        self.fmt = fmt
+
+    def __format__(self, spec: str) -> str:
+        fmt = self.fmt
+        return f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"
+
+
 def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner | None = None) -> DecoderCaps:
     """Raise :class:`DecoderCapabilityError` unless NVDEC on ``gpu`` decodes ``fmt``.
 
@@ -312,7 +325,7 @@ def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner |
     :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
     """
     fix = "decode this file with decode_device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
-    label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"
+    label = _FormatLabel(fmt)  # written out only in an error message
     if fmt.codec not in NVDEC_CODECS:
         raise DecoderCapabilityError(
             f"{where} uses codec {fmt.codec!r}, which NVDEC does not decode here (supported: "

@@ -176,6 +176,7 @@ class FileLayout:
     """
 
     __slots__ = (
+        "_format",
         "_order",
         "chunks",
         "config_crc32",
@@ -208,9 +209,22 @@ class FileLayout:
         self.stream_format = stream_format
         self.config_crc32 = config_crc32
         self._order: dict[int, int] | None = None
+        self._format: tuple[tuple[int, int, int | None], Any] | None = None
 
     def __len__(self) -> int:
         return len(self.pos)
+
+    def format_for(self, info: VideoInfo) -> Any:
+        """The stream's format as the file says it (codec, bit depth, chroma, colour) with what the frame table
+        ``info`` says (size, reordering)."""
+        wanted = (info.width, info.height, info.reorder_depth)
+        made = self._format
+        if made is None or made[0] != wanted:
+            made = self._format = (
+                wanted,
+                dataclasses.replace(self.stream_format, width=wanted[0], height=wanted[1], reorder_depth=wanted[2]),
+            )
+        return made[1]
 
     def packet_of(self, pts: int) -> int | None:
         """Decode-order index of the packet with presentation timestamp ``pts`` (None: no such packet)."""
@@ -368,10 +382,7 @@ class LayoutSource:
         self.info = info
         self.where = where
         self.layout = layout
-        # What the stream says (codec, bit depth, chroma, colour) with what this frame table says (size, reordering).
-        self.format = dataclasses.replace(
-            layout.stream_format, width=info.width, height=info.height, reorder_depth=info.reorder_depth
-        )
+        self.format = layout.format_for(info)
         if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
             raise VideoDecodeError(
                 f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "

@@ -274,6 +274,7 @@ class StreamEngine:
         self.history = SkipHistory(sampler.batch_size)
         #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
         self.shift_log: dict[int, list[int]] = {}
+        self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
 
     # -- setup -----------------------------------------------------------------------------
     def frame_shape(self, camera: int = 0) -> tuple[tuple[int, ...], torch.dtype]:
@@ -435,7 +436,7 @@ class StreamEngine:
                     raise run.errors[failures[0][2]][2]
             planned = run.steps.pop(step)
             abandoned = {pair: first for pair, first in run.abandoned.items() if first <= step} if run.abandoned else {}
-        self.shift_log[step] = list(planned.shifts)
+        self.shift_log[step] = planned.shifts  # the step's own list: planned is dropped after this
         self.shift_log.pop(step - SHIFT_LOG_STEPS, None)
         for events in self._done_events:
             self.device.wait(events[step % self.ring_size])
@@ -474,11 +475,14 @@ class StreamEngine:
         for slot, ok in enumerate(valid):
             if not ok:
                 camera_ts[slot] = math.nan
-        clips = self.index.clips
+        ids = self._clip_ids
         clip_ids, frame_index, is_first = [], [], []
         for r, ok in zip(reads, valid):
             if ok and r is not None:
-                clip_ids.append(clips[r.clip].clip_id)
+                clip_id = ids.get(r.clip)
+                if clip_id is None:
+                    clip_id = ids[r.clip] = self.index.clips[r.clip].clip_id
+                clip_ids.append(clip_id)
                 frame_index.append(r.frame)
                 is_first.append(r.is_first)
             else:
@@ -531,7 +535,8 @@ class StreamEngine:
     def _finish_frames(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
         """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
         if self.camera_frames == "stacked":
-            stacked = tensors[0].view(self.sampler.batch_size, self.sampler.num_cameras, *tensors[0].shape[1:])
+            first = tensors[0]
+            stacked = first.view((self.sampler.batch_size, self.sampler.num_cameras, *first.shape[1:]))
             for slot, ok in enumerate(valid):
                 if not ok:
                     stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames

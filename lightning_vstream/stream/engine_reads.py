@@ -67,7 +67,7 @@ class ThreadDecoders:
         decoded, seeks = self.decoded, self.seeks
         for _, dec in self.open.values():
             decoded += dec.frames_decoded
-            seeks += getattr(dec, "seeks", 0)
+            seeks += dec.seeks if hasattr(dec, "seeks") else 0
         return decoded, seeks, self.opened, self.read_errors
 
     def write(
