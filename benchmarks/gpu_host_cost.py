@@ -12,9 +12,16 @@ on the same files:
 - **bare_per_stream**: the same loop over one decoder per engine stream, taking turns as the
   engine's streams do (the fake's host copies then miss the cache as the engine's do).
 - **decoder**: :class:`~lightning_vstream.decode.gpu.NvDecoder` reading every frame into a batch
-  row (demux, CRC and timestamp checks, DLPack import, the conversion's launch).
+  row: opening each file, reading its packets, CRC-32 and timestamp checks, the export's layout
+  check, the DLPack import, the conversion's launch.
 - **engine**: the stream engine (:func:`~lightning_vstream.stream.engine_factory.build_engine_loader`,
-  one decode thread) delivering batches; host time per delivered frame, batch assembly included.
+  one decode thread) delivering batches; host time per delivered frame in both threads, batch
+  assembly and the hand-over between the decode thread and the consumer included.
+
+Packets: NvDecoder demuxes each file with PyAV once per process, learns where its packets lie and
+then reads them from the file's bytes (:mod:`lightning_vstream.decode.nvdec_packets`). The
+warm-up run of each row does that learning, so the timed rows read from the bytes; the JSON's
+``first_pass`` gives the engine's cost per frame in a process's first epoch, layouts learnt on the way.
 
 Headline figures use ``FAKE_FILL=0``: the fake driver then does no work of its own, so the bare loop
 is PyNvVideoCodec's own host code and nothing else (a real driver adds its bitstream parsing and
@@ -23,8 +30,11 @@ surface (``FAKE_FILL=1``, the fake's default), as driver-side work per frame.
 
 The colour conversion's GPU work cannot run here: it is replaced by a call that does nothing, so
 the figures hold the cost of reaching the launch, not the launch itself (one Triton launch per
-frame on a GPU; see the JSON's ``conversion``). Host time is process CPU time per frame (wall time
-is reported too; on a shared machine it also holds other processes' time). ``ratio`` is engine /
+frame on a GPU, whose host cost this does not measure; see the JSON's ``conversion``). The DLPack
+import is torch's own (``from_dlpack``) on the library's capsule, relabelled as CPU memory first:
+``dlpack_import`` gives what that relabelling adds per frame over torch's import alone, the part
+of the engine row a GPU would not pay. Host time is process CPU time per frame (wall time is
+reported too; on a shared machine it also holds other processes' time). ``ratio`` is engine /
 bare; the goal is <= 2.0. Python-level calls per frame (``sys.setprofile``) and ATen ops per
 frame (a dispatch mode in every thread) come from a separate counting run, and ``profile`` lists
 where the engine's time goes (cProfile, own time per function).
@@ -426,6 +436,48 @@ def profile(run: Callable[[], int], top: int) -> list[dict[str, Any]]:
     return rows[:top]
 
 
+def dlpack_import(repeats: int = 20000) -> dict[str, Any]:
+    """Microseconds per frame the host seam's import adds over the import a GPU makes.
+
+    Times the two ``FrameMemory.import_surface`` methods themselves on a frame whose ``__dlpack__``
+    exports a CPU tensor of an NV12 frame's layout: ``gpu``, :class:`~lightning_vstream.decode.device.CudaMemory`
+    (torch's import of the capsule, as on a GPU); ``seam``,
+    :class:`~lightning_vstream.decode.device.HostMemory` (the capsule's device relabelled first). The
+    export is the same in both and cancels in the difference.
+    """
+    import torch
+
+    from lightning_vstream.decode.device import CudaMemory, HostMemory
+
+    surface = torch.zeros((384, 256), dtype=torch.uint8)
+
+    class Frame:
+        def __dlpack__(self, stream: Any = None) -> Any:
+            return surface.__dlpack__()
+
+    class Stream:
+        cuda_stream = 0
+
+    frame, stream = Frame(), Stream()
+
+    def time_import(import_surface: Callable[[Any, Any], Any]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.process_time()
+            for _ in range(repeats):
+                import_surface(frame, stream)
+            best = min(best, (time.process_time() - start) / repeats * 1e6)
+        return best
+
+    gpu_us, seam_us = time_import(CudaMemory().import_surface), time_import(HostMemory().import_surface)
+    return {
+        "gpu_us": gpu_us,
+        "seam_us": seam_us,
+        "seam_extra_us_per_frame": seam_us - gpu_us,
+        "measured": "CudaMemory.import_surface and HostMemory.import_surface on the same CPU capsules, export included",
+    }
+
+
 def _stub_conversion() -> dict[str, Any]:
     """Replace the colour conversion by a call that does nothing (its GPU work cannot run here)."""
     from lightning_vstream.decode import nv12
@@ -477,7 +529,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "bare_per_stream": "the bare loop over one decoder per engine stream, taking turns",
             "decoder": "NvDecoder(stream='current', latency='native').get(i, out=row), pooled decoder",
             "engine": f"build_engine_loader(threads=1), batch_size={args.batch_size} x {args.cameras} cameras, "
-            "HostDevice ring",
+            "HostNvdecDevice ring",
+            "packets": "decoder and engine read packets from the files' bytes, layouts learnt by the warm-up run",
             "driver": "fake NVIDIA driver, FAKE_FILL=0 (no pixel work), host memory",
         },
     }
@@ -513,6 +566,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "decoder": counted(lambda device: runs[2][1]),
         "engine": counted(lambda wrap_use: engine_loop(index_path, args, wrap_use)),
     }
+    result["first_pass"] = first_pass(index_path, args)
+    result["dlpack_import"] = dlpack_import()
     result["python_calls_per_frame"] = result["counts"]["engine"]["python_calls_per_frame"]
     result["torch_ops_per_frame"] = result["counts"]["engine"]["torch_ops_per_frame"]
     result["profile"] = profile(engine_loop(index_path, args), args.top)
@@ -520,6 +575,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     result["conversion"] = conversion
     result["machine"]["load_average_after"] = os.getloadavg()
     return result
+
+
+def first_pass(index_path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's host time per frame in a process's first epoch: every file's layout learnt on the way.
+
+    Its decoders exist already (a first epoch also creates them, before its first step).
+    """
+    from lightning_vstream.decode.nvdec_packets import forget_layouts
+
+    run = engine_loop(index_path, args)
+    run()  # decoders created, tables loaded
+    forget_layouts()
+    start = time.process_time()
+    frames = run()
+    return {"engine_us_per_frame": (time.process_time() - start) / frames * 1e6, "runs": 1}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -536,6 +606,10 @@ def print_table(result: dict[str, Any]) -> None:
             f" {counts['python_calls_per_frame']:9.1f} {counts['torch_ops_per_frame']:9.2f}"
         )
     print(f"ratio engine / bare (host CPU time): {result['ratio']:.2f} (goal <= {result['goal_ratio']})")
+    print(
+        f"first epoch (layouts learnt on the way): engine {result['first_pass']['engine_us_per_frame']:.1f} us/frame; "
+        f"the host seam's DLPack relabelling adds {result['dlpack_import']['seam_extra_us_per_frame']:.2f} us/frame"
+    )
     fill = result["with_fill"]["rows"]
     print(
         "with the fake filling surfaces (FAKE_FILL=1): "

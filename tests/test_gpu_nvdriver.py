@@ -897,6 +897,9 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
         assert result[key] > 0 or key == "torch_ops_per_frame", key
     assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
     assert result["conversion"]["calls"] > 0 and result["profile"]
+    assert result["first_pass"]["engine_us_per_frame"] > 0
+    imports = result["dlpack_import"]
+    assert imports["seam_extra_us_per_frame"] == imports["seam_us"] - imports["gpu_us"]
 
 
 def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
