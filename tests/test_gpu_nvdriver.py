@@ -621,11 +621,14 @@ def test_a_demuxer_landing_past_the_keyframe_steps_back_one_gop(
         frame = dec.get(12)
         assert dec.seeks == 2
     _assert_stamped({12: frame}, 9, path)
-    # Read from the file's bytes, the keyframe's packet is found by its timestamp: one jump.
+    # Read from the file's bytes (once a reading has gone through it), the keyframe's packet is found by its
+    # timestamp: one jump.
     monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", True)
+    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+        _read_all(dec, info.frame_count)
     with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
         frame = dec.get(12)
-        assert dec.seeks == 1
+        assert dec.seeks == 1 and isinstance(dec._source, nvdec_packets.LayoutSource)
     _assert_stamped({12: frame}, 9, path)
 
 
@@ -706,7 +709,7 @@ def test_packets_read_from_the_file_are_pynvvideocodecs_own_demuxers_byte_for_by
         assert ours == theirs, name
 
 
-def test_a_file_is_demuxed_once_per_process_then_read_from_its_bytes(
+def test_a_file_is_read_through_the_demuxer_until_every_gop_was_then_from_its_bytes(
     files: dict[str, Path], tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lightning_vstream.errors import FileChangedError
@@ -721,10 +724,20 @@ def test_a_file_is_demuxed_once_per_process_then_read_from_its_bytes(
     real_open = nvdec._open_input
     monkeypatch.setattr(nvdec, "_open_input", lambda p: opened.append(p) or real_open(p))
     read = []
-    for _ in range(3):
+    # Readings through PyAV's demuxer learn the file's layout GOP by GOP; one that jumps or stops inside a
+    # GOP learns nothing of that GOP.
+    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+        read.append({i: dec.get(i).clone() for i in (0, 1, 2, 15, 16)})
+    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+        read.append({i: dec.get(i).clone() for i in range(10)})  # GOP 0, whole
+    assert not isinstance(nvdec_packets.cached_layout(path)[1], nvdec_packets.FileLayout)
+    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+        read.append({i: dec.get(i).clone() for i in range(10, 20)})  # GOP 1, to the end of the file
+    assert len(opened) == 3 and isinstance(nvdec_packets.cached_layout(path)[1], nvdec_packets.FileLayout)
+    for _ in range(2):  # from the file's bytes now: no demuxer
         with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
             read.append({i: dec.get(i).clone() for i in (0, 1, 2, 15, 16)})
-    assert len(opened) == 1  # demuxed at the first opening only
+    assert len(opened) == 3
     for frames in read:
         _assert_stamped(frames, 14, path)
     # Another file under the indexed name is caught at its next opening, not read with the old layout.

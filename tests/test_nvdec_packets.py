@@ -152,3 +152,33 @@ def test_layouts_are_kept_for_a_file_only_while_it_is_unchanged(tmp_path: Path, 
     assert cached_layout(path) == (False, None)
     keep_layout(path, None)  # a file read through the demuxer is remembered as such
     assert cached_layout(path) == (True, None)
+
+
+def test_a_layout_is_learnt_gop_by_gop_across_readings_and_equals_one_full_pass(files: dict[str, Path]) -> None:
+    path = files["hevc"]  # two GOPs of 10 frames
+    info = probe_video(path)
+    whole = _layout(path)
+    found: list[Any] = []
+    partial = PacketSource(path, info).partial_layout()
+
+    def reading(first_key: int | None, packets: int) -> None:
+        """One reading through the demuxer: from the start or a keyframe, ``packets`` packets, then closed."""
+        source = PacketSource(path, info)
+        source.record_layout(nvdec_packets.LayoutRecorder(path, info, partial, found.append))
+        if first_key is not None:
+            source.seek_key(first_key)
+        data = SimpleNamespace()
+        for _ in range(packets):
+            assert source.fill(data)
+        source.close()
+
+    reading(None, 4)  # stops inside GOP 0: nothing learnt
+    reading(1, 9)  # jumps to GOP 1, stops one packet short of its end: nothing learnt
+    assert partial.packets == 0 and not found
+    reading(None, 10)  # GOP 0 whole, stopped before GOP 1's keyframe showed where it ends
+    assert partial.packets == 10 and not found
+    reading(1, 10)  # GOP 1 whole: every packet is known
+    assert len(found) == 1 and isinstance(found[0], nvdec_packets.FileLayout)
+    learnt = found[0]
+    for name in ("pos", "size", "pts", "kind", "chunks", "spans", "mode", "prefix", "config_crc32"):
+        assert getattr(learnt, name) == getattr(whole, name), name

@@ -342,25 +342,27 @@ class NvDecoder(DecoderBase):
     def _packet_source(self, info: VideoInfo, where: str) -> PacketSource | LayoutSource:
         """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
 
-        A file's layout is worked out at its first opening in the process (one pass of PyAV's demuxer, see
-        :func:`~lightning_vstream.decode.nvdec_packets.learn_layout`) and kept; files whose packets cannot be
-        read from their bytes exactly as the demuxer gives them are read through the demuxer.
+        A file's layout is worked out while PyAV demuxes it, chunk by chunk as readings of the file go through
+        them (:class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), and kept for the process;
+        files whose packets cannot be read from their bytes exactly as the demuxer gives them stay with it.
         """
         if not nvdec_packets.READ_FROM_LAYOUT:
             return PacketSource(self.path, info, where)
-        known, layout = nvdec_packets.cached_layout(self.path)
+        path = self.path
+        known, layout = nvdec_packets.cached_layout(path)
+        if isinstance(layout, nvdec_packets.FileLayout):
+            return LayoutSource(path, info, where, layout)
+        source = PacketSource(path, info, where)
+        if known and layout is None:
+            return source  # its packets cannot be read from its bytes
+        partial = layout if layout is not None else source.partial_layout()
         if not known:
-            source = PacketSource(self.path, info, where)
-            try:
-                layout = source.learn_layout(self.path)
-            except Exception:  # a damaged file: the demuxer meets it again at its frame, and says so there
-                layout = None
-            finally:
-                source.close()
-            nvdec_packets.keep_layout(self.path, layout)
-        if layout is None:
-            return PacketSource(self.path, info, where)
-        return LayoutSource(self.path, info, where, layout)
+            nvdec_packets.keep_layout(path, partial)
+        if partial is not None:
+            source.record_layout(
+                nvdec_packets.LayoutRecorder(path, info, partial, lambda found: nvdec_packets.keep_layout(path, found))
+            )
+        return source
 
     def _flush(self) -> None:
         """Send the end of stream so the decoder drops its state; discard the frames it returns."""

@@ -533,6 +533,7 @@ class PacketSource:
         self._bsf = self._make_filter()
         self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
         self._held: Any = None  # the packet fill() last pointed at
+        self._recorder: Any = None  # a LayoutRecorder, while one learns where the packets lie
 
     def _make_filter(self) -> Any:
         if self._filter_name is None:
@@ -547,6 +548,8 @@ class PacketSource:
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
         self._iter = None
+        if self._recorder is not None:  # the chunk it was recording is cut short
+            self._recorder.jump()
 
     def seek_key(self, key_ordinal: int) -> None:
         """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
@@ -576,22 +579,37 @@ class PacketSource:
         self._held = packet
         return True
 
+    def partial_layout(self) -> Any:
+        """An empty :class:`~lightning_vstream.decode.nvdec_packets.PartialLayout` of this stream, or None when
+        its packets' Annex-B conversion is not one read from the file's bytes (see
+        :func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`)."""
+        from lightning_vstream.decode.nvdec_packets import PartialLayout, annexb_mode
+
+        extradata = bytes(self._stream.codec_context.extradata or b"")
+        conversion = annexb_mode(self.format.codec, extradata) if self._filter_name is not None else ("none", b"")
+        if conversion is None:
+            return None
+        return PartialLayout(conversion[0], conversion[1], self.format, zlib.crc32(extradata))
+
+    def record_layout(self, recorder: Any) -> None:
+        """Hand every packet read from now on to ``recorder`` (a
+        :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), before and after the Annex-B filter."""
+        self._recorder = recorder
+        self._iter = None
+
     def learn_layout(self, path: Path) -> Any:
-        """Demux the whole stream once and work out where its packets lie in the file (see
-        :func:`~lightning_vstream.decode.nvdec_packets.learn_layout`); None when they cannot be read from there.
+        """Read the rest of the stream to work out where its packets lie in ``path``: its
+        :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, or None. Call it on a new source."""
+        from lightning_vstream.decode.nvdec_packets import LayoutRecorder
 
-        The demuxer is left at the end of the stream: open a new source to read packets.
-        """
-        from lightning_vstream.decode.nvdec_packets import learn_layout
-
-        return learn_layout(
-            path,
-            self._container,
-            self._stream,
-            codec=self.format.codec,
-            filter_name=self._filter_name,
-            stream_format=self.format,
-        )
+        partial = self.partial_layout()
+        if partial is None:
+            return None
+        found: list[Any] = [None]
+        self.record_layout(LayoutRecorder(path, self.info, partial, lambda layout: found.__setitem__(0, layout)))
+        for _ in self.packets():
+            pass
+        return found[0]
 
     def packets(self) -> Iterator[Any]:
         """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
@@ -603,6 +621,7 @@ class PacketSource:
         lookup = self.info.pts_index.get
         crc32 = zlib.crc32
         bsf = self._bsf
+        recorder = self._recorder  # a LayoutRecorder learning where the packets lie, if any
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
@@ -614,13 +633,22 @@ class PacketSource:
                         f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {CHECKSUM_FIX}"
                     )
+            raw = recorder.packet(packet) if recorder is not None else None
             if bsf is None:
                 yield packet
             else:
-                yield from bsf.filter(packet)
+                out = bsf.filter(packet)
+                if raw is not None:
+                    recorder.filtered(raw, out)
+                yield from out
+        if recorder is not None:
+            recorder.end_of_stream()
 
     def close(self) -> None:
         self._held = self._iter = None
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
         self._container.close()
 
 

@@ -8,10 +8,11 @@ H.264 and H.265 in MP4, the conversion to Annex-B that FFmpeg's ``h264_mp4toanne
 ``hevc_mp4toannexb`` filters make, done in place when it leaves the packet's size as it is (a
 4-byte length replaced by a 4-byte start code).
 
-- :func:`learn_layout` finds a file's :class:`FileLayout` by demuxing it once with PyAV. The layout
-  is kept only if every packet is found whole at its byte position, and only if the conversion of
-  every packet here gives byte for byte what FFmpeg's filter gives; any other file is read through
-  PyAV as before (:class:`~lightning_vstream.decode.nvdec.PacketSource`).
+- :class:`LayoutRecorder` works out a file's :class:`FileLayout` while PyAV demuxes it for the
+  first reading of the file in the process. The layout is kept only if every packet is found whole
+  at its byte position, and only if the conversion of every packet here gives byte for byte what
+  FFmpeg's filter gives; any other file is read through PyAV as before
+  (:class:`~lightning_vstream.decode.nvdec.PacketSource`).
 - :func:`cached_layout` / :func:`keep_layout`: layouts are kept per process, keyed by the file's
   path, size, modification time and inode, so a file is demuxed by PyAV once per process and read
   from its bytes in every later epoch.
@@ -26,7 +27,6 @@ import bisect
 import collections
 import ctypes
 import dataclasses
-import itertools
 import os
 import threading
 import zlib
@@ -44,19 +44,21 @@ __all__ = [
     "READ_FROM_LAYOUT",
     "REWRITTEN",
     "FileLayout",
+    "LayoutRecorder",
     "LayoutSource",
+    "PartialLayout",
     "annexb_mode",
     "cached_layout",
     "forget_layouts",
     "keep_layout",
-    "learn_layout",
     "to_annexb",
 ]
 
 START4 = b"\x00\x00\x00\x01"
 START3 = b"\x00\x00\x01"
-#: Layouts kept per process (least recently used dropped first); about 25 bytes per packet each.
-LAYOUTS_KEPT = 4096
+#: Files whose layout is kept per process (least recently used dropped first); about 25 bytes per packet each,
+#: about 6 KB for a file of 240 frames.
+LAYOUTS_KEPT = 16384
 #: Read packets from their file once their layout is known (False: always through PyAV's demuxer).
 READ_FROM_LAYOUT = True
 CHECKSUM_FIX = "(the file changed or is corrupt): restore it, or rebuild the index with `vstream index`."
@@ -234,73 +236,204 @@ class FileLayout:
         return order.get(pts)
 
 
-def learn_layout(
-    path: Path, container: Any, stream: Any, *, codec: str, filter_name: str | None, stream_format: Any
-) -> FileLayout | None:
-    """Demux a whole video stream once and work out its :class:`FileLayout`; None when it cannot be used.
+class PartialLayout:
+    """What is known so far of where a file's packets lie: the chunks (a keyframe's packet and those up to the
+    next keyframe) that readings through PyAV have gone through, until every packet is known.
 
-    ``container`` is positioned at the start and is left at the end. A layout is returned only when
-    every packet has a timestamp and a byte position, the file's bytes there are the packet, and
-    :func:`to_annexb` gives, for every packet, exactly what FFmpeg's ``filter_name`` filter gives
-    (the filter NVDEC's packets otherwise go through).
-
-    Raises:
-        av.FFmpegError: Demuxing failed (the caller reads the file as before, and meets it there).
+    Args:
+        mode: Annex-B conversion (see :func:`annexb_mode`).
+        prefix: The parameter sets put before keyframes' pictures.
+        stream_format: The stream's format.
+        config_crc32: CRC-32 of the stream's codec configuration.
     """
-    from av.bitstream import BitStreamFilterContext
 
-    extradata = bytes(stream.codec_context.extradata or b"")
-    conversion = annexb_mode(codec, extradata) if filter_name is not None else ("none", b"")
-    if conversion is None:
-        return None
-    mode, prefix = conversion
-    annexb = BitStreamFilterContext(filter_name, stream) if filter_name is not None else None
-    pos, size, pts = array("q"), array("q"), array("q")
-    kind = bytearray()
-    crcs = []
-    chunks = [0]
-    for packet in container.demux(stream):
-        if packet.size == 0:
-            continue  # demuxer flush packet
+    def __init__(self, mode: str, prefix: bytes, stream_format: Any, config_crc32: int) -> None:
+        self.mode, self.prefix = mode, prefix
+        self.stream_format = stream_format
+        self.config_crc32 = config_crc32
+        #: keyframe timestamp -> the chunk's packets: (positions, sizes, timestamps, kinds) in decode order
+        self.chunks: dict[int, tuple[list[int], list[int], list[int], bytes]] = {}
+        self._lock = threading.Lock()
+
+    def knows(self, keyframe_pts: int) -> bool:
+        """Whether the chunk that starts at the keyframe with this timestamp is known."""
+        return keyframe_pts in self.chunks
+
+    @property
+    def packets(self) -> int:
+        """Packets of the chunks known so far."""
+        return sum(len(chunk[0]) for chunk in self.chunks.values())
+
+    def add(self, pos: list[int], size: list[int], pts: list[int], kind: bytes, info: VideoInfo) -> FileLayout | None:
+        """Add a chunk; the whole :class:`FileLayout` once every frame of ``info`` has its packet, else None."""
+        with self._lock:
+            self.chunks.setdefault(pts[0], (pos, size, pts, kind))
+            if self.packets != info.frame_count:
+                return None
+            ordered = [self.chunks[key] for key in sorted(self.chunks)]  # keyframes' order is their decode order
+        every = array("q", (p for chunk in ordered for p in chunk[2]))
+        if set(every) != set(info.pts):
+            return None
+        starts: list[int] = []
+        spans: list[tuple[int, int]] = []
+        count = 0
+        for chunk in ordered:
+            starts.append(count)
+            count += len(chunk[0])
+            spans.append((min(chunk[0]), max(p + n for p, n in zip(chunk[0], chunk[1]))))
+        return FileLayout(
+            array("q", (p for chunk in ordered for p in chunk[0])),
+            array("q", (n for chunk in ordered for n in chunk[1])),
+            every,
+            b"".join(chunk[3] for chunk in ordered),
+            tuple(starts),
+            tuple(spans),
+            self.mode,
+            self.prefix,
+            self.stream_format,
+            self.config_crc32,
+        )
+
+
+class LayoutRecorder:
+    """Works out where a file's packets lie from the packets PyAV demuxes, as a reading goes through them.
+
+    :class:`~lightning_vstream.decode.nvdec.PacketSource` hands it each packet, before and after
+    FFmpeg's Annex-B filter. It records whole chunks (a keyframe's packet and those up to the next
+    keyframe, or the end of the stream) that ``layout`` does not know yet, into ``layout``: a copy
+    of each packet and a comparison, no pass over the file of its own, and nothing for chunks known
+    already. A chunk holds only if every packet has a timestamp and a byte position, the file's
+    bytes there are the packet, and :func:`to_annexb` gives what the filter gave, byte for byte;
+    otherwise the file keeps the demuxer. A jump drops the chunk under way.
+
+    Args:
+        path: The video file.
+        info: Its frame table.
+        layout: What is known of its layout.
+        done: Called with the :class:`FileLayout` once every packet is known, or with None when the
+            file's packets cannot be read from its bytes.
+    """
+
+    def __init__(self, path: Path, info: VideoInfo, layout: PartialLayout, done: Any) -> None:
+        self.path = path
+        self.info = info
+        self.layout = layout
+        self.done = done
+        self.failed = False
+        self._chunk: tuple[list[int], list[int], list[int], bytearray] | None = None
+        self._held: list[bytes] = []  # the packets of the chunk under way
+        self._at_start = True  # the next packet is the stream's first
+        self._file: Any = None
+
+    def packet(self, packet: Any) -> bytes | None:
+        """Record the next packet, before the filter; its bytes, or None when it is not recorded."""
+        if self.failed:
+            return None
+        if packet.is_keyframe or self._at_start:
+            self._at_start = False
+            self._end_chunk()
+            if packet.pts is not None and not self.layout.knows(packet.pts):
+                self._chunk = ([], [], [], bytearray())
+                self._held = []
+        chunk = self._chunk
+        if chunk is None:
+            return None
         if packet.pts is None or packet.pos is None or packet.pos < 0:
+            self._fail()
             return None
         raw = bytes(packet)
-        if packet.is_keyframe and len(pos) > 0:
-            chunks.append(len(pos))
-        pos.append(packet.pos)
-        size.append(packet.size)
-        pts.append(packet.pts)
-        crcs.append(zlib.crc32(raw))
-        kind.append(_kind(raw, mode))
-        if annexb is not None:
-            filtered = b"".join(bytes(p) for p in annexb.filter(packet))
+        self._held.append(raw)
+        chunk[0].append(packet.pos)
+        chunk[1].append(packet.size)
+        chunk[2].append(packet.pts)
+        chunk[3].append(_kind(raw, self.layout.mode))
+        return raw
+
+    def filtered(self, raw: bytes, outputs: Any) -> None:
+        """What the filter made of ``raw`` (a recorded packet): it must be what :func:`to_annexb` makes of it."""
+        chunk = self._chunk
+        if chunk is None or self.failed:
+            return
+        how = chunk[3][-1]
+        if how == IN_PLACE:
+            converted = START4 + raw[4:]
+        elif how == AS_IS:
+            converted = raw
+        else:
             try:
-                converted = to_annexb(raw, mode, prefix) if mode != "none" else raw
+                converted = bytes(to_annexb(raw, self.layout.mode, self.layout.prefix))
             except ValueError:
-                return None
-            if converted != filtered:
-                return None
-    if not pos:
-        return None
-    spans = []
-    bounds = [*chunks, len(pos)]
-    for first, stop in itertools.pairwise(bounds):
-        spans.append((min(pos[first:stop]), max(p + n for p, n in zip(pos[first:stop], size[first:stop]))))
-    # The file's bytes at each position must be the packet (not so where a container cuts packets up).
-    try:
-        with open(path, "rb") as f:
-            for (first, stop), (start, end) in zip(itertools.pairwise(bounds), spans):
-                f.seek(start)
-                block = memoryview(f.read(end - start))
-                for i in range(first, stop):
-                    at = pos[i] - start
-                    if zlib.crc32(block[at : at + size[i]]) != crcs[i]:
-                        return None
-    except OSError:
-        return None
-    return FileLayout(
-        pos, size, pts, bytes(kind), tuple(chunks), tuple(spans), mode, prefix, stream_format, zlib.crc32(extradata)
-    )
+                self._fail()
+                return
+        made = bytes(outputs[0]) if len(outputs) == 1 else b"".join(bytes(p) for p in outputs)
+        if converted != made:
+            self._fail()
+
+    def end_of_stream(self) -> None:
+        """The stream ended: its last chunk is whole."""
+        if not self.failed:
+            self._end_chunk()
+        self.close()
+
+    def jump(self) -> None:
+        """The reader jumped: the chunk under way is dropped; recording goes on at the next keyframe."""
+        self._chunk = None
+        self._held = []
+        self._at_start = False
+
+    def _whole_gop(self, pts: list[int]) -> bool:
+        info = self.info
+        first = info.pts_index.get(pts[0])
+        if first is None:
+            return False
+        ordinal = bisect.bisect_right(info.key_indices, first) - 1
+        if info.key_indices[ordinal] != first:
+            return False
+        stop = info.key_indices[ordinal + 1] if ordinal + 1 < len(info.key_indices) else info.frame_count
+        return len(pts) == stop - first and set(pts) == set(info.pts[first:stop])
+
+    def _end_chunk(self) -> None:
+        chunk, self._chunk = self._chunk, None
+        if chunk is None or not chunk[0]:
+            return
+        pos, size = chunk[0], chunk[1]
+        try:
+            if self._file is None:
+                self._file = open(self.path, "rb")  # noqa: SIM115 - kept open across chunks, closed in close()
+            start, end = min(pos), max(p + n for p, n in zip(pos, size))
+            self._file.seek(start)
+            block = self._file.read(end - start)
+        except OSError:
+            self._fail()
+            return
+        for at, n, packet in zip(pos, size, self._held):
+            if block[at - start : at - start + n] != packet:  # not so where a container cuts packets up (MPEG-TS)
+                self._fail()
+                return
+        self._held = []
+        whole = self.layout.add(pos, size, chunk[2], bytes(chunk[3]), self.info)
+        if whole is not None:
+            self.done(whole)
+
+    def _fail(self) -> None:
+        if not self.failed:
+            self.failed = True
+            self.done(None)
+        self._chunk = None
+        self.close()
+
+    def close(self) -> None:
+        """The reading is over. The chunk under way counts if it holds exactly the frames from its keyframe to
+        the next keyframe of the frame table (a reading stops once it has its frames, before the next
+        keyframe's packet shows the chunk's end); otherwise it is dropped."""
+        chunk = self._chunk
+        if chunk is not None and not self.failed and self._whole_gop(chunk[2]):
+            self._end_chunk()
+        self._chunk = None
+        self._held = []
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _kind(packet: bytes, mode: str) -> int:
@@ -315,7 +448,7 @@ def _kind(packet: bytes, mode: str) -> int:
     return REWRITTEN if header & 0x1F in (5, 7, 8) else IN_PLACE  # IDR slice or parameter sets
 
 
-_layouts: collections.OrderedDict[tuple[Any, ...], FileLayout | None] = collections.OrderedDict()
+_layouts: collections.OrderedDict[tuple[Any, ...], FileLayout | PartialLayout | None] = collections.OrderedDict()
 _layouts_lock = threading.Lock()
 
 
@@ -327,9 +460,10 @@ def _layout_key(path: Path) -> tuple[Any, ...] | None:
     return (str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
-def cached_layout(path: Path) -> tuple[bool, FileLayout | None]:
-    """``(known, layout)``: whether a layout was worked out for ``path`` as it is now (same size,
-    modification time and inode), and that layout (None: its packets are read through PyAV)."""
+def cached_layout(path: Path) -> tuple[bool, FileLayout | PartialLayout | None]:
+    """``(known, layout)`` for ``path`` as it is now (same size, modification time and inode): whether anything
+    was kept for it, and what: its :class:`FileLayout`, what is known so far (:class:`PartialLayout`), or None
+    for a file whose packets are read through PyAV."""
     key = _layout_key(path)
     if key is None:
         return False, None
@@ -340,9 +474,8 @@ def cached_layout(path: Path) -> tuple[bool, FileLayout | None]:
         return True, _layouts[key]
 
 
-def keep_layout(path: Path, layout: FileLayout | None) -> None:
-    """Keep ``layout`` for ``path``, None for a file read through PyAV (see :func:`cached_layout`); at most
-    :data:`LAYOUTS_KEPT` are kept."""
+def keep_layout(path: Path, layout: FileLayout | PartialLayout | None) -> None:
+    """Keep ``layout`` for ``path`` (see :func:`cached_layout`); at most :data:`LAYOUTS_KEPT` files are kept."""
     key = _layout_key(path)
     if key is None:
         return
@@ -371,7 +504,7 @@ class LayoutSource:
         path: Video file.
         info: Its frame table.
         where: File, clip and camera for error messages.
-        layout: Where its packets lie (from :func:`learn_layout`).
+        layout: Where its packets lie (from :class:`LayoutRecorder`).
 
     Raises:
         MissingFileError: The file does not exist.
