@@ -535,8 +535,11 @@ class LayoutSource:
         self._next = 0  # decode-order index of the next packet
         self._stop = 0  # end of the chunk in memory (0: none)
         self._base = 0  # file offset of the chunk's first byte
-        self._view: memoryview | None = None
-        self._address = 0
+        self._view: memoryview | None = None  # the chunk in memory
+        self._address = 0  # its address
+        self._block: bytearray | None = None  # the buffer chunks are read into
+        self._whole: memoryview | None = None
+        self._origin = 0
         self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
 
     def seek_key(self, key_ordinal: int) -> None:
@@ -602,24 +605,35 @@ class LayoutSource:
         return ctypes.addressof(buffer), len(packet)
 
     def _load(self, i: int) -> None:
-        """Read the chunk that starts at packet ``i`` (0 or a keyframe) into memory."""
+        """Read the chunk that holds packet ``i`` (one starts at 0 and at every keyframe) into memory.
+
+        One buffer serves every chunk of the file (grown when a chunk is larger): NVDEC's parser has
+        copied the last packet of a chunk before the next chunk is read, and a buffer written again
+        costs no page faults.
+        """
         chunks = self.layout.chunks
         ordinal = bisect.bisect_right(chunks, i) - 1
         start, end = self.layout.spans[ordinal]
         stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
-        block = bytearray(end - start)
+        size = end - start
+        whole = self._whole
+        if whole is None or len(whole) < size:
+            self._view = None  # released before the buffer it views is replaced
+            self._block = bytearray(size)
+            whole = self._whole = memoryview(self._block)
+            self._origin = ctypes.addressof((ctypes.c_char * size).from_buffer(self._block))
+        view = whole[:size]
         try:
-            got = os.preadv(self._fd, [block], start)
+            got = os.preadv(self._fd, [view], start)
         except OSError as err:
             raise VideoDecodeError(f"{self.where}: reading the file failed ({err.strerror or err}).") from err
-        if got != len(block):
+        if got != size:
             raise VideoDecodeError(
                 f"{self.where}: the file ends at byte {start + got}, before its packets do (truncated file?) "
                 f"{CHECKSUM_FIX}"
             )
-        self._view = memoryview(block)
-        self._address = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))
-        self._block = block
+        self._view = view
+        self._address = self._origin
         self._base = start
         self._stop = stop
 
@@ -628,5 +642,6 @@ class LayoutSource:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self._view = None
+        self._view = self._whole = None
+        self._block = None
         self._held = None
