@@ -169,18 +169,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "status": 0,
             "bytes": 0,
         }
+        # Logged on arrival and completed in place before the answer goes out: a client may read the
+        # log as soon as it has its answer, and a request still in flight when the log is reset
+        # (a stalled one) never shows up in the next test's log.
+        state.record(entry)
         if state.latency_ms:
             time.sleep(state.latency_ms / 1000)
         if fault in _CODES:
             status, code = _CODES[fault]
             payload = _ERROR_BODY.format(code=code).encode()
+            entry.update(status=status)
             self.send_response(status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
-            entry.update(status=status)
-            state.record(entry)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
         if body or method in ("PUT", "POST"):
@@ -200,6 +203,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             flipped = bytearray(data)
             flipped[len(flipped) // 2] ^= 0xFF
             data = bytes(flipped)
+        sent = data if method != "HEAD" else b""
+        if fault == "truncate" and len(sent) > 1:
+            sent = sent[: len(sent) // 2]
+            self.close_connection = True
+        entry.update(status=status, bytes=len(sent))
         self.send_response(status)
         for key, value in reply_headers:
             if key.lower() != "content-length":
@@ -211,17 +219,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         )
         self.send_header("Content-Length", str(announced))
         self.end_headers()
-        sent = data if method != "HEAD" else b""
-        if fault == "truncate" and len(sent) > 1:
-            sent = sent[: len(sent) // 2]
-            self.close_connection = True
         try:
             self.wfile.write(sent)
             self.wfile.flush()
         except OSError:
             self.close_connection = True
-        entry.update(status=status, bytes=len(sent))
-        state.record(entry)
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
