@@ -296,7 +296,7 @@ def test_lookup_of_unknown_keys(data: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda b: b"NOTATABL" + b[8:], "is not a version-1 lightning_vstream frame-table file"),
+        (lambda b: b"NOTATABL" + b[8:], "is not a version-2 lightning_vstream frame-table file"),
         (lambda b: b[: len(b) // 2], "is truncated or damaged"),
         (lambda b: b[:16] + b"\xff" * 8 + b[24:], "has a damaged header"),
     ],
