@@ -7,7 +7,7 @@ import itertools
 import os
 import weakref
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import av
     import torch
 
-__all__ = ["PyAVDecoder", "probe_video", "probe_video_bytes"]
+__all__ = ["PyAVDecoder", "probe_video", "probe_video_bytes", "probe_video_file"]
 
 # FFmpeg's decoding threads do not survive fork(). A forked child that frees an inherited
 # decoder (even garbage the parent had not collected yet) joins threads that no longer exist
@@ -71,9 +71,14 @@ if hasattr(os, "register_at_fork"):
     )
 
 
-def _open_container(path: Path) -> av.container.InputContainer:
+def _open_container(path: Path, source: Callable[[], Any] | None = None) -> av.container.InputContainer:
     import av
 
+    if source is not None:  # a remote file read through its container (no packet layout)
+        try:
+            return av.open(source(), mode="r", metadata_errors="replace")
+        except av.FFmpegError as err:
+            raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
     if not path.is_file():
         raise MissingFileError(f"video file {str(path)!r} does not exist.")
     try:
@@ -155,6 +160,27 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
         with open(path, "rb") as f:
             fd = f.fileno()
             return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))
+    finally:
+        container.close()
+
+
+def probe_video_file(source: Callable[[], Any], *, name: str, stream: int | None = None) -> VideoInfo:
+    """:func:`probe_video` of a file object ``source()`` opens (a remote object read through its container).
+
+    Example::
+
+        >>> info = probe_video_file(lambda: open("clip/CAM_FRONT.mp4", "rb"), name="CAM_FRONT.mp4")  # doctest: +SKIP
+    """
+    choice = _check_stream(stream)
+    container = _open_container(Path(name), source)
+    reader = source()
+
+    def read(start: int, end: int) -> bytes:
+        reader.seek(start)
+        return bytes(reader.read(end - start))
+
+    try:
+        return _probe(container, name, choice, read)
     finally:
         container.close()
 
@@ -354,6 +380,9 @@ class PyAVDecoder(DecoderBase):
         size: Output ``(height, width)``; None keeps the stream's size.
         interpolation: Resampling filter when ``size`` differs from the stream's size
             (``"bilinear"``, ``"area"``, ``"bicubic"`` or ``"nearest"``).
+        source: Opens a file object to demux instead of ``path`` (a remote file without packet
+            layout, read through its container: :class:`~lightning_vstream.decode.remote.RangeFile`);
+            ``path`` is then only its name (a URL, kept a string).
 
     Example::
 
@@ -374,12 +403,14 @@ class PyAVDecoder(DecoderBase):
         stream: int | None = None,
         size: tuple[int, int] | None = None,
         interpolation: Interpolation = "bilinear",
+        source: Callable[[], Any] | None = None,
     ) -> None:
         if layout not in ("chw", "hwc"):
             raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         if threads < 0:
             raise ConfigurationError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.path = Path(path)
+        self.path = Path(path) if source is None else path  # type: ignore[assignment]  # a URL stays a string
+        self._source = source
         self.layout = layout
         self.stream = _check_stream(stream)
         self._rgb = RGBConverter(layout=layout, size=size, interpolation=interpolation)
@@ -400,7 +431,10 @@ class PyAVDecoder(DecoderBase):
     @property
     def info(self) -> VideoInfo:
         if self._info is None:
-            self._info = probe_video(self.path, stream=self.stream)
+            if self._source is not None:
+                self._info = probe_video_file(self._source, name=str(self.path), stream=self.stream)
+            else:
+                self._info = probe_video(self.path, stream=self.stream)
         return self._info
 
     @property
@@ -426,12 +460,13 @@ class PyAVDecoder(DecoderBase):
 
     def _open(self) -> None:
         info = self.info
-        if info.identity is not None:
+        if info.identity is not None and self._source is None:
             # Size, mtime and fingerprint as the index recorded them; a file that differs is
-            # re-verified packet by packet (FileChangedError if its content changed).
+            # re-verified packet by packet (FileChangedError if its content changed). A remote
+            # file's size and ETag are checked by every read instead.
             self._info = info = verify_identity(self.path, info, self._where())
-        container = _open_container(self.path)
-        stream = _video_stream(container, self.path, self.stream)
+        container = _open_container(Path(self.path), self._source)
+        stream = _video_stream(container, Path(self.path), self.stream)
         if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:
             container.close()
             raise VideoDecodeError(
