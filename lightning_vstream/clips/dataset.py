@@ -35,9 +35,12 @@ from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from lightning_vstream.storage.urls import basename, is_url
 
 if TYPE_CHECKING:
     import torch
+
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
 
@@ -45,6 +48,11 @@ __all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_c
 DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
+
+
+def _location(path: Path | str) -> Path | str:
+    """A file's key: its ``Path``, or its URL, which stays a string."""
+    return path if isinstance(path, str) and is_url(path) else Path(path)
 
 
 class DecoderCache:
@@ -58,6 +66,7 @@ class DecoderCache:
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
         size: Output ``(height, width)`` of CPU video decoders, resized while converting to RGB;
             None keeps each file's size. Image folders keep their size.
+        storage: How to reach files given as URLs (a remote index's :attr:`VideoIndex.storage`).
 
     Example::
 
@@ -73,6 +82,7 @@ class DecoderCache:
         decoder_threads: int = 0,
         device: str = "cpu",
         size: tuple[int, int] | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ConfigurationError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
@@ -81,8 +91,9 @@ class DecoderCache:
         self.decoder_threads = decoder_threads
         self.device = device
         self.size = check_size(size)
-        self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
-        self._extra: dict[Path, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
+        self.storage = storage
+        self._open: OrderedDict[Path | str, FrameDecoder] = OrderedDict()
+        self._extra: dict[Path | str, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
         self._closed_decoded = 0
         self.opened = 0
 
@@ -90,7 +101,7 @@ class DecoderCache:
         """The decoder for ``path``, reused if open, else created (lazily opened) and cached."""
         from lightning_vstream.decode import make_decoder
 
-        path = Path(path)
+        path = _location(path)
         decoder = self._open.get(path)
         if decoder is not None:
             self._open.move_to_end(path)
@@ -103,6 +114,7 @@ class DecoderCache:
             label=label,
             device=self.device,
             size=self.size,
+            storage=self.storage,
         )
         self._open[path] = decoder
         self.opened += 1
@@ -123,7 +135,7 @@ class DecoderCache:
         from lightning_vstream.decode import make_decoder
 
         first = self.get(path, info=info, label=label)
-        path = Path(path)
+        path = _location(path)
         extra = self._extra.setdefault(path, [])
         while len(extra) < count - 1:
             extra.append(
@@ -134,6 +146,7 @@ class DecoderCache:
                     threads=self.decoder_threads,
                     label=label,
                     size=self.size,
+                    storage=self.storage,
                 )
             )
             self.opened += 1
@@ -153,14 +166,14 @@ class DecoderCache:
         return len(self._open)
 
     def __contains__(self, path: object) -> bool:
-        return Path(path) in self._open if isinstance(path, (str, Path)) else False
+        return _location(path) in self._open if isinstance(path, (str, Path)) else False
 
     def drop(self, path: Path | str) -> None:
         """Close the decoder of ``path`` (after a failure: the next request reopens the file)."""
-        decoder = self._open.pop(Path(path), None)
+        decoder = self._open.pop(_location(path), None)
         if decoder is not None:
             self._retire(decoder)
-        for extra in self._extra.pop(Path(path), []):
+        for extra in self._extra.pop(_location(path), []):
             self._retire(extra)
 
     def close(self) -> None:
@@ -200,7 +213,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
     Args:
-        index: The video index, or the path of an index file (loaded here; no video is opened).
+        index: The video index, or the path or URL of an index file (loaded here, with
+            ``storage_options``, ``cache_dir`` and ``cache_limit``; no video is opened).
         requests: The samples of the dataset, in order.
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
@@ -242,6 +256,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             it, which decodes without its GOP's other frames (much faster for random access on
             long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
             frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
+        storage_options: How to reach an index given as a URL (see ``docs/remote.md``).
+        cache_dir: Node-local cache of a remote index's tables and GOPs.
+        cache_limit: Bytes the GOP cache may hold (``"20GB"``).
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -278,6 +295,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         epoch: int = 0,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -316,7 +336,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
             raise ConfigurationError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.index = index if isinstance(index, VideoIndex) else load_index(index)
+        self.index = (
+            index
+            if isinstance(index, VideoIndex)
+            else load_index(index, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        )
+        if decode_device != "cpu" and self.index.storage is not None:
+            raise ConfigurationError(
+                f"index {self.index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
+                "yet; use decode_device='cpu'."
+            )
         self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
@@ -344,7 +373,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"cameras={list(self.cameras)!r}: {unknown or 'no cameras'} not in the index {self._where()}, "
                 f"whose cameras are {list(self.index.camera_names)}."
             )
-        self._infos: dict[Path, VideoInfo] = {}
+        self._infos: dict[Path | str, VideoInfo] = {}
         self._cache: DecoderCache | None = None
         self.annotations = resolve_annotations(annotations)
         self.augment = augment
@@ -355,10 +384,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
         self.missing_annotations = 0
         self._reader: Any = None
+        self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
-        return repr(self.index.source.name)
+        source = self.index.source
+        return repr(basename(source) if isinstance(source, str) else source.name)
 
     def _clip(self, request: ClipRequest, origin: str) -> Clip:
         clip = self._clips.get(request.clip_id)
@@ -406,13 +437,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 decoder_threads=self.decoder_threads,
                 device=self.decode_device,
                 size=self.size,
+                storage=self.index.storage,
             )
         return self._cache
 
     def _info(self, cam: CameraStream) -> VideoInfo:
         info = self._infos.get(cam.path)
         if info is None:
-            info = self._infos[cam.path] = frame_table(cam)
+            info = self._infos[cam.path] = frame_table(cam, self.index.storage)
         return info
 
     def __len__(self) -> int:
@@ -512,6 +544,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
                     jobs.append(GopJob(decoders, info, indices, targets[c]))
+                self._announce([(job.decoders[0], job.indices) for job in jobs])
                 self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
             if self.on_error == "raise":
@@ -576,7 +609,41 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "valid": False,
         }
 
-    def _skip(self, path: Path, label: str, err: Exception, *, count: bool = True) -> None:
+    def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
+        """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
+        (merged where adjacent).
+
+        The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
+        not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
+        """
+        from lightning_vstream.decode.remote import GopDecoder
+
+        for decoder, indices in reads:
+            if isinstance(decoder, GopDecoder):
+                decoder.fetcher.prefetch(decoder.units_for(indices), due=self._clock + ahead)
+        self._clock += 1 if ahead == 0 else 0
+
+    def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
+        """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
+
+        Nothing is decoded; the bytes wait in this process's bounded prefetch memory (or the node
+        cache) for the decoders. Local files are left alone. Samples that cannot be resolved are skipped
+        here (they raise, or are skipped, when read).
+        """
+        if self.index.storage is None or self.decode_device != "cpu":
+            return
+        for ahead, item in enumerate(items, start=1):
+            try:
+                clip, streams, infos, indices, _, _ = self._resolve(item)
+            except (VideoDecodeError, ConfigurationError, IndexError, OSError):
+                continue
+            reads = [
+                (self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}"), indices)
+                for cam, info in zip(streams, infos)
+            ]
+            self._announce(reads, ahead=ahead)
+
+    def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
         if self._cache is not None and path in self._cache:
             self._cache.drop(path)
@@ -604,7 +671,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 PlannedSample(
                     clip_id=clip.clip_id,
                     camera_names=tuple(cam.name for cam in streams),
-                    paths=tuple(cam.path for cam in streams),
+                    paths=tuple(Path(cam.path) for cam in streams),  # GPU decoding: local files only
                     infos=tuple(infos),
                     labels=tuple(f"clip {clip.clip_id!r}, camera {cam.name!r}" for cam in streams),
                     indices=tuple(indices),

@@ -35,6 +35,7 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
+from lightning_vstream.storage.urls import is_url
 
 __all__ = ["MAX_FRAMES", "Check", "load_index"]
 
@@ -70,6 +71,11 @@ def _read_json(path: Path) -> Any:
         raise IndexValidationError(
             where, [f"index file {where} cannot be read ({err.strerror or err}); check its permissions."]
         ) from None
+    return parse_index_json(raw, where)
+
+
+def parse_index_json(raw: bytes, where: str) -> Any:
+    """The JSON value of an index file's bytes (read from disk or from remote storage); ``where`` names it."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -126,20 +132,35 @@ def load_index(
     *,
     cameras: Sequence[str] | None = None,
     check: Check = "fast",
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    cache_limit: int | str | None = None,
 ) -> VideoIndex:
-    """Parse and validate an index file.
+    """Parse and validate an index file, on a local disk or at a URL.
 
     Camera order is the sorted file stems found in the first clip, or ``cameras`` (which may
     also select a subset). Every problem found is reported in one error.
 
+    A URL (``s3://bucket/ds/index.json``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) is read
+    through remote storage: video paths resolve relative to the index's URL and stay URLs; the frame
+    tables are fetched once per machine into ``cache_dir`` (else the system's temporary folder) and
+    memory-mapped; decoders then read each file GOP by GOP (see ``docs/remote.md``).
+
     Args:
-        path: The index JSON file.
+        path: The index JSON file, or its URL.
         cameras: Cameras to load, in this order; all cameras when None.
         check: ``"fast"`` checks that folders and camera files exist and that every clip has
             the same cameras (no file is opened: each decoder checks its file's identity when it
             opens it); ``"thorough"`` also compares every file's size and modification time with
             the index, re-verifies changed files in full, probes files without frame tables, and
-            checks frame counts, frame sizes and codecs.
+            checks frame counts, frame sizes and codecs. For a URL, ``"thorough"`` compares every
+            file's size and ETag with the frame tables (one HEAD each).
+        storage_options: How to reach a URL (endpoint, credentials, retries...; see
+            :class:`~lightning_vstream.storage.options.StorageConfig`); the provider's standard
+            environment otherwise.
+        cache_dir: Node-local folder caching the frame tables and every GOP read (shared by the
+            ranks and workers of a machine); None: GOPs are only held in memory while needed.
+        cache_limit: Bytes the GOP cache may hold (``"20GB"`` or an int); None: no limit.
 
     Returns:
         The validated :class:`VideoIndex`.
@@ -159,6 +180,12 @@ def load_index(
     """
     if check not in ("fast", "thorough"):
         raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
+    if is_url(path):
+        from lightning_vstream.index.remote import load_remote_index
+        from lightning_vstream.storage.options import StorageConfig
+
+        config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        return load_remote_index(str(path), cameras=cameras, check=check, storage=config)
     return _load(path, cameras, check, with_tables=True)
 
 
@@ -169,8 +196,12 @@ def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
         IndexValidationError: The index does not describe the files on disk (every problem listed).
     """
     index = _load(path, None, "fast", with_tables=False)
-    base = index.source.parent
-    return [(table_key(base, cam.path), clip.clip_id, cam.name, cam.path) for clip in index for cam in clip.cameras]
+    base = Path(index.source).parent
+    return [
+        (table_key(base, Path(cam.path)), clip.clip_id, cam.name, Path(cam.path))
+        for clip in index
+        for cam in clip.cameras
+    ]
 
 
 def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with_tables: bool) -> VideoIndex:
@@ -366,14 +397,14 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
         info = cam.info
         assert info is not None
         try:
-            streams.append(cam.with_info(reverify(cam.path, info, label)))
+            streams.append(cam.with_info(reverify(Path(cam.path), info, label)))
         except FileChangedError as err:
             changed.extend(f"{where}: {p}" for p in err.problems)
             streams.append(cam)
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
 
 
-def _warn_if_unchecked(path: Path, clips: list[Clip], has_tables: bool) -> None:
+def _warn_if_unchecked(path: Path | str, clips: list[Clip], has_tables: bool) -> None:
     """Warn once per index when video files have no frame tables (so no checksums are checked)."""
     if str(path) in _WARNED_NO_TABLES:
         return

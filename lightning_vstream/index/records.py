@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["CameraStream", "Clip", "VideoIndex"]
 
@@ -66,10 +68,12 @@ class CameraStream:
         raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
 
     @property
-    def path(self) -> Path:
-        """The video file or image folder."""
+    def path(self) -> Path | str:
+        """The video file or image folder: a ``Path``, or a URL, which stays a string."""
         path = self._path
         if isinstance(path, str):
+            if is_url(path):
+                return path
             path = Path(path)
             _set_path(self, path)
         return path
@@ -108,8 +112,9 @@ class CameraStream:
 
     @property
     def is_image_folder(self) -> bool:
-        """True when the camera is a folder of image files rather than a video."""
-        return self.path.is_dir()
+        """True when the camera is a folder of image files rather than a video (never for a URL)."""
+        path = self.path
+        return not isinstance(path, str) and path.is_dir()
 
 
 _SLOTS = CameraStream.__dict__
@@ -129,13 +134,15 @@ class Clip:
     """A clip: several cameras recorded together, ``frame_count`` frames each."""
 
     clip_id: str
-    video_dir: Path
+    video_dir: Path | str  # a URL stays a string
     frame_count: int
     cameras: tuple[CameraStream, ...]
 
     @property
-    def folder(self) -> Path:
-        """Folder holding the clip's camera files."""
+    def folder(self) -> Path | str:
+        """Folder holding the clip's camera files (a URL for a remote index)."""
+        if isinstance(self.video_dir, str):
+            return f"{self.video_dir.rstrip('/')}/{self.clip_id}"
         return self.video_dir / self.clip_id
 
     @property
@@ -154,9 +161,11 @@ class VideoIndex:
         (10, ('CAM_BACK', 'CAM_BACK_LEFT'), 40)
     """
 
-    source: Path
+    source: Path | str  # the index file; a URL stays a string
     clips: tuple[Clip, ...]
     camera_names: tuple[str, ...]
+    #: How to reach a remote index's files (options, node cache); None for local indexes.
+    storage: StorageConfig | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.clips)

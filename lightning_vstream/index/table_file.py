@@ -300,6 +300,8 @@ class FrameTables:
 
     Args:
         path: The ``.tables.bin`` file.
+        source: Where the file came from, for messages (the URL of a remote index's tables, of which
+            ``path`` is this machine's copy); ``path`` when None.
 
     Raises:
         IndexValidationError: The file is unreadable, not a table file, of another version, or
@@ -312,9 +314,10 @@ class FrameTables:
         40
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, source: str | None = None) -> None:
         self.path = Path(path)
-        where = repr(str(self.path))
+        self.source = source
+        where = repr(source or str(self.path))
         try:
             with open(self.path, "rb") as f:
                 prefix = f.read(_PREFIX.size)
@@ -367,19 +370,20 @@ class FrameTables:
         self._check_consistent()
 
     def _old(self, version: int) -> IndexValidationError:
-        where = repr(str(self.path))
-        index = self.path.name.removesuffix(".tables.bin") + ".json"
+        where = repr(self.source or str(self.path))
+        name = self.source or str(self.path)
+        index = name[: -len(".tables.bin")] + ".json" if name.endswith(".tables.bin") else name
         return IndexValidationError(
             where,
             [
                 f"frame-table file {where} is version {version}; this version of lightning_vstream reads version "
                 f"{TABLES_VERSION}, which also records every packet's byte range for GOP reads. Rebuild it with "
-                f"`vstream index --tables {self.path.with_name(index)}` (or re-run `vstream index` on the dataset)."
+                f"`vstream index --tables {index}` (or re-run `vstream index` on the dataset)."
             ],
         )
 
     def _bad(self, what: str) -> IndexValidationError:
-        where = repr(str(self.path))
+        where = repr(self.source or str(self.path))
         return IndexValidationError(where, [f"frame-table file {where} {what}; {_FIX}."])
 
     def _check_consistent(self) -> None:
@@ -405,7 +409,7 @@ class FrameTables:
             raise self._bad("has unsorted or repeated keys")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (FrameTables, (str(self.path),))
+        return (_tables, (str(self.path), self.source))
 
     def __len__(self) -> int:
         return self._n
@@ -431,6 +435,21 @@ class FrameTables:
         # Keys longer than the table's width were cut by the array's dtype: never a match.
         found &= np.array([len(k.encode("utf-8")) <= table.dtype.itemsize for k in keys])
         return np.where(found, pos, -1).astype(np.int64)
+
+    def under(self, prefix: str) -> list[tuple[str, int]]:
+        """``(key, row)`` of every key starting with ``prefix`` (one binary search; for folder listings)."""
+        table = self._a["keys"]
+        if not self._n:
+            return []
+        raw = prefix.encode("utf-8")
+        lo = int(np.searchsorted(table, np.array([raw], dtype=table.dtype)[0], side="left"))
+        found = []
+        for row in range(lo, self._n):
+            key = bytes(table[row])
+            if not key.startswith(raw):
+                break
+            found.append((key.decode("utf-8"), row))
+        return found
 
     def row(self, key: str) -> int:
         """Row of one key, or -1."""
@@ -514,3 +533,7 @@ class FrameTables:
             identity=self.identity(row),
             layout=self.layout(row),
         )
+
+
+def _tables(path: str, source: str | None) -> FrameTables:
+    return FrameTables(path, source=source)

@@ -27,6 +27,7 @@ __all__ = [
     "Location",
     "basename",
     "dirname",
+    "index_location",
     "is_remote",
     "is_url",
     "join",
@@ -102,6 +103,13 @@ def parse(url: str) -> Location:
             f"expected {scheme}://<name>/<path>."
         )
     return Location(scheme, container, key, url)
+
+
+def index_location(value: Path | str | None) -> Path | str | None:
+    """An index argument as it is kept: a URL stays a string, anything else becomes a ``Path`` (None stays None)."""
+    if value is None:
+        return None
+    return value if is_url(value) else Path(value)
 
 
 def local_path(location: str | Path) -> Path:

@@ -59,7 +59,7 @@ from lightning_vstream.stream.worker import DecodeStats
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[[Path, "VideoInfo | None", str], FrameDecoder]
+DecoderFactory = Callable[["Path | str", "VideoInfo | None", str], FrameDecoder]
 OnError = Literal["raise", "skip"]
 
 

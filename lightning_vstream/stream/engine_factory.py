@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
@@ -46,6 +47,11 @@ def build_engine_loader(
     target = torch.device(device)
     backend: EngineDevice
     factory: DecoderFactory
+    if target.type == "cuda" and index.storage is not None:
+        raise ConfigurationError(
+            f"index {index.source!r} is remote: decoding remote files on the GPU is not supported yet; use "
+            "decode_device='cpu'."
+        )
     if target.type == "cuda":
         from lightning_vstream.decode.gpu import import_pynvvideocodec
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
@@ -60,7 +66,7 @@ def build_engine_loader(
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice()
-        factory = pyav_factory(threads=decoder_threads)
+        factory = pyav_factory(threads=decoder_threads, storage=index.storage)
     engine = StreamEngine(
         index=index,
         sampler=sampler,

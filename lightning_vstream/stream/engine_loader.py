@@ -12,16 +12,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.gpu import LatencyChoice
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
+from lightning_vstream.storage.urls import is_url
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.loader import STATE_VERSION, checked_resume_state, resume_config
 from lightning_vstream.stream.worker import DecodeStats
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["EngineLoader", "GpuFallback", "nvdec_factory", "pyav_factory"]
 
@@ -29,7 +34,9 @@ log = logging.getLogger("lightning_vstream")
 GpuFallback = Literal["none", "cpu"]
 
 
-def pyav_factory(*, threads: int = 0, device: torch.device | str = "cpu") -> DecoderFactory:
+def pyav_factory(
+    *, threads: int = 0, device: torch.device | str = "cpu", storage: StorageConfig | None = None
+) -> DecoderFactory:
     """Decoders for the CPU (PyAV); frames are copied to ``device`` when it is not the CPU.
 
     Example::
@@ -42,7 +49,9 @@ def pyav_factory(*, threads: int = 0, device: torch.device | str = "cpu") -> Dec
 
     target = torch.device(device)
 
-    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
+    def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
+        if isinstance(path, str) and is_url(path):  # a remote file: GOP reads (storage: the index's)
+            return make_decoder(path, info=info, threads=threads, label=label, storage=storage)
         dec = PyAVDecoder(path, info=info, threads=threads, label=label)
         return dec if target.type == "cpu" else _CopyingDecoder(dec, target)
 
@@ -68,7 +77,7 @@ def nvdec_factory(
 
     target = torch.device("cuda", gpu)
 
-    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
+    def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
         dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency)
         if fallback == "none":
             return dec

@@ -315,6 +315,7 @@ class StreamDataset(Dataset):
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
             device=self.device,
             size=self._decode_size,
+            storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
         self._decoders[read.position] = (read.clip, dec)
         self._closed.files_opened += 1
