@@ -98,7 +98,7 @@ def group_units(units: Sequence[Unit], *, gap: int = MERGE_GAP, limit: int = MER
 class _Entry:
     """A unit in memory: its bytes (or the future of them), when the plan needs it, and who holds it."""
 
-    __slots__ = ("counted", "due", "future", "next_use", "pins", "prefetched", "started")
+    __slots__ = ("counted", "due", "future", "group", "next_use", "pins", "prefetched", "started")
 
     def __init__(self, due: float, next_use: float | None, prefetched: bool) -> None:
         self.future: Future[memoryview] = Future()
@@ -108,6 +108,7 @@ class _Entry:
         self.prefetched = prefetched
         self.started = False  # fetched by whoever takes it first: an I/O thread or a decoder
         self.counted = False  # its bytes count against the budget (from the moment it is fetched)
+        self.group: list[Unit] | None = None  # the request it is queued in (a decoder that needs it takes it all)
 
 
 class Fetcher:
@@ -178,9 +179,16 @@ class Fetcher:
                 entry = self._entries.get(u)
                 if entry is None:
                     entry = self._entries[u] = _Entry(-math.inf, next_use, prefetched=False)
-                if not entry.started:  # announced, not taken by an I/O thread yet: fetch it now, here
-                    entry.started = True
-                    mine.append(u)
+                if not entry.started:
+                    # Announced but not taken by an I/O thread yet: make its planned request here, now.
+                    for v in entry.group or [u]:
+                        other = self._entries.get(v)
+                        if other is not None and not other.started:
+                            other.started = True
+                            mine.append(v)
+                            if not other.counted:
+                                other.counted = True
+                                self._held += v.size
                 if not entry.counted:
                     entry.counted = True
                     self._held += u.size
@@ -246,26 +254,36 @@ class Fetcher:
         return view
 
     # -- the plan's side -----------------------------------------------------------------------
-    def prefetch(self, units: Sequence[Unit], *, due: float, next_use: Sequence[float | None] | None = None) -> None:
-        """Fetch ``units`` ahead, to be read at plan clock ``due`` (earliest due first, within the budget).
+    def prefetch(
+        self,
+        units: Sequence[Unit],
+        *,
+        due: float | Sequence[float],
+        next_use: Sequence[float | None] | None = None,
+    ) -> None:
+        """Fetch ``units`` ahead, to be read at plan clock ``due`` (one for all, or one per unit).
 
-        ``next_use`` gives each unit's following planned read (its priority in the node cache).
-        Units already in memory or on their way are left as they are.
+        Requests go out earliest due first, within the budget; adjacent units merge into one request
+        (see :func:`group_units`). ``next_use`` gives each unit's following planned read (its priority
+        in the node cache). Units already in memory or on their way are left as they are.
         """
         fresh: list[Unit] = []
+        dues = [float(due)] * len(units) if isinstance(due, (int, float)) else [float(d) for d in due]
         uses = list(next_use) if next_use is not None else [None] * len(units)
         with self._cond:
             if self._closed:
                 return
-            for unit, use in zip(units, uses):
+            for unit, when, use in zip(units, dues, uses):
                 entry = self._entries.get(unit)
                 if entry is not None:
-                    entry.due = min(entry.due, due) if entry.prefetched else entry.due
+                    entry.due = min(entry.due, when) if entry.prefetched else entry.due
                     continue
-                self._entries[unit] = _Entry(due, use, prefetched=True)
+                self._entries[unit] = _Entry(when, use, prefetched=True)
                 fresh.append(unit)
             for group in group_units(fresh, limit=self.merge_limit):
-                heapq.heappush(self._queue, (due, next(self._seq), group))
+                for unit in group:
+                    self._entries[unit].group = group
+                heapq.heappush(self._queue, (min(self._entries[u].due for u in group), next(self._seq), group))
             self._start_workers()
             self._cond.notify_all()
 

@@ -158,6 +158,8 @@ class StreamEngine:
         self._bad_files: set[str] = set()
         #: Slot shifts each step was planned with (for resuming mid-epoch after skipped clips).
         self.shift_log: dict[int, list[int]] = {}
+        #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
+        self.prefetcher: Any = None
 
     # -- setup -----------------------------------------------------------------------------
     def frame_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
@@ -307,6 +309,8 @@ class StreamEngine:
             self.sampler.tasks(s)  # records the step as issued, so abandon() affects only later steps
             reads, shifts, _ = self.sampler.issued(s)
             run.plans[s] = _StepPlan(reads, shifts)
+            if self.prefetcher is not None:
+                self.prefetcher.observe_slots(self.sampler.epoch, s, reads)
             run.timestamps[s] = [math.nan] * (self.sampler.batch_size * self.sampler.num_cameras)
             run.next_plan = s + 1
         return run.plans[step]

@@ -78,4 +78,8 @@ def build_engine_loader(
         on_error=on_error,
         timeout=timeout,
     )
+    if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
+        from lightning_vstream.stream.prefetch import PlanSpec, StreamPrefetcher
+
+        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler))
     return EngineLoader(engine)

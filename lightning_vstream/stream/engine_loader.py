@@ -196,8 +196,11 @@ class EngineLoader:
 
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of this loader's engine."""
-        return self.engine.stats
+        """Decoding counters of this loader's engine (and, for a remote index, what reading it cost)."""
+        stats = self.engine.stats
+        if self.engine.prefetcher is not None:
+            stats.remote = self.engine.prefetcher.fetcher.stats
+        return stats
 
     # -- resumable state (the format of StreamDataLoader's) --------------------------------
     def mark_consumed(self, batch: dict[str, Any]) -> None:

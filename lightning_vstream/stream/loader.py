@@ -365,6 +365,10 @@ class StreamDataLoader(DataLoader):
         self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
         self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
+        if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
+            from lightning_vstream.stream.prefetch import PlanSpec
+
+            dataset.plan = PlanSpec.of(sampler)
         self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.errors import AnnotationError, ConfigurationError, FrameSizeError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
+from lightning_vstream.storage.stats import StorageStats
 from lightning_vstream.transforms import FrameTransform
 
 __all__ = [
@@ -116,7 +117,9 @@ class DecodeStats:
     ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
     the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
     ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
-    annotation could not be found.
+    annotation could not be found. ``remote`` holds what reading a remote index cost (requests,
+    bytes, retries, checksum re-reads, cache hits and misses, prefetch memory), summed over the
+    processes that read; ``remote_requests`` ... ``cache_misses`` are its headline figures.
     """
 
     frames_decoded: int = 0
@@ -128,15 +131,37 @@ class DecodeStats:
     skipped_samples: int = 0
     bad_files: int = 0
     missing_annotations: int = 0
+    remote: StorageStats = field(default_factory=StorageStats)
 
     @property
     def amplification(self) -> float:
         return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
 
+    # -- remote reading: the figures StreamThroughputMonitor logs ----------------------------
+    @property
+    def remote_requests(self) -> int:
+        return self.remote.requests
+
+    @property
+    def remote_bytes(self) -> int:
+        return self.remote.bytes_read
+
+    @property
+    def remote_retries(self) -> int:
+        return self.remote.retries
+
+    @property
+    def cache_hits(self) -> int:
+        return self.remote.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.remote.cache_misses
+
     def __add__(self, other: DecodeStats) -> DecodeStats:
         return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
 
-    def _values(self) -> tuple[int, ...]:
+    def _values(self) -> tuple[Any, ...]:
         return (
             self.frames_decoded,
             self.frames_delivered,
@@ -147,6 +172,7 @@ class DecodeStats:
             self.skipped_samples,
             self.bad_files,
             self.missing_annotations,
+            self.remote,
         )
 
 
@@ -257,6 +283,9 @@ class StreamDataset(Dataset):
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
+        #: The rank's stream plan (set by the loader): with a remote index, GOPs are fetched ahead by it.
+        self.plan: Any = None
+        self._prefetcher: Any = None
 
     def __len__(self) -> int:
         return self.index.total_frames * len(self.index.camera_names)
@@ -264,6 +293,7 @@ class StreamDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
+        state["_prefetcher"] = None  # nor I/O threads
         state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS)
         return state
 
@@ -275,6 +305,10 @@ class StreamDataset(Dataset):
             live.frames_decoded += dec.frames_decoded
             live.seeks += getattr(dec, "seeks", 0)
         live.read_errors = self._read_errors
+        if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
+            from lightning_vstream.storage.fetcher import fetcher_for
+
+            live.remote = fetcher_for(self.index.storage).stats
         return self._closed + live
 
     @property
@@ -395,6 +429,8 @@ class StreamDataset(Dataset):
             self._epoch = task.epoch
             self._given_up.clear()  # segment numbers belong to one epoch's plan
             self._draws.clear()
+        if self.plan is not None and self.index.storage is not None:
+            self._prefetch(task)
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
             if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
@@ -459,6 +495,15 @@ class StreamDataset(Dataset):
             geometry,
             images,
         )
+
+    def _prefetch(self, task: StreamTask) -> None:
+        """Announce the GOPs this part's streams read after this step (remote indexes; see stream/prefetch.py)."""
+        from lightning_vstream.stream.prefetch import StreamPrefetcher
+
+        if self._prefetcher is None or self._prefetcher.fetcher.pid != os.getpid():
+            self._prefetcher = StreamPrefetcher(self.index, self.plan)
+        reads = [(r.position, r.clip, r.camera, r.frame, r.segment) for r in task.reads]
+        self._prefetcher.observe(task.epoch, task.step, reads)
 
     @property
     def has_geometry(self) -> bool:
