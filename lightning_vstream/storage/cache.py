@@ -36,19 +36,21 @@ __all__ = ["CLAIM_TTL_S", "NodeCache", "Policy", "planned_priority"]
 Policy = Literal["plan", "lru"]
 #: Seconds after which a claim is stale whatever its process.
 CLAIM_TTL_S = 120.0
-#: Priorities (file modification times, in seconds) of GOPs with a planned next read lie in
-#: [_PLANNED, _UNPLANNED); unplanned ones above, larger when used longer ago.
-_PLANNED = 1.0e9
-_UNPLANNED = 4.0e9
+#: Priorities are file modification times in nanoseconds: a GOP with a planned next read at plan clock
+#: ``c`` (steps) gets ``_PLANNED + c * 1e9`` (below 2e18); an unplanned one ``_UNPLANNED`` minus the
+#: microsecond it was last used (about 3.998e18: above every planned one, larger when used longer ago).
+_PLANNED = 10**18
+_MAX_CLOCK = 10**9
+_UNPLANNED = 4 * 10**18
 #: Fraction of ``cache_limit`` eviction brings the cache down to (so it does not evict on every write).
 _LOW_WATER = 0.9
 #: Writes between two full scans of the cache's size (other processes write to it too).
 _RESCAN_EVERY = 64
 
 
-def planned_priority(clock: float) -> float:
+def planned_priority(clock: float) -> int:
     """The priority of a GOP whose next planned read is at ``clock`` (steps since the first epoch's start)."""
-    return _PLANNED + max(0.0, min(float(clock), _UNPLANNED - _PLANNED - 1.0))
+    return _PLANNED + int(max(0.0, min(float(clock), _MAX_CLOCK)) * 1e9)
 
 
 def _alive(pid: int) -> bool:
@@ -125,14 +127,14 @@ class NodeCache:
         """Set ``key``'s eviction priority (see :func:`planned_priority`; None: not planned, used now)."""
         value = self._priority(priority)
         try:
-            os.utime(self.path(key), ns=(int(value * 1e9), int(value * 1e9)))
+            os.utime(self.path(key), ns=(value, value))
         except OSError:
             pass  # evicted meanwhile
 
-    def _priority(self, planned: float | None) -> float:
+    def _priority(self, planned: float | None) -> int:
         if planned is None or self.policy == "lru":
-            return _UNPLANNED - time.time() / 1000.0  # later use -> smaller -> kept longer
-        return planned
+            return _UNPLANNED - time.time_ns() // 1000  # used later -> smaller -> kept longer
+        return int(planned)
 
     # -- writing -------------------------------------------------------------------------------
     def put(self, key: str, data: bytes | memoryview, *, priority: float | None = None) -> None:
@@ -144,7 +146,7 @@ class NodeCache:
             with open(tmp, "wb") as f:
                 f.write(data)
             value = self._priority(priority)
-            os.utime(tmp, ns=(int(value * 1e9), int(value * 1e9)))
+            os.utime(tmp, ns=(value, value))
             os.replace(tmp, path)
         except OSError:
             try:
