@@ -167,3 +167,33 @@ def test_workers_read_from_s3_under_every_start_method(
     files = sum(len(c.cameras) for c in local.index())
     gets = s3.counts()["GET"]
     assert files <= gets and "HEAD" in s3.counts()  # the tables' HEAD at setup; no HEAD per open
+
+
+def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
+    from lightning_vstream.storage import StorageConfig
+    from lightning_vstream.storage.fetcher import fetcher_for
+
+    options = s3.storage_options()
+    dm = ClipVideoDataModule(
+        index_file=remote_url,
+        storage_options=options,
+        cache_dir=str(tmp_path),
+        batch_size=2,
+        num_workers=0,
+        clip_frames=2,
+    )
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.dataset.sample_order is not None  # type: ignore[attr-defined]
+    config = StorageConfig.make(options, cache_dir=str(tmp_path))
+    before = fetcher_for(config).stats
+    s3.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = list(loader)
+    assert len(batches) > 2
+    after = fetcher_for(config).stats
+    # Batches after the first find their GOPs fetched ahead (or on their way); with the cache, none twice.
+    assert after.prefetch_hits + after.prefetch_waits - before.prefetch_hits - before.prefetch_waits > 0
+    requested = [(r.path, r.range) for r in s3.requests() if r.path.endswith(".mp4")]
+    assert len(requested) == len(set(requested))

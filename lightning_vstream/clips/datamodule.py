@@ -23,7 +23,7 @@ from lightning_vstream._datamodule import (
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.dataset import SampleOrder, VideoClipDataset, collate_clips
 from lightning_vstream.clips.planner import FramePolicy
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -401,6 +401,11 @@ class ClipVideoDataModule(pl.LightningDataModule):
         # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
         # and worker processes would ship frames over IPC); frames arrive on the GPU already.
         workers = 0 if dataset.decode_device != "cpu" else self.num_workers
+        if isinstance(sampler, DistributedSampler) and dataset.index.storage is not None:
+            # A remote index: each batch fetches the GOPs of the next batch its process reads.
+            dataset.sample_order = SampleOrder.of(
+                sampler, batch_size=self.batch_size, num_workers=workers, drop_last=drop_last
+            )
         with warnings.catch_warnings():  # torchdata calls a torch API that torch has deprecated
             warnings.filterwarnings("ignore", message=".*set_vital.*")
             return self._stateful_loader(dataset, sampler, drop_last, workers)

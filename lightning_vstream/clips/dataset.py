@@ -21,6 +21,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,12 +43,80 @@ if TYPE_CHECKING:
 
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+__all__ = [
+    "DEFAULT_GOP_THREADS",
+    "DecoderCache",
+    "SampleOrder",
+    "VideoClipDataset",
+    "collate_clips",
+    "index_from_files",
+]
 
 #: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
 DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
+
+
+@dataclass(frozen=True)
+class SampleOrder:
+    """The order a ``DistributedSampler`` (its arguments) hands out a dataset's samples, batched, one epoch at a time.
+
+    With it each process tells which samples it reads next (workers take batches in turn), so the GOPs
+    of remote files are fetched a batch ahead. A process finds its place from the batch it is given,
+    so a resumed run or a later epoch of persistent workers finds it too; where it cannot, nothing is
+    fetched ahead.
+
+    Example::
+
+        >>> order = SampleOrder(num_replicas=1, rank=0, shuffle=False, seed=0, drop_last=False, epoch=0,
+        ...                     batch_size=2, num_workers=1)
+        >>> order.batches(5, 0)
+        [[0, 1], [2, 3], [4]]
+    """
+
+    num_replicas: int
+    rank: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    epoch: int
+    batch_size: int
+    num_workers: int
+    batch_drop_last: bool = False
+
+    @classmethod
+    def of(cls, sampler: Any, *, batch_size: int, num_workers: int, drop_last: bool) -> SampleOrder:
+        return cls(
+            sampler.num_replicas,
+            sampler.rank,
+            sampler.shuffle,
+            sampler.seed,
+            sampler.drop_last,
+            sampler.epoch,
+            batch_size,
+            max(1, num_workers),
+            drop_last,
+        )
+
+    def batches(self, size: int, epoch: int) -> list[list[int]]:
+        """The batches of sample positions this rank reads in ``epoch``, in order."""
+        from torch.utils.data import DistributedSampler
+
+        sampler: DistributedSampler[int] = DistributedSampler(
+            range(size),  # type: ignore[arg-type]
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+        )
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        found = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if self.batch_drop_last and found and len(found[-1]) < self.batch_size:
+            found.pop()
+        return found
 
 
 def _location(path: Path | str) -> Path | str:
@@ -385,6 +454,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.missing_annotations = 0
         self._reader: Any = None
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
+        #: How the loader's sampler orders the samples (set by ClipVideoDataModule): with a remote
+        #: index, each batch starts fetching the GOPs of the next batch this process will read.
+        self.sample_order: SampleOrder | None = None
+        self._batch_places: tuple[int, dict[tuple[int, ...], int], list[list[int]]] | None = None
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
@@ -643,6 +716,27 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             ]
             self._announce(reads, ahead=ahead)
 
+    def _fetch_next_batch(self, items: Sequence[int | ClipRequest]) -> None:
+        """Prefetch the batch this process reads after ``items`` (see :class:`SampleOrder`)."""
+        order = self.sample_order
+        if order is None or self.index.storage is None or not items or not all(isinstance(i, int) for i in items):
+            return
+        key = tuple(int(i) for i in items)  # type: ignore[arg-type]
+        known = self._batch_places
+        # This epoch's order, or (persistent workers keep their copy of the dataset) one of the next ones.
+        candidates = [order.epoch] if known is None else [known[0], known[0] + 1, known[0] + 2]
+        for epoch in candidates:
+            if known is None or known[0] != epoch:
+                batches = order.batches(len(self.requests), epoch)
+                known = (epoch, {tuple(b): i for i, b in enumerate(batches)}, batches)
+            place = known[1].get(key)
+            if place is not None:
+                self._batch_places = known
+                upcoming = place + order.num_workers
+                if upcoming < len(known[2]):
+                    self.prefetch(known[2][upcoming])
+                return
+
     def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
         if self._cache is not None and path in self._cache:
@@ -661,6 +755,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         the samples one by one, as ``__getitem__`` does.
         """
         if not self._batched():
+            self._fetch_next_batch(items)
             return [self[item] for item in items]
         from lightning_vstream.clips.batched import PlannedSample
 
