@@ -236,3 +236,37 @@ def test_file_urls_read_gops_with_pread(files: dict[str, Path]) -> None:
     expected = _local_frames(path)
     assert all(torch.equal(dec.read(), expected[i]) for i in range(info.frame_count))
     assert torch.equal(dec.get(4), expected[4])
+
+
+def test_closing_mid_gop_with_frame_threads_never_hangs(tmp_path: Path) -> None:
+    """Packets own FFmpeg memory: freeing a codec whose frame threads still hold packets needs no GIL.
+
+    (Packets made from Python bytes are freed by a callback that takes the GIL; a frame thread doing
+    that while this thread frees the codec, holding the GIL, deadlocked.)
+    """
+    import subprocess
+    import sys
+    import textwrap
+
+    path = write_stamped_video(tmp_path / "big.mp4", clip=1, camera=0, frames=24, gop=12, codec="hevc", size=(640, 352))
+    script = textwrap.dedent(
+        f"""
+        import threading
+        from lightning_vstream.decode import make_decoder
+        from lightning_vstream.decode.cpu import probe_video
+        info = probe_video({str(path)!r})
+        busy = threading.Event()
+        def spin():  # another Python thread, as I/O threads are: the GIL changes hands
+            while not busy.is_set():
+                sum(range(1000))
+        threading.Thread(target=spin, daemon=True).start()
+        for k in range(60):
+            dec = make_decoder("file://" + {str(path)!r}, info=info, threads=4)
+            dec.get(k % 3)
+            dec.close()
+            del dec
+        busy.set()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

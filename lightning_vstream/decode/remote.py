@@ -344,7 +344,11 @@ class GopDecoder(DecoderBase):
             if zlib.crc32(data) != info.crc32[frame]:
                 self.fetcher.recorder.add(checksum_failures=1)
                 self._raise_checksum(frame, unit)
-        packet = av.Packet(bytes(data))
+        # A packet that owns FFmpeg-allocated memory: one made from a Python bytes object is freed by a
+        # callback that needs the GIL, which FFmpeg's frame threads can then wait for while this thread
+        # frees the codec holding the GIL (a deadlock).
+        packet = av.Packet(len(data))
+        memoryview(packet)[:] = data
         packet.pts = info.pts[frame]
         packet.time_base = Fraction(*info.time_base)
         return packet

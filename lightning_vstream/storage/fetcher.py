@@ -458,9 +458,10 @@ _FETCHERS: dict[str, Fetcher] = {}
 _LOCK = threading.Lock()
 
 
-def fetcher_for(config: StorageConfig, *, policy: str = "plan") -> Fetcher:
+def fetcher_for(config: StorageConfig) -> Fetcher:
     """This process's :class:`Fetcher` for ``config`` (created on first use; a forked child makes its own)."""
-    key = f"{config.key}:{policy}"
+    key = config.key
+    policy = str(config.get("cache_policy", "plan"))
     with _LOCK:
         fetcher = _FETCHERS.get(key)
         if fetcher is not None and fetcher.pid == os.getpid():

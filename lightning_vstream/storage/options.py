@@ -40,6 +40,7 @@ OPTION_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "backoff_max": ((int, float), "longest retry delay in seconds (default 5)"),
     "io_threads": ((int,), "I/O threads per process fetching ahead (default 8)"),
     "prefetch_memory": ((int, str), "bytes held fetched ahead per process, e.g. '256MB' (default 256 MB)"),
+    "cache_policy": ((str,), "node cache eviction: 'plan' (furthest next planned read first, default) or 'lru'"),
     # S3
     "access_key_id": ((str,), "S3 access key"),
     "secret_access_key": ((str,), "S3 secret key"),
@@ -168,6 +169,10 @@ class StorageConfig:
                 raise ConfigurationError(f"storage_options[{key!r}]={options[key]!r} must be >= 0.")
         if options.get("io_threads") is not None and options["io_threads"] < 1:
             raise ConfigurationError(f"storage_options['io_threads']={options['io_threads']!r} must be >= 1.")
+        if options.get("cache_policy") not in (None, "plan", "lru"):
+            raise ConfigurationError(
+                f"storage_options['cache_policy']={options['cache_policy']!r} is not supported; use 'plan' or 'lru'."
+            )
         if options.get("prefetch_memory") is not None:
             options["prefetch_memory"] = parse_size(options["prefetch_memory"], "storage_options['prefetch_memory']")
         limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
