@@ -136,3 +136,30 @@ def test_resume_through_s3_equals_an_uninterrupted_run(s3: S3TestServer, remote_
     tail = [b["frames"].clone() for b in again]
     assert len(head) + len(tail) == len(whole)
     assert all(torch.equal(a, b["frames"]) for a, b in zip(head + tail, whole))
+
+
+def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lightning_vstream.callbacks import StreamThroughputMonitor
+    from lightning_vstream.demos.models import TinyStreamPETR
+
+    dm = StreamVideoDataModule(
+        index_file=remote_url, storage_options=s3.storage_options(), batch_size=2, num_workers=0, cache_dir=str(tmp_path)
+    )
+    monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        callbacks=[monitor],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=2,
+    )
+    trainer.fit(TinyStreamPETR(), datamodule=dm)
+    metrics = trainer.callback_metrics
+    assert metrics["train/remote_requests"] > 0 and metrics["train/remote_bytes"] > 0
+    assert metrics["train/cache_misses"] > 0 and "train/remote_retries" in metrics and "train/cache_hits" in metrics

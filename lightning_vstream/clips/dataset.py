@@ -699,22 +699,24 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
         """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
 
-        Nothing is decoded; the bytes wait in this process's bounded prefetch memory (or the node
-        cache) for the decoders. Local files are left alone. Samples that cannot be resolved are skipped
-        here (they raise, or are skipped, when read).
+        Nothing is decoded and no decoder is opened; the bytes wait in this process's bounded
+        prefetch memory (or the node cache) for the decoders. Local files are left alone. Samples
+        that cannot be resolved are skipped here (they raise, or are skipped, when read).
         """
         if self.index.storage is None or self.decode_device != "cpu":
             return
+        from lightning_vstream.decode.remote import gop_runs
+        from lightning_vstream.storage.fetcher import fetcher_for
+
+        fetcher = fetcher_for(self.index.storage)
         for ahead, item in enumerate(items, start=1):
             try:
-                clip, streams, infos, indices, _, _ = self._resolve(item)
+                _, streams, infos, indices, _, _ = self._resolve(item)
             except (VideoDecodeError, ConfigurationError, IndexError, OSError):
                 continue
-            reads = [
-                (self.decoders.get(cam.path, info=info, label=f"clip {clip.clip_id!r}, camera {cam.name!r}"), indices)
-                for cam, info in zip(streams, infos)
-            ]
-            self._announce(reads, ahead=ahead)
+            for cam, info in zip(streams, infos):
+                if info.layout is not None and isinstance(cam.path, str):
+                    fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
 
     def _fetch_next_batch(self, items: Sequence[int | ClipRequest]) -> None:
         """Prefetch the batch this process reads after ``items`` (see :class:`SampleOrder`)."""

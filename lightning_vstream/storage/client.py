@@ -112,7 +112,7 @@ class Storage:
     def _make(self, scheme: str, container: str, url: str) -> Transport:
         if scheme == "file":
             return LocalTransport()
-        if scheme in {"s3", "gs", "az", "http", "https"} or scheme in OBSTORE_SCHEMES:
+        if scheme in OBSTORE_SCHEMES:
             from lightning_vstream.storage.obstore_transport import (
                 HelperTransport,
                 InProcessTransport,
