@@ -48,6 +48,8 @@ import torch
 from lightning_vstream import StreamVideoDataModule, VideoClipDataset, at_indices, load_index
 from lightning_vstream.decode.remote import gop_runs
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_dataset
+from lightning_vstream.storage import StorageConfig
+from lightning_vstream.storage.fetcher import fetcher_for
 from tests._s3 import S3TestServer
 
 BUCKET = "bench"
@@ -247,11 +249,29 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
     expected = _epoch_frames(reference)
     dm = StreamVideoDataModule(index_file=url, storage_options=options, **common)
     dm.setup("fit")
+    # Random access too (one request per GOP): every GOP of every file, several passes, in this process.
+    index = load_index(local)
+    samples = [
+        at_indices(clip.clip_id, [min(k + 1, clip.frame_count - 1)])
+        for clip in index
+        for k in (index[clip.clip_id].cameras[0].info.key_indices if index[clip.clip_id].cameras[0].info else [0])
+    ]
+    remote_clips = VideoClipDataset(index=url, requests=samples, storage_options=options)
+    local_clips = VideoClipDataset(index=local, requests=samples)
+    main_before = fetcher_for(StorageConfig.make(options)).stats
     s3.reset()
     s3.faults(rates={"503": 0.05, "500": 0.02, "truncate": 0.02, "flip": 0.001}, seed=1)
     got = _epoch_frames(dm)
+    wrong_samples = 0
+    for _ in range(args.fault_passes):
+        for i in range(len(samples)):
+            wrong_samples += not torch.equal(remote_clips[i]["frames"], local_clips[i]["frames"])
+            remote_clips.close()  # each read fetches its GOP again
     injected = [r.fault for r in s3.requests() if r.fault]
+    main_after = fetcher_for(StorageConfig.make(options)).stats
     stats = dm.decode_stats("train").remote
+    retries = stats.retries + main_after.retries - main_before.retries
+    refetches = stats.checksum_refetches + main_after.checksum_refetches - main_before.checksum_refetches
     wrong = sum(not torch.equal(a, b) for a, b in zip(got, expected)) + abs(len(got) - len(expected))
     # Resume: stop after half the epoch, restore the loader state in a new DataModule, compare.
     half = len(expected) // 2
@@ -274,15 +294,22 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
     return {
         "batches": len(got),
         "wrong_batches": wrong,
+        "random_reads": len(samples) * args.fault_passes,
+        "wrong_samples": wrong_samples,
         "injected": {k: injected.count(k) for k in sorted(set(injected))},
-        "retries": stats.retries,
-        "checksum_refetches": stats.checksum_refetches,
+        "retries": retries,
+        "checksum_refetches": refetches,
+        "every_event_counted": retries == sum(f != "flip" for f in injected) and refetches == injected.count("flip"),
         "resume_identical": len(head) + len(tail) == len(expected)
         and all(torch.equal(a, b) for a, b in zip(head + tail, expected)),
     }
 
 
-def _cache(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def _cache(s3: S3TestServer, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Many small GOPs (hit rates need many of them): the same plan read with the cache evicting by plan and by LRU."""
+    small = argparse.Namespace(**{**vars(args), "size": (320, 180), "clips": 24, "cameras": 2, "frames": 60, "gop": 6})
+    local = _data(root, small)
+    url = s3.upload(local.parent, BUCKET, "cache-ds") + "/index.json"
     data_bytes = sum(p.stat().st_size for p in (local.parent / "videos").rglob("*.mp4"))
     limit = data_bytes // 4
     results: dict[str, Any] = {"data_bytes": data_bytes, "cache_limit": limit}
@@ -328,13 +355,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-reads", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=15.0, help="simulated training step for the data-wait figure")
-    parser.add_argument("--cache-epochs", type=int, default=4)
+    parser.add_argument("--cache-epochs", type=int, default=5)
+    parser.add_argument("--fault-passes", type=int, default=3, help="random-access passes over every GOP under faults")
     parser.add_argument("--latencies", default="0,30,50")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args()
     if args.quick:
-        args.clips, args.frames, args.repeats, args.random_reads, args.cache_epochs = 6, 36, 1, 20, 3
+        args.clips, args.frames, args.repeats, args.random_reads, args.cache_epochs, args.fault_passes = (
+            6,
+            36,
+            1,
+            20,
+            3,
+            1,
+        )
     args.data.mkdir(parents=True, exist_ok=True)
     local = _data(args.data, args)
     s3 = S3TestServer(args.data / "s3-server").start()
@@ -359,6 +394,21 @@ def main() -> None:
         reads = _random_reads(local, args.random_reads, seed=3)
         needed = _needed_bytes(local, reads)
         random_rows: dict[str, Any] = {}
+        local_clips = VideoClipDataset(index=local, requests=[])
+        start = time.perf_counter()
+        for clip_id, camera, frame in reads:
+            sample = local_clips[at_indices(clip_id, [frame], cameras=[camera])]
+            assert read_stamp(sample["frames"][0, 0]).frame == frame
+            local_clips.close()
+        random_rows["local"] = {
+            "seconds": time.perf_counter() - start,
+            "gets": 0,
+            "heads": 0,
+            "bytes": 0,
+            "gets_per_read": 0.0,
+            "heads_per_read": 0.0,
+            "bytes_over_needed": float("nan"),
+        }
         for name, block in (("naive_default_blocks", None), ("naive_1MiB_blocks", 1 << 20)):
             row = _naive_random(s3, local, reads, block)
             random_rows[name] = {
@@ -404,40 +454,46 @@ def main() -> None:
             ("local_gop_reads_file_url", f"file://{local}", {}, 0.0),  # the same files, read GOP by GOP with pread
         ]
         configs += [(f"ours_{float(v):g}ms", url, s3.storage_options(), float(v)) for v in args.latencies.split(",")]
-        for name, index_file, options, latency in configs:
-            speeds, waits, rows = [], [], []
-            traffic: dict[str, int] = {}
-            for _ in range(args.repeats):
+        # Repeats interleave the configurations, so a change of machine load touches all of them alike.
+        speeds: dict[str, list[float]] = {name: [] for name, *_ in configs}
+        waits: dict[str, list[float]] = {name: [] for name, *_ in configs}
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in configs}
+        traffic: dict[str, dict[str, int]] = {}
+        for _ in range(args.repeats):
+            for name, index_file, options, latency in configs:
                 s3.reset()
                 s3.faults(latency_ms=latency)
-                rows.append(_stream(index_file, args, storage=options, step_ms=0.0))
-                speeds.append(rows[-1]["frames_per_sec"])
-                traffic = _traffic(s3)  # one epoch's requests
-                waited = _stream(index_file, args, storage=options, step_ms=args.step_ms)
-                waits.append(waited["data_wait_fraction"])
+                rows[name].append(_stream(index_file, args, storage=options, step_ms=0.0))
+                speeds[name].append(rows[name][-1]["frames_per_sec"])
+                traffic[name] = _traffic(s3)  # one epoch's requests
+                waits[name].append(
+                    _stream(index_file, args, storage=options, step_ms=args.step_ms)["data_wait_fraction"]
+                )
             s3.reset()
+        for name, _, options, _ in configs:
             stream[name] = {
-                "frames_per_sec": _median(speeds),
-                "data_wait_fraction": _median(waits),
-                "stamp_errors": sum(r["stamp_errors"] for r in rows),
-                "prefetch_peak_bytes": max(r["prefetch_peak_bytes"] for r in rows),
+                "frames_per_sec": _median(speeds[name]),
+                "data_wait_fraction": _median(waits[name]),
+                "stamp_errors": sum(r["stamp_errors"] for r in rows[name]),
+                "prefetch_peak_bytes": max(r["prefetch_peak_bytes"] for r in rows[name]),
             }
             if options:  # remote: the requests of one epoch
+                t = traffic[name]
                 stream[name].update(
-                    gets=traffic["gets"],
-                    heads=traffic["heads"],
-                    gets_per_file=traffic["gets"] / files,
-                    gets_per_gop=traffic["gets"] / gops,
-                    mib_per_get=traffic["bytes"] / max(traffic["gets"], 1) / 2**20,
-                    bytes_over_needed=traffic["bytes"] / needed_stream,
+                    gets=t["gets"],
+                    heads=t["heads"],
+                    gets_per_file=t["gets"] / files,
+                    gets_per_gop=t["gets"] / gops,
+                    mib_per_get=t["bytes"] / max(t["gets"], 1) / 2**20,
+                    bytes_over_needed=t["bytes"] / needed_stream,
                 )
         local_speed = stream["local"]["frames_per_sec"]["median"]
         for name, row in stream.items():
-            if name.startswith("ours"):
+            if name != "local" and isinstance(row["frames_per_sec"], dict):
                 row["speed_over_local"] = row["frames_per_sec"]["median"] / local_speed
         report["streaming"] = stream
         report["faults"] = _faults(s3, url, local, args)
-        report["cache"] = _cache(s3, url, local, args, args.data)
+        report["cache"] = _cache(s3, args, args.data)
     finally:
         s3.stop()
     args.out.write_text(json.dumps(report, indent=2, default=str))
@@ -473,8 +529,9 @@ def _print(report: dict[str, Any]) -> None:
             )
     f = report["faults"]
     print(
-        f"\nfaults: injected {f['injected']}; retries {f['retries']}, checksum re-reads {f['checksum_refetches']}; "
-        f"wrong batches {f['wrong_batches']} of {f['batches']}; resume identical: {f['resume_identical']}"
+        f"\nfaults: injected {f['injected']}; retries {f['retries']}, checksum re-reads {f['checksum_refetches']} "
+        f"(every event counted: {f['every_event_counted']}); wrong batches {f['wrong_batches']} of {f['batches']}, "
+        f"wrong samples {f['wrong_samples']} of {f['random_reads']}; resume identical: {f['resume_identical']}"
     )
     c = report["cache"]
     print(
