@@ -145,7 +145,11 @@ def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remo
     from lightning_vstream.demos.models import TinyStreamPETR
 
     dm = StreamVideoDataModule(
-        index_file=remote_url, storage_options=s3.storage_options(), batch_size=2, num_workers=0, cache_dir=str(tmp_path)
+        index_file=remote_url,
+        storage_options=s3.storage_options(),
+        batch_size=2,
+        num_workers=0,
+        cache_dir=str(tmp_path),
     )
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2)
     trainer = pl.Trainer(
