@@ -197,3 +197,32 @@ def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url
     assert after.prefetch_hits + after.prefetch_waits - before.prefetch_hits - before.prefetch_waits > 0
     requested = [(r.path, r.range) for r in s3.requests() if r.path.endswith(".mp4")]
     assert len(requested) == len(set(requested))
+
+
+def test_lightning_cli_configures_remote_storage(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
+    import json
+
+    from lightning.pytorch.cli import LightningCLI
+
+    from lightning_vstream.demos.models import TinyStreamPETR
+
+    options = s3.storage_options()
+    cli = LightningCLI(
+        TinyStreamPETR,
+        StreamVideoDataModule,
+        run=False,
+        save_config_kwargs={"overwrite": True},
+        args=[
+            f"--data.index_file={remote_url}",
+            f"--data.storage_options={json.dumps(options)}",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.cache_limit=20GB",
+            "--data.num_workers=0",
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+    )
+    dm = cli.datamodule
+    assert dm.index_files["train"] == remote_url and dm.storage.cache_limit == 20 * 10**9
+    dm.setup("fit")
+    assert len(dm.index("train")) == 3 and dm.index("train").storage is not None
