@@ -89,7 +89,7 @@ class GopRuns:
         return (self.run_start[run + 1] if run + 1 < len(self.run_start) else len(self.order)) - 1
 
 
-_RUNS: OrderedDict[tuple[str, int, Expect], GopRuns] = OrderedDict()
+_RUNS: OrderedDict[tuple[str, int, Expect], tuple[Any, GopRuns]] = OrderedDict()
 _RUNS_LOCK = threading.Lock()
 _RUNS_KEPT = 256
 
@@ -107,9 +107,9 @@ def gop_runs(url: str, info: VideoInfo) -> GopRuns:
     key = (url, id(layout), expect)
     with _RUNS_LOCK:
         found = _RUNS.get(key)
-        if found is not None:
+        if found is not None and found[0] is layout:  # the very same table (an id can be reused)
             _RUNS.move_to_end(key)
-            return found
+            return found[1]
     pos, size = layout.pos, layout.size
     order = tuple(sorted(range(len(pos)), key=pos.__getitem__))
     rank = [0] * len(order)
@@ -132,7 +132,7 @@ def gop_runs(url: str, info: VideoInfo) -> GopRuns:
         units.append(tuple(Unit(url, lo, hi, expect, gop=g) for lo, hi in pieces))
     runs = GopRuns(order, tuple(rank), run_start, tuple(units), tuple(unit_of))
     with _RUNS_LOCK:
-        _RUNS[key] = runs
+        _RUNS[key] = (layout, runs)
         while len(_RUNS) > _RUNS_KEPT:
             _RUNS.popitem(last=False)
     return runs
