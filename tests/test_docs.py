@@ -338,7 +338,7 @@ def test_samples_import_only_public_names() -> None:
 
 
 #: Pages other contributors are writing; links to them are not checked until they exist.
-PENDING = {"performance.md", "remote.md"}
+PENDING = {"remote.md"}
 
 
 def test_relative_links_resolve() -> None:
