@@ -166,7 +166,7 @@ def environment(gpu: int | None) -> dict[str, Any]:
             env["pynvvideocodec"] = getattr(PyNvVideoCodec, "__version__", "unknown")
             from lightning_vstream.decode.nvdec import decoder_caps
 
-            env["nvdec_engines"] = decoder_caps(PyNvVideoCodec, gpu, "hevc").engines
+            env["nvdec_engines"] = decoder_caps(gpu, "hevc").engines
         except Exception as err:
             env["pynvvideocodec_error"] = repr(err)
     return env
@@ -320,10 +320,11 @@ def load_packets(nvc: Any, files: list[Path]) -> list[tuple[list[Any], list[Any]
 
 
 def _create_raw_decoder(nvc: Any, gpu: int, codec: str, width: int, height: int, latency: str) -> Any:
+    from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.nvdec import DecoderKey, create_session
 
     # Each decoder on a CUDA stream of its own (the NULL stream would synchronise after every frame).
-    return create_session(nvc, DecoderKey(gpu, codec, width, height, latency=latency))  # type: ignore[arg-type]
+    return create_session(nvc, DecoderKey(gpu, codec, width, height, latency=latency), frame_memory())  # type: ignore[arg-type]
 
 
 def raw_decode_run(

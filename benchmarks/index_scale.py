@@ -1,23 +1,36 @@
-"""Index scale benchmark: frame tables for 100k clips x 6 cameras x 240 frames, binary versus JSON.
+"""Index scale benchmark: 100k clips x 6 cameras x 240 frames: frame tables, then the index records.
 
 Synthetic tables are generated directly (no videos): every file has 240 frames, a keyframe every
 ``--gop`` frames, packet CRCs and a file identity, as ``vstream index`` records them. Each
-measurement runs in a fresh process (so one run's pages and imports do not flatter the next):
+measurement runs in a fresh process (so one run's pages and imports do not flatter the next).
+
+Frame tables, binary versus JSON:
 
 - ``open``: :class:`~lightning_vstream.index.FrameTables` on ``index.tables.bin`` (memory-mapped).
-- ``rows``: the binary search of every file key, as ``load_index`` does for the whole index.
-- ``records``: the :class:`Clip` / :class:`CameraStream` records of the whole index pointing at
-  their rows (what a rank holds; no folder is scanned here, the videos do not exist).
 - ``first lookup``: building the first file's :class:`VideoInfo` (what a decoder needs on open).
-- the private (anonymous) memory and RSS of the rank after all of that, and the extra private
-  memory of each of two spawn DataLoader-style workers that receive the pickled index and build
-  1,000 random files' frame tables, against a spawn worker that received nothing. RSS also counts
-  pages of the mapped table file, which the page cache shares between all processes.
+- Baseline, measured in the same run: the JSON sidecar ``index.meta.json`` for ``--json-files``
+  files (parsed with ``json.loads`` and turned into :class:`VideoInfo` objects, as ``load_index``
+  does with it), extrapolated linearly to the full size. The binary file is also measured at that
+  same small size, so the ratio compares like with like.
 
-Baseline, measured in the same run: the JSON sidecar ``index.meta.json`` for ``--json-files``
-files (parsed with ``json.loads`` and turned into :class:`VideoInfo` objects, as ``load_index``
-does with it), extrapolated linearly to the full size. The binary file is also measured at that
-same small size, so the ratio compares like with like.
+Index records, records versus arrays (the goals: setup under 2 s, under 1 MB pickled per worker,
+under 50 MB extra private memory per spawn worker):
+
+- ``records`` (before): one :class:`Clip` / :class:`CameraStream` per clip and file pointing at
+  its table row, built as ``load_index`` built them (the same string handling and one vectorised
+  key search), held in a :class:`VideoIndex` as a tuple. ``load_index`` also listed every clip
+  folder (``os.scandir``); that listing is timed separately over the generated clip folders.
+- ``arrays`` (after): ``load_index`` itself on an ``index.json`` over the generated tables and a
+  tree of clip folders (created here, empty but for the first clip's camera files: with frame
+  tables the quick check lists the video folder once and takes every clip's camera files from
+  the tables, see docs/index_format.md), returning
+  :class:`~lightning_vstream.index.arrays.ClipArrays`.
+- For each: setup time, the rank's private (anonymous) memory and RSS after setup and 1000
+  random ``clips[i].cameras[j].info`` lookups, the ``index["clip_id"]`` lookup, the pickled size
+  of the index, and the extra private memory of each of two spawn DataLoader-style workers that
+  receive the pickled index and build 1,000 random files' frame tables, against a spawn worker
+  that received nothing. RSS also counts pages of the mapped table file, which the page cache
+  shares between all processes.
 
 Usage::
 
@@ -158,6 +171,119 @@ def _records(tables: Any, clips: int) -> Any:
     return VideoIndex(Path("/data/index.json"), tuple(out), CAMERAS)
 
 
+def _write_tree(root: Path, clips: int) -> float:
+    """``index.json`` over the tables in ``root``, and the clip folders it lists; returns seconds.
+
+    Every clip folder exists (the quick check lists the video folder); only the first clip's
+    camera files are created (empty): with frame tables no other clip folder is read.
+    """
+    start = time.perf_counter()
+    videos = root / "videos"
+    videos.mkdir()
+    ids = [f"scene-{c:06d}" for c in range(clips)]
+    for clip_id in ids:
+        os.mkdir(videos / clip_id)
+    for cam in CAMERAS:
+        (videos / ids[0] / f"{cam}.mp4").write_bytes(b"")
+    (root / "index.json").write_text(json.dumps({"videos": {clip_id: FRAMES for clip_id in ids}}))
+    return time.perf_counter() - start
+
+
+def _rank_lookups(index: Any, count: int = 1000) -> float:
+    """Seconds per ``clips[i].cameras[j].info`` of a random file."""
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        info = index.clips[rng.randrange(len(index.clips))].cameras[rng.randrange(len(CAMERAS))].info
+        assert info is not None
+    return (time.perf_counter() - t0) / count
+
+
+def _by_id(index: Any, clips: int, scan: bool) -> float:
+    """Seconds per ``index["clip_id"]`` (``scan``: the linear scan it was before)."""
+    rng = random.Random(2)
+    wanted = [f"scene-{rng.randrange(clips):06d}" for _ in range(20 if scan else 1000)]
+    t0 = time.perf_counter()
+    for key in wanted:
+        clip = next(c for c in index.clips if c.clip_id == key) if scan else index[key]
+        assert clip.clip_id == key
+    return (time.perf_counter() - t0) / len(wanted)
+
+
+def _spawn_workers(payload: bytes, workers: int) -> dict[str, Any]:
+    """Extra private memory and RSS of spawn workers given ``payload``, against one given nothing."""
+    ctx = mp.get_context("spawn")
+    wq = ctx.Queue()
+    got = []
+    for sent in [None] + [payload] * workers:  # one at a time: each worker's figures are its own
+        proc = ctx.Process(target=_worker, args=(sent, 1000, wq))
+        proc.start()
+        got.append(wq.get())
+        proc.join()
+    idle = got[0][1]
+    busy = [after for _, after, _ in got[1:]]
+    return {
+        "workers": got,
+        "worker_extra_rss_mb": [b[0] - idle[0] for b in busy],
+        "worker_extra_anon_mb": [b[1] - idle[1] for b in busy],
+        "worker_unpickle_and_lookups_s": [t for _, _, t in got[1:]],
+    }
+
+
+def _measure_arrays(index_path: str, clips: int, workers: int, repeats: int, queue: Any) -> None:
+    """``load_index`` of the generated tree: the index records as arrays."""
+    import lightning_vstream.index  # noqa: F401 - imports are not setup
+    from lightning_vstream.index import load_index
+    from lightning_vstream.index.arrays import ClipArrays
+
+    base_rss, base_anon = _memory()
+    timings: list[dict[str, float]] = []
+    memory: dict[str, float] = {}
+    index: Any = None
+    for repeat in range(repeats):
+        index = None
+        t0 = time.perf_counter()
+        index = load_index(index_path)
+        t_setup = time.perf_counter() - t0
+        assert isinstance(index.clips, ClipArrays) and len(index) == clips
+        t0 = time.perf_counter()
+        first = index.clips[0].cameras[0].info
+        t_first = time.perf_counter() - t0
+        assert first is not None and first.frame_count == FRAMES
+        if repeat == 0:
+            rss, anon = _memory()
+            memory.update(setup_rss_mb=rss - base_rss, setup_anon_mb=anon - base_anon)
+        t_lookup = _rank_lookups(index)
+        if repeat == 0:
+            rss, anon = _memory()
+            memory.update(rank_rss_mb=rss - base_rss, rank_anon_mb=anon - base_anon)
+        timings.append(
+            {
+                "setup_s": t_setup,
+                "first_lookup_s": t_first,
+                "lookup_s": t_lookup,
+                "by_id_s": _by_id(index, clips, False),
+            }
+        )
+    payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+    # What the quick check did before with every index: list each clip folder.
+    from lightning_vstream.index.files import scan_cameras
+
+    videos = os.path.join(os.path.dirname(index_path), "videos")
+    t0 = time.perf_counter()
+    for c in range(clips):
+        scan_cameras(f"{videos}{os.sep}scene-{c:06d}")
+    result: dict[str, Any] = {
+        **memory,
+        "timings": timings,
+        "pickled_index_bytes": len(payload),
+        "folder_scan_s": time.perf_counter() - t0,
+    }
+    if workers:
+        result.update(_spawn_workers(payload, workers))
+    queue.put(result)
+
+
 def _worker(payload: bytes | None, lookups: int, queue: Any) -> None:
     import lightning_vstream.index  # noqa: F401 - the imports every worker pays
 
@@ -195,16 +321,22 @@ def _measure_binary(path: str, clips: int, workers: int, repeats: int, queue: An
         t0 = time.perf_counter()
         index = _records(tables, clips)
         t_records = time.perf_counter() - t0
-        rng = random.Random(0)
-        t0 = time.perf_counter()
-        for _ in range(1000):
-            info = index.clips[rng.randrange(len(index.clips))].cameras[rng.randrange(6)].info
-            assert info is not None
-        t_lookup = (time.perf_counter() - t0) / 1000
+        if repeat == 0:
+            rss, uss = _memory()
+            memory.update(records_rss_mb=rss - base_rss, records_anon_mb=uss - base_uss)
+        t_lookup = _rank_lookups(index)
         if repeat == 0:
             rss, uss = _memory()
             memory.update(rank_rss_mb=rss - base_rss, rank_anon_mb=uss - base_uss)
-        timings.append({"open_s": t_open, "first_lookup_s": t_first, "records_s": t_records, "lookup_s": t_lookup})
+        timings.append(
+            {
+                "open_s": t_open,
+                "first_lookup_s": t_first,
+                "records_s": t_records,
+                "lookup_s": t_lookup,
+                "by_id_s": _by_id(index, clips, True),
+            }
+        )
     tables_payload = pickle.dumps(FrameTables(path), protocol=pickle.HIGHEST_PROTOCOL)
     payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
     result: dict[str, Any] = {
@@ -212,23 +344,10 @@ def _measure_binary(path: str, clips: int, workers: int, repeats: int, queue: An
         "timings": timings,
         "pickled_tables_bytes": len(tables_payload),
         "pickled_index_mb": len(payload) / 2**20,
+        "pickled_index_bytes": len(payload),
     }
     if workers:
-        ctx = mp.get_context("spawn")
-        wq = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(sent, 1000, wq)) for sent in [None] + [payload] * workers]
-        for p in procs:  # one at a time: each worker's figures are its own
-            p.start()
-            got = wq.get()
-            p.join()
-            result.setdefault("workers", []).append(got)
-        idle = result["workers"][0][1]
-        busy = [after for _, after, _ in result["workers"][1:]]
-        result.update(
-            worker_extra_rss_mb=[b[0] - idle[0] for b in busy],
-            worker_extra_anon_mb=[b[1] - idle[1] for b in busy],
-            worker_unpickle_and_lookups_s=[s for _, _, s in result["workers"][1:]],
-        )
+        result.update(_spawn_workers(payload, workers))
     queue.put(result)
 
 
@@ -297,9 +416,13 @@ def main() -> None:
         big.parent.mkdir()
         results["binary_write_s"] = _write_binary(big, args.clips, args.gop)
         results["binary_bytes"] = big.stat().st_size
+        results["tree_write_s"] = _write_tree(big.parent, args.clips)
         results["binary"] = _in_fresh_process(_measure_binary, str(big), args.clips, args.workers, args.repeats)
+        results["arrays"] = _in_fresh_process(
+            _measure_arrays, str(big.parent / "index.json"), args.clips, args.workers, args.repeats
+        )
     scale = args.clips / small
-    js, bs, bb = results["json"], results["binary_small"], results["binary"]
+    js, bs, bb, ar = results["json"], results["binary_small"], results["binary"], results["arrays"]
 
     def med(run: dict[str, Any], key: str) -> float:
         return statistics.median(t[key] for t in run["timings"])
@@ -308,99 +431,156 @@ def main() -> None:
         values = [t[key] * unit for t in run["timings"]]
         return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
+    def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+        widths = [max(len(str(r[i])) for r in (*rows, header)) for i in range(len(header))]
+        for r in (header, *rows):
+            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+
     files = args.clips * len(CAMERAS)
-    rows = [
-        ("files", f"{small * 6:,}", f"{small * 6:,}", f"{files:,}", f"{files:,} (x{scale:g})"),
-        (
-            "table file",
-            f"{results['json_bytes'] / 2**20:.0f} MB",
-            "-",
-            f"{results['binary_bytes'] / 2**20:,.0f} MB",
-            f"{results['json_bytes'] * scale / 2**30:.1f} GB",
-        ),
-        (
-            "load tables to first lookup, s",
-            f"{js['load_s']:.2f}",
-            spread(bs, "open_s", 1, ".4f"),
-            f"{med(bb, 'open_s') + med(bb, 'first_lookup_s'):.4f}",
-            f"{js['load_s'] * scale:.0f}",
-        ),
-        (
-            "memory for tables: private (RSS), MB",
-            f"{js['anon_mb']:.0f} ({js['rss_mb']:.0f})",
-            f"{bs['tables_anon_mb']:.1f} ({bs['tables_rss_mb']:.1f})",
-            f"{bb['tables_anon_mb']:.1f} ({bb['tables_rss_mb']:.1f})",
-            f"{js['anon_mb'] * scale:,.0f}",
-        ),
-        (
-            "index records (Clip, CameraStream), s",
-            "(not built)",
-            spread(bs, "records_s", 1, ".3f"),
-            spread(bb, "records_s"),
-            "-",
-        ),
-        (
-            "rank after records + 1000 lookups: private (RSS), MB",
-            "-",
-            f"{bs['rank_anon_mb']:.0f} ({bs['rank_rss_mb']:.0f})",
-            f"{bb['rank_anon_mb']:.0f} ({bb['rank_rss_mb']:.0f})",
-            "-",
-        ),
-        (
-            "VideoInfo lookup (random file), us",
-            "-",
-            f"{med(bs, 'lookup_s') * 1e6:.0f}",
-            f"{med(bb, 'lookup_s') * 1e6:.0f}",
-            "-",
-        ),
-        (
-            "pickled tables per spawn worker",
-            f"{js['pickled_tables_mb']:.0f} MB",
-            f"{bs['pickled_tables_bytes']} B",
-            f"{bb['pickled_tables_bytes']} B",
-            f"{js['pickled_tables_mb'] * scale / 1024:.1f} GB",
-        ),
-        (
-            "pickled index records per worker, MB",
-            "-",
-            f"{bs['pickled_index_mb']:.1f}",
-            f"{bb['pickled_index_mb']:.0f}",
-            "-",
-        ),
-        (
-            "extra private memory per spawn worker, MB",
-            "-",
-            "-",
-            ", ".join(f"{v:.0f}" for v in bb.get("worker_extra_anon_mb", [])),
-            "-",
-        ),
-        (
-            "  its unpickling + 1000 lookups, s",
-            "-",
-            "-",
-            ", ".join(f"{v:.1f}" for v in bb.get("worker_unpickle_and_lookups_s", [])),
-            "-",
-        ),
-    ]
-    header = ("", "JSON (baseline)", "binary, same size", "binary, full size", "JSON extrapolated")
-    widths = [max(len(str(r[i])) for r in (*rows, header)) for i in range(5)]
     print(
         f"frame tables: {args.clips:,} clips x {len(CAMERAS)} cameras x {FRAMES} frames; GOP {args.gop}; "
         f"each size in a fresh process, median of {args.repeats} [min-max]; {os.cpu_count()} CPUs"
     )
-    for r in (header, *rows):
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    table(
+        ("", "JSON (baseline)", "binary, same size", "binary, full size", "JSON extrapolated"),
+        [
+            ("files", f"{small * 6:,}", f"{small * 6:,}", f"{files:,}", f"{files:,} (x{scale:g})"),
+            (
+                "table file",
+                f"{results['json_bytes'] / 2**20:.0f} MB",
+                "-",
+                f"{results['binary_bytes'] / 2**20:,.0f} MB",
+                f"{results['json_bytes'] * scale / 2**30:.1f} GB",
+            ),
+            (
+                "load tables to first lookup, s",
+                f"{js['load_s']:.2f}",
+                spread(bs, "open_s", 1, ".4f"),
+                f"{med(bb, 'open_s') + med(bb, 'first_lookup_s'):.4f}",
+                f"{js['load_s'] * scale:.0f}",
+            ),
+            (
+                "memory for tables: private (RSS), MB",
+                f"{js['anon_mb']:.0f} ({js['rss_mb']:.0f})",
+                f"{bs['tables_anon_mb']:.1f} ({bs['tables_rss_mb']:.1f})",
+                f"{bb['tables_anon_mb']:.1f} ({bb['tables_rss_mb']:.1f})",
+                f"{js['anon_mb'] * scale:,.0f}",
+            ),
+            (
+                "pickled tables per spawn worker",
+                f"{js['pickled_tables_mb']:.0f} MB",
+                f"{bs['pickled_tables_bytes']} B",
+                f"{bb['pickled_tables_bytes']} B",
+                f"{js['pickled_tables_mb'] * scale / 1024:.1f} GB",
+            ),
+        ],
+    )
     load = med(bb, "open_s") + med(bb, "first_lookup_s")
     ratio = js["load_s"] * scale / load
     print(
         f"tables: binary loads {ratio:,.0f}x faster than JSON would at full size and holds "
         f"{js['anon_mb'] * scale / max(bb['tables_anon_mb'], 0.1):,.0f}x less private memory"
     )
+
+    def size(n: float) -> str:
+        return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB"
+
+    def listed(run: dict[str, Any], key: str, fmt: str) -> str:
+        return ", ".join(f"{v:{fmt}}" for v in run.get(key, [])) or "-"
+
+    print(
+        f"\nindex records: {args.clips:,} clips x {len(CAMERAS)} cameras, in a fresh process, median of "
+        f"{args.repeats} [min-max]; workers: spawn, each unpickles the index and reads 1000 random files' tables"
+    )
+    setup_goal, pickle_goal, worker_goal = 2.0, 2**20, 50.0
+    after_setup = med(ar, "setup_s")
+    worker_after = max(ar.get("worker_extra_anon_mb", [0.0]))
+    table(
+        ("", "records (before)", "arrays (after)", "goal", "met"),
+        [
+            (
+                "setup: records, s (load_index for arrays)",
+                spread(bb, "records_s"),
+                spread(ar, "setup_s"),
+                f"< {setup_goal:g} s",
+                "yes" if after_setup < setup_goal else "NO",
+            ),
+            ("  + one scandir per clip folder (before), s", f"{ar['folder_scan_s']:.2f}", "(not done)", "", ""),
+            (
+                "pickled index per worker",
+                size(bb["pickled_index_bytes"]),
+                size(ar["pickled_index_bytes"]),
+                f"< {size(pickle_goal)}",
+                "yes" if ar["pickled_index_bytes"] < pickle_goal else "NO",
+            ),
+            (
+                "extra private memory per spawn worker, MB",
+                listed(bb, "worker_extra_anon_mb", ".0f"),
+                listed(ar, "worker_extra_anon_mb", ".1f"),
+                f"< {worker_goal:g}",
+                "yes" if worker_after < worker_goal else "NO",
+            ),
+            (
+                "  its unpickling + 1000 lookups, s",
+                listed(bb, "worker_unpickle_and_lookups_s", ".2f"),
+                listed(ar, "worker_unpickle_and_lookups_s", ".2f"),
+                "",
+                "",
+            ),
+            (
+                "rank after setup: private (RSS), MB",
+                f"{bb['records_anon_mb']:.0f} ({bb['records_rss_mb']:.0f})",
+                f"{ar['setup_anon_mb']:.0f} ({ar['setup_rss_mb']:.0f})",
+                "",
+                "",
+            ),
+            (
+                "  after 1000 lookups too",
+                f"{bb['rank_anon_mb']:.0f} ({bb['rank_rss_mb']:.0f})",
+                f"{ar['rank_anon_mb']:.0f} ({ar['rank_rss_mb']:.0f})",
+                "",
+                "",
+            ),
+            (
+                "clips[i].cameras[j].info (random file), us",
+                f"{med(bb, 'lookup_s') * 1e6:.0f}",
+                f"{med(ar, 'lookup_s') * 1e6:.0f}",
+                "",
+                "",
+            ),
+            (
+                'index["clip_id"], us',
+                f"{med(bb, 'by_id_s') * 1e6:,.0f} (scan)",
+                f"{med(ar, 'by_id_s') * 1e6:.1f}",
+                "",
+                "",
+            ),
+        ],
+    )
+    before_setup = med(bb, "records_s") + ar["folder_scan_s"]
+    print(
+        f"records: setup {before_setup / after_setup:.1f}x faster (records + folder scan {before_setup:.2f} s -> "
+        f"{after_setup:.2f} s), {bb['pickled_index_bytes'] / ar['pickled_index_bytes']:,.0f}x less to pickle, "
+        f"worker private memory {max(bb.get('worker_extra_anon_mb', [0.0])):.0f} -> {worker_after:.1f} MB"
+    )
     results["summary"] = {
         "binary_load_s": load,
         "json_extrapolated_load_s": js["load_s"] * scale,
         "json_extrapolated_anon_mb": js["anon_mb"] * scale,
         "load_ratio": ratio,
+        "records_setup_s": med(bb, "records_s"),
+        "records_folder_scan_s": ar["folder_scan_s"],
+        "arrays_setup_s": after_setup,
+        "records_pickled_bytes": bb["pickled_index_bytes"],
+        "arrays_pickled_bytes": ar["pickled_index_bytes"],
+        "records_worker_extra_anon_mb": bb.get("worker_extra_anon_mb"),
+        "arrays_worker_extra_anon_mb": ar.get("worker_extra_anon_mb"),
+        "goals": {"setup_s": setup_goal, "pickled_bytes": pickle_goal, "worker_extra_anon_mb": worker_goal},
+        "goals_met": {
+            "setup": after_setup < setup_goal,
+            "pickled": ar["pickled_index_bytes"] < pickle_goal,
+            "worker_memory": worker_after < worker_goal,
+        },
     }
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")

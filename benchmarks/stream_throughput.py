@@ -5,8 +5,16 @@ H.265, GOP 30, no B-frames, 12 fps).
 
 - ceiling: plain sequential PyAV decoding of every file to RGB, one process per core, FFmpeg
   threading on, no loader.
-- stream loader: ``StreamVideoDataModule`` train loader, delivered camera-frames/sec over one
-  epoch after the first batch, plus its decode amplification.
+- stream loader, workers: ``StreamVideoDataModule(engine="workers")`` train loader, delivered
+  camera-frames/sec over one epoch after the first batch, plus its decode amplification.
+- stream loader, engine: the same with ``engine="threads"`` (decode threads in the training
+  process), with 2 and 4 threads.
+- ``--gil-ms N``: the loop that consumes the batches runs N ms of pure Python per batch, holding
+  the GIL as a Python-heavy training step does (``--gil-mode python``: bytecode, which the
+  interpreter interrupts every 5 ms to let other threads run; ``c``: one long C call that keeps the
+  GIL throughout); frames/sec is then the pipeline's, step included.
+- Each stream loader configuration runs in a fresh process, so its peak resident memory is its own:
+  the main process's peak and the largest worker's (``getrusage``), both in the table and the JSON.
 - naive loader: a map-style dataset whose every item opens the camera files, seeks to the frame
   and decodes forward (what most first loaders do), in a DataLoader with the same workers.
 - resize (``--resize 450x800``): the stream loader with ``FrameTransform(resize=...)``, which CPU
@@ -19,6 +27,7 @@ Usage::
 
     python benchmarks/stream_throughput.py                 # full run (generates data once)
     python benchmarks/stream_throughput.py --quick         # smaller data, fewer repeats
+    python benchmarks/stream_throughput.py --clips 2 --frames 48 --engine-threads 2 4
 """
 
 from __future__ import annotations
@@ -28,7 +37,10 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.index import load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.engine_factory import CPU_DECODER_THREADS
 from lightning_vstream.transforms import FrameTransform
 
 
@@ -101,7 +114,16 @@ class AfterDecodeResize:
 
 
 def measure_stream(
-    index: Path, *, batch_size: int, num_workers: int, decoder_threads: int, transform: Any = None
+    index: Path,
+    *,
+    batch_size: int,
+    num_workers: int,
+    decoder_threads: int,
+    transform: Any = None,
+    engine: str = "workers",
+    engine_threads: int | None = None,
+    gil_ms: float = 0.0,
+    gil_mode: str = "python",
 ) -> dict[str, float]:
     dm = StreamVideoDataModule(
         index_file=index,
@@ -110,6 +132,8 @@ def measure_stream(
         decoder_threads=decoder_threads,
         persistent_workers=False,
         seed=0,
+        engine=engine,  # type: ignore[arg-type]
+        engine_threads=engine_threads,
     )
     dm.transform = transform  # set after construction: the DataModule's argument is typed FrameTransform
     dm.setup("fit")
@@ -121,9 +145,55 @@ def measure_stream(
             start = time.perf_counter()
             continue
         frames += batch["frames"].shape[0] * batch["frames"].shape[1]
+        if gil_ms:
+            _hold_the_gil(gil_ms, gil_mode)
     assert start is not None
     elapsed = time.perf_counter() - start
     return {"fps": frames / elapsed, "amplification": loader.stats.amplification, "frames": frames}
+
+
+def _hold_the_gil(ms: float, mode: str = "python") -> None:
+    """At least ``ms`` milliseconds of work that holds the GIL, as a Python-heavy training step does.
+
+    ``"python"``: a bytecode loop (the interpreter hands the GIL to waiting threads every 5 ms);
+    ``"c"``: ``sum(range(n))`` calls of about 20 ms each, which keep the GIL until they return.
+    """
+    end = time.perf_counter() + ms / 1000
+    if mode == "python":
+        while time.perf_counter() < end:
+            pass
+        return
+    while time.perf_counter() < end:
+        sum(range(2_000_000))  # about 20 ms of C that keeps the GIL, on this VM
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    """Peak resident memory (MB) of this process and of its largest child that has exited (Linux: KiB units)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return own, children
+
+
+def measure_isolated(index: Path, **options: Any) -> dict[str, float]:
+    """:func:`measure_stream` in a fresh process: its peak RSS and its largest worker's are its own."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps({"index": str(index), **options})],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"measuring {options} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _child(spec: str) -> None:
+    options = json.loads(spec)
+    index = Path(options.pop("index"))
+    measured = measure_stream(index, **options)
+    main_mb, worker_mb = _peak_rss_mb()  # workers have exited (and been reaped) when the epoch ends
+    print(json.dumps({**measured, "rss_main_mb": main_mb, "rss_worker_mb": worker_mb}))
 
 
 class NaiveSeekDataset(Dataset):
@@ -253,6 +323,10 @@ def measure_resize(index: Path, size: tuple[int, int], args: argparse.Namespace)
     }
 
 
+def _load() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -273,6 +347,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=[0, 1],
         help="FFmpeg threads per decoder to try in the stream loader (0 = FFmpeg's choice)",
     )
+    parser.add_argument(
+        "--engine-threads",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="decode threads of the thread engine rows (engine='threads')",
+    )
+    parser.add_argument(
+        "--gil-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds of pure Python (holding the GIL) per batch in the consuming loop, as a training step",
+    )
+    parser.add_argument("--gil-mode", choices=["python", "c"], default="python", help="how --gil-ms holds the GIL")
     parser.add_argument("--naive-steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 clips x 30 frames, 1 repeat")
@@ -283,13 +371,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="measure only the stream loader with and without --resize (no ceiling, no naive loader)",
     )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/stream_throughput.json"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one isolated measurement (internal)
     args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return {}
     if args.quick:
         args.clips, args.frames, args.repeats, args.naive_steps = 2, 30, 1, 6
     width, height = (int(v) for v in args.size.split("x"))
     index = _ensure_data(args.data_dir, args.clips, args.frames, (width, height), args.preset)
     paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     resize = None if args.resize is None else tuple(int(v) for v in args.resize.lower().split("x"))
     resize_result = None
@@ -301,13 +393,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"wrote {args.json}")
             return {"resize": resize_result}
 
-    ceiling = [measure_ceiling(paths, cores) for _ in range(args.repeats)]
-    stream: dict[int, list[dict[str, float]]] = {}
+    # Every configuration once per repeat, in turn, so background load falls on all alike.
+    configs: dict[str, dict[str, Any]] = {}
     for threads in args.decoder_threads:
-        stream[threads] = [
-            measure_stream(index, batch_size=args.batch_size, num_workers=args.workers, decoder_threads=threads)
-            for _ in range(args.repeats)
-        ]
+        configs[f"workers, {args.workers} processes, decoder_threads={threads}"] = {
+            "engine": "workers",
+            "num_workers": args.workers,
+            "decoder_threads": threads,
+        }
+    for engine_threads in args.engine_threads:
+        # decoder_threads=0 means CPU_DECODER_THREADS to the engine on the CPU: name what runs, once.
+        for threads in dict.fromkeys(t or CPU_DECODER_THREADS for t in args.decoder_threads):
+            configs[f"engine, {engine_threads} threads, decoder_threads={threads}"] = {
+                "engine": "threads",
+                "engine_threads": engine_threads,
+                "num_workers": 0,
+                "decoder_threads": threads,
+            }
+    ceiling: list[float] = []
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
+    for repeat in range(args.repeats):
+        ceiling.append(measure_ceiling(paths, cores))
+        for name, options in configs.items():
+            runs[name].append(
+                measure_isolated(
+                    index, batch_size=args.batch_size, gil_ms=args.gil_ms, gil_mode=args.gil_mode, **options
+                )
+            )
+            print(f"  repeat {repeat + 1}/{args.repeats}: {name}: {runs[name][-1]['fps']:.1f} frames/s", flush=True)
     naive = [
         measure_naive(index, batch_size=args.batch_size, num_workers=args.workers, steps=args.naive_steps)
         for _ in range(max(1, args.repeats - 1))
@@ -315,24 +428,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     ceiling_fps = statistics.median(ceiling)
     naive_fps = statistics.median(naive)
-    best_threads = max(stream, key=lambda t: statistics.median(r["fps"] for r in stream[t]))
-    rows = [("ceiling: PyAV -> RGB, 1 process/core", ceiling_fps, 1.0, None)]
-    for threads, runs in stream.items():
-        fps = statistics.median(r["fps"] for r in runs)
-        amp = statistics.median(r["amplification"] for r in runs)
-        rows.append((f"stream loader, {args.workers} workers, decoder_threads={threads}", fps, fps / ceiling_fps, amp))
-    rows.append((f"naive seek-per-frame loader, {args.workers} workers", naive_fps, naive_fps / ceiling_fps, None))
+    table = {}
+    for name, results in runs.items():
+        fps = statistics.median(r["fps"] for r in results)
+        table[name] = {
+            **configs[name],
+            "fps": _summary([r["fps"] for r in results]),
+            "x_ceiling": fps / ceiling_fps,
+            "amplification": statistics.median(r["amplification"] for r in results),
+            "peak_rss_main_mb": max(r["rss_main_mb"] for r in results),
+            "peak_rss_largest_worker_mb": max(r["rss_worker_mb"] for r in results)
+            if configs[name]["num_workers"]
+            else 0,
+        }
     print(
         f"\n{len(paths)} files, {args.clips} clips x 6 cameras x {args.frames} frames, {width}x{height} HEVC GOP 30; "
-        f"{cores} cores; batch_size={args.batch_size}"
+        f"{cores} cores; batch_size={args.batch_size}; {args.repeats} repeats, median; load {_load()}"
+        + (f"; a training step holding the GIL {args.gil_ms:g} ms per batch ({args.gil_mode})" if args.gil_ms else "")
     )
-    print(f"{'configuration':<58}{'frames/s':>10}{'x ceiling':>11}{'decode amp':>12}")
-    for name, fps, ratio, amp in rows:
-        print(f"{name:<58}{fps:>10.1f}{ratio:>11.2f}{'' if amp is None else f'{amp:.3f}':>12}")
-    best = statistics.median(r["fps"] for r in stream[best_threads])
-    print(f"\nbest stream loader / ceiling = {best / ceiling_fps:.2f}; stream loader / naive = {best / naive_fps:.1f}x")
+    header = f"{'configuration':<46}{'frames/s':>10}{'x ceiling':>11}{'decode amp':>12}  peak RSS"
+    print(header)
+    print(f"{'ceiling: PyAV -> RGB, 1 process per core':<46}{ceiling_fps:>10.1f}{1.0:>11.2f}")
+    for name, row in table.items():
+        rss = f"{row['peak_rss_main_mb']:.0f} MB main"
+        if row["peak_rss_largest_worker_mb"]:
+            rss += f" + {row['peak_rss_largest_worker_mb']:.0f} MB largest worker"
+        else:
+            rss += ", one process"
+        fps = row["fps"]["median"]
+        print(f"{name:<46}{fps:>10.1f}{row['x_ceiling']:>11.2f}{row['amplification']:>12.3f}  {rss}")
+    print(
+        f"{'naive seek-per-frame loader, ' + str(args.workers) + ' workers':<46}{naive_fps:>10.1f}"
+        f"{naive_fps / ceiling_fps:>11.2f}"
+    )
+    best = max(table, key=lambda name: table[name]["fps"]["median"])
+    best_fps = table[best]["fps"]["median"]
+    print(f"\nbest: {best} = {best_fps / ceiling_fps:.2f} x ceiling, {best_fps / naive_fps:.1f} x naive")
     result = {
-        "machine": {"cores": cores, "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cores": cores,
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average": os.getloadavg(),
+        },
         "data": {
             "clips": args.clips,
             "cameras": 6,
@@ -343,19 +481,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "preset": args.preset,
         },
         "batch_size": args.batch_size,
-        "workers": args.workers,
+        "repeats": args.repeats,
+        "gil_ms_per_batch": args.gil_ms,
+        "gil_mode": args.gil_mode,
         "ceiling_fps": _summary(ceiling),
-        "stream": {
-            str(t): {
-                "fps": _summary([r["fps"] for r in runs]),
-                "amplification": statistics.median(r["amplification"] for r in runs),
-            }
-            for t, runs in stream.items()
-        },
+        "loaders": table,
         "naive_fps": _summary(naive),
-        "best_decoder_threads": best_threads,
-        "ratio_to_ceiling": best / ceiling_fps,
-        "ratio_to_naive": best / naive_fps,
+        "best": best,
+        "ratio_to_ceiling": best_fps / ceiling_fps,
+        "ratio_to_naive": best_fps / naive_fps,
         "resize": resize_result,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

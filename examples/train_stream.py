@@ -3,7 +3,8 @@
 Every ``StreamVideoDataModule`` argument is a ``data:`` option, every ``TinyStreamPETR``
 argument a ``model:`` option, and the two callbacks are configured under ``trainer.callbacks``.
 Swap in your own LightningModule by replacing ``TinyStreamPETR`` below; give it a
-``reset_temporal_state(mask)`` method (see ``TemporalStateReset``).
+``reset_temporal_state(mask)`` method (see ``TemporalStateReset``). ``VStreamCLI`` is
+``LightningCLI`` with clearer errors: a misspelt option is named with the closest valid one.
 
 Usage::
 
@@ -15,17 +16,20 @@ Usage::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
-from lightning.pytorch.cli import LightningCLI
-
-from lightning_vstream.demos.models import TinyStreamPETR
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream import StreamVideoDataModule, VStreamCLI
+from lightning_vstream.demos import TinyStreamPETR
 
 
-def main(args: Sequence[str] | None = None, *, run: bool = True) -> LightningCLI:
+def main(args: Sequence[str] | None = None, *, run: bool = True) -> VStreamCLI:
     """Build the CLI from ``args`` (the command line when None); ``run=False`` only parses and instantiates."""
-    return LightningCLI(
+    # Lightning calls a torch.utils._pytree API that torch 2.13 deprecates; nothing to act on here.
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
+    return VStreamCLI(
         TinyStreamPETR,
         StreamVideoDataModule,
         args=list(args) if args is not None else None,

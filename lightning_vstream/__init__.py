@@ -1,62 +1,103 @@
 """lightning_vstream: frame-exact, stream-affine video loading for PyTorch Lightning.
 
-Importing the package does no I/O, touches no GPU and does not import lightning (the DataModules
-load on first use); decoders open files lazily where they run.
+Importing the package does no I/O, touches no GPU and imports neither torch nor lightning: every
+name below loads its module on first access, so ``vstream --help`` answers at once and DataLoader
+workers (which import this package to unpickle their dataset) import only what they use.
 
-The names here are the public API. Everything else stays importable from the module named after
-its concept (``lightning_vstream.index``, ``.decode``, ``.stream``, ``.clips``, ``.demos``) and may
-change between releases.
+The public API is the names here, plus the ``__all__`` of these namespaces:
+``lightning_vstream.callbacks`` (Lightning callbacks), ``.errors`` (every exception),
+``.index``, ``.decode``, ``.annotations``, ``.encode``, ``.importers`` (index files, decoders,
+training targets, dataset tools), ``.demos`` (stamped synthetic data and the demo model) and
+``.cli`` (``main``, the ``vstream`` command). Modules below those (``lightning_vstream.stream.loader``,
+``lightning_vstream.clips.selection``, ...) are internal and may change between releases.
 """
 
-from importlib import metadata as _metadata
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
-from lightning_vstream.clips.selection import (
-    ClipRequest,
-    FrameWindow,
-    TimeWindow,
-    at_indices,
-    at_times,
-    multi_rate,
-    random_clips,
-    regular_clips,
-)
-from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError
-from lightning_vstream.index import VideoIndex, build_index, load_index
-from lightning_vstream.transforms import FrameTransform
-
 if TYPE_CHECKING:
+    from lightning_vstream._datamodule import GpuOptions
+    from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
+    from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips, index_from_files
+    from lightning_vstream.clips.selection import (
+        ClipRequest,
+        FrameWindow,
+        TimeWindow,
+        at_indices,
+        at_times,
+        multi_rate,
+        random_clips,
+        regular_clips,
+        segment_times,
+    )
+    from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError, VStreamWarning
+    from lightning_vstream.index import VideoIndex, build_index, load_index
+    from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.schedule import StreamSchedule
+    from lightning_vstream.transforms import FrameTransform
 
-try:
-    __version__ = _metadata.version("lightning_vstream")
-except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+    __version__: str
 
-#: Names whose modules import lightning: loaded on first access, so that DataLoader workers (which
-#: import this package to unpickle their dataset) start without importing lightning.
-_LAZY = {
+#: Public name -> the module that defines it (imported on first access).
+_EXPORTS = {
+    "AnnotationFiles": "lightning_vstream.annotations",
+    "AnnotationSource": "lightning_vstream.annotations",
+    "ClipRequest": "lightning_vstream.clips.selection",
     "ClipVideoDataModule": "lightning_vstream.clips.datamodule",
+    "FrameTransform": "lightning_vstream.transforms",
+    "FrameWindow": "lightning_vstream.clips.selection",
+    "GeometryAugment": "lightning_vstream.annotations",
+    "GpuOptions": "lightning_vstream._datamodule",
+    "IndexValidationError": "lightning_vstream.errors",
+    "StreamSchedule": "lightning_vstream.stream.schedule",
     "StreamVideoDataModule": "lightning_vstream.stream.datamodule",
+    "TimeWindow": "lightning_vstream.clips.selection",
+    "VStreamCLI": "lightning_vstream.lightning_cli",
+    "VStreamError": "lightning_vstream.errors",
+    "VStreamWarning": "lightning_vstream.errors",
+    "VideoClipDataset": "lightning_vstream.clips.dataset",
+    "VideoDecodeError": "lightning_vstream.errors",
+    "VideoIndex": "lightning_vstream.index",
+    "at_indices": "lightning_vstream.clips.selection",
+    "at_times": "lightning_vstream.clips.selection",
+    "build_index": "lightning_vstream.index",
+    "collate_clips": "lightning_vstream.clips.dataset",
+    "index_from_files": "lightning_vstream.clips.dataset",
+    "load_index": "lightning_vstream.index",
+    "multi_rate": "lightning_vstream.clips.selection",
+    "random_clips": "lightning_vstream.clips.selection",
+    "regular_clips": "lightning_vstream.clips.selection",
+    "segment_times": "lightning_vstream.clips.selection",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_vstream' has no attribute {name!r}")
-    import importlib
+def _version() -> str:
+    from importlib import metadata
 
-    value = getattr(importlib.import_module(module), name)
+    try:
+        return metadata.version("lightning_vstream")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = _version()
+    else:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'lightning_vstream' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
@@ -67,10 +108,14 @@ __all__ = [
     "FrameTransform",
     "FrameWindow",
     "GeometryAugment",
+    "GpuOptions",
     "IndexValidationError",
+    "StreamSchedule",
     "StreamVideoDataModule",
     "TimeWindow",
+    "VStreamCLI",
     "VStreamError",
+    "VStreamWarning",
     "VideoClipDataset",
     "VideoDecodeError",
     "VideoIndex",
@@ -79,8 +124,10 @@ __all__ = [
     "at_times",
     "build_index",
     "collate_clips",
+    "index_from_files",
     "load_index",
     "multi_rate",
     "random_clips",
     "regular_clips",
+    "segment_times",
 ]

@@ -1,13 +1,16 @@
-"""What both DataModules share: argument checks, worker start methods and per-instance evaluation loaders.
+"""What both DataModules share: argument checks, worker start methods, per-instance evaluation loaders,
+and the GPU-only options grouped in :class:`GpuOptions`.
 
 Imported only by the DataModule modules (it imports lightning); DataLoader workers never load it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.context
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Generic, Literal, TypeVar
 
@@ -15,7 +18,16 @@ import lightning.pytorch as pl
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["EvalLoader", "MultiprocessingContext", "check_arguments", "plain_hparams", "worker_context"]
+__all__ = [
+    "DEFAULT_GPU_OPTIONS",
+    "EvalLoader",
+    "GpuOptions",
+    "MultiprocessingContext",
+    "check_arguments",
+    "gpu_options",
+    "plain_hparams",
+    "worker_context",
+]
 
 MultiprocessingContext = Literal["fork", "forkserver", "spawn"]
 T = TypeVar("T")
@@ -26,6 +38,72 @@ def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> 
     for name, (value, ok, accepted) in checks.items():
         if not ok:
             raise ConfigurationError(f"{owner}: {name}={value!r} is invalid; expected {accepted}.")
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """Options that apply only when frames are decoded on an NVIDIA GPU (``decode_device="cuda"``, or
+    ``"auto"`` on a machine with one); a CPU run ignores them.
+
+    In a LightningCLI config they form one section::
+
+        data:
+          decode_device: cuda
+          gpu:
+            fallback: cpu     # decode files NVDEC cannot take with PyAV
+            probe: true
+
+    Args:
+        fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
+            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
+            and copies their frames to the GPU.
+        probe: Decode one frame in a child process at setup (once per GPU), so a broken driver or
+            CUDA fault is an error at once rather than the end of a long run.
+
+    Raises:
+        ValueError: ``fallback`` is not ``"none"`` or ``"cpu"``, or ``probe`` is not a bool.
+
+    Example::
+
+        >>> GpuOptions(fallback="cpu")
+        GpuOptions(fallback='cpu', probe=True)
+    """
+
+    fallback: Literal["none", "cpu"] = "none"
+    probe: bool = True
+
+    def __post_init__(self) -> None:
+        check_arguments(
+            "GpuOptions",
+            {
+                "fallback": (self.fallback, self.fallback in ("none", "cpu"), "'none' or 'cpu'"),
+                "probe": (self.probe, isinstance(self.probe, bool), "True or False"),
+            },
+        )
+
+
+#: The defaults, shared (the options are frozen).
+DEFAULT_GPU_OPTIONS = GpuOptions()
+
+
+def gpu_options(owner: str, value: GpuOptions | Mapping[str, Any] | None) -> GpuOptions:
+    """``value`` as :class:`GpuOptions`: None gives the defaults, and a mapping (as a checkpoint's
+    hyperparameters hold it) its fields."""
+    if value is None:
+        return GpuOptions()
+    if isinstance(value, GpuOptions):
+        return value
+    if isinstance(value, Mapping):
+        names = {f.name for f in dataclasses.fields(GpuOptions)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ConfigurationError(
+                f"{owner}: gpu={dict(value)!r} has unknown option(s) {unknown}; use {sorted(names)}."
+            )
+        return GpuOptions(**value)
+    raise ConfigurationError(
+        f"{owner}: gpu={value!r} is invalid; expected GpuOptions(fallback=..., probe=...), a dict of those, or None."
+    )
 
 
 def rank_decode_device(decode_device: str, trainer: pl.Trainer | None) -> str:
@@ -46,7 +124,9 @@ def plain_hparams(module: pl.LightningDataModule) -> None:
     ``repr``); pass them again when rebuilding the DataModule from a checkpoint.
     """
     for key, value in list(module.hparams.items()):
-        if isinstance(value, PurePath):
+        if isinstance(value, GpuOptions):
+            module.hparams[key] = dataclasses.asdict(value)
+        elif isinstance(value, PurePath):
             module.hparams[key] = str(value)
         elif not _plain(value):
             module.hparams[key] = repr(value)
@@ -63,7 +143,11 @@ def _plain(value: object) -> bool:
 
 
 #: What every DataLoader worker imports; a forkserver imports it once and forks workers with it loaded.
-WORKER_MODULES = ("lightning_vstream.stream.worker", "lightning_vstream.clips.dataset")
+WORKER_MODULES = (
+    "lightning_vstream.stream.worker",
+    "lightning_vstream.clips.dataset",
+    "lightning_vstream.clips.epochs",
+)
 
 
 def worker_context(

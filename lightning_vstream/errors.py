@@ -3,6 +3,11 @@
 Each also derives from the built-in type that describes it (``ValueError`` for bad input,
 ``RuntimeError`` for failures while running), so code that catches those keeps working.
 
+Every class can be rebuilt from its message alone, as ``pickle`` and PyTorch's DataLoader do: an
+error raised in a DataLoader worker reaches the training process as the same class, and its
+message starts with the worker's original message (torch's "Caught ... in DataLoader worker
+process N" preamble is moved after it, with the worker's traceback).
+
 Example::
 
     >>> from lightning_vstream import VStreamError
@@ -12,7 +17,9 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "AnnotationError",
@@ -40,14 +47,65 @@ __all__ = [
 ]
 
 
+# torch.utils.data's ExceptionWrapper.reraise() rebuilds an error from a worker as
+# ``exc_type(f"Caught {name} {where}.\nOriginal {traceback}")``.
+_TORCH_REBUILT = re.compile(
+    r"Caught (?P<name>\w+) (?P<where>in [^\n]+?)\.\nOriginal (?P<traceback>Traceback \(most recent call last\):\n.*)\Z",
+    re.DOTALL,
+)
+
+
+def _original_first(cls: type, text: str) -> str:
+    """``text``, or, for a message torch rebuilt after a DataLoader worker raised ``cls``, the worker's own
+    message followed by where it was raised and the worker's traceback.
+
+    The worker's message is what follows the last ``module.ClassName: `` line of the traceback (the
+    error raised last comes last, after any chained causes).
+    """
+    found = _TORCH_REBUILT.match(text)
+    if found is None or found["name"] != cls.__name__:
+        return text
+    trace = found["traceback"]
+    name = cls.__qualname__ if cls.__module__ in ("__main__", "builtins") else f"{cls.__module__}.{cls.__qualname__}"
+    at = trace.rfind(f"\n{name}: ")
+    if at < 0:
+        return text
+    original = trace[at + len(name) + 3 :].rstrip("\n")
+    return f"{original}\n\n(raised {found['where']}; the worker's traceback:)\n{trace[: at + 1]}"
+
+
 class VStreamError(Exception):
-    """Base class of every error lightning_vstream raises on purpose."""
+    """Base class of every error lightning_vstream raises on purpose.
+
+    Example::
+
+        >>> import pickle
+        >>> err = pickle.loads(pickle.dumps(VStreamError("clip 'scene-0001': file 'a.mp4' is damaged")))
+        >>> type(err).__name__, str(err)
+        ('VStreamError', "clip 'scene-0001': file 'a.mp4' is damaged")
+    """
+
+    def __init__(self, *args: object, **kwargs: Any) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (_original_first(type(self), args[0]),)
+        super().__init__(*args, **kwargs)  # keywords: ImportError's name and path
 
 
 class IndexValidationError(VStreamError, ValueError):
-    """An index file does not describe the files on disk; ``problems`` lists every finding."""
+    """An index file does not describe the files on disk; ``problems`` lists every finding.
 
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
+    Args:
+        source: What was checked (the index file, or the video file with its clip and camera).
+        problems: Every finding, each a complete sentence. Without it, ``source`` is the whole
+            message (how ``pickle`` and PyTorch's DataLoader rebuild the error from its text).
+    """
+
+    def __init__(self, source: str, problems: Sequence[str] | None = None) -> None:
+        if problems is None:
+            super().__init__(source)
+            self.source = ""
+            self.problems = [str(self.args[0])]
+            return
         self.source = source
         self.problems = list(problems)
         if len(self.problems) == 1:
@@ -161,3 +219,10 @@ class ChecksumError(VideoDecodeError):
     The message names the file, the frame and the byte range. Under ``on_error="skip"`` the clip is
     skipped and counted like any other unreadable file.
     """
+
+
+class VStreamWarning(UserWarning):
+    """Base class of every warning lightning_vstream issues (silence them all with
+    ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).
+
+    Public as ``lightning_vstream.VStreamWarning``; ``__all__`` here lists the exceptions."""

@@ -22,6 +22,8 @@ from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 
 class CheckingModel(pl.LightningModule):
+    handles_is_first = True  # keeps no state from one step to the next
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)

@@ -1,19 +1,29 @@
-"""A CPU stand-in for PyNvVideoCodec's low-level decoder with NATIVE (NV12) output.
+"""The one stand-in for PyNvVideoCodec, for what the fake NVIDIA driver cannot show: real pixels and CUDA errors.
 
-``CreateDecoder(...)`` returns a decoder whose ``Decode(PacketData)`` decodes the Annex-B packet
-with FFmpeg and returns frames that behave like ``DecodedFrame``: ``getPTS()`` and ``__dlpack__``
-exporting an NV12 ``[1.5 H, W]`` uint8 surface from a small ring that later frames overwrite; an
-empty packet (``bsl == 0``) flushes. Keyword names and enum members follow PyNvVideoCodec 2.2.4.
+Everything else about the library (call names and arguments, latency modes, buffer reuse, crop,
+P016 strides, capabilities, flushing, reuse) is tested against the real wheel over the fake driver
+(``tests/test_gpu_nvdriver.py``). This stand-in decodes the Annex-B packets with FFmpeg so frames
+hold real pictures, and is no kinder than the library where the code relies on it:
+
+- one output buffer per position in the list ``Decode`` returns, overwritten by the next ``Decode``
+  (the library reuses its buffer the same way);
+- ``__dlpack__(stream=0)`` is refused, as the library refuses it;
+- ``fail_decode`` makes ``Decode`` raise as a CUDA error inside NVDEC would;
+- capabilities come from a probe child's report (:func:`caps_runner`), as on a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
 import types
 from typing import Any
 
 import av
 import torch
+
+from lightning_vstream.decode.device import host_view
 
 
 class FakeFrame:
@@ -29,20 +39,14 @@ class FakeFrame:
             raise BufferError("stream 0 is not a valid CUDA stream")
         return self._surface.__dlpack__()
 
-    def __dlpack_device__(self) -> Any:
-        return self._surface.__dlpack_device__()
-
 
 class FakeDecoder:
-    RING = 4
-
     def __init__(self, module: types.ModuleType, **kwargs: Any) -> None:
         self.module = module
         self.kwargs = kwargs
         self.codec = {"H264": "h264", "HEVC": "hevc"}[kwargs["codec"]]
         self.context: Any = None
-        self.surfaces: list[torch.Tensor] = []
-        self.turn = 0
+        self.buffers: list[torch.Tensor] = []  # reused by every Decode call, as the library's are
         self.packets = 0
         self.flushes = 0
         self.flags: list[Any] = []
@@ -54,7 +58,7 @@ class FakeDecoder:
             self.context = av.CodecContext.create(self.codec, "r")
         if packet.bsl == 0:
             frames = self.context.decode(None)
-            self.context = None
+            self.context = None  # the parser starts over after the end of a stream
             self.flushes += 1
         else:
             data = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
@@ -62,55 +66,90 @@ class FakeDecoder:
             self.flags.append(packet.decode_flag)
             frames = self.context.decode(data)
             self.packets += 1
-        return [self._frame(f) for f in frames]
+        return [self._frame(k, f) for k, f in enumerate(frames)]
 
-    def _frame(self, frame: Any) -> FakeFrame:
+    def _frame(self, position: int, frame: Any) -> FakeFrame:
         nv12 = torch.from_numpy(frame.to_ndarray(format="nv12").copy())
-        if len(self.surfaces) < self.RING:
-            self.surfaces.append(torch.empty_like(nv12))
-        surface = self.surfaces[self.turn % self.RING]
-        self.turn += 1
-        surface.copy_(nv12)
-        return FakeFrame(surface, frame.pts)
+        while len(self.buffers) <= position:
+            self.buffers.append(torch.empty_like(nv12))
+        buffer = self.buffers[position]
+        buffer.copy_(nv12)
+        return FakeFrame(buffer, frame.pts)
 
 
-def fake_module(*, engines: int = 3, caps: dict[str, int] | None = None) -> types.ModuleType:
+def fake_module(*, version: str = "2.2.4") -> types.ModuleType:
+    """A ``PyNvVideoCodec`` module decoding H.264 and HEVC with FFmpeg (see the module docs)."""
     module = types.ModuleType("PyNvVideoCodec")
-    module.__version__ = "2.2.4-fake"
+    module.__version__ = version
     module.created = []  # type: ignore[attr-defined]
     module.fail_decode = False  # type: ignore[attr-defined]
-    module.cudaVideoCodec = types.SimpleNamespace(H264="H264", HEVC="HEVC", AV1="AV1", VP9="VP9")  # type: ignore[attr-defined]
-    module.cudaVideoChromaFormat = types.SimpleNamespace(Monochrome="400")  # type: ignore[attr-defined]
-    setattr(module.cudaVideoChromaFormat, "420", "420")
+    module.cudaVideoCodec = types.SimpleNamespace(H264="H264", HEVC="HEVC")  # type: ignore[attr-defined]
     module.OutputColorType = types.SimpleNamespace(NATIVE="NATIVE", RGB="RGB", RGBP="RGBP")  # type: ignore[attr-defined]
     module.DisplayDecodeLatencyType = types.SimpleNamespace(NATIVE="NATIVE", LOW="LOW", ZERO="ZERO")  # type: ignore[attr-defined]
-    module.VideoPacketFlag = types.SimpleNamespace(ENDOFPICTURE="ENDOFPICTURE")  # type: ignore[attr-defined]
+    module.VideoPacketFlag = types.SimpleNamespace(ENDOFPICTURE=8)  # type: ignore[attr-defined]
 
     class PacketData:
         def __init__(self) -> None:
             self.bsl_data = 0
             self.bsl = 0
             self.pts = 0
-            self.decode_flag = None
+            self.decode_flag = 0
 
     def create_decoder(**kwargs: Any) -> FakeDecoder:
         decoder = FakeDecoder(module, **kwargs)
         module.created.append(decoder)  # type: ignore[attr-defined]
         return decoder
 
-    def get_decoder_caps(**kwargs: Any) -> dict[str, int]:
-        base = {
-            "supported": 1,
-            "num_decoder_engines": engines,
-            "mb_num_max": 0,
-            "width_max": 8192,
-            "height_max": 8192,
-            "width_min": 48,
-            "height_min": 16,
-        }
-        return {**base, **(caps or {})}
-
     module.PacketData = PacketData  # type: ignore[attr-defined]
     module.CreateDecoder = create_decoder  # type: ignore[attr-defined]
-    module.GetDecoderCaps = get_decoder_caps  # type: ignore[attr-defined]
     return module
+
+
+class StandInStream:
+    """A stream handle: never 0, like a real CUDA stream."""
+
+    def __init__(self, handle: int = 1) -> None:
+        self.cuda_stream = handle
+
+
+class StandInMemory:
+    """Frames in host memory (the stand-in's tensors), as :class:`~lightning_vstream.decode.device.HostMemory` sees them."""
+
+    host = True
+
+    def device(self, gpu: int) -> torch.device:
+        return torch.device("cpu")
+
+    def new_stream(self, gpu: int) -> StandInStream:
+        return StandInStream()
+
+    def current_stream(self, gpu: int) -> StandInStream:
+        return StandInStream()
+
+    def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
+        return host_view(frame.__dlpack__(stream=stream.cuda_stream))
+
+
+CAPS = {
+    "supported": 1,
+    "num_decoder_engines": 7,
+    "width_min": 144,
+    "height_min": 144,
+    "width_max": 8192,
+    "height_max": 8192,
+    "mb_num_max": 262144,
+}
+
+
+def caps_runner(calls: list[list[str]] | None = None, **overrides: int) -> Any:
+    """A probe-child runner reporting ``CAPS`` (with ``overrides``) for every codec and bit depth."""
+    from lightning_vstream.decode.nvdec import CAPS_BIT_DEPTHS, NVDEC_CODECS, PROBE_REPORT, caps_key
+
+    def run(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        if calls is not None:
+            calls.append(cmd)
+        table = {caps_key(c, d): {**CAPS, **overrides} for c in NVDEC_CODECS for d in CAPS_BIT_DEPTHS}
+        report = {"status": "ok", "visible_devices": env.get("CUDA_VISIBLE_DEVICES"), "caps": table, "decode": "ok"}
+        return subprocess.CompletedProcess(cmd, 0, PROBE_REPORT + json.dumps(report) + "\n", "")
+
+    return run

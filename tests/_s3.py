@@ -157,6 +157,16 @@ class S3TestServer:
         """``storage_options`` for the code under test, pointing at the proxy."""
         return {"endpoint": self.endpoint, "allow_http": True, **CREDENTIALS, **extra}
 
+    def environment(self) -> dict[str, str]:
+        """The standard AWS environment variables that reach the proxy (what a user sets instead of options)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": CREDENTIALS["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": CREDENTIALS["secret_access_key"],
+            "AWS_REGION": CREDENTIALS["region"],
+        }
+
     def client(self) -> Any:
         """A boto3 client talking to moto directly (setup only)."""
         import boto3

@@ -12,6 +12,8 @@ from conftest import batch_stamp_errors
 class RecordingModel(pl.LightningModule):
     """Pools frames into a linear layer; records every batch's labels and stamp errors."""
 
+    handles_is_first = True  # keeps no state from one step to the next: nothing to reset
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)

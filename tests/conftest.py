@@ -1,8 +1,22 @@
-"""Shared fixtures: small stamped datasets generated once per session."""
+"""Shared fixtures: small stamped datasets generated once per session; the `cuda` and `nvdriver` markers.
+
+`nvdriver` tests run the real PyNvVideoCodec over the fake NVIDIA driver (``shared/tools/fake-nvdriver``
+builds it). The dynamic loader reads ``LD_LIBRARY_PATH`` only when a process starts, so when
+``VSTREAM_FAKE_NVDRIVER`` names the folder holding the built libraries, this session runs every
+selected `nvdriver` test in one child pytest process started with that library path (and
+``VSTREAM_NVDEC_HOST_MEMORY=1``, under which the project views the fake's "device" memory as host
+memory), and reports each test's own result here. Without the variable they are skipped, saying why.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +39,129 @@ def _cuda_available() -> bool:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip `cuda` tests without a GPU; VSTREAM_REQUIRE_CUDA=1 turns that skip into a failure."""
+    """Skip `cuda` tests without a GPU (VSTREAM_REQUIRE_CUDA=1 makes that a failure), `nvdriver` tests without the driver."""
+    if "nvdriver" in item.keywords:
+        folder, reason = nvdriver_folder()
+        if folder is None:
+            pytest.skip(reason)
     if "cuda" not in item.keywords or _cuda_available():
         return
     if os.environ.get("VSTREAM_REQUIRE_CUDA", "") not in ("", "0"):
         pytest.fail("VSTREAM_REQUIRE_CUDA=1 is set but CUDA is not available", pytrace=False)
     pytest.skip("needs CUDA and PyNvVideoCodec")
+
+
+# -- nvdriver: the real PyNvVideoCodec over the fake NVIDIA driver, in one child process ------------
+FAKE_NVDRIVER_ENV = "VSTREAM_FAKE_NVDRIVER"
+_CHILD_REPORTS_ENV = "VSTREAM_NVDRIVER_REPORTS"  # set in the child: where it writes its test reports
+_FAKE_LIBS = ("libcuda.so.1", "libnvcuvid.so.1", "libnvidia-encode.so.1")
+_CHILD_TIMEOUT = 900.0
+
+
+def nvdriver_folder() -> tuple[Path | None, str]:
+    """The folder of the built fake driver, or None and why the `nvdriver` tests cannot run."""
+    value = os.environ.get(FAKE_NVDRIVER_ENV, "")
+    if not value:
+        return None, f"{FAKE_NVDRIVER_ENV} is not set (build shared/tools/fake-nvdriver and point it at the folder)"
+    folder = Path(value)
+    missing = [lib for lib in _FAKE_LIBS if not (folder / lib).is_file()]
+    if missing:
+        return None, f"{FAKE_NVDRIVER_ENV}={value!r} does not hold the built fake driver (missing {missing})"
+    if importlib.util.find_spec("PyNvVideoCodec") is None:
+        return None, "PyNvVideoCodec is not installed (pip install pynvvideocodec==2.2.4)"
+    return folder, ""
+
+
+def _is_nvdriver_child() -> bool:
+    return bool(os.environ.get(_CHILD_REPORTS_ENV))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Report a delegated `nvdriver` test from the child run (started at the first such test)."""
+    if "nvdriver" not in item.keywords or _is_nvdriver_child() or nvdriver_folder()[0] is None:
+        return None
+    reports = _nvdriver_reports(item.session)
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    got = reports["tests"].get(item.nodeid)
+    if not got:
+        got = [_lost_report(item, reports["tail"])]
+    for data in got:
+        report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _lost_report(item: pytest.Item, tail: str) -> dict[str, Any]:
+    report = pytest.TestReport(
+        item.nodeid,
+        item.location,
+        {},
+        "failed",
+        f"the nvdriver child process gave no result for this test (it crashed or timed out). Its output ended:\n{tail}",
+        "call",
+    )
+    return item.config.hook.pytest_report_to_serializable(config=item.config, report=report)  # type: ignore[no-any-return]
+
+
+def _nvdriver_reports(session: pytest.Session) -> dict[str, Any]:
+    """Run every selected `nvdriver` test in one child process (once); their serialised reports by node id."""
+    cached = getattr(session, "_vstream_nvdriver_reports", None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    folder, _ = nvdriver_folder()
+    assert folder is not None
+    nodeids = [i.nodeid for i in session.items if "nvdriver" in i.keywords]
+    work = Path(tempfile.mkdtemp(prefix="vstream-nvdriver-"))
+    results = work / "reports.jsonl"
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder.resolve()), env.get("LD_LIBRARY_PATH", "")) if p)
+    env[_CHILD_REPORTS_ENV] = str(results)
+    env["VSTREAM_NVDEC_HOST_MEMORY"] = "1"
+    env["FAKE_LOG"] = str(work / "fake.log")  # the fake driver logs every call; tests read it (fake_log)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={work / 'tmp'}", *nodeids]
+    tail = ""
+    try:
+        done = subprocess.run(
+            cmd,
+            cwd=session.config.rootpath,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT,
+            check=False,
+        )
+        tail = (done.stdout + done.stderr)[-3000:]
+    except subprocess.TimeoutExpired as err:
+        tail = f"timed out after {_CHILD_TIMEOUT:g} s\n" + str(err.stdout or "")[-3000:]
+    tests: dict[str, list[dict[str, Any]]] = {}
+    if results.is_file():
+        for line in results.read_text().splitlines():
+            data = json.loads(line)
+            tests.setdefault(data["nodeid"], []).append(data)
+    shutil.rmtree(work, ignore_errors=True)
+    cached = {"tests": tests, "tail": tail}
+    session._vstream_nvdriver_reports = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In the child: write each report of an `nvdriver` test for the parent session."""
+    path = os.environ.get(_CHILD_REPORTS_ENV)
+    if not path or "nvdriver" not in report.keywords:
+        return
+    config = _CONFIG[0]
+    data = config.hook.pytest_report_to_serializable(config=config, report=report)
+    with open(path, "a") as f:
+        f.write(json.dumps(data) + "\n")
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
 
 
 @pytest.fixture(scope="session")

@@ -45,7 +45,10 @@ def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
         "seed": 5,
         "annotations": index.parent / "annotations",
     }
-    dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
+    options = {**options, **kw}
+    # num_workers > 0 asks for the worker loader; 0 runs the default, the thread engine.
+    options.setdefault("engine", "workers" if options["num_workers"] else "auto")
+    dm = StreamVideoDataModule(index_file=index, **options)
     dm.setup("fit")
     return dm
 
@@ -73,6 +76,20 @@ def test_annotations_match_the_frames_they_arrive_with(ann_index: Path, num_work
         assert isinstance(ann["boxes"], list) and "img_aug_matrix" not in batch
         steps += 1
     assert steps == len(loader) > 0
+
+
+def test_thread_engine_delivers_annotations_and_augmentation_like_the_workers(ann_index: Path) -> None:
+    """engine="threads" gets every option the worker loader gets: the same labels, targets and draws."""
+    options: dict[str, Any] = {"augment": AUGMENT, "shuffle": True}
+    engine = [_record(b) for b in _dm(ann_index, engine="threads", engine_threads=2, **options).train_dataloader()]
+    workers = [_record(b) for b in _dm(ann_index, engine="workers", **options).train_dataloader()]
+    assert engine == workers and engine[0][4] is not None
+    for batch in _dm(ann_index, engine="threads", **options).train_dataloader():
+        assert stream_annotation_errors(batch) == []
+    padded = next(iter(_dm(ann_index, engine="threads", pad_annotations=True).train_dataloader()))
+    assert padded["annotations"]["boxes_mask"].dim() == 2
+    per_camera = next(iter(_dm(ann_index, engine="threads", camera_frames="per_camera").train_dataloader()))
+    assert isinstance(per_camera["frames"], list) and len(per_camera["frames"]) == 2
 
 
 def test_padded_boxes_and_evaluation_padding(ann_index: Path) -> None:
@@ -236,11 +253,14 @@ def test_lightning_cli_configures_annotations_and_augmentation(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["train_stream.py"])  # LightningCLI(args=...) warns about extra argv
     cli = module.main(
         [
             "--config",
             str(root / "examples" / "configs" / "stream.yaml"),
             "--data.index_file",
+            str(ann_index),
+            "--data.val_index_file",
             str(ann_index),
             "--data.num_workers",
             "0",
@@ -317,6 +337,8 @@ def test_transform_crop_and_resize_are_part_of_the_image_transform(ann_index: Pa
 
 
 class _Recorder(pl.LightningModule):
+    handles_is_first = True  # keeps no state from one step to the next
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)

@@ -74,6 +74,8 @@ def _figures(metrics: dict[str, float]) -> dict[str, float]:
 class TimedModel(TinyStreamPETR):
     """Advances a fake clock: ``waits[i]`` while batch ``i`` is fetched, ``compute`` in its step."""
 
+    handles_is_first = True  # these tests time the monitor; what the memory holds does not matter to them
+
     def __init__(self, clock: FakeClock, waits: list[float], compute: float, val_time: float = 0.0) -> None:
         super().__init__(feature_dim=4, memory_length=2, pool=2)
         self.clock, self.waits, self.compute, self.val_time = clock, waits, compute, val_time
@@ -126,7 +128,8 @@ def test_monitor_logs_exact_windowed_figures(callback_index: Path, tmp_path: Pat
     model = TimedModel(clock, waits=[1.5, 0.5, 0.5, 0.5, 4.0, 4.0, 0.25, 0.25, 0.0], compute=0.5)
     monitor = StreamThroughputMonitor(window=4, clock=clock)  # logs when the Trainer does: every 4 steps
     trainer = _trainer(tmp_path, [monitor], logger=logger, max_steps=8, log_every_n_steps=4)
-    trainer.fit(model, datamodule=_dm(callback_index))
+    with pytest.warns(UserWarning, match="overridden `on_after_batch_transfer` in `LightningModule`"):
+        trainer.fit(model, datamodule=_dm(callback_index))  # TimedModel's clock runs there, on purpose
 
     logged = logger.vstream()
     assert [step for step, _ in logged] == [3, 7]  # Lightning's step of the 4th and 8th batch
@@ -142,6 +145,7 @@ def test_monitor_logs_exact_windowed_figures(callback_index: Path, tmp_path: Pat
         "train/skipped_clips": 0.0,
         "train/read_errors": 0.0,
         "train/bad_files": 0.0,
+        "train/missing_annotations": 0.0,
     }
     # The second window holds batches 4-7: waits 4 + 4 + 0.25 + 0.25 = 8.5 s of 10.5 s.
     assert second["train/frames_per_sec"] == 4 * frames_per_batch / 10.5
@@ -220,7 +224,13 @@ class _ListLoader(DataLoader):
 def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> None:
     batch = {"frames": torch.zeros(2, 1, 3, 8, 8), "is_first": torch.ones(2, dtype=torch.bool)}
     stats = DecodeStats(
-        frames_decoded=30, frames_delivered=20, skipped_samples=3, skipped_clips=1, read_errors=2, bad_files=1
+        frames_decoded=30,
+        frames_delivered=20,
+        skipped_samples=3,
+        skipped_clips=1,
+        read_errors=2,
+        bad_files=1,
+        missing_annotations=4,
     )
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5] * 3, compute=0.5)
@@ -235,7 +245,8 @@ def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> No
         metrics["train/skipped_clips"],
         metrics["train/read_errors"],
         metrics["train/bad_files"],
-    ) == (3.0, 1.0, 2.0, 1.0)
+        metrics["train/missing_annotations"],
+    ) == (3.0, 1.0, 2.0, 1.0, 4.0)
 
 
 def test_monitor_without_decode_counters_logs_no_amplification(tmp_path: Path) -> None:
@@ -295,6 +306,7 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
         "train/skipped_clips": 0.0,
         "train/read_errors": 0.0,
         "train/bad_files": 0.0,
+        "train/missing_annotations": 0.0,
     }
     assert module.logged == monitor.metrics
 
@@ -376,7 +388,9 @@ def test_monitor_rejects_non_stream_batches(tmp_path: Path) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    with pytest.raises(TypeError, match=r"counts frames of streaming batches.*the training batch is a Tensor"):
+    with pytest.raises(
+        TypeError, match=r"counts the frames of StreamVideoDataModule or .*the training batch is a Tensor"
+    ):
         _trainer(tmp_path, [StreamThroughputMonitor()], max_steps=1).fit(Plain(), train_dataloaders=loader)
 
 

@@ -82,14 +82,15 @@ def test_check_reports_problems(synth_root: Path, tmp_path: Path, capsys: pytest
 
 
 def test_check_of_a_missing_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(tmp_path / "missing.json"), "--check"]) == 1
+    assert main(["index", str(tmp_path / "missing.json"), "--check"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"vstream index: error: index file {str(tmp_path / 'missing.json')!r} does not exist." in captured.err
+    assert "`vstream index DATASET_FOLDER`" in captured.err and "`vstream synth FOLDER`" in captured.err
 
 
 def test_index_of_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(tmp_path / "nowhere"), "-q"]) == 1
+    assert main(["index", str(tmp_path / "nowhere"), "-q"]) == 2
     assert "vstream index: error: dataset folder" in capsys.readouterr().err
 
 
@@ -100,7 +101,7 @@ def test_index_of_a_folder_without_videos(tmp_path: Path, capsys: pytest.Capture
 
 def test_synth_rejects_a_too_small_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["synth", str(tmp_path / "d"), "--size", "16x16", "--clips", "1", "--cameras", "1", "--frames", "2"]
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert "vstream synth: error: frames of 16x16 are too small for a stamp" in capsys.readouterr().err
 
 
@@ -142,13 +143,15 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_index_of_an_index_file_points_to_check(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", str(synth_root / "index.json")]) == 1
+    assert main(["index", str(synth_root / "index.json")]) == 2
     assert "is a file; `vstream index` scans a dataset folder" in capsys.readouterr().err
 
 
 def test_check_of_a_folder_points_to_the_index_file(synth_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["index", "--check", str(synth_root)]) == 1
-    assert "is a folder; --check works on an index file" in capsys.readouterr().err
+    assert main(["index", "--check", str(synth_root)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder; --check works on an index file" in err
+    assert f"`vstream index --check {synth_root / 'index.json'}`" in err
 
 
 def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,3 +198,201 @@ def test_bad_synth_numbers_are_usage_errors(tmp_path: Path, option: str, capsys:
         main(["synth", str(tmp_path / "d"), option])
     assert exit_info.value.code == 2
     assert "error: argument" in capsys.readouterr().err
+
+
+# -- fast, lazy commands -------------------------------------------------------------------------
+_HEAVY = ("torch", "lightning", "av", "numpy")
+
+
+def test_help_of_every_command_imports_no_heavy_package() -> None:
+    """`vstream --help` and each command's --help answer without importing torch, lightning, av or numpy."""
+    import subprocess
+    import sys
+
+    from lightning_vstream.cli import COMMANDS
+
+    code = (
+        "import sys\n"
+        "from lightning_vstream.cli import main\n"
+        f"for argv in {[['--help']] + [[name, '--help'] for name in COMMANDS]!r}:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, (argv, exit.code)\n"
+        f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "import-nuscenes" in done.stdout and "--replace" in done.stdout
+
+
+def test_importing_the_package_imports_no_heavy_package() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lightning_vstream\n"
+        "assert lightning_vstream.__version__\n"
+        f"print(sorted(m for m in {_HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves() -> None:
+    import lightning_vstream
+
+    for name in lightning_vstream.__all__:
+        assert getattr(lightning_vstream, name) is not None, name
+    assert set(lightning_vstream.__all__) <= set(dir(lightning_vstream))
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        lightning_vstream.Nope  # noqa: B018
+
+
+def test_a_registered_command_is_imported_only_when_it_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+    import types
+
+    from lightning_vstream import cli
+
+    module = types.ModuleType("vstream_hello_command")
+
+    def add_arguments(parser: object) -> None:
+        parser.add_argument("--name", default="world")  # type: ignore[attr-defined]
+
+    def run(args: object) -> int:
+        print(f"hello {args.name}")  # type: ignore[attr-defined]
+        return 0
+
+    module.add_arguments, module.run = add_arguments, run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vstream_hello_command", module)
+    commands = {
+        **cli.COMMANDS,
+        "hello": cli.Command("say hello", "vstream_hello_command"),
+        "broken": cli.Command("a command whose module does not import", "no_such_package.command"),
+    }
+    monkeypatch.setattr(cli, "COMMANDS", commands)
+    assert main(["hello", "--name", "vstream"]) == 0
+    assert capsys.readouterr().out == "hello vstream\n"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])  # lists "broken" without importing it
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "say hello" in out and "a command whose module does not import" in out
+    with pytest.raises(ModuleNotFoundError):
+        main(["broken"])
+
+
+def test_a_misspelt_command_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["snyth", "data"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'snyth'" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_no_metadata_is_said_in_words_not_as_a_warning(
+    synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    root = tmp_path / "bare"
+    shutil.copytree(synth_root / "videos", root / "videos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["index", str(root), "--no-metadata", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "note: no frame tables (--no-metadata), so integrity checks are off for these files; " in out
+    assert f"`vstream index --tables {root / 'index.json'}` writes them." in out
+
+
+# -- exit codes ------------------------------------------------------------------------------------
+def test_exit_codes_tell_a_wrong_command_line_from_a_failed_run(
+    synth_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2: the command line is wrong (a path of the wrong kind, conflicting flags, a value out of range).
+    assert main(["index", str(synth_root / "index.json"), "--check", "--tables"]) == 2
+    assert "--check and --tables cannot be combined" in capsys.readouterr().err
+    assert main(["encode", str(tmp_path / "none.json"), str(tmp_path / "out"), "-q"]) == 2
+    assert "source index" in capsys.readouterr().err
+    # 1: the command ran and found the data bad.
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({str(synth_root / "videos"): {"scene-0000": 9}}))
+    assert main(["index", str(bad), "--quick-check"]) == 1
+    assert "lists 9 frames" in capsys.readouterr().err
+
+
+# -- vstream synth: progress, replacing a dataset, image folders ------------------------------------
+def _synth(root: Path, *extra: str) -> list[str]:
+    return ["synth", str(root), "--clips", "2", "--cameras", "2", "--frames", "4", "--size", "64x48", *extra]
+
+
+def test_synth_prints_a_line_per_file_when_not_on_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_synth(tmp_path / "d")) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and err[0].startswith("[1/4] wrote ") and err[-1].startswith("[4/4] wrote ")
+    assert {Path(line.split(" wrote ")[1]).name for line in err} == {"CAM_BACK.mp4", "CAM_BACK_LEFT.mp4"}
+    assert main([*_synth(tmp_path / "q"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_synth_shows_a_bar_on_a_terminal() -> None:
+    import io
+
+    from lightning_vstream.commands.synth import progress_reporter
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    with progress_reporter("writing videos", stream=out) as report:
+        for done in range(1, 4):
+            report(f"f{done}.mp4", done, 3)
+    assert "writing videos: 100%" in out.getvalue() and "3/3" in out.getvalue()
+    assert "wrote" not in out.getvalue()
+
+
+def test_synth_refuses_a_folder_holding_another_dataset_unless_told_to_replace_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "data"
+    assert main([*_synth(root), "--cameras", "3", "--clips", "3", "-q"]) == 0
+    (root / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main([*_synth(root), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"vstream synth: error: {str(root)!r} holds another dataset: videos/scene-0000/CAM_BACK_RIGHT.mp4, "
+        "videos/scene-0001/CAM_BACK_RIGHT.mp4, videos/scene-0002/ would not be overwritten"
+    )
+    assert "pass --replace" in err
+    assert len(load_index(root / "index.json").camera_names) == 3  # untouched
+
+    assert main([*_synth(root), "-q", "--replace"]) == 0
+    index = load_index(root / "index.json")  # the stale third camera and clip are gone
+    assert index.camera_names == ("CAM_BACK", "CAM_BACK_LEFT") and len(index) == 2
+    assert sorted(p.name for p in (root / "videos").iterdir()) == ["scene-0000", "scene-0001"]
+    assert (root / "notes.txt").read_text() == "mine"  # only the dataset's own entries are replaced
+    assert main([*_synth(root), "-q"]) == 0  # the same dataset again: every file is overwritten, none left over
+    assert main([*_synth(root), "-q", "--images"]) == 2  # camera folders would sit beside the camera files
+
+
+def test_synth_writes_an_image_dataset_that_encode_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("PIL")
+    from lightning_vstream.decode import make_decoder
+
+    root = tmp_path / "images"
+    assert main([*_synth(root), "--images", "--fps", "10", "-q"]) == 0
+    folder = root / "videos" / "scene-0001" / "CAM_BACK_LEFT"
+    assert sorted(p.name for p in folder.iterdir())[:2] == ["000000.jpg", "000001.jpg"]
+    index = load_index(root / "index.json")
+    cam = index["scene-0001"].cameras[1]
+    assert cam.path == folder and cam.info is not None and cam.info.timestamps == pytest.approx([0, 0.1, 0.2, 0.3])
+    assert read_stamp(make_decoder(folder).get(3)) == Stamp(1, 1, 3)
+    assert main(["encode", str(root / "index.json"), str(tmp_path / "encoded"), "--codec", "h264", "-q"]) == 0
+    encoded = load_index(tmp_path / "encoded" / "index.json")
+    assert read_stamp(PyAVDecoder(encoded["scene-0001"].cameras[1].path).get(3)) == Stamp(1, 1, 3)

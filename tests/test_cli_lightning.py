@@ -49,6 +49,8 @@ def _args(index: Path, *extra: str) -> list[str]:
         str(CONFIG),
         "--data.index_file",
         str(index),
+        "--data.val_index_file",
+        str(index),
         "--data.num_workers",
         "0",
         "--trainer.max_steps",
@@ -94,7 +96,7 @@ def test_cli_fit_subcommand_runs(cli_index: Path, tmp_path: Path, monkeypatch: p
 
 def _bad_config(tmp_path: Path, index: Path, **data: Any) -> Path:
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(index_file=str(index), **data)
+    config["data"].update(index_file=str(index), val_index_file=str(index), **data)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -115,12 +117,80 @@ def test_wrong_number_in_yaml_fails_before_training_with_a_clear_message(cli_ind
         _example().main(["--config", str(config)], run=False)
 
 
-def test_unknown_option_fails_naming_it(cli_index: Path, tmp_path: Path) -> None:
-    config = _bad_config(tmp_path, cli_index, batch_sze=2)
+@pytest.mark.parametrize(
+    ("section", "key", "args", "message"),
+    [
+        (
+            "data",
+            "batch_sze",
+            [],
+            "error: Group 'data' does not accept option 'batch_sze'; did you mean 'data.batch_size'?",
+        ),
+        (
+            "trainer",
+            "max_step",
+            [],
+            "error: Group 'trainer' does not accept option 'max_step'; did you mean 'trainer.max_steps'?",
+        ),
+        (
+            "data",
+            "batch_sze",
+            ["fit"],
+            "error: Subcommand 'fit' does not accept option 'data.batch_sze'; did you mean 'data.batch_size'?",
+        ),
+    ],
+)
+def test_a_misspelt_option_is_named_first_with_the_closest_valid_one(
+    cli_index: Path, tmp_path: Path, section: str, key: str, args: list[str], message: str
+) -> None:
+    config = yaml.safe_load(CONFIG.read_text())
+    config["data"].update(index_file=str(cli_index), val_index_file=str(cli_index))
+    config[section][key] = 2
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(stderr):
+        _example().main([*args, "--config", str(path)], run=bool(args))
+    assert exit_info.value.code == 2
+    lines = stderr.getvalue().splitlines()
+    assert lines[0] == message  # first, not after a usage dump
+    assert lines[1].startswith("tip: `") and "--help` lists every option" in lines[1]
+    assert len(lines) == 2
+
+
+def test_a_misspelt_command_line_option_is_named_with_the_closest_valid_one(cli_index: Path) -> None:
     stderr = io.StringIO()
     with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
-        _example().main(["--config", str(config)], run=False)
-    assert "batch_sze" in stderr.getvalue()
+        _example().main(["--data.index_file", str(cli_index), "--data.batch_sze", "2"], run=False)
+    assert stderr.getvalue().splitlines()[0] == (
+        "error: unrecognized arguments: --data.batch_sze 2; did you mean 'data.batch_size'?"
+    )
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        {"resize": [32, 48], "dtype": "float32"},
+        {"class_path": "lightning_vstream.FrameTransform", "init_args": {"resize": [32, 48], "dtype": "float32"}},
+    ],
+    ids=["options", "class_path"],
+)
+def test_frame_transform_from_yaml_by_its_options_or_class_path(
+    cli_index: Path, tmp_path: Path, transform: dict[str, Any]
+) -> None:
+    from lightning_vstream import FrameTransform
+
+    config = yaml.safe_load(CONFIG.read_text())
+    config["data"].update(
+        index_file=str(cli_index), val_index_file=None, num_workers=0, batch_size=2, transform=transform
+    )
+    path = tmp_path / "transform.yaml"
+    path.write_text(yaml.safe_dump(config))
+    dm = _example().main(["--config", str(path)], run=False).datamodule
+    assert dm.transform == FrameTransform(resize=(32, 48), dtype="float32")
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["frames"].shape == (2, 2, 3, 32, 48) and batch["frames"].dtype == torch.float32
 
 
 def test_user_transform_class_from_yaml_class_path(
@@ -133,6 +203,7 @@ def test_user_transform_class_from_yaml_class_path(
     config = yaml.safe_load(CONFIG.read_text())
     config["data"].update(
         index_file=str(cli_index),
+        val_index_file=str(cli_index),
         num_workers=0,
         batch_size=2,
         shuffle=False,
@@ -163,3 +234,35 @@ def test_user_transform_class_from_yaml_class_path(
     assert torch.equal(bright["frames"], (base["frames"].to(torch.int16) + 40).clamp(0, 255).to(torch.uint8))
     cli.trainer.fit(cli.model, datamodule=dm)
     assert cli.trainer.global_step == 2
+
+
+def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
+    """`examples/train_stream.py fit` as the docs run it: Lightning's log lines, but no warning."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHONWARNINGS")}
+    argv = [
+        "fit",
+        "--config",
+        str(CONFIG),
+        "--data.index_file",
+        str(cli_index),
+        "--data.val_index_file",
+        str(cli_index),
+    ]
+    argv += ["--data.num_workers", "0", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_stream.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if re.search(r"\.py:\d+: |Warning", line)]
+    assert warned == []
+    assert (tmp_path / "runs" / "stream" / "lightning_logs" / "version_0" / "metrics.csv").is_file()

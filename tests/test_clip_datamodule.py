@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_vstream import VStreamWarning
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import VideoDecodeError
@@ -230,3 +231,190 @@ def test_clip_workers_start_without_lightning(clip_index: Path, tmp_path: Path, 
     assert all(stamp_errors(b) == [] for b in batches)
     reports = [p.read_text() for p in tmp_path.glob("worker-*.txt")]
     assert reports == ["none", "none"]
+
+
+# -- a new draw every epoch, through the sampler's set_epoch ----------------------------------------
+def _windows(batches: list[list[tuple[str, tuple[int, ...]]]]) -> list[tuple[str, tuple[int, ...]]]:
+    return [w for batch in batches for w in batch]
+
+
+class EpochModel(ClipModel):
+    """Records, per epoch, the windows and the augmentation matrix of every sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_epoch: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+        self.matrices: dict[int, dict[tuple[str, tuple[int, ...]], torch.Tensor]] = {}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        epoch = self.current_epoch
+        for b, (clip, frames) in enumerate(zip(batch["clip_id"], batch["frame_index"].tolist())):
+            self.per_epoch.setdefault(epoch, []).append((clip, tuple(frames)))
+            if "img_aug_matrix" in batch:
+                self.matrices.setdefault(epoch, {})[(clip, tuple(frames))] = batch["img_aug_matrix"][b]
+        return self.layer(batch["frames"].float().mean(dim=(1, 2, 4, 5)) / 255).pow(2).mean()
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_random_clips_are_drawn_anew_every_epoch_without_reloading(
+    clip_index: Path, tmp_path: Path, num_workers: int, persistent: bool
+) -> None:
+    dm = ClipVideoDataModule(
+        index_file=clip_index,
+        clip_frames=3,
+        selection="random",
+        clips_per_epoch=6,
+        batch_size=2,
+        num_workers=num_workers,
+        persistent_workers=persistent,
+        seed=11,
+    )
+    model = EpochModel()
+    trainer = _trainer(tmp_path, max_epochs=2)  # reload_dataloaders_every_n_epochs stays 0
+    trainer.fit(model, datamodule=dm)
+    assert set(model.per_epoch) == {0, 1}
+    for epoch in (0, 1):  # each epoch reads exactly its own draw, shuffled
+        drawn = [(r.clip_id, r.frames) for r in dm.train_requests(epoch)]
+        assert sorted(model.per_epoch[epoch]) == sorted(drawn)
+    assert sorted(model.per_epoch[0]) != sorted(model.per_epoch[1])
+    loader = trainer.train_dataloader
+    assert type(loader.sampler).__name__ == "EpochClipSampler" and loader.sampler.epoch == 1  # Lightning's call
+    assert model.errors == []
+
+
+def test_augmentation_is_drawn_anew_every_epoch_in_persistent_workers(clip_index: Path, tmp_path: Path) -> None:
+    from lightning_vstream import GeometryAugment
+
+    dm = ClipVideoDataModule(
+        index_file=clip_index,
+        clip_frames=2,
+        hop=4,
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        augment=GeometryAugment(output_size=(40, 56), scale=(0.7, 1.3), flip=0.5),
+        seed=3,
+    )
+    model = EpochModel()
+    _trainer(tmp_path, max_epochs=2).fit(model, datamodule=dm)
+    first, second = model.matrices[0], model.matrices[1]
+    assert set(first) == set(second)  # regular windows: the same samples every epoch ...
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # ... with new augmentation draws
+    expected = dm.augment.draw(seed=3, epoch=1, key="scene-0000:0")
+    assert expected != dm.augment.draw(seed=3, epoch=0, key="scene-0000:0")
+
+
+def test_ddp_ranks_share_each_epochs_draw(clip_index: Path, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, str(here / "_ddp_clips.py"), str(clip_index), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank in ranks:  # Lightning kept our DistributedSampler subclass and set its epoch
+        assert rank["sampler"] == "EpochClipSampler" and rank["sampler_epoch"] == 1
+    for epoch in ("0", "1"):
+        mine = [sorted(map(str, r["windows"][epoch])) for r in ranks]
+        drawn = sorted(map(str, ranks[0]["drawn"][epoch]))
+        assert ranks[1]["drawn"][epoch] == ranks[0]["drawn"][epoch]  # every rank draws the same
+        assert len(mine[0]) == len(mine[1]) == 4 and sorted(mine[0] + mine[1]) == drawn  # and reads its half
+    assert ranks[0]["drawn"]["0"] != ranks[0]["drawn"]["1"]
+
+
+# -- counters and teardown -------------------------------------------------------------------------
+class PartlyAnnotated:
+    """The synthetic annotation files, except frames 4 and later of scene-0002."""
+
+    ragged = ("boxes", "labels")
+
+    def __init__(self, folder: Path) -> None:
+        from lightning_vstream.annotations import AnnotationFiles
+
+        self.files = AnnotationFiles(folder)
+
+    def clip_annotations(self, clip_id: str, cameras: Any) -> Any:
+        return self.files.clip_annotations(clip_id, cameras)
+
+    def frame_annotations(self, clip_id: str, frame_index: int, timestamp: float, cameras: Any) -> Any:
+        from lightning_vstream.errors import AnnotationError
+
+        if clip_id == "scene-0002" and frame_index >= 4:
+            raise AnnotationError(f"no annotation for {clip_id} frame {frame_index}")
+        return self.files.frame_annotations(clip_id, frame_index, timestamp, cameras)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_decode_stats_count_skips_and_missing_annotations_across_workers(
+    make_dataset: Any, tmp_path: Path, num_workers: int
+) -> None:
+    import shutil
+
+    from lightning_vstream.callbacks import StreamThroughputMonitor
+
+    source = make_dataset(clips=3, cameras=2, frames=8, size=(64, 48), gop=4, annotations=True)
+    root = tmp_path / "data"
+    shutil.copytree(source.parent, root)
+    bad = root / "videos" / "scene-0001" / "CAM_BACK.mp4"
+    bad.write_bytes(bad.read_bytes()[:300])
+    dm = ClipVideoDataModule(
+        index_file=root / "index.json",
+        clip_frames=2,
+        hop=4,
+        batch_size=2,
+        num_workers=num_workers,
+        shuffle=False,
+        on_error="skip",
+        annotations=PartlyAnnotated(root / "annotations"),
+    )
+    monitor = StreamThroughputMonitor(window=2, log_every_n_steps=3)
+    model = ClipModel()
+    with pytest.warns(VStreamWarning, match="no train loader has been created yet"):
+        assert dm.decode_stats() == type(dm.decode_stats())()
+    _trainer(tmp_path, max_epochs=1, callbacks=[monitor]).fit(model, datamodule=dm)
+    stats = dm.decode_stats("train")
+    # 6 windows of 2 frames x 2 cameras; the 2 windows of scene-0001 cannot be read.
+    assert stats.skipped_samples == 2 and stats.frames_delivered == 4 * 2 * 2
+    assert stats.bad_files >= 1 and stats.missing_annotations == 2  # frames 4 and 5 of scene-0002
+    assert stats.frames_decoded >= stats.frames_delivered
+    assert monitor.metrics["train/skipped"] == 2 and monitor.metrics["train/missing_annotations"] == 2
+    assert monitor.metrics["train/frames_per_sec"] > 0
+
+
+def test_teardown_without_a_stage_stops_workers_and_closes_decoders(clip_index: Path, tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+
+    dm = ClipVideoDataModule(
+        index_file=clip_index, clip_frames=2, hop=4, batch_size=2, num_workers=2, persistent_workers=True
+    )
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    next(iter(loader))
+    workers = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert len(workers) == 2  # persistent: alive until someone ends them
+    dm.teardown(None)
+    assert not workers & {p.pid for p in psutil.Process().children(recursive=True)}
+
+    single = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=4, batch_size=2, num_workers=0)
+    single.teardown(None)  # before setup: nothing to close
+    single.setup("fit")
+    next(iter(single.train_dataloader()))
+    dataset = single._loaders["train"].dataset.dataset
+    assert dataset._cache is not None and len(dataset._cache) > 0
+    single.teardown(None)
+    assert len(dataset._cache) == 0
+    model = ClipModel()
+    _trainer(tmp_path, max_steps=2).fit(model, datamodule=single)  # usable again after teardown
+    assert len(model.seen["train"]) == 2 and model.errors == []

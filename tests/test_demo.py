@@ -1,46 +1,84 @@
-"""`vstream demo`: builds or reuses its dataset, trains with both callbacks, checks stamps, reports."""
+"""`vstream demo`: builds or reuses its dataset, trains with both callbacks, validates, checks stamps, reports."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lightning_vstream.cli import main
-from lightning_vstream.demos.demo import run_demo
+from lightning_vstream.demos.demo import _coverage, run_demo
 
 
 def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "cache"
     assert main(["demo", "--cache-dir", str(cache), "--steps", "5", "--num-workers", "0"]) == 0
     first = capsys.readouterr().out
-    assert "data     generated 8 clips x 6 cameras" in first
-    assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 steps", first)
-    assert "decode   amplification 1.00: 120 frames decoded for 120 delivered, 0 seeks" in first
-    assert "stamps   120 frames checked, all stamps correct" in first
+    assert "data     generated 10 clips x 6 cameras" in first
+    assert "(6 clips to train on, 4 held out for validation)" in " ".join(first.split())
+    assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 training steps", first)
+    assert "decode   amplification 1.00: 120 frames decoded for 120 delivered in training, 0 seeks" in first
+    # 5 training steps x 4 slots x 6 cameras, then the validation pass over the 4 held-out clips.
+    match = re.search(r"stamps   (\d+) frames checked \(training and validation\), all stamps correct", first)
+    assert match is not None and int(match.group(1)) > 120
     assert re.search(
-        r"targets  20 slot-frames' annotations \(token, ego pose, boxes\) match their frames; "
-        r"box-centre loss \d+\.\d\d -> \d+\.\d\d",
+        r"boxes    held-out clips: box centres predicted \d+\.\d m from the true ones per frame \(\d+ frames with "
+        r"boxes\);\s+guessing the training frames' mean centre: \d+\.\d m\.",
         first,
     )
-    assert f"source   {cache.resolve() / 'demo-v2' / 'index.json'} (generated now)" in first
-    assert "metrics  train/* figures logged to" in first
+    assert "the run stopped at step 5 of the 40-step epoch (--steps 40 runs it whole)" in first
+    assert f"source   {cache.resolve() / 'demo-v3' / 'train.json'} (generated now)" in first
+    assert "metrics  train/* and val/* figures logged to" in first
+    assert "loss" not in first  # no raw loss trend that a reader could take for divergence
 
     result = run_demo(cache_dir=cache, steps=3, num_workers=0, progress_bar=False)
     second = capsys.readouterr().out
-    assert "data     reused 8 clips x 6 cameras" in second and "(reused from cache)" in second
+    assert "data     reused 10 clips x 6 cameras" in second and "(reused from cache)" in second
     assert result.reused and result.steps == 3 and result.stamp_errors == []
-    assert result.frames_checked == 3 * 4 * 6 and result.annotations_checked == 3 * 4
-    assert result.slot_starts == result.slots_reset == 4  # four slots start their first clip, nothing else
+    assert result.annotations_checked > 3 * 4
+    assert result.slot_starts == result.slots_reset == 8  # 4 training slots start a clip, then 4 validation ones
     assert result.frames_per_sec > 0 and 0 <= result.data_wait_fraction <= 1
-    assert result.metrics_file is not None and "train/frames_per_sec" in result.metrics_file.read_text()
+    assert result.val_box_error is not None and result.baseline_box_error is not None and result.val_frames > 0
+    assert result.metrics_file is not None and "val/box_loss" in result.metrics_file.read_text()
+
+
+def test_the_report_says_why_frames_were_not_read() -> None:
+    lengths = {f"scene-{i:04d}": n for i, n in enumerate([24, 40, 32, 28, 24, 40])}
+    whole = _coverage(lengths, 40)
+    assert whole[0].startswith("6 training clips in 4 slots: an epoch is 40 steps, as long as the shortest slot")
+    assert whole[1:] == [
+        "left for a later epoch by the drop remainder: scene-0000 frames 8-23, scene-0003 frames 16-27"
+    ]
+    short = _coverage(lengths, 10)
+    assert short[1].startswith("the run stopped at step 10 of the 40-step epoch (--steps 40 runs it whole); not read")
+    assert "scene-0000 (slot 2, from step 32)" in short[1] and "scene-0001 from frame 10" in short[1]
+    assert _coverage(lengths, 50)[1] == "this run's 50 steps went on into the next epoch, whose clip order is new"
+
+
+def test_demo_prints_no_warning(tmp_path: Path) -> None:
+    """A first run, as a newcomer starts it: nothing on standard error (no warning, no progress bar off a terminal)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHONWARNINGS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_vstream.cli", "demo", "--cache-dir", str(tmp_path), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert "all stamps correct" in done.stdout
 
 
 def test_demo_rebuilds_a_broken_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = tmp_path / "demo-v2"
+    root = tmp_path / "demo-v3"
     root.mkdir()
-    (root / "index.json").write_text("{not json")
+    (root / "val.json").write_text("{not json")
     result = run_demo(cache_dir=tmp_path, steps=1, num_workers=0, progress_bar=False)
     out = capsys.readouterr().out
     assert "is unusable (index file" in out and "rebuilding it" in out

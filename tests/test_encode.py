@@ -147,7 +147,9 @@ def test_encode_sources_from_image_lists_and_cli(
     assert "4 files encoded (48 frames" in capsys.readouterr().out
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
     assert "0 files encoded" in capsys.readouterr().out
-    assert main(["encode", str(image_index), str(tmp_path / "cli2"), "--bitrate", "fast", "-q"]) == 1
+    assert (
+        main(["encode", str(image_index), str(tmp_path / "cli2"), "--bitrate", "fast", "-q"]) == 2
+    )  # a malformed option value: the command line is wrong
     assert "vstream encode: error: bitrate='fast' is not a bit rate" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:
         main(["encode", str(image_index), str(tmp_path / "cli2"), "--crf", "70"])

@@ -16,11 +16,12 @@ import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
 from lightning_vstream.demos.synth import write_stamped_video
-from lightning_vstream.errors import VideoDecodeError, WorkerError
+from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index import load_index
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
@@ -176,9 +177,9 @@ def test_frames_of_another_size_need_a_transform(index: Any, tmp_path: Path) -> 
     larger = write_stamped_video(tmp_path / "large.mp4", clip=2, camera=1, frames=27, size=(96, 64), gop=6)
     mixed = _replace_camera(index, 2, 1, larger, probe_video(larger))
     with pytest.raises(
-        ValueError,
-        match=r"camera 'CAM_BACK_LEFT' frame 0 is \(3, 64, 96\) but the batch holds "
-        r"\(3, 48, 64\).*resize",
+        FrameSizeError,
+        match=r"^clip 'scene-0002', camera 'CAM_BACK_LEFT', frame 0 \('[^']+large.mp4'\) is \(3, 64, 96\) but the "
+        r"batch's frames are \(3, 48, 64\).*resize",
     ):
         list(_loader(mixed, batch_size=2, shuffle=False))
     assert not _decode_threads()
@@ -229,7 +230,12 @@ def _truncated_index(index: Any, tmp_path: Path) -> Any:
 
 def test_on_error_raise_names_clip_camera_and_frame(index: Any, tmp_path: Path) -> None:
     index = _truncated_index(index, tmp_path)
-    with pytest.raises(VideoDecodeError, match=r"clip 'scene-0002', camera 'CAM_BACK_LEFT', frame \d+.*checksum"):
+    # The decoder's own message: the file, clip, camera and the frame whose packet failed its checksum.
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"^'[^']+CAM_BACK_LEFT.mp4' \(clip 'scene-0002', camera 'CAM_BACK_LEFT'\) frame \d+: the compressed "
+        r"data differs from the checksum",
+    ):
         list(_loader(index, shuffle=False))
     assert not _decode_threads()
 
@@ -289,7 +295,11 @@ def test_a_stalled_decoder_times_out_with_a_clear_error(index: Any) -> None:
 
     loader = _loader(index, timeout=0.5, factory=lambda path, info, label: Stalled(path, info=info, label=label))
     try:
-        with pytest.raises(WorkerError, match=r"no batch for step 0 within timeout=0.5 s"):
+        with pytest.raises(
+            WorkerError,
+            match=r"no batch for step 0 within timeout=0.5 s: decode thread 0 did not finish the camera streams "
+            r"slot 0 CAM_BACK \(clip 'scene-\d+', frame 0, '[^']+CAM_BACK.mp4'\)",
+        ):
             next(iter(loader))
     finally:
         gate.set()
@@ -308,3 +318,148 @@ def test_a_stalled_decoder_times_out_with_a_clear_error(index: Any) -> None:
 def test_engine_rejects_bad_settings(index: Any, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _loader(index, **kwargs)
+
+
+# -- the engine offers what the worker loader offers ------------------------------------------------
+
+
+def _same(a: Any, b: Any, where: str = "batch") -> None:
+    """Equal structures; tensors equal in dtype, shape and every value (NaNs in the same places)."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for key in a:
+            _same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype} {a.shape} != {b.dtype} {b.shape}"
+        assert torch.equal(a.nan_to_num(-7.0), b.nan_to_num(-7.0)), f"{where}: values differ"
+        assert torch.equal(a.isnan(), b.isnan()) if a.is_floating_point() else True, f"{where}: NaNs differ"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _both(index_file: Path, split: str = "train", **options: Any) -> tuple[Any, Any]:
+    """The engine's and the worker loader's loaders of one DataModule configuration."""
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+
+    loaders = []
+    for engine in ("threads", "workers"):
+        key = "index_file" if split == "train" else f"{split}_index_file"
+        dm = StreamVideoDataModule(**{key: index_file}, batch_size=2, engine=engine, num_workers=0, **options)
+        dm.setup("fit" if split == "train" else "validate")
+        loaders.append(dm.train_dataloader() if split == "train" else dm.val_dataloader())
+    assert isinstance(loaders[0], EngineLoader) and isinstance(loaders[1], StreamDataLoader)
+    return loaders[0], loaders[1]
+
+
+def _assert_same_batches(engine: Any, workers: Any) -> int:
+    steps = 0
+    for got, expected in zip(engine, workers, strict=True):
+        _same(got, expected, f"step {steps}")
+        steps += 1
+    _same(engine.stats, workers.stats, "stats")
+    return steps
+
+
+@pytest.fixture(scope="module")
+def annotated(make_dataset: Any) -> Path:
+    """Four clips of uneven length, two cameras, 96x64, with synthetic annotations."""
+    return make_dataset(clips=4, cameras=2, frames=[10, 7, 12, 9], size=(96, 64), gop=5, annotations=True)
+
+
+@pytest.mark.parametrize(
+    ("split", "options"),
+    [
+        ("train", {"shuffle": True, "seed": 3}),
+        ("train", {"pad_annotations": True}),
+        ("train", {"augment": "random", "seed": 7}),
+        ("val", {"augment": "random"}),  # evaluation: the augmentation's deterministic version
+        ("train", {"transform": FrameTransform(resize=(32, 48))}),  # resized inside the decoder
+        ("train", {"transform": FrameTransform(crop=(4, 8, 56, 80), resize=(28, 40), dtype="float32")}),
+        ("train", {"augment": "random", "transform": FrameTransform(resize=(28, 40), dtype="float32")}),
+        ("train", {"max_open_decoders": 2}),
+    ],
+    ids=["annotations", "padded", "augment", "val-augment", "decoder-resize", "crop-float", "augment-float", "lru"],
+)
+def test_the_engine_delivers_what_the_worker_loader_delivers(annotated: Path, split: str, options: Any) -> None:
+    from lightning_vstream.annotations.augment import GeometryAugment
+
+    if options.get("augment") == "random":
+        options = {**options, "augment": GeometryAugment(output_size=(56, 80), scale=(0.9, 1.3), flip=0.5)}
+    engine, workers = _both(annotated, split, annotations=annotated.parent / "annotations", **options)
+    assert _assert_same_batches(engine, workers) == len(workers) > 0
+
+
+def test_the_engine_delivers_per_camera_frames_of_each_cameras_size(tmp_path: Path) -> None:
+    from _annotation_checks import MIXED_SIZES, write_mixed_rig
+
+    index_file = write_mixed_rig(tmp_path)
+    engine, workers = _both(index_file, annotations=tmp_path / "annotations", camera_frames="per_camera")
+    steps = 0
+    for got, expected in zip(engine, workers, strict=True):
+        assert [tuple(f.shape[2:]) for f in got["frames"]] == [(h, w) for w, h in MIXED_SIZES.values()]
+        _same(got, expected, f"step {steps}")
+        steps += 1
+    assert steps > 0
+
+
+def test_the_engine_counts_missing_annotations_like_the_worker_loader(annotated: Path, tmp_path: Path) -> None:
+    from _annotation_checks import holey_annotations
+
+    folder = holey_annotations(annotated, tmp_path)
+    engine, workers = _both(annotated, annotations=folder, on_error="skip", shuffle=False)
+    _assert_same_batches(engine, workers)
+    assert engine.stats.missing_annotations > 0
+
+
+def test_cpu_batches_stay_intact_while_referenced(index: Any) -> None:
+    # CPU engine batches come from a pool: memory is reused only once no batch refers to it.
+    loader = build_engine_loader(index, _sampler(index, shuffle=False), "cpu", threads=2, prefetch=1)
+    kept = list(loader)
+    assert len({b["frames"].data_ptr() for b in kept}) == len(kept)
+    for batch in kept:
+        assert not batch_stamp_errors(batch)
+
+
+def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotated: Path) -> None:
+    import os
+
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.engine_factory import cpu_threads
+
+    dm = StreamVideoDataModule(index_file=annotated, batch_size=4)
+    assert dm.engine_choice() == ("threads", "engine='auto': decode threads in the training process")
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(loader, EngineLoader)
+    assert loader.engine.num_threads == min(cpu_threads(), 4 * 2) == min(len(os.sched_getaffinity(0)), 8)
+    assert loader.engine.buffers == "pool"
+    for options, why in [
+        ({"persistent_workers": True}, "persistent_workers=True"),
+        ({"multiprocessing_context": "spawn"}, "multiprocessing_context='spawn'"),
+    ]:
+        choice, reason = StreamVideoDataModule(index_file=annotated, **options).engine_choice()
+        assert choice == "workers" and why in reason
+    assert StreamVideoDataModule(index_file=annotated, engine="workers").engine_choice() == (
+        "workers",
+        "engine='workers'",
+    )
+
+
+def test_a_new_iteration_stops_an_unfinished_one(index: Any) -> None:
+    import gc
+
+    loader = _loader(index, shuffle=True, seed=2)
+    reference = [_labels(b) for b in StreamDataLoader(StreamDataset(index=index), sampler=_sampler(index, seed=2))]
+    unfinished = iter(loader)
+    assert _labels(next(unfinished)) == reference[0]
+    # Lightning may start the next epoch before it drops the last epoch's iterator.
+    assert [_labels(b) for b in loader] == reference
+    del unfinished
+    gc.collect()  # the dropped iterator's clean-up must leave the engine usable
+    assert [_labels(b) for b in loader] == reference
+    assert not _decode_threads()

@@ -99,12 +99,20 @@ def test_validation_with_the_engine_reads_every_frame_once(engine_index: Path, t
     assert set(seen.values()) == {1} and len(seen) == sum(FRAMES)
 
 
-def test_auto_uses_workers_on_the_cpu_and_threads_on_cuda(engine_index: Path) -> None:
+def test_auto_uses_threads_on_the_cpu_and_on_cuda(engine_index: Path) -> None:
     dm = StreamVideoDataModule(index_file=engine_index, num_workers=0)
-    assert not dm.uses_engine()
+    assert dm.uses_engine()
     dm._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
     assert dm.uses_engine()
     assert not StreamVideoDataModule(index_file=engine_index, engine="workers", decode_device="cpu").uses_engine()
+    # Settings only processes have choose workers on the CPU, never on a GPU.
+    gpu = StreamVideoDataModule(index_file=engine_index, persistent_workers=True, num_workers=2)
+    assert gpu.engine_choice()[0] == "workers"
+    gpu._resolved_device = "cuda:0"
+    assert gpu.engine_choice() == (
+        "threads",
+        "engine='auto' decoding on cuda:0: decode threads in the training process",
+    )
 
 
 @pytest.mark.parametrize(
@@ -112,7 +120,7 @@ def test_auto_uses_workers_on_the_cpu_and_threads_on_cuda(engine_index: Path) ->
     [
         ({"engine": "processes"}, r"engine='processes' is invalid; expected 'auto', 'threads' or 'workers'"),
         ({"engine_threads": 0}, r"engine_threads=0 is invalid; expected None or an integer >= 1"),
-        ({"gpu_fallback": "gpu"}, r"gpu_fallback='gpu' is invalid; expected 'none' or 'cpu'"),
+        ({"gpu": {"fallback": "gpu"}}, r"fallback='gpu' is invalid; expected 'none' or 'cpu'"),
     ],
 )
 def test_engine_arguments_are_checked(engine_index: Path, kwargs: dict[str, Any], match: str) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader, Dataset
 
 import lightning_vstream
 from lightning_vstream import errors
@@ -49,3 +52,66 @@ def test_error_classes_derive_from_the_base_and_a_builtin(name: str) -> None:
     assert issubclass(cls, errors.VStreamError)
     if cls is not errors.VStreamError:
         assert any(base.__module__ == "builtins" and base is not Exception for base in cls.__mro__[1:-2]), name
+
+
+def _message(name: str, i: int = 0) -> str:
+    return f"clip 'scene-{i:04d}', camera 'CAM_FRONT', frame 3 ('/data/{name}.mp4'): it failed\nsecond line"
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_every_error_survives_pickling_with_its_type_and_message(name: str) -> None:
+    cls = getattr(errors, name)
+    err = cls(_message(name))
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls and str(back) == str(err) == _message(name)
+
+
+def test_structured_index_errors_keep_their_fields_through_pickling() -> None:
+    err = errors.FileChangedError("'a.mp4' (clip 'x', camera 'C')", ["first problem", "second problem"])
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is errors.FileChangedError
+    assert (back.source, back.problems, str(back)) == (err.source, err.problems, str(err))
+    # One argument is the whole message: how pickle and torch rebuild an error from its text.
+    single = errors.FileChangedError("'a.mp4' changed since the index was built")
+    assert (str(single), single.problems) == ("'a.mp4' changed since the index was built", [str(single)])
+
+
+class _RaisesEveryError(Dataset):
+    """Item ``i`` raises the ``i``-th error class of the package, chained to an OSError."""
+
+    def __len__(self) -> int:
+        return len(errors.__all__)
+
+    def __getitem__(self, i: int) -> None:
+        name = errors.__all__[i]
+        try:
+            raise OSError("the cause")
+        except OSError as cause:
+            raise getattr(errors, name)(_message(name, i)) from cause
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, under torch 2.13
+@pytest.mark.parametrize("loader_cls", ["DataLoader", "StatefulDataLoader"])
+def test_every_error_raised_in_a_dataloader_worker_reaches_the_user_as_itself(loader_cls: str) -> None:
+    if loader_cls == "DataLoader":
+        cls: Any = DataLoader
+    else:
+        from torchdata.stateful_dataloader import StatefulDataLoader as cls  # the clip loaders' loader
+    # torch keeps an iterator usable after re-raising a worker's error: one pair of workers serves every class.
+    it = iter(cls(_RaisesEveryError(), batch_size=None, num_workers=2))
+    for i, name in enumerate(errors.__all__):
+        with pytest.raises(getattr(errors, name)) as caught:
+            next(it)
+        assert type(caught.value) is getattr(errors, name)
+        lines = str(caught.value).splitlines()
+        # The worker's own message comes first, whole; torch's preamble and the traceback follow it.
+        assert lines[:2] == _message(name, i).splitlines()
+        assert lines[3] == f"(raised in DataLoader worker process {i % 2}; the worker's traceback:)"
+        assert "OSError: the cause" in str(caught.value)
+    del it
+
+
+def test_messages_that_only_look_like_torch_rebuilt_ones_are_kept() -> None:
+    text = "Caught VideoDecodeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+    assert str(errors.VideoDecodeError(text)) == text  # no "module.Class: message" line to recover
+    assert str(errors.WorkerError(text)) == text  # another class's name

@@ -1,9 +1,11 @@
 """GPU random access: the NVDEC GOP decoder, batched reads and GPU image decoding.
 
-The CPU tests drive :class:`~lightning_vstream.clips.gpu.NvGopDecoder` through a stand-in
-PyNvVideoCodec (``tests/_fake_nvc.py``: FFmpeg behind the real call names, NV12 surfaces from a
-reused ring) and ``decode_images`` through a stand-in torchvision. The ``cuda`` tests use real
-NVDEC / nvJPEG on 256x256 H.264 and HEVC 4:2:0 files.
+The GOP decoder and the batch reader run against the real PyNvVideoCodec over the fake NVIDIA driver
+in ``tests/test_gpu_nvdriver.py``; here they decode real pictures on the one stand-in
+(``tests/_fake_nvc.py``: FFmpeg behind the library's call names, output buffers reused as the
+library reuses them), which also stands in for CUDA errors inside ``Decode``. ``decode_images`` runs
+through a stand-in torchvision. The ``cuda`` tests use real NVDEC / nvJPEG on 256x256 H.264 and HEVC
+4:2:0 files.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _fake_nvc import fake_module
+from _fake_nvc import StandInMemory, caps_runner, fake_module
 
 from lightning_vstream.clips import gpu as clips_gpu
 from lightning_vstream.clips.batched import BatchReader, PlannedSample
 from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.clips.gpu import NvGopDecoder
-from lightning_vstream.clips.planner import GopPlanner
+from lightning_vstream.clips.planner import GopExecutor, GopPlanner, GopTask
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
@@ -32,7 +34,7 @@ from lightning_vstream.decode.images import decode_images
 from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.nvdec import DecoderPool
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
-from lightning_vstream.errors import DecoderCapabilityError
+from lightning_vstream.errors import DecoderCapabilityError, WorkerError
 from lightning_vstream.index import load_index
 
 FRAMES = 24
@@ -43,9 +45,9 @@ GOP = 8
 def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
-    nvdec._caps_cache.clear()
-    yield module
-    nvdec._caps_cache.clear()
+    monkeypatch.setattr(nvdec, "_caps_tables", {})
+    nvdec.gpu_caps(0, runner=caps_runner(num_decoder_engines=3))
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,12 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         name: write_stamped_video(root / f"{name}.mp4", camera=0, frames=FRAMES, gop=GOP, size=(256, 256), **spec)  # type: ignore[arg-type]
         for name, spec in specs.items()
     }
+
+
+def _gop_decoder(path: Path, **kwargs: Any) -> NvGopDecoder:
+    return NvGopDecoder(
+        path, info=kwargs.pop("info", None) or probe_video(path), gpu=0, memory=StandInMemory(), **kwargs
+    )
 
 
 def _collect(decoder: NvGopDecoder, frames: list[int]) -> dict[int, torch.Tensor]:
@@ -91,75 +99,25 @@ def test_nv12_surfaces_convert_like_ffmpeg(videos: dict[str, Path]) -> None:
     assert diff.float().mean() < 3.0 and read_stamp(out).frame == 0
 
 
-# -- the GOP decoder on a stand-in PyNvVideoCodec -------------------------------------------------
+# -- the GOP decoder on real pictures (the stand-in) ---------------------------------------------------
 @pytest.mark.parametrize("name", ["h264", "hevc", "h264_bframes", "hevc_bframes"])
 def test_gop_decoder_returns_exact_frames(fake_nvc: types.ModuleType, videos: dict[str, Path], name: str) -> None:
-    info = probe_video(videos[name])
-    decoder = NvGopDecoder(videos[name], info=info, gpu=0, pool=DecoderPool())
+    decoder = _gop_decoder(videos[name], pool=DecoderPool())
     wanted = [23, 2, 9, 10, 15, 0, 7]
     frames = _collect(decoder, wanted)
     assert sorted(frames) == sorted(set(wanted))
-    for index, image in frames.items():
-        assert read_stamp(image).frame == index
+    with PyAVDecoder(videos[name]) as cpu:
+        for index, image in frames.items():
+            assert read_stamp(image).frame == index
+            assert (image.int() - cpu.get(index).int()).abs().float().mean() < 1.0  # the CPU decoder's picture
     # Only the wanted frames were converted; the others of their GOPs only decoded.
     assert decoder.frames_converted == len(set(wanted))
     decoder.close()
 
 
-@pytest.mark.parametrize(
-    ("name", "latency", "flag"), [("hevc", "LOW", "ENDOFPICTURE"), ("hevc_bframes", "NATIVE", None)]
-)
-def test_low_latency_only_without_reordering(
-    fake_nvc: types.ModuleType, videos: dict[str, Path], name: str, latency: str, flag: str | None
-) -> None:
-    decoder = NvGopDecoder(videos[name], info=probe_video(videos[name]), gpu=0, pool=DecoderPool())
-    _collect(decoder, [5])
-    created = fake_nvc.created[0]
-    assert created.kwargs["latency"] == latency and created.kwargs["outputColorType"] == "NATIVE"
-    assert created.kwargs["cudacontext"] == 0 and created.kwargs["usedevicememory"] is True
-    assert set(created.flags) == {flag}
-    decoder.close()
-
-
-def test_decoder_is_reused_across_files_of_the_same_format(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
-    pool = DecoderPool()
-    for name in ("hevc", "hevc", "h264"):
-        decoder = NvGopDecoder(videos[name], info=probe_video(videos[name]), gpu=0, pool=pool)
-        _collect(decoder, [3])
-        decoder.close()
-    assert len(fake_nvc.created) == 2 and pool.stats["reused"] == 1
-    assert fake_nvc.created[0].flushes >= 1  # flushed before going back to the pool
-
-
-def test_wrong_timestamp_raises(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
-    from dataclasses import replace
-
-    info = probe_video(videos["h264"])
-    shifted = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None)
-    decoder = NvGopDecoder(videos["h264"], info=shifted, gpu=0, pool=DecoderPool())
-    with pytest.raises(
-        VideoDecodeError, match=r"h264\.mp4.*produced a frame with timestamp 0, which is not in the file's"
-    ):
-        _collect(decoder, [3])
-
-
-def test_corrupt_packet_fails_its_checksum(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
-    from dataclasses import replace
-
-    info = probe_video(videos["h264"])
-    assert info.crc32 is not None
-    bad = replace(info, crc32=tuple(c ^ 1 if i == 12 else c for i, c in enumerate(info.crc32)))
-    decoder = NvGopDecoder(videos["h264"], info=bad, gpu=0, pool=DecoderPool(), label="clip 'x', camera 'CAM'")
-    _collect(decoder, [9])  # GOP 1 ends before frame 12
-    with pytest.raises(
-        VideoDecodeError, match=r"camera 'CAM'\) frame 12: the compressed data differs from the checksum"
-    ):
-        _collect(decoder, [14])
-
-
 def test_nvdec_failure_is_a_decode_error(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
     fake_nvc.fail_decode = True
-    decoder = NvGopDecoder(videos["hevc"], info=probe_video(videos["hevc"]), gpu=0, pool=DecoderPool())
+    decoder = _gop_decoder(videos["hevc"], pool=DecoderPool())
     with pytest.raises(VideoDecodeError, match=r"hevc\.mp4.* frame 4: decoding failed: CUDA_ERROR_LAUNCH_FAILED"):
         _collect(decoder, [4])
 
@@ -171,28 +129,49 @@ def test_unsupported_formats_are_refused_clearly(
     with pytest.raises(
         DecoderCapabilityError, match=r"odd\.mp4.* is h264 255x255 8-bit 4:4:4.*the GPU path converts only 4:2:0 frames"
     ):
-        _collect(NvGopDecoder(odd, info=probe_video(odd), gpu=0, pool=DecoderPool()), [0])
-    nvdec._caps_cache.clear()
-    sys.modules["PyNvVideoCodec"] = fake_module(caps={"width_min": 512})
+        _collect(_gop_decoder(odd, pool=DecoderPool()), [0])
+    nvdec._caps_tables.clear()
+    nvdec.gpu_caps(0, runner=caps_runner(width_min=512))
     with pytest.raises(
         DecoderCapabilityError, match=r"hevc\.mp4.* is hevc 256x256 8-bit .*outside what NVDEC on GPU 0 decodes"
     ):
-        _collect(NvGopDecoder(videos["hevc"], info=probe_video(videos["hevc"]), gpu=0, pool=DecoderPool()), [0])
-    info = probe_video(videos["hevc"])
-    from dataclasses import replace
-
-    with pytest.raises(
-        DecoderCapabilityError, match=r"uses codec 'mpeg4', which NVDEC does not decode.*decode_device='cpu'"
-    ):
-        _collect(NvGopDecoder(videos["hevc"], info=replace(info, codec="mpeg4"), gpu=0, pool=DecoderPool()), [0])
+        _collect(_gop_decoder(videos["hevc"], pool=DecoderPool()), [0])
 
 
 def test_engine_count_comes_from_the_capabilities(fake_nvc: types.ModuleType) -> None:
     assert clips_gpu.decode_engine_count(0) == 3
 
 
+def test_a_hung_decoder_times_out_instead_of_hanging_the_batch() -> None:
+    import threading
+
+    release = threading.Event()
+
+    class Hung:
+        def decode_gop(self, task: GopTask, emit: Any) -> None:
+            release.wait(30)
+
+        def close(self) -> None:
+            pass
+
+    executor = GopExecutor(lambda task: Hung(), workers=2)
+    planner = GopPlanner()
+    from lightning_vstream.index.tables import VideoInfo
+
+    table = VideoInfo("hevc", 256, 256, (1, 12), tuple(range(16)), (0, 8), (0, 8), 12.0)
+    planner.add_many("a.mp4", table, [1, 9], [0, 1])
+    try:
+        with pytest.raises(WorkerError, match=r"2 of 2 GOP decoding threads did not finish within timeout=0\.2 s"):
+            executor.run(planner.tasks(), lambda *a: None, timeout=0.2)
+    finally:
+        release.set()
+        executor.close()
+
+
 # -- batched reads on the GPU path (stand-in decoder, CPU tensors) --------------------------------
-def test_batch_reader_gpu_path_is_frame_exact(fake_nvc: types.ModuleType, tmp_path: Path) -> None:
+def test_batch_reader_gpu_path_is_frame_exact(
+    fake_nvc: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     index_path = write_dataset(tmp_path, clips=2, cameras=3, frames=FRAMES, size=(256, 256), codec="hevc", gop=GOP)
     index = load_index(index_path)
     rng = random.Random(11)
@@ -211,6 +190,10 @@ def test_batch_reader_gpu_path_is_frame_exact(fake_nvc: types.ModuleType, tmp_pa
                 )
             )
     reader = BatchReader(gpu=0, device="cpu", threads=3, pool=DecoderPool())
+    import lightning_vstream.decode.device as device_module
+
+    monkeypatch.setattr(device_module, "frame_memory", StandInMemory)
+    monkeypatch.setattr(clips_gpu, "frame_memory", StandInMemory)
     try:
         out = reader.read(samples)
         for sample, got in zip(samples, out):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_vstream import VStreamWarning
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.cpu import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
@@ -85,14 +86,16 @@ def test_relative_video_dir_resolves_against_the_index_folder(
 def test_absolute_video_dir(small_index: Path, tmp_path: Path) -> None:
     videos = small_index.parent / "videos"
     path = _write_index(tmp_path / "abs.json", {str(videos): {"scene-0002": 27}})
-    index = load_index(path)
+    with pytest.warns(VStreamWarning, match=r"abs\.json' has no frame tables"):
+        index = load_index(path)
     assert index[0].folder == videos.resolve() / "scene-0002"
 
 
 def test_camera_order_is_sorted_stems(tmp_path: Path) -> None:
     # File names sort differently from camera names: "CAM-2.mp4" < "CAM.mp4" but "CAM" < "CAM-2".
     _touch_clip(tmp_path / "videos", "c0", ("CAM_Z", "CAM-2", "CAM", "CAM_A"))
-    index = load_index(_write_index(tmp_path / "index.json", {"videos": {"c0": 5}}))
+    with pytest.warns(VStreamWarning, match="has no frame tables"):
+        index = load_index(_write_index(tmp_path / "index.json", {"videos": {"c0": 5}}))
     assert index.camera_names == ("CAM", "CAM-2", "CAM_A", "CAM_Z")
     assert [c.name for c in index[0].cameras] == ["CAM", "CAM-2", "CAM_A", "CAM_Z"]
 
@@ -101,7 +104,8 @@ def test_explicit_cameras_select_a_subset_in_the_given_order(tmp_path: Path) -> 
     _touch_clip(tmp_path / "videos", "c0", ("CAM_A", "CAM_B", "CAM_C"))
     _touch_clip(tmp_path / "videos", "c1", ("CAM_A", "CAM_B", "CAM_C", "CAM_EXTRA"))
     path = _write_index(tmp_path / "index.json", {"videos": {"c0": 5, "c1": 6}})
-    index = load_index(path, cameras=["CAM_C", "CAM_A"])
+    with pytest.warns(VStreamWarning, match="has no frame tables"):
+        index = load_index(path, cameras=["CAM_C", "CAM_A"])
     assert index.camera_names == ("CAM_C", "CAM_A")
     for clip in index:
         assert [c.path.name for c in clip.cameras] == ["CAM_C.mp4", "CAM_A.mp4"]
@@ -109,6 +113,14 @@ def test_explicit_cameras_select_a_subset_in_the_given_order(tmp_path: Path) -> 
 
 def test_explicit_camera_that_is_missing(tree: Path) -> None:
     path = _write_index(tree / "index.json", {"videos": {"clip-a": 5}})
+    with pytest.raises(IndexValidationError) as info:  # in no clip: one problem, naming the cameras there are
+        load_index(path, cameras=["CAM_A", "CAM_X"])
+    assert info.value.problems == [
+        f"'{path}': cameras=['CAM_A', 'CAM_X']: no clip has camera(s) ['CAM_X']; the index's clips have cameras "
+        "['CAM_A', 'CAM_B']. Pass names from that list, or cameras=None for all of them."
+    ]
+    (tree / "videos" / "clip-b" / "CAM_X.mp4").write_bytes(b"")  # in some clips: each clip without it is named
+    path = _write_index(tree / "index.json", {"videos": {"clip-a": 5, "clip-b": 5}})
     with pytest.raises(
         IndexValidationError,
         match=r"clip 'clip-a' is missing camera file\(s\) \['CAM_X'\] .*expected the cameras of the cameras argument",
@@ -210,7 +222,8 @@ def test_extra_camera_in_a_later_clip(tree: Path) -> None:
     ):
         load_index(path)
     # Selecting the common cameras loads both clips.
-    assert load_index(path, cameras=["CAM_A", "CAM_B"]).total_frames == 10
+    with pytest.warns(VStreamWarning, match="has no frame tables"):
+        assert load_index(path, cameras=["CAM_A", "CAM_B"]).total_frames == 10
 
 
 def test_clip_folder_without_cameras(tmp_path: Path) -> None:
@@ -287,7 +300,8 @@ def test_thorough_frame_count_larger_than_the_file(small_index: Path, tmp_path: 
     videos = small_index.parent / "videos"
     # A fresh index next to the dataset but without sidecar: the files are probed.
     path = _write_index(tmp_path / "index.json", {str(videos): {"scene-0000": 20, "scene-0001": 14}})
-    assert load_index(path).total_frames == 34  # the fast check does not open files
+    with pytest.warns(VStreamWarning, match="has no frame tables"):
+        assert load_index(path).total_frames == 34  # the fast check does not open files
     with pytest.raises(IndexValidationError) as info:
         load_index(path, check="thorough")
     assert len(info.value.problems) == 2  # both cameras
@@ -377,7 +391,8 @@ def test_load_attaches_sidecar_info(small_index: Path) -> None:
 def test_plain_accvlab_index_without_sidecar(make_dataset: Callable[..., Path]) -> None:
     path = make_dataset(clips=2, cameras=1, frames=[5, 7], gop=4, with_metadata=False)
     assert not metadata_path(path).exists() and not tables_path(path).exists()
-    index = load_index(path)
+    with pytest.warns(VStreamWarning, match="has no frame tables"):
+        index = load_index(path)
     assert [c.frame_count for c in index] == [5, 7]
     assert all(cam.info is None for clip in index for cam in clip.cameras)
     assert all(cam.info is not None for clip in load_index(path, check="thorough") for cam in clip.cameras)

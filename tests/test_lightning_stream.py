@@ -45,9 +45,9 @@ def _starts(seen: list[dict[str, Any]], epoch: int) -> list[str]:
     return [c for b in seen if b["epoch"] == epoch for c, first in zip(b["clip_id"], b["is_first"]) if first]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, num_workers: int) -> None:
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=num_workers, seed=0)
+@pytest.mark.parametrize(("engine", "num_workers"), [("auto", 0), ("workers", 0), ("workers", 2)])
+def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, engine: str, num_workers: int) -> None:
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=num_workers, seed=0, engine=engine)
     model = RecordingModel()
     trainer = _trainer(tmp_path, max_epochs=2)
     trainer.fit(model, datamodule=dm)
@@ -61,7 +61,7 @@ def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, num_wor
 
 def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
-        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=5)
+        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=5, engine="workers")
         model = RecordingModel()
         trainer = _trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
@@ -165,11 +165,12 @@ def test_datamodule_rejects_bad_arguments(lightning_index: Path, kwargs: dict[st
 def test_transform_runs_in_the_workers(lightning_index: Path, assert_stamps: Any) -> None:
     from lightning_vstream.transforms import FrameTransform
 
-    plain = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=0)
+    plain = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=0, engine="workers")
     scaled = StreamVideoDataModule(
         index_file=lightning_index,
         batch_size=2,
         num_workers=2,
+        engine="workers",
         seed=0,
         transform=FrameTransform(resize=(96, 128), dtype="float32"),
     )
@@ -268,7 +269,7 @@ class IterModel(RecordingModel):
 
 def test_resume_under_dataloader_iter_matches_uninterrupted_run(lightning_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
-        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9)
+        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9, engine="workers")
         model = IterModel()
         trainer = _trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)

@@ -1,4 +1,4 @@
-"""NV12 / P016 -> RGB in torch against FFmpeg's own conversion (PyAV), per matrix and range."""
+"""NV12 / P016 -> RGB, torch and the fused Triton kernel, against each other and FFmpeg's conversion (PyAV)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from lightning_vstream.decode.nv12 import (
     ColorSpec,
+    Nv12Converter,
     color_spec_from_stream,
     nv12_to_rgb,
 )
@@ -120,3 +121,79 @@ def test_refuses_what_it_cannot_convert(shape: tuple[int, ...], dtype: torch.dty
 def test_rejects_an_out_of_the_wrong_shape() -> None:
     with pytest.raises(ValueError, match=r"out has shape \(3, 8, 8\) but the converted frame is \(3, 16, 16\)"):
         nv12_to_rgb(torch.zeros(24, 16, dtype=torch.uint8), out=torch.empty(3, 8, 8, dtype=torch.uint8))
+
+
+# -- the fused Triton kernel, in Triton's interpreter on CPU tensors -------------------------------------
+@pytest.fixture
+def triton_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Build the kernel under ``TRITON_INTERPRET=1``, so it runs on CPU tensors."""
+    from lightning_vstream.decode import nv12_kernel
+
+    if not nv12_kernel.triton_available():
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(nv12_kernel, "_kernel", None)
+
+
+def _random_surface(height: int, width: int, *, sixteen: bool, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    if not sixteen:
+        return torch.from_numpy(rng.integers(0, 256, (height * 3 // 2, width), dtype=np.uint8))
+    words = rng.integers(0, 1024, (height * 3 // 2, width), dtype=np.int64) << 6  # 10-bit data, high bits
+    return torch.from_numpy(np.where(words >= 32768, words - 65536, words).astype(np.int16))
+
+
+@pytest.mark.parametrize("sixteen", [False, True])
+@pytest.mark.parametrize("layout", ["chw", "hwc"])
+def test_triton_kernel_equals_the_torch_conversion(triton_kernel: None, sixteen: bool, layout: str) -> None:
+    height, width = 36, 100  # not a multiple of the block: the masks matter
+    surface = _random_surface(height, width, sixteen=sixteen, seed=3)
+    for spec in (ColorSpec("bt601", False), ColorSpec("bt709", True), ColorSpec("bt2020", False)):
+        reference = Nv12Converter(spec, height, width, layout=layout, backend="torch")(surface)  # type: ignore[arg-type]
+        # Straight into a row of a batch, with the batch's strides.
+        shape = (3, height, width) if layout == "chw" else (height, width, 3)
+        batch = torch.zeros((3, *shape), dtype=torch.uint8)
+        convert = Nv12Converter(spec, height, width, layout=layout, backend="triton")  # type: ignore[arg-type]
+        assert convert.backend == "triton"
+        convert(surface, batch[1])
+        assert torch.equal(batch[1], reference), spec
+        assert batch[0].count_nonzero() == 0 and batch[2].count_nonzero() == 0
+
+
+@pytest.mark.parametrize("matrix", ["bt601", "bt709"])
+@pytest.mark.parametrize("full", [False, True])
+def test_triton_kernel_matches_ffmpeg_on_real_frames(
+    triton_kernel: None, frame: av.VideoFrame, matrix: str, full: bool
+) -> None:
+    nv12 = torch.from_numpy(frame.to_ndarray(format="nv12"))
+    ours = nv12_to_rgb(nv12, ColorSpec(matrix, full_range=full), backend="triton").int()  # type: ignore[arg-type]
+    diff = (ours - _reference(frame, matrix, full).int()).abs()
+    assert diff.max() <= 3 and diff.float().mean() < 0.5
+    assert read_stamp(ours.to(torch.uint8)).frame == 0
+
+
+def test_triton_kernel_converts_ten_bit_frames_like_ffmpeg(triton_kernel: None) -> None:
+    rng = np.random.default_rng(0)
+    image = np.repeat(np.repeat(rng.integers(30, 220, (8, 8, 3), dtype=np.uint8), 16, 0), 16, 1)
+    source = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p10le")
+    y = np.frombuffer(source.planes[0], np.uint16).reshape(128, -1)[:, :128]
+    u = np.frombuffer(source.planes[1], np.uint16).reshape(64, -1)[:, :64]
+    v = np.frombuffer(source.planes[2], np.uint16).reshape(64, -1)[:, :64]
+    p016 = np.concatenate([y << 6, np.stack([u << 6, v << 6], -1).reshape(64, 128)]).astype(np.uint16)
+    surface = torch.from_numpy(p016.view(np.int16))
+    ours = nv12_to_rgb(surface, backend="triton")
+    assert torch.equal(ours, nv12_to_rgb(surface, backend="torch"))
+    reference = torch.from_numpy(source.to_ndarray(format="rgb24")).permute(2, 0, 1).int()
+    inner = (torch.arange(128) % 16 >= 4) & (torch.arange(128) % 16 < 12)
+    assert (ours.int() - reference).abs()[:, inner][:, :, inner].max() <= 3
+
+
+def test_backend_choice() -> None:
+    from lightning_vstream.decode import nv12_kernel
+
+    assert Nv12Converter(ColorSpec(), 4, 4, device=torch.device("cpu")).backend == "torch"  # "auto" on the CPU
+    with pytest.raises(ValueError, match="backend='cuda' is not supported"):
+        Nv12Converter(ColorSpec(), 4, 4, backend="cuda")  # type: ignore[arg-type]
+    if not nv12_kernel.triton_available():
+        with pytest.raises(ImportError, match="backend='triton' needs Triton"):
+            Nv12Converter(ColorSpec(), 4, 4, backend="triton")

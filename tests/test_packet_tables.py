@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -12,8 +13,9 @@ import av
 import numpy as np
 import pytest
 
+from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.cpu import probe_video, probe_video_bytes
-from lightning_vstream.demos.synth import write_stamped_video
+from lightning_vstream.demos.synth import clip_number, read_stamp, write_stamped_video
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index import FileIdentity, FrameTables, load_index, tables_path
 from lightning_vstream.index.table_file import write_table_arrays, write_tables
@@ -92,29 +94,54 @@ def test_binary_tables_round_trip_layouts_and_etags(videos: dict[str, Path], tmp
 
 
 def test_json_sidecar_round_trips_layouts_and_etags(videos: dict[str, Path]) -> None:
-    import json
-
     for key, info in _infos(videos).items():
         entry = json.loads(json.dumps(metadata_entry(info)))
         back = cached_info({key: entry}, key)
         assert back == info and back.layout == info.layout and back.identity == info.identity, key
 
 
-def test_version_1_tables_name_the_command_that_rebuilds_them(small_index: Path, tmp_path: Path) -> None:
+def write_tables_without_byte_ranges(tables: Path, *, version: int) -> None:
+    """Rewrite ``tables`` as an older writer left it: no byte ranges, and at version 1 no ``reorder_depth`` either."""
+    data = bytearray(tables.read_bytes())
+    prefix = struct.Struct("<8sII")
+    magic, _, length = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + length])
+    for name in ("has_layout", "col_range", "col_space", "col_primaries", "col_trc", "pkt_pos", "pkt_size"):
+        del header["arrays"][name]
+    for name in ("extradata", "extra_offsets", "etag", "etag_offsets"):
+        del header["arrays"][name]
+    if version == 1:
+        del header["arrays"]["reorder_depth"]
+    header["version"] = version
+    encoded = json.dumps(header).encode().ljust(length)
+    data[: prefix.size + length] = prefix.pack(magic, version, length) + encoded
+    tables.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_tables_without_byte_ranges_still_read_local_files(small_index: Path, tmp_path: Path, version: int) -> None:
     index = tmp_path / "index.json"
     index.write_bytes(small_index.read_bytes())
     for folder in small_index.parent.iterdir():
         if folder.is_dir():
             (tmp_path / folder.name).symlink_to(folder)
-    data = bytearray(tables_path(small_index).read_bytes())
-    magic, _, header = struct.unpack_from("<8sII", data)
-    struct.pack_into("<8sII", data, 0, magic, 1, header)
-    tables_path(index).write_bytes(bytes(data))
-    with pytest.raises(
-        IndexValidationError,
-        match=r"index\.tables\.bin' is version 1; .* reads version 2, .* Rebuild it with `vstream index --tables .*index\.json`",
-    ):
-        load_index(index)
+    (tmp_path / "index.tables.bin").write_bytes(tables_path(small_index).read_bytes())
+    write_tables_without_byte_ranges(tables_path(index), version=version)
+    tables = FrameTables(tables_path(index))
+    assert not tables.has_byte_ranges and tables.version == version
+    with pytest.raises(IndexValidationError, match=r"Rebuild it with `vstream index --tables .*index\.json`"):
+        tables.require_byte_ranges()
+    loaded = load_index(index)
+    original = load_index(small_index)
+    cam = loaded.clips[1].cameras[0]
+    info = cam.info
+    assert info is not None and info.layout is None and info == original.clips[1].cameras[0].info
+    assert (info.reorder_depth is None) == (version == 1)
+    assert info.identity is not None and info.identity.etag is None  # the fingerprint is still checked
+    # Read through the container, frame-exact.
+    with make_decoder(cam.path, info=info) as dec:
+        stamp = read_stamp(dec.get(3))
+    assert (stamp.clip, stamp.camera, stamp.frame) == (clip_number(loaded.clips[1].clip_id), 0, 3)
 
 
 def test_tables_generated_without_byte_ranges_read_through_the_container(tmp_path: Path) -> None:

@@ -321,7 +321,6 @@ def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> 
 def test_dataset_decode_error_propagates_from_a_thread(index_path: Path, tmp_path: Path) -> None:
     index = load_index(index_path)
     clip = index.clips[0]
-    dataset = VideoClipDataset(index=index, requests=[at_indices(clip.clip_id, [5])], gop_threads=2)
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"not a video")
     import dataclasses
@@ -329,10 +328,9 @@ def test_dataset_decode_error_propagates_from_a_thread(index_path: Path, tmp_pat
     from lightning_vstream.index.records import CameraStream
 
     cam = clip.cameras[0]
-    dataset._clips[clip.clip_id] = dataclasses.replace(
-        clip, cameras=(CameraStream(cam.name, broken, cam.info), *clip.cameras[1:])
-    )
-    dataset._infos[broken] = cam.info
+    damaged = dataclasses.replace(clip, cameras=(CameraStream(cam.name, broken, cam.info), *clip.cameras[1:]))
+    index = dataclasses.replace(index, clips=(damaged, *index.clips[1:]))
+    dataset = VideoClipDataset(index=index, requests=[at_indices(clip.clip_id, [5])], gop_threads=2)
     try:
         with pytest.raises(VideoDecodeError, match=r"broken\.mp4.*not a readable video file"):
             dataset[0]

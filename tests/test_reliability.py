@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_v
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.worker import StreamDataset, StreamTask
 
@@ -77,8 +79,13 @@ def _flip_bits(path: Path, seed: int = 0) -> None:
 
 def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[str, Any]], Any]:
     dm = StreamVideoDataModule(
-        index_file=root / "index.json", batch_size=2, num_workers=num_workers, on_error=on_error, shuffle=False
-    )  # type: ignore[arg-type]
+        index_file=root / "index.json",
+        batch_size=2,
+        num_workers=num_workers,
+        on_error=on_error,  # type: ignore[arg-type]
+        shuffle=False,
+        engine="workers",
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
@@ -176,7 +183,14 @@ class _DyingDataset(StreamDataset):
         return super().__getitem__(task)
 
 
-def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop") -> StreamDataLoader:
+def _skip_loader(
+    root: Path, *, num_workers: int, prefetch: int = 2, remainder: str = "drop", engine_threads: int = 0
+) -> Any:
+    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip".
+
+    Both decode with one FFmpeg thread per decoder (the engine's CPU default), so the damaged packet
+    stops both at the same frame (frame threads read packets ahead, and stop earlier).
+    """
     index = load_index(root / "index.json")
     sampler = StreamSampler(
         LENGTHS,
@@ -184,10 +198,14 @@ def _skip_loader(root: Path, *, num_workers: int, prefetch: int = 2, remainder: 
         batch_size=2,
         shuffle=False,
         remainder=remainder,  # type: ignore[arg-type]
-        num_parts=max(1, num_workers),
+        num_parts=1 if engine_threads else max(1, num_workers),
     )
+    if engine_threads:
+        return build_engine_loader(
+            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip", decoder_threads=1
+        )
     return StreamDataLoader(
-        StreamDataset(index=index, on_error="skip"),
+        StreamDataset(index=index, on_error="skip", decoder_threads=1),
         sampler=sampler,
         num_workers=num_workers,
         prefetch_factor=prefetch if num_workers else None,
@@ -215,27 +233,47 @@ def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    ("num_workers", "engine_threads"),
+    [(0, 0), (2, 0), (0, 1), (0, 3)],
+    ids=["workers0", "workers2", "engine1", "engine3"],
+)
 def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(
-    pristine: Path, tmp_path: Path, num_workers: int
+    pristine: Path, tmp_path: Path, num_workers: int, engine_threads: int
 ) -> None:
     root = _copy(pristine, tmp_path)
     _truncate(_bad_file(root))
-    full = [_record(b) for b in _skip_loader(root, num_workers=num_workers)]
+    options = {"num_workers": num_workers, "engine_threads": engine_threads}
+    full = [_record(b) for b in _skip_loader(root, **options)]
     failed_at = next(i for i, b in enumerate(full) if not all(b[3]))
     # Resume before, at and just after the failing step, inside the prefetch window (steps issued
     # before the skip was found still read the clip given up), and after it.
     for resume_at in range(failed_at - 1, failed_at + 5):
-        first = _skip_loader(root, num_workers=num_workers)
+        first = _skip_loader(root, **options)
         it = iter(first)
         produced = [next(it) for _ in range(resume_at + 2)]  # the loop has prefetched two more
         first.mark_consumed(produced[resume_at - 1])
         state = first.state_dict()
         assert state["step"] == resume_at
         del it, produced
-        resumed = _skip_loader(root, num_workers=num_workers)
+        first.close()
+        resumed = _skip_loader(root, **options)
         resumed.load_state_dict(state)
         assert [_record(b) for b in resumed] == full[resume_at:], f"resumed at step {resume_at}"
+
+
+def test_the_engine_delivers_the_same_batches_around_a_skip_whatever_its_threads(
+    pristine: Path, tmp_path: Path
+) -> None:
+    root = _copy(pristine, tmp_path)
+    _truncate(_bad_file(root))
+    runs = {
+        threads: [_record(b) for b in _skip_loader(root, num_workers=0, engine_threads=threads)]
+        for threads in (1, 2, 4)
+    }
+    runs[0] = [_record(b) for b in _skip_loader(root, num_workers=0, engine_threads=4)]  # and again
+    assert runs[1] == runs[2] == runs[4] == runs[0]
+    assert any(not all(valid) for _, _, _, valid, _, _ in runs[1])  # the skip happened
 
 
 def test_skip_counters_are_exact_for_every_worker_count_and_prefetch_depth(pristine: Path, tmp_path: Path) -> None:
@@ -243,22 +281,25 @@ def test_skip_counters_are_exact_for_every_worker_count_and_prefetch_depth(prist
     _truncate(_bad_file(root))
     bad = clip_name(BAD_CLIP)
     lost = set()
-    for num_workers, prefetch in [(0, 2), (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
+    settings = [(0, 2, 0), (1, 1, 0), (1, 2, 0), (1, 4, 0), (2, 1, 0), (2, 2, 0), (2, 4, 0), (0, 1, 2), (0, 4, 3)]
+    for num_workers, prefetch, engine_threads in settings:
         # Evaluation order ("pad"): every frame is due once, so the loss is exact and the same in
         # every setting: the frames of the damaged clip from the failure on.
-        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch, remainder="pad")
+        loader = _skip_loader(
+            root, num_workers=num_workers, prefetch=prefetch, remainder="pad", engine_threads=engine_threads
+        )
         batches = list(loader)
         valid = sum(int(b["valid"].sum()) for b in batches)
         delivered_bad = sum(1 for b in batches for slot in range(2) if b["valid"][slot] and b["clip_id"][slot] == bad)
         stats = loader.stats
-        setting = f"num_workers={num_workers}, prefetch_factor={prefetch}"
+        setting = f"num_workers={num_workers}, prefetch_factor={prefetch}, engine_threads={engine_threads}"
         assert stats.skipped_samples == LENGTHS[BAD_CLIP] - delivered_bad, setting
         assert valid + stats.skipped_samples == sum(LENGTHS), setting
         assert stats.frames_delivered == valid * 2, setting
         assert (stats.skipped_clips, stats.bad_files) == (1, 1), setting
         lost.add(stats.skipped_samples)
         # Training order ("drop"): no padding in the plan, so every invalid slot-step is a lost one.
-        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch)
+        loader = _skip_loader(root, num_workers=num_workers, prefetch=prefetch, engine_threads=engine_threads)
         batches = list(loader)
         invalid = sum(int((~b["valid"]).sum()) for b in batches)
         assert loader.stats.skipped_samples == invalid, setting
@@ -308,8 +349,10 @@ def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persiste
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(
-        r"WorkerError: DataLoader timed out after 2 seconds while waiting for part 1 of step 2 "
-        r"\(clip 'scene-\d+', camera 'CAM_BACK_LEFT', frame 2 \('[^']+CAM_BACK_LEFT\.mp4'\)",
+        r"WorkerError: decoding worker 1 \(pid \d+\) sent nothing for timeout=2 s while the loader waited for part 1 "
+        r"of step 2; it decodes the camera streams slot 0 CAM_BACK_LEFT \(clip 'scene-\d+', frame 2, "
+        r"'[^']+CAM_BACK_LEFT\.mp4'\), slot 1 CAM_BACK_LEFT \(clip 'scene-\d+', frame 2, '[^']+'\)\. The workers were "
+        r"stopped \(DataLoader timed out after 2 seconds\)",
         result.stdout,
     ), (result.stdout + result.stderr)[-2000:]
 
@@ -317,9 +360,9 @@ def test_a_stalled_worker_is_ended_so_the_process_exits(pristine: Path, persiste
 @pytest.mark.parametrize(
     ("dataset_cls", "timeout", "match"),
     [
-        (_StallingDataset, 2, "timed out after 2 seconds"),
-        # A dead worker is reported at once (torch's SIGCHLD handler), long before the timeout.
-        (_DyingDataset, 60, "exited unexpectedly|a decoding worker died"),
+        (_StallingDataset, 2, r"^decoding worker [01] \(pid \d+\) sent nothing for timeout=2 s"),
+        # A dead worker is reported within a second, long before the timeout.
+        (_DyingDataset, 60, r"^decoding worker [01] \(pid \d+\) exited with code 3 while the loader waited for part"),
     ],
 )
 def test_stalled_or_dead_worker_surfaces_as_an_error(
@@ -340,10 +383,85 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
     gc.collect()  # shut the remaining worker down before the next test
 
 
+def _kill_worker(loader: StreamDataLoader, worker_id: int) -> int:
+    """SIGKILL one decoding worker and wait until it is dead (not reaped): torch's SIGCHLD has been sent then."""
+    pid = next(pid for pid, wid in loader._worker_stats if wid == worker_id)
+    os.kill(pid, signal.SIGKILL)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    return pid
+
+
+# Worker 1 decodes camera 1 of both slots; step and clips vary with the loop.
+_KILLED = (
+    r"^decoding worker 1 \(pid (?P<pid>\d+)\) was killed by signal SIGKILL while the loader waited for part 1 of step "
+    r"\d+; it decodes the camera streams slot 0 CAM_BACK_LEFT \(clip 'scene-\d+', frame \d+, '[^']+CAM_BACK_LEFT.mp4'\), "
+    r"slot 1 CAM_BACK_LEFT \(clip 'scene-\d+', frame \d+, '[^']+CAM_BACK_LEFT.mp4'\)\. The other workers were stopped"
+)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
+def test_a_worker_killed_during_a_plain_loop_is_a_worker_error_from_the_loader(
+    pristine: Path, persistent: bool
+) -> None:
+    index = load_index(pristine / "index.json")
+    sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2, shuffle=False)
+    loader = StreamDataLoader(StreamDataset(index=index), sampler=sampler, num_workers=2, persistent_workers=persistent)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    killed = None
+    with pytest.raises(WorkerError, match=_KILLED) as caught:
+        for step, _ in enumerate(loader):
+            if step == 3:
+                killed = _kill_worker(loader, 1)
+                # The signal arrived while this loop body runs: torch's own handler would raise its
+                # RuntimeError right here. Give pending handlers bytecodes to run on.
+                assert sum(range(10_000)) > 0
+    match = re.match(_KILLED, str(caught.value))
+    assert match is not None and int(match["pid"]) == killed
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+
+
+class _KillsWorkerModel(RecordingModel):
+    """Kills decoding worker 1 with SIGKILL in the middle of its fourth training step."""
+
+    killed: int | None = None
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        if batch_idx == 3:
+            self.killed = _kill_worker(self.trainer.train_dataloader, 1)  # type: ignore[arg-type]
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_path: Path) -> None:
+    dm = StreamVideoDataModule(
+        index_file=pristine / "index.json", batch_size=2, num_workers=2, shuffle=False, engine="workers"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    model = _KillsWorkerModel()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(WorkerError, match=_KILLED) as caught:
+        trainer.fit(model, datamodule=dm)
+    match = re.match(_KILLED, str(caught.value))
+    assert match is not None and int(match["pid"]) == model.killed
+    assert model.stamp_errors == [] and len(model.seen) >= 4
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+
+
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:
     for persistent in (False, True):
         dm = StreamVideoDataModule(
-            index_file=pristine / "index.json", batch_size=2, num_workers=2, persistent_workers=persistent
+            index_file=pristine / "index.json",
+            batch_size=2,
+            num_workers=2,
+            persistent_workers=persistent,
+            engine="workers",
         )
         trainer = pl.Trainer(
             accelerator="cpu",

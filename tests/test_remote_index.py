@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule, VideoClipDataset, at_indices, load_index
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.errors import ConfigurationError, FileChangedError, MissingFileError
+from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError, MissingFileError
 from tests._s3 import S3TestServer
 
 BUCKET = "remote-index"
@@ -69,6 +70,21 @@ def test_thorough_check_compares_sizes_with_one_head_per_file(s3: S3TestServer, 
         match=r"scene-0002/CAM_BACK_LEFT\.mp4' \(camera 'CAM_BACK_LEFT'\) changed .*size \d+ -> 20 bytes",
     ):
         load_index(remote_url, storage_options=s3.storage_options(), check="thorough")
+
+
+def test_tables_without_byte_ranges_are_refused_for_a_url(s3: S3TestServer, local_index: Path, tmp_path: Path) -> None:
+    from tests.test_packet_tables import write_tables_without_byte_ranges
+
+    old = tmp_path / "old"
+    shutil.copytree(local_index.parent, old)
+    write_tables_without_byte_ranges(old / "index.tables.bin", version=1)
+    url = s3.upload(old, BUCKET, "old-tables") + "/index.json"
+    with pytest.raises(
+        IndexValidationError,
+        match=r"index\.tables\.bin' \(format version 1\) does not record the packets' byte ranges.*"
+        r"Rebuild it with `vstream index --tables s3://remote-index/old-tables/index\.json`",
+    ):
+        load_index(url, storage_options=s3.storage_options(), cache_dir=str(tmp_path / "cache"))
 
 
 def test_missing_index_and_bad_options(s3: S3TestServer, remote_url: str) -> None:
@@ -152,6 +168,7 @@ def test_workers_read_from_s3_under_every_start_method(
     remote = StreamVideoDataModule(
         index_file=remote_url,
         storage_options=s3.storage_options(),
+        engine="workers",
         num_workers=2,
         multiprocessing_context=context,  # type: ignore[arg-type]
         timeout=60,
@@ -167,6 +184,10 @@ def test_workers_read_from_s3_under_every_start_method(
     files = sum(len(c.cameras) for c in local.index())
     gets = s3.counts()["GET"]
     assert files <= gets and "HEAD" in s3.counts()  # the tables' HEAD at setup; no HEAD per open
+    # The index's clips are arrays: a spawn or forkserver worker re-reads the index (one GET each) through
+    # the storage options it was loaded with; a forked one has it already.
+    index_gets = [r for r in s3.requests() if r.method == "GET" and r.path.endswith("/index.json")]
+    assert len(index_gets) == (1 if context == "fork" else 3)
 
 
 def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
@@ -184,7 +205,11 @@ def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert loader.dataset.sample_order is not None  # type: ignore[attr-defined]
+    # Each item names the request its process reads one batch later (no workers: the next batch).
+    sampler = loader.sampler
+    assert sampler.lookahead == 2  # type: ignore[attr-defined]
+    items = list(sampler)
+    assert [item.ahead for item in items] == [item.request for item in items[2:]] + [None, None]
     config = StorageConfig.make(options, cache_dir=str(tmp_path))
     before = fetcher_for(config).stats
     s3.reset()
@@ -194,25 +219,32 @@ def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url
     assert len(batches) > 2
     after = fetcher_for(config).stats
     # Batches after the first find their GOPs fetched ahead (or on their way); with the cache, none twice.
-    assert after.prefetch_hits + after.prefetch_waits - before.prefetch_hits - before.prefetch_waits > 0
+    assert after.prefetch_hits - before.prefetch_hits > 0
+    # The loader counts this process's remote reading (as of its last batch).
+    counted = dm.decode_stats().remote
+    assert 0 < counted.gets <= after.gets and 0 < counted.prefetch_hits <= after.prefetch_hits
     requested = [(r.path, r.range) for r in s3.requests() if r.path.endswith(".mp4")]
     assert len(requested) == len(set(requested))
 
 
-def test_lightning_cli_configures_remote_storage(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
+def test_lightning_cli_configures_remote_storage(
+    s3: S3TestServer, remote_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
+    import sys
 
-    from lightning.pytorch.cli import LightningCLI
-
+    from lightning_vstream import VStreamCLI
     from lightning_vstream.demos.models import TinyStreamPETR
 
+    monkeypatch.setattr(sys, "argv", ["train"])  # LightningCLI(args=...) warns about pytest's own argv
     options = s3.storage_options()
-    cli = LightningCLI(
+    cli = VStreamCLI(
         TinyStreamPETR,
         StreamVideoDataModule,
         run=False,
         save_config_kwargs={"overwrite": True},
         args=[
+            "--seed_everything=0",
             f"--data.index_file={remote_url}",
             f"--data.storage_options={json.dumps(options)}",
             f"--data.cache_dir={tmp_path / 'cache'}",
@@ -226,3 +258,21 @@ def test_lightning_cli_configures_remote_storage(s3: S3TestServer, remote_url: s
     assert dm.index_files["train"] == remote_url and dm.storage.cache_limit == 20 * 10**9
     dm.setup("fit")
     assert len(dm.index("train")) == 3 and dm.index("train").storage is not None
+
+
+def test_decoding_a_remote_index_on_the_gpu_is_refused_clearly(s3: S3TestServer, remote_url: str) -> None:
+    from lightning_vstream.decode import make_decoder
+    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.loader import StreamSampler
+
+    index = load_index(remote_url, storage_options=s3.storage_options())
+    s3.reset()
+    with pytest.raises(ConfigurationError, match=r"is remote: decoding remote files on 'cuda' is not supported yet"):
+        VideoClipDataset(index=index, requests=[at_indices("scene-0000", [0])], decode_device="cuda")
+    sampler = StreamSampler(list(index.frame_counts), num_cameras=2, batch_size=2)
+    with pytest.raises(ConfigurationError, match=r"is remote: decoding remote files on the GPU is not supported yet"):
+        build_engine_loader(index, sampler, "cuda:0")
+    cam = index.clips[0].cameras[0]
+    with pytest.raises(ConfigurationError, match=r"decoding remote files on 'cuda:0' is not supported yet"):
+        make_decoder(cam.path, info=cam.info, device="cuda:0", storage=index.storage)
+    assert s3.requests() == []  # refused before any request

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_vstream import StreamVideoDataModule
-from lightning_vstream.errors import ChecksumError
+from lightning_vstream.errors import ChecksumError, RemoteStorageError
 from lightning_vstream.storage import StorageConfig, StorageStats
 from lightning_vstream.storage.fetcher import fetcher_for
 from tests._s3 import S3TestServer
@@ -62,7 +62,11 @@ def _files_read(batches: list[dict[str, Any]], cameras: int) -> set[tuple[str, i
 def test_the_plan_fetches_each_file_in_one_request(
     s3: S3TestServer, local_index: Path, remote_url: str, mode: str
 ) -> None:
-    kw: dict[str, Any] = {"workers": {"num_workers": 2}, "engine": {"engine": "threads"}}.get(mode, {})
+    kw: dict[str, Any] = {
+        "in-process": {"engine": "workers"},
+        "workers": {"engine": "workers", "num_workers": 2},
+        "engine": {"engine": "threads"},
+    }[mode]
     expected = _epoch(_dm(local_index, **kw))
     options = s3.storage_options()
     # Counters are per process (every loader of a process together): this test's share is a difference.
@@ -103,6 +107,15 @@ def test_faults_under_load_deliver_the_same_frames(s3: S3TestServer, local_index
     assert stats.checksum_failures == before.checksum_failures
 
 
+@pytest.mark.parametrize("engine", ["workers", "threads"])
+def test_a_failing_store_raises_also_under_skip(s3: S3TestServer, remote_url: str, engine: str) -> None:
+    options = s3.storage_options(max_retries=1, backoff_initial=0.01)
+    dm = _dm(remote_url, storage_options=options, on_error="skip", engine=engine)
+    s3.faults(rules=[{"kind": "503", "times": 1000, "method": "GET", "match": "scene-0002/CAM_BACK.mp4"}])
+    with pytest.raises(RemoteStorageError, match=r"GET s3://remote-stream/ds/videos/scene-0002/CAM_BACK\.mp4 bytes"):
+        _epoch(dm)
+
+
 def test_a_corrupt_object_is_skipped_and_counted(s3: S3TestServer, local_index: Path, remote_url: str) -> None:
     data = bytearray((local_index.parent / "videos" / "scene-0003" / "CAM_BACK.mp4").read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside a packet: same size, no ETag recorded (built locally), bad CRC
@@ -141,7 +154,7 @@ def test_resume_through_s3_equals_an_uninterrupted_run(s3: S3TestServer, remote_
 def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remote_url: str, tmp_path: Path) -> None:
     import lightning.pytorch as pl
 
-    from lightning_vstream.callbacks import StreamThroughputMonitor
+    from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
     from lightning_vstream.demos.models import TinyStreamPETR
 
     dm = StreamVideoDataModule(
@@ -155,7 +168,7 @@ def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remo
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=4,
-        callbacks=[monitor],
+        callbacks=[monitor, TemporalStateReset()],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -214,3 +214,18 @@ def test_fsspec_serves_other_schemes() -> None:
     assert bytes(data) == DATA and info.size == len(DATA)
     with pytest.raises(MissingFileError):
         storage.read("memory://bucket/none.bin", 0, 5)
+
+
+def test_the_standard_environment_reaches_the_store(
+    s3: S3TestServer, blob: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.storage.obstore_transport import close_helper
+
+    for key, value in s3.environment().items():
+        monkeypatch.setenv(key, value)
+    close_helper()  # the training process's helper took its environment when it started
+    try:
+        data, _ = storage_for(StorageConfig.make({})).read(blob, start=0, end=8)
+    finally:
+        close_helper()
+    assert len(bytes(data)) == 8 and [r.method for r in s3.requests()] == ["GET"]

@@ -9,7 +9,7 @@ import torch
 
 from lightning_vstream.annotations.collate import collate_annotations
 
-__all__ = ["INTRINSICS", "add_annotations", "apply_image_transform"]
+__all__ = ["INTRINSICS", "add_annotations", "add_output_geometry", "apply_image_transform"]
 
 #: The annotation field updated by the augmentation's image transform.
 INTRINSICS = "intrinsics"
@@ -35,6 +35,7 @@ def add_annotations(
     pad: bool = False,
     matrices: Sequence[torch.Tensor | None] | None = None,
     cameras: int = 1,
+    output_matrices: Mapping[str, Sequence[torch.Tensor | None]] | None = None,
 ) -> None:
     """Add ``annotations`` / ``has_annotations`` (when ``items`` is given) and ``img_aug_matrix``.
 
@@ -45,15 +46,50 @@ def add_annotations(
         pad: Pad ragged fields, with ``<name>_mask``.
         matrices: Per ``slot * cameras + camera`` image transforms (None: identity).
         cameras: Cameras per slot.
+        output_matrices: The same per named output of ``batch["outputs"]`` (see
+            :func:`add_output_geometry`).
     """
     if items is not None:
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad)
         batch["has_annotations"] = torch.tensor([item is not None for item in items], dtype=torch.bool)
-    if matrices is not None:
+
+    def stack(per_position: Sequence[torch.Tensor | None]) -> torch.Tensor:
         eye = torch.eye(3, dtype=torch.float32)
-        stacked = torch.stack([m if m is not None else eye for m in matrices])
-        batch["img_aug_matrix"] = stacked.view(len(matrices) // cameras, cameras, 3, 3)
+        stacked = torch.stack([m if m is not None else eye for m in per_position])
+        return stacked.view(len(per_position) // cameras, cameras, 3, 3)
+
+    outputs = None if output_matrices is None else {name: stack(m) for name, m in output_matrices.items()}
+    add_output_geometry(batch, outputs)
+    if matrices is not None:
+        batch["img_aug_matrix"] = stack(matrices)
         update_intrinsics(batch)
+
+
+def add_output_geometry(batch: dict[str, Any], matrices: Mapping[str, torch.Tensor] | None) -> None:
+    """Give every named output of ``batch["outputs"]`` its ``img_aug_matrix`` and ``intrinsics``.
+
+    Call before :func:`update_intrinsics`: each output's ``intrinsics`` is its own matrix times
+    the intrinsics of the video frames (those of the default output without geometry).
+
+    Args:
+        batch: The batch, changed in place; nothing happens without ``batch["outputs"]``.
+        matrices: Per output name, its image transforms ``[..., cameras, 3, 3]``; None when no
+            output changes geometry.
+    """
+    outputs = batch.get("outputs")
+    if not isinstance(outputs, dict):
+        return
+    annotations = batch.get("annotations")
+    k = annotations.get(INTRINSICS) if isinstance(annotations, dict) else None
+    for name, output in outputs.items():
+        matrix = None if matrices is None else matrices.get(name)
+        if matrix is not None:
+            output["img_aug_matrix"] = matrix
+        if isinstance(k, torch.Tensor):
+            if matrix is not None and k.shape == matrix.shape:
+                output[INTRINSICS] = apply_image_transform(k, matrix)
+            elif matrix is None:
+                output[INTRINSICS] = k.clone()
 
 
 def update_intrinsics(batch: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ the amplification is computed.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +46,7 @@ _COUNTERS = {
     "skipped_clips": "skipped_clips",
     "read_errors": "read_errors",
     "bad_files": "bad_files",
+    "missing_annotations": "missing_annotations",
     # Remote reading (a remote index), logged once a request was made.
     "remote_requests": "remote_requests",
     "remote_bytes": "remote_bytes",
@@ -101,10 +103,15 @@ class StreamThroughputMonitor(pl.Callback):
     - ``train/decode_amplification``: frames decoded per frame delivered since the previous
       log, all ranks together (1.0 is ideal; present when the train loader reports
       :class:`~lightning_vstream.stream.worker.DecodeStats`);
-    - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors`` and
-      ``train/bad_files``: with ``on_error="skip"``, slot-steps lost to skipped clips (each
-      counted once, whatever the worker count and prefetch depth), clip segments abandoned, failed camera reads and distinct bad files (per
-      worker) since the loader was created, all ranks together (0 when nothing failed).
+    - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors``, ``train/bad_files`` and
+      ``train/missing_annotations``: with ``on_error="skip"``, slot-steps (or clip samples) lost to
+      skipped clips (each counted once, whatever the worker count and prefetch depth), clip
+      segments abandoned, failed camera reads, distinct bad files (per worker) and frames delivered
+      without their annotation, since the loader was created, all ranks together (0 when nothing failed).
+
+    Batches of either DataModule are counted: streaming batches (``frames`` ``[slots, cameras,
+    3, H, W]``) and clip batches (``[samples, T, cameras, 3, H, W]``, a camera-frame per time and
+    camera), stacked or as per-camera lists.
 
     Keep ``log_every_n_steps`` at its default (the Trainer's) for every log to reach the
     loggers: Lightning writes step metrics to loggers only at its own logging steps.
@@ -277,15 +284,21 @@ class StreamThroughputMonitor(pl.Callback):
 
 
 def _count(batch: Any) -> tuple[torch.Tensor | int, int]:
-    """Valid slots (kept on the batch's device, read at log time) and cameras of a streaming batch."""
+    """Valid samples (kept on the batch's device, read at log time) and camera-frames per sample of a batch
+    of either DataModule: ``frames`` ``[B, cameras, 3, H, W]`` or ``[B, T, cameras, 3, H, W]``, or a list
+    of per-camera tensors without the cameras dimension."""
     frames = batch.get("frames") if isinstance(batch, dict) else None
-    if not isinstance(frames, torch.Tensor) or frames.dim() < 2:
+    candidates = frames if isinstance(frames, list) else [frames]
+    tensors = [t for t in candidates if isinstance(t, torch.Tensor) and t.dim() >= 4]
+    if not tensors or len(tensors) != len(candidates):
         got = f"a dict with keys {sorted(batch)}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
         raise ConfigurationTypeError(
-            "StreamThroughputMonitor counts frames of streaming batches: dicts whose 'frames' tensor is "
-            f"[slots, cameras, ...] (as StreamVideoDataModule yields), but the training batch is {got}. "
-            "Remove the callback for other data, or yield such dicts."
+            "StreamThroughputMonitor counts the frames of StreamVideoDataModule or ClipVideoDataModule batches: "
+            "dicts whose 'frames' is a tensor [samples, (time,) cameras, 3, H, W] or a list of per-camera tensors, "
+            f"but the training batch is {got}. Remove the callback for other data, or yield such dicts."
         )
+    # A stacked tensor holds a cameras dimension (and a time one for clips); a per-camera tensor does not.
+    per_sample = sum(math.prod(t.shape[1:-3]) if t.dim() > 4 or isinstance(frames, list) else 1 for t in tensors)
     valid = batch.get("valid")
-    samples: torch.Tensor | int = valid.sum() if isinstance(valid, torch.Tensor) else int(frames.shape[0])
-    return samples, int(frames.shape[1])
+    samples: torch.Tensor | int = valid.sum() if isinstance(valid, torch.Tensor) else int(tensors[0].shape[0])
+    return samples, per_sample

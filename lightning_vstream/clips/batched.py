@@ -6,8 +6,11 @@ planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP t
 decoding threads (:class:`~lightning_vstream.clips.planner.GopExecutor`), and each wanted frame
 is written once, straight into its slot of one preallocated batch tensor. On the GPU the threads
 decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
-one batched call, and the caller's CUDA stream waits on events recorded by the decoding streams
-(no host synchronisation). On the CPU the same plan runs with PyAV decoders.
+one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
+the batch (no host synchronisation, no event per frame). On the CPU the same plan runs with PyAV
+decoders. A batch that does not finish within ``timeout`` seconds raises
+:class:`~lightning_vstream.errors.WorkerError` (a hung decoder never hangs training), as the stream
+engine does.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class BatchReader:
         max_open_per_thread: Open decoders each thread keeps (LRU per file).
         decoder_threads: FFmpeg threads per CPU decoder.
         pool: NVDEC decoder pool (the process-wide one when None).
+        timeout: Seconds a batch may take before :class:`~lightning_vstream.errors.WorkerError`
+            is raised (0: no limit); the stream engine's default.
 
     Example::
 
@@ -73,11 +78,13 @@ class BatchReader:
         max_open_per_thread: int = 4,
         decoder_threads: int = 1,
         pool: DecoderPool | None = None,
+        timeout: float = 300.0,
     ) -> None:
         self.gpu = gpu
         self.device = device
         self.decoder_threads = decoder_threads
         self.pool = pool
+        self.timeout = timeout
         self._labels: dict[Hashable, str] = {}
         self._lock = threading.Lock()
         self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
@@ -157,17 +164,19 @@ class BatchReader:
         if cuda:
             start = torch.cuda.Event()
             start.record(torch.cuda.current_stream(outs[0].device))  # the batch tensor is ready for writing
-        events: list[Any] = []
+        # The decoding streams that wrote into the batch. Each waits for `start` once, before its first
+        # write; the caller's stream waits for each once, after every conversion has been queued.
+        streams: dict[int, Any] = {}
 
         def deliver(task: GopTask, index: int, frame: Any, target: Any) -> None:
             b, t, c = target
             slot = outs[b][t, c]
             if isinstance(frame, Nv12Frame):
-                frame.write_into(slot, after=start)
-                if frame.stream is not None:
-                    event = torch.cuda.Event()
-                    event.record(frame.stream)
-                    events.append(event)  # list.append is atomic: no lock needed
+                stream = frame.stream
+                if stream is not None and id(stream) not in streams:
+                    stream.wait_event(start)
+                    streams[id(stream)] = stream  # one decoder stream is used by one thread at a time
+                frame.write_into(slot)
             elif slot.is_cuda:
                 slot.copy_(frame, non_blocking=True)
             else:
@@ -175,11 +184,11 @@ class BatchReader:
 
         if images:
             self._decode_images(images, outs)
-        self.executor.run(tasks, deliver)
+        self.executor.run(tasks, deliver, timeout=self.timeout or None)
         if cuda:
             consumer = torch.cuda.current_stream(outs[0].device)
-            for event in events:
-                consumer.wait_event(event)
+            for stream in streams.values():
+                consumer.wait_stream(stream)
 
     def _decode_images(self, images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]], outs: list[Any]) -> None:
         from lightning_vstream.decode.images import decode_images, image_files
@@ -213,7 +222,9 @@ class BatchReader:
         self.executor.close()
 
 
-def make_reader(decode_device: str, gop_threads: int | None, max_open: int, decoder_threads: int) -> BatchReader:
+def make_reader(
+    decode_device: str, gop_threads: int | None, max_open: int, decoder_threads: int, *, timeout: float = 300.0
+) -> BatchReader:
     """The reader for a dataset's settings: PyAV threads on the CPU, NVDEC threads on a CUDA device.
 
     On the GPU ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
@@ -226,6 +237,7 @@ def make_reader(decode_device: str, gop_threads: int | None, max_open: int, deco
             threads=gop_threads or 0,
             max_open_per_thread=max_open,
             decoder_threads=decoder_threads or 1,
+            timeout=timeout,
         )
     import torch
 
@@ -239,4 +251,4 @@ def make_reader(decode_device: str, gop_threads: int | None, max_open: int, deco
         from lightning_vstream.clips.gpu import decode_engine_count
 
         gop_threads = 2 * decode_engine_count(gpu)
-    return BatchReader(gpu=gpu, device=device, threads=gop_threads, max_open_per_thread=max_open)
+    return BatchReader(gpu=gpu, device=device, threads=gop_threads, max_open_per_thread=max_open, timeout=timeout)

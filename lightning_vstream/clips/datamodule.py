@@ -6,12 +6,11 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DistributedSampler, Sampler
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import Sampler
 
 from lightning_vstream._datamodule import (
     EvalLoader,
@@ -23,7 +22,7 @@ from lightning_vstream._datamodule import (
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.clips.dataset import SampleOrder, VideoClipDataset, collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
 from lightning_vstream.clips.planner import FramePolicy
 from lightning_vstream.clips.selection import (
     ClipRequest,
@@ -34,10 +33,17 @@ from lightning_vstream.clips.selection import (
     random_clips,
     regular_clips,
 )
-from lightning_vstream.errors import ConfigurationError, UsageError
+from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
+from lightning_vstream.transforms import FrameTransform
+
+if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
+    from lightning_vstream.clips.epochs import EpochClipDataset, EpochClipSampler
+    from lightning_vstream.clips.loader import ClipDataLoader
+    from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["ClipVideoDataModule"]
 
@@ -57,23 +63,29 @@ class ClipVideoDataModule(pl.LightningDataModule):
     then 8 at 2 fps).
 
     ``selection="regular"`` lays windows ``hop`` apart over every clip (the same set every
-    epoch); ``selection="random"`` draws ``clips_per_epoch`` windows at random places from
-    ``(seed, epoch of the latest scheduled reload)``: pass
-    ``Trainer(reload_dataloaders_every_n_epochs=1)`` for fresh clips every epoch; without it the
-    windows of epoch 0 serve every epoch (and are drawn again identically after a resume). Evaluation
-    stages read regular windows of their index in order; a stage without its index has no loader
-    hook, so Lightning skips it quietly.
+    epoch); ``selection="random"`` draws ``clips_per_epoch`` new windows at random places every
+    epoch, from ``(seed, epoch)``. Augmentation (``augment``) is drawn anew every epoch as well.
+    Both happen in the sampler's ``set_epoch``, which Lightning calls at every epoch start: no
+    ``reload_dataloaders_every_n_epochs`` is needed, and persistent workers see the new epoch too.
+    Evaluation stages read regular windows of their index in order; a stage without its index has
+    no loader hook, so Lightning skips it quietly.
 
     Order and distribution: every rank reads its shard of the requests through a
-    ``DistributedSampler`` (also with one rank), shuffled from ``(seed, epoch)`` when ``shuffle``;
-    Lightning leaves it in place and calls ``set_epoch`` every epoch. A ``sampler`` factory
-    replaces it (Lightning wraps your sampler in its ``DistributedSamplerWrapper`` under DDP).
+    ``DistributedSampler`` subclass (also with one rank), shuffled from ``(seed, epoch)`` when
+    ``shuffle``; Lightning leaves it in place. A ``sampler`` factory replaces it (Lightning wraps
+    your sampler in its ``DistributedSamplerWrapper`` under DDP); its items are read at the epoch
+    the loader was built in.
+
+    Counters: :meth:`decode_stats` sums what every worker decoded, delivered and skipped (bad
+    files, samples delivered ``valid=False``, frames without annotation), and
+    :class:`~lightning_vstream.callbacks.StreamThroughputMonitor` logs them as it does for the
+    streaming DataModule.
 
     Resume: loaders are torchdata ``StatefulDataLoader`` objects, so Lightning stores the position
     in every checkpoint and a run resumed mid-epoch gets exactly the batches the uninterrupted
     run would have had next (with a ``sampler`` factory: if it is deterministic). The arguments
-    are saved as hyperparameters, except ``transform`` and ``sampler`` (pass them again to
-    ``load_from_checkpoint``).
+    are saved as hyperparameters, except ``transform``, ``outputs`` and ``sampler`` (pass them
+    again to ``load_from_checkpoint``).
 
     Args:
         index_file: Index file of the training clips.
@@ -112,6 +124,12 @@ class ClipVideoDataModule(pl.LightningDataModule):
             naming file, clip, camera and frame. ``"skip"``: an unreadable sample is delivered with
             ``valid=False`` (zeros), so batches keep their size, each bad file logged once per
             worker; a frame without annotation is delivered with ``has_annotations=False``.
+        outputs: More versions of the same frames, ``{name: transform}`` (each a transform as
+            ``transform`` takes; ``FrameTransform()`` for the frames as decoded): every frame is decoded and
+            augmented once, then each output's transform makes ``batch["outputs"][name]["frames"]``
+            (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
+            ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs`). In YAML, a
+            mapping of names to ``class_path`` transforms or to ``FrameTransform`` options.
         timeout: Seconds to wait for a worker's batch before raising (0 waits forever).
         drop_last: Drop the last incomplete batch (and uneven shards under DDP).
         rank: Global rank; from the Trainer when None.
@@ -119,10 +137,9 @@ class ClipVideoDataModule(pl.LightningDataModule):
         annotations: Training targets delivered next to the frames (``batch["annotations"]``,
             ``batch["has_annotations"]`` ``[B, T]``): a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
-        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``
-            (the epoch the loader was built in: pass ``Trainer(reload_dataloaders_every_n_epochs=1)``
-            for new draws every epoch); the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
-            The evaluation loaders use its deterministic version.
+        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``,
+            new every epoch; the batch carries ``img_aug_matrix`` and updated ``intrinsics``. The
+            evaluation loaders use its deterministic version.
         pad_annotations: Pad ragged annotation fields with a ``<name>_mask`` instead of lists.
         camera_frames: ``"stacked"``: ``frames`` ``[B, T, cameras, 3, H, W]``; ``"per_camera"``: a
             list of ``[B, T, 3, H_c, W_c]`` tensors, so cameras of different resolutions keep their size.
@@ -148,7 +165,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         ...                          selection="random", clips_per_epoch=2000, batch_size=4)
         >>> dm.hparams["selection"]
         'random'
-        >>> pl.Trainer(max_epochs=10, reload_dataloaders_every_n_epochs=1).fit(model, dm)  # doctest: +SKIP
+        >>> pl.Trainer(max_epochs=10).fit(model, dm)  # new random windows every epoch  # doctest: +SKIP
     """
 
     def __init__(
@@ -180,10 +197,12 @@ class ClipVideoDataModule(pl.LightningDataModule):
         persistent_workers: bool = False,
         multiprocessing_context: MultiprocessingContext | None = None,
         index_check: Literal["fast", "thorough"] = "fast",
-        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
-        # "class_path must name a subclass of it" and would refuse transform classes.
-        transform: Callable[[torch.Tensor], Any] | None = None,
+        # FrameTransform first, so that a YAML mapping of its options ({resize: ..., dtype: ...}) builds
+        # one. The callable returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class
+        # return type as "class_path must name a subclass of it" and would refuse transform classes.
+        transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        outputs: dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None = None,
         timeout: float = 300.0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -199,7 +218,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "sampler", "storage_options"])
+        self.save_hyperparameters(ignore=["transform", "sampler", "outputs", "storage_options"])
         plain_hparams(self)
         # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
@@ -300,6 +319,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.index_check = index_check
         self.transform = transform
+        self.outputs = check_outputs("ClipVideoDataModule", outputs)
         self.on_error = on_error
         self.timeout = timeout
         self.drop_last = drop_last
@@ -311,6 +331,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.camera_frames = camera_frames
         self._indexes: dict[Stage, VideoIndex] = {}
         self._resolved_device: str | None = None
+        self._loaders: dict[Stage, ClipDataLoader] = {}
 
     # -- setup -----------------------------------------------------------------------------
     @property
@@ -395,83 +416,99 @@ class ClipVideoDataModule(pl.LightningDataModule):
             camera_frames=self.camera_frames,
             frame_policy=self.frame_policy,
             gop_threads=self.gop_threads,
+            outputs=self.outputs,
         )
 
-    def _loader(self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool) -> StatefulDataLoader:
+    def _workers(self, dataset: VideoClipDataset) -> int:
         # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
         # and worker processes would ship frames over IPC); frames arrive on the GPU already.
-        workers = 0 if dataset.decode_device != "cpu" else self.num_workers
-        if isinstance(sampler, DistributedSampler) and dataset.index.storage is not None:
-            # A remote index: each batch fetches the GOPs of the next batch its process reads.
-            dataset.sample_order = SampleOrder.of(
-                sampler, batch_size=self.batch_size, num_workers=workers, drop_last=drop_last
-            )
+        return 0 if dataset.decode_device != "cpu" else self.num_workers
+
+    def _loader(
+        self, split: Stage, dataset: EpochClipDataset, sampler: Sampler[Any], drop_last: bool
+    ) -> ClipDataLoader:
+        from lightning_vstream.clips.loader import ClipDataLoader
+
+        workers = self._workers(dataset.dataset)
         with warnings.catch_warnings():  # torchdata calls a torch API that torch has deprecated
             warnings.filterwarnings("ignore", message=".*set_vital.*")
-            return self._stateful_loader(dataset, sampler, drop_last, workers)
+            loader = ClipDataLoader(
+                dataset,
+                batch_size=self.batch_size,
+                sampler=sampler,
+                num_workers=workers,
+                collate_fn=functools.partial(collate_clips, pad_annotations=True)
+                if self.pad_annotations
+                else collate_clips,
+                pin_memory=self.pin_memory and dataset.decode_device == "cpu",  # GPU frames need no pinning
+                drop_last=drop_last,
+                timeout=self.timeout if workers > 0 else 0.0,
+                multiprocessing_context=worker_context(
+                    "ClipVideoDataModule", self.multiprocessing_context, self._device(), workers
+                ),
+                prefetch_factor=self.prefetch_factor if workers > 0 else None,
+                persistent_workers=self.persistent_workers and workers > 0,
+            )
+        old = self._loaders.get(split)
+        if old is not None:
+            old.close()
+        self._loaders[split] = loader
+        return loader
 
-    def _stateful_loader(
-        self, dataset: VideoClipDataset, sampler: Sampler[Any], drop_last: bool, workers: int
-    ) -> StatefulDataLoader:
-        return StatefulDataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=workers,
-            collate_fn=functools.partial(collate_clips, pad_annotations=True)
-            if self.pad_annotations
-            else collate_clips,
-            pin_memory=self.pin_memory and dataset.decode_device == "cpu",  # GPU frames need no pinning
-            drop_last=drop_last,
-            timeout=self.timeout if workers > 0 else 0.0,
-            multiprocessing_context=worker_context(
-                "ClipVideoDataModule", self.multiprocessing_context, self._device(), workers
-            ),
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            persistent_workers=self.persistent_workers and workers > 0,
-        )
+    def _sampler(
+        self,
+        dataset: EpochClipDataset,
+        draw: Callable[[int], list[ClipRequest]] | None,
+        *,
+        shuffle: bool,
+        epoch: int,
+        drop_last: bool,
+    ) -> EpochClipSampler:
+        from lightning_vstream.clips.epochs import EpochClipSampler
 
-    def _shard(self, dataset: VideoClipDataset, shuffle: bool, epoch: int, drop_last: bool) -> DistributedSampler[int]:
-        sampler: DistributedSampler[int] = DistributedSampler(
+        # A remote index: each item also names the sample its process reads next (workers take
+        # batches in turn), whose GOPs are fetched while this one decodes.
+        remote = dataset.dataset.index.storage is not None
+        sampler = EpochClipSampler(
             dataset,
+            draw,
             num_replicas=self.world_size or 1,
             rank=self.rank or 0,
             shuffle=shuffle,
             seed=self.seed,
             drop_last=drop_last,
+            lookahead=self.batch_size * max(1, self._workers(dataset.dataset)) if remote else 0,
         )
         # Set now, not only by Lightning at the epoch start: a resumed run builds its iterator
         # (and fast-forwards it) before that.
         sampler.set_epoch(epoch)
         return sampler
 
-    def _draw_epoch(self) -> int:
-        """The epoch whose random windows the train loader holds: that of the latest scheduled reload.
+    def train_dataloader(self) -> ClipDataLoader:
+        """Loader over the training requests: new random windows and augmentations every epoch (through the
+        sampler's ``set_epoch``); stateful, so checkpoints resume mid-epoch exactly."""
+        from lightning_vstream.clips.epochs import EpochClipDataset, new_counters
 
-        Without ``reload_dataloaders_every_n_epochs`` the loader built at epoch 0 serves every
-        epoch, so a run resumed in a later epoch must draw epoch 0's windows again.
-        """
-        trainer = self.trainer
-        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0) if trainer is not None else 0
         epoch = self._epoch()
-        return epoch - epoch % every if every > 0 else 0
-
-    def train_dataloader(self) -> StatefulDataLoader:
-        """Loader over this epoch's training requests; stateful, so checkpoints resume mid-epoch exactly."""
-        epoch = self._epoch()
-        draw = self._draw_epoch()
-        dataset = self._dataset(self._index("train"), self.train_requests(draw), epoch=draw)
+        plain = self._dataset(self._index("train"), self.train_requests(epoch), epoch=epoch)
+        dataset = EpochClipDataset(plain, new_counters(self._workers(plain)))
+        sampler: Sampler[Any]
         if self.sampler is not None:
-            sampler = self.sampler(dataset)
+            sampler = self.sampler(plain)
         else:
-            sampler = self._shard(dataset, self.shuffle, epoch, self.drop_last)
-        return self._loader(dataset, sampler, self.drop_last)
+            draw = self.train_requests if self.selection == "random" else None
+            sampler = self._sampler(dataset, draw, shuffle=self.shuffle, epoch=epoch, drop_last=self.drop_last)
+        return self._loader("train", dataset, sampler, self.drop_last)
 
-    def _eval_loader(self, split: Stage) -> StatefulDataLoader:
+    def _eval_loader(self, split: Stage) -> ClipDataLoader:
         """Regular windows over the ``split`` index, in order."""
+        from lightning_vstream.clips.epochs import EpochClipDataset, new_counters
+
         index = self._index(split)
-        dataset = self._dataset(index, regular_clips(index, self.window, hop=self.hop), training=False)
-        return self._loader(dataset, self._shard(dataset, False, 0, False), False)
+        plain = self._dataset(index, regular_clips(index, self.window, hop=self.hop), training=False)
+        dataset = EpochClipDataset(plain, new_counters(self._workers(plain)))
+        sampler = self._sampler(dataset, None, shuffle=False, epoch=0, drop_last=False)
+        return self._loader(split, dataset, sampler, False)
 
     # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
     val_dataloader = EvalLoader("val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._eval_loader("val"))
@@ -481,3 +518,20 @@ class ClipVideoDataModule(pl.LightningDataModule):
     predict_dataloader = EvalLoader(
         "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._eval_loader("predict")
     )
+
+    def decode_stats(self, split: Stage = "train") -> DecodeStats:
+        """Counters of the ``split`` loader, summed over its workers: frames decoded and delivered, samples
+        skipped (``valid=False``), distinct bad files (per worker), frames without annotation."""
+        from lightning_vstream.stream.worker import DecodeStats
+
+        loader = self._loaders.get(split)
+        if loader is None:
+            warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
+            return DecodeStats()
+        return loader.stats
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop the loaders' workers and close the decoders opened in this process (all loaders when
+        ``stage`` is None); the DataModule can be fitted again afterwards."""
+        for loader in self._loaders.values():
+            loader.close()

@@ -21,7 +21,6 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,12 +29,23 @@ from torch.utils.data import Dataset
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.outputs import (
+    frame_shapes,
+    make_output,
+    output_matrices,
+    resize_matrix,
+    sized_like,
+    stack_frames,
+    stack_geometry,
+)
 from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from lightning_vstream.index.records import ClipSequence
+from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
 from lightning_vstream.storage.urls import basename, is_url
 
 if TYPE_CHECKING:
@@ -46,7 +56,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GOP_THREADS",
     "DecoderCache",
-    "SampleOrder",
     "VideoClipDataset",
     "collate_clips",
     "index_from_files",
@@ -56,67 +65,6 @@ __all__ = [
 DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
-
-
-@dataclass(frozen=True)
-class SampleOrder:
-    """The order a ``DistributedSampler`` (its arguments) hands out a dataset's samples, batched, one epoch at a time.
-
-    With it each process tells which samples it reads next (workers take batches in turn), so the GOPs
-    of remote files are fetched a batch ahead. A process finds its place from the batch it is given,
-    so a resumed run or a later epoch of persistent workers finds it too; where it cannot, nothing is
-    fetched ahead.
-
-    Example::
-
-        >>> order = SampleOrder(num_replicas=1, rank=0, shuffle=False, seed=0, drop_last=False, epoch=0,
-        ...                     batch_size=2, num_workers=1)
-        >>> order.batches(5, 0)
-        [[0, 1], [2, 3], [4]]
-    """
-
-    num_replicas: int
-    rank: int
-    shuffle: bool
-    seed: int
-    drop_last: bool
-    epoch: int
-    batch_size: int
-    num_workers: int
-    batch_drop_last: bool = False
-
-    @classmethod
-    def of(cls, sampler: Any, *, batch_size: int, num_workers: int, drop_last: bool) -> SampleOrder:
-        return cls(
-            sampler.num_replicas,
-            sampler.rank,
-            sampler.shuffle,
-            sampler.seed,
-            sampler.drop_last,
-            sampler.epoch,
-            batch_size,
-            max(1, num_workers),
-            drop_last,
-        )
-
-    def batches(self, size: int, epoch: int) -> list[list[int]]:
-        """The batches of sample positions this rank reads in ``epoch``, in order."""
-        from torch.utils.data import DistributedSampler
-
-        sampler: DistributedSampler[int] = DistributedSampler(
-            range(size),  # type: ignore[arg-type]
-            num_replicas=self.num_replicas,
-            rank=self.rank,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_last=self.drop_last,
-        )
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        found = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        if self.batch_drop_last and found and len(found[-1]) < self.batch_size:
-            found.pop()
-        return found
 
 
 def _location(path: Path | str) -> Path | str:
@@ -277,7 +225,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
       step count); count them with ``(~batch["valid"]).sum()``.
     - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
       ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
-    - with ``augment``: ``img_aug_matrix`` float32 ``[cameras, 3, 3]`` (and ``intrinsics`` updated).
+    - with ``augment``, ``size``, or a transform that crops or resizes: ``img_aug_matrix`` float32
+      ``[cameras, 3, 3]``, from the file's pixels to the delivered ones (and ``intrinsics`` updated);
+    - with ``outputs``: ``outputs``, ``{name: {"frames", "img_aug_matrix", "intrinsics"}}`` (see
+      :mod:`lightning_vstream.outputs`), each laid out like ``frames``.
 
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
@@ -325,6 +276,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             it, which decodes without its GOP's other frames (much faster for random access on
             long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
             frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
+        outputs: More versions of the same frames, ``{name: transform}`` (``FrameTransform()``: the
+            frames as decoded and augmented): every frame is decoded and augmented once, then each transform
+            makes ``sample["outputs"][name]["frames"]``, with its own geometry.
         storage_options: How to reach an index given as a URL (see ``docs/remote.md``).
         cache_dir: Node-local cache of a remote index's tables and GOPs.
         cache_limit: Bytes the GOP cache may hold (``"20GB"``).
@@ -364,6 +318,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         epoch: int = 0,
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
+        outputs: Mapping[str, OutputTransform] | None = None,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
@@ -415,12 +370,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"index {self.index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
                 "yet; use decode_device='cpu'."
             )
-        self._clips: dict[str, Clip] = {c.clip_id: c for c in self.index.clips}
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads
         self.transform = transform
+        self.outputs = check_outputs("VideoClipDataset", outputs)
         self.on_error = on_error
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
@@ -435,7 +390,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                     f"requests[{pos}] is a {type(request).__name__}; build requests with at_indices(), "
                     "at_times(), multi_rate(), random_clips() or regular_clips()."
                 )
-            self._check(request, f"requests[{pos}]")
+            self._check_request(request, f"requests[{pos}]")
         unknown = [n for n in self.cameras if n not in self.index.camera_names]
         if unknown or not self.cameras:
             raise ConfigurationError(
@@ -454,47 +409,61 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self.missing_annotations = 0
         self._reader: Any = None
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
-        #: How the loader's sampler orders the samples (set by ClipVideoDataModule): with a remote
-        #: index, each batch starts fetching the GOPs of the next batch this process will read.
-        self.sample_order: SampleOrder | None = None
-        self._batch_places: tuple[int, dict[tuple[int, ...], int], list[list[int]]] | None = None
+
+    @property
+    def bad_files(self) -> int:
+        """Distinct files this process could not read (``on_error="skip"``)."""
+        return len(self._bad_files)
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
         source = self.index.source
         return repr(basename(source) if isinstance(source, str) else source.name)
 
-    def _clip(self, request: ClipRequest, origin: str) -> Clip:
-        clip = self._clips.get(request.clip_id)
-        if clip is None:
-            known = ", ".join(repr(c) for c in list(self._clips)[:5])
+    def _position(self, request: ClipRequest, origin: str) -> int:
+        try:
+            return self.index.position(request.clip_id)
+        except KeyError:
+            known = ", ".join(repr(self.index.clip_id(i)) for i in range(min(5, len(self.index))))
             raise ConfigurationError(
                 f"{origin}: clip {request.clip_id!r} is not in the index {self._where()} (clips include {known}); "
                 "check the clip id, or rebuild the index with `vstream index`."
-            )
-        return clip
+            ) from None
 
-    def _streams(self, request: ClipRequest, clip: Clip, origin: str) -> list[CameraStream]:
-        by_name = {cam.name: cam for cam in clip.cameras}
-        names = request.cameras if request.cameras is not None else self.cameras
-        missing = [n for n in names if n not in by_name]
+    def _check_names(self, request: ClipRequest, has: Sequence[str], origin: str) -> list[str]:
+        names = list(request.cameras if request.cameras is not None else self.cameras)
+        missing = [n for n in names if n not in has]
         if missing:
             raise ConfigurationError(
-                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(by_name)}); "
+                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(has)}); "
                 "request cameras that the index lists, or load the index with those cameras."
             )
-        return [by_name[n] for n in names]
+        return names
 
-    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
-        clip = self._clip(request, origin)
-        streams = self._streams(request, clip, origin)
+    def _check_frames(self, request: ClipRequest, frame_count: int, origin: str) -> None:
         for f in request.frames:
-            if not 0 <= f < clip.frame_count:
+            if not 0 <= f < frame_count:
                 raise IndexError(
                     f"{origin}: frame {f} is out of range for clip {request.clip_id!r}, which has "
-                    f"{clip.frame_count} frames (valid: 0..{clip.frame_count - 1}) in {self._where()}."
+                    f"{frame_count} frames (valid: 0..{frame_count - 1}) in {self._where()}."
                 )
-        return clip, streams
+
+    def _check_request(self, request: ClipRequest, origin: str) -> None:
+        """:meth:`_check` without building the clip where the index holds its clips as arrays."""
+        clips = self.index.clips
+        if not isinstance(clips, ClipSequence):
+            self._check(request, origin)
+            return
+        position = self._position(request, origin)
+        self._check_names(request, clips.camera_names, origin)
+        self._check_frames(request, int(clips.frame_counts[position]), origin)
+
+    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
+        clip = self.index.clips[self._position(request, origin)]
+        by_name = {cam.name: cam for cam in clip.cameras}
+        names = self._check_names(request, list(by_name), origin)
+        self._check_frames(request, clip.frame_count, origin)
+        return clip, [by_name[n] for n in names]
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -517,6 +486,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def _info(self, cam: CameraStream) -> VideoInfo:
         info = self._infos.get(cam.path)
         if info is None:
+            info = cam.info
+        if info is None:
+            # Only probed tables are kept here: the index's frame tables keep the recently used
+            # ones, so reading every file of a large index does not keep every table in memory.
             info = self._infos[cam.path] = frame_table(cam, self.index.storage)
         return info
 
@@ -629,7 +602,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
             for target in targets:
                 target.zero_()
-        matrices = []
+        # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
+        decoded = [self.size or (info.height, info.width) for info in infos]
+        before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
         if self.augment is not None:
             params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
             frames = torch.empty(
@@ -637,16 +612,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
             for c, native in enumerate(targets):
                 frames[:, c], matrix = self.augment.apply(native, params)
-                matrices.append(matrix)
-        if self.transform is not None and not per_camera:
-            shape = frames.shape
-            frames = self.transform(frames.view(-1, *shape[2:]))
-            frames = frames.view(shape[0], shape[1], *frames.shape[1:])
+                before[c] = matrix.double() @ before[c]
+            decoded = [self.augment.output_size] * len(streams)
+        base: torch.Tensor | list[torch.Tensor] = (
+            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+        )
         nan = float("nan")
         timestamps = [reference.timestamp(i) if valid else nan for i in indices]
         camera_names = [cam.name for cam in streams]
         sample: dict[str, Any] = {
-            "frames": frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1))),
+            "frames": make_output(self.transform, base, valid),
             "clip_id": clip.clip_id,
             "frame_index": torch.tensor(indices, dtype=torch.int64),
             "timestamp": torch.tensor(timestamps, dtype=torch.float64),
@@ -660,12 +635,44 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error
             )
             self.missing_annotations += missing
-        if matrices:
-            from lightning_vstream.annotations.batch import update_intrinsics
-
-            sample["img_aug_matrix"] = torch.stack(matrices)
-            update_intrinsics(sample)
+        self._add_outputs(sample, base, valid, decoded, before)
         return sample
+
+    @property
+    def has_geometry(self) -> bool:
+        """Whether samples carry ``img_aug_matrix``: something between the file and a delivered output crops or resizes."""
+        return (
+            self.augment is not None
+            or self.size is not None
+            or changes_geometry(self.transform)
+            or any(changes_geometry(t) for t in self.outputs.values())
+        )
+
+    def _add_outputs(
+        self,
+        sample: dict[str, Any],
+        base: torch.Tensor | list[torch.Tensor],
+        valid: bool,
+        sizes: Sequence[tuple[int, int]],
+        before: Sequence[torch.Tensor],
+    ) -> None:
+        """Add the named outputs of ``base`` (frames decoded and augmented) and every output's geometry to ``sample``.
+
+        ``sizes`` is each camera's ``(height, width)`` in ``base``, ``before`` the matrix from the file's
+        pixels to them; ``sample["frames"]`` already holds the default output.
+        """
+        from lightning_vstream.annotations.batch import add_output_geometry, update_intrinsics
+
+        if self.outputs:
+            sample["outputs"] = {
+                name: {"frames": make_output(transform, base, valid)} for name, transform in self.outputs.items()
+            }
+        if not self.has_geometry:
+            add_output_geometry(sample, None)
+            return
+        add_output_geometry(sample, {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()})
+        sample["img_aug_matrix"] = output_matrices(self.transform, sizes, before)
+        update_intrinsics(sample)
 
     def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
         """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
@@ -673,7 +680,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
         count = len(request.times or request.frames)
         frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
-        return {
+        sample: dict[str, Any] = {
             "frames": frames,
             "clip_id": clip.clip_id,
             "frame_index": torch.full((count,), -1, dtype=torch.int64),
@@ -681,6 +688,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             "camera_names": [cam.name for cam in streams],
             "valid": False,
         }
+        if self.outputs:
+            sample["outputs"] = {name: {"frames": frames} for name in self.outputs}
+        return sample
 
     def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
         """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
@@ -718,27 +728,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 if info.layout is not None and isinstance(cam.path, str):
                     fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
 
-    def _fetch_next_batch(self, items: Sequence[int | ClipRequest]) -> None:
-        """Prefetch the batch this process reads after ``items`` (see :class:`SampleOrder`)."""
-        order = self.sample_order
-        if order is None or self.index.storage is None or not items or not all(isinstance(i, int) for i in items):
-            return
-        key = tuple(int(i) for i in items)  # type: ignore[arg-type]
-        known = self._batch_places
-        # This epoch's order, or (persistent workers keep their copy of the dataset) one of the next ones.
-        candidates = [order.epoch] if known is None else [known[0], known[0] + 1, known[0] + 2]
-        for epoch in candidates:
-            if known is None or known[0] != epoch:
-                batches = order.batches(len(self.requests), epoch)
-                known = (epoch, {tuple(b): i for i, b in enumerate(batches)}, batches)
-            place = known[1].get(key)
-            if place is not None:
-                self._batch_places = known
-                upcoming = place + order.num_workers
-                if upcoming < len(known[2]):
-                    self.prefetch(known[2][upcoming])
-                return
-
     def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
         if self._cache is not None and path in self._cache:
@@ -757,8 +746,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         the samples one by one, as ``__getitem__`` does.
         """
         if not self._batched():
-            self._fetch_next_batch(items)
             return [self[item] for item in items]
+        import torch
+
         from lightning_vstream.clips.batched import PlannedSample
 
         planned = []
@@ -775,12 +765,12 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 )
             )
         samples: list[dict[str, Any]] = self.reader.read(planned)
-        for sample in samples:
-            sample.setdefault("valid", True)
-            if self.transform is not None:
-                frames = sample["frames"]
-                out = self.transform(frames.view(-1, *frames.shape[2:]))
-                sample["frames"] = out.view(frames.shape[0], frames.shape[1], *out.shape[1:])
+        for sample, plan in zip(samples, planned):
+            valid = bool(sample.setdefault("valid", True))
+            base = sample["frames"]
+            sample["frames"] = make_output(self.transform, base, valid)
+            sizes = [(info.height, info.width) for info in plan.infos]
+            self._add_outputs(sample, base, valid, sizes, [torch.eye(3, dtype=torch.float64) for _ in sizes])
         return samples
 
     @property
@@ -811,7 +801,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return (
-            f"VideoClipDataset({len(self.requests)} requests, {len(self._clips)} clips, "
+            f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
 
@@ -856,11 +846,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     valid = [s for s in samples if s.get("valid", True)]
     if valid and len(valid) < len(samples):
         # A sample that could not be decoded takes the size (after transform) of the decoded ones.
-        like = valid[0]["frames"]
-        samples = [
-            s if s.get("valid", True) or s["frames"].shape == like.shape else {**s, "frames": torch.zeros_like(like)}
-            for s in samples
-        ]
+        samples = [s if s.get("valid", True) else sized_like(s, valid[0]) for s in samples]
     first = samples[0]
     for s in samples[1:]:
         if list(s["camera_names"]) != list(first["camera_names"]):
@@ -868,19 +854,14 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
                 f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
             )
-        if _frame_shapes(s["frames"]) != _frame_shapes(first["frames"]):
+        if frame_shapes(s["frames"]) != frame_shapes(first["frames"]):
             raise ConfigurationError(
-                f"cannot batch clip {first['clip_id']!r} (frames {_frame_shapes(first['frames'])}) with clip "
-                f"{s['clip_id']!r} (frames {_frame_shapes(s['frames'])}); requests in one batch must have the same "
+                f"cannot batch clip {first['clip_id']!r} (frames {frame_shapes(first['frames'])}) with clip "
+                f"{s['clip_id']!r} (frames {frame_shapes(s['frames'])}); requests in one batch must have the same "
                 "number of frames and the same frame size."
             )
-    frames = first["frames"]
     batch: dict[str, Any] = {
-        "frames": (
-            torch.stack([s["frames"] for s in samples])
-            if isinstance(frames, torch.Tensor)
-            else [torch.stack([s["frames"][c] for s in samples]) for c in range(len(frames))]
-        ),
+        "frames": stack_frames([s["frames"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "frame_index": torch.stack([s["frame_index"] for s in samples]),
         "timestamp": torch.stack([s["timestamp"] for s in samples]),
@@ -897,14 +878,18 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         partial = [not bool(s["has_annotations"].any()) for s in samples]
         batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
         batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
-    if "img_aug_matrix" in first:
-        batch["img_aug_matrix"] = torch.stack([s["img_aug_matrix"] for s in samples])
+    if any("img_aug_matrix" in s for s in samples):
+        batch["img_aug_matrix"] = stack_geometry([s.get("img_aug_matrix") for s in samples])
+    if "outputs" in first:
+        batch["outputs"] = {}
+        for name in first["outputs"]:
+            outputs = [s["outputs"][name] for s in samples]
+            output: dict[str, Any] = {"frames": stack_frames([o["frames"] for o in outputs])}
+            for key in ("img_aug_matrix", "intrinsics"):
+                if any(key in o for o in outputs):
+                    output[key] = stack_geometry([o.get(key) for o in outputs])
+            batch["outputs"][name] = output
     return batch
-
-
-def _frame_shapes(frames: Any) -> Any:
-    """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
-    return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
 def _load_table_cache(path: Path) -> dict[str, Any]:

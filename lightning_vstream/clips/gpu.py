@@ -13,19 +13,19 @@ context torch uses (``cudacontext=0``). A closed decoder goes back to a
 :class:`~lightning_vstream.decode.gpu.DecoderPool` keyed by GPU, codec, coded size, bit depth,
 chroma format and latency mode, so the next file of the same format reuses it (PyNvVideoCodec
 refuses to reconfigure across a bit-depth change). Latency is ``LOW`` (each packet flagged
-``ENDOFPICTURE``, so a frame comes out as soon as it is decoded) only when the stream has no
-frame reordering (no B-frames); ``NATIVE`` otherwise, as NVIDIA requires. A decoded frame stays
-valid only until the decoder's next ``Decode`` call, so before that call the thread waits for the
-conversions it queued (one host wait per wanted frame; none for frames only decoded through).
+``ENDOFPICTURE``, so a frame comes out as soon as it is decoded) only when the frame table records
+no reordering (``reorder_depth == 0``); ``NATIVE`` otherwise, as NVIDIA requires.
+
+A decoded frame stays valid only until the decoder's next ``Decode`` call, which writes the next
+frame into the same buffer, on the decoder's stream. The conversion of a wanted frame is queued on
+that stream before the next ``Decode`` is called, so the stream orders the two: the host never
+waits for a frame.
 
 The NVDEC building blocks (stream format, capabilities, decoder keys and pool, sessions, packets)
 come from :mod:`lightning_vstream.decode.nvdec` and the colour conversion from
-:func:`lightning_vstream.decode.nv12.nv12_to_rgb`, shared with the GPU stream engine: the
+:class:`lightning_vstream.decode.nv12.Nv12Converter`, shared with the GPU stream engine: the
 stream's matrix and range are honoured, and formats NVDEC or the conversion cannot take raise
 :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the fix.
-
-Nothing here has run on a GPU yet: the code is checked against PyNvVideoCodec 2.2.4's API and
-tested on the CPU with a stand-in module.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.clips.planner import Emit, GopDecoder, GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
+from lightning_vstream.decode.device import FrameMemory, frame_memory
+from lightning_vstream.decode.nv12 import Nv12Converter
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
     DecoderPool,
@@ -47,11 +48,11 @@ from lightning_vstream.decode.nvdec import (
     Session,
     check_decodable,
     create_session,
-    frame_pts,
     num_decoder_engines,
     packet_data,
     shared_decoder_pool,
 )
+from lightning_vstream.errors import DecoderCapabilityError
 
 if TYPE_CHECKING:
     import torch
@@ -64,38 +65,28 @@ class Nv12Frame:
     """A decoded NV12 surface, valid until the next decode on its decoder; :meth:`write_into` converts it."""
 
     surface: Any  # torch.Tensor [1.5 H, W] uint8 (NV12) or 16-bit (P016)
-    spec: ColorSpec
-    stream: Any  # torch.cuda.Stream the surface is ready on, or None on the CPU (test doubles)
+    convert: Nv12Converter
+    stream: Any  # the decoder's stream; None when nothing needs ordering (host memory)
     index: int
 
-    def write_into(self, out: torch.Tensor, *, after: Any = None) -> None:
-        """Convert into ``out`` (``[3, H, W]``) on the decoder's stream, after event ``after`` when given."""
+    def write_into(self, out: torch.Tensor) -> None:
+        """Convert into ``out`` (``[3, H, W]``) on the decoder's stream.
+
+        The caller makes the stream wait for whatever ``out`` was used for before (once per batch,
+        not per frame) and waits for the stream before reading ``out``.
+        """
+        if self.stream is None:
+            self.convert(self.surface, out)
+            return
         import torch
 
-        if self.stream is None:
-            nv12_to_rgb(self.surface, self.spec, out=out)
-            return
-        if after is not None:
-            self.stream.wait_event(after)
         with torch.cuda.stream(self.stream):
-            nv12_to_rgb(self.surface, self.spec, out=out)
-        out.record_stream(self.stream)
+            self.convert(self.surface, out)
 
 
 def decode_engine_count(gpu: int = 0, *, codec: str = "hevc") -> int:
     """NVDEC engines on ``gpu`` (``GetDecoderCaps``' ``num_decoder_engines``; at least 1)."""
-    from lightning_vstream.decode.gpu import import_pynvvideocodec
-
-    return num_decoder_engines(import_pynvvideocodec(), gpu, codec)
-
-
-def _surface(frame: Any, stream: Any) -> torch.Tensor:
-    import torch
-
-    # __dlpack__(stream=s) makes s wait for the decoder's work; torch.from_dlpack(frame) would first
-    # try a call that PyNvVideoCodec rejects, costing an exception per frame.
-    capsule = frame.__dlpack__(stream=stream.cuda_stream) if stream is not None else frame.__dlpack__()
-    return torch.from_dlpack(capsule)
+    return num_decoder_engines(gpu, codec)
 
 
 class NvGopDecoder:
@@ -107,6 +98,7 @@ class NvGopDecoder:
         gpu: GPU ordinal.
         pool: Decoder pool; :func:`~lightning_vstream.decode.gpu.shared_decoder_pool` when None.
         label: Clip and camera, for error messages.
+        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
 
     Example::
 
@@ -115,20 +107,28 @@ class NvGopDecoder:
     """
 
     def __init__(
-        self, path: Path | str, *, info: VideoInfo, gpu: int = 0, pool: DecoderPool | None = None, label: str = ""
+        self,
+        path: Path | str,
+        *,
+        info: VideoInfo,
+        gpu: int = 0,
+        pool: DecoderPool | None = None,
+        label: str = "",
+        memory: FrameMemory | None = None,
     ) -> None:
         self.path = Path(path)
         self.info = info
         self.gpu = gpu
         self.label = label
         self._pool = pool
+        self._memory = memory
         self._nvc: ModuleType | None = None
         self._packets: PacketSource | None = None
-        self._color = ColorSpec()
+        self._convert: Nv12Converter | None = None
         self._key: DecoderKey | None = None
         self._session: Session | None = None
+        self._surface_layout: tuple[Any, ...] = ()
         self._dirty = False
-        self._pending: Any = None  # CUDA event after the last conversion from a decoder surface
         self.frames_decoded = 0
         self.frames_converted = 0
 
@@ -143,49 +143,58 @@ class NvGopDecoder:
             self._pool = shared_decoder_pool()
         return self._pool
 
+    @property
+    def memory(self) -> FrameMemory:
+        """Where frames live and how they reach torch."""
+        if self._memory is None:
+            self._memory = frame_memory()
+        return self._memory
+
     def _open(self) -> None:
         from lightning_vstream.decode.gpu import import_pynvvideocodec
 
         nvc = import_pynvvideocodec()
+        memory = self.memory
         packets = PacketSource(self.path, self.info, self._where())
         try:
             fmt = packets.format
-            check_decodable(nvc, self.gpu, fmt, self._where())
-            latency: Latency = "NATIVE" if fmt.reorders else "LOW"  # LOW only without reordering, as NVIDIA requires
+            check_decodable(self.gpu, fmt, self._where())
+            # LOW only where the frame table records no reordering, as NVIDIA requires.
+            latency: Latency = "LOW" if fmt.reorder_depth == 0 else "NATIVE"
             key = DecoderKey(self.gpu, fmt.codec, fmt.width, fmt.height, fmt.bit_depth, fmt.chroma, "NATIVE", latency)
+            convert = Nv12Converter(fmt.color, fmt.height, fmt.width, device=memory.device(self.gpu))
             try:
-                session = self.pool.acquire(key, lambda: create_session(nvc, key))
+                session = self.pool.acquire(key, lambda: create_session(nvc, key, memory))
             except Exception as err:
                 raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
         except BaseException:
             packets.close()
             raise
         self._nvc, self._packets, self._key, self._session = nvc, packets, key, session
-        self._color = fmt.color
+        self._convert = convert
+        self._surface_layout = ((fmt.height * 3 // 2, fmt.width), (fmt.width, 1), 1 if fmt.bit_depth <= 8 else 2)
         self._dirty = False
-
-    def _converted_on_stream(self) -> None:
-        """Note that kernels reading the decoder's surface were queued (see :meth:`_surfaces_free`)."""
-        session = self._session
-        if session is not None and session.stream is not None:
-            import torch
-
-            self._pending = torch.cuda.Event()
-            self._pending.record(session.stream)
-
-    def _surfaces_free(self) -> None:
-        # A decoded frame is valid only until the next Decode call on its decoder, which may reuse
-        # its surface; wait until the conversions queued on it have run. One host wait per wanted
-        # frame, none for the frames decoded only to reach it.
-        if self._pending is not None:
-            self._pending.synchronize()
-            self._pending = None
 
     def _flush(self) -> None:
         if self._dirty and self._session is not None and self._nvc is not None:
-            self._surfaces_free()
             self._session.decoder.Decode(self._nvc.PacketData())  # end of stream; frames discarded
         self._dirty = False
+
+    def _surface(self, frame: Any, index: int) -> Any:
+        """The frame's surface as a tensor, checked against the layout every frame of the file must have."""
+        session = self._session
+        assert session is not None
+        surface = self.memory.import_surface(frame, session.stream)
+        shape, strides, itemsize = self._surface_layout
+        if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+            version = getattr(self._nvc, "__version__", "unknown")
+            raise DecoderCapabilityError(
+                f"{self._where(index)}: PyNvVideoCodec {version} exported a {surface.dtype} surface of shape "
+                f"{tuple(surface.shape)} with strides {tuple(surface.stride())}; expected {shape} with strides "
+                f"{strides}. Reading it would give wrong pixels; install pynvvideocodec>=2.2.4, or use "
+                "decode_device='cpu'."
+            )
+        return surface
 
     def decode_gop(self, task: GopTask, emit: Emit) -> None:
         """Decode ``task`` from its keyframe; ``emit(index, Nv12Frame)`` for each wanted frame, ascending."""
@@ -205,7 +214,7 @@ class NvGopDecoder:
             restart = False
             for frame in frames:
                 self.frames_decoded += 1
-                pts = frame_pts(frame)
+                pts = frame.getPTS()
                 index = info.index_of_pts(pts) if pts is not None else None
                 if index is None:
                     raise VideoDecodeError(
@@ -226,8 +235,9 @@ class NvGopDecoder:
                     )
                 remaining.pop(0)
                 self.frames_converted += 1
-                emit(index, Nv12Frame(_surface(frame, session.stream), self._color, session.stream, index))
-                self._converted_on_stream()
+                assert self._convert is not None
+                stream = None if self.memory.host else session.stream
+                emit(index, Nv12Frame(self._surface(frame, index), self._convert, stream, index))
             if restart:
                 self._flush()
                 gop -= 1
@@ -244,7 +254,6 @@ class NvGopDecoder:
         """Feed the next packet (or the end of the stream) to the decoder; the packet and the frames out."""
         nvc, session = self._nvc, self._session
         assert nvc is not None and session is not None
-        self._surfaces_free()
         try:
             packet = next(source, None)
             if packet is None:
@@ -252,10 +261,9 @@ class NvGopDecoder:
                 self._dirty = False
             else:
                 low = self._key is not None and self._key.latency == "LOW"
-                data, keep_alive = packet_data(nvc, packet, self._where(due), end_of_picture=low)
+                data = packet_data(nvc, packet, self._where(due), end_of_picture=low)
                 self._dirty = True
-                frames = list(session.decoder.Decode(data))
-                del keep_alive  # the parser has copied the bytes once Decode returns
+                frames = list(session.decoder.Decode(data))  # `packet` owns the bytes until it returns
         except VideoDecodeError:
             raise
         except Exception as err:  # PyAV and PyNvVideoCodec raise their own types

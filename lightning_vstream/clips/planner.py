@@ -36,7 +36,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, WorkerError
 from lightning_vstream.index.tables import VideoInfo
 
 __all__ = [
@@ -362,13 +362,26 @@ class GopExecutor:
         self.tasks_run = 0
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, tasks: Sequence[GopTask], deliver: Callable[[GopTask, int, Any, Hashable], None]) -> None:
+    def run(
+        self,
+        tasks: Sequence[GopTask],
+        deliver: Callable[[GopTask, int, Any, Hashable], None],
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Decode every task; ``deliver(task, frame_index, frame, target)`` once per target.
 
         ``deliver`` runs in the worker thread that decoded the frame; different calls write to
         different targets, so they need no lock. Returns when every task is done.
 
+        Args:
+            tasks: The GOP tasks.
+            deliver: Called once per (frame, target).
+            timeout: Seconds to wait for the workers (None: no limit).
+
         Raises:
+            WorkerError: The tasks did not finish within ``timeout`` (a decoder hung); the workers
+                are told to stop after their current task.
             BaseException: The first failure (in plan order) of any task, after every worker
                 has stopped; tasks not started by then are skipped.
         """
@@ -404,8 +417,13 @@ class GopExecutor:
                 worker = self._threads[w]
                 worker.submit(functools.partial(self._work, worker, run, worker_tasks, emit_for))
             with run.done:
-                while run.pending:
-                    run.done.wait()
+                if not run.done.wait_for(lambda: not run.pending, timeout=timeout):
+                    run.cancel.set()
+                    raise WorkerError(
+                        f"{run.pending} of {len(busy)} GOP decoding threads did not finish within timeout={timeout:g} s "
+                        f"({run.decoded_tasks} of {len(tasks)} GOP tasks done); a decoder may be hung or a file stalled "
+                        "on a slow file system. Raise the timeout, or check the device (`vstream doctor`)."
+                    )
         self.tasks_run += run.decoded_tasks
         if run.errors:
             run.errors.sort(key=lambda e: e[0])

@@ -32,11 +32,11 @@ import numbers
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
-from lightning_vstream.index import CameraStream, Clip
+from lightning_vstream.index import CameraStream, Clip, VideoIndex
 
 if TYPE_CHECKING:
     from lightning_vstream.storage.options import StorageConfig
@@ -484,11 +484,46 @@ def _too_short(clips: Sequence[Clip], window: Window, cameras: Sequence[str] | N
     )
 
 
-def _request(clip: Clip, window: Window, start: float, cameras: Sequence[str] | None) -> ClipRequest:
+def _request(clip: Clip | str, window: Window, start: float, cameras: Sequence[str] | None) -> ClipRequest:
+    clip_id = clip if isinstance(clip, str) else clip.clip_id
     cams = None if cameras is None else tuple(cameras)
     if isinstance(window, FrameWindow):
-        return ClipRequest(clip.clip_id, frames=tuple(int(start) + o for o in window.offsets), cameras=cams)
-    return ClipRequest(clip.clip_id, times=tuple(start + o for o in window.offsets), policy=window.policy, cameras=cams)
+        return ClipRequest(clip_id, frames=tuple(int(start) + o for o in window.offsets), cameras=cams)
+    return ClipRequest(clip_id, times=tuple(start + o for o in window.offsets), policy=window.policy, cameras=cams)
+
+
+def _start_counts(index: VideoIndex, window: FrameWindow) -> Any:
+    """Valid start frames per clip of an index (from its frame counts: no clip is built)."""
+    import numpy as np
+
+    counts = np.maximum(index.frame_counts - (window.span - 1), 0)
+    if not counts.any():
+        raise _too_short([index.clips[int(np.argmax(index.frame_counts))]], window, None)
+    return counts
+
+
+def _random_frame_windows(
+    index: VideoIndex, window: FrameWindow, count: int, seed: int, weighting: Weighting, cameras: Sequence[str] | None
+) -> list[ClipRequest]:
+    """:func:`random_clips` over an index with a frame window: the same draws, from the frame counts alone."""
+    import numpy as np
+
+    starts = _start_counts(index, window)
+    usable = np.flatnonzero(starts)
+    rng = np.random.default_rng(seed)
+    requests: list[ClipRequest] = []
+    if weighting == "frames":
+        cumulative = np.cumsum(starts[usable])
+        draws = rng.integers(0, int(cumulative[-1]), size=count)
+        picked = np.searchsorted(cumulative, draws, side="right")
+        offsets = draws - np.where(picked > 0, cumulative[picked - 1], 0)
+        for k, offset in zip(usable[picked].tolist(), offsets.tolist()):
+            requests.append(_request(index.clip_id(k), window, offset, cameras))
+    else:
+        for pick in rng.integers(0, len(usable), size=count):
+            k = int(usable[int(pick)])
+            requests.append(_request(index.clip_id(k), window, int(rng.integers(0, int(starts[k]))), cameras))
+    return requests
 
 
 def random_clips(
@@ -527,12 +562,14 @@ def random_clips(
     """
     import numpy as np
 
-    clips = list(index)
     cameras = camera_names(cameras)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ConfigurationError(f"count={count!r} must be a non-negative integer number of requests.")
     if weighting not in ("frames", "videos"):
         raise ConfigurationError(f"weighting={weighting!r} is not supported; use 'frames' or 'videos'.")
+    if isinstance(index, VideoIndex) and isinstance(window, FrameWindow) and len(index):
+        return _random_frame_windows(index, window, count, seed, weighting, cameras)
+    clips = list(index)
     if not clips:
         raise ConfigurationError("random_clips needs at least one clip.")
     starts = _starts(clips, window, cameras)
@@ -583,9 +620,9 @@ def regular_clips(
 
         >>> reqs = regular_clips(load_index("index.json"), FrameWindow(8, stride=2))  # doctest: +SKIP
     """
-    clips = list(index)
+    listed = None if isinstance(index, VideoIndex) else list(index)
     cameras = camera_names(cameras)
-    if not clips:
+    if not (listed if listed is not None else index):
         raise ConfigurationError("regular_clips needs at least one clip.")
     if isinstance(window, FrameWindow):
         step: float = window.span if hop is None else hop
@@ -593,10 +630,18 @@ def regular_clips(
             step = int(step)
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ConfigurationError(f"hop={hop!r} must be a positive integer number of frames for a FrameWindow.")
+        if isinstance(index, VideoIndex):  # from the frame counts alone: no clip is built
+            starts = _start_counts(index, window).tolist()
+            return [
+                _request(index.clip_id(k), window, p, cameras)
+                for k, n in enumerate(starts)
+                for p in range(0, n, int(step))
+            ]
     else:
         step = window.duration if hop is None else hop
         if isinstance(step, bool) or not (isinstance(step, (int, float)) and 0 < step < math.inf):
             raise ConfigurationError(f"hop={hop!r} must be a positive number of seconds for a TimeWindow.")
+    clips = listed if listed is not None else list(index)
     requests: list[ClipRequest] = []
     for clip, starts in zip(clips, _starts(clips, window, cameras)):
         if not starts:

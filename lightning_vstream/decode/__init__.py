@@ -3,16 +3,44 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
+    from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+    from lightning_vstream.decode.images import with_image_fps
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["FrameDecoder", "VideoDecodeError", "VideoInfo", "make_decoder"]
+__all__ = [
+    "FrameDecoder",
+    "PyAVDecoder",
+    "VideoDecodeError",
+    "VideoInfo",
+    "make_decoder",
+    "probe_video",
+    "with_image_fps",
+]
+
+#: Loaded on first access: the CPU backend's decoder and prober, and the image-folder frame rate.
+_LAZY = {
+    "PyAVDecoder": "lightning_vstream.decode.cpu",
+    "probe_video": "lightning_vstream.decode.cpu",
+    "with_image_fps": "lightning_vstream.decode.images",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_vstream.decode' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def make_decoder(

@@ -240,6 +240,7 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         ) from err
     if not records:
         raise VideoDecodeError(f"{where!r} holds a video stream with no frames.")
+    reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
     records.sort(key=lambda r: r[0])
     pts = tuple(r[0] for r in records)
     for i in range(1, len(pts)):
@@ -296,6 +297,7 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         config_crc32=zlib.crc32(extradata),
         average_fps=fps,
         layout=layout,
+        reorder_depth=reorder,
     )
 
 
@@ -331,6 +333,21 @@ def _decodes_in_position_order(records: Sequence[tuple[int, ...]], key_indices: 
         if any(rank[i] < rank[key] for i in range(key + 1, stop)):
             return False
     return True
+
+
+def _reorder_depth(decode_order_pts: list[int]) -> int:
+    """How many frames decoding must run ahead of presentation: 0 when packets come in pts order.
+
+    Frame ``p`` (in presentation order) can be shown once every frame up to it has been decoded,
+    i.e. after the packet at the largest decode position among frames ``0..p``; the depth is the
+    most that position exceeds ``p``. ``I0 P3 B1 B2`` has depth 1, a stream without B-frames 0.
+    """
+    order = sorted(range(len(decode_order_pts)), key=decode_order_pts.__getitem__)
+    depth = reached = 0
+    for shown, decoded in enumerate(order):
+        reached = max(reached, decoded)
+        depth = max(depth, reached - shown)
+    return depth
 
 
 def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) -> Iterator[Any]:
@@ -414,6 +431,7 @@ class PyAVDecoder(DecoderBase):
         self.layout = layout
         self.stream = _check_stream(stream)
         self._rgb = RGBConverter(layout=layout, size=size, interpolation=interpolation)
+        self._sized: dict[tuple[int, int], RGBConverter] = {}  # more output sizes (get_sizes)
         self.size = self._rgb.size
         self.threads = threads
         self.label = label
@@ -451,9 +469,10 @@ class PyAVDecoder(DecoderBase):
     def _disown(self) -> None:
         if self._container is not None:
             _INHERITED_FFMPEG_OBJECTS.append((self._container, self._stream, self._frames))
-        reformatter = self._rgb.release()  # an swscale context may hold threads too
-        if reformatter is not None:
-            _INHERITED_FFMPEG_OBJECTS.append(reformatter)
+        for converter in (self._rgb, *self._sized.values()):
+            reformatter = converter.release()  # an swscale context may hold threads too
+            if reformatter is not None:
+                _INHERITED_FFMPEG_OBJECTS.append(reformatter)
         self._container = None
         self._frames = None
         self._needs_seek = True
@@ -523,6 +542,10 @@ class PyAVDecoder(DecoderBase):
         self._next = -1  # unknown until the first frame comes out
 
     def read(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._to_tensor(self._read_frame(), out)
+
+    def _read_frame(self) -> Any:
+        """Decode up to the frame :meth:`read` returns next and return it as PyAV's ``VideoFrame``."""
         info = self.info
         target = self._target
         if target >= info.frame_count:
@@ -602,12 +625,47 @@ class PyAVDecoder(DecoderBase):
                 )
             self._next = index + 1
             self._target = index + 1
-            return self._to_tensor(frame, out)
+            return frame
 
     def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return frame ``index`` (see :meth:`seek` for the cost)."""
         self.seek(index)
         return self.read(out)
+
+    def get_sizes(
+        self, index: int, sizes: Sequence[tuple[int, int]], out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """Frame ``index`` as :meth:`get` returns it, and the same decoded frame at each of ``sizes``.
+
+        The frame is decoded once; each size is one more swscale conversion of it (YUV to RGB and
+        resize in one pass, uint8, this decoder's layout and interpolation), far cheaper than
+        resizing the RGB frame afterwards.
+
+        Args:
+            index: Frame index.
+            sizes: Further ``(height, width)`` outputs.
+            out: Where the frame at this decoder's size goes (as for :meth:`get`).
+
+        Returns:
+            The frame at this decoder's size and ``{size: frame}``.
+
+        Example::
+
+            >>> frame, more = dec.get_sizes(12, [(450, 800), (225, 400)])  # doctest: +SKIP
+            >>> more[(225, 400)].shape  # doctest: +SKIP
+            torch.Size([3, 225, 400])
+        """
+        self.seek(index)
+        frame = self._read_frame()
+        image = self._to_tensor(frame, out)
+        converted = {}
+        for size in sizes:
+            converter = self._sized.get(size)
+            if converter is None:
+                converter = RGBConverter(layout=self.layout, size=size, interpolation=self._rgb.interpolation)
+                self._sized[size] = converter
+            converted[size] = converter(frame, None, self._where())
+        return image, converted
 
     def get_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
         """Return the frames at ``indices`` (any order, repeats allowed), in that order.

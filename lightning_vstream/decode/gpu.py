@@ -2,21 +2,27 @@
 
 How a frame travels:
 
-1. **demux** (CPU, :data:`~lightning_vstream.profiling.RANGE_DEMUX`): PyAV reads the compressed
-   packets, checks them against the frame table's CRC-32s and converts H.264/H.265 to the Annex-B
-   form NVDEC's parser needs (:class:`~lightning_vstream.decode.nvdec.PacketSource`). PyAV rather
-   than PyNvVideoCodec's demuxer because seeking must use the frame table's seek targets exactly as
+1. **demux** (CPU): PyAV reads the compressed packets, checks them against the frame table's
+   CRC-32s and converts H.264/H.265 to the Annex-B form NVDEC's parser needs
+   (:class:`~lightning_vstream.decode.nvdec.PacketSource`). PyAV rather than PyNvVideoCodec's
+   demuxer because seeking must use the frame table's seek targets exactly as
    :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does.
-2. **decode** (GPU, :data:`~lightning_vstream.profiling.RANGE_DECODE`): a PyNvVideoCodec decoder
-   on its own CUDA stream decodes to NV12 (P016 for 10-bit) in device memory. Each packet carries
-   its presentation timestamp, and every frame that comes out is checked against the frame table,
-   so a frame is never returned under the wrong index. Latency mode ``NATIVE`` keeps NVDEC
-   pipelined; ``LOW`` is used only for streams that declare no reordering (no B-frames).
-3. **hand-off and colour** (GPU, :data:`~lightning_vstream.profiling.RANGE_HANDOFF`,
-   :data:`~lightning_vstream.profiling.RANGE_COLOR_CONVERT`): ``DecodedFrame.__dlpack__(stream=...)``
-   wraps the decoder's surface without a copy, ordered on the decoder's stream, and
-   :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts it with the stream's own matrix and
-   range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
+2. **decode** (GPU): a PyNvVideoCodec decoder decodes to NV12 (P016 for 10-bit) in device memory,
+   on a CUDA stream that is never the NULL stream. Each packet carries its presentation timestamp,
+   and every frame that comes out is checked against the frame table, so a frame is never returned
+   under the wrong index. Latency mode ``NATIVE`` keeps NVDEC pipelined; ``LOW`` is used only for
+   streams whose frame table records no reordering (no B-frames).
+3. **hand-off and colour** (GPU): ``DecodedFrame.__dlpack__(stream=...)`` wraps the decoder's
+   surface without a copy, and one fused kernel
+   (:class:`~lightning_vstream.decode.nv12.Nv12Converter`) converts it with the stream's own matrix
+   and range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
+   The surface is the decoder's single output buffer, which its next ``Decode`` overwrites: the
+   conversion is queued on the decoder's stream before that call, so the stream orders them.
+
+Per frame the host does one ``Decode`` call, one DLPack import and one kernel launch: no NVTX
+range, no stream wait and no host synchronisation. With ``stream="current"`` (the stream engine's
+decode threads) a decoder runs on the calling thread's stream and nothing at all needs ordering;
+with its own stream (the default) the caller's stream waits for the decoder's, one event per frame.
 
 Decoders are expensive to create (tens of milliseconds), so closed :class:`NvDecoder` s hand theirs
 back to a :class:`~lightning_vstream.decode.nvdec.DecoderPool`, and the next file with the same GPU,
@@ -29,7 +35,6 @@ driver its import fails, and the CPU path never touches it.
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -44,11 +49,13 @@ from lightning_vstream.decode.base import (
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
+    FrameMemory,
+    frame_memory,
     import_pynvvideocodec,
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.decode.nv12 import nv12_to_rgb
+from lightning_vstream.decode.nv12 import Backend, Nv12Converter
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
     DecoderPool,
@@ -57,18 +64,11 @@ from lightning_vstream.decode.nvdec import (
     Session,
     check_decodable,
     create_session,
-    frame_pts,
     packet_data,
     shared_decoder_pool,
 )
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, DecoderCapabilityError, UsageError
-from lightning_vstream.profiling import (
-    RANGE_COLOR_CONVERT,
-    RANGE_DECODE,
-    RANGE_DEMUX,
-    RANGE_HANDOFF,
-    nvtx_range,
-)
+from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
 
 if TYPE_CHECKING:
     import torch
@@ -80,13 +80,16 @@ __all__ = [
     "DecoderPool",
     "LatencyChoice",
     "NvDecoder",
+    "StreamChoice",
     "import_pynvvideocodec",
     "nvdec_available",
+    "prepare_decoders",
     "resolve_decode_device",
     "shared_decoder_pool",
 ]
 
 LatencyChoice = Literal["auto", "native", "low"]
+StreamChoice = Literal["own", "current"]
 
 
 def _gpu_ordinal(device: Any) -> int:
@@ -122,9 +125,8 @@ class NvDecoder(DecoderBase):
     in :attr:`frames_decoded`). :meth:`close` flushes the decoder and returns it to ``pool`` for
     the next file of the same format.
 
-    Work is ordered on CUDA streams, never by waiting on the host: the decoder and the colour
-    conversion run on the decoder's own stream, and the stream current when :meth:`read` is called
-    waits for them, so the frame is ready for whatever that stream runs next.
+    Work is ordered on CUDA streams, never by waiting on the host. A returned frame is ready for
+    whatever the stream current at the call runs next; with ``out`` it is written there, in place.
 
     Args:
         path: Video file.
@@ -133,12 +135,20 @@ class NvDecoder(DecoderBase):
         layout: ``"chw"`` (default) or ``"hwc"`` for the returned tensors.
         label: Where the file comes from (clip and camera), used in error messages.
         pool: Pool to take decoders from and return them to; :func:`shared_decoder_pool` if None.
-        latency: ``"auto"`` (default) uses NVDEC's ``LOW`` latency mode only for streams that
-            declare no frame reordering, ``NATIVE`` otherwise; ``"native"`` / ``"low"`` force one
-            (``"low"`` on a stream with B-frames is refused).
+        latency: ``"auto"`` (default) uses NVDEC's ``LOW`` latency mode only for streams whose
+            frame table records no reordering (``reorder_depth == 0``), ``NATIVE`` otherwise;
+            ``"native"`` / ``"low"`` force one (``"low"`` on a stream with B-frames, or of unknown
+            reordering, is refused).
+        stream: ``"own"`` (default): the decoder runs on a CUDA stream of its own and the caller's
+            stream waits for it at each frame. ``"current"``: it runs on the stream current when
+            the file opens, and every later call must be made with that stream current; frames
+            then need no ordering at all (the stream engine's decode threads do this).
+        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
+        backend: Colour conversion: ``"auto"`` (the fused Triton kernel on a GPU when Triton
+            imports, torch otherwise), ``"triton"`` or ``"torch"``.
 
     Raises:
-        ValueError: ``layout``, ``latency`` or ``device`` is not supported.
+        ValueError: ``layout``, ``latency``, ``stream`` or ``device`` is not supported.
 
     Example::
 
@@ -157,16 +167,26 @@ class NvDecoder(DecoderBase):
         label: str = "",
         pool: DecoderPool | None = None,
         latency: LatencyChoice = "auto",
+        stream: StreamChoice = "own",
+        memory: FrameMemory | None = None,
+        backend: Backend = "auto",
     ) -> None:
         if layout not in ("chw", "hwc"):
             raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         if latency not in ("auto", "native", "low"):
             raise ConfigurationError(f"latency={latency!r} is not supported; use 'auto', 'native' or 'low'.")
+        if stream not in ("own", "current"):
+            raise ConfigurationError(f"stream={stream!r} is not supported; use 'own' or 'current'.")
+        if backend not in ("auto", "triton", "torch"):
+            raise ConfigurationError(f"backend={backend!r} is not supported; use 'auto', 'triton' or 'torch'.")
         self.path = Path(path)
         self.gpu = _gpu_ordinal(device)
         self.layout = layout
         self.label = label
         self.latency = latency
+        self.stream = stream
+        self.backend = backend
+        self._memory = memory
         self._pool = pool
         self._info = info
         self._nvc: ModuleType | None = None
@@ -174,6 +194,12 @@ class NvDecoder(DecoderBase):
         self._session: Session | None = None
         self._source: PacketSource | None = None
         self._packets: Iterator[Any] | None = None
+        self._convert: Nv12Converter | None = None
+        self._import: Any = None  # FrameMemory.import_surface of the open file's memory
+        self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
+        self._low = False  # LOW latency: every packet ends its picture
+        self._surface_layout: tuple[Any, ...] = ()
+        self._pts_index: dict[int, int] = {}  # the open file's pts -> frame index
         # Frames out of the decoder, not yet returned: (index, DecodedFrame). A DecodedFrame stays
         # valid until the next Decode call, and Decode is called only when this queue is empty.
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
@@ -195,11 +221,16 @@ class NvDecoder(DecoderBase):
         return self._info
 
     @property
-    def device(self) -> torch.device:
-        """The CUDA device frames are decoded on."""
-        import torch
+    def memory(self) -> FrameMemory:
+        """Where frames live and how they reach torch."""
+        if self._memory is None:
+            self._memory = frame_memory()
+        return self._memory
 
-        return torch.device("cuda", self.gpu)
+    @property
+    def device(self) -> torch.device:
+        """The device frames are returned on (the GPU; the CPU only under a test driver's host memory)."""
+        return self.memory.device(self.gpu)
 
     @property
     def seeks(self) -> int:
@@ -226,17 +257,22 @@ class NvDecoder(DecoderBase):
         return self._last + 1 if self._last >= 0 else -1
 
     # -- opening and closing ----------------------------------------------------------------
-    def _latency_for(self, reorders: bool) -> Latency:
+    def _latency_for(self, reorder_depth: int | None) -> Latency:
         if self.latency == "native":
             return "NATIVE"
         if self.latency == "low":
-            if reorders:
+            if reorder_depth is None:
+                raise ConfigurationError(
+                    f"{self._where()}: latency='low' needs to know that the stream has no B-frames, and its frame "
+                    "table does not record it; rebuild the index with `vstream index`, or use latency='auto'."
+                )
+            if reorder_depth:
                 raise ConfigurationError(
                     f"{self._where()} reorders frames (B-frames), so latency='low' would return frames out of "
                     "order; use latency='auto' or 'native'."
                 )
             return "LOW"
-        return "NATIVE" if reorders else "LOW"
+        return "LOW" if reorder_depth == 0 else "NATIVE"
 
     def _open(self) -> None:
         info = self.info
@@ -247,29 +283,51 @@ class NvDecoder(DecoderBase):
 
             self._info = info = verify_identity(self.path, info, self._where())
         nvc = import_pynvvideocodec()
+        memory = self.memory
         source = PacketSource(self.path, info, self._where())
         try:
             fmt = source.format
-            check_decodable(nvc, self.gpu, fmt, self._where())
+            check_decodable(self.gpu, fmt, self._where())
+            latency = self._latency_for(fmt.reorder_depth)
+            stream = memory.current_stream(self.gpu) if self.stream == "current" else None
+            if stream is not None and not stream.cuda_stream:
+                stream = None  # never the NULL stream: a stream of its own instead
             key = DecoderKey(
                 self.gpu,
-                info.codec,
+                fmt.codec,
                 info.width,
                 info.height,
                 fmt.bit_depth,
                 fmt.chroma,
                 "NATIVE",
-                self._latency_for(fmt.reorders),
+                latency,
+                stream.cuda_stream if stream is not None else 0,
+            )
+            convert = Nv12Converter(
+                fmt.color,
+                info.height,
+                info.width,
+                layout=self.layout,
+                device=memory.device(self.gpu),
+                backend=self.backend,
             )
         except BaseException:
             source.close()
             raise
         try:
-            session = self.pool.acquire(key, lambda: create_session(nvc, key))
+            session = self.pool.acquire(key, lambda: create_session(nvc, key, memory, stream))
         except Exception as err:
             source.close()
             raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
+        self._convert = convert
+        self._import = memory.import_surface
+        self._pts_index = {pts: index for index, pts in enumerate(info.pts)}
+        self._ordered = memory.host or stream is not None
+        self._low = latency == "LOW"
+        # What every frame's DLPack export must look like: NV12 (uint8) or P016 (16-bit), (1.5 H, W), rows
+        # of W samples. PyNvVideoCodec before 2.2.4 exports P016 with strides (W, 2): a wrong view.
+        self._surface_layout = ((info.height * 3 // 2, info.width), (info.width, 1), 1 if fmt.bit_depth <= 8 else 2)
         self._packets = source.packets()
         self._queue.clear()
         self._dirty = False  # fresh decoders and pooled ones (flushed on release) hold nothing
@@ -280,8 +338,7 @@ class NvDecoder(DecoderBase):
         """Send the end of stream so the decoder drops its state; discard the frames it returns."""
         self._queue.clear()  # their surfaces die with the next Decode
         if self._dirty and self._session is not None and self._nvc is not None:
-            with nvtx_range(RANGE_DECODE):
-                self._session.decoder.Decode(self._nvc.PacketData())
+            self._session.decoder.Decode(self._nvc.PacketData())
         self._dirty = False
 
     def _reset(self, *, reusable: bool = True) -> None:
@@ -303,6 +360,7 @@ class NvDecoder(DecoderBase):
         self._key = None
         self._source = None
         self._packets = None
+        self._convert = None
         self._queue.clear()
         self._needs_seek = True
 
@@ -325,6 +383,8 @@ class NvDecoder(DecoderBase):
                 f"frame {index} is out of range for {self._where()}, which holds "
                 f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
             )
+        if index == self._target and not self._needs_seek:
+            return  # already there: the sequential case costs nothing
         forward_ok = (
             self._session is not None
             and not self._needs_seek
@@ -353,95 +413,101 @@ class NvDecoder(DecoderBase):
         """Decode the frame at :attr:`position` (into ``out`` when given) and advance by one.
 
         Args:
-            out: A uint8 CUDA tensor of the frame's shape (any strides, for example a row of a
-                batch) to write the RGB frame into; the conversion writes it once, directly.
+            out: A uint8 tensor of the frame's shape on :attr:`device` (any strides, for example a
+                row of a batch) to write the RGB frame into; the conversion writes it once, directly.
         """
-        info = self.info
+        info = self._info if self._info is not None else self.info
         target = self._target
         if target >= info.frame_count:
             raise IndexError(
                 f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
                 f"(valid: 0..{info.frame_count - 1})."
             )
-        key_ordinal = info.gop_of(target)
-        if self._session is None:
-            self._open()
-            # A fresh file starts at its first keyframe: no seek needed for the first GOP.
-            self._needs_seek = key_ordinal != 0
-        just_jumped = False
-        if self._needs_seek:
-            self._jump(key_ordinal)
-            self._needs_seek = False
-            just_jumped = True
+        key_ordinal = -1  # the GOP jumped to; -1 when reading on from where the decoder is
+        if self._session is None or self._needs_seek:
+            key_ordinal = info.gop_of(target)
+            if self._session is None:
+                self._open()
+                # A fresh file starts at its first keyframe: no seek needed for the first GOP.
+                self._needs_seek = key_ordinal != 0
+            if self._needs_seek:
+                self._jump(key_ordinal)
+                self._needs_seek = False
+            else:
+                key_ordinal = -1
+        queue = self._queue
         while True:
             before = self._last
-            index, frame = self._next_frame(target)
+            while not queue:
+                self._feed(target)
+            index, frame = queue.popleft()
+            self._last = index
+            if index == target:
+                break
             if index < target:
                 continue
-            if index > target:
-                if just_jumped and key_ordinal > 0:
-                    # The demuxer landed past the wanted keyframe; step back one GOP.
-                    key_ordinal -= 1
-                    self._jump(key_ordinal)
-                    continue
-                self._reset(reusable=False)
-                raise VideoDecodeError(
-                    f"{self._where(target)}: the decoder skipped from frame {before} to frame {index}; "
-                    "the frames between are missing or corrupt."
-                )
-            tensor = self._to_tensor(frame, index, out)
-            self._target = index + 1
-            return tensor
+            if key_ordinal > 0:
+                # The demuxer landed past the wanted keyframe; step back one GOP.
+                key_ordinal -= 1
+                self._jump(key_ordinal)
+                continue
+            self._reset(reusable=False)
+            raise VideoDecodeError(
+                f"{self._where(target)}: the decoder skipped from frame {before} to frame {index}; "
+                "the frames between are missing or corrupt."
+            )
+        tensor = self._to_tensor(frame, index, out)
+        self._target = index + 1
+        return tensor
 
     def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return frame ``index`` (see :meth:`seek` for the cost), written into ``out`` when given."""
-        self.seek(index)
+        if index != self._target or self._needs_seek or index < 0:
+            self.seek(index)
         return self.read(out)
 
-    def _next_frame(self, keep_from: int) -> tuple[int, Any]:
-        """The next ``(index, frame)`` in presentation order; frames before ``keep_from`` are dropped."""
-        while not self._queue:
-            if self._ended:
-                target = self._target
-                self._reset(reusable=False)
-                raise VideoDecodeError(
-                    f"{self._where(target)}: the file ended before this frame although its frame "
-                    f"table lists {self.info.frame_count} frames (truncated file?)."
-                )
-            for frame in self._feed():
-                self._take(frame, keep_from)
-        item = self._queue.popleft()
-        self._last = item[0]
-        return item
+    def _feed(self, keep_from: int) -> None:
+        """Send the next packet, or the end of the stream, to the decoder; queue the frames from ``keep_from`` on.
 
-    def _feed(self) -> list[Any]:
-        """Send the next packet, or the end of the stream, to the decoder; return the frames it gives."""
+        Frames before ``keep_from`` are dropped without touching their pixels.
+        """
         import av
 
-        session, nvc, packets, key = self._session, self._nvc, self._packets, self._key
+        session, nvc, packets = self._session, self._nvc, self._packets
         if session is None or nvc is None or packets is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: decoding from a closed NvDecoder")
-        with nvtx_range(RANGE_DEMUX):
-            try:
-                packet = next(packets, None)
-            except av.FFmpegError as err:
-                target = self._target
-                self._reset(reusable=False)
-                raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
-            except VideoDecodeError:
-                self._reset(reusable=False)
-                raise
+        if self._ended:
+            target = self._target
+            self._reset(reusable=False)
+            raise VideoDecodeError(
+                f"{self._where(target)}: the file ended before this frame although its frame "
+                f"table lists {self.info.frame_count} frames (truncated file?)."
+            )
         try:
-            with nvtx_range(RANGE_DECODE):
-                if packet is None:
-                    frames = list(session.decoder.Decode(nvc.PacketData()))
-                    self._ended, self._dirty = True, False
-                else:
-                    low = key is not None and key.latency == "LOW"
-                    data, keep_alive = packet_data(nvc, packet, self._where(), end_of_picture=low)
-                    self._dirty = True
-                    frames = list(session.decoder.Decode(data))
-                    del keep_alive  # NVDEC's parser has copied the bytes once Decode returns
+            packet = next(packets, None)
+        except av.FFmpegError as err:
+            target = self._target
+            self._reset(reusable=False)
+            raise VideoDecodeError(f"{self._where(target)}: demuxing failed: {err}") from err
+        except VideoDecodeError:
+            self._reset(reusable=False)
+            raise
+        try:
+            if packet is None:
+                frames = session.decoder.Decode(nvc.PacketData())
+                self._ended, self._dirty = True, False
+            else:
+                pts = packet.pts
+                if pts is None or self._low:
+                    data = packet_data(nvc, packet, self._where(), end_of_picture=self._low)
+                else:  # packet_data's work, inline: this runs once per frame
+                    data = nvc.PacketData()
+                    data.bsl_data = packet.buffer_ptr
+                    data.bsl = packet.buffer_size
+                    data.pts = pts
+                # The packet owns the bytes PacketData points at, and lives until Decode has returned.
+                self._dirty = True
+                frames = session.decoder.Decode(data)
         except VideoDecodeError:
             self._reset(reusable=False)
             raise
@@ -449,71 +515,118 @@ class NvDecoder(DecoderBase):
             target = self._target
             self._reset(reusable=False)
             raise VideoDecodeError(f"{self._where(target)}: NVDEC decoding failed: {err}") from err
-        return frames
+        if not frames:
+            return
+        lookup = self._pts_index.get
+        for frame in frames:
+            self._frames_decoded += 1
+            pts = frame.getPTS()
+            index = lookup(pts)
+            if index is None:
+                target = self._target
+                self._reset(reusable=False)
+                raise VideoDecodeError(
+                    f"{self._where(target)}: the decoder produced a frame with timestamp {pts!r}, which "
+                    "is not in the file's frame table (corrupt file, or a stale index: rebuild it with "
+                    "`vstream index`)."
+                )
+            if index >= keep_from:
+                self._queue.append((index, frame))
+            else:
+                self._last = index
 
-    def _take(self, frame: Any, keep_from: int) -> None:
-        info = self.info
-        self._frames_decoded += 1
-        pts = frame_pts(frame)
-        index = info.index_of_pts(pts) if pts is not None else None
-        if index is None:
-            target = self._target
-            self._reset(reusable=False)
-            raise VideoDecodeError(
-                f"{self._where(target)}: the decoder produced a frame with timestamp {pts!r}, which "
-                "is not in the file's frame table (corrupt file, or a stale index: rebuild it with "
-                "`vstream index`)."
-            )
-        if index >= keep_from:  # frames before the target are dropped without touching their pixels
-            self._queue.append((index, frame))
-        else:
-            self._last = index
-
-    def _surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        """The decoder's NV12 surface as a tensor (no copy), ordered on ``stream``."""
-        import torch
-
-        if stream is None:  # test doubles on machines without CUDA
-            return torch.from_dlpack(frame)
-        # Calling __dlpack__ directly: torch.from_dlpack(frame) first tries a newer protocol
-        # version and pays an exception per frame. stream=0 is refused by PyNvVideoCodec.
-        return torch.utils.dlpack.from_dlpack(frame.__dlpack__(stream=stream.cuda_stream))
+    def _surface_error(self, surface: torch.Tensor, index: int) -> DecoderCapabilityError:
+        shape, strides, itemsize = self._surface_layout
+        version = getattr(self._nvc, "__version__", "unknown")
+        target = self._target
+        self._reset(reusable=False)
+        return DecoderCapabilityError(
+            f"{self._where(target)}: PyNvVideoCodec {version} exported frame {index} as a {surface.dtype} "
+            f"surface of shape {tuple(surface.shape)} with strides {tuple(surface.stride())}; expected "
+            f"{'NV12' if itemsize == 1 else 'P016'} {shape} with strides {strides}. Reading it would give wrong "
+            "pixels; install pynvvideocodec>=2.2.4, or decode this file with decode_device='cpu'."
+        )
 
     def _to_tensor(self, frame: Any, index: int, out: torch.Tensor | None) -> torch.Tensor:
+        session, convert = self._session, self._convert
+        if session is None or convert is None:  # pragma: no cover - read() opens first
+            raise UsageError("internal error: converting on a closed NvDecoder")
+        shape, strides, itemsize = self._surface_layout
+        if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
+            surface = self._import(frame, session.stream)
+            if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+                raise self._surface_error(surface, index)
+            return convert(surface, out)
         import torch
 
-        info = self.info
-        session = self._session
-        stream: Any = session.stream if session is not None else None
-        source = self._source
-        spec = source.format.color if source is not None else None
-        with nvtx_range(RANGE_HANDOFF):
-            consumer = torch.cuda.current_stream(self.gpu) if stream is not None else None
-            if out is not None and consumer is not None:
-                stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                surface = self._surface(frame, stream)
-                expected = (info.height * 3 // 2, info.width)
-                if tuple(surface.shape) != expected or surface.dtype not in (torch.uint8, torch.uint16, torch.int16):
-                    target = self._target
-                    self._reset(reusable=False)
-                    raise DecoderCapabilityError(
-                        f"{self._where(target)}: NVDEC returned a {surface.dtype} surface of shape "
-                        f"{tuple(surface.shape)} for frame {index}; expected NV12/P016 {expected}. Decode this "
-                        "file with decode_device='cpu'."
-                    )
-                with nvtx_range(RANGE_COLOR_CONVERT):
-                    result = (
-                        nv12_to_rgb(surface, spec, out=out, layout=self.layout)
-                        if spec is not None
-                        else nv12_to_rgb(surface, out=out, layout=self.layout)
-                    )
-            if consumer is not None:
-                consumer.wait_stream(stream)
-                if out is None:
-                    result.record_stream(consumer)
+        stream = session.stream
+        consumer = self.memory.current_stream(self.gpu)
+        if out is not None:
+            stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
+        with torch.cuda.stream(stream):
+            surface = self._import(frame, stream)
+            if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+                raise self._surface_error(surface, index)
+            result = convert(surface, out)
+        consumer.wait_stream(stream)
+        if out is None:
+            result.record_stream(consumer)
         return result
 
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
+
+
+def prepare_decoders(
+    files: list[tuple[Path, VideoInfo | None]],
+    count: int,
+    *,
+    gpu: int,
+    pool: DecoderPool | None = None,
+    memory: FrameMemory | None = None,
+    latency: LatencyChoice = "native",
+) -> int:
+    """Create ``count`` decoders per format of ``files`` on the calling thread's stream, ready in ``pool``.
+
+    NVDEC allocates a decoder's surfaces outside torch's allocator when the decoder meets its first
+    sequence header, and running out of GPU memory there ends the process instead of raising. So
+    the decoders a decode thread will need are created here, before training starts: for each file
+    (one per format: codec, size, bit depth), ``count`` decoders each decode the file's first frame
+    and go back to the pool (flushed), where the thread's later files find them. Files that cannot
+    be decoded are skipped here: they fail, or fall back to the CPU, when they are read.
+
+    Args:
+        files: One ``(path, frame table)`` per format to prepare for.
+        count: Decoders per format (the streams the calling thread decodes at once).
+        gpu: GPU ordinal.
+        pool: Where the decoders go (:func:`shared_decoder_pool` when None); it keeps at least
+            ``count`` idle decoders per format.
+        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
+        latency: The latency mode the thread's decoders will ask for (part of a decoder's key).
+
+    Returns:
+        The number of decoders created.
+
+    Example::
+
+        >>> prepare_decoders([(Path("clip/CAM_FRONT.mp4"), None)], 6, gpu=0)  # doctest: +SKIP
+        6
+    """
+    pool = pool if pool is not None else shared_decoder_pool()
+    pool.max_idle_per_key = max(pool.max_idle_per_key, count)
+    created = pool.stats["created"]
+    for path, info in files:
+        opened = [
+            NvDecoder(path, info=info, device=gpu, pool=pool, stream="current", memory=memory, latency=latency)
+            for _ in range(count)
+        ]
+        try:
+            for decoder in opened:
+                decoder.get(0)
+        except (DecoderCapabilityError, VideoDecodeError, OSError):
+            pass  # the file fails (or falls back to the CPU) when it is read, under the loader's error policy
+        finally:
+            for decoder in opened:
+                decoder.close()
+    return pool.stats["created"] - created

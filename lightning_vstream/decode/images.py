@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError
+from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError, VStreamWarning
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 
@@ -377,6 +377,7 @@ def decode_images(
         warnings.warn(
             "torchvision is not available: JPEG frames decode on the CPU with Pillow and are copied to the GPU. "
             "Install torchvision (matching this torch) to decode them on the GPU with nvJPEG.",
+            VStreamWarning,
             stacklevel=2,
         )
     if tv_io is not None:

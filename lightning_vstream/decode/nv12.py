@@ -1,4 +1,4 @@
-"""YUV -> RGB conversion in torch, honouring the stream's colour matrix and range, on any device.
+"""YUV -> RGB conversion of NVDEC's frames, honouring the stream's colour matrix and range, on any device.
 
 NVDEC hands out frames in their native layout: NV12 (8-bit 4:2:0: a ``H x W`` luma plane followed
 by ``H/2`` rows of interleaved U,V samples) or P016 (the same with 16-bit samples, 10-bit data in
@@ -9,6 +9,12 @@ streams. Converting here, with the rules FFmpeg applies, makes GPU and CPU frame
 Chroma is upsampled by repeating each sample (nearest neighbour), as NVIDIA's conversion kernels
 do; FFmpeg's swscale interpolates, so GPU and CPU frames differ by a few levels at colour edges
 (see ``docs/gpu.md`` for the measured tolerance).
+
+Two implementations compute the same thing: one fused Triton kernel
+(:mod:`lightning_vstream.decode.nv12_kernel`: one launch per frame, written straight into the
+batch row), used on CUDA tensors when Triton imports, and a torch one (:func:`torch_nv12_to_rgb`),
+the fallback and the reference. Decoders build a :class:`Nv12Converter` once per file, so a frame
+costs one call.
 
 Example::
 
@@ -21,17 +27,29 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ColorSpec", "Matrix", "color_spec_from_stream", "nv12_to_rgb"]
+__all__ = [
+    "Backend",
+    "ColorSpec",
+    "Matrix",
+    "Nv12Converter",
+    "coefficients",
+    "color_spec_from_stream",
+    "nv12_to_rgb",
+    "torch_nv12_to_rgb",
+]
 
 Matrix = Literal["bt601", "bt709", "bt2020"]
+#: ``"auto"``: the Triton kernel on CUDA tensors when Triton imports, torch otherwise.
+Backend = Literal["auto", "triton", "torch"]
 
 #: (Kr, Kb) luma weights of each matrix.
 _WEIGHTS: dict[str, tuple[float, float]] = {
@@ -87,8 +105,18 @@ def color_spec_from_stream(colorspace: int | None, color_range: int | None, pix_
     return ColorSpec(matrix, full_range=full)  # type: ignore[arg-type]
 
 
-def _coefficients(spec: ColorSpec) -> tuple[float, float, float, float, float, float, float]:
-    """Scale and offsets turning 8-bit-scale codes into RGB on 0..255: (ys, yo, cs, r_v, g_u, g_v, b_u)."""
+@functools.lru_cache(maxsize=64)
+def coefficients(spec: ColorSpec) -> tuple[float, float, float, float, float, float]:
+    """``(y_offset, y_scale, r_v, g_u, g_v, b_u)`` turning 8-bit-scale codes into RGB on 0..255.
+
+    ``R = (Y - y_offset) * y_scale + (V - 128) * r_v``, ``G = ... + (U - 128) * g_u + (V - 128) * g_v``,
+    ``B = ... + (U - 128) * b_u``.
+
+    Example::
+
+        >>> [round(c, 4) for c in coefficients(ColorSpec("bt601", full_range=True))]
+        [0.0, 1.0, 1.402, -0.3441, -0.7141, 1.772]
+    """
     kr, kb = _WEIGHTS[spec.matrix]
     kg = 1.0 - kr - kb
     if spec.full_range:
@@ -99,7 +127,140 @@ def _coefficients(spec: ColorSpec) -> tuple[float, float, float, float, float, f
     b_u = 2.0 * (1.0 - kb) * c_scale
     g_u = -2.0 * kb * (1.0 - kb) / kg * c_scale
     g_v = -2.0 * kr * (1.0 - kr) / kg * c_scale
-    return y_scale, y_offset, c_scale, r_v, g_u, g_v, b_u
+    return y_offset, y_scale, r_v, g_u, g_v, b_u
+
+
+def _frame_size(nv12: torch.Tensor) -> tuple[int, int]:
+    """``(height, width)`` of an NV12 / P016 tensor; raises if it is not one."""
+    import torch
+
+    if nv12.dim() != 2 or nv12.shape[0] % 3 or nv12.shape[1] % 2:
+        raise DecoderCapabilityError(
+            f"expected an NV12 frame of shape [1.5 * H, W] with even H and W, got {tuple(nv12.shape)}; "
+            "only 4:2:0 streams convert on the GPU (decode 4:2:2 / 4:4:4 files with decode_device='cpu')."
+        )
+    height = nv12.shape[0] * 2 // 3
+    if height % 2:
+        raise DecoderCapabilityError(f"NV12 frame of shape {tuple(nv12.shape)} has an odd height {height}.")
+    if nv12.dtype not in (torch.uint8, torch.uint16, torch.int16):
+        raise DecoderCapabilityError(f"NV12/P016 frames are 8- or 16-bit, got dtype {nv12.dtype}.")
+    return height, int(nv12.shape[1])
+
+
+def torch_nv12_to_rgb(
+    nv12: torch.Tensor, coeffs: tuple[float, float, float, float, float, float], out: torch.Tensor, *, chw: bool
+) -> None:
+    """The torch conversion (fallback and reference): ``nv12`` into ``out``, same arithmetic as the kernel."""
+    import torch
+
+    height = nv12.shape[0] * 2 // 3
+    width = nv12.shape[1]
+    if nv12.dtype == torch.uint8:
+        planes = nv12.float()
+    else:  # P016 stores 10/12-bit samples in the high bits: x / 256 gives the 8-bit scale, fractions kept.
+        planes = nv12.view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF).float().mul_(1.0 / 256.0)
+    y_offset, y_scale, r_v, g_u, g_v, b_u = coeffs
+    luma = planes[:height].sub_(y_offset).mul_(y_scale)  # planes is a fresh float copy: in place is safe
+    half_h, half_w = height // 2, width // 2
+    uv = planes[height:].view(half_h, half_w, 2).permute(2, 0, 1)  # (2, H/2, W/2)
+    # Nearest-neighbour upsampling as one expand + copy (repeat_interleave costs more launches).
+    uv = uv[:, :, None, :, None].expand(2, half_h, 2, half_w, 2).reshape(2, height, width).sub_(128.0)
+    u, v = uv[0], uv[1]
+    rgb = torch.empty((3, height, width), dtype=torch.float32, device=nv12.device)
+    torch.add(luma, v, alpha=r_v, out=rgb[0])
+    torch.add(luma, u, alpha=g_u, out=rgb[1]).add_(v, alpha=g_v)
+    torch.add(luma, u, alpha=b_u, out=rgb[2])
+    rgb = rgb.add_(0.5).floor_().clamp_(0.0, 255.0)
+    out.copy_(rgb if chw else rgb.permute(1, 2, 0))
+
+
+class Nv12Converter:
+    """Converts every frame of one stream (one size, bit depth, matrix and range) with one call per frame.
+
+    Everything that does not change from frame to frame (coefficients, the backend, the expected
+    shapes) is settled here, once per file; a call then launches the conversion, nothing else.
+
+    Args:
+        spec: Matrix and range of the stream.
+        height: Frame height.
+        width: Frame width.
+        layout: ``"chw"`` or ``"hwc"`` for the RGB frames.
+        device: Where the frames are (a CUDA device selects the Triton kernel under ``"auto"``).
+        backend: ``"auto"``, ``"triton"`` or ``"torch"``. ``"triton"`` on CPU tensors needs
+            ``TRITON_INTERPRET=1`` (Triton's interpreter).
+
+    Raises:
+        MissingDependencyError: ``backend="triton"`` but Triton does not import.
+
+    Example::
+
+        >>> import torch
+        >>> convert = Nv12Converter(ColorSpec(), 4, 4, device=torch.device("cpu"))
+        >>> convert(torch.full((6, 4), 128, dtype=torch.uint8)).shape, convert.backend
+        (torch.Size([3, 4, 4]), 'torch')
+    """
+
+    def __init__(
+        self,
+        spec: ColorSpec,
+        height: int,
+        width: int,
+        *,
+        layout: Literal["chw", "hwc"] = "chw",
+        device: Any = None,
+        backend: Backend = "auto",
+    ) -> None:
+        import torch
+
+        from lightning_vstream.decode.nv12_kernel import triton_available
+
+        if backend not in ("auto", "triton", "torch"):
+            raise ConfigurationError(f"backend={backend!r} is not supported; use 'auto', 'triton' or 'torch'.")
+        if layout not in ("chw", "hwc"):
+            raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+        elif backend == "triton" and not triton_available():
+            from lightning_vstream.errors import MissingDependencyError
+
+            raise MissingDependencyError(
+                "backend='triton' needs Triton (CUDA builds of torch ship it): `pip install triton`, or use "
+                "backend='torch'."
+            )
+        self.backend: str = backend
+        self.spec = spec
+        self.height = height
+        self.width = width
+        self.chw = layout == "chw"
+        self.shape = (3, height, width) if self.chw else (height, width, 3)
+        self._coeffs = coefficients(spec)
+        if backend == "triton":
+            from lightning_vstream.decode.nv12_kernel import launch_nv12_to_rgb
+
+            self._launch: Any = launch_nv12_to_rgb
+        else:
+            self._launch = None
+
+    def __call__(self, nv12: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Convert ``nv12`` (``[1.5 H, W]``, uint8 or 16-bit) into ``out`` (a new tensor when None)."""
+        if out is None:
+            import torch
+
+            out = torch.empty(self.shape, dtype=torch.uint8, device=nv12.device)
+        if self._launch is not None:
+            surface = nv12 if nv12.element_size() == 1 else nv12.view(_int16())
+            self._launch(surface, out, self._coeffs, height=self.height, width=self.width, chw=self.chw)
+        else:
+            torch_nv12_to_rgb(nv12, self._coeffs, out, chw=self.chw)
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _int16() -> Any:
+    import torch
+
+    return torch.int16
 
 
 def nv12_to_rgb(
@@ -108,6 +269,7 @@ def nv12_to_rgb(
     *,
     out: torch.Tensor | None = None,
     layout: Literal["chw", "hwc"] = "chw",
+    backend: Backend = "auto",
 ) -> torch.Tensor:
     """Convert one NV12 (uint8) or P016 (uint16 / int16) frame to uint8 RGB, on the frame's device.
 
@@ -118,6 +280,8 @@ def nv12_to_rgb(
         out: Where to write the result (``[3, H, W]`` or ``[H, W, 3]`` uint8, any strides), so
             a frame can land straight in its row of a batch; a new tensor when None.
         layout: ``"chw"`` or ``"hwc"`` for the result.
+        backend: ``"auto"`` (the Triton kernel on CUDA tensors when Triton imports, else torch),
+            ``"triton"`` or ``"torch"``.
 
     Returns:
         The RGB frame (``out`` when given).
@@ -132,43 +296,10 @@ def nv12_to_rgb(
         >>> nv12_to_rgb(torch.zeros(12, 8, dtype=torch.uint8)).shape
         torch.Size([3, 8, 8])
     """
-    import torch
-
-    if nv12.dim() != 2 or nv12.shape[0] % 3 or nv12.shape[1] % 2:
-        raise DecoderCapabilityError(
-            f"expected an NV12 frame of shape [1.5 * H, W] with even H and W, got {tuple(nv12.shape)}; "
-            "only 4:2:0 streams convert on the GPU (decode 4:2:2 / 4:4:4 files with decode_device='cpu')."
+    height, width = _frame_size(nv12)
+    convert = Nv12Converter(spec, height, width, layout=layout, device=nv12.device, backend=backend)
+    if out is not None and tuple(out.shape) != convert.shape:
+        raise ConfigurationError(
+            f"out has shape {tuple(out.shape)} but the converted frame is {convert.shape} ({layout})."
         )
-    height = nv12.shape[0] * 2 // 3
-    width = nv12.shape[1]
-    if height % 2:
-        raise DecoderCapabilityError(f"NV12 frame of shape {tuple(nv12.shape)} has an odd height {height}.")
-    if nv12.dtype == torch.uint8:
-        planes = nv12.float()
-    elif nv12.dtype in (torch.uint16, torch.int16):
-        # P016 stores 10/12-bit samples in the high bits: /256 gives the 8-bit scale, fractions kept.
-        planes = nv12.view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).float() / 256.0
-    else:
-        raise DecoderCapabilityError(f"NV12/P016 frames are 8- or 16-bit, got dtype {nv12.dtype}.")
-    y_scale, y_offset, _, r_v, g_u, g_v, b_u = _coefficients(spec)
-    # Few, simple kernels: this runs once per frame on the decode threads' streams.
-    luma = planes[:height].sub_(y_offset).mul_(y_scale)  # planes is a fresh float copy: in place is safe
-    half_h, half_w = height // 2, width // 2
-    uv = planes[height:].view(half_h, half_w, 2).permute(2, 0, 1)  # (2, H/2, W/2)
-    # Nearest-neighbour upsampling as one expand + copy (repeat_interleave costs more launches).
-    uv = uv[:, :, None, :, None].expand(2, half_h, 2, half_w, 2).reshape(2, height, width).sub_(128.0)
-    u, v = uv[0], uv[1]
-    rgb = torch.empty((3, height, width), dtype=torch.float32, device=nv12.device)
-    torch.add(luma, v, alpha=r_v, out=rgb[0])
-    torch.add(luma, u, alpha=g_u, out=rgb[1]).add_(v, alpha=g_v)
-    torch.add(luma, u, alpha=b_u, out=rgb[2])
-    rgb = rgb.round_().clamp_(0.0, 255.0)
-    if layout == "hwc":
-        rgb = rgb.permute(1, 2, 0)
-    if out is None:
-        return rgb.to(torch.uint8, memory_format=torch.contiguous_format)
-    expected = (3, height, width) if layout == "chw" else (height, width, 3)
-    if tuple(out.shape) != expected:
-        raise ConfigurationError(f"out has shape {tuple(out.shape)} but the converted frame is {expected} ({layout}).")
-    out.copy_(rgb)
-    return out
+    return convert(nv12, out)

@@ -5,11 +5,12 @@ and their reuse, packets, and a one-time probe.
   colour) and comes from PyAV's view of the file (:func:`stream_format`).
 - :func:`decoder_caps` / :func:`check_decodable` ask NVDEC (``GetDecoderCaps``) whether a format is
   decodable on a GPU and raise :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the
-  limit otherwise.
+  limit otherwise. The question is asked in a child process that sees only that GPU, since
+  PyNvVideoCodec asks device 0 whatever GPU it is given.
 - :class:`DecoderKey` and :class:`DecoderPool` reuse decoders between files: a key holds everything
-  ``CreateDecoder`` fixes (GPU, codec, size, bit depth, chroma, output format, latency), because
-  PyNvVideoCodec refuses to reconfigure a decoder across a bit-depth change.
-- :func:`create_session` creates a decoder on its *own* CUDA stream (never the NULL stream, which
+  ``CreateDecoder`` fixes (GPU, codec, size, bit depth, chroma, output format, latency, stream),
+  because PyNvVideoCodec refuses to reconfigure a decoder across a bit-depth change.
+- :func:`create_session` creates a decoder on a CUDA stream that is not the NULL stream (which
   would synchronise after every frame) in the primary context torch uses.
 - :func:`probe_nvdec` decodes one frame in a subprocess, once per GPU and process: a CUDA fault
   inside PyNvVideoCodec ends the process instead of raising, so it is found at setup, not hours
@@ -21,6 +22,7 @@ Nothing here imports PyNvVideoCodec at module level.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
@@ -34,11 +36,14 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.device import FrameMemory
 from lightning_vstream.decode.nv12 import ColorSpec, color_spec_from_stream
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingFileError
 
 __all__ = [
+    "CAPS_BIT_DEPTHS",
     "NVDEC_CODECS",
+    "PROBE_REPORT",
     "DecoderCaps",
     "DecoderKey",
     "DecoderPool",
@@ -46,10 +51,13 @@ __all__ = [
     "PacketSource",
     "Session",
     "StreamFormat",
+    "caps_key",
     "check_decodable",
+    "child_env",
     "create_session",
     "decoder_caps",
     "frame_pts",
+    "gpu_caps",
     "num_decoder_engines",
     "packet_data",
     "probe_nvdec",
@@ -65,6 +73,8 @@ NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8
 _ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
 _CHROMA_NAMES = {"400": "Monochrome", "420": "420", "422": "422", "444": "444"}
 CHECKSUM_FIX = "(the file changed or is corrupt): restore it, or rebuild the index with `vstream index`."
+#: Prefix of the JSON line a probe child prints (see :mod:`lightning_vstream.decode.nvdec_probe`).
+PROBE_REPORT = "NVDEC_PROBE "
 
 T = TypeVar("T")
 
@@ -86,7 +96,13 @@ class StreamFormat:
     bit_depth: int = 8
     chroma: str = "420"  # "400", "420", "422" or "444"
     color: ColorSpec = field(default_factory=ColorSpec)
-    reorders: bool = True  # frames may leave the decoder out of decode order (B-frames)
+    #: Frames decoding runs ahead of presentation (0: no B-frame reordering); None when unknown.
+    reorder_depth: int | None = None
+
+    @property
+    def reorders(self) -> bool:
+        """Whether frames may leave the decoder out of decode order (True when unknown)."""
+        return self.reorder_depth != 0
 
 
 def _pix_fmt_layout(pix_fmt: str) -> tuple[int, str]:
@@ -105,13 +121,19 @@ def _pix_fmt_layout(pix_fmt: str) -> tuple[int, str]:
 
 
 def stream_format(stream: Any, info: VideoInfo) -> StreamFormat:
-    """The :class:`StreamFormat` of a PyAV video stream (sizes from the frame table)."""
+    """The :class:`StreamFormat` of a PyAV video stream (sizes and reordering from the frame table).
+
+    Reordering comes from the frame table's ``reorder_depth``, measured from the packets when the
+    index was built, not from the codec header's ``has_b_frames``: that is a guess, 0 on some
+    camera H.264 that has B-frames.
+    """
     ctx = stream.codec_context
     pix_fmt = str(ctx.pix_fmt or "yuv420p")
     depth, chroma = _pix_fmt_layout(pix_fmt)
     color = color_spec_from_stream(getattr(ctx, "colorspace", None), getattr(ctx, "color_range", None), pix_fmt)
-    reorders = int(getattr(ctx, "has_b_frames", 1) or 0) > 0
-    return StreamFormat(info.codec, info.width, info.height, depth, chroma, color, reorders)
+    # The codec, not the decoder PyAV picked for it (AV1 files report "libdav1d").
+    codec = str(getattr(ctx.codec, "canonical_name", None) or info.codec)
+    return StreamFormat(codec, info.width, info.height, depth, chroma, color, info.reorder_depth)
 
 
 # -- capabilities --------------------------------------------------------------------------------
@@ -127,43 +149,10 @@ class DecoderCaps:
     max_height: int
     max_macroblocks: int
 
-
-_caps_cache: dict[tuple[int, str, str, int], DecoderCaps] = {}
-_caps_lock = threading.Lock()
-
-
-def decoder_caps(nvc: ModuleType, gpu: int, codec: str, chroma: str = "420", bit_depth: int = 8) -> DecoderCaps:
-    """NVDEC's capabilities for a format on ``gpu`` (asked once per process and format).
-
-    Args:
-        nvc: The PyNvVideoCodec module.
-        gpu: GPU ordinal.
-        codec: FFmpeg codec name (``"hevc"``...).
-        chroma: ``"400"``, ``"420"``, ``"422"`` or ``"444"``.
-        bit_depth: Bits per sample.
-
-    Example::
-
-        >>> decoder_caps(PyNvVideoCodec, 0, "hevc").engines  # doctest: +SKIP
-        7
-    """
-    key = (gpu, codec, chroma, bit_depth)
-    with _caps_lock:
-        cached = _caps_cache.get(key)
-    if cached is not None:
-        return cached
-    if codec not in NVDEC_CODECS:
-        caps = DecoderCaps(False, 0, 0, 0, 0, 0, 0)
-    else:
-        raw = dict(
-            nvc.GetDecoderCaps(
-                gpuid=gpu,
-                codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec]),
-                chromaformat=getattr(nvc.cudaVideoChromaFormat, _CHROMA_NAMES.get(chroma, "420")),
-                bitdepth=bit_depth,
-            )
-        )
-        caps = DecoderCaps(
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DecoderCaps:
+        """From the dictionary ``GetDecoderCaps`` returns."""
+        return cls(
             supported=bool(raw.get("supported", 0)),
             engines=int(raw.get("num_decoder_engines", 0)),
             min_width=int(raw.get("width_min", 0)),
@@ -172,23 +161,157 @@ def decoder_caps(nvc: ModuleType, gpu: int, codec: str, chroma: str = "420", bit
             max_height=int(raw.get("height_max", 0)),
             max_macroblocks=int(raw.get("mb_num_max", 0)),
         )
+
+
+_UNSUPPORTED = DecoderCaps(False, 0, 0, 0, 0, 0, 0)
+#: Bit depths the capability table is asked for (4:2:0 only: the GPU path converts nothing else).
+CAPS_BIT_DEPTHS = (8, 10, 12)
+_caps_tables: dict[int, dict[str, DecoderCaps]] = {}
+_caps_lock = threading.Lock()
+Runner = Callable[[list[str], float, dict[str, str]], "subprocess.CompletedProcess[str]"]
+
+
+def caps_key(codec: str, bit_depth: int) -> str:
+    """Key of a 4:2:0 format in a GPU's capability table (``"hevc/8"``)."""
+    return f"{codec}/{bit_depth}"
+
+
+def decoder_caps(
+    gpu: int,
+    codec: str,
+    chroma: str = "420",
+    bit_depth: int = 8,
+    *,
+    runner: Runner | None = None,
+    timeout: float = 180.0,
+) -> DecoderCaps:
+    """NVDEC's capabilities for a format on ``gpu``, without touching any other GPU.
+
+    PyNvVideoCodec's ``GetDecoderCaps(gpuid=N)`` creates a context on device 0 and asks it,
+    whatever ``N`` is: under DDP every rank would touch GPU 0 (and fail on exclusive-process
+    GPUs), and every rank would be told GPU 0's limits. So the table of every codec and bit depth
+    is asked once per GPU and process, in a child process that sees only that GPU
+    (``CUDA_VISIBLE_DEVICES``), where it is device 0 (see :func:`gpu_caps`).
+
+    Args:
+        gpu: GPU ordinal in this process.
+        codec: FFmpeg codec name (``"hevc"``...).
+        chroma: ``"400"``, ``"420"``, ``"422"`` or ``"444"``; only 4:2:0 is asked (the GPU path
+            converts nothing else), every other chroma format is reported unsupported.
+        bit_depth: Bits per sample.
+        runner: Runs ``(command, timeout, env)`` (tests inject one).
+        timeout: Seconds to wait for the child.
+
+    Example::
+
+        >>> decoder_caps(0, "hevc").engines  # doctest: +SKIP
+        7
+    """
+    if codec not in NVDEC_CODECS or chroma != "420" or bit_depth not in CAPS_BIT_DEPTHS:
+        return _UNSUPPORTED
+    return gpu_caps(gpu, runner=runner, timeout=timeout).get(caps_key(codec, bit_depth), _UNSUPPORTED)
+
+
+def child_env(gpu: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process that sees only GPU ``gpu`` of this process, as its device 0.
+
+    Example::
+
+        >>> child_env(1, {"CUDA_VISIBLE_DEVICES": "4,6"})["CUDA_VISIBLE_DEVICES"]
+        '6'
+    """
+    env = dict(os.environ if environ is None else environ)
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if not 0 <= gpu < len(entries):
+            raise DecoderCapabilityError(
+                f"GPU {gpu} is not visible to this process (CUDA_VISIBLE_DEVICES={visible!r}); check the "
+                "device the rank was given."
+            )
+        env["CUDA_VISIBLE_DEVICES"] = entries[gpu]
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def _child_report(result: subprocess.CompletedProcess[str]) -> dict[str, Any] | None:
+    """The JSON line a probe child printed (``NVDEC_PROBE {...}``), or None."""
+    for line in (result.stdout or "").splitlines():
+        if line.startswith(PROBE_REPORT):
+            try:
+                report = json.loads(line[len(PROBE_REPORT) :])
+            except json.JSONDecodeError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def _store_caps(gpu: int, report: dict[str, Any]) -> dict[str, DecoderCaps]:
+    table = {str(k): DecoderCaps.from_dict(v) for k, v in dict(report.get("caps") or {}).items()}
     with _caps_lock:
-        _caps_cache[key] = caps
-    return caps
+        _caps_tables[gpu] = table
+    return table
 
 
-def num_decoder_engines(nvc: ModuleType, gpu: int, codec: str = "hevc") -> int:
+def gpu_caps(gpu: int, *, runner: Runner | None = None, timeout: float = 180.0) -> dict[str, DecoderCaps]:
+    """NVDEC's capability table of ``gpu`` (:func:`caps_key` -> :class:`DecoderCaps`), asked once per process.
+
+    Filled by :func:`probe_nvdec` when it has run; otherwise a child process asks only for the
+    table (``python -m lightning_vstream.decode.nvdec_probe --caps-only``).
+
+    Raises:
+        DecoderCapabilityError: The child failed or timed out; the message holds its output.
+    """
+    with _caps_lock:
+        cached = _caps_tables.get(gpu)
+        if cached is not None:
+            return cached
+        cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe", "--caps-only"]
+        report = _run_child(gpu, cmd, timeout, runner, "asking NVDEC's capabilities")
+        table = {str(k): DecoderCaps.from_dict(v) for k, v in dict(report.get("caps") or {}).items()}
+        _caps_tables[gpu] = table
+        return table
+
+
+def _run_child(gpu: int, cmd: list[str], timeout: float, runner: Runner | None, what: str) -> dict[str, Any]:
+    """Run a probe child on ``gpu`` alone; its report, or an error holding its output."""
+    env = child_env(gpu)
+    try:
+        result = (runner or _run)(cmd, timeout, env)
+    except subprocess.TimeoutExpired:
+        raise DecoderCapabilityError(
+            f"{what} on GPU {gpu} did not finish within {timeout:g} s (`{' '.join(cmd[1:])}`); check the driver "
+            "(nvidia-smi), or pass gpu=GpuOptions(probe=False) to skip the decoding probe."
+        ) from None
+    report = _child_report(result)
+    if result.returncode != 0 or report is None or report.get("status") != "ok":
+        tail = ((result.stdout or "") + (result.stderr or "")).strip()[-1500:]
+        raise DecoderCapabilityError(
+            f"{what} on GPU {gpu} failed in a child process (exit code {result.returncode}); GPU decoding would "
+            f"fail the same way in training. Its output:\n{tail}\n"
+            "Check the NVIDIA driver and PyNvVideoCodec install (docs/gpu.md, `vstream doctor`), or use "
+            "decode_device='cpu'."
+        )
+    return report
+
+
+def num_decoder_engines(gpu: int, codec: str = "hevc", *, runner: Runner | None = None) -> int:
     """Number of NVDEC engines on ``gpu`` (at least 1)."""
-    return max(1, decoder_caps(nvc, gpu, codec).engines)
+    return max(1, decoder_caps(gpu, codec, runner=runner).engines)
 
 
-def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) -> DecoderCaps:
+def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner | None = None) -> DecoderCaps:
     """Raise :class:`DecoderCapabilityError` unless NVDEC on ``gpu`` decodes ``fmt``.
 
     Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
     :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
     """
-    fix = "decode this file with decode_device='cpu', or pass gpu_fallback='cpu' to decode such files on the CPU."
+    fix = "decode this file with decode_device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
     label = f"{fmt.codec} {fmt.width}x{fmt.height} {fmt.bit_depth}-bit 4:{fmt.chroma[1]}:{fmt.chroma[2]}"
     if fmt.codec not in NVDEC_CODECS:
         raise DecoderCapabilityError(
@@ -197,7 +320,7 @@ def check_decodable(nvc: ModuleType, gpu: int, fmt: StreamFormat, where: str) ->
         )
     if fmt.chroma != "420":
         raise DecoderCapabilityError(f"{where} is {label}: the GPU path converts only 4:2:0 frames; {fix}")
-    caps = decoder_caps(nvc, gpu, fmt.codec, fmt.chroma, fmt.bit_depth)
+    caps = decoder_caps(gpu, fmt.codec, fmt.chroma, fmt.bit_depth, runner=runner)
     if not caps.supported:
         raise DecoderCapabilityError(f"{where} is {label}, which NVDEC on GPU {gpu} cannot decode; {fix}")
     if not (caps.min_width <= fmt.width <= caps.max_width and caps.min_height <= fmt.height <= caps.max_height):
@@ -226,6 +349,9 @@ class DecoderKey:
     chroma: str = "420"
     color: str = "NATIVE"  # PyNvVideoCodec OutputColorType member
     latency: Latency = "NATIVE"
+    #: Handle of the CUDA stream the decoder was created on, when its user chose the stream
+    #: (the engine's decode threads); 0 for decoders that own a stream of their own.
+    stream: int = 0
 
 
 class DecoderPool:
@@ -332,20 +458,22 @@ class Session:
     """A PyNvVideoCodec decoder and the CUDA stream its work and our conversions run on."""
 
     decoder: Any
-    stream: Any  # torch.cuda.Stream; None only with test doubles on machines without CUDA
+    stream: Any  # torch.cuda.Stream, or a stream of FrameMemory.new_stream (anything with cuda_stream)
     key: DecoderKey | None = None
 
 
-def create_session(nvc: ModuleType, key: DecoderKey) -> Session:
-    """Create a decoder for ``key`` on a new CUDA stream of its own, in torch's primary context."""
-    import torch
+def create_session(nvc: ModuleType, key: DecoderKey, memory: FrameMemory, stream: Any = None) -> Session:
+    """Create a decoder for ``key`` in torch's primary context, on ``stream`` or a new stream of its own.
 
-    stream = torch.cuda.Stream(device=key.gpu) if torch.cuda.is_available() else None
+    Never on the NULL stream: PyNvVideoCodec then synchronises the whole device after every frame.
+    """
+    if stream is None:
+        stream = memory.new_stream(key.gpu)
     decoder = nvc.CreateDecoder(
         gpuid=key.gpu,
         codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[key.codec]),
         cudacontext=0,  # retain the device's primary context, which torch uses too
-        cudastream=stream.cuda_stream if stream is not None else 0,
+        cudastream=stream.cuda_stream,
         usedevicememory=True,
         maxwidth=key.width,
         maxheight=key.height,
@@ -409,115 +537,104 @@ class PacketSource:
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
 
-    def _check(self, packet: Any) -> None:
-        crcs = self.info.crc32
-        if crcs is None or packet.pts is None:
-            return
-        index = self.info.index_of_pts(packet.pts)
-        if index is not None and zlib.crc32(packet) != crcs[index]:
-            raise VideoDecodeError(
-                f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
-                f"index was built {CHECKSUM_FIX}"
-            )
-
     def packets(self) -> Iterator[Any]:
-        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer)."""
+        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
+
+        Each packet is checked against the frame table's CRC-32 (before the Annex-B filter
+        rewrites it); a mismatch raises :class:`~lightning_vstream.errors.VideoDecodeError`.
+        """
+        crcs = self.info.crc32
+        lookup = self.info.index_of_pts
+        crc32 = zlib.crc32
+        bsf = self._bsf
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
-            self._check(packet)
-            if self._bsf is None:
+            if crcs is not None:
+                pts = packet.pts
+                index = lookup(pts) if pts is not None else None
+                if index is not None and crc32(packet) != crcs[index]:
+                    raise VideoDecodeError(
+                        f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
+                        f"the index was built {CHECKSUM_FIX}"
+                    )
+            if bsf is None:
                 yield packet
             else:
-                yield from self._bsf.filter(packet)
+                yield from bsf.filter(packet)
 
     def close(self) -> None:
         self._container.close()
 
 
-def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: bool = False) -> tuple[Any, Any]:
-    """A PyNvVideoCodec ``PacketData`` pointing at ``packet``'s bytes, and the buffer to keep alive.
+def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: bool = False) -> Any:
+    """A PyNvVideoCodec ``PacketData`` pointing at a PyAV ``packet``'s bytes.
+
+    The packet owns the bytes: keep it alive until ``Decode`` has returned (the parser copies them).
 
     Raises:
         VideoDecodeError: The packet has no timestamp. NVDEC would hand its frame out with
             timestamp 0, which could be taken for frame 0.
     """
-    import numpy as np
-
     pts = packet.pts if packet.pts is not None else packet.dts
     if pts is None:
         raise VideoDecodeError(
             f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
             "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
         )
-    buffer = np.frombuffer(packet, dtype=np.uint8)
     data = nvc.PacketData()
-    data.bsl_data = int(buffer.ctypes.data)
-    data.bsl = int(buffer.size)
-    data.pts = int(pts)
+    data.bsl_data = packet.buffer_ptr
+    data.bsl = packet.buffer_size
+    data.pts = pts
     if end_of_picture:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
-        flag = nvc.VideoPacketFlag.ENDOFPICTURE
-        try:
-            data.decode_flag = flag
-        except TypeError:
-            data.decode_flag = int(flag)
-    return data, buffer
+        data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+    return data
 
 
-def frame_pts(frame: Any) -> int | None:
+def frame_pts(frame: Any) -> int:
     """The presentation timestamp PyNvVideoCodec attached to a decoded frame."""
-    get = getattr(frame, "getPTS", None)
-    value = get() if get is not None else getattr(frame, "timestamp", None)
-    return None if value is None else int(value)
+    return int(frame.getPTS())
 
 
 # -- one-time probe ------------------------------------------------------------------------------
-_probed: dict[int, str] = {}
+_probed: dict[int, dict[str, Any]] = {}
 _probe_lock = threading.Lock()
-Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def probe_nvdec(
+    gpu: int, *, timeout: float = 180.0, runner: Runner | None = None, force: bool = False
+) -> dict[str, Any]:
+    """Decode one 256x256 HEVC frame on ``gpu`` in a subprocess that sees only that GPU; raise if that fails.
 
-
-def probe_nvdec(gpu: int, *, timeout: float = 180.0, runner: Runner | None = None, force: bool = False) -> None:
-    """Decode one 256x256 HEVC frame on ``gpu`` in a subprocess; raise if that fails.
-
-    Runs once per GPU and process (later calls return at once). A CUDA fault inside PyNvVideoCodec
-    ends the process that meets it, so the probe runs in a child process and turns a crash into an
-    error the caller can read.
+    Runs once per GPU and process (later calls return the first report). A CUDA fault inside
+    PyNvVideoCodec ends the process that meets it, so the probe runs in a child process and turns
+    a crash into an error the caller can read. The child also reads NVDEC's capability table of
+    the GPU (see :func:`decoder_caps`), so no capability question touches another GPU.
 
     Args:
         gpu: GPU ordinal.
         timeout: Seconds to wait for the child.
-        runner: Runs ``(command, timeout)`` and returns a ``CompletedProcess`` (tests inject one).
+        runner: Runs ``(command, timeout, env)`` and returns a ``CompletedProcess`` (tests inject one).
         force: Probe again even if this GPU passed before.
+
+    Returns:
+        The child's report: PyNvVideoCodec and driver versions, the capability table, whether
+        the decoded pixels were checked.
 
     Raises:
         DecoderCapabilityError: The child failed, crashed or timed out; the message holds its output.
 
     Example::
 
-        >>> probe_nvdec(0)  # doctest: +SKIP
+        >>> probe_nvdec(0)["pixels"]  # doctest: +SKIP
+        'checked'
     """
     with _probe_lock:
         if not force and gpu in _probed:
-            return
-    cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe", str(gpu)]
-    try:
-        result = (runner or _run)(cmd, timeout)
-    except subprocess.TimeoutExpired:
-        raise DecoderCapabilityError(
-            f"the NVDEC probe on GPU {gpu} did not finish within {timeout:g} s (`{' '.join(cmd[1:])}`); check the "
-            "driver (nvidia-smi) or pass probe=False to skip it."
-        ) from None
-    if result.returncode != 0 or "NVDEC_PROBE_OK" not in (result.stdout or ""):
-        tail = ((result.stdout or "") + (result.stderr or "")).strip()[-1500:]
-        raise DecoderCapabilityError(
-            f"decoding one HEVC frame with NVDEC on GPU {gpu} failed in a child process (exit code "
-            f"{result.returncode}); GPU decoding would fail the same way in training. Its output:\n{tail}\n"
-            "Check the NVIDIA driver and PyNvVideoCodec install (docs/gpu.md), or use decode_device='cpu'."
-        )
+            return _probed[gpu]
+    cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe"]
+    report = _run_child(gpu, cmd, timeout, runner, "decoding one HEVC frame with NVDEC")
+    _store_caps(gpu, report)
     with _probe_lock:
-        _probed[gpu] = result.stdout
+        _probed[gpu] = report
+    return report

@@ -187,6 +187,7 @@ class GopDecoder(DecoderBase):
         self.threads = threads
         self._info = info
         self._rgb = RGBConverter(layout=layout, size=size, interpolation=interpolation)
+        self._sized: dict[tuple[int, int], RGBConverter] = {}  # more output sizes (get_sizes)
         self.size = self._rgb.size
         self._runs: GopRuns | None = None
         self._ctx: Any = None
@@ -262,9 +263,10 @@ class GopDecoder(DecoderBase):
 
         if self._ctx is not None:
             cpu._INHERITED_FFMPEG_OBJECTS.append((self._ctx, self._pending))
-        reformatter = self._rgb.release()
-        if reformatter is not None:
-            cpu._INHERITED_FFMPEG_OBJECTS.append(reformatter)
+        for converter in (self._rgb, *self._sized.values()):
+            reformatter = converter.release()
+            if reformatter is not None:
+                cpu._INHERITED_FFMPEG_OBJECTS.append(reformatter)
         self._ctx = None
         self._pending = {}
         self._held = {}  # the parent's fetcher: never released here
@@ -432,6 +434,10 @@ class GopDecoder(DecoderBase):
         self._target = index
 
     def read(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._rgb(self._read_frame(), out, self._where(self._target - 1))
+
+    def _read_frame(self) -> Any:
+        """The decoded frame at the cursor (the cursor moves past it)."""
         info = self._info
         target = self._target
         if target >= info.frame_count:
@@ -445,7 +451,7 @@ class GopDecoder(DecoderBase):
         if frame is None:
             frame = self._decode_to(target)
         self._target = target + 1
-        return self._rgb(frame, out, self._where(target))
+        return frame
 
     def _decode_to(self, target: int) -> Any:
         runs = self.runs
@@ -482,6 +488,23 @@ class GopDecoder(DecoderBase):
         """Return frame ``index`` (decoding forward within its GOP when that is where the decoder stands)."""
         self.seek(index)
         return self.read(out)
+
+    def get_sizes(
+        self, index: int, sizes: Sequence[tuple[int, int]], out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """Frame ``index`` as :meth:`get` returns it, and the same decoded frame at each of ``sizes``
+        (as :meth:`PyAVDecoder.get_sizes <lightning_vstream.decode.cpu.PyAVDecoder.get_sizes>`)."""
+        self.seek(index)
+        frame = self._read_frame()
+        image = self._rgb(frame, out, self._where(index))
+        converted = {}
+        for size in sizes:
+            converter = self._sized.get(size)
+            if converter is None:
+                converter = RGBConverter(layout=self._rgb.layout, size=size, interpolation=self._rgb.interpolation)
+                self._sized[size] = converter
+            converted[size] = converter(frame, None, self._where(index))
+        return image, converted
 
     def get_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
         """Frames ``indices`` (any order, repeats allowed); their GOPs are fetched together first."""

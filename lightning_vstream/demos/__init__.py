@@ -1,6 +1,63 @@
 """Synthetic stamped data, the end-to-end demo, and a tiny temporal model to train on it.
 
-- :mod:`~lightning_vstream.demos.synth`: stamped multi-camera datasets (every frame says which clip, camera and frame it is).
-- :mod:`~lightning_vstream.demos.demo`: ``vstream demo``.
-- :mod:`~lightning_vstream.demos.models`: :class:`TinyStreamPETR`, a stand-in for a real temporal model.
+- :func:`write_dataset`: a stamped multi-camera dataset (every frame says which clip, camera and
+  frame it is; :func:`read_stamp` reads it back), as ``vstream synth`` writes it;
+- :func:`run_demo`: ``vstream demo``;
+- :class:`TinyStreamPETR`: a stand-in for a real temporal model, with ``reset_temporal_state``.
+
+Names load on first access (the model imports lightning; the data writers do not).
+
+Example::
+
+    >>> from lightning_vstream.demos import write_dataset, TinyStreamPETR
+    >>> index_file = write_dataset("/tmp/stamped", clips=4, cameras=2, frames=12)  # doctest: +SKIP
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_vstream.demos.demo import DemoResult, run_demo
+    from lightning_vstream.demos.models import TinyStreamPETR
+    from lightning_vstream.demos.synth import Stamp, clip_name, clip_number, read_stamp, write_dataset
+    from lightning_vstream.demos.synth_annotations import write_synthetic_annotations
+
+_EXPORTS = {
+    "DemoResult": "lightning_vstream.demos.demo",
+    "Stamp": "lightning_vstream.demos.synth",
+    "TinyStreamPETR": "lightning_vstream.demos.models",
+    "clip_name": "lightning_vstream.demos.synth",
+    "clip_number": "lightning_vstream.demos.synth",
+    "read_stamp": "lightning_vstream.demos.synth",
+    "run_demo": "lightning_vstream.demos.demo",
+    "write_dataset": "lightning_vstream.demos.synth",
+    "write_synthetic_annotations": "lightning_vstream.demos.synth_annotations",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_vstream.demos' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = [
+    "DemoResult",
+    "Stamp",
+    "TinyStreamPETR",
+    "clip_name",
+    "clip_number",
+    "read_stamp",
+    "run_demo",
+    "write_dataset",
+    "write_synthetic_annotations",
+]

@@ -2,23 +2,27 @@
 
 The run shows the whole path a real job takes, in about a minute on two cores:
 
-1. build (or reuse from ``cache_dir``) a stamped dataset: 8 clips x 6 cameras of H.264 video,
-   each frame marked with its clip, camera and frame number (:mod:`lightning_vstream.demos.synth`);
-2. train :class:`~lightning_vstream.demos.models.TinyStreamPETR` with
-   :class:`~lightning_vstream.stream.datamodule.StreamVideoDataModule`, the
+1. build (or reuse from ``cache_dir``) a stamped dataset: 10 clips x 6 cameras of H.264 video,
+   each frame marked with its clip, camera and frame number (:mod:`lightning_vstream.demos.synth`),
+   split into 6 training clips (``train.json``) and 4 held-out validation clips (``val.json``);
+2. train :class:`~lightning_vstream.demos.models.TinyStreamPETR` for one epoch with
+   :class:`~lightning_vstream.StreamVideoDataModule`, the
    :class:`~lightning_vstream.callbacks.StreamThroughputMonitor` and the
-   :class:`~lightning_vstream.callbacks.TemporalStateReset` callbacks;
+   :class:`~lightning_vstream.callbacks.TemporalStateReset` callbacks, then validate once;
 3. check the stamp of every delivered camera-frame against the batch's ``clip_id`` and
    ``frame_index``, and every slot's annotations (token, ego pose, boxes) against the same
-   labels, and report frames/sec, data wait, decode amplification and the clips read.
+   labels, and report frames/sec, data wait, decode amplification, which clips and frames were
+   read and why, and how far the model's box centres are from the truth on the held-out clips,
+   next to a baseline that always guesses the mean centre of the training frames.
 
 The dataset carries synthetic annotations (:mod:`lightning_vstream.demos.synth_annotations`):
 calibration, ego poses and 3D boxes, delivered in ``batch["annotations"]``; the model regresses
-box centres from its temporal memory (``train/box_loss``).
+box centres from the frames and its temporal memory.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import lightning.pytorch as pl
+import torch
 
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError
 
@@ -40,7 +45,7 @@ __all__ = ["DemoResult", "run_demo"]
 
 #: The demo dataset. Bump CACHE_NAME when changing it, so that stale caches are not reused.
 DATASET: dict[str, Any] = {
-    "clips": 8,
+    "clips": 10,
     "cameras": 6,
     "frames": [24, 40, 32, 28],
     "size": (160, 96),
@@ -48,8 +53,12 @@ DATASET: dict[str, Any] = {
     "fps": 12.0,
     "annotations": True,
 }
-CACHE_NAME = "demo-v2"
+CACHE_NAME = "demo-v3"
 BATCH_SIZE = 4
+#: The last clips are held out for validation; the others are trained on.
+VAL_CLIPS = 4
+#: The model's settings for a run this short: a learning rate that moves within one epoch.
+MODEL: dict[str, Any] = {"lr": 0.01, "box_weight": 1.0}
 
 
 @dataclass
@@ -70,11 +79,17 @@ class DemoResult:
     clips_read: dict[str, tuple[int, int]] = field(default_factory=dict)
     metrics_file: Path | None = None
     annotations_checked: int = 0
-    box_loss: tuple[float, float] | None = None  # (first logged, last logged)
+    #: Mean distance (metres) of the predicted box centre from the true one, per held-out frame with boxes.
+    val_box_error: float | None = None
+    #: The same for a guess of the mean box centre of the training frames.
+    baseline_box_error: float | None = None
+    val_frames: int = 0
+    #: How the run covered the training clips, in words (one line each).
+    coverage: list[str] = field(default_factory=list)
 
 
 class _StampCheck(pl.Callback):
-    """Reads the stamp of every valid camera-frame of every training batch."""
+    """Reads the stamp of every valid camera-frame of every batch; measures box-centre errors on validation."""
 
     def __init__(self) -> None:
         self.frames_checked = 0
@@ -82,28 +97,61 @@ class _StampCheck(pl.Callback):
         self.slot_starts = 0
         self.clips: dict[str, tuple[int, int]] = {}
         self.annotations_checked = 0
-        self.box_losses: list[float] = []
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = getattr(pl_module, "last_box_loss", None)
-        if loss is not None:
-            self.box_losses.append(float(loss.detach()))
+        self._train_centres: list[torch.Tensor] = []
+        self._val: list[tuple[torch.Tensor, torch.Tensor]] = []  # (predicted, true) centres
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._check(batch, record=True)
+        centres, has = _with_boxes(batch)
+        if centres is not None:
+            self._train_centres.append(centres[has])
+
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._check(batch, record=False)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        predicted = getattr(pl_module, "last_box_prediction", None)
+        centres, has = _with_boxes(batch)
+        if predicted is not None and centres is not None:
+            self._val.append((predicted.cpu()[has], centres[has]))
+
+    def box_errors(self) -> tuple[float | None, float | None, int]:
+        """Mean centre error of the model and of the mean-centre guess on the validation frames, and their count."""
+        if not self._val or not self._train_centres:
+            return None, None, 0
+        predicted = torch.cat([p for p, _ in self._val])
+        true = torch.cat([t for _, t in self._val])
+        if not len(true):
+            return None, None, 0
+        guess = torch.cat(self._train_centres).mean(dim=0)
+        model = float((predicted - true).norm(dim=1).mean())
+        baseline = float((guess - true).norm(dim=1).mean())
+        return model, baseline, len(true)
+
+    def _check(self, batch: Any, *, record: bool) -> None:
         from lightning_vstream.demos.synth import clip_number, read_stamp
 
         frames = batch["frames"]
-        self.slot_starts += int(batch["is_first"].sum())
+        self.slot_starts += int((batch["is_first"] & batch["valid"]).sum())
         for slot in range(frames.shape[0]):
             if not bool(batch["valid"][slot]):
                 continue
             clip_id, frame = batch["clip_id"][slot], int(batch["frame_index"][slot])
-            low, high = self.clips.get(clip_id, (frame, frame))
-            self.clips[clip_id] = (min(low, frame), max(high, frame))
+            if record:
+                low, high = self.clips.get(clip_id, (frame, frame))
+                self.clips[clip_id] = (min(low, frame), max(high, frame))
             ann = batch.get("annotations")
             if ann is not None:
                 self.annotations_checked += 1
@@ -132,47 +180,103 @@ class _StampCheck(pl.Callback):
                     )
 
 
+def _with_boxes(batch: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """True box centres ``[B, 3]`` (CPU) and which valid slots have boxes."""
+    from lightning_vstream.demos.models import box_centres
+
+    centres, has = box_centres(batch)
+    if centres is None:
+        return None, has
+    return centres.cpu(), has.cpu() & batch["valid"].cpu()
+
+
+def _coverage(lengths: dict[str, int], steps: int) -> list[str]:
+    """In words: how ``steps`` training steps of epoch 0 cover the clips, and why some frames were not read."""
+    from lightning_vstream.stream.schedule import StreamSchedule
+
+    names = list(lengths)
+    plan = StreamSchedule(list(lengths.values()), batch_size=BATCH_SIZE, seed=0, epoch=0)
+    lines = [
+        f"{len(names)} training clips in {BATCH_SIZE} slots: an epoch is {plan.num_steps} steps, as long as the "
+        "shortest slot; the frames other slots hold beyond it wait for a later epoch, which deals the clips in a "
+        "new order (the drop remainder: every batch full, every DDP rank the same length)"
+    ]
+    if steps > plan.num_steps:
+        return [*lines, f"this run's {steps} steps went on into the next epoch, whose clip order is new"]
+    unread, rest, dropped = [], [], []
+    for slot in range(BATCH_SIZE):
+        start = 0
+        for segment in plan.slot_segments(slot):
+            name, end = names[segment.clip], start + segment.length
+            if end > plan.num_steps:  # the drop remainder
+                dropped.append(f"{name} frames {max(0, plan.num_steps - start)}-{segment.length - 1}")
+            if start >= steps:
+                unread.append(f"{name} (slot {slot}, from step {start})")
+            elif min(end, plan.num_steps) > steps:
+                rest.append(f"{name} from frame {steps - start}")
+            start = end
+    if unread or rest:
+        lines.append(
+            f"the run stopped at step {steps} of the {plan.num_steps}-step epoch (--steps {plan.num_steps} runs it "
+            f"whole); not read yet: {', '.join(unread + rest)}"
+        )
+    if dropped:
+        lines.append(f"left for a later epoch by the drop remainder: {', '.join(dropped)}")
+    return lines
+
+
+def _write_splits(root: Path) -> None:
+    """``train.json`` (all clips but the last ``VAL_CLIPS``) and ``val.json`` (those), each with its frame tables."""
+    from lightning_vstream.index import write_index_tables
+
+    ((video_dir, clips),) = json.loads((root / "index.json").read_text()).items()
+    names = sorted(clips)
+    for split, chosen in (("train", names[:-VAL_CLIPS]), ("val", names[-VAL_CLIPS:])):
+        path = root / f"{split}.json"
+        path.write_text(json.dumps({video_dir: {c: clips[c] for c in chosen}}, indent=2) + "\n")
+        write_index_tables(path, progress=False)
+
+
 def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
-    """The demo index under ``cache_dir``: reused when it loads, written (atomically) otherwise."""
+    """The demo dataset folder under ``cache_dir``: reused when its indexes load, written (atomically) otherwise."""
     from lightning_vstream.demos.synth import write_dataset
     from lightning_vstream.index import load_index
 
     root = cache_dir / CACHE_NAME
-    index_file = root / "index.json"
     spec = (
         f"{DATASET['clips']} clips x {DATASET['cameras']} cameras, {DATASET['size'][0]}x{DATASET['size'][1]} "
         f"H.264, GOP {DATASET['gop']}, {min(DATASET['frames'])}-{max(DATASET['frames'])} frames per clip"
     )
-    if index_file.exists():
+    split = f"{DATASET['clips'] - VAL_CLIPS} clips to train on, {VAL_CLIPS} held out for validation"
+    if (root / "val.json").exists():
         try:
-            index = load_index(index_file)
+            sizes = [len(load_index(root / name)) for name in ("train.json", "val.json")]
         except (ValueError, FileNotFoundError) as err:
             print(f"data     cached dataset in {root} is unusable ({err}); rebuilding it", file=out)
         else:
-            if (
-                len(index) == DATASET["clips"]
-                and len(index.camera_names) == DATASET["cameras"]
-                and (root / "annotations").is_dir()
-            ):
-                print(f"data     reused {spec}\n         from {root}", file=out)
-                return index_file, True
+            if sizes == [DATASET["clips"] - VAL_CLIPS, VAL_CLIPS] and (root / "annotations").is_dir():
+                print(_wrap(f"data     reused {spec} ({split}) from {root}"), file=out)
+                return root, True
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     # Written next to its final place and renamed, so an interrupted run leaves no half dataset.
     staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}-", dir=cache_dir))
     try:
         write_dataset(staging, jobs=min(4, os.cpu_count() or 1), **DATASET)
+        _write_splits(staging)
         if root.exists():
             shutil.rmtree(root)
         staging.rename(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(
-        f"data     generated {spec} in {time.perf_counter() - started:.1f} s\n         into {root} "
-        "(reused by the next run; delete the folder to rebuild)",
+        _wrap(
+            f"data     generated {spec} in {time.perf_counter() - started:.1f} s ({split}) into {root}; "
+            "the next run reuses it (delete the folder to rebuild)"
+        ),
         file=out,
     )
-    return index_file, False
+    return root, False
 
 
 @contextmanager
@@ -258,34 +362,37 @@ def run_demo(
     out = out if out is not None else sys.stdout
     cache_dir = Path(cache_dir).expanduser().resolve()
     print("vstream demo: multi-camera clips streamed frame by frame into a temporal model (CPU)\n", file=out)
-    index_file, reused = _dataset(cache_dir, out)
+    root, reused = _dataset(cache_dir, out)
 
     cameras = DATASET["cameras"]
     print(
         f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, "
-        f"{num_workers} decoding worker{'s' if num_workers != 1 else ''}",
+        f"{num_workers} decoding worker{'s' if num_workers != 1 else ''}; then one validation pass",
         file=out,
     )
     monitor = StreamThroughputMonitor(window=10, log_every_n_steps=min(10, steps), prog_bar=True)
     check = _StampCheck()
-    model = TinyStreamPETR()
+    pl.seed_everything(0, verbose=False)  # the model's initial weights too
+    model = TinyStreamPETR(**MODEL)
     dm = StreamVideoDataModule(
-        index_file=index_file,
+        index_file=root / "train.json",
+        val_index_file=root / "val.json",
         batch_size=BATCH_SIZE,
         num_workers=num_workers,
         seed=0,
         decoder_threads=1,
         persistent_workers=False,
-        annotations=index_file.parent / "annotations",
+        annotations=root / "annotations",
     )
     logger = CSVLogger(save_dir=cache_dir / "runs", name="demo")
     with _quiet_lightning(), _torch_threads(1):
-        pl.seed_everything(0, verbose=False)
         trainer = pl.Trainer(
             accelerator="cpu",
             devices=1,
             max_steps=steps,
             max_epochs=-1,
+            check_val_every_n_epoch=None,
+            val_check_interval=steps,  # validate once, when training ends
             logger=logger,
             callbacks=[monitor, TemporalStateReset(), check],
             enable_checkpointing=False,
@@ -300,8 +407,10 @@ def run_demo(
 
     summary = monitor.summary()
     metrics_file = Path(logger.log_dir) / "metrics.csv"
+    model_error, baseline_error, val_frames = check.box_errors()
+    lengths = {clip.clip_id: clip.frame_count for clip in dm.index("train").clips}
     result = DemoResult(
-        index_file=index_file,
+        index_file=root / "train.json",
         reused=reused,
         steps=trainer.global_step,
         frames_per_sec=summary["frames_per_sec"],
@@ -315,7 +424,10 @@ def run_demo(
         clips_read=dict(sorted(check.clips.items())),
         metrics_file=metrics_file if metrics_file.exists() else None,
         annotations_checked=check.annotations_checked,
-        box_loss=(check.box_losses[0], check.box_losses[-1]) if check.box_losses else None,
+        val_box_error=model_error,
+        baseline_box_error=baseline_error,
+        val_frames=val_frames,
+        coverage=_coverage(lengths, trainer.global_step),
     )
     _report(result, stats, out)
     if result.stamp_errors:
@@ -328,39 +440,50 @@ def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
     lines = [
         "",
         f"result   {result.frames_per_sec:.1f} camera-frames/s ({result.samples_per_sec:.1f} samples/s) over "
-        f"{result.steps} steps, end to end; the loop waited for data {result.data_wait_fraction:.0%} of the time",
+        f"{result.steps} training steps, end to end; the loop waited for data {result.data_wait_fraction:.0%} of the time",
         f"decode   amplification {result.decode_amplification:.2f}: {stats.frames_decoded} frames decoded for "
-        f"{stats.frames_delivered} delivered, {stats.seeks} seeks, {stats.files_opened} files opened",
+        f"{stats.frames_delivered} delivered in training, {stats.seeks} seeks, {stats.files_opened} files opened",
     ]
     if result.stamp_errors:
         lines.append(f"stamps   {len(result.stamp_errors)} of {result.frames_checked} frames carry the wrong stamp")
     else:
         lines.append(
-            f"stamps   {result.frames_checked} frames checked, all stamps correct "
+            f"stamps   {result.frames_checked} frames checked (training and validation), all stamps correct "
             "(clip, camera and frame read from the pixels)"
         )
     if result.annotations_checked:
-        trend = (
-            f"; box-centre loss {result.box_loss[0]:.2f} -> {result.box_loss[1]:.2f}"
-            if result.box_loss is not None
-            else ""
-        )
         lines.append(
-            f"targets  {result.annotations_checked} slot-frames' annotations (token, ego pose, boxes) match "
-            f"their frames{trend}"
+            f"targets  {result.annotations_checked} slot-frames' annotations (token, ego pose, boxes) match their frames"
+        )
+    if result.val_box_error is not None and result.baseline_box_error is not None:
+        lines.append(
+            _wrap(
+                f"boxes    held-out clips: box centres predicted {result.val_box_error:.1f} m from the true ones per "
+                f"frame ({result.val_frames} frames with boxes); guessing the training frames' mean centre: "
+                f"{result.baseline_box_error:.1f} m. A tiny model after {result.steps} steps: what this checks is "
+                "that every frame arrives with its own targets, not the detector."
+            )
         )
     lines.append(
         f"memory   {result.slots_reset} slot memories reset for {result.slot_starts} clip starts "
-        "(is_first), other slots kept theirs"
+        "(is_first, training and validation), other slots kept theirs"
     )
     clips = ", ".join(f"{clip} [{low}-{high}]" for clip, (low, high) in result.clips_read.items())
-    lines.append(f"clips    {len(result.clips_read)} read (frames): {clips}")
+    lines.append(_wrap(f"clips    {len(result.clips_read)} trained on (frames read): {clips}"))
+    lines.extend(_wrap(f"         {line}") for line in result.coverage)
     lines.append(f"source   {result.index_file} ({'reused from cache' if result.reused else 'generated now'})")
     if result.metrics_file is not None:
-        lines.append(f"metrics  train/* figures logged to {result.metrics_file}")
+        lines.append(f"metrics  train/* and val/* figures logged to {result.metrics_file}")
     lines.append(
-        "next     your data: `vstream index /path/to/videos`, then "
-        "`python examples/train_stream.py fit --config examples/configs/stream.yaml "
-        "--data.index_file /path/to/videos/index.json`"
+        "next     your data: `vstream index TRAIN_VIDEOS` and `vstream index VAL_VIDEOS`, then\n"
+        "         python examples/train_stream.py fit --config examples/configs/stream.yaml "
+        "--data.index_file TRAIN_VIDEOS/index.json --data.val_index_file VAL_VIDEOS/index.json"
     )
     print("\n".join(lines), file=out)
+
+
+def _wrap(line: str) -> str:
+    """A report line wrapped at 110 columns, continued under its text (after the 9-column label)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width=110, subsequent_indent=" " * 9, break_on_hyphens=False))

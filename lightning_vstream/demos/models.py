@@ -84,6 +84,8 @@ class TinyStreamPETR(pl.LightningModule):
         pool: Side of the pooled grid every camera frame is reduced to.
         lr: Adam learning rate.
         box_weight: Weight of the box-centre loss.
+        box_scale: Metres per unit of the box head's output: centres tens of metres away are a few
+            units, which Adam reaches in a few dozen steps.
 
     Raises:
         ValueError: An argument is not a positive integer (``lr``: a positive number).
@@ -101,20 +103,29 @@ class TinyStreamPETR(pl.LightningModule):
     """
 
     def __init__(
-        self, *, feature_dim: int = 32, memory_length: int = 4, pool: int = 4, lr: float = 1e-3, box_weight: float = 0.1
+        self,
+        *,
+        feature_dim: int = 32,
+        memory_length: int = 4,
+        pool: int = 4,
+        lr: float = 1e-3,
+        box_weight: float = 0.1,
+        box_scale: float = 10.0,
     ) -> None:
         super().__init__()
         for name, value in (("feature_dim", feature_dim), ("memory_length", memory_length), ("pool", pool)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"TinyStreamPETR: {name}={value!r} is invalid; expected an integer >= 1.")
-        if not lr > 0:
-            raise ConfigurationError(f"TinyStreamPETR: lr={lr!r} is invalid; expected a number > 0.")
+        for name, number in (("lr", lr), ("box_scale", box_scale)):
+            if not number > 0:
+                raise ConfigurationError(f"TinyStreamPETR: {name}={number!r} is invalid; expected a number > 0.")
         self.save_hyperparameters()
         self.feature_dim = feature_dim
         self.memory_length = memory_length
         self.pool = pool
         self.lr = lr
         self.box_weight = box_weight
+        self.box_scale = box_scale
         self.embed = nn.Linear(3 * pool * pool, feature_dim)
         self.decode = nn.Linear(2 * feature_dim, 3 * pool * pool)
         self.camera_embed = nn.Linear(GEOMETRY_FEATURES, feature_dim)
@@ -128,6 +139,8 @@ class TinyStreamPETR(pl.LightningModule):
         self.full_resets = 0
         #: Box-centre loss of the last batch (None when it carried no boxes).
         self.last_box_loss: torch.Tensor | None = None
+        #: Box centres ``[B, 3]`` predicted for the last batch (detached).
+        self.last_box_prediction: torch.Tensor | None = None
 
     # -- the TemporalStateReset protocol ---------------------------------------------------
     def reset_temporal_state(self, mask: torch.Tensor | None) -> None:
@@ -209,7 +222,8 @@ class TinyStreamPETR(pl.LightningModule):
         weight = valid.float() if isinstance(valid, torch.Tensor) else torch.ones_like(error)
         loss = (error * weight).sum() / weight.sum().clamp(min=1)
         centres, has_boxes = box_centres(batch)
-        predicted = self.box_head(joined)
+        predicted = self.box_head(joined) * self.box_scale
+        self.last_box_prediction = predicted.detach()
         if centres is None:
             # Keeps every parameter in the graph (DDP requires it) when batches carry no boxes.
             self.last_box_loss = None

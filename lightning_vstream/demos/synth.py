@@ -13,8 +13,8 @@ import itertools
 import json
 import multiprocessing
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -30,6 +30,7 @@ __all__ = [
     "clip_name",
     "clip_number",
     "draw_stamp",
+    "frame_image",
     "read_stamp",
     "write_dataset",
     "write_stamped_video",
@@ -191,6 +192,13 @@ def _frame(texture: np.ndarray, width: int, height: int, index: int, stamp: Stam
     return image
 
 
+def frame_image(width: int, height: int, stamp: Stamp) -> np.ndarray:
+    """The RGB image ``[height, width, 3]`` (uint8) of a stamped frame, as :func:`write_stamped_video` encodes it."""
+    _cell(width, height)
+    texture = _texture(width, height, seed=stamp.clip * 1000 + stamp.camera)
+    return _frame(texture, width, height, stamp.frame, stamp)
+
+
 def write_stamped_video(
     path: Path | str,
     *,
@@ -296,7 +304,53 @@ def _mux_audio(container: Any, audio: Any, pts: int, *, until: float) -> int:
 
 
 def _write_job(job: dict[str, Any]) -> str:
+    if job.pop("images"):
+        for key in ("codec", "gop", "bframes", "preset"):
+            job.pop(key)
+        from lightning_vstream.demos.synth_images import write_stamped_images
+
+        return str(write_stamped_images(job.pop("path").with_suffix(""), **job))
     return str(write_stamped_video(**job))
+
+
+#: What a dataset written by :func:`write_dataset` may leave in its root, besides its index and video folder.
+_DATASET_FILES = ("annotations", "index.tables.bin", "index.meta.json")
+
+
+def _stale(root: Path, video_dir: str, clip_ids: Sequence[str], cameras: Sequence[str], images: bool) -> list[str]:
+    """Files of an earlier dataset in ``root`` that writing this one would not overwrite, relative to ``root``.
+
+    Such files would end up in the new index (a clip or camera too many) or beside it (annotations of
+    other clips, tables in the other format); writing the same dataset again leaves none.
+    """
+    stale: list[str] = []
+    videos = root / video_dir
+    expected = {f"{name}{'' if images else '.mp4'}" for name in cameras}
+    if videos.is_dir():
+        for clip in sorted(videos.iterdir()):
+            if clip.name not in clip_ids:
+                stale.append(f"{video_dir}/{clip.name}" + ("/" if clip.is_dir() else ""))
+            elif clip.is_dir():
+                stale += [f"{video_dir}/{clip.name}/{e.name}" for e in sorted(clip.iterdir()) if e.name not in expected]
+    annotations = root / "annotations"
+    if annotations.is_dir():
+        wanted = {f"{clip}.npz" for clip in clip_ids}
+        stale += [f"annotations/{e.name}" for e in sorted(annotations.iterdir()) if e.name not in wanted]
+    if (root / "index.meta.json").exists():  # tables are written as index.tables.bin
+        stale.append("index.meta.json")
+    return stale
+
+
+def _clear_dataset(root: Path, video_dir: str, index_name: str) -> None:
+    """Delete the index, tables, video folder and annotations of a dataset in ``root``; nothing else."""
+    import shutil
+
+    for name in (index_name, video_dir, *_DATASET_FILES):
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def write_dataset(
@@ -316,10 +370,14 @@ def write_dataset(
     index_name: str = "index.json",
     with_metadata: bool = True,
     annotations: bool = False,
+    images: bool = False,
+    replace: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Path:
     """Write a stamped multi-camera dataset in accvlab's layout plus its index.
 
-    Files go to ``root/<video_dir>/<clip_id>/<camera>.mp4``; the index is written to
+    Files go to ``root/<video_dir>/<clip_id>/<camera>.mp4`` (with ``images``: a folder
+    ``<camera>/`` of JPEG files and ``timestamps.txt``); the index is written to
     ``root/<index_name>`` with ``video_dir`` relative to it. Clip ``i`` is named
     :func:`clip_name` ``(i)`` and its frames are stamped with ``clip=i``; camera numbers are
     positions in the sorted camera list, as the index orders cameras.
@@ -341,9 +399,21 @@ def write_dataset(
         with_metadata: Also write the frame-table metadata file next to the index.
         annotations: Also write synthetic annotations to ``root/annotations`` (values encode
             clip and frame; see :mod:`lightning_vstream.demos.synth_annotations`).
+        images: Write each camera as a folder of stamped JPEG images with ``timestamps.txt``
+            instead of a video file (an image dataset, as ``vstream encode`` takes; needs Pillow).
+        replace: Delete a dataset already in ``root`` (its index, frame tables, video folder and
+            annotations; nothing else) before writing. Without it, a folder holding files of another
+            dataset that this one would not overwrite (clips or cameras too many, annotations of other
+            clips) is refused, since they would end up in the new index; writing the same dataset again
+            is fine.
+        progress: Called as ``progress(path, done, total)`` after each camera file is written.
 
     Returns:
         Path of the written index file.
+
+    Raises:
+        ConfigurationError: ``root`` holds another dataset's files and ``replace`` is False, or an
+            argument is invalid (the message names it).
 
     Example::
 
@@ -352,6 +422,8 @@ def write_dataset(
     from lightning_vstream.index import build_index
 
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ConfigurationError(f"{str(root)!r} is a file; give a folder to write the dataset into.")
     if isinstance(cameras, int):
         if cameras < 1:
             raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")
@@ -359,6 +431,17 @@ def write_dataset(
     else:
         names = list(cameras)
     names = sorted(names)
+    if replace:
+        _clear_dataset(root, video_dir, index_name)
+    elif root.is_dir():
+        stale = _stale(root, video_dir, [clip_name(c) for c in range(clips)], names, images)
+        if stale:
+            listed = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
+            raise ConfigurationError(
+                f"{str(root)!r} holds another dataset: {listed} would not be overwritten and would end up in the "
+                "new index. Choose an empty folder, or pass --replace (replace=True) to delete the dataset there "
+                "(its index, frame tables, videos and annotations; nothing else) first."
+            )
     counts = [frames] * clips if isinstance(frames, int) else [frames[i % len(frames)] for i in range(clips)]
     job_list = []
     for c in range(clips):
@@ -375,16 +458,24 @@ def write_dataset(
                     bframes=bframes,
                     fps=fps,
                     preset=preset,
+                    images=images,
                 )
             )
+    total = len(job_list)
     if jobs > 1:
         # forkserver: encoding processes inherit no state (open decoders, threads) from the caller.
         context = multiprocessing.get_context("forkserver")
         with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1), mp_context=context) as pool:
-            list(pool.map(_write_job, job_list))
+            futures = [pool.submit(_write_job, job) for job in job_list]
+            for done, future in enumerate(as_completed(futures), 1):
+                written = future.result()
+                if progress is not None:
+                    progress(written, done, total)
     else:
-        for job in job_list:
-            _write_job(job)
+        for done, job in enumerate(job_list, 1):
+            written = _write_job(job)
+            if progress is not None:
+                progress(written, done, total)
     index_path = root / index_name
     entries = {video_dir: {clip_name(c): counts[c] for c in range(clips)}}
     if with_metadata:

@@ -78,13 +78,16 @@ def probe_clip(clip: Clip, where: str, problems: list[str], *, storage: StorageC
                 f"{info.codec!r}, which this FFmpeg build cannot decode; re-encode it to H.264 or H.265."
             )
         sizes[cam.name] = (info.width, info.height)
-        streams.append(CameraStream(cam.name, cam.path, info))
+        # A camera that already had its frame table stays as it is (one read from the tables on demand).
+        streams.append(cam if cam.info is not None else CameraStream(cam.name, cam.path, info))
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
         problems.append(
             f"{where}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); "
             "batches stack cameras, so resize them to one size or load the cameras separately."
         )
+    if all(new is old for new, old in zip(streams, clip.cameras)):
+        return clip
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
 
 

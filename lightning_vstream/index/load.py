@@ -15,17 +15,20 @@ import errno
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.errors import (
+    ConfigurationError,
     ConfigurationTypeError,
     DataFormatError,
     FileChangedError,
     IndexValidationError,
     MissingFileError,
+    VStreamWarning,
 )
+from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
@@ -36,6 +39,9 @@ from lightning_vstream.index.tables import (
     table_key,
 )
 from lightning_vstream.storage.urls import is_url
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["MAX_FRAMES", "Check", "load_index"]
 
@@ -61,21 +67,46 @@ def _pairs_without_duplicates(where: str) -> Any:
     return hook
 
 
-def _read_json(path: Path) -> Any:
+def read_index_bytes(path: Path | str, *, storage: StorageConfig | None = None) -> bytes:
+    """The bytes of an index file (also what a worker re-reads to rebuild the clip arrays).
+
+    An index at a URL is read through remote storage (one request, retried like every other),
+    with ``storage``'s options.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        IndexValidationError: It cannot be read.
+        RemoteStorageError: Remote storage failed for good (retries spent).
+    """
     where = repr(str(path))
+    if is_url(path):
+        from lightning_vstream.storage.client import storage_for
+        from lightning_vstream.storage.options import StorageConfig
+
+        try:
+            raw, _ = storage_for(storage or StorageConfig()).read(str(path), label="index")
+        except MissingFileError:
+            raise MissingFileError(f"index file {where} does not exist.") from None
+        return bytes(raw)
+    path = Path(path)
+    if path.is_dir():
+        inside = path / "index.json"
+        fix = f"pass {str(inside)!r}" if inside.is_file() else f"run `vstream index {path}` to write {str(inside)!r}"
+        raise ConfigurationError(f"index file {where} is a folder; {fix}.")
     if not path.is_file():
-        raise MissingFileError(f"index file {where} does not exist.")
+        raise MissingFileError(
+            f"index file {where} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
+            "or `vstream synth FOLDER` to write a stamped synthetic dataset."
+        )
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as err:
         raise IndexValidationError(
             where, [f"index file {where} cannot be read ({err.strerror or err}); check its permissions."]
         ) from None
-    return parse_index_json(raw, where)
 
 
-def parse_index_json(raw: bytes, where: str) -> Any:
-    """The JSON value of an index file's bytes (read from disk or from remote storage); ``where`` names it."""
+def _parse_json(raw: bytes, where: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -96,6 +127,10 @@ def parse_index_json(raw: bytes, where: str) -> Any:
         ) from None
     except RecursionError:
         raise DataFormatError(f"index file {where} nests JSON too deeply to be an index.") from None
+
+
+def _read_json(path: Path) -> Any:
+    return _parse_json(read_index_bytes(path), repr(str(path)))
 
 
 def _folder_problem(folder: Path) -> str:
@@ -210,7 +245,8 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
     except (OSError, RuntimeError):  # a symbolic link loop
         raise IndexValidationError(repr(str(path)), [f"index file {str(path)!r} is a symbolic link loop."]) from None
     where = repr(str(path))
-    data = _read_json(path)
+    raw = read_index_bytes(path)
+    data = _parse_json(raw, where)
     if not isinstance(data, dict):
         raise IndexValidationError(
             where,
@@ -236,9 +272,62 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         if not cameras or len(set(cameras)) != len(cameras):
             raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
-    # Clips whose frame tables come from the binary tables: (clip id, folder, count, cameras, files, keys).
-    pending: list[tuple[str, Path, int, tuple[str, ...], list[str], list[str]]] = []
-    clips: list[Clip] = []
+    scanned: list[set[str]] = []  # the camera files of every clip folder read
+
+    def scan(clip_id: str, folder: str, out: list[str]) -> tuple[str, ...] | None:
+        """The clip's camera file names (in camera order) found on disk, or None with the problems in ``out``."""
+        nonlocal reference
+        if not os.path.isdir(folder):
+            out.append(f"{where}: clip {clip_id!r}: folder {folder!r} {_folder_problem(Path(folder))}.")
+            return None
+        try:
+            found = scan_cameras(folder)
+        except IndexValidationError as err:
+            out.extend(err.problems)
+            return None
+        except OSError as err:
+            out.append(
+                f"{where}: clip {clip_id!r}: folder {folder!r} cannot be read ({err.strerror or err}); "
+                "check its permissions."
+            )
+            return None
+        if reference is None:
+            if not found:
+                out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
+                return None
+            reference = (f"clip {clip_id!r}", tuple(found))
+        names = reference[1]
+        missing = [n for n in names if n not in found]
+        scanned.append(set(found))
+        if missing:
+            out.append(
+                f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
+                f"(expected the cameras of {reference[0]}: {list(names)})."
+            )
+            return None
+        if cameras is None and set(found) != set(names):
+            out.append(
+                f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has "
+                f"{list(names)}; pass cameras=[...] to load a common subset."
+            )
+            return None
+        return tuple(found[n] for n in names)
+
+    # The quick check with binary frame tables lists each video folder once and takes a clip's
+    # camera files from the tables, which record every file: listing 100,000 clip folders would
+    # take longer than training waits. The files themselves are checked when a decoder opens
+    # them (identity, then every packet's checksum); check="thorough" lists every clip folder.
+    quick = tables is not None and check == "fast"
+    # Per clip, in order: id, frame count, video folder, layout (its camera file names).
+    ids: list[str] = []
+    counts: list[int] = []
+    dir_of: list[int] = []
+    layout_of: list[int] = []
+    layouts: dict[tuple[str, ...], int] = {}
+    video_dirs: list[str] = []
+    dir_keys: list[str] = []
+    # Clips whose camera files come from the tables: (position, where their problems go, id, folder, key prefix).
+    deferred: list[tuple[int, int, str, str, str]] = []
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
         # video folder reached through a symbolic link still finds its frame tables.
@@ -265,6 +354,10 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             )
             continue
         folders_seen[real] = video_dir_key
+        dir_index = len(video_dirs)
+        video_dirs.append(video_dir_str)
+        dir_keys.append(key_prefix)
+        listed = _clip_folders(video_dir_str) if quick else None
         for clip_id, count in entries.items():
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 problems.append(f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer.")
@@ -290,64 +383,82 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                 continue
             seen[clip_id] = video_dir_key
             folder = f"{video_dir_str}{os.sep}{clip_id}"
-            if not os.path.isdir(folder):
-                problems.append(f"{where}: clip {clip_id!r}: folder {folder!r} {_folder_problem(Path(folder))}.")
-                continue
-            try:
-                found = scan_cameras(folder)
-            except IndexValidationError as err:
-                problems.extend(err.problems)
-                continue
-            except OSError as err:
-                problems.append(
-                    f"{where}: clip {clip_id!r}: folder {folder!r} cannot be read ({err.strerror or err}); "
-                    "check its permissions."
-                )
-                continue
-            if reference is None:
-                if not found:
-                    problems.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
+            if layouts and listed is not None and clip_id in listed:
+                deferred.append((len(ids), len(problems), clip_id, folder, f"{key_prefix}{clip_id}/"))
+                files: tuple[str, ...] | None = None
+            else:
+                files = scan(clip_id, folder, problems)
+                if files is None:
                     continue
-                reference = (f"clip {clip_id!r}", tuple(found))
-            names = reference[1]
-            missing = [n for n in names if n not in found]
-            if missing:
-                problems.append(
-                    f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
-                    f"(expected the cameras of {reference[0]}: {list(names)})."
-                )
+            ids.append(clip_id)
+            counts.append(count)
+            dir_of.append(dir_index)
+            layout_of.append(0 if files is None else layouts.setdefault(files, len(layouts)))
+    described: set[int] = set()  # clips whose every camera file the tables describe
+    if deferred:
+        # One vectorised search of the tables for every deferred clip; a clip they do not describe
+        # exactly (another camera file name, a file missing) is listed on disk after all, and its
+        # problems take the place in the report they would have had.
+        assert tables is not None
+        template = next(iter(layouts))
+        ok = tables_list_files(tables, [d[4] for d in deferred], template, only=cameras is None).tolist()
+        for (at, place, clip_id, folder, _), good in reversed(list(zip(deferred, ok))):
+            if good:
+                described.add(at)
                 continue
-            if cameras is None and set(found) != set(names):
-                problems.append(
-                    f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has "
-                    f"{list(names)}; pass cameras=[...] to load a common subset."
-                )
-                continue
-            files = [found[n] for n in names]
-            paths = [f"{folder}{os.sep}{f}" for f in files]
-            keys = [f"{key_prefix}{clip_id}/{f}" for f in files]
-            if tables is not None:
-                # Cameras are made once every key's row is known (one vectorised search below).
-                pending.append((clip_id, video_dir, count, names, paths, keys))
-                continue
-            streams = tuple(CameraStream(n, p, cached_info(meta, k)) for n, p, k in zip(names, paths, keys))
-            clips.append(Clip(clip_id, video_dir, count, streams))
-    if tables is not None and pending:
-        rows = tables.rows([k for *_, keys in pending for k in keys]).tolist()
-        at = 0
-        for clip_id, video_dir, count, names, paths, _ in pending:
-            mine = rows[at : at + len(names)]
-            streams = tuple(CameraStream(n, p, tables=tables, row=r) for n, p, r in zip(names, paths, mine))
-            at += len(names)
-            clips.append(Clip(clip_id, video_dir, count, streams))
+            found: list[str] = []
+            files = scan(clip_id, folder, found)
+            problems[place:place] = found
+            if files is not None:
+                layout_of[at] = layouts.setdefault(files, len(layouts))
+    if cameras is not None and scanned:
+        # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
+        nowhere = [n for n in cameras if not any(n in found for found in scanned)]
+        if nowhere:
+            existing = sorted(set().union(*scanned))
+            raise IndexValidationError(
+                where,
+                [
+                    f"{where}: cameras={cameras!r}: no clip has camera(s) {nowhere}; the index's clips have "
+                    f"cameras {existing}. Pass names from that list, or cameras=None for all of them."
+                ],
+            )
+    records = (
+        ClipArrays(
+            source=str(path),
+            fingerprint=fingerprint(raw),
+            clip_ids=ids,
+            frame_counts=counts,
+            dir_of_clip=dir_of,
+            video_dirs=video_dirs,
+            dir_keys=dir_keys,
+            camera_names=reference[1],
+            layouts=list(layouts),
+            layout_of_clip=layout_of,
+            tables=tables,
+        )
+        if ids and reference is not None
+        else None
+    )
+    # The older JSON sidecar gives every file its frame table as an object: those clips are records.
+    clips: Sequence[Clip] = () if records is None else records
+    if meta and records is not None:
+        clips = tuple(_with_sidecar_tables(clip, meta, base) for clip in records)
     changed: list[str] = []
-    if check == "thorough" and not problems:
-        # The fast check opens no file: a decoder compares each file's identity when it opens it.
-        clips = [_check_identities(clip, where, changed) for clip in clips]
-    if check == "thorough" and not changed:
-        from lightning_vstream.index.build import probe_clip
+    if check == "thorough":
+        originals = list(clips)
+        checked = originals
+        if not problems:
+            # The fast check opens no file: a decoder compares each file's identity when it opens it.
+            checked = [_check_identities(clip, where, changed) for clip in checked]
+        if not changed:
+            from lightning_vstream.index.build import probe_clip
 
-        clips = [probe_clip(clip, where, problems) for clip in clips]
+            checked = [probe_clip(clip, where, problems) for clip in checked]
+        if isinstance(clips, ClipArrays):
+            clips = clips.with_overrides({i: c for i, (c, o) in enumerate(zip(checked, originals)) if c is not o})
+        else:
+            clips = tuple(checked)
     if changed:
         raise FileChangedError(where, problems + changed)
     if problems:
@@ -356,8 +467,27 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
         raise IndexValidationError(where, [f"index file {where} lists no clips."])
     assert reference is not None
     if with_tables:
-        _warn_if_unchecked(path, clips, tables is not None or bool(meta))
-    return VideoIndex(path, tuple(clips), reference[1])
+        # Only clips listed on disk can lack a frame table: the tables described every deferred one.
+        maybe_bare = (clips[i] for i in range(len(clips)) if i not in described)
+        _warn_if_unchecked(path, clips, maybe_bare, tables is not None or bool(meta))
+    return VideoIndex(path, clips, reference[1])
+
+
+def _clip_folders(video_dir: str) -> set[str] | None:
+    """Names of the folders in ``video_dir`` (one listing), or None when it cannot be listed."""
+    try:
+        with os.scandir(video_dir) as entries:
+            return {entry.name for entry in entries if entry.is_dir()}
+    except OSError:
+        return None
+
+
+def _with_sidecar_tables(clip: Clip, meta: dict[str, Any], base: Path) -> Clip:
+    streams = tuple(
+        CameraStream(cam.name, cam.path_str, cached_info(meta, table_key(base, Path(cam.path_str))))
+        for cam in clip.cameras
+    )
+    return Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
 
 
 def _load_tables(path: Path) -> tuple[FrameTables | None, dict[str, Any]]:
@@ -401,34 +531,54 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
         except FileChangedError as err:
             changed.extend(f"{where}: {p}" for p in err.problems)
             streams.append(cam)
+    if all(new is old for new, old in zip(streams, clip.cameras)):
+        return clip
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
 
 
-def _warn_if_unchecked(path: Path | str, clips: list[Clip], has_tables: bool) -> None:
-    """Warn once per index when video files have no frame tables (so no checksums are checked)."""
+def _warn_if_unchecked(path: Path | str, clips: Sequence[Clip], candidates: Iterable[Clip], has_tables: bool) -> None:
+    """Warn once per index when video files have no frame tables (so no checksums are checked).
+
+    ``candidates`` are the clips that may lack tables (the others are known to have them).
+    """
     if str(path) in _WARNED_NO_TABLES:
         return
-    bare = [cam for clip in clips for cam in clip.cameras if cam.tables is None and cam._info is None]
-    bare = [cam for cam in bare if not cam.is_image_folder]  # a stat each, only for files without tables
+    bare: list[CameraStream] = []
+    for clip in candidates:
+        for cam in clip.cameras:
+            # A stat each, only for files without tables; without any tables the first one tells.
+            if cam.tables is None and cam._info is None and not cam.is_image_folder:
+                bare.append(cam)
+                if not has_tables:
+                    break
+        if bare and not has_tables:
+            break
     if not bare:
         return
-    videos = [
-        cam
-        for clip in clips
-        for cam in clip.cameras
-        if os.path.splitext(str(cam.path_str))[1].lower() in VIDEO_EXTENSIONS
-    ]
     _WARNED_NO_TABLES.add(str(path))
-    what = (
-        f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})"
-        if not has_tables
-        else f"has no frame table for {len(bare)} of its {len(videos)} video files (first: {str(bare[0].path)!r})"
-    )
+    if not has_tables:
+        what = f"has no frame tables ({tables_path(path).name} or {metadata_path(path).name})"
+    else:
+        what = (
+            f"has no frame table for {len(bare)} of its {_video_files(clips)} video files (first: "
+            f"{str(bare[0].path)!r})"
+        )
     warnings.warn(
         f"index {str(path)!r} {what}, so integrity checks are off for those files: their packet checksums and "
         "file fingerprints are not checked, and a replaced or corrupted file can deliver wrong frames without an "
         f"error. Turn the checks on with `vstream index --tables {path}` (writes the frame tables of the files "
         "this index lists).",
-        UserWarning,
+        VStreamWarning,
         stacklevel=4,
     )
+
+
+def _video_files(clips: Sequence[Clip]) -> int:
+    """Camera files with a video extension, counted per distinct layout where the clips are arrays."""
+
+    def videos(names: Iterable[str]) -> int:
+        return sum(os.path.splitext(n)[1].lower() in VIDEO_EXTENSIONS for n in names)
+
+    if isinstance(clips, ClipArrays):
+        return sum(videos(files) * n for files, n in clips.layout_counts())
+    return sum(videos(cam.path_str for cam in clip.cameras) for clip in clips)

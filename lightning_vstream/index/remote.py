@@ -34,6 +34,7 @@ from lightning_vstream.errors import (
     VideoDecodeError,
     VStreamError,
 )
+from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, natural_key
 from lightning_vstream.index.identity import BLOCK, FileIdentity
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
@@ -41,7 +42,7 @@ from lightning_vstream.index.table_file import FrameTables, write_tables
 from lightning_vstream.index.tables import VideoInfo, cached_info
 from lightning_vstream.storage.client import Expect, Storage, storage_for
 from lightning_vstream.storage.options import StorageConfig
-from lightning_vstream.storage.urls import basename, dirname, is_url, join, with_name
+from lightning_vstream.storage.urls import basename, child, dirname, is_url, join, with_name
 
 __all__ = [
     "build_remote_index",
@@ -107,7 +108,9 @@ def fetch_tables(url: str, config: StorageConfig) -> FrameTables | None:
         with open(tmp, "wb") as f:
             f.write(memoryview(data))
         os.replace(tmp, local)
-    return FrameTables(local, source=tables_url)
+    tables = FrameTables(local, source=tables_url)
+    tables.require_byte_ranges()
+    return tables
 
 
 def _sidecar(url: str, storage: Storage) -> dict[str, Any]:
@@ -127,17 +130,17 @@ def _sidecar(url: str, storage: Storage) -> dict[str, Any]:
     return files if isinstance(files, dict) else {}
 
 
-def _cameras_from_tables(tables: FrameTables, folder_key: str) -> dict[str, tuple[str, int]]:
-    """Camera name -> (file name, table row) of the video files directly in ``folder_key``."""
-    found: dict[str, tuple[str, int]] = {}
+def _cameras_from_tables(tables: FrameTables, folder_key: str) -> dict[str, str]:
+    """Camera name -> file name of the video files directly in ``folder_key``, as the tables list them."""
+    found: dict[str, str] = {}
     prefix = folder_key + "/" if folder_key else ""
-    for key, row in tables.under(prefix):
+    for key, _ in tables.under(prefix):
         name = key[len(prefix) :]
         if "/" in name:
             continue
         stem, ext = os.path.splitext(name)
         if ext.lower() in VIDEO_EXTENSIONS:
-            found.setdefault(stem, (name, row))
+            found.setdefault(stem, name)
     return dict(sorted(found.items()))
 
 
@@ -166,21 +169,29 @@ def load_remote_index(
 ) -> VideoIndex:
     """:func:`~lightning_vstream.index.load_index` for an index at a URL (see the module docs).
 
+    The clips are held as arrays (:class:`~lightning_vstream.index.arrays.ClipArrays`) like a local
+    index's, with URLs for folders and files; a spawn worker re-reads the index JSON through remote
+    storage (one request) and checks its size and CRC-32.
+
     Raises:
         MissingFileError: The index does not exist.
-        IndexValidationError: The index does not describe the files its tables (or listings) hold.
+        IndexValidationError: The index does not describe the files its tables (or listings) hold,
+            or its tables do not record packet byte ranges (written before they were).
         FileChangedError: With ``check="thorough"``, a file's size or ETag differs from the tables.
     """
-    from lightning_vstream.index.load import MAX_FRAMES, _bad_clip_id, _warn_if_unchecked, parse_index_json
+    from lightning_vstream.index.load import (
+        MAX_FRAMES,
+        _bad_clip_id,
+        _parse_json,
+        _warn_if_unchecked,
+        read_index_bytes,
+    )
 
     config = storage or StorageConfig()
     client = storage_for(config)
     where = repr(url)
-    try:
-        raw, _ = client.read(url, label="index")
-    except MissingFileError:
-        raise MissingFileError(f"index file {where} does not exist.") from None
-    data = parse_index_json(bytes(raw), where)
+    raw = read_index_bytes(url, storage=config)
+    data = _parse_json(raw, where)
     if not isinstance(data, dict):
         raise IndexValidationError(
             where, [f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}."]
@@ -201,7 +212,48 @@ def load_remote_index(
         if not cameras or len(set(cameras)) != len(cameras):
             raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
         reference = ("the cameras argument", tuple(cameras))
-    clips: list[Clip] = []
+
+    def found_in(clip_id: str, folder_url: str, folder_key: str, out: list[str]) -> tuple[str, ...] | None:
+        """The clip's camera file names in camera order (from the tables, else a listing), or None with problems."""
+        nonlocal reference
+        if tables is not None:
+            found = _cameras_from_tables(tables, folder_key)
+            how = "its frame tables list"
+        else:
+            found = _listed_cameras(client, folder_url, listings)
+            how = "the folder holds"
+        if reference is None:
+            if not found:
+                out.append(f"{where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
+                return None
+            reference = (f"clip {clip_id!r}", tuple(found))
+        names = reference[1]
+        missing = [n for n in names if n not in found]
+        if missing:
+            out.append(
+                f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder_url!r} ({how} "
+                f"{sorted(found)}; expected the cameras of {reference[0]}: {list(names)})."
+            )
+            return None
+        if cameras is None and set(found) != set(names):
+            out.append(
+                f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
+                "pass cameras=[...] to load a common subset."
+            )
+            return None
+        return tuple(found[n] for n in names)
+
+    # Per clip, in order: id, frame count, video folder, layout (its camera file names).
+    ids: list[str] = []
+    counts: list[int] = []
+    dir_of: list[int] = []
+    layout_of: list[int] = []
+    layouts: dict[tuple[str, ...], int] = {}
+    video_dirs: list[str] = []
+    dir_keys: list[str] = []
+    # With tables, clips after the first are checked in one vectorised search of the tables:
+    # (position, where their problems go, id, folder URL, key prefix).
+    deferred: list[tuple[int, int, str, str, str]] = []
     for video_dir_key, entries in data.items():
         if not isinstance(entries, dict):
             problems.append(f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts.")
@@ -212,6 +264,9 @@ def load_remote_index(
         except ConfigurationError as err:
             problems.append(f"{where}: video folder {video_dir_key!r}: {err}")
             continue
+        dir_index = len(video_dirs)
+        video_dirs.append(video_dir)
+        dir_keys.append(f"{vd_key}/" if vd_key else "")
         for clip_id, count in entries.items():
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0 or count > MAX_FRAMES:
                 problems.append(f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer.")
@@ -229,53 +284,76 @@ def load_remote_index(
                 continue
             seen[clip_id] = video_dir_key
             folder_key = f"{vd_key}/{clip_id}" if vd_key else clip_id
-            folder_url = f"{video_dir.rstrip('/')}/{clip_id}"
-            rows: dict[str, int] = {}
-            if tables is not None:
-                in_tables = _cameras_from_tables(tables, folder_key)
-                found = {name: file for name, (file, _) in in_tables.items()}
-                rows = {name: row for name, (_, row) in in_tables.items()}
-                how = "its frame tables list"
+            folder_url = child(video_dir, clip_id)
+            if layouts and tables is not None:
+                deferred.append((len(ids), len(problems), clip_id, folder_url, folder_key + "/"))
+                files: tuple[str, ...] | None = None
             else:
-                found = _listed_cameras(client, folder_url, listings)
-                how = "the folder holds"
-            if reference is None:
-                if not found:
-                    problems.append(f"{where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
+                files = found_in(clip_id, folder_url, folder_key, problems)
+                if files is None:
                     continue
-                reference = (f"clip {clip_id!r}", tuple(found))
-            names = reference[1]
-            missing = [n for n in names if n not in found]
-            if missing:
-                problems.append(
-                    f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder_url!r} ({how} "
-                    f"{sorted(found)}; expected the cameras of {reference[0]}: {list(names)})."
-                )
+            ids.append(clip_id)
+            counts.append(count)
+            dir_of.append(dir_index)
+            layout_of.append(0 if files is None else layouts.setdefault(files, len(layouts)))
+    if deferred:
+        # A clip the tables do not describe exactly like the first (another camera file name, a
+        # file missing) is looked at alone, and its problems take the place they would have had.
+        assert tables is not None
+        template = next(iter(layouts))
+        ok = tables_list_files(tables, [d[4] for d in deferred], template, only=cameras is None).tolist()
+        for (at, place, clip_id, folder_url, prefix), good in reversed(list(zip(deferred, ok))):
+            if good:
                 continue
-            if cameras is None and set(found) != set(names):
-                problems.append(
-                    f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
-                    "pass cameras=[...] to load a common subset."
-                )
-                continue
-            streams = []
-            for name in names:
-                file_url = f"{folder_url}/{found[name]}"
-                if name in rows:
-                    streams.append(CameraStream(name, file_url, tables=tables, row=rows[name]))
-                else:
-                    streams.append(CameraStream(name, file_url, cached_info(meta, f"{folder_key}/{found[name]}")))
-            clips.append(Clip(clip_id, video_dir.rstrip("/"), count, tuple(streams)))
+            found: list[str] = []
+            files = found_in(clip_id, folder_url, prefix[:-1], found)
+            problems[place:place] = found
+            if files is not None:
+                layout_of[at] = layouts.setdefault(files, len(layouts))
     if problems:
         raise IndexValidationError(where, problems)
-    if not clips:
+    if not ids or reference is None:
         raise IndexValidationError(where, [f"index file {where} lists no clips."])
-    assert reference is not None
+    records = ClipArrays(
+        source=url,
+        fingerprint=fingerprint(raw),
+        clip_ids=ids,
+        frame_counts=counts,
+        dir_of_clip=dir_of,
+        video_dirs=video_dirs,
+        dir_keys=dir_keys,
+        camera_names=reference[1],
+        layouts=list(layouts),
+        layout_of_clip=layout_of,
+        tables=tables,
+        storage=config,
+    )
+    clips: Sequence[Clip] = records
+    if meta:
+        # The older JSON sidecar gives every file its frame table as an object: those clips are records.
+        clips = tuple(
+            Clip(
+                clip.clip_id,
+                clip.video_dir,
+                clip.frame_count,
+                tuple(
+                    CameraStream(cam.name, cam.path_str, cached_info(meta, remote_key(base, cam.path_str)))
+                    for cam in clip.cameras
+                ),
+            )
+            for clip in records
+        )
     if check == "thorough":
-        clips = _thorough(clips, where, config)
+        checked = _thorough(list(clips), where, config)
+        if isinstance(clips, ClipArrays):
+            clips = clips.with_overrides({i: c for i, c in enumerate(checked)})
+        else:
+            clips = tuple(checked)
     if use_tables:
-        _warn_if_unchecked(url, clips, tables is not None or bool(meta))
-    return VideoIndex(url, tuple(clips), reference[1], storage=config)
+        # Only a remote index without tables (or with the JSON sidecar) can hold files without one.
+        candidates = clips if tables is None else ()
+        _warn_if_unchecked(url, clips, candidates, tables is not None or bool(meta))
+    return VideoIndex(url, clips, reference[1], storage=config)
 
 
 def _thorough(clips: list[Clip], where: str, config: StorageConfig) -> list[Clip]:

@@ -12,13 +12,18 @@ offset]``), each aligned to 64 bytes. Rows are sorted by ``keys`` (file path rel
 index folder, ``/``-separated), so a lookup is a binary search. Per-frame arrays (``pts``,
 ``crc32``) and per-keyframe arrays (``key_indices``, ``key_seek``) are concatenated over files,
 with ``frame_offsets`` / ``key_offsets`` (length files + 1) marking where each file's rows start.
-Optional values (``config_crc32``, identity fields) hold -1 when unknown.
+Optional values (``config_crc32``, identity fields, ``reorder_depth``) hold -1 when unknown.
 
-Version 2 adds what GOP reads need (:class:`~lightning_vstream.index.tables.PacketLayout`): per frame
-the packet's byte offset and size (``pkt_pos``, ``pkt_size``, aligned with ``pts``), per file
-whether they are known (``has_layout``), the container's colour tags (``col_*``), and two byte
-blobs concatenated over files with their own offsets: the codec configuration (``extradata`` /
+Version 2 added ``reorder_depth`` (how far decode order runs ahead of presentation, for NVDEC's
+latency mode) and what GOP reads need (:class:`~lightning_vstream.index.tables.PacketLayout`): per
+frame the packet's byte offset and size (``pkt_pos``, ``pkt_size``, aligned with ``pts``), per file
+whether they are known (``has_layout``), the container's colour tags (``col_*``), and two byte blobs
+concatenated over files with their own offsets: the codec configuration (``extradata`` /
 ``extra_offsets``) and the ETag of remote objects (``etag`` / ``etag_offsets``, empty when unknown).
+Version-1 files, and version-2 files written before the byte ranges were added, still load for
+reading local files: ``reorder_depth`` is unknown and no file has a packet layout (it is read
+through its container). Only reading a remote index needs the byte ranges; it refuses such tables,
+naming the command that rebuilds them.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "wri
 
 TABLES_FORMAT = "lightning_vstream.tables"
 TABLES_VERSION = 2
+#: Older versions still read, and the per-file arrays they lack (read as unknown, -1).
+_OLDER_VERSIONS = {1: ("reorder_depth",)}
 _MAGIC = b"VSTABLES"
 _PREFIX = struct.Struct("<8sII")
 _ALIGN = 64
@@ -60,6 +67,7 @@ _PER_FILE = {
     "mtime_ns": "<i8",
     "head_crc32": "<i8",
     "tail_crc32": "<i8",
+    "reorder_depth": "<i4",
 }
 _CONCAT = {
     "pts": "<i8",
@@ -154,6 +162,7 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
             "mtime_ns": -1 if ident is None else ident.mtime_ns,
             "head_crc32": -1 if ident is None else ident.head_crc32,
             "tail_crc32": -1 if ident is None else ident.tail_crc32,
+            "reorder_depth": -1 if info.reorder_depth is None else info.reorder_depth,
         }
         for name, value in values.items():
             rows[name].append(value)
@@ -213,7 +222,8 @@ def write_table_arrays(
         keys: UTF-8 encoded file keys, sorted and distinct (a list of bytes or an ``S`` array).
         codecs: Codec names the ``codec`` array indexes.
         arrays: Every per-file array (one row per key) and concatenated array of the format (see
-            the module docs), in any integer or float dtype that converts losslessly.
+            the module docs), in any integer or float dtype that converts losslessly;
+            ``reorder_depth`` may be left out (unknown).
 
     Returns:
         ``path``.
@@ -233,6 +243,7 @@ def write_table_arrays(
             np.array(list(keys), dtype=f"S{max((len(k) for k in keys), default=1)}") if len(keys) else np.zeros(0, "S1")
         )
     )
+    arrays = {"reorder_depth": np.full(len(key_array), -1), **arrays}  # optional: unknown unless given
     missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
     if missing:
         raise DataFormatError(f"frame-table arrays {missing} are missing.")
@@ -322,10 +333,8 @@ class FrameTables:
             with open(self.path, "rb") as f:
                 prefix = f.read(_PREFIX.size)
                 magic, version, header_len = _PREFIX.unpack(prefix) if len(prefix) == _PREFIX.size else (b"", 0, 0)
-                if magic != _MAGIC:
+                if magic != _MAGIC or (version != TABLES_VERSION and version not in _OLDER_VERSIONS):
                     raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
-                if version != TABLES_VERSION:
-                    raise self._old(version)
                 header = json.loads(f.read(header_len).decode("utf-8"))
             size = self.path.stat().st_size
             self._buf = _map(self.path) if size else np.zeros(0, np.uint8)
@@ -358,26 +367,39 @@ class FrameTables:
             if isinstance(err, IndexValidationError):
                 raise
             raise self._bad("has a damaged header") from None
-        missing = [
-            n
-            for n in (*_PER_FILE, *_CONCAT, *_BYTES_PER_FILE, *_BYTES_PER_FRAME, *_blob_dtypes(), "keys")
-            if n not in arrays
-        ]
+        for name in _OLDER_VERSIONS.get(version, ()):
+            arrays.setdefault(name, np.full(self._n, -1, dtype=_PER_FILE[name]))
+        missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
         if missing:
             raise self._bad(f"lacks the arrays {missing}")
+        byte_arrays = (*_BYTES_PER_FILE, *_BYTES_PER_FRAME, *_blob_dtypes())
+        partial = [n for n in byte_arrays if n not in arrays]
+        if partial and len(partial) != len(byte_arrays):
+            raise self._bad(f"lacks the arrays {partial}")
+        self.version = int(version)
+        #: Whether the file records packet byte ranges (tables written before they were added do not).
+        self.has_byte_ranges = not partial
         self._a = arrays
         self._cache: OrderedDict[int, VideoInfo] = OrderedDict()
         self._check_consistent()
 
-    def _old(self, version: int) -> IndexValidationError:
+    def require_byte_ranges(self) -> None:
+        """Refuse tables that do not record packet byte ranges (what reading a remote index needs).
+
+        Raises:
+            IndexValidationError: The tables were written before byte ranges were recorded; the
+                message names the command that rebuilds them.
+        """
+        if self.has_byte_ranges:
+            return
         where = repr(self.source or str(self.path))
         name = self.source or str(self.path)
         index = name[: -len(".tables.bin")] + ".json" if name.endswith(".tables.bin") else name
-        return IndexValidationError(
+        raise IndexValidationError(
             where,
             [
-                f"frame-table file {where} is version {version}; this version of lightning_vstream reads version "
-                f"{TABLES_VERSION}, which also records every packet's byte range for GOP reads. Rebuild it with "
+                f"frame-table file {where} (format version {self.version}) does not record the packets' byte "
+                "ranges, which reading videos from remote storage needs (one request per GOP). Rebuild it with "
                 f"`vstream index --tables {index}` (or re-run `vstream index` on the dataset)."
             ],
         )
@@ -394,15 +416,16 @@ class FrameTables:
             off = a[offsets]
             if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) <= 0) or any(len(a[d]) != off[-1] for d in data):
                 raise self._bad(f"has inconsistent {offsets}")
-        frames = int(a["frame_offsets"][-1]) if len(a["frame_offsets"]) else 0
-        if any(len(a[name]) != n for name in _BYTES_PER_FILE) or any(
-            len(a[name]) != frames for name in _BYTES_PER_FRAME
-        ):
-            raise self._bad("has packet byte-range arrays of the wrong length")
-        for blob, offsets in _BLOBS.items():
-            off = a[offsets]
-            if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
-                raise self._bad(f"has inconsistent {offsets}")
+        if self.has_byte_ranges:
+            frames = int(a["frame_offsets"][-1]) if len(a["frame_offsets"]) else 0
+            if any(len(a[name]) != n for name in _BYTES_PER_FILE) or any(
+                len(a[name]) != frames for name in _BYTES_PER_FRAME
+            ):
+                raise self._bad("has packet byte-range arrays of the wrong length")
+            for blob, offsets in _BLOBS.items():
+                off = a[offsets]
+                if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
+                    raise self._bad(f"has inconsistent {offsets}")
         if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
             raise self._bad("names a codec it does not list")
         if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
@@ -420,6 +443,11 @@ class FrameTables:
     def keys(self) -> Iterator[str]:
         """File keys in sorted order."""
         return (k.decode("utf-8") for k in self._a["keys"])
+
+    @property
+    def key_array(self) -> np.ndarray:
+        """Every file key (UTF-8) in sorted order, as the memory-mapped ``S`` array: for vectorised searches."""
+        return self._a["keys"]
 
     def rows(self, keys: Sequence[str]) -> np.ndarray:
         """Row of each key, -1 where a key has no table (one vectorised binary search)."""
@@ -466,15 +494,17 @@ class FrameTables:
         values = [int(a[n][row]) for n in ("size", "mtime_ns", "head_crc32", "tail_crc32")]
         if min(values) < 0:
             return None
-        e0, e1 = int(a["etag_offsets"][row]), int(a["etag_offsets"][row + 1])
-        etag = bytes(a["etag"][e0:e1]).decode("utf-8", "replace") or None
+        etag = None
+        if self.has_byte_ranges:
+            e0, e1 = int(a["etag_offsets"][row]), int(a["etag_offsets"][row + 1])
+            etag = bytes(a["etag"][e0:e1]).decode("utf-8", "replace") or None
         size, mtime_ns, head, tail = values
         return FileIdentity(size, mtime_ns, head, tail, etag=etag)
 
     def layout(self, row: int) -> PacketLayout | None:
         """The packet byte ranges of row ``row`` (see :class:`PacketLayout`), or None when unknown."""
         a = self._a
-        if not a["has_layout"][row]:
+        if not self.has_byte_ranges or not a["has_layout"][row]:
             return None
         f0, f1 = int(a["frame_offsets"][row]), int(a["frame_offsets"][row + 1])
         x0, x1 = int(a["extra_offsets"][row]), int(a["extra_offsets"][row + 1])
@@ -519,6 +549,7 @@ class FrameTables:
         if min(tb) <= 0 or width <= 0 or height <= 0:
             raise self._bad(f"holds a non-positive size or time base for {key!r}")
         config = int(a["config_crc32"][row])
+        reorder = int(a["reorder_depth"][row])
         return VideoInfo(
             codec=self._codecs[int(a["codec"][row])],
             width=width,
@@ -532,6 +563,7 @@ class FrameTables:
             config_crc32=None if config < 0 else config,
             identity=self.identity(row),
             layout=self.layout(row),
+            reorder_depth=None if reorder < 0 else reorder,
         )
 
 

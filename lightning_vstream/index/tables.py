@@ -138,6 +138,10 @@ class VideoInfo:
             when they differ. None when unknown. Not part of equality.
         layout: Byte offset and size of every packet, and the codec configuration (see
             :class:`PacketLayout`), for GOP reads; None when unknown. Not part of equality.
+        reorder_depth: How many frames the stream's decode order runs ahead of its presentation
+            order (0: frames are stored in presentation order, no B-frame reordering), measured
+            from the packets when the index was built. GPU decoders choose NVDEC's latency mode
+            from it. None when unknown (indexes built before it was recorded). Not part of equality.
 
     Example::
 
@@ -158,6 +162,7 @@ class VideoInfo:
     config_crc32: int | None = None
     identity: FileIdentity | None = field(default=None, compare=False)
     layout: PacketLayout | None = field(default=None, compare=False, repr=False)
+    reorder_depth: int | None = field(default=None, compare=False)
     _pts_lookup: dict[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -208,6 +213,7 @@ class VideoInfo:
             **({"crc32": list(self.crc32)} if self.crc32 is not None else {}),
             **({"config_crc32": self.config_crc32} if self.config_crc32 is not None else {}),
             **({"packets": self.layout.to_dict()} if self.layout is not None else {}),
+            **({"reorder_depth": self.reorder_depth} if self.reorder_depth is not None else {}),
         }
 
     @classmethod
@@ -230,6 +236,7 @@ class VideoInfo:
             crc32=tuple(int(c) for c in data["crc32"]) if data.get("crc32") is not None else None,
             config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
             layout=PacketLayout.from_dict(data["packets"], len(data["pts"])) if data.get("packets") else None,
+            reorder_depth=int(data["reorder_depth"]) if data.get("reorder_depth") is not None else None,
         )
         if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:
             raise DataFormatError(

@@ -58,6 +58,10 @@ def in_process_allowed() -> bool:
     return _in_dataloader_worker()
 
 
+#: The environment variable each provider reads for ``allow_http``.
+_ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
+
+
 def _seconds(value: float) -> str:
     return f"{max(1, round(value * 1000))}ms"
 
@@ -69,9 +73,14 @@ def store_spec(location: Location, config: StorageConfig) -> dict[str, Any]:
         "timeout": _seconds(opts.get("timeout", 30.0)),
         "connect_timeout": _seconds(opts.get("connect_timeout", 5.0)),
     }
+    scheme = location.scheme
     if opts.get("allow_http") is not None:
         client["allow_http"] = bool(opts["allow_http"])
-    scheme = location.scheme
+    elif scheme in _ALLOW_HTTP_ENV:
+        # Client options given to obstore replace those it reads from the environment: carry this one over.
+        value = os.environ.get(_ALLOW_HTTP_ENV[scheme], "")
+        if value.strip().lower() in ("1", "true", "yes", "on"):
+            client["allow_http"] = True
     spec: dict[str, Any] = {"client_options": client}
     if scheme == "s3":
         config_: dict[str, Any] = {}

@@ -26,6 +26,7 @@ __all__ = [
     "OBSTORE_SCHEMES",
     "Location",
     "basename",
+    "child",
     "dirname",
     "index_location",
     "is_remote",
@@ -171,7 +172,11 @@ def basename(url: str) -> str:
     return posixpath.basename(_split(url)[1].rstrip("/"))
 
 
+def child(folder: str, name: str) -> str:
+    """The URL of ``name`` inside the folder URL ``folder`` (``s3://b/ds`` + ``a.mp4``; ``s3://b/`` + ``a.mp4``)."""
+    return folder + ("" if folder.endswith("/") else "/") + name
+
+
 def with_name(url: str, name: str) -> str:
     """``url`` with its last component replaced by ``name``."""
-    folder = dirname(url)
-    return folder + ("" if folder.endswith("/") else "/") + name
+    return child(dirname(url), name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -11,26 +12,32 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_vstream._datamodule import (
+    DEFAULT_GPU_OPTIONS,
     EvalLoader,
+    GpuOptions,
     MultiprocessingContext,
     check_arguments,
+    gpu_options,
     plain_hparams,
     rank_decode_device,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset
+from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]
 
 Stage = Literal["train", "val", "test", "predict"]
+log = logging.getLogger("lightning_vstream")
 
 
 class StreamVideoDataModule(pl.LightningDataModule):
@@ -48,10 +55,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
     about a missing ``validation_step``).
 
     Lightning-native state: the constructor arguments are saved as hyperparameters (except
-    ``transform``, which may be any object: pass it again to ``load_from_checkpoint``), and the
-    train loader is stateful: Lightning stores its position in every checkpoint and a run resumed
-    from a mid-epoch checkpoint continues with exactly the next batch, also when the model's
-    ``training_step`` takes a ``dataloader_iter``.
+    ``transform`` and ``outputs``, which may hold any object: pass them again to
+    ``load_from_checkpoint``), and the train loader is stateful: Lightning stores its position in
+    every checkpoint and a run resumed from a mid-epoch checkpoint continues with exactly the next
+    batch, also when the model's ``training_step`` takes a ``dataloader_iter``.
 
     Args:
         index_file: Training index (accvlab format).
@@ -62,7 +69,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes; each serves fixed camera streams.
+        num_workers: Decoding worker processes (``engine="workers"``); each serves fixed camera streams.
         cameras: Cameras to load, in this order; all (sorted) when None.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
@@ -73,7 +80,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         prefetch_factor: Parts each worker prepares ahead.
         persistent_workers: Keep workers alive between epochs.
         max_open_decoders: Open decoders per worker; None keeps one per camera stream.
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
+        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; the thread engine on the CPU
+            then uses 1, its own threads being the parallelism).
         index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
         transform: Any callable taking and returning a frame tensor ``[n, 3, H, W]`` (uint8 as
             decoded), applied where frames are decoded (in the workers, on the decode device):
@@ -84,6 +92,14 @@ class StreamVideoDataModule(pl.LightningDataModule):
             an error naming file, clip, camera and frame. ``"skip"``: the slot gives up that clip
             and moves to its next one (``is_first=True``); the batches in between mark it
             ``valid=False``; each bad file is logged once and counted in :meth:`decode_stats`.
+        outputs: More versions of the same frames, ``{name: transform}`` (each a transform as
+            ``transform`` takes; ``FrameTransform()`` for the frames as decoded): every frame is decoded and
+            augmented once, then each output's transform makes ``batch["outputs"][name]["frames"]``
+            (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
+            ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs` and
+            ``docs/streaming.md``). In YAML, a mapping of names to ``class_path`` transforms or to
+            ``FrameTransform`` options. On the CPU, every output whose ``FrameTransform`` starts with a
+            resize is resized by the decoder's YUV -> RGB conversion of the one decoded frame.
         multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
             None takes torch's default (``fork`` on Linux), or ``spawn`` when decoding on CUDA.
             Workers import no lightning, so ``spawn`` and ``forkserver`` start in about the time
@@ -105,17 +121,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
             cameras of different resolutions keep their own size (and their own intrinsics).
         engine: How frames are decoded. ``"threads"``: the in-process stream engine
-            (:mod:`lightning_vstream.stream.engine`): decode threads write each frame once into a
-            ring of batches on the decode device, ordered by CUDA events. ``"workers"``: DataLoader
-            worker processes (``num_workers``; spawned for CUDA, each with its own CUDA context, one
-            picture in flight per process, frames shipped over CUDA IPC). ``"auto"`` (default):
-            threads for ``decode_device="cuda"``, workers on the CPU.
-        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines (4 on the CPU).
-        gpu_fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
-            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
-            and copies their frames to the GPU.
-        nvdec_probe: Decode one frame in a child process at setup (once per GPU), so a broken driver
-            or CUDA fault is an error at once rather than the end of a long run.
+            (:mod:`lightning_vstream.stream.engine`): decode threads in the training process write
+            each frame once into its batch (on a GPU: a ring of batches ordered by CUDA events; on
+            the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
+            ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
+            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
+            on the CPU, workers when ``persistent_workers`` or ``multiprocessing_context`` ask for
+            processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            when your training step holds the GIL for long stretches (much Python per step, a
+            CPU-bound model in Python): decode threads then wait for it, worker processes do not.
+            Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
+            may stay invalid for a different number of steps), count alike, and save the same state.
+        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines, or one
+            per core this process may run on (``os.sched_getaffinity``).
+        gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot
+            decode, and whether to probe the decoder at setup (:class:`~lightning_vstream.GpuOptions`).
+            In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
         storage_options: How to reach index files given as URLs (``s3://``, ``gs://``, ``az://``,
             ``http(s)://``, ``file://``): endpoint, credentials, retries, timeouts (see ``docs/remote.md``);
             the provider's standard environment otherwise. Secrets are not saved in hyperparameters:
@@ -123,6 +144,12 @@ class StreamVideoDataModule(pl.LightningDataModule):
         cache_dir: Node-local folder caching a remote index's frame tables and every GOP read, shared
             by the ranks and workers of a machine; None: GOPs are held in memory only while needed.
         cache_limit: Bytes the GOP cache may hold, an int or ``"20GB"``; None: no limit.
+
+    Fitting without :class:`~lightning_vstream.callbacks.TemporalStateReset` in the Trainer's
+    callbacks warns once (a :class:`~lightning_vstream.VStreamWarning`): nothing would clear
+    the model's memory where a slot starts a new clip. A model that reads ``batch["is_first"]``
+    itself, or keeps no state from step to step, says so with a class attribute
+    ``handles_is_first = True``, which silences the warning.
 
     Example::
 
@@ -154,10 +181,12 @@ class StreamVideoDataModule(pl.LightningDataModule):
         max_open_decoders: int | None = None,
         decoder_threads: int = 0,
         index_check: Literal["fast", "thorough"] = "fast",
-        # Returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class return type as
-        # "class_path must name a subclass of it" and would refuse transform classes.
-        transform: Callable[[torch.Tensor], Any] | None = None,
+        # FrameTransform first, so that a YAML mapping of its options ({resize: ..., dtype: ...}) builds
+        # one. The callable returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class
+        # return type as "class_path must name a subclass of it" and would refuse transform classes.
+        transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        outputs: dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None = None,
         multiprocessing_context: MultiprocessingContext | None = None,
         timeout: float = 300.0,
         rank: int | None = None,
@@ -168,14 +197,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         engine: Literal["auto", "threads", "workers"] = "auto",
         engine_threads: int | None = None,
-        gpu_fallback: Literal["none", "cpu"] = "none",
-        nvdec_probe: bool = True,
+        gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "storage_options"])
+        self.save_hyperparameters(ignore=["transform", "outputs", "storage_options"])
         plain_hparams(self)
         # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
@@ -212,7 +240,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 engine_threads is None or engine_threads >= 1,
                 "None or an integer >= 1",
             ),
-            "gpu_fallback": (gpu_fallback, gpu_fallback in ("none", "cpu"), "'none' or 'cpu'"),
         }
         check_arguments("StreamVideoDataModule", checks)
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
@@ -242,6 +269,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.index_check = index_check
         self.transform = transform
         self.on_error = on_error
+        self.outputs = check_outputs("StreamVideoDataModule", outputs)
         self.multiprocessing_context = multiprocessing_context
         self.timeout = timeout
         self.rank = rank
@@ -258,8 +286,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self._annotation_source: AnnotationSource | None = None
         self.engine = engine
         self.engine_threads = engine_threads
-        self.gpu_fallback = gpu_fallback
-        self.nvdec_probe = nvdec_probe
+        self.gpu = gpu_options("StreamVideoDataModule", gpu)
+        self._warned_reset = False
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, Any] = {}
@@ -295,6 +323,40 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 )
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
+        if stage == "fit":
+            self._check_temporal_reset()
+
+    def _check_temporal_reset(self) -> None:
+        """Warn (once, on rank 0) when fitting with nothing that resets the model's memory at ``is_first``."""
+        trainer = self.trainer
+        if self._warned_reset or trainer is None or trainer.global_rank != 0:
+            return
+        from lightning_vstream.callbacks import TemporalStateReset
+
+        model = trainer.lightning_module
+        if any(isinstance(c, TemporalStateReset) for c in getattr(trainer, "callbacks", [])) or (
+            getattr(model, "handles_is_first", False) is True
+        ):
+            return
+        self._warned_reset = True
+        name = type(model).__name__
+        if callable(getattr(model, "reset_temporal_state", None)):
+            what = f"{name} defines reset_temporal_state(mask), but no TemporalStateReset callback calls it"
+            fix = "add TemporalStateReset() to the Trainer's callbacks"
+        else:
+            what = "the Trainer has no TemporalStateReset callback"
+            fix = (
+                f"give {name} a method reset_temporal_state(mask) that forgets the memory of the slots where "
+                "mask is True, and add TemporalStateReset() to the Trainer's callbacks"
+            )
+        warnings.warn(
+            f"StreamVideoDataModule: {what}, so nothing clears the model's memory where a batch slot starts a new "
+            f"clip (batch['is_first']), and memory carries over from one clip into the next. To fix it, {fix}. If "
+            f"{name} reads batch['is_first'] itself, or keeps no state from one step to the next, set the class "
+            "attribute `handles_is_first = True` on it to say so (see docs/temporal_models.md).",
+            VStreamWarning,
+            stacklevel=2,
+        )
 
     def index(self, split: Stage = "train") -> VideoIndex:
         """The parsed index of ``split`` (after :meth:`setup`)."""
@@ -317,9 +379,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def uses_engine(self) -> bool:
         """Whether loaders decode with the in-process stream engine (see ``engine``)."""
-        if self.engine == "auto":
-            return self._device() != "cpu"
-        return self.engine == "threads"
+        return self.engine_choice()[0] == "threads"
+
+    def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
+        """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
+        if self.engine != "auto":
+            return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
+        if self._device() != "cpu":
+            return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
+        if self.persistent_workers:
+            return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
+        if self.multiprocessing_context is not None:
+            return "workers", (
+                f"engine='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only worker "
+                "processes have"
+            )
+        return "threads", "engine='auto': decode threads in the training process"
 
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
@@ -327,7 +402,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
         sampler = StreamSampler(
-            [clip.frame_count for clip in index.clips],
+            index.frame_counts.tolist(),
             num_cameras=len(index.camera_names),
             batch_size=self.batch_size,
             num_replicas=world,
@@ -340,6 +415,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             num_parts=1 if self.uses_engine() else max(1, self.num_workers),
         )
         device = self._device()
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
+        if training:
+            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
         if self.uses_engine():
             from lightning_vstream.stream.engine_factory import build_engine_loader
 
@@ -353,8 +431,16 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 on_error=self.on_error,
                 timeout=self.timeout,
                 decoder_threads=self.decoder_threads,
-                gpu_fallback=self.gpu_fallback,
-                probe=self.nvdec_probe,
+                gpu_fallback=self.gpu.fallback,
+                probe=self.gpu.probe,
+                augment=augment,
+                seed=self.seed,
+                annotations=self._source(),
+                pad_annotations=self.pad_annotations,
+                camera_frames=self.camera_frames,
+                max_open_decoders=self.max_open_decoders,
+                pin_memory=self.pin_memory,
+                outputs=self.outputs,
             )
             old_loader = self._loaders.get(split)
             if old_loader is not None:
@@ -369,10 +455,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             device=device,
             on_error=self.on_error,
             annotations=self._source(),
-            augment=self.augment if training or self.augment is None else self.augment.for_evaluation(),
+            augment=augment,
             seed=self.seed,
             pad_annotations=self.pad_annotations,
             camera_frames=self.camera_frames,
+            outputs=self.outputs,
         )
         loader = StreamDataLoader(
             dataset,
@@ -417,6 +504,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
         """Decoding counters of the ``split`` loader (frames decoded / delivered, seeks...)."""
         loader = self._loaders.get(split)
         if loader is None:
-            warnings.warn(f"no {split} loader has been created yet; counters are zero.", stacklevel=2)
+            warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
             return DecodeStats()
         return loader.stats

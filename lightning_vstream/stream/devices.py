@@ -6,17 +6,40 @@ events and on the CPU (tests, CPU decoding) where every operation completes befo
 
 On CUDA nothing here blocks the host: :meth:`EngineDevice.record` enqueues an event on a stream
 and :meth:`EngineDevice.wait` makes a stream wait for one (``cudaStreamWaitEvent``).
+
+A device can carry a ``prepare`` hook that each decode thread runs once, on its own stream, when it
+starts (:meth:`EngineDevice.use`): NVDEC decoders are created there, before the first step, and the
+GPU's free memory is checked against a headroom (see :func:`nvdec_engine_device`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaDevice", "EngineDevice", "HostDevice"]
+__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "nvdec_engine_device", "one_file_per_format"]
+
+log = logging.getLogger("lightning_vstream")
+#: GPU memory left free after the decoders are created, below which a warning says what to change.
+DEFAULT_HEADROOM = 2 << 30
+
+
+class _Prepared:
+    """Runs a ``prepare`` hook once in each thread that asks."""
+
+    def __init__(self, prepare: Callable[[], None] | None) -> None:
+        self.prepare = prepare
+        self._local = threading.local()
+
+    def __call__(self) -> None:
+        if self.prepare is not None and not getattr(self._local, "done", False):
+            self._local.done = True
+            self.prepare()
 
 
 class EngineDevice(Protocol):
@@ -65,8 +88,9 @@ class HostDevice:
         device(type='cpu')
     """
 
-    def __init__(self, *, threads: int = 4) -> None:
+    def __init__(self, *, threads: int = 4, prepare: Callable[[], None] | None = None) -> None:
         self._threads = threads
+        self._prepare = _Prepared(prepare)
 
     @property
     def torch_device(self) -> torch.device:
@@ -80,6 +104,7 @@ class HostDevice:
 
     @contextlib.contextmanager
     def use(self, stream: Any) -> Iterator[None]:
+        self._prepare()
         yield
 
     def new_event(self) -> None:
@@ -101,6 +126,7 @@ class CudaDevice:
     Args:
         index: GPU ordinal (this rank's GPU).
         engines: NVDEC engines on the GPU; the default thread count is twice this.
+        prepare: Run once by each decode thread, on its stream, when it starts.
 
     Example::
 
@@ -109,9 +135,10 @@ class CudaDevice:
         14
     """
 
-    def __init__(self, index: int, *, engines: int = 1) -> None:
+    def __init__(self, index: int, *, engines: int = 1, prepare: Callable[[], None] | None = None) -> None:
         self.index = index
         self.engines = engines
+        self._prepare = _Prepared(prepare)
 
     @property
     def torch_device(self) -> torch.device:
@@ -123,9 +150,12 @@ class CudaDevice:
     def new_stream(self) -> torch.cuda.Stream:
         return torch.cuda.Stream(device=self.index)
 
-    def use(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
         torch.cuda.set_device(self.index)  # per thread: the decoder threads start on device 0 otherwise
-        return torch.cuda.stream(stream)
+        with torch.cuda.stream(stream):
+            self._prepare()
+            yield
 
     def new_event(self) -> torch.cuda.Event:
         return torch.cuda.Event()
@@ -138,3 +168,72 @@ class CudaDevice:
 
     def default_threads(self) -> int:
         return 2 * max(1, self.engines)
+
+
+def nvdec_engine_device(
+    gpu: int,
+    *,
+    engines: int = 1,
+    prepare: list[tuple[Any, Any]] | None = None,
+    streams_per_thread: int = 1,
+    headroom: int = DEFAULT_HEADROOM,
+) -> EngineDevice:
+    """The engine device for NVDEC decoding on GPU ``gpu``, with its decoders created before the first step.
+
+    :class:`CudaDevice`, or :class:`HostDevice` when NVDEC's frames live in host memory (a test
+    driver, see :class:`~lightning_vstream.decode.device.HostMemory`), with as many threads as on
+    the GPU. With ``prepare`` (one ``(path, frame table)`` per format the rank reads), each decode
+    thread creates ``streams_per_thread`` decoders per format on its own stream when it starts
+    (:func:`~lightning_vstream.decode.gpu.prepare_decoders`), so NVDEC allocates its surfaces before
+    training does, not at a clip switch hours later; then, on a GPU, a warning names what to change
+    when less than ``headroom`` bytes of GPU memory are left free.
+
+    Example::
+
+        >>> nvdec_engine_device(0, engines=7).default_threads()  # doctest: +SKIP
+        14
+    """
+    from lightning_vstream.decode.device import frame_memory
+
+    host = frame_memory().host
+    hook = None
+    if prepare:
+        files = list(prepare)
+
+        def hook() -> None:
+            from lightning_vstream.decode.gpu import prepare_decoders
+
+            created = prepare_decoders(files, streams_per_thread, gpu=gpu)
+            if not host:
+                _check_headroom(gpu, headroom, created)
+
+    if host:
+        return HostDevice(threads=2 * max(1, engines), prepare=hook)
+    return CudaDevice(gpu, engines=engines, prepare=hook)
+
+
+def _check_headroom(gpu: int, headroom: int, created: int) -> None:
+    free, total = torch.cuda.mem_get_info(gpu)
+    if free < headroom:
+        log.warning(
+            "GPU %d has %.1f GiB of %.1f GiB free after creating %d NVDEC decoders (wanted at least %.1f GiB): "
+            "NVDEC allocates outside torch's allocator and running out there ends the process. Use fewer "
+            "engine_threads or cameras per step, a smaller prefetch_factor, or free memory before fitting.",
+            gpu,
+            free / 2**30,
+            total / 2**30,
+            created,
+            headroom / 2**30,
+        )
+
+
+def one_file_per_format(index: Any) -> list[tuple[Any, Any]]:
+    """One camera file, with its frame table, per (codec, width, height) among an index's clips."""
+    seen: dict[tuple[str, int, int], tuple[Any, Any]] = {}
+    for clip in index.clips:
+        for camera in clip.cameras:
+            info = camera.info
+            if info is None or getattr(camera.path, "is_dir", lambda: False)():
+                continue
+            seen.setdefault((info.codec, info.width, info.height), (camera.path, info))
+    return list(seen.values())

@@ -1,10 +1,10 @@
-"""The in-process stream engine: decode threads writing each frame once into a ring of batches.
+"""The in-process stream engine: decode threads writing each frame once into the batches of a step.
 
 Why threads in the training process: decoding in spawn DataLoader workers keeps about one picture
 in flight per process, ships every frame over CUDA IPC and gives each worker a CUDA context of its
 own, time-sliced against training. Here ``num_threads`` threads (by default twice the GPU's NVDEC
-engines) share the training process's primary context; PyNvVideoCodec's ``Decode`` releases the
-GIL, so they keep every NVDEC engine busy.
+engines, or one per core available on the CPU) share the training process; PyNvVideoCodec's
+``Decode`` and FFmpeg's decoding release the GIL, so the threads decode in parallel.
 
 How a step flows:
 
@@ -12,61 +12,97 @@ How a step flows:
   thread ``position % num_threads``, which keeps its decoder while the slot stays on a clip, so
   consecutive steps decode consecutive frames (decode amplification 1.0), in the same plan as the
   worker loader (:class:`~lightning_vstream.stream.loader.StreamSampler`).
-- **A ring of batches.** ``prefetch + hold`` batches are allocated once on the rank's device;
-  step ``s`` writes into batch ``s % ring``. Each frame is converted straight into its row
-  (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.gpu.NvDecoder.get>`), or written
-  once after the transform.
+- **A ring of batches.** At most ``prefetch`` steps are decoded ahead of the one the consumer asks
+  for. On a GPU the ``prefetch + hold`` batches are allocated once and step ``s`` writes into batch
+  ``s % ring``; on the CPU (``buffers="pool"``) every step takes a batch from a pool that reuses
+  its memory only once nothing references the batch handed out. Each frame is written once into its
+  row (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.gpu.NvDecoder.get>`), or copied
+  once after the transform. With named ``outputs`` every output has batches of its own (a ring
+  each, or one from the pool each per step), and the thread that decodes a frame writes every
+  output of it, on its own stream (:meth:`ThreadDecoders.write
+  <lightning_vstream.stream.engine_reads.ThreadDecoders.write>`).
 - **Events, not host syncs.** Each thread records an event on its own stream when it has queued a
   step; the consumer makes its current stream wait on those events. When the consumer asks for
   step ``k`` it releases step ``k - hold`` by recording a release event on its stream, which the
   thread that next writes that batch waits for. The host only waits for threads to have *queued*
   their work.
 
-Batches are views of the ring: a batch stays intact until ``hold`` further batches have been
-requested (Lightning's loop keeps one batch in prefetch, hence ``hold=2``); ``clone()`` frames to
-keep them longer.
+Errors are handled as the worker loader handles them (:mod:`lightning_vstream.stream.failures`):
+under ``on_error="raise"`` the batches before the failing step are delivered, then the error of
+the first failing read (lowest step, then stream) is raised; under ``on_error="skip"`` a slot
+whose read failed gives up its clip segment from that step on, and moves on to its next segment
+``prefetch + 1`` steps later, whatever the threads had planned when they found the failure, so a
+run, and a run resumed from any of its steps, deliver the same batches.
+
+With ``buffers="ring"`` (GPU) batches are views of the ring: a batch stays intact until ``hold``
+further batches have been requested (Lightning's loop keeps one batch in prefetch, hence
+``hold=2``); ``clone()`` frames to keep them longer.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.cpu import probe_video
-from lightning_vstream.errors import ConfigurationError, WorkerError
+from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.profiling import (
-    RANGE_COLLATE,
-    RANGE_ENGINE_STEP,
-    RANGE_TRANSFORM,
-    RANGE_WAIT,
-    nvtx_range,
-)
+from lightning_vstream.outputs import OutputTransform, check_outputs
+from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
-from lightning_vstream.stream.loader import StreamSampler
+from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger
+from lightning_vstream.stream.frames import FrameSteps, attach_annotations
+from lightning_vstream.stream.loader import BufferPool, StreamSampler
+from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
 from lightning_vstream.stream.schedule import SlotRead
-from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[["Path | str", "VideoInfo | None", str], FrameDecoder]
 OnError = Literal["raise", "skip"]
+Buffers = Literal["ring", "pool"]
+CameraFrames = Literal["stacked", "per_camera"]
+#: Steps kept in the engine's shift log (the slot shifts each step was planned with).
+SHIFT_LOG_STEPS = 256
+
+# Engines with decode threads, stopped at interpreter exit: a daemon thread still inside FFmpeg or
+# torch when the interpreter finalizes is ended by pthread_exit, which aborts the process if it
+# unwinds through C++ frames ("terminate called without an active exception").
+_RUNNING: weakref.WeakSet[StreamEngine] = weakref.WeakSet()
+_exit_hook: list[bool] = []
+
+
+def _stop_running_engines() -> None:
+    for engine in list(_RUNNING):
+        engine.close()
 
 
 @dataclass
-class _StepPlan:
+class _Step:
+    """One planned step: its reads, the shifts they were planned with, its batch and what threads add to it."""
+
     reads: list[SlotRead | None]
     shifts: list[int]
+    frames: list[torch.Tensor]  # one tensor [slots * cameras, ...], or one [slots, ...] per camera (per_camera)
+    timestamps: list[float]
+    annotations: dict[int, Any] = field(default_factory=dict)  # slot -> its frame's annotations
+    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
+    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
+    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
+    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
+    counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
 
 
 @dataclass
@@ -75,20 +111,24 @@ class _Run:
 
     start: int
     num_steps: int
+    threads: int
     cond: threading.Condition = field(default_factory=threading.Condition)
-    plans: dict[int, _StepPlan] = field(default_factory=dict)
+    steps: dict[int, _Step] = field(default_factory=dict)
     next_plan: int = 0
-    released: int = 0  # steps start .. released-1 have given their batch back
-    done: dict[int, int] = field(default_factory=dict)  # step -> threads finished
-    timestamps: dict[int, list[float]] = field(default_factory=dict)
-    abandoned: dict[tuple[int, int], int] = field(default_factory=dict)  # (slot, segment) -> first failed step
-    error: BaseException | None = None
+    requested: int = 0  # the step the consumer asks for (threads decode at most ``prefetch`` steps ahead)
+    released: int = 0  # steps before this have given their batch back
+    progress: list[int] = field(default_factory=list)  # per thread: the last step it finished
+    errors: dict[int, tuple[int, int, BaseException]] = field(default_factory=dict)  # thread -> (step, position, err)
+    # (slot, segment) given up -> the step its first failed read belongs to (-1: before this run)
+    abandoned: dict[tuple[int, int], int] = field(default_factory=dict)
+    changes: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)  # its shift change
     stopping: bool = False
     timed_out: bool = False
+    workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
 
 
 class StreamEngine:
-    """Decodes a :class:`StreamSampler`'s plan with threads into a ring of batches on one device.
+    """Decodes a :class:`StreamSampler`'s plan with threads into batches on one device.
 
     Args:
         index: The clips to read.
@@ -98,18 +138,40 @@ class StreamEngine:
         decoder_factory: ``(path, info, label) -> decoder`` for one camera stream; its ``get(index, out=None)``
             returns the frame as ``[3, H, W]`` uint8 on ``device``, ordered on the current stream.
         num_threads: Decode threads; ``device.default_threads()`` when None.
-        prefetch: Batches decoded ahead of the one the consumer asks for.
-        hold: Batches the consumer may hold after asking for them (their memory is not reused).
+        prefetch: Steps decoded ahead of the one the consumer asks for.
+        hold: Batches the consumer may hold after asking for them (``buffers="ring"``: their memory is not reused).
         transform: Applied to each ``[1, 3, H, W]`` frame on its thread's stream, right after decoding.
-        on_error: ``"raise"`` re-raises a decoding error from the thread that met it;
+        on_error: ``"raise"`` re-raises the first failed read's error after the batches before it;
             ``"skip"`` moves the slot to its next clip and marks the batches in between invalid.
         timeout: Seconds the consumer waits for a step before raising :class:`WorkerError` (0: forever).
+        augment: Geometry augmentation, applied before ``transform``, drawn once per segment from
+            ``(seed, epoch, clip, segment start)``.
+        seed: Seed of the augmentation draws.
+        annotations: Delivered next to the frames (see :mod:`lightning_vstream.annotations`); None: none.
+        pad_annotations: Pad ragged annotation fields with a mask instead of delivering lists.
+        camera_frames: ``"stacked"``: one ``[slots, cameras, 3, H, W]`` tensor; ``"per_camera"``: one
+            ``[slots, 3, H_c, W_c]`` tensor per camera.
+        max_open_decoders: Open decoders of the whole engine (shared out among the threads, at least
+            one each); None keeps one per camera stream.
+        decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
+            :func:`~lightning_vstream.stream.frames.decoder_sizes` plans: to their own size
+            (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``) and, for the
+            outputs that need another one, ``get_sizes``; so a resize-only
+            :class:`~lightning_vstream.FrameTransform` has nothing left to do.
+        buffers: ``"ring"``: a fixed ring of ``prefetch + hold`` batches (GPU memory, ordered by
+            events); ``"pool"``: a batch per step whose memory is reused only once nothing
+            references it (CPU memory, safe to keep).
+        pin_memory: Allocate pool batches in pinned memory (when CUDA is available).
+        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`): each has batches of its own
+            (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
+            default output.
 
     Example::
 
         >>> engine = StreamEngine(index=index, sampler=sampler, device=HostDevice(),  # doctest: +SKIP
         ...                       decoder_factory=lambda p, i, label: PyAVDecoder(p, info=i, label=label))
-        >>> next(iter(engine))["frames"].shape  # doctest: +SKIP
+        >>> next(iter(engine.run()))["frames"].shape  # doctest: +SKIP
         torch.Size([2, 6, 3, 48, 64])
     """
 
@@ -126,6 +188,16 @@ class StreamEngine:
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         on_error: OnError = "raise",
         timeout: float = 300.0,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        annotations: AnnotationSource | None = None,
+        pad_annotations: bool = False,
+        camera_frames: CameraFrames = "stacked",
+        max_open_decoders: int | None = None,
+        decoder_resizes: bool = False,
+        buffers: Buffers = "ring",
+        pin_memory: bool = False,
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if sampler.num_parts != 1:
             raise ConfigurationError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
@@ -135,6 +207,14 @@ class StreamEngine:
             raise ConfigurationError(f"num_threads={num_threads!r} must be >= 1 or None.")
         if on_error not in ("raise", "skip"):
             raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
+        if camera_frames not in ("stacked", "per_camera"):
+            raise ConfigurationError(
+                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
+            )
+        if buffers not in ("ring", "pool"):
+            raise ConfigurationError(f"buffers={buffers!r} is not supported; use 'ring' or 'pool'.")
+        if max_open_decoders is not None and max_open_decoders < 1:
+            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
         self.index = index
         self.sampler = sampler
         self.device = device
@@ -144,58 +224,157 @@ class StreamEngine:
         self.transform = transform
         self.on_error = on_error
         self.timeout = timeout
+        self.pad_annotations = pad_annotations
+        self.camera_frames = camera_frames
+        self.buffers = buffers
+        self.outputs = check_outputs("StreamEngine", outputs)
+        self.steps = FrameSteps(
+            index=index,
+            transform=transform,
+            augment=augment,
+            seed=seed,
+            annotations=annotations,
+            on_error=on_error,
+            decode_device="cpu" if decoder_resizes else "cuda",
+            outputs=self.outputs,
+        )
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
-        self._ring: list[torch.Tensor] = []
+        self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
+        self._shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._output_shapes: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
+        self._ring: list[list[torch.Tensor]] = []
+        self._output_ring: list[dict[str, list[torch.Tensor]]] = []
+        self._pool = BufferPool(shared=False, pinned=pin_memory and torch.cuda.is_available())
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
-        self._threads: list[threading.Thread] = []
+        self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
         self._run: _Run | None = None
         self._stats_lock = threading.Lock()
-        self._stats = DecodeStats()
-        self._bad_files: set[str] = set()
-        #: Slot shifts each step was planned with (for resuming mid-epoch after skipped clips).
+        self._ledger = SkipLedger()
+        self._stats = self._ledger.stats
+        # Decoder counters as of the last step handed out (as the worker loader counts them, work done
+        # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
+        self._earlier_runs = (0, 0, 0, 0)
+        self._this_run: dict[int, tuple[int, int, int, int]] = {}
+        #: The skips of the current pass (for resuming mid-epoch after skipped clips).
+        self.history = SkipHistory(sampler.batch_size)
+        #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
         self.shift_log: dict[int, list[int]] = {}
         #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
         self.prefetcher: Any = None
 
     # -- setup -----------------------------------------------------------------------------
-    def frame_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
-        """Shape and dtype of one camera frame in a batch (after the transform)."""
-        camera = self.index.clips[0].cameras[0]
-        info = camera.info if camera.info is not None else probe_video(camera.path)
-        if self.transform is None:
-            return (3, info.height, info.width), torch.uint8
-        probe = self.device.empty((1, 3, info.height, info.width), torch.uint8).zero_()
-        out = self.transform(probe)
-        return tuple(out.shape[1:]), out.dtype
+    def frame_shape(self, camera: int = 0) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of one frame of ``camera`` in a batch (after augmentation and transform).
+
+        Taken from the first clip whose file of that camera has a frame table (from the index, or
+        probed); with ``camera_frames="stacked"`` every camera shares camera 0's.
+        """
+        height, width = self._file_size(camera)
+        return self.steps.frame_shape(height, width, self.device.torch_device)
+
+    def output_shapes(self, camera: int = 0) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of one frame of ``camera`` in each named output (see :meth:`frame_shape`)."""
+        if not self.outputs:
+            return {}
+        height, width = self._file_size(camera)
+        return self.steps.output_shapes(height, width, self.device.torch_device)
+
+    def _file_size(self, camera: int) -> tuple[int, int]:
+        """``(height, width)`` of the first readable file of ``camera``."""
+        problems = []
+        for clip in self.index.clips:
+            stream = clip.cameras[camera]
+            try:
+                info = stream.info if stream.info is not None else probe_video(stream.path)
+            except FILE_ERRORS as err:
+                problems.append(str(err))
+                continue
+            return info.height, info.width
+        listed = "\n".join(f"  {p}" for p in problems[:5])
+        raise VideoDecodeError(
+            f"no file of camera {self.index.camera_names[camera]!r} can be read, so the batch's frame size is "
+            f"unknown:\n{listed}"
+        )
 
     def _allocate(self) -> None:
-        if self._ring:
+        if self._shapes:
             return
-        shape, dtype = self.frame_shape()
-        rows = self.sampler.batch_size * self.sampler.num_cameras
-        self._ring = [self.device.empty((rows, *shape), dtype) for _ in range(self.ring_size)]
+        cameras = self.sampler.num_cameras if self.camera_frames == "per_camera" else 1
+        self._shapes = [self.frame_shape(camera) for camera in range(cameras)]
+        per_camera = [self.output_shapes(camera) for camera in range(cameras)]
+        self._output_shapes = {name: [shapes[name] for shapes in per_camera] for name in self.outputs}
+        if self.buffers == "ring":
+            self._ring = [self._new_frames() for _ in range(self.ring_size)]
+            self._output_ring = [self._new_outputs() for _ in range(self.ring_size)]
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
 
+    def _new_outputs(self) -> dict[str, list[torch.Tensor]]:
+        """The frame tensors of one batch for each named output."""
+        return {name: self._new_frames(shapes) for name, shapes in self._output_shapes.items()}
+
+    def _new_frames(self, shapes: list[tuple[tuple[int, ...], torch.dtype]] | None = None) -> list[torch.Tensor]:
+        """The frame tensors of one batch (of the default output, or of ``shapes``): one for all cameras, or one
+        per camera."""
+        slots, cams = self.sampler.batch_size, self.sampler.num_cameras
+        shapes = self._shapes if shapes is None else shapes
+        if self.camera_frames == "stacked":
+            shape, dtype = shapes[0]
+            dims: list[tuple[tuple[int, ...], torch.dtype]] = [((slots * cams, *shape), dtype)]
+        else:
+            dims = [((slots, *shape), dtype) for shape, dtype in shapes]
+        if self.buffers == "pool":
+            return [self._pool.take(shape, dtype) for shape, dtype in dims]
+        return [self.device.empty(shape, dtype) for shape, dtype in dims]
+
+    def _row(self, frames: list[torch.Tensor], position: int) -> torch.Tensor:
+        if self.camera_frames == "stacked":
+            return frames[0][position]
+        slot, camera = divmod(position, self.sampler.num_cameras)
+        return frames[camera][slot]
+
     # -- the consumer ----------------------------------------------------------------------
-    def run(self, start: int = 0) -> Iterator[dict[str, Any]]:
-        """Yield the batches of the sampler's current epoch from step ``start``."""
+    def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the batches of the sampler's current epoch from step ``start``, with ``skips`` in force there."""
         self._allocate()
+        if self._run is not None:  # an earlier run whose iterator was left unfinished
+            self._shutdown(self._run)
         self._join(60.0)  # threads of an earlier run that was stopped while they were stuck
-        plan = self.sampler.schedule()
-        run = _Run(start=start, num_steps=len(plan), next_plan=start, released=start)
-        self.sampler.start_step = start
+        sampler = self.sampler
+        skips = skips if skips is not None else no_skips(sampler.batch_size)
+        sampler.shifts, sampler.pending_shifts = list(skips[0]), list(skips[1])
+        sampler.abandoned = set(skips[2])
+        sampler.start_step = start
+        self.history.begin(sampler.epoch, skips)
+        self.steps.forget_draws()
+        with self._stats_lock:
+            self._earlier_runs = tuple(sum(values) for values in zip(self._earlier_runs, *self._this_run.values()))
+            self._this_run = {}
+        run = _Run(
+            start=start,
+            num_steps=len(sampler.schedule()),
+            threads=self.num_threads,
+            next_plan=start,
+            requested=start,
+            released=start,
+            progress=[start - 1] * self.num_threads,
+            abandoned={pair: -1 for pair in skips[2]},
+        )
         self._run = run
-        self._threads = [
+        if not _exit_hook:
+            atexit.register(_stop_running_engines)
+            _exit_hook.append(True)
+        _RUNNING.add(self)
+        run.workers = [
             threading.Thread(target=self._thread_main, args=(run, t), name=f"vstream-decode-{t}", daemon=True)
             for t in range(self.num_threads)
         ]
-        for thread in self._threads:
+        for thread in run.workers:
             thread.start()
         try:
             for step in range(start, run.num_steps):
@@ -203,64 +382,84 @@ class StreamEngine:
         finally:
             self._shutdown(run)
 
+    def _ready(self, run: _Run, step: int) -> bool:
+        """Every thread has finished ``step``, or stopped at an error at or before it."""
+        return all(
+            done >= step or (t in run.errors and run.errors[t][0] <= step) for t, done in enumerate(run.progress)
+        )
+
     def _next_batch(self, run: _Run, step: int) -> dict[str, Any]:
         with run.cond:
+            run.requested = step
             if step - self.hold >= run.released:
                 # The consumer no longer holds this batch: later writes to it wait for its work so far.
                 self.device.record(self._release_events[(step - self.hold) % self.ring_size])
                 run.released = step - self.hold + 1
-                run.cond.notify_all()
+            run.cond.notify_all()
             with nvtx_range(RANGE_WAIT):
-                finished = run.cond.wait_for(
-                    lambda: run.error is not None or run.done.get(step, 0) == self.num_threads,
-                    timeout=self.timeout or None,
-                )
-            if run.error is not None:
-                raise run.error
+                finished = run.cond.wait_for(functools.partial(self._ready, run, step), timeout=self.timeout or None)
             if not finished:
                 run.timed_out = True
+                late = [t for t, done in enumerate(run.progress) if done < step]
                 raise WorkerError(
-                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s "
-                    f"({run.done.get(step, 0)} of {self.num_threads} decode threads done); a file may be stalled on a "
-                    "slow file system, or raise the timeout."
+                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s: "
+                    + "; ".join(f"decode thread {t} did not finish {self._streams_of(run, step, t)}" for t in late)
+                    + ". A file may be stalled on a slow file system, or a decoder hangs: check the files named, "
+                    "or raise the timeout if decoding is only slow."
                 )
-            step_plan = run.plans.pop(step)
-            timestamps = run.timestamps.pop(step)
-            del run.done[step]
-            abandoned = dict(run.abandoned)
-        self.shift_log[step] = list(step_plan.shifts)
-        for old in [s for s in self.shift_log if s < step - 256]:
-            del self.shift_log[old]
-        slot = step % self.ring_size
+            failures = sorted((s, p, t) for t, (s, p, _) in run.errors.items() if s <= step)
+            if failures:
+                raise run.errors[failures[0][2]][2]
+            planned = run.steps.pop(step)
+            abandoned = {pair: first for pair, first in run.abandoned.items() if first <= step}
+        self.shift_log[step] = list(planned.shifts)
+        self.shift_log.pop(step - SHIFT_LOG_STEPS, None)
         for events in self._done_events:
-            self.device.wait(events[slot])
+            self.device.wait(events[step % self.ring_size])
         with nvtx_range(RANGE_COLLATE):
-            return self._assemble(step, step_plan, timestamps, abandoned, self._ring[slot])
+            return self._assemble(step, planned, abandoned)
 
-    def _assemble(
-        self,
-        step: int,
-        plan: _StepPlan,
-        timestamps: list[float],
-        abandoned: dict[tuple[int, int], int],
-        buffer: torch.Tensor,
-    ) -> dict[str, Any]:
+    def _streams_of(self, run: _Run, step: int, t: int, limit: int = 8) -> str:
+        """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
+        planned = run.steps.get(step)
+        if planned is None:
+            return "its camera streams (not planned yet)"
+        cams = self.sampler.num_cameras
+        named = []
+        for position in range(t, len(planned.reads) * cams, self.num_threads):
+            slot, camera = divmod(position, cams)
+            read = planned.reads[slot]
+            if read is not None:
+                clip = self.index.clips[read.clip]
+                stream = clip.cameras[camera]
+                named.append(
+                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
+                )
+        more = f" and {len(named) - limit} more" if len(named) > limit else ""
+        return "the camera streams " + ", ".join(named[:limit]) + more
+
+    def _assemble(self, step: int, planned: _Step, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
         cams = self.sampler.num_cameras
         batch_size = self.sampler.batch_size
-        reads = plan.reads
-        valid = [r is not None and abandoned.get((slot, r.segment), step + 1) > step for slot, r in enumerate(reads)]
-        frames = buffer.view(batch_size, cams, *buffer.shape[1:])
-        for slot, ok in enumerate(valid):
-            if not ok:
-                frames[slot].zero_()  # padding and failed slots hold zeros, not stale frames
-        with self._stats_lock:
-            self._stats.skipped_samples += sum(1 for s, r in enumerate(reads) if r is not None and not valid[s])
-        camera_ts = torch.tensor(timestamps, dtype=torch.float64).view(batch_size, cams)
+        reads = planned.reads
+        valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
+        frames = self._finish_frames(planned.frames, valid)
+        camera_ts = torch.tensor(planned.timestamps, dtype=torch.float64).view(batch_size, cams)
         for slot, ok in enumerate(valid):
             if not ok:
                 camera_ts[slot] = math.nan
+        with self._stats_lock:
+            self._this_run.update(planned.counts)
+            self._ledger.count_step(
+                reads=reads,
+                valid=valid,
+                shifts=planned.shifts,
+                step=step,
+                num_steps=self.sampler.schedule().num_steps,
+                cameras=cams,
+            )
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        return {
+        batch: dict[str, Any] = {
             "frames": frames,
             "clip_id": [self.index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
@@ -272,20 +471,58 @@ class StreamEngine:
             "epoch": self.sampler.epoch,
             "step": step,
         }
+        if self.outputs:
+            batch["outputs"] = {
+                name: {"frames": self._finish_frames(planned.outputs[name], valid)} for name in self.outputs
+            }
+        if self.steps.annotations is not None or self.steps.has_geometry:
+            with self._stats_lock:
+                attach_annotations(
+                    batch,
+                    self.steps,
+                    valid=valid,
+                    cameras=cams,
+                    found=planned.annotations.items(),
+                    missing=planned.missing,
+                    geometry=planned.geometry.items(),
+                    pad=self.pad_annotations,
+                    stats=self._stats,
+                    output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
+                )
+        return batch
+
+    def _finish_frames(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
+        """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
+        if self.camera_frames == "stacked":
+            stacked = tensors[0].view(self.sampler.batch_size, self.sampler.num_cameras, *tensors[0].shape[1:])
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
+            return stacked
+        for camera_frames in tensors:
+            for slot, ok in enumerate(valid):
+                if not ok:
+                    camera_frames[slot].zero_()
+        return list(tensors)
 
     def _shutdown(self, run: _Run) -> None:
+        """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""
         with run.cond:
             run.stopping = True
             run.cond.notify_all()
         # After a timeout the threads are stuck in a decoder: do not wait for them here; close()
         # (or the next run) collects them once they return.
+        self._stuck.extend(run.workers)
+        run.workers = []
         self._join(0.0 if run.timed_out else 60.0)
-        self.sampler.start_step = 0
-        self._run = None
+        if self._run is run:
+            self.sampler.start_step = 0
+            self._run = None
 
     def _join(self, timeout: float) -> None:
+        """Wait for the threads of stopped runs."""
         alive = []
-        for thread in self._threads:
+        for thread in self._stuck:
             thread.join(timeout=timeout)
             if thread.is_alive():
                 alive.append(thread)
@@ -293,7 +530,7 @@ class StreamEngine:
             log.warning(
                 "%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive), timeout
             )
-        self._threads = alive
+        self._stuck = alive
 
     def close(self) -> None:
         """Stop the threads of a run in progress (their decoders close as they exit)."""
@@ -302,165 +539,142 @@ class StreamEngine:
         self._join(60.0)
 
     # -- the decode threads ----------------------------------------------------------------
-    def _plan(self, run: _Run, step: int) -> _StepPlan:
-        """The reads of ``step``, planned once and in order (call with ``run.cond`` held)."""
+    def _plan(self, run: _Run, step: int) -> _Step:
+        """The reads and batch of ``step``, planned once and in order (call with ``run.cond`` held)."""
         while run.next_plan <= step:
             s = run.next_plan
-            self.sampler.tasks(s)  # records the step as issued, so abandon() affects only later steps
+            self.sampler.tasks(s)  # records the step as issued and applies the shift changes due
             reads, shifts, _ = self.sampler.issued(s)
-            run.plans[s] = _StepPlan(reads, shifts)
+            pool = self.buffers == "pool"
+            frames = self._new_frames() if pool else self._ring[s % self.ring_size]
+            outputs = self._new_outputs() if pool else self._output_ring[s % self.ring_size]
+            streams = self.sampler.batch_size * self.sampler.num_cameras
+            run.steps[s] = _Step(
+                reads,
+                shifts,
+                frames,
+                [math.nan] * streams,
+                outputs=outputs,
+                output_geometry={name: {} for name in self.outputs},
+            )
             if self.prefetcher is not None:
                 self.prefetcher.observe_slots(self.sampler.epoch, s, reads)
-            run.timestamps[s] = [math.nan] * (self.sampler.batch_size * self.sampler.num_cameras)
             run.next_plan = s + 1
-        return run.plans[step]
+        return run.steps[step]
 
     def _may_write(self, run: _Run, step: int) -> bool:
-        """Whether a thread may write ``step``: its batch has been released, or the run is stopping."""
-        return run.stopping or step < run.released + self.ring_size
+        """Whether a thread may write ``step``: at most ``prefetch`` ahead of the consumer (or the run is stopping).
+
+        The bound counts from the step the consumer asks for, never from where the run started,
+        so a failure found at step ``f`` is always found before step ``f + prefetch + 1`` is planned.
+        """
+        return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
 
     def _thread_main(self, run: _Run, t: int) -> None:
-        decoders: dict[int, tuple[int, FrameDecoder]] = {}
+        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
         stream = self._streams[t]
+        step = run.start
+        position = -1
         try:
             with self.device.use(stream):
                 for step in range(run.start, run.num_steps):
+                    position = -1
                     with run.cond:
                         run.cond.wait_for(functools.partial(self._may_write, run, step))
                         if run.stopping:
                             return
-                        plan = self._plan(run, step)
-                    slot_index = step % self.ring_size
-                    self.device.wait(self._release_events[slot_index], stream)
+                        planned = self._plan(run, step)
+                    self.device.wait(self._release_events[step % self.ring_size], stream)
                     with nvtx_range(RANGE_ENGINE_STEP):
-                        self._decode_step(run, t, step, plan, self._ring[slot_index], decoders)
-                    self.device.record(self._done_events[t][slot_index], stream)
+                        for position in range(t, len(planned.reads) * self.sampler.num_cameras, self.num_threads):
+                            self._decode_one(run, step, position, planned, decoders)
+                    planned.counts[t] = decoders.counts()
+                    self.device.record(self._done_events[t][step % self.ring_size], stream)
                     with run.cond:
-                        run.done[step] = run.done.get(step, 0) + 1
+                        run.progress[t] = step
                         run.cond.notify_all()
         except BaseException as err:
             with run.cond:
-                if run.error is None:
-                    run.error = err
+                run.errors[t] = (step, position, err)
                 run.cond.notify_all()
         finally:
-            for position in list(decoders):
-                self._close_decoder(decoders, position)
+            decoders.close_all()
 
-    def _close_decoder(self, decoders: dict[int, tuple[int, FrameDecoder]], position: int) -> None:
-        _, dec = decoders.pop(position)
-        with self._stats_lock:
-            self._stats.frames_decoded += dec.frames_decoded
-            self._stats.seeks += getattr(dec, "seeks", 0)
-        try:
-            dec.close()
-        except Exception:  # closing must not hide the error that ended the run
-            log.debug("closing a decoder failed", exc_info=True)
+    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: ThreadDecoders) -> None:
+        """Decode and write one camera frame of ``step``, with its timestamp, geometry and annotations.
 
-    def _decoder(
-        self, decoders: dict[int, tuple[int, FrameDecoder]], position: int, clip_ordinal: int, camera_ordinal: int
-    ) -> FrameDecoder:
-        entry = decoders.get(position)
-        if entry is not None and entry[0] == clip_ordinal:
-            return entry[1]
-        if entry is not None:
-            self._close_decoder(decoders, position)
-        clip = self.index.clips[clip_ordinal]
-        camera = clip.cameras[camera_ordinal]
-        dec = self.decoder_factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
-        decoders[position] = (clip_ordinal, dec)
-        with self._stats_lock:
-            self._stats.files_opened += 1
-        return dec
-
-    def _decode_step(
-        self,
-        run: _Run,
-        t: int,
-        step: int,
-        plan: _StepPlan,
-        buffer: torch.Tensor,
-        decoders: dict[int, tuple[int, FrameDecoder]],
-    ) -> None:
-        cams = self.sampler.num_cameras
-        timestamps = run.timestamps[step]
-        for position in range(t, len(plan.reads) * cams, self.num_threads):
-            slot, camera = divmod(position, cams)
-            read = plan.reads[slot]
-            if read is None:
-                continue
-            with run.cond:
-                if run.abandoned.get((slot, read.segment), step + 1) <= step:
-                    continue
-            try:
-                dec = self._decoder(decoders, position, read.clip, camera)
-                self._write(dec, read, camera, buffer[position])  # the decoder emits its own NVTX ranges
-            except VideoDecodeError as err:
-                located = self._located(err, read, camera)
-                if self.on_error == "raise":
-                    raise located from err
-                if position in decoders:
-                    self._close_decoder(decoders, position)
-                self._abandon(run, slot, step, plan.shifts[slot], read, camera, located)
-                continue
-            timestamps[position] = dec.info.timestamp(read.frame)
-            with self._stats_lock:
-                self._stats.frames_delivered += 1
-
-    def _located(self, err: VideoDecodeError, read: SlotRead, camera: int) -> VideoDecodeError:
-        """``err``, prefixed with the clip, camera and frame the slot was reading."""
-        clip = self.index.clips[read.clip]
-        where = f"clip {clip.clip_id!r}, camera {clip.cameras[camera].name!r}, frame {read.frame}"
-        if str(err).startswith(where):
-            return err
-        return VideoDecodeError(f"{where}: {err}")
-
-    def _write(self, dec: FrameDecoder, read: SlotRead, camera: int, row: torch.Tensor) -> None:
-        info = dec.info
-        if self.transform is None:
-            if tuple(row.shape) != (3, info.height, info.width):
-                raise self._size_error(read, camera, (3, info.height, info.width), tuple(row.shape))
-            dec.get(read.frame, out=row)  # type: ignore[call-arg]
+        A failed read is raised (``on_error="raise"``) or gives up the slot's segment (``"skip"``).
+        """
+        slot, camera = divmod(position, self.sampler.num_cameras)
+        read = planned.reads[slot]
+        if read is None:
             return
-        image = dec.get(read.frame)
-        with nvtx_range(RANGE_TRANSFORM):
-            image = self.transform(image[None])[0]
-        if image.shape != row.shape or image.dtype != row.dtype:
-            raise self._size_error(read, camera, tuple(image.shape), tuple(row.shape))
-        row.copy_(image)
-
-    def _size_error(self, read: SlotRead, camera: int, got: tuple[int, ...], expected: tuple[int, ...]) -> ValueError:
-        clip = self.index.clips[read.clip]
-        return ValueError(
-            f"clip {clip.clip_id!r}, camera {clip.cameras[camera].name!r} frame {read.frame} is {got} but the batch "
-            f"holds {expected} frames; batches stack frames, so configure a resize transform or give every file the "
-            "same size."
-        )
+        # Read without the lock: a failure another thread is recording right now only costs a
+        # decode whose slot the batch marks invalid anyway.
+        if run.abandoned.get((slot, read.segment), step) < step:
+            return  # its segment failed at an earlier step: nothing to decode
+        # Where the slot's segment starts keys the augmentation draw; nothing else needs it.
+        segment_start = self.sampler.schedule().segments[read.segment].start if self.steps.augment is not None else 0
+        epoch = self.sampler.epoch
+        try:
+            info = decoders.write(
+                position=position,
+                clip=read.clip,
+                camera=camera,
+                frame=read.frame,
+                row=self._row(planned.frames, position),
+                epoch=epoch,
+                segment_start=segment_start,
+                outputs={name: self._row(frames, position) for name, frames in planned.outputs.items()},
+            )
+        except FILE_ERRORS as err:
+            if self.on_error == "raise":
+                raise
+            if position in decoders.open:
+                decoders.close(position)
+            decoders.read_errors += 1
+            self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
+            return
+        timestamp = info.timestamp(read.frame)
+        planned.timestamps[position] = timestamp
+        if self.steps.has_geometry:
+            size = (info.height, info.width, epoch, read.clip, segment_start)
+            planned.geometry[position] = self.steps.geometry(*size)
+            for name, matrix in self.steps.output_geometry(*size).items():
+                planned.output_geometry[name][position] = matrix
+        if camera == 0 and self.steps.annotations is not None:
+            found, why = self.steps.annotate(read.clip, read.frame, timestamp)
+            if found is not None:
+                planned.annotations[slot] = found
+            else:
+                planned.missing.append((slot, str(why)))
 
     def _abandon(
-        self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: VideoDecodeError
+        self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException
     ) -> None:
-        path = str(self.index.clips[read.clip].cameras[camera].path)
+        """Give up the slot's segment from ``step`` on; the slot moves on ``prefetch + 1`` steps later."""
+        key = (slot, read.segment)
         with run.cond:
-            key = (slot, read.segment)
-            first = key not in run.abandoned
-            run.abandoned[key] = min(run.abandoned.get(key, step), step)
-            if first:
-                self.sampler.abandon(slot, step, shift, read)
-        with self._stats_lock:
-            self._stats.read_errors += 1
-            if first:
-                self._stats.skipped_clips += 1
-            if path not in self._bad_files:
-                self._bad_files.add(path)
-                self._stats.bad_files = len(self._bad_files)
-                log.warning(
-                    "skipping clip %r from frame %d on: %s", self.index.clips[read.clip].clip_id, read.frame, err
+            known = run.abandoned.get(key)
+            if known is None or step < known:
+                run.abandoned[key] = step
+                change = self.sampler.abandon_from(
+                    slot, step, shift, read, step + self.prefetch + 1, replaces=run.changes.get(key)
                 )
+                run.changes[key] = change
+                self.history.found(step, slot, read.segment, change)
+            with self._stats_lock:
+                if known is None:
+                    path = str(self.index.clips[read.clip].cameras[camera].path)
+                    self._ledger.clip_skipped(self.index.clips[read.clip].clip_id, read.frame, path, err)
 
     # -- counters --------------------------------------------------------------------------
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of every run so far (decoders still open count when they close)."""
+        """Decoding counters of every run so far, as of the last batch handed out."""
         with self._stats_lock:
-            return self._stats + DecodeStats()
+            totals = [sum(values) for values in zip(self._earlier_runs, *self._this_run.values())]
+            counted = DecodeStats(
+                frames_decoded=totals[0], seeks=totals[1], files_opened=totals[2], read_errors=totals[3]
+            )
+            return self._stats + counted

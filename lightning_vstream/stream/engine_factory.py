@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import torch
 
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.stream.devices import CudaDevice, EngineDevice, HostDevice
+from lightning_vstream.outputs import OutputTransform
+from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.engine_loader import (
     EngineLoader,
     nvdec_factory,
     pyav_factory,
 )
+from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.loader import StreamSampler
 
-__all__ = ["build_engine_loader"]
+__all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
+
+#: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
+CPU_DECODER_THREADS = 1
+
+
+def cpu_threads() -> int:
+    """Decode threads for the engine on the CPU: one per core this process may run on (``os.sched_getaffinity``).
+
+    Example::
+
+        >>> cpu_threads() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def build_engine_loader(
@@ -34,11 +56,26 @@ def build_engine_loader(
     decoder_threads: int = 0,
     gpu_fallback: Literal["none", "cpu"] = "none",
     probe: bool = True,
+    augment: GeometryAugment | None = None,
+    seed: int = 0,
+    annotations: AnnotationSource | None = None,
+    pad_annotations: bool = False,
+    camera_frames: Literal["stacked", "per_camera"] = "stacked",
+    max_open_decoders: int | None = None,
+    pin_memory: bool = False,
+    outputs: Mapping[str, OutputTransform] | None = None,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
-    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``) and sizes the thread pool
-    from the GPU's NVDEC engine count (``GetDecoderCaps``).
+    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
+    from the GPU's NVDEC engine count (``GetDecoderCaps``) and has each decode thread create its
+    decoders for every format of the index before the first step; batches are views of a ring in
+    GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
+    (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
+    (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
+    transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
+    :func:`~lightning_vstream.stream.frames.decoder_sizes`), and every batch is memory of its own
+    until the caller drops it.
 
     Example::
 
@@ -47,13 +84,13 @@ def build_engine_loader(
     target = torch.device(device)
     backend: EngineDevice
     factory: DecoderFactory
+    resize = None
     if target.type == "cuda" and index.storage is not None:
         raise ConfigurationError(
             f"index {index.source!r} is remote: decoding remote files on the GPU is not supported yet; use "
             "decode_device='cpu'."
         )
     if target.type == "cuda":
-        from lightning_vstream.decode.gpu import import_pynvvideocodec
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
         gpu = target.index if target.index is not None else 0
@@ -61,12 +98,19 @@ def build_engine_loader(
             probe_nvdec(gpu)
         first = index.clips[0].cameras[0].info
         codec = first.codec if first is not None else "hevc"
-        engines = num_decoder_engines(import_pynvvideocodec(), gpu, codec)
-        backend = CudaDevice(gpu, engines=engines)
+        engines = num_decoder_engines(gpu, codec)
+        rows = sampler.batch_size * sampler.num_cameras
+        per_thread = -(-rows // max(1, min(threads or 2 * engines, rows)))
+        backend = nvdec_engine_device(
+            gpu, engines=engines, prepare=one_file_per_format(index), streams_per_thread=per_thread
+        )
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
-        backend = HostDevice()
-        factory = pyav_factory(threads=decoder_threads, storage=index.storage)
+        backend = HostDevice(threads=cpu_threads())
+        resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
+        # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
+        # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage)
     engine = StreamEngine(
         index=index,
         sampler=sampler,
@@ -77,6 +121,16 @@ def build_engine_loader(
         transform=transform,
         on_error=on_error,
         timeout=timeout,
+        augment=augment,
+        seed=seed,
+        annotations=annotations,
+        pad_annotations=pad_annotations,
+        camera_frames=camera_frames,
+        max_open_decoders=max_open_decoders,
+        decoder_resizes=target.type == "cpu",
+        buffers="ring" if target.type == "cuda" else "pool",
+        pin_memory=pin_memory,
+        outputs=outputs,
     )
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import PlanSpec, StreamPrefetcher

@@ -22,8 +22,8 @@ from lightning_vstream.decode.gpu import LatencyChoice
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 from lightning_vstream.storage.urls import is_url
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
-from lightning_vstream.stream.loader import STATE_VERSION, checked_resume_state, resume_config
-from lightning_vstream.stream.worker import DecodeStats
+from lightning_vstream.stream.failures import DecodeStats
+from lightning_vstream.stream.resume import Skips, checked_resume_state, no_skips
 
 if TYPE_CHECKING:
     from lightning_vstream.storage.options import StorageConfig
@@ -35,9 +35,16 @@ GpuFallback = Literal["none", "cpu"]
 
 
 def pyav_factory(
-    *, threads: int = 0, device: torch.device | str = "cpu", storage: StorageConfig | None = None
+    *,
+    threads: int = 0,
+    device: torch.device | str = "cpu",
+    size: tuple[int, int] | None = None,
+    storage: StorageConfig | None = None,
 ) -> DecoderFactory:
     """Decoders for the CPU (PyAV); frames are copied to ``device`` when it is not the CPU.
+
+    ``size`` makes the decoders resize to ``(height, width)`` while they convert to RGB (see
+    :meth:`FrameTransform.decoder_size <lightning_vstream.FrameTransform.decoder_size>`).
 
     Example::
 
@@ -50,9 +57,11 @@ def pyav_factory(
     target = torch.device(device)
 
     def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
+        dec: FrameDecoder
         if isinstance(path, str) and is_url(path):  # a remote file: GOP reads (storage: the index's)
-            return make_decoder(path, info=info, threads=threads, label=label, storage=storage)
-        dec = PyAVDecoder(path, info=info, threads=threads, label=label)
+            dec = make_decoder(path, info=info, threads=threads, label=label, size=size, storage=storage)
+        else:
+            dec = PyAVDecoder(path, info=info, threads=threads, label=label, size=size)
         return dec if target.type == "cpu" else _CopyingDecoder(dec, target)
 
     return make
@@ -65,6 +74,9 @@ def nvdec_factory(
 
     Streaming reads every frame in order, so decoders keep NVDEC's ``NATIVE`` latency mode, which
     pipelines pictures (``LOW`` returns each frame sooner but stalls the engine between packets).
+    Each decoder runs on the stream of the engine thread that opens it (``stream="current"``), so
+    frames need no stream ordering of their own: the engine orders whole steps with one event per
+    thread.
 
     Example::
 
@@ -73,12 +85,13 @@ def nvdec_factory(
     if fallback not in ("none", "cpu"):
         raise ConfigurationError(f"gpu_fallback={fallback!r} is not supported; use 'none' or 'cpu'.")
     from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.gpu import NvDecoder
 
-    target = torch.device("cuda", gpu)
+    target = frame_memory().device(gpu)  # the GPU (the CPU under a test driver's host memory)
 
     def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
-        dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency)
+        dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency, stream="current")
         if fallback == "none":
             return dec
         return _FallbackDecoder(
@@ -153,7 +166,9 @@ class EngineLoader:
     """Streaming batches from a :class:`~lightning_vstream.stream.engine.StreamEngine`, resumable mid-epoch.
 
     Batches are the dicts :class:`~lightning_vstream.stream.loader.StreamDataLoader` yields, with
-    ``frames`` on the engine's device; they are views of the engine's ring (see its docs).
+    ``frames`` on the engine's device (with the engine's ``buffers="ring"``, views of its ring:
+    see its docs). Its state has the format of the worker loader's, skips included, so a run
+    resumed from any step delivers the batches the interrupted run would have delivered.
 
     Args:
         engine: The engine to run.
@@ -172,23 +187,20 @@ class EngineLoader:
         self._yielded: tuple[int, int] | None = None
         self._consumed: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
-        self._resume_shifts: list[int] = []
+        self._resume_skips: Skips = no_skips(engine.sampler.batch_size)
 
     def __len__(self) -> int:
         return len(self.sampler.schedule())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         sampler = self.sampler
-        start = 0
+        start, skips = 0, no_skips(sampler.batch_size)
         if self._resume is not None and self._resume[0] == sampler.epoch:
-            start = self._resume[1]
-            sampler.shifts = list(self._resume_shifts)
-        elif start == 0:
-            sampler.shifts = [0] * sampler.batch_size
-        self._resume = None
-        for batch in self.engine.run(start):
+            start, skips = self._resume[1], self._resume_skips
+        for batch in self.engine.run(start, skips):
             self._yielded = (sampler.epoch, int(batch["step"]) + 1)
             yield batch
+        self._resume = None
 
     def close(self) -> None:
         """Stop the decode threads of a run in progress."""
@@ -208,27 +220,19 @@ class EngineLoader:
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-dict position: the epoch and the first step not yet consumed."""
+        """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
+
+        The format of :meth:`StreamDataLoader.state_dict <lightning_vstream.stream.loader.StreamDataLoader.state_dict>`.
+        """
         sampler = self.sampler
         position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
-        epoch, step = position
-        log_ = self.engine.shift_log
-        shifts = log_.get(step, sampler.shifts) if epoch == sampler.epoch else [0] * sampler.batch_size
-        if step >= len(sampler.schedule(epoch)):
-            epoch, step, shifts = epoch + 1, 0, [0] * sampler.batch_size
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "step": step,
-            "shifts": list(shifts),
-            **resume_config(sampler),
-        }
+        return self.engine.history.state_dict(sampler, position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        sampler = self.sampler
-        epoch, step, shifts = checked_resume_state(state, sampler)
+        epoch, step, skips = checked_resume_state(state, self.sampler)
         self._resume = (epoch, step)
-        self._resume_shifts = shifts
+        self._resume_skips = skips
+        self.engine.history.begin(epoch, skips)
         self._consumed = self._yielded = None
-        sampler.set_epoch(self._resume[0])
+        self.sampler.set_epoch(epoch)

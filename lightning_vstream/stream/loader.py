@@ -18,49 +18,50 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing.context
-import re
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.errors import (
     ConfigurationError,
-    ResumeStateError,
     StepMismatchError,
     VideoDecodeError,
     VStreamError,
     WorkerError,
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
-from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
-from lightning_vstream.stream.worker import (
-    DecodeStats,
-    StreamDataset,
-    StreamPart,
-    StreamRead,
-    StreamTask,
-    frame_size_error,
+from lightning_vstream.stream.failures import DecodeStats, SkipLedger, frame_size_error
+from lightning_vstream.stream.frames import attach_annotations
+from lightning_vstream.stream.resume import (
+    STATE_VERSION,
+    SkipHistory,
+    checked_resume_state,
+    no_skips,
+    resume_config,
 )
+from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.supervise import (
+    STOP_GRACE_S,
+    TORCH_WORKER_FAILURE,
+    WorkerTimeout,
+    dead_workers,
+    describe_exit,
+    stop_workers,
+    watch_workers,
+)
+from lightning_vstream.stream.worker import StreamDataset, StreamPart, StreamRead, StreamTask
 
-__all__ = ["StreamDataLoader", "StreamSampler"]
+__all__ = ["STATE_VERSION", "StreamDataLoader", "StreamSampler", "checked_resume_state", "resume_config"]
 
-STATE_VERSION = 1
-#: Seconds a worker gets to exit after SIGTERM, once the loader has failed, before SIGKILL.
-STOP_GRACE_S = 2.0
-# What torch raises when a worker stalls past the timeout or dies.
-_TORCH_WORKER_FAILURE = re.compile(r"DataLoader timed out after|DataLoader worker \(pid.*exited unexpectedly")
 log = logging.getLogger("lightning_vstream")
 
-# A skip found while assembling ``step``: (step, slot, segment, (from_step, new_shift) or None).
-_Skip = tuple[int, int, int, "tuple[int, int] | None"]
-# Per-slot shifts, later shift changes (from_step, slot, shift) and abandoned (slot, segment) pairs.
-_Skips = tuple[list[int], list[tuple[int, int, int]], set[tuple[int, int]]]
+#: A step's batch buffers, one per output: ``""`` for the default output, else the output's name.
+Buffers = dict[str, torch.Tensor]
+#: Shape, dtype and device of an output's frames.
+Template = tuple[tuple[int, ...], torch.dtype, torch.device]
 
 
 class StreamSampler(DistributedSampler):
@@ -120,11 +121,12 @@ class StreamSampler(DistributedSampler):
         self.pending_shifts: list[tuple[int, int, int]] = []
         #: ``(slot, segment)`` pairs given up in this pass: their reads are not sent to workers.
         self.abandoned: set[tuple[int, int]] = set()
-        #: Shape of every frame of the batch once known; sent with each task so workers check it.
-        self.frame_shape: tuple[int, ...] | None = None
-        self._issued: dict[int, tuple[list[SlotRead | None], list[int], torch.Tensor | None]] = {}
-        #: Weak reference to a callable giving each step's batch buffer (None: parts mode).
-        self.buffer_factory: weakref.WeakMethod[Callable[[], torch.Tensor | None]] | None = None
+        #: Shape of every frame of the batch once known, per output (``""``: the default output, ``batch["frames"]``;
+        #: else a name of ``batch["outputs"]``); sent with each task so workers check it.
+        self.frame_shapes: dict[str, tuple[int, ...]] = {}
+        self._issued: dict[int, tuple[list[SlotRead | None], list[int], Buffers | None]] = {}
+        #: Weak reference to a callable giving each step's batch buffers, per output (None: parts mode).
+        self.buffer_factory: weakref.WeakMethod[Callable[[], Buffers | None]] | None = None
         self._next_step = 0
         self.schedule()  # validate the configuration now, not in a worker
 
@@ -171,8 +173,8 @@ class StreamSampler(DistributedSampler):
             reads.append(plan.read(position, slot) if position < plan.num_steps else None)
         return reads
 
-    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], torch.Tensor | None]:
-        """The reads, shifts and batch buffer ``step`` was issued with (the loader labels batches with them)."""
+    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], Buffers | None]:
+        """The reads, shifts and batch buffers ``step`` was issued with (the loader labels batches with them)."""
         return self._issued.pop(step)
 
     def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> tuple[int, int] | None:
@@ -191,6 +193,35 @@ class StreamSampler(DistributedSampler):
             return self._next_step, self.shifts[slot]
         return None
 
+    def abandon_from(
+        self, slot: int, step: int, shift: int, read: SlotRead, from_step: int, *, replaces: tuple[int, int] | None
+    ) -> tuple[int, int] | None:
+        """Give up the segment of ``read`` and move ``slot`` past it from ``from_step`` on (not issued yet).
+
+        Unlike :meth:`abandon`, when the slot moves on does not depend on how far ahead steps were
+        issued when the failure was found (the engine's threads plan steps as they go): steps
+        before ``from_step`` keep reading the segment given up, and the loader marks them invalid.
+        ``replaces`` is the change an earlier call returned for the same segment (found again at an
+        earlier step); it is withdrawn. Returns ``(from_step, new_shift)``, or None when the slot is
+        past the segment by then anyway.
+        """
+        self.abandoned.add((slot, read.segment))
+        if replaces is not None:
+            self.pending_shifts = [
+                c for c in self.pending_shifts if (c[0], c[1], c[2]) != (replaces[0], slot, replaces[1])
+            ]
+        segment = self.schedule().segments[read.segment]
+        offset = (read.frame - segment.start) // segment.stride
+        next_segment = step + shift + segment.length - offset  # plan position of the next segment
+        current = self.shifts[slot]
+        for due, changed, value in sorted(self.pending_shifts):
+            if changed == slot and due <= from_step:
+                current = value
+        if from_step + current < next_segment:
+            self.pending_shifts.append((from_step, slot, next_segment - from_step))
+            return from_step, next_segment - from_step
+        return None
+
     def tasks(self, step: int) -> list[StreamTask]:
         """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
         parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
@@ -200,8 +231,8 @@ class StreamSampler(DistributedSampler):
         self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
         reads = self.reads(step)
         factory = self.buffer_factory() if self.buffer_factory is not None else None
-        buffer = factory() if factory is not None else None
-        self._issued[step] = (reads, list(self.shifts), buffer)
+        buffers = factory() if factory is not None else None
+        self._issued[step] = (reads, list(self.shifts), buffers)
         self._next_step = step + 1
         segments = self.schedule().segments
         for slot, read in enumerate(reads):
@@ -213,8 +244,14 @@ class StreamSampler(DistributedSampler):
                 parts[position % self.num_parts].append(
                     StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
                 )
+        buffer = buffers.get("") if buffers is not None else None
+        output_buffers = {name: b for name, b in buffers.items() if name} if buffers is not None else None
+        output_shapes = {name: shape for name, shape in self.frame_shapes.items() if name}
         return [
-            StreamTask(self.epoch, step, p, tuple(reads), buffer, self.frame_shape) for p, reads in enumerate(parts)
+            StreamTask(
+                self.epoch, step, p, tuple(reads), buffer, self.frame_shapes.get(""), output_buffers, output_shapes
+            )
+            for p, reads in enumerate(parts)
         ]
 
     def __iter__(self) -> Iterator[StreamTask]:
@@ -241,10 +278,12 @@ class BufferPool:
 
     Args:
         shared: Allocate shared memory (for worker processes) rather than ordinary memory.
+        pinned: Allocate pinned (page-locked) memory, for fast copies to a GPU (needs CUDA).
     """
 
-    def __init__(self, *, shared: bool) -> None:
+    def __init__(self, *, shared: bool, pinned: bool = False) -> None:
         self.shared = shared
+        self.pinned = pinned
         self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.UntypedStorage]] = {}
         self.allocated = 0
 
@@ -258,7 +297,12 @@ class BufferPool:
             nbytes = math.prod(shape) * dtype.itemsize
             # torch's own collate allocates worker batches with _new_shared: shared memory from
             # the start, so handing it to workers and back copies nothing.
-            storage = torch.UntypedStorage._new_shared(nbytes) if self.shared else torch.UntypedStorage(nbytes)
+            if self.shared:
+                storage = torch.UntypedStorage._new_shared(nbytes)
+            elif self.pinned:
+                storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).untyped_storage()
+            else:
+                storage = torch.UntypedStorage(nbytes)
             self.allocated += 1
         # The tensor that owns the storage (its ``_base`` is None), so every view made from it,
         # at any depth, keeps this very object alive; the storage returns only when all are gone.
@@ -284,6 +328,8 @@ class StreamDataLoader(DataLoader):
     - ``camera_timestamp``: float64 ``[batch_size, cameras]``
     - ``camera_names``: list of camera names
     - ``epoch``, ``step``: the batch's position in the stream plan
+    - with the dataset's named outputs, ``outputs``: ``{name: {"frames": ...}}``, laid out like
+      ``frames`` (see :mod:`lightning_vstream.outputs`)
 
     It is stateful: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch at the first batch
     not handed out yet. Lightning saves this state in every checkpoint (it does so for any loader
@@ -352,18 +398,18 @@ class StreamDataLoader(DataLoader):
         self._yielded: tuple[int, int] | None = None
         self._consumed: tuple[int, int] | None = None
         self._resume: tuple[int, int] | None = None
-        no_skips: _Skips = ([0] * sampler.batch_size, [], set())
-        self._resume_skips = no_skips
+        self._resume_skips = no_skips(sampler.batch_size)
         # The skips in force when the current pass started, and those found since: enough to
         # rebuild what was in force at any step of the pass (a resume must not see skips found
         # in batches that were prefetched but never consumed).
-        self._pass_epoch = sampler.epoch
-        self._pass_start = no_skips
-        self._found: list[_Skip] = []
-        self._skips = DecodeStats()
-        self._bad_files: set[str] = set()
-        self._template: tuple[tuple[int, ...], torch.dtype, torch.device] | None = None
-        self._camera_templates: dict[int, tuple[tuple[int, ...], torch.dtype, torch.device]] = {}
+        self._history = SkipHistory(sampler.batch_size)
+        self._history.begin(sampler.epoch, self._resume_skips)
+        self._ledger = SkipLedger()
+        self._skips = self._ledger.stats
+        # Per output ("": the default one), the frames' shape, dtype and device once known; per
+        # (output, camera) with camera_frames="per_camera".
+        self._templates: dict[str, Template] = {}
+        self._camera_templates: dict[tuple[str, int], Template] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
             from lightning_vstream.stream.prefetch import PlanSpec
@@ -379,14 +425,14 @@ class StreamDataLoader(DataLoader):
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         plan = sampler.schedule()
         start = 0
-        skips: _Skips = ([0] * sampler.batch_size, [], set())
+        skips = no_skips(sampler.batch_size)
         if self._resume is not None and self._resume[0] == sampler.epoch:
             start = self._resume[1]
             skips = self._resume_skips
         sampler.start_step = start
         sampler.shifts, sampler.pending_shifts, sampler.abandoned = list(skips[0]), list(skips[1]), set(skips[2])
-        self._pass_epoch, self._pass_start, self._found = sampler.epoch, skips, []
-        parts_iter = super().__iter__()
+        self._history.begin(sampler.epoch, skips)
+        parts_iter = self._start_workers()
         try:
             for step in range(start, len(plan)):
                 parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
@@ -403,79 +449,85 @@ class StreamDataLoader(DataLoader):
             sampler.start_step = 0
         self._resume = None
 
+    def _start_workers(self) -> Iterator[StreamPart]:
+        """``iter()`` of the DataLoader, with its workers watched by the loader rather than torch's SIGCHLD handler."""
+        try:
+            parts_iter = super().__iter__()
+            watch_workers(parts_iter, self.timeout)
+        except RuntimeError as err:
+            # A worker that died while starting, reported by torch's SIGCHLD handler.
+            if isinstance(err, VStreamError) or not TORCH_WORKER_FAILURE.search(str(err)):
+                raise
+            raise WorkerError(f"a decoding worker died while the workers started: {err}") from err
+        return parts_iter
+
     def _receive(self, parts_iter: Iterator[StreamPart], step: int, part: int) -> StreamPart:
         try:
             return next(parts_iter)
         except (ConnectionError, EOFError) as err:
             # A worker that dies while handing over shared memory breaks the connection first.
-            raise WorkerError(
-                f"a decoding worker died while sending part {part} of step {step} ({self._describe(step, part)}); "
-                "the DataLoader cannot continue. Check the worker's memory limit and the files it was decoding."
-            ) from err
+            raise WorkerError(self._worker_failure(parts_iter, step, part, err, stalled=False)) from err
+        except WorkerTimeout as err:
+            raise WorkerError(self._worker_failure(parts_iter, step, part, err, stalled=True)) from err
         except RuntimeError as err:
             # torch reports a dead or stalled worker with a bare RuntimeError; errors raised inside
             # the worker (a VideoDecodeError, say) keep their own type and pass through.
-            if isinstance(err, VStreamError) or not _TORCH_WORKER_FAILURE.search(str(err)):
+            if isinstance(err, VStreamError) or not TORCH_WORKER_FAILURE.search(str(err)):
                 raise
-            what = "stalled" if "timed out" in str(err) else "died"
-            hint = (
-                "A worker stalls when a file system stops answering or a decoder hangs: check the files named, "
-                "or raise `timeout` if decoding is only slow."
-                if what == "stalled"
-                else "A worker is usually killed for memory: check its memory limit (the kernel log lists OOM "
-                "kills) and the files named."
-            )
             raise WorkerError(
-                f"{err} while waiting for part {part} of step {step} ({self._describe(step, part)}): a decoding "
-                f"worker {what} and the workers were stopped. {hint}"
+                self._worker_failure(parts_iter, step, part, err, stalled="timed out" in str(err))
             ) from err
 
-    def _describe(self, step: int, part: int) -> str:
-        """The reads of one part, for errors: the first named with its file, then a count."""
+    def _worker_failure(self, parts_iter: Any, step: int, part: int, err: BaseException, *, stalled: bool) -> str:
+        """The message of a dead or stalled worker: which worker, how it ended, the camera streams it decodes."""
+        waiting = f"while the loader waited for part {part} of step {step}"
+        if stalled:
+            workers = getattr(parts_iter, "_workers", [])
+            pid = f" (pid {workers[part].pid})" if part < len(workers) else ""
+            return (
+                f"decoding worker {part}{pid} sent nothing for timeout={self.timeout:g} s {waiting}; it decodes "
+                f"{self._streams(step, part)}. The workers were stopped ({err}). A worker stalls when a file system "
+                "stops answering or a decoder hangs: check the files named, or raise `timeout` if decoding is only slow."
+            )
+        dead = dead_workers(parts_iter, within=STOP_GRACE_S)
+        if not dead:
+            who = f"a decoding worker broke its connection {waiting} ({type(err).__name__}: {err})"
+        else:
+            who = "; ".join(
+                f"decoding worker {worker} (pid {pid}) {describe_exit(code)} {waiting}; it decodes "
+                f"{self._streams(step, worker)}"
+                for worker, pid, code in dead
+            )
+        return (
+            f"{who}. The other workers were stopped and the DataLoader cannot continue. A worker is usually killed "
+            "for memory: check its memory limit (the kernel log lists OOM kills) and the files named."
+        )
+
+    def _streams(self, step: int, part: int, limit: int = 8) -> str:
+        """The camera streams part ``part`` reads at ``step``, for errors: slot, camera, clip, frame and file."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         entry = sampler._issued.get(step)
         if entry is None:
-            return "reads unknown"
+            return "camera streams not known yet"
         cams = sampler.num_cameras
-        positions = [
-            slot * cams + camera
-            for slot, read in enumerate(entry[0])
-            if read is not None
-            for camera in range(cams)
-            if (slot * cams + camera) % sampler.num_parts == part
-        ]
-        if not positions:
-            return "no reads"
-        read = entry[0][positions[0] // cams]
-        assert read is not None
-        clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
-        camera = clip.cameras[positions[0] % cams]
-        more = f", and {len(positions) - 1} more camera reads" if len(positions) > 1 else ""
-        return f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}){more}"
+        named = []
+        for slot, read in enumerate(entry[0]):
+            for camera in range(cams):
+                if read is None or (slot * cams + camera) % sampler.num_parts != part:
+                    continue
+                clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
+                stream = clip.cameras[camera]
+                named.append(
+                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
+                )
+        if not named:
+            return "no camera stream at this step"
+        more = f" and {len(named) - limit} more" if len(named) > limit else ""
+        return "the camera streams " + ", ".join(named[:limit]) + more
 
     def _stop_workers(self, parts_iter: Any) -> None:
         """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
-        workers = list(getattr(parts_iter, "_workers", ()))
-        for attempt in range(3):
-            try:
-                _forget_worker_pids(parts_iter)
-                break
-            except RuntimeError as err:
-                # torch's SIGCHLD handler may report the dying worker before its pid is forgotten.
-                if attempt == 2 or not _TORCH_WORKER_FAILURE.search(str(err)):
-                    raise
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in workers:
-            worker.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.is_alive():
-                worker.kill()  # SIGTERM ignored, e.g. a handler inherited from the training script
-                worker.join()
-        shutdown = getattr(parts_iter, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()  # queues and events; the processes are gone, so nothing waits
+        stop_workers(parts_iter)
         if self._iterator is parts_iter:
             self._iterator = None  # persistent workers: the next epoch starts new ones
 
@@ -490,13 +542,18 @@ class StreamDataLoader(DataLoader):
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
             self._worker_stats[part.worker_key] = part.stats
-        reads, shifts, buffer = sampler.issued(step)
+        reads, shifts, buffers = sampler.issued(step)
         valid = [r is not None and (slot, r.segment) not in sampler.abandoned for slot, r in enumerate(reads)]
         failed = [failure for part in parts for failure in part.failed]
-        rows: dict[int, torch.Tensor] = {}
-        if buffer is None:
-            rows = _rows(parts)
-            failed += self._check_sizes(step, reads, rows, valid, cams)
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
+        views = {key: [part.output(key) for part in parts] for key in keys}
+        rows: dict[str, dict[int, torch.Tensor]] = {}
+        if buffers is None:
+            oversized: set[int] = set()
+            for key in keys:
+                rows[key] = _rows(views[key])
+                failed += self._check_sizes(step, reads, rows[key], valid, cams, key, oversized)
         for position, path, error in failed:
             slot = position // cams
             read = reads[slot]
@@ -505,29 +562,21 @@ class StreamDataLoader(DataLoader):
             valid[slot] = False
             if (slot, read.segment) in sampler.abandoned:
                 continue  # a prefetched read of a clip given up already
-            self._found.append((step, slot, read.segment, sampler.abandon(slot, step, shifts[slot], read)))
-            self._skips.skipped_clips += 1
-            if path not in self._bad_files:
-                self._bad_files.add(path)
-                log.warning("skipping clip %r from frame %d on: %s", index.clips[read.clip].clip_id, read.frame, error)
-        num_steps = sampler.schedule().num_steps
-        # A slot-step is lost to a skip when it holds no frame although it was due one: its read
-        # failed or belongs to a clip given up, or (read None) the slot ran past the plan's end
-        # because it jumped ahead. Padding the plan itself has is not counted.
-        self._skips.skipped_samples += sum(
-            1 for slot, r in enumerate(reads) if not valid[slot] and (r is not None or step + shifts[slot] >= num_steps)
+            self._history.found(step, slot, read.segment, sampler.abandon(slot, step, shifts[slot], read))
+            self._ledger.clip_skipped(index.clips[read.clip].clip_id, read.frame, path, error)
+        self._ledger.count_step(
+            reads=reads, valid=valid, shifts=shifts, step=step, num_steps=sampler.schedule().num_steps, cameras=cams
         )
-        self._skips.frames_delivered += sum(valid) * cams
-        self._skips.bad_files = len(self._bad_files)
-        delivered: torch.Tensor | list[torch.Tensor]
-        if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
-            delivered = self._merge_cameras(step, parts, valid, cams, batch_size)
-        elif buffer is not None:
-            frames = self._finish_buffer(buffer, valid, cams)
-            delivered = frames.view(batch_size, cams, *buffer.shape[1:])
-        else:
-            frames, shape = self._merge_parts(step, parts, rows, valid, cams, batch_size)
-            delivered = frames.view(batch_size, cams, *shape)
+        delivered: dict[str, torch.Tensor | list[torch.Tensor]] = {}
+        for key in keys:
+            if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
+                delivered[key] = self._merge_cameras(step, views[key], valid, cams, batch_size, key)
+            elif buffers is not None:
+                frames = self._finish_buffer(buffers[key], valid, cams)
+                delivered[key] = frames.view(batch_size, cams, *buffers[key].shape[1:])
+            else:
+                frames, shape = self._merge_parts(step, views[key], rows[key], valid, cams, batch_size, key)
+                delivered[key] = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
             for pos, ts in zip(part.positions, part.timestamps):
@@ -535,8 +584,8 @@ class StreamDataLoader(DataLoader):
                     camera_ts[pos] = ts
         camera_ts = camera_ts.view(batch_size, cams)
         labels = [r if ok else None for r, ok in zip(reads, valid)]
-        batch = {
-            "frames": delivered,
+        batch: dict[str, Any] = {
+            "frames": delivered[""],
             "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
             "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
             "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
@@ -547,7 +596,8 @@ class StreamDataLoader(DataLoader):
             "epoch": sampler.epoch,
             "step": step,
         }
-        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        if dataset.outputs:
+            batch["outputs"] = {name: {"frames": delivered[name]} for name in dataset.outputs}
         if dataset.annotations is not None or dataset.has_geometry:
             self._add_annotations(batch, parts, valid, cams)
         return batch
@@ -555,57 +605,59 @@ class StreamDataLoader(DataLoader):
     def _add_annotations(self, batch: dict[str, Any], parts: list[StreamPart], valid: list[bool], cams: int) -> None:
         """``annotations``, ``has_annotations`` and ``img_aug_matrix`` of a batch (see :mod:`lightning_vstream.annotations`)."""
         dataset: StreamDataset = self.dataset  # type: ignore[assignment]
-        slots = len(valid)
-        items: list[dict[str, Any] | None] = [None] * slots
-        matrices: list[torch.Tensor | None] = [None] * (slots * cams)
-        for part in parts:
-            for slot, found in part.annotations.items():
-                if valid[slot]:
-                    items[slot] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in found.items()}
-            for slot, why in part.missing:
-                if valid[slot]:
-                    self._skips.missing_annotations += 1
-                    if self._skips.missing_annotations <= 3:
-                        log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
-            for position, matrix in part.geometry.items():
-                if valid[position // cams]:
-                    matrices[position] = torch.from_numpy(matrix)
-        add_annotations(
+        attach_annotations(
             batch,
-            items if dataset.annotations is not None else None,
-            ragged=getattr(dataset.annotations, "ragged", ()),
-            pad=dataset.pad_annotations,
-            matrices=matrices if dataset.has_geometry else None,
+            dataset.steps,
+            valid=valid,
             cameras=cams,
+            found=[item for part in parts for item in part.annotations.items()],
+            missing=[item for part in parts for item in part.missing],
+            geometry=[item for part in parts for item in part.geometry.items()],
+            pad=dataset.pad_annotations,
+            stats=self._skips,
+            output_geometry={
+                name: [item for part in parts for item in part.output_geometry.get(name, {}).items()]
+                for name in dataset.outputs
+            },
         )
 
     def _check_sizes(
-        self, step: int, reads: list[SlotRead | None], rows: dict[int, torch.Tensor], valid: list[bool], cams: int
+        self,
+        step: int,
+        reads: list[SlotRead | None],
+        rows: dict[int, torch.Tensor],
+        valid: list[bool],
+        cams: int,
+        key: str = "",
+        found: set[int] | None = None,
     ) -> list[tuple[int, str, str]]:
-        """Frames whose size differs from the batch's, as failures (or raised, under on_error="raise").
+        """Frames of output ``key`` whose size differs from the batch's, as failures (or raised, under on_error="raise").
 
         Until the batch size is known (the first steps), the frame at the lowest position sets it.
+        ``found`` holds the positions found already in another output (each failed read counts once).
         """
         delivered = sorted(pos for pos in rows if valid[pos // cams])
-        if self._template is None and delivered:
+        if key not in self._templates and delivered:
             first = rows[delivered[0]]
-            self._template = (tuple(first.shape), first.dtype, first.device)
-            self.sampler.frame_shape = tuple(first.shape)  # type: ignore[attr-defined]
-        if self._template is None:
+            self._templates[key] = (tuple(first.shape), first.dtype, first.device)
+            self.sampler.frame_shapes[key] = tuple(first.shape)  # type: ignore[attr-defined]
+        if key not in self._templates:
             return []
-        shape, dtype, _ = self._template
+        shape, dtype, _ = self._templates[key]
+        found = set() if found is None else found
         failed = []
         index = self.dataset.index  # type: ignore[attr-defined]
         for pos in delivered:
             frame = rows[pos]
-            if tuple(frame.shape) == shape and frame.dtype == dtype:
+            if (tuple(frame.shape) == shape and frame.dtype == dtype) or pos in found:
                 continue
             read = reads[pos // cams]
             assert read is not None
-            where = StreamRead(pos, read.clip, pos % cams, read.frame, read.segment)
             err = frame_size_error(
                 index,
-                where,
+                read.clip,
+                pos % cams,
+                read.frame,
                 tuple(frame.shape),
                 shape,
                 got_dtype=frame.dtype if frame.dtype != dtype else None,
@@ -614,6 +666,7 @@ class StreamDataLoader(DataLoader):
             if self.dataset.on_error == "raise":  # type: ignore[attr-defined]
                 raise err
             self._skips.read_errors += 1
+            found.add(pos)
             failed.append((pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
         return failed
 
@@ -634,10 +687,12 @@ class StreamDataLoader(DataLoader):
         valid: list[bool],
         cams: int,
         batch_size: int,
+        key: str = "",
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
-        if self._template is None:
+        template = self._templates.get(key)
+        if template is None:
             raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
-        shape, dtype, device = self._template
+        shape, dtype, device = template
         complete = all(valid)
         only = parts[0].frames if len(parts) == 1 else None
         if complete and isinstance(only, torch.Tensor) and not self.pin_output:
@@ -654,16 +709,16 @@ class StreamDataLoader(DataLoader):
         return frames, shape
 
     def _merge_cameras(
-        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int
+        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int, key: str = ""
     ) -> list[torch.Tensor]:
-        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera."""
+        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera (of output ``key``)."""
         images = {pos: image for part in parts for pos, image in part.images.items()}
         out = []
         for cam in range(cams):
             sample = next((image for pos, image in images.items() if pos % cams == cam), None)
             if sample is not None:
-                self._camera_templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
-            template = self._camera_templates.get(cam)
+                self._camera_templates[key, cam] = (tuple(sample.shape), sample.dtype, sample.device)
+            template = self._camera_templates.get((key, cam))
             if template is None:
                 raise VideoDecodeError(
                     f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
@@ -678,17 +733,21 @@ class StreamDataLoader(DataLoader):
             out.append(frames)
         return out
 
-    def _new_buffer(self) -> torch.Tensor | None:
-        """A batch the workers decode straight into, once the frame size is known (CPU only).
+    def _new_buffer(self) -> Buffers | None:
+        """The batches the workers decode straight into, one per output, once the frame sizes are known (CPU only).
 
         Frames then cross from worker to batch with a single write: no per-part tensors, no
         copy in the main process. The first steps, and GPU decoding, use per-part tensors.
         """
-        if self._template is None or self._template[2].type != "cpu":
+        keys = ["", *self.dataset.outputs]  # type: ignore[attr-defined]
+        if any(key not in self._templates or self._templates[key][2].type != "cpu" for key in keys):
             return None
-        shape, dtype, _ = self._template
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        return self._pool.take((sampler.batch_size * sampler.num_cameras, *shape), dtype)
+        buffers = {}
+        for key in keys:
+            shape, dtype, _ = self._templates[key]
+            buffers[key] = self._pool.take((sampler.batch_size * sampler.num_cameras, *shape), dtype)
+        return buffers
 
     def close(self) -> None:
         """Shut down persistent workers and close the decoders of this process."""
@@ -716,24 +775,6 @@ class StreamDataLoader(DataLoader):
         """
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
-    def _skips_before(self, step: int) -> _Skips:
-        """The skips in force at ``step`` of the current pass, leaving out those found at ``step`` or later."""
-        shifts, pending, abandoned = self._pass_start
-        shifts, abandoned = list(shifts), set(abandoned)
-        changes = list(pending)
-        for found_at, slot, segment, change in self._found:
-            if found_at < step:
-                abandoned.add((slot, segment))
-                if change is not None:
-                    changes.append((change[0], slot, change[1]))
-        later = []
-        for from_step, slot, shift in sorted(changes):
-            if from_step <= step:
-                shifts[slot] = shift
-            else:
-                later.append((from_step, slot, shift))
-        return shifts, later, abandoned
-
     def state_dict(self) -> dict[str, Any]:
         """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
 
@@ -744,90 +785,17 @@ class StreamDataLoader(DataLoader):
         """
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
-        epoch, step = position
-        skips: _Skips = ([0] * sampler.batch_size, [], set())
-        if step >= len(sampler.schedule(epoch)):
-            epoch, step = epoch + 1, 0
-        elif epoch == self._pass_epoch:
-            skips = self._skips_before(step)
-        shifts, pending, abandoned = skips
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "step": step,
-            "shifts": list(shifts),
-            "pending_shifts": [list(change) for change in pending],
-            "abandoned": [list(pair) for pair in sorted(abandoned)],
-            **resume_config(self.sampler),  # type: ignore[arg-type]
-        }
+        return self._history.state_dict(sampler, position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        epoch, step, shifts = checked_resume_state(state, sampler)
+        epoch, step, skips = checked_resume_state(state, sampler)
         self._resume = (epoch, step)
-        pending = [_ints(change, 3, "pending_shifts", sampler.batch_size) for change in state.get("pending_shifts", [])]
-        abandoned = {_ints(pair, 2, "abandoned", sampler.batch_size) for pair in state.get("abandoned", [])}
-        self._resume_skips = (shifts, pending, abandoned)  # type: ignore[assignment]
-        self._pass_epoch, self._pass_start, self._found = self._resume[0], self._resume_skips, []
+        self._resume_skips = skips
+        self._history.begin(epoch, skips)
         self._consumed = self._yielded = None
-        sampler.set_epoch(self._resume[0])
-
-
-def resume_config(sampler: StreamSampler) -> dict[str, Any]:
-    """The settings a saved stream position is only valid for (stored in, and checked against, loader states)."""
-    return {
-        "seed": sampler.seed,
-        "shuffle": sampler.shuffle,
-        "batch_size": sampler.batch_size,
-        "world_size": sampler.num_replicas,
-        "num_clips": len(sampler.clip_lengths),
-        "total_frames": sum(sampler.clip_lengths),
-        "segment_length": sampler.segment_length,
-        "frame_stride": sampler.frame_stride,
-    }
-
-
-def checked_resume_state(state: dict[str, Any], sampler: StreamSampler) -> tuple[int, int, list[int]]:
-    """The ``(epoch, step, slot shifts)`` of a saved stream loader state, after checking its version and settings.
-
-    Raises:
-        ResumeStateError: Another state version, other settings (names the field and both values), or a
-            shift list that does not fit ``batch_size``.
-    """
-    if state.get("version") != STATE_VERSION:
-        raise ResumeStateError(
-            f"cannot resume: loader state version {state.get('version')!r} is not supported (expected "
-            f"{STATE_VERSION}); resume from a checkpoint written by this version of lightning_vstream."
-        )
-    for key, value in resume_config(sampler).items():
-        if key in state and state[key] != value:
-            raise ResumeStateError(
-                f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
-                f"{key}={value!r}; resume with the same data and loader settings."
-            )
-    shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
-    if len(shifts) != sampler.batch_size:
-        raise ResumeStateError(
-            f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
-        )
-    return int(state["epoch"]), int(state["step"]), shifts
-
-
-def _ints(value: Any, length: int, field: str, batch_size: int) -> tuple[int, ...]:
-    """One entry of a saved skip list, checked: ``length`` integers whose slot is below ``batch_size``."""
-    try:
-        entry = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        entry = ()
-    slot = entry[1] if field == "pending_shifts" and len(entry) == length else entry[0] if entry else -1
-    if len(entry) != length or not 0 <= slot < batch_size:
-        shape = "[from_step, slot, shift]" if field == "pending_shifts" else "[slot, segment]"
-        raise ResumeStateError(
-            f"cannot resume: the checkpoint's loader state has {field} entry {value!r}; expected {shape} integers "
-            f"with 0 <= slot < batch_size={batch_size}. The checkpoint was not written by this loader."
-        )
-    return entry
+        sampler.set_epoch(epoch)
 
 
 def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
@@ -842,19 +810,3 @@ def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
             if pos not in bad and frame is not None:
                 rows[pos] = frame
     return rows
-
-
-def _forget_worker_pids(parts_iter: Any) -> None:
-    """Take the workers of ``parts_iter`` out of torch's SIGCHLD check, which reports any worker exit as a crash."""
-    if not getattr(parts_iter, "_worker_pids_set", False):
-        return
-    import signal
-
-    from torch.utils.data._utils import signal_handling
-
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    try:
-        signal_handling._remove_worker_pids(id(parts_iter))
-        parts_iter._worker_pids_set = False
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -11,27 +11,23 @@ import ctypes
 import functools
 import os
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import torch
 from torch.utils.data import Dataset
 
-from lightning_vstream.annotations.augment import (
-    AugmentParams,
-    GeometryAugment,
-    transform_matrix,
-)
-from lightning_vstream.annotations.source import AnnotationSource, annotate
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.errors import AnnotationError, ConfigurationError, FrameSizeError
+from lightning_vstream.decode.base import FrameDecoder
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
-from lightning_vstream.storage.stats import StorageStats
-from lightning_vstream.transforms import FrameTransform
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, failed_read, frame_size_error
+from lightning_vstream.stream.frames import FrameSteps
 
 __all__ = [
     "CameraFrames",
@@ -41,7 +37,6 @@ __all__ = [
     "StreamPart",
     "StreamRead",
     "StreamTask",
-    "frame_size_error",
 ]
 
 OnError = Literal["raise", "skip"]
@@ -95,6 +90,7 @@ class StreamTask(NamedTuple):
     memory when workers decode): the dataset writes its reads into their rows directly.
     ``frame_shape``, when known, is the shape every frame of the batch has (after the
     transform); a frame of another shape is a :class:`~lightning_vstream.errors.FrameSizeError`.
+    ``output_buffers`` and ``output_shapes`` are the same for each named output.
     """
 
     epoch: int
@@ -103,77 +99,8 @@ class StreamTask(NamedTuple):
     reads: tuple[StreamRead, ...]
     buffer: torch.Tensor | None = None
     frame_shape: tuple[int, ...] | None = None
-
-
-@dataclass
-class DecodeStats:
-    """Decoding counters.
-
-    ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
-    loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
-    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
-    stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
-    abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
-    ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
-    the worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
-    ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
-    annotation could not be found. ``remote`` holds what reading a remote index cost (requests,
-    bytes, retries, checksum re-reads, cache hits and misses, prefetch memory), summed over the
-    processes that read; ``remote_requests`` ... ``cache_misses`` are its headline figures.
-    """
-
-    frames_decoded: int = 0
-    frames_delivered: int = 0
-    seeks: int = 0
-    files_opened: int = 0
-    read_errors: int = 0
-    skipped_clips: int = 0
-    skipped_samples: int = 0
-    bad_files: int = 0
-    missing_annotations: int = 0
-    remote: StorageStats = field(default_factory=StorageStats)
-
-    @property
-    def amplification(self) -> float:
-        return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
-
-    # -- remote reading: the figures StreamThroughputMonitor logs ----------------------------
-    @property
-    def remote_requests(self) -> int:
-        return self.remote.requests
-
-    @property
-    def remote_bytes(self) -> int:
-        return self.remote.bytes_read
-
-    @property
-    def remote_retries(self) -> int:
-        return self.remote.retries
-
-    @property
-    def cache_hits(self) -> int:
-        return self.remote.cache_hits
-
-    @property
-    def cache_misses(self) -> int:
-        return self.remote.cache_misses
-
-    def __add__(self, other: DecodeStats) -> DecodeStats:
-        return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
-
-    def _values(self) -> tuple[Any, ...]:
-        return (
-            self.frames_decoded,
-            self.frames_delivered,
-            self.seeks,
-            self.files_opened,
-            self.read_errors,
-            self.skipped_clips,
-            self.skipped_samples,
-            self.bad_files,
-            self.missing_annotations,
-            self.remote,
-        )
+    output_buffers: Mapping[str, torch.Tensor] | None = None
+    output_shapes: Mapping[str, tuple[int, ...]] | None = None
 
 
 @dataclass
@@ -193,6 +120,28 @@ class StreamPart:
     missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
     images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
+    # Per named output: what ``frames``, ``images`` and ``geometry`` hold for the default output.
+    outputs: dict[str, torch.Tensor | list[torch.Tensor | None] | None] = field(default_factory=dict)
+    output_images: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
+    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)
+
+    def output(self, name: str) -> StreamPart:
+        """This part as seen by one output: its frames, images and geometry in the default output's fields."""
+        if not name:
+            return self
+        return StreamPart(
+            self.epoch,
+            self.step,
+            self.part,
+            self.worker_key,
+            self.positions,
+            self.outputs.get(name),
+            self.timestamps,
+            self.stats,
+            self.failed,
+            geometry=self.output_geometry.get(name, {}),
+            images=self.output_images.get(name, {}),
+        )
 
 
 class StreamDataset(Dataset):
@@ -224,6 +173,10 @@ class StreamDataset(Dataset):
         pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
         camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
             returned on its own (``StreamPart.images``), so cameras may differ in size.
+        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
+            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); on the CPU, an output whose
+            transform starts with a resize takes its frame from the decoder's conversion at that size
+            (:func:`~lightning_vstream.stream.frames.decoder_sizes`).
 
     Example::
 
@@ -245,6 +198,7 @@ class StreamDataset(Dataset):
         seed: int = 0,
         pad_annotations: bool = False,
         camera_frames: CameraFrames = "stacked",
+        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -259,27 +213,31 @@ class StreamDataset(Dataset):
         self.decoder_threads = decoder_threads
         self.transform = transform
         self.device = device
-        # Video decoded on the CPU is resized by swscale while it converts to RGB.
-        # Not under augmentation, which must see the frame at its own size before any resize.
-        self._decode_size = (
-            transform.decoder_size()
-            if isinstance(transform, FrameTransform) and device == "cpu" and augment is None
-            else None
-        )
         self.on_error = on_error
         self.annotations = annotations
         self.augment = augment
         self.seed = seed
         self.pad_annotations = pad_annotations
         self.camera_frames = camera_frames
-        self._draws: dict[tuple[int, int, int], AugmentParams] = {}
+        self.outputs = check_outputs("StreamDataset", outputs)
+        # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
+        self.steps = FrameSteps(
+            index=index,
+            transform=transform,
+            augment=augment,
+            seed=seed,
+            annotations=annotations,
+            on_error=on_error,
+            decode_device=device,
+            outputs=self.outputs,
+        )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
         self._closes = 0
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
         # and paged in (a few MB of page faults per step otherwise).
-        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS)
+        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
@@ -294,7 +252,7 @@ class StreamDataset(Dataset):
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
         state["_prefetcher"] = None  # nor I/O threads
-        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS)
+        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         return state
 
     @property
@@ -348,54 +306,88 @@ class StreamDataset(Dataset):
             threads=self.decoder_threads,
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
             device=self.device,
-            size=self._decode_size,
+            size=self.steps.decode_size,
             storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
         self._decoders[read.position] = (read.clip, dec)
         self._closed.files_opened += 1
         return dec
 
-    def _read(self, read: StreamRead, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when the backend can); failures become VideoDecodeErrors."""
-        clip = self.index.clips[read.clip]
-        camera = clip.cameras[read.camera]
+    def _read(
+        self, read: StreamRead, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
+        """Decode one camera frame (into ``out`` when the backend can), with the decoder's conversions of it to
+        :attr:`FrameSteps.extra_sizes` (CPU video only); failures become named errors (see
+        :func:`~lightning_vstream.stream.failures.failed_read`)."""
+        converted: dict[tuple[int, int], torch.Tensor] = {}
         try:
             dec = self._decoder(read)
+            # CPU video decoders (PyAVDecoder, GopDecoder) decode into ``out`` and convert to more sizes.
+            sized: Any = dec if hasattr(dec, "get_sizes") else None
             with nvtx_range(RANGE_DECODE):
-                if out is not None and isinstance(dec, PyAVDecoder):
-                    if tuple(out.shape) != (3, *dec.output_size):
-                        raise frame_size_error(self.index, read, (3, *dec.output_size), tuple(out.shape))
-                    image = dec.get(read.frame, out=out)
+                sizes = self.steps.extra_sizes if sized is not None else ()
+                if out is not None and sized is not None:
+                    if tuple(out.shape) != (3, *sized.output_size):
+                        raise self._size_error(read, (3, *sized.output_size), tuple(out.shape))
+                    image, converted = sized.get_sizes(read.frame, sizes, out=out)
+                elif sizes:
+                    image, converted = sized.get_sizes(read.frame, sizes)
                 else:
                     image = dec.get(read.frame)
-        except VideoDecodeError:
-            raise
-        except (OSError, IndexError, ValueError, RuntimeError) as err:
-            raise VideoDecodeError(
-                f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}): {err}"
-            ) from err
+        except Exception as err:
+            failure = failed_read(err, self.index, read.clip, read.camera, read.frame)
+            if failure is None or failure is err:
+                raise
+            raise failure from err
         if image.device.type != torch.device(self.device).type:
             image = image.to(self.device)  # image folders decode on the CPU
-        return image
+        return image, converted
+
+    def _size_error(
+        self,
+        read: StreamRead,
+        got: tuple[int, ...],
+        expected: tuple[int, ...],
+        *,
+        got_dtype: torch.dtype | None = None,
+        expected_dtype: torch.dtype | None = None,
+    ) -> Exception:
+        return frame_size_error(
+            self.index,
+            read.clip,
+            read.camera,
+            read.frame,
+            got,
+            expected,
+            got_dtype=got_dtype,
+            expected_dtype=expected_dtype,
+        )
 
     def _deliver(
-        self, read: StreamRead, out: torch.Tensor | None, epoch: int, geometry: dict[int, Any]
-    ) -> torch.Tensor:
-        """Decode one camera frame (into ``out`` when given), then augment and transform it.
+        self,
+        read: StreamRead,
+        out: torch.Tensor | None,
+        epoch: int,
+        geometry: dict[int, Any],
+        output_geometry: dict[str, dict[int, Any]],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Decode one camera frame (into ``out`` when given), augment it, and make every output of it.
 
         ``out`` is given only when nothing follows the decoder (see ``direct`` in
-        :meth:`__getitem__`), so a frame decoded into it is delivered as it is.
+        :meth:`__getitem__`), so a frame decoded into it is delivered as it is. Returns the
+        default output and the named ones.
         """
-        image = self._read(read, out)
+        image, converted = self._read(read, out)
         if self.has_geometry:
-            geometry[read.position] = self._geometry_of(epoch, read)
+            info = self._decoders[read.position][1].info
+            size = (info.height, info.width, epoch, read.clip, read.segment_start)
+            geometry[read.position] = self.steps.geometry(*size)
+            for name, matrix in self.steps.output_geometry(*size).items():
+                output_geometry[name][read.position] = matrix
         if out is not None and image.data_ptr() == out.data_ptr():
-            return image
-        if self.augment is not None:
-            image, _ = self.augment.apply(image, self._draw(epoch, read))
-        if self.transform is not None:
-            image = self.transform(image[None])[0]
-        return image
+            return image, self.steps.extra_outputs(image, converted)
+        augmented = self.steps.augmented(image, epoch, read.clip, read.segment_start)
+        return self.steps.transformed(augmented, converted), self.steps.extra_outputs(augmented, converted)
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
@@ -405,22 +397,25 @@ class StreamDataset(Dataset):
             self._recent_buffers.append(buffer)
         per_camera = self.camera_frames == "per_camera"
         expected = None if per_camera else tuple(buffer.shape[1:]) if buffer is not None else task.frame_shape
+        out_buffers = dict(task.output_buffers or {})
+        if worker is not None:
+            self._recent_buffers.extend(out_buffers.values())
+        out_expected = {
+            name: None
+            if per_camera
+            else tuple(out_buffers[name].shape[1:])
+            if name in out_buffers
+            else (task.output_shapes or {}).get(name)
+            for name in self.outputs
+        }
+        out_stacked: dict[str, list[torch.Tensor | None]] = {name: [None] * len(task.reads) for name in self.outputs}
+        out_images: dict[str, dict[int, torch.Tensor]] = {name: {} for name in self.outputs}
+        out_geometry: dict[str, dict[int, Any]] = {name: {} for name in self.outputs}
         stacked: list[torch.Tensor | None] = [None] * len(task.reads)
         timestamps = [float("nan")] * len(task.reads)
         failed: list[tuple[int, str, str]] = []
         # Decode straight into the batch when nothing is left to do after the decoder.
-        direct = (
-            buffer is not None
-            and self.augment is None
-            and (
-                self.transform is None
-                or (
-                    self._decode_size is not None
-                    and isinstance(self.transform, FrameTransform)
-                    and self.transform.is_resize_only
-                )
-            )
-        )
+        direct = buffer is not None and self.steps.direct
         annotations: dict[int, dict[str, Any]] = {}
         missing: list[tuple[int, str]] = []
         geometry: dict[int, Any] = {}
@@ -428,7 +423,7 @@ class StreamDataset(Dataset):
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._given_up.clear()  # segment numbers belong to one epoch's plan
-            self._draws.clear()
+            self.steps.forget_draws()
         if self.plan is not None and self.index.storage is not None:
             self._prefetch(task)
         for i, read in enumerate(task.reads):
@@ -439,22 +434,12 @@ class StreamDataset(Dataset):
                 continue
             try:
                 row = buffer[read.position] if buffer is not None else None
-                image = self._deliver(read, row if direct else None, task.epoch, geometry)
-                if expected is not None and tuple(image.shape) != expected:
-                    raise frame_size_error(self.index, read, tuple(image.shape), expected)
-                if row is not None and image.data_ptr() != row.data_ptr():
-                    # Augmented, transformed, or from a decoder that does not write into ``out``.
-                    if image.dtype != row.dtype:
-                        raise frame_size_error(
-                            self.index,
-                            read,
-                            tuple(image.shape),
-                            tuple(row.shape),
-                            got_dtype=image.dtype,
-                            expected_dtype=row.dtype,
-                        )
-                    row.copy_(image)
-            except VideoDecodeError as err:
+                image, extras = self._deliver(read, row if direct else None, task.epoch, geometry, out_geometry)
+                self._place(read, image, row, expected)
+                for name, extra in extras.items():
+                    out_row = out_buffers[name][read.position] if name in out_buffers else None
+                    self._place(read, extra, out_row, out_expected[name])
+            except FILE_ERRORS as err:
                 if self.on_error == "raise":
                     raise
                 # The loader decides what the failure means for the slot; here the decoder goes
@@ -464,22 +449,30 @@ class StreamDataset(Dataset):
                 if read.position in self._decoders:
                     self._close(read.position)
                 geometry.pop(read.position, None)
+                for matrices in out_geometry.values():
+                    matrices.pop(read.position, None)
                 failed.append((read.position, path, str(err)))
                 continue
             if per_camera:
-                if worker is not None and image.device.type == "cpu":
-                    image = image.clone().share_memory_()  # a decoder may reuse its output memory
-                images[read.position] = image
+                images[read.position] = _own(image, worker is not None)
+                for name, extra in extras.items():
+                    out_images[name][read.position] = _own(extra, worker is not None)
             elif buffer is None:
                 stacked[i] = image
+                for name, extra in extras.items():
+                    out_stacked[name][i] = extra
             timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
             if self.annotations is not None and read.camera == 0:
                 self._annotate(read, timestamps[i], annotations, missing)
         frames = _stack(stacked) if buffer is None and not per_camera else None
-        if frames is not None and worker is not None:
-            for tensor in [frames] if isinstance(frames, torch.Tensor) else frames:
-                if tensor is not None and tensor.device.type == "cpu":
-                    tensor.share_memory_()
+        out_frames = {
+            name: _stack(out_stacked[name]) if buffer is None and not per_camera else None for name in self.outputs
+        }
+        if worker is not None:
+            for stack in (frames, *out_frames.values()):
+                for tensor in [stack] if isinstance(stack, torch.Tensor) else stack or []:
+                    if tensor is not None and tensor.device.type == "cpu":
+                        tensor.share_memory_()
         return StreamPart(
             task.epoch,
             task.step,
@@ -494,6 +487,9 @@ class StreamDataset(Dataset):
             missing,
             geometry,
             images,
+            out_frames,
+            out_images,
+            out_geometry,
         )
 
     def _prefetch(self, task: StreamTask) -> None:
@@ -505,60 +501,41 @@ class StreamDataset(Dataset):
         reads = [(r.position, r.clip, r.camera, r.frame, r.segment) for r in task.reads]
         self._prefetcher.observe(task.epoch, task.step, reads)
 
+    def _place(
+        self, read: StreamRead, image: torch.Tensor, row: torch.Tensor | None, expected: tuple[int, ...] | None
+    ) -> None:
+        """Check one output frame against the batch's frame shape and write it into its row (when given)."""
+        if expected is not None and tuple(image.shape) != expected:
+            raise self._size_error(read, tuple(image.shape), expected)
+        if row is not None and image.data_ptr() != row.data_ptr():
+            # Augmented, transformed, or from a decoder that does not write into ``out``.
+            if image.dtype != row.dtype:
+                raise self._size_error(
+                    read, tuple(image.shape), tuple(row.shape), got_dtype=image.dtype, expected_dtype=row.dtype
+                )
+            row.copy_(image)
+
     @property
     def has_geometry(self) -> bool:
         """True when frames change geometry here (augmentation, or a transform that crops or resizes)."""
-        if self.augment is not None:
-            return True
-        return getattr(self.transform, "crop", None) is not None or getattr(self.transform, "resize", None) is not None
-
-    def _geometry_of(self, epoch: int, read: StreamRead) -> Any:
-        """``img_aug_matrix`` of one frame: the augmentation, then the transform's crop / resize (numpy, by value).
-
-        Computed from the file's own frame size, so a resize done inside the decoder counts too.
-        """
-        info = self._decoders[read.position][1].info
-        height, width = info.height, info.width
-        matrix = torch.eye(3, dtype=torch.float32)
-        if self.augment is not None:
-            _, _, full = self.augment.geometry(height, width, self._draw(epoch, read))
-            matrix = full.to(torch.float32)
-            height, width = self.augment.output_size
-        after = transform_matrix(self.transform, height, width)
-        if after is not None:
-            matrix = (after.double() @ matrix.double()).to(torch.float32)
-        return matrix.numpy()  # by value: see _annotate
-
-    def _draw(self, epoch: int, read: StreamRead) -> AugmentParams:
-        key = (epoch, read.clip, read.segment_start)
-        params = self._draws.get(key)
-        if params is None:
-            assert self.augment is not None
-            clip_id = self.index.clips[read.clip].clip_id
-            params = self.augment.draw(seed=self.seed, epoch=epoch, key=f"{clip_id}:{read.segment_start}")
-            if len(self._draws) > 4096:
-                self._draws.clear()
-            self._draws[key] = params
-        return params
+        return self.steps.has_geometry
 
     def _annotate(
         self, read: StreamRead, timestamp: float, out: dict[int, dict[str, Any]], missing: list[tuple[int, str]]
     ) -> None:
-        assert self.annotations is not None
         slot = read.position // len(self.index.camera_names)
-        clip_id = self.index.clips[read.clip].clip_id
-        try:
-            found = annotate(self.annotations, clip_id, read.frame, timestamp, self.index.camera_names)
-        except AnnotationError as err:
-            if self.on_error == "raise":
-                raise
-            missing.append((slot, str(err)))
-            return
-        # Small CPU tensors travel back as numpy arrays: pickled by value, where torch would
-        # give every tensor its own shared-memory segment (most of the cost, measured).
-        out[slot] = {
-            k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in found.items()
-        }
+        found, why = self.steps.annotate(read.clip, read.frame, timestamp)
+        if found is not None:
+            out[slot] = found
+        else:
+            missing.append((slot, str(why)))
+
+
+def _own(image: torch.Tensor, in_worker: bool) -> torch.Tensor:
+    """A frame to return on its own from a worker: a copy in shared memory (a decoder may reuse its output memory)."""
+    if in_worker and image.device.type == "cpu":
+        return image.clone().share_memory_()
+    return image
 
 
 def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tensor | None] | None:
@@ -574,25 +551,3 @@ def _stack(images: list[torch.Tensor | None]) -> torch.Tensor | list[torch.Tenso
         if image is not None:
             frames[row].copy_(image)
     return frames
-
-
-def frame_size_error(
-    index: VideoIndex,
-    read: StreamRead,
-    got: tuple[int, ...],
-    expected: tuple[int, ...],
-    *,
-    got_dtype: torch.dtype | None = None,
-    expected_dtype: torch.dtype | None = None,
-) -> FrameSizeError:
-    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
-    clip = index.clips[read.clip]
-    camera = clip.cameras[read.camera]
-    what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
-    batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
-    return FrameSizeError(
-        f"clip {clip.clip_id!r}, camera {camera.name!r}, frame {read.frame} ({str(camera.path)!r}) is {what} but "
-        f"the batch's frames are {batch}; batches stack frames of one size, so pass a resize transform "
-        "(transform=FrameTransform(resize=(H, W))) or re-encode the file to the size of the others. "
-        "With on_error='skip' such clips are skipped."
-    )

@@ -1,0 +1,88 @@
+"""Argument types shared by the ``vstream`` commands (argparse only: no heavy imports here)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lightning_vstream.errors import ConfigurationError
+
+__all__ = ["counts", "crf", "encode_options", "existing", "non_negative", "positive", "size"]
+
+
+def size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` -> ``(width, height)``."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} must look like WIDTHxHEIGHT, for example 1600x900.") from None
+    return width, height
+
+
+def counts(text: str) -> int | list[int]:
+    """A positive count, or a comma-separated list of them."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"frames {text!r} must be a count or a comma-separated list of counts."
+        ) from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"frames {text!r} must be positive.")
+    return values[0] if len(values) == 1 else values
+
+
+def positive(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1.")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more.")
+    return value
+
+
+def crf(text: str) -> int:
+    """A constant-rate-factor quality, 0..51."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
+    if not 0 <= value <= 51:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 (lossless) to 51.")
+    return value
+
+
+def existing(path: Path, what: str, *, hint: str = "") -> Path:
+    """``path`` when it exists, else a :class:`ConfigurationError` naming ``what`` it should be (exit status 2)."""
+    if not path.exists():
+        raise ConfigurationError(f"{what} {str(path)!r} does not exist.{' ' + hint if hint else ''}")
+    return path
+
+
+def encode_options(parser: argparse.ArgumentParser) -> None:
+    """The encoder options ``vstream encode`` and ``vstream import-nuscenes`` share."""
+    parser.add_argument("--codec", choices=["hevc", "h264"], default="hevc", help="video codec")
+    parser.add_argument("--gop", type=positive, default=12, help="frames between keyframes")
+    parser.add_argument("--bframes", type=non_negative, default=0, help="consecutive B-frames (0 for none)")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--crf", type=crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)"
+    )
+    rate.add_argument(
+        "--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf"
+    )
+    parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
+    parser.add_argument("--jobs", type=positive, default=1, help="files encoded in parallel (processes)")

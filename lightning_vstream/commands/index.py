@@ -1,0 +1,220 @@
+"""``vstream index``: scan a dataset tree and write its index, or check an existing index."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_vstream.commands.args import existing
+from lightning_vstream.errors import ConfigurationError, VStreamWarning
+
+_MISSING_INDEX = (
+    "Run `vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Find clip folders under ROOT, probe every camera file and write an accvlab index plus its "
+        "frame tables; or, with --check, verify an existing index file against the files."
+    )
+    parser.add_argument(
+        "root",
+        type=str,  # a URL (s3://bucket/ds) must stay a string
+        help="dataset folder or URL (or, with --check/--quick-check/--tables, the index file or its URL)",
+    )
+    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default ROOT/index.json)")
+    parser.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
+    parser.add_argument(
+        "--table-format",
+        choices=["binary", "json"],
+        default="binary",
+        help="frame tables as index.tables.bin (memory-mapped, default) or index.meta.json",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="re-read every packet of an existing index's files, verify checksums and fingerprints, "
+        "list every problem; exit 1 on any",
+    )
+    parser.add_argument(
+        "--quick-check",
+        action="store_true",
+        help="compare an existing index with its files using the stored frame tables (fast); exit 1 on any problem",
+    )
+    parser.add_argument(
+        "--tables",
+        action="store_true",
+        help="write the frame tables of an existing index's files (turns integrity checks on)",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for URLs: a storage option (endpoint, region, anonymous=true...; see docs/remote.md), repeatable; "
+        "credentials come from the provider's environment",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lightning_vstream.index import build_index, load_index
+
+    modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
+    if len(modes) > 1:
+        raise ConfigurationError(
+            f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; pass one of them."
+        )
+    from lightning_vstream.storage.urls import is_url
+
+    if is_url(args.root):
+        return _remote_index(args, modes[0] if modes else None)
+    root = Path(args.root)
+    if modes:
+        flag = "--" + modes[0].replace("_", "-")
+        if root.is_dir():
+            hint = (
+                f"`vstream index {flag} {root / 'index.json'}`"
+                if (root / "index.json").is_file()
+                else f"`vstream index {root}` first writes {root / 'index.json'}"
+            )
+            raise ConfigurationError(f"{str(root)!r} is a folder; {flag} works on an index file, e.g. {hint}.")
+        existing(root, "index file", hint=_MISSING_INDEX)
+        return {"check": _check, "quick_check": _quick_check, "tables": _tables}[modes[0]](args)
+    if root.is_file():
+        raise ConfigurationError(
+            f"{str(root)!r} is a file; `vstream index` scans a dataset folder. To validate an "
+            "existing index file, run `vstream index --check INDEX_FILE`."
+        )
+    existing(root, "dataset folder", hint="Give the folder that holds your clip folders (one folder per clip).")
+    output = Path(args.output) if args.output else root / "index.json"
+    path = build_index(
+        root, output=output, progress=not args.quiet, metadata=not args.no_metadata, table_format=args.table_format
+    )
+    with warnings.catch_warnings():
+        # Asked for with --no-metadata: said once below, in words, rather than as a warning.
+        warnings.simplefilter("ignore", VStreamWarning)
+        index = load_index(path)
+    print(
+        f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
+    )
+    if args.no_metadata:
+        print(
+            "note: no frame tables (--no-metadata), so integrity checks are off for these files; "
+            f"`vstream index --tables {path}` writes them."
+        )
+    return 0
+
+
+def _quick_check(args: argparse.Namespace) -> int:
+    from lightning_vstream.index import load_index
+
+    index = load_index(args.root, check="thorough")
+    print(
+        f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
+        f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
+        "where size and modification time are unchanged)."
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from lightning_vstream.index import verify_index
+
+    def bar(items: Any) -> Any:
+        return tqdm(items, desc="verifying", unit="file", disable=args.quiet or len(items) < 20, file=sys.stderr)
+
+    report = verify_index(args.root, progress=bar)
+    for note in report.notes:
+        print(f"note: {note}")
+    if report.problems:
+        listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
+        print(
+            f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
+            f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
+    return 0
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from lightning_vstream.index import write_index_tables
+
+    written = write_index_tables(args.root, table_format=args.table_format, progress=not args.quiet)
+    print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
+    return 0
+
+
+def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--storage-option KEY=VALUE`` pairs as a dict (values read as JSON where they parse: true, 30, ...)."""
+    import json
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(
+                f"--storage-option {pair!r} must look like KEY=VALUE, e.g. endpoint=http://host:9000."
+            )
+        if value.lower() in ("true", "false"):
+            options[key] = value.lower() == "true"
+            continue
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
+    """``vstream index`` on a URL: build in place, --check, --quick-check or --tables (see docs/remote.md)."""
+    from tqdm import tqdm
+
+    from lightning_vstream.index import load_index
+    from lightning_vstream.index.remote import build_remote_index, verify_remote_index, write_remote_index_tables
+    from lightning_vstream.storage.options import StorageConfig
+
+    options = _storage_options(args.storage_option)
+    config = StorageConfig.make(options)
+
+    def bar(items: Any) -> Any:
+        return tqdm(items, desc="reading", unit="file", disable=args.quiet, file=sys.stderr)
+
+    if mode == "check":
+        report = verify_remote_index(args.root, storage=config, progress=bar)
+        if report.problems:
+            listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
+            print(
+                f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
+                f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
+        return 0
+    if mode == "quick_check":
+        index = load_index(args.root, check="thorough", storage_options=options)
+        print(
+            f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, {index.total_frames} frames per "
+            "camera: every file's size and ETag match the index (quick check)."
+        )
+        return 0
+    if mode == "tables":
+        written = write_remote_index_tables(args.root, storage=config, progress=bar)
+        print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
+        return 0
+    path = build_remote_index(args.root, output=args.output, storage=config, progress=bar)
+    index = load_index(path, storage_options=options)
+    print(
+        f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
+    )
+    return 0

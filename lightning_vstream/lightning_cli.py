@@ -1,0 +1,90 @@
+"""VStreamCLI: LightningCLI whose errors for a misspelt option name the closest valid one, first.
+
+LightningCLI (jsonargparse) answers a misspelt config key with the whole usage of every option (about
+90 lines for a DataModule, a model and the Trainer) and the error last. :class:`VStreamCLI` prints the
+error first, with the closest valid option, and a one-line pointer to ``--help`` instead of the usage.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from typing import Any, NoReturn
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+__all__ = ["VStreamArgumentParser", "VStreamCLI"]
+
+#: jsonargparse's messages for an option it does not know, and how to read the option's full name.
+_UNKNOWN = (
+    re.compile(r"Subcommand '[^']+' does not accept option '(?P<key>[^']+)'"),
+    re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<key>[^']+)'"),
+    re.compile(r"unrecognized arguments: --(?P<key>[^\s=]+)"),
+    re.compile(r"Key '(?P<key>[^']+)' is not expected"),
+)
+
+
+def closest_option(message: str, options: list[str]) -> str | None:
+    """The valid option closest to the unknown one ``message`` names, if one is close enough.
+
+    Example::
+
+        >>> closest_option("Group 'data' does not accept option 'batch_sze'", ["data.batch_size", "data.seed"])
+        'data.batch_size'
+    """
+    for pattern in _UNKNOWN:
+        match = pattern.search(message)
+        if match is None:
+            continue
+        key = match.group("key")
+        group = match.groupdict().get("group")
+        if group:
+            key = f"{group}.{key}"
+        prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        same_group = [o for o in options if o.startswith(prefix)] or options
+        found = difflib.get_close_matches(key, same_group, n=1, cutoff=0.6)
+        return found[0] if found else None
+    return None
+
+
+class VStreamArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with the error (and the closest valid option) first and no usage dump."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a nested parser trying one type of a union: not the user's error yet
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        try:
+            options = list(parser.get_defaults().keys())
+        except Exception:  # defaults that cannot be built: no suggestion, the error still prints
+            options = []
+        close = closest_option(message, options)
+        hint = f"; did you mean '{close}'?" if close else ""
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {message}{hint}\n")
+        sys.stderr.write(f"tip: `{prog} --help` lists every option, `{prog} --print_config` prints them all.\n")
+        self._logger.error(message)
+        sys.exit(2)
+
+
+class VStreamCLI(LightningCLI):
+    """``LightningCLI`` with :class:`VStreamArgumentParser`: a misspelt option is named with the closest
+    valid one, before anything else. Takes exactly LightningCLI's arguments.
+
+    Example::
+
+        >>> from lightning_vstream import StreamVideoDataModule, VStreamCLI
+        >>> from lightning_vstream.demos import TinyStreamPETR
+        >>> cli = VStreamCLI(TinyStreamPETR, StreamVideoDataModule, run=False,
+        ...                  args=["--data.index_file", "data/index.json"])  # doctest: +SKIP
+
+    A config with ``data: {batch_sze: 2}`` then stops with::
+
+        error: Group 'data' does not accept option 'batch_sze'; did you mean 'data.batch_size'?
+        tip: `train.py --help` lists every option, `train.py --print_config` prints them all.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", VStreamArgumentParser)
+        super().__init__(*args, **kwargs)

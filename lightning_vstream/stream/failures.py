@@ -1,0 +1,226 @@
+"""Failed camera reads and skips, handled one way by both stream loaders.
+
+The worker loader (:mod:`lightning_vstream.stream.loader`, reads in DataLoader workers) and the
+thread engine (:mod:`lightning_vstream.stream.engine`) share what a failed read becomes
+(:func:`failed_read`), the error for a frame of the wrong size (:func:`frame_size_error`), and how
+``on_error="skip"`` is counted (:class:`SkipLedger`), so a damaged file raises the same error and
+is counted the same way whichever loader reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_vstream.errors import (
+    DataFormatError,
+    DecoderCapabilityError,
+    FrameSizeError,
+    MissingFileError,
+    VideoDecodeError,
+    VStreamError,
+)
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.storage.stats import StorageStats
+
+__all__ = ["FILE_ERRORS", "DecodeStats", "SkipLedger", "failed_read", "frame_size_error", "place"]
+
+log = logging.getLogger("lightning_vstream")
+
+#: Errors of ours that say a file cannot be read as the index describes it: kept as they are, and
+#: skipped under ``on_error="skip"``.
+FILE_ERRORS = (VideoDecodeError, MissingFileError, DecoderCapabilityError, DataFormatError)
+#: Errors of other libraries (and of the file system) that mean the same: wrapped in a VideoDecodeError.
+_FOREIGN_READ_ERRORS = (OSError, IndexError, ValueError, RuntimeError)
+
+
+@dataclass
+class DecodeStats:
+    """Decoding counters.
+
+    ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
+    loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
+    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
+    stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
+    abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
+    ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
+    the loader, worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
+    ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
+    annotation could not be found. ``remote`` holds what reading a remote index cost (requests,
+    bytes, retries, checksum re-reads, cache hits and misses, prefetch memory), summed over the
+    processes that read; ``remote_requests`` ... ``cache_misses`` are its headline figures.
+    """
+
+    frames_decoded: int = 0
+    frames_delivered: int = 0
+    seeks: int = 0
+    files_opened: int = 0
+    read_errors: int = 0
+    skipped_clips: int = 0
+    skipped_samples: int = 0
+    bad_files: int = 0
+    missing_annotations: int = 0
+    remote: StorageStats = field(default_factory=StorageStats)
+
+    @property
+    def amplification(self) -> float:
+        return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
+
+    # -- remote reading: the figures StreamThroughputMonitor logs ----------------------------
+    @property
+    def remote_requests(self) -> int:
+        return self.remote.requests
+
+    @property
+    def remote_bytes(self) -> int:
+        return self.remote.bytes_read
+
+    @property
+    def remote_retries(self) -> int:
+        return self.remote.retries
+
+    @property
+    def cache_hits(self) -> int:
+        return self.remote.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.remote.cache_misses
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
+
+    def _values(self) -> tuple[Any, ...]:
+        return (
+            self.frames_decoded,
+            self.frames_delivered,
+            self.seeks,
+            self.files_opened,
+            self.read_errors,
+            self.skipped_clips,
+            self.skipped_samples,
+            self.bad_files,
+            self.missing_annotations,
+            self.remote,
+        )
+
+
+def place(index: VideoIndex, clip: int, camera: int, frame: int) -> str:
+    """Where a read happens, for messages: ``clip 'scene-0001', camera 'CAM_FRONT', frame 12 ('/data/...mp4')``."""
+    record = index.clips[clip]
+    stream = record.cameras[camera]
+    return f"clip {record.clip_id!r}, camera {stream.name!r}, frame {frame} ({str(stream.path)!r})"
+
+
+def _is_ffmpeg_error(err: BaseException) -> bool:
+    try:
+        import av
+    except ImportError:  # pragma: no cover - av is a dependency
+        return False
+    return isinstance(err, av.FFmpegError)
+
+
+def failed_read(err: BaseException, index: VideoIndex, clip: int, camera: int, frame: int) -> VStreamError | None:
+    """The error a failed read of one camera frame stands for; None when ``err`` is not a read failure.
+
+    Both loaders call this for whatever opening a decoder, decoding, or checking the frame's size
+    raised, and raise the result (``on_error="raise"``) or count it and skip the clip (``"skip"``).
+
+    - Our errors about a file (:class:`VideoDecodeError` and its subclasses :class:`FileChangedError`
+      and :class:`FrameSizeError`, :class:`MissingFileError`, :class:`DecoderCapabilityError`,
+      :class:`DataFormatError`) keep their class, so ``except FileChangedError`` works. Their
+      messages name the frame that failed (which can differ from the one requested: a packet read
+      ahead, a keyframe decoded to reach it); one whose first line does not name the clip and the
+      file gets the place of the read in front.
+    - ``OSError``, ``IndexError``, ``ValueError``, ``RuntimeError`` and FFmpeg's errors become a
+      :class:`VideoDecodeError` that names the place and the original error.
+    - Anything else (a configuration error, a bug, ``KeyboardInterrupt``) is not a read failure:
+      None, and the caller re-raises it as it is.
+
+    Example::
+
+        >>> failed_read(OSError("I/O error"), index, clip=0, camera=1, frame=7)  # doctest: +SKIP
+        VideoDecodeError("clip 'scene-0000', camera 'CAM_BACK', frame 7 ('/data/.../CAM_BACK.mp4'): OSError: I/O error")
+    """
+    if isinstance(err, VStreamError) and not isinstance(err, FILE_ERRORS):
+        return None
+    if isinstance(err, FILE_ERRORS):
+        record = index.clips[clip]
+        first = str(err).split("\n", 1)[0]
+        if repr(record.clip_id) in first and str(record.cameras[camera].path) in first:
+            return err
+        try:
+            return type(err)(f"{place(index, clip, camera, frame)}: {err}")  # every class of ours takes a message
+        except Exception:  # pragma: no cover - a subclass defined elsewhere with another signature
+            return VideoDecodeError(f"{place(index, clip, camera, frame)}: {type(err).__name__}: {err}")
+    if isinstance(err, _FOREIGN_READ_ERRORS) or _is_ffmpeg_error(err):
+        return VideoDecodeError(f"{place(index, clip, camera, frame)}: {type(err).__name__}: {err}")
+    return None
+
+
+def frame_size_error(
+    index: VideoIndex,
+    clip: int,
+    camera: int,
+    frame: int,
+    got: tuple[int, ...],
+    expected: tuple[int, ...],
+    *,
+    got_dtype: Any = None,
+    expected_dtype: Any = None,
+) -> FrameSizeError:
+    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
+    what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
+    batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
+    return FrameSizeError(
+        f"{place(index, clip, camera, frame)} is {what} but the batch's frames are {batch}; batches stack frames "
+        "of one size, so pass a resize transform (transform=FrameTransform(resize=(H, W))) or re-encode the file "
+        "to the size of the others. With on_error='skip' such clips are skipped."
+    )
+
+
+class SkipLedger:
+    """The counters of the main process (or engine) under ``on_error="skip"``, and the once-per-file warning.
+
+    Example::
+
+        >>> ledger = SkipLedger()
+        >>> ledger.count_step(reads=[None, object()], valid=[False, True], shifts=[3, 0], step=9, num_steps=10, cameras=6)
+        >>> ledger.stats.skipped_samples, ledger.stats.frames_delivered
+        (1, 6)
+    """
+
+    def __init__(self) -> None:
+        self.stats = DecodeStats()
+        self._bad_files: set[str] = set()
+
+    def clip_skipped(self, clip_id: str, frame: int, path: str, error: object) -> None:
+        """A slot gave up a clip segment because a read of ``path`` failed (warned once per file)."""
+        self.stats.skipped_clips += 1
+        if path not in self._bad_files:
+            self._bad_files.add(path)
+            self.stats.bad_files = len(self._bad_files)
+            log.warning("skipping clip %r from frame %d on: %s", clip_id, frame, error)
+
+    def count_step(
+        self,
+        *,
+        reads: Sequence[object | None],
+        valid: Sequence[bool],
+        shifts: Sequence[int],
+        step: int,
+        num_steps: int,
+        cameras: int,
+    ) -> None:
+        """Count one assembled step: its lost slot-steps and its delivered camera frames.
+
+        A slot-step is lost to a skip when it holds no frame although it was due one: its read
+        failed or belongs to a clip given up, or (read None) the slot ran past the plan's end
+        because it jumped ahead. Padding the plan itself has is not counted.
+        """
+        self.stats.skipped_samples += sum(
+            1 for slot, r in enumerate(reads) if not valid[slot] and (r is not None or step + shifts[slot] >= num_steps)
+        )
+        self.stats.frames_delivered += sum(valid) * cameras

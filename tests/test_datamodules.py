@@ -1,0 +1,177 @@
+"""What both DataModules share with users: the temporal-reset warning, errors that say what to do,
+teardown, and the grouped GPU options (with LightningCLI)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_vstream import ClipVideoDataModule, GpuOptions, StreamVideoDataModule, VStreamWarning
+from lightning_vstream.callbacks import TemporalStateReset
+from lightning_vstream.demos.models import TinyStreamPETR
+from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
+
+
+@pytest.fixture(scope="module")
+def index(make_dataset: Any) -> Path:
+    return make_dataset(clips=3, cameras=2, frames=[6, 5, 7], size=(64, 48), gop=3)
+
+
+def _fit(model: pl.LightningModule, dm: pl.LightningDataModule, tmp_path: Path, **kwargs: Any) -> pl.Trainer:
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer = pl.Trainer(**{**options, **kwargs})
+    trainer.fit(model, datamodule=dm)
+    return trainer
+
+
+def _stream(index: Path, **kwargs: Any) -> StreamVideoDataModule:
+    return StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, **kwargs)
+
+
+class Stateless(pl.LightningModule):
+    """Keeps nothing from one step to the next, and has no reset method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch["frames"].float().mean(dim=(1, 3, 4)) / 255).pow(2).mean()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SaysItHandlesIsFirst(Stateless):
+    handles_is_first = True
+
+
+# -- the temporal-reset warning ---------------------------------------------------------------------
+def test_fitting_without_a_reset_warns_once_naming_the_callback_and_the_hook(index: Path, tmp_path: Path) -> None:
+    with pytest.warns(VStreamWarning) as caught:
+        _fit(Stateless(), _stream(index, val_index_file=index), tmp_path, max_steps=6, val_check_interval=2)
+    mine = [w for w in caught if issubclass(w.category, VStreamWarning)]
+    assert len(mine) == 1  # once, although validation ran and the loop went on
+    message = str(mine[0].message)
+    assert message.startswith("StreamVideoDataModule: the Trainer has no TemporalStateReset callback, so nothing")
+    assert "give Stateless a method reset_temporal_state(mask)" in message
+    assert "add TemporalStateReset() to the Trainer's callbacks" in message
+    assert "`handles_is_first = True`" in message
+
+
+def test_a_model_with_the_hook_but_no_callback_is_told_to_add_the_callback(index: Path, tmp_path: Path) -> None:
+    with pytest.warns(VStreamWarning, match=r"TinyStreamPETR defines reset_temporal_state\(mask\), but no "):
+        _fit(TinyStreamPETR(), _stream(index), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("model", "callbacks"),
+    [(TinyStreamPETR, [TemporalStateReset()]), (SaysItHandlesIsFirst, [])],
+    ids=["with the callback", "handles_is_first"],
+)
+def test_no_warning_when_the_reset_is_handled(
+    index: Path, tmp_path: Path, model: type[pl.LightningModule], callbacks: list[Any]
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VStreamWarning)
+        trainer = _fit(model(), _stream(index), tmp_path, callbacks=callbacks)
+    assert trainer.global_step == 3
+
+
+def test_the_warning_is_for_fit_only(index: Path, tmp_path: Path) -> None:
+    dm = StreamVideoDataModule(val_index_file=index, batch_size=2, num_workers=0)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VStreamWarning)
+        trainer.validate(TinyStreamPETR(), datamodule=dm, verbose=False)
+
+
+# -- errors that say what to do ---------------------------------------------------------------------
+@pytest.mark.parametrize("module", [StreamVideoDataModule, ClipVideoDataModule])
+def test_an_index_file_that_is_a_folder_names_the_file_inside(
+    module: type[pl.LightningDataModule], index: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigurationError, match=rf"index file '{index.parent}' is a folder; pass '{index}'\."):
+        module(index_file=index.parent, num_workers=0).setup("fit")
+    videos = index.parent / "videos"
+    with pytest.raises(
+        ConfigurationError, match=rf"is a folder; run `vstream index {videos}` to write '{videos}/index"
+    ):
+        module(index_file=videos, num_workers=0).setup("fit")
+
+
+@pytest.mark.parametrize("module", [StreamVideoDataModule, ClipVideoDataModule])
+def test_a_missing_index_names_the_commands_that_make_one(module: type[pl.LightningDataModule], tmp_path: Path) -> None:
+    with pytest.raises(MissingFileError) as info:
+        module(index_file=tmp_path / "index.json", num_workers=0).setup("fit")
+    assert str(info.value) == (
+        f"index file '{tmp_path / 'index.json'}' does not exist. Run `vstream index DATASET_FOLDER` to index your "
+        "videos, or `vstream synth FOLDER` to write a stamped synthetic dataset."
+    )
+
+
+def test_an_unknown_camera_is_one_problem_listing_the_cameras(index: Path) -> None:
+    with pytest.raises(IndexValidationError) as info:
+        _stream(index, cameras=["CAM_BACK", "CAM_FRNT"]).setup("fit")
+    assert len(info.value.problems) == 1  # not one per clip
+    assert str(info.value).endswith(
+        "cameras=['CAM_BACK', 'CAM_FRNT']: no clip has camera(s) ['CAM_FRNT']; the index's clips have cameras "
+        "['CAM_BACK', 'CAM_BACK_LEFT']. Pass names from that list, or cameras=None for all of them."
+    )
+
+
+# -- teardown ----------------------------------------------------------------------------------------
+def test_stream_teardown_without_a_stage_stops_persistent_workers(index: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=2, persistent_workers=True)
+    dm.teardown(None)  # before setup: nothing to close
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    dm.setup(None)
+    next(iter(dm.train_dataloader()))
+    workers = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert len(workers) == 2
+    dm.teardown(None)
+    assert not workers & {p.pid for p in psutil.Process().children(recursive=True)}
+    assert next(iter(dm.train_dataloader()))["frames"].shape[:2] == (2, 2)  # usable again
+    dm.teardown(None)
+
+
+# -- GPU-only options in one object --------------------------------------------------------------------
+def test_gpu_options_are_one_checked_object() -> None:
+    dm = StreamVideoDataModule(index_file="data/index.json", gpu=GpuOptions(fallback="cpu", probe=False))
+    assert dm.gpu == GpuOptions(fallback="cpu", probe=False)
+    assert dm.hparams["gpu"] == {"fallback": "cpu", "probe": False}  # plain types in checkpoints
+    assert StreamVideoDataModule(index_file="x.json", gpu={"fallback": "cpu"}).gpu.fallback == "cpu"  # type: ignore[arg-type]
+    assert StreamVideoDataModule(index_file="x.json").gpu == GpuOptions()
+    with pytest.raises(ConfigurationError, match=r"GpuOptions: fallback='gpu' is invalid; expected 'none' or 'cpu'"):
+        GpuOptions(fallback="gpu")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"gpu=\{'fallbak': 'cpu'\} has unknown option\(s\) \['fallbak'\]"):
+        StreamVideoDataModule(index_file="x.json", gpu={"fallbak": "cpu"})  # type: ignore[arg-type]
+
+
+def test_gpu_options_from_a_yaml_section(index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.cli import LightningCLI
+
+    monkeypatch.setattr("sys.argv", ["train"])
+    config = tmp_path / "gpu.yaml"
+    config.write_text(f"data:\n  index_file: {index}\n  gpu:\n    fallback: cpu\n    probe: false\n")
+    args = ["--config", str(config), "--trainer.logger", "false", "--seed_everything", "0"]
+    cli = LightningCLI(TinyStreamPETR, StreamVideoDataModule, run=False, args=args)
+    assert cli.datamodule.gpu == GpuOptions(fallback="cpu", probe=False)
