@@ -135,5 +135,5 @@ def build_engine_loader(
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import PlanSpec, StreamPrefetcher
 
-        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler))
+        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
     return EngineLoader(engine)

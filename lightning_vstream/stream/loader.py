@@ -414,7 +414,7 @@ class StreamDataLoader(DataLoader):
         if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
             from lightning_vstream.stream.prefetch import PlanSpec
 
-            dataset.plan = PlanSpec.of(sampler)
+            dataset.plan = PlanSpec.of(sampler, dataset.index)
         self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------

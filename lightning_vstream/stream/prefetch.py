@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from lightning_vstream.index.records import VideoIndex
 from lightning_vstream.stream.schedule import Remainder, StreamSchedule
 
@@ -36,9 +38,14 @@ MAX_POSITIONS = 4096
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """What rebuilds a rank's stream plan in any process (the arguments of :class:`StreamSchedule` but the epoch)."""
+    """What rebuilds a rank's stream plan in any process (the arguments of :class:`StreamSchedule` but the epoch).
 
-    clip_lengths: tuple[int, ...]
+    ``clip_lengths`` is None where they are the index's frame counts (the usual case): a worker then
+    takes them from its index's arrays, and the spec pickles in a few hundred bytes whatever the
+    number of clips.
+    """
+
+    clip_lengths: tuple[int, ...] | None
     num_cameras: int
     batch_size: int
     world_size: int = 1
@@ -50,10 +57,12 @@ class PlanSpec:
     remainder: Remainder = "drop"
 
     @classmethod
-    def of(cls, sampler: Any) -> PlanSpec:
-        """The spec of a :class:`~lightning_vstream.stream.loader.StreamSampler`."""
+    def of(cls, sampler: Any, index: VideoIndex | None = None) -> PlanSpec:
+        """The spec of a :class:`~lightning_vstream.stream.loader.StreamSampler` reading ``index``."""
+        lengths = sampler.clip_lengths
+        same = index is not None and len(lengths) == len(index) and bool(np.array_equal(index.frame_counts, lengths))
         return cls(
-            tuple(sampler.clip_lengths),
+            None if same else tuple(lengths),
             sampler.num_cameras,
             sampler.batch_size,
             sampler.num_replicas,
@@ -65,9 +74,10 @@ class PlanSpec:
             sampler.remainder,
         )
 
-    def schedule(self, epoch: int) -> StreamSchedule:
+    def schedule(self, epoch: int, index: VideoIndex) -> StreamSchedule:
+        lengths = index.frame_counts.tolist() if self.clip_lengths is None else list(self.clip_lengths)
         return StreamSchedule(
-            list(self.clip_lengths),
+            lengths,
             batch_size=self.batch_size,
             world_size=self.world_size,
             rank=self.rank,
@@ -100,7 +110,7 @@ class StreamPrefetcher:
 
     Example::
 
-        >>> prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler))  # doctest: +SKIP
+        >>> prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))  # doctest: +SKIP
         >>> prefetcher.observe(epoch, step, [(position, clip, camera, frame, segment)])  # doctest: +SKIP
     """
 
@@ -134,7 +144,7 @@ class StreamPrefetcher:
     # -- the plan ------------------------------------------------------------------------------
     def _use_epoch(self, epoch: int) -> StreamSchedule:
         if self._plan is None or self._epoch != epoch:
-            self._plan = self.spec.schedule(epoch)
+            self._plan = self.spec.schedule(epoch, self.index)
             self._epoch = epoch
             self._num_steps = self._plan.num_steps
             self._slot_index = [
@@ -161,7 +171,7 @@ class StreamPrefetcher:
         uses = self._next_uses.get(epoch)
         if uses is not None:
             return uses
-        plan = self.spec.schedule(epoch)
+        plan = self.spec.schedule(epoch, self.index)
         uses = {}
         cams = self.spec.num_cameras
         for slot in range(self.spec.batch_size):
