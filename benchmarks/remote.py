@@ -18,8 +18,10 @@ frames compared with the local run, events counted, a mid-epoch resume compared 
 uninterrupted run; and the node cache at 25% of the data over several epochs of one plan, evicting
 by the plan and by LRU.
 
-Every peer gets its best settings: the same workers (``--workers``, fork), FFmpeg threads chosen by
-FFmpeg, s3fs's own read-ahead cache; ours with its defaults (8 I/O threads, 256 MB prefetch budget).
+Every peer gets its best settings: the same streaming loader (``--engine``: DataLoader workers,
+``--workers`` of them, forked, by default; or the thread engine, one decode thread per core), FFmpeg
+threads chosen by FFmpeg, s3fs's own read-ahead cache; ours with its defaults (8 I/O threads, 256 MB
+prefetch budget).
 
 Usage::
 
@@ -162,8 +164,9 @@ def _stream(index: str, args: argparse.Namespace, *, storage: dict[str, Any] | N
         index_file=index,
         storage_options=storage,
         batch_size=args.batch,
+        engine=args.engine,
         num_workers=args.workers,
-        multiprocessing_context="fork",
+        multiprocessing_context="fork" if args.engine == "workers" else None,
         seed=0,
         timeout=600,
     )
@@ -243,7 +246,13 @@ def _epoch_frames(dm: StreamVideoDataModule) -> list[torch.Tensor]:
 
 def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -> dict[str, Any]:
     options = s3.storage_options(backoff_initial=0.01, backoff_max=0.2)
-    common: dict[str, Any] = {"batch_size": args.batch, "num_workers": args.workers, "seed": 4, "timeout": 600}
+    common: dict[str, Any] = {
+        "batch_size": args.batch,
+        "engine": args.engine,
+        "num_workers": args.workers,
+        "seed": 4,
+        "timeout": 600,
+    }
     reference = StreamVideoDataModule(index_file=str(local), **common)
     reference.setup("fit")
     expected = _epoch_frames(reference)
@@ -351,7 +360,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--gop", type=int, default=12)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--engine", choices=["workers", "threads"], default="workers", help="the streaming loader")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (engine 'workers')")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-reads", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=15.0, help="simulated training step for the data-wait figure")
