@@ -180,3 +180,19 @@ def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remo
     metrics = trainer.callback_metrics
     assert metrics["train/remote_requests"] > 0 and metrics["train/remote_bytes"] > 0
     assert metrics["train/cache_misses"] > 0 and "train/remote_retries" in metrics and "train/cache_hits" in metrics
+
+
+def test_the_plan_spec_pickles_small_and_rebuilds_the_plan(s3: S3TestServer, remote_url: str) -> None:
+    import pickle
+
+    from lightning_vstream import load_index
+    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.prefetch import PlanSpec
+
+    index = load_index(remote_url, storage_options=s3.storage_options())
+    sampler = StreamSampler(index.frame_counts.tolist(), num_cameras=2, batch_size=2, seed=3)
+    spec = PlanSpec.of(sampler, index)
+    assert spec.clip_lengths is None and len(pickle.dumps(spec)) < 1024  # taken from the index's arrays
+    assert spec.schedule(0, index).num_steps == sampler.schedule().num_steps
+    other = StreamSampler([5] * len(index), num_cameras=2, batch_size=2)
+    assert PlanSpec.of(other, index).clip_lengths == (5,) * len(index)
