@@ -276,3 +276,32 @@ def test_decoding_a_remote_index_on_the_gpu_is_refused_clearly(s3: S3TestServer,
     with pytest.raises(ConfigurationError, match=r"decoding remote files on 'cuda:0' is not supported yet"):
         make_decoder(cam.path, info=cam.info, device="cuda:0", storage=index.storage)
     assert s3.requests() == []  # refused before any request
+
+
+def test_clip_datamodule_workers_read_from_s3_and_count(s3: S3TestServer, remote_url: str, local_index: Path) -> None:
+    common: dict[str, Any] = {"batch_size": 2, "clip_frames": 3, "seed": 2, "timeout": 120}
+    remote = ClipVideoDataModule(
+        index_file=remote_url,
+        storage_options=s3.storage_options(),
+        num_workers=2,
+        multiprocessing_context="spawn",
+        **common,
+    )
+    local = ClipVideoDataModule(index_file=str(local_index), num_workers=0, **common)
+    for dm in (remote, local):
+        dm.setup("fit")
+    loader = remote.train_dataloader()
+    assert loader.sampler.lookahead == 4  # type: ignore[attr-defined]  # two workers take batches in turn
+    s3.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = list(loader)
+        expected = list(local.train_dataloader())
+    assert [b["clip_id"] for b in got] == [b["clip_id"] for b in expected]
+    assert all(torch.equal(a["frames"], b["frames"]) for a, b in zip(got, expected))
+    video_gets = [r for r in s3.requests() if r.method == "GET" and r.path.endswith(".mp4")]
+    counted = remote.decode_stats().remote  # the workers' own counters, through the loader's shared memory
+    index_gets = [r for r in s3.requests() if r.method == "GET" and r.path.endswith("/index.json")]
+    assert len(index_gets) == 2  # one per spawn worker
+    assert counted.gets == len(video_gets) + len(index_gets) and counted.bytes_read > 0
+    remote.teardown()
