@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "AnnotationError",
+    "ChecksumError",
     "ConfigurationError",
     "ConfigurationTypeError",
     "DataFormatError",
@@ -34,6 +35,9 @@ __all__ = [
     "IndexValidationError",
     "MissingDependencyError",
     "MissingFileError",
+    "RemoteAccessError",
+    "RemoteStorageError",
+    "RemoteTimeoutError",
     "ResumeStateError",
     "StepMismatchError",
     "UsageError",
@@ -190,6 +194,31 @@ class MissingDependencyError(VStreamError, ImportError):
 
 class UsageError(VStreamError, RuntimeError):
     """A method was called out of order (a loader before ``setup()``), or an internal invariant broke."""
+
+
+class RemoteStorageError(VStreamError, OSError):
+    """A request to an object store, HTTP server or file system failed for good.
+
+    Raised once retries (with backoff, under a deadline) are spent, or at once for an error that
+    retrying cannot fix. The message names the URL, the byte range, the attempts made and the
+    transport's last error.
+    """
+
+
+class RemoteTimeoutError(RemoteStorageError, TimeoutError):
+    """A request to remote storage did not finish in time, after every retry (names URL and range)."""
+
+
+class RemoteAccessError(RemoteStorageError, PermissionError):
+    """Remote storage refused the credentials, or the credentials lack permission (names URL and range)."""
+
+
+class ChecksumError(VideoDecodeError):
+    """Compressed data read for a frame does not match the CRC-32 the index recorded, even after reading it again.
+
+    The message names the file, the frame and the byte range. Under ``on_error="skip"`` the clip is
+    skipped and counted like any other unreadable file.
+    """
 
 
 class VStreamWarning(UserWarning):

@@ -17,13 +17,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from lightning_vstream.demos.synth import write_dataset
+
+if TYPE_CHECKING:
+    from tests._s3 import S3TestServer
 
 
 def _cuda_available() -> bool:
@@ -208,3 +211,26 @@ def assert_stamps() -> Callable[[dict[str, Any]], None]:
         assert not errors, "\n".join(errors[:10])
 
     return check
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestServer]:
+    """moto's S3 server in a subprocess behind the fault-injecting proxy, for the whole session."""
+    pytest.importorskip("moto.server", reason="remote-storage tests need moto[server] (the test extra)")
+    from tests._s3 import S3TestServer
+
+    server = S3TestServer(tmp_path_factory.mktemp("s3-server")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3TestServer) -> Iterator[S3TestServer]:
+    """The session's S3 server with an empty request log and no faults, reset again afterwards."""
+    s3_server.reset()
+    try:
+        yield s3_server
+    finally:
+        s3_server.reset()

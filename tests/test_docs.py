@@ -21,7 +21,9 @@ Conventions (for doc writers):
   start with ``vstream`` or ``python examples/`` run (as the ``vstream`` command and the example script
   do, in this process); other lines (installing, profiling, benchmarks, the test suite) are shown, not
   run. Absolute paths are moved into the temporary folder, and the inputs a page assumes exist
-  (``PREPARED``: a dataset folder, nuScenes tables and images) are made there first. Sizes that would
+  (``PREPARED``: a dataset folder, nuScenes tables and images) are made there first; a bucket a page
+  names (``BUCKETS``: ``s3://my-bucket/...``) is made on the test suite's moto S3 server, which the
+  commands reach through the standard AWS environment variables. Sizes that would
   take long are made small (``smaller``): frame sizes, processes, demo and training steps.
 - Output and error messages go in ```` ```text ```` (or an untagged fence): not executed.
 - Samples import only public names: the ``__all__`` of ``lightning_vstream`` and of the public
@@ -44,6 +46,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -230,6 +233,17 @@ PREPARED: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
+def _prepare_bucket(server: Any, docs_data: Path, bucket: str, prefix: str) -> None:
+    """A dataset's videos on the test S3 server, not yet indexed."""
+    server.upload(docs_data / "data" / "videos", bucket, f"{prefix}/videos")
+
+
+#: Bucket URLs pages assume exist -> (bucket, prefix) made on the moto S3 server (``tests/_s3.py``).
+BUCKETS: dict[str, tuple[str, str]] = {
+    "s3://my-bucket/nuscenes": ("my-bucket", "nuscenes"),
+}
+
+
 def smaller(argv: list[str]) -> list[str]:
     """The same command on small data: frame sizes, processes and steps that keep this test fast."""
     out = list(argv)
@@ -274,7 +288,12 @@ SHELL_FILES = [p for p in FILES if any(_commands(b.code) for b in blocks(p, "bas
 
 @pytest.mark.parametrize("path", SHELL_FILES, ids=[p.name for p in SHELL_FILES])
 def test_shell_samples_run(
-    path: Path, docs_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    path: Path,
+    docs_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     import sys
 
@@ -295,6 +314,15 @@ def test_shell_samples_run(
                 if place in written and place not in prepared:
                     make(tmp_path / place.lstrip("/"), docs_data)
                     prepared.add(place)
+            for place, (bucket, prefix) in BUCKETS.items():
+                if place in written and place not in prepared:
+                    server = request.getfixturevalue("s3")
+                    _prepare_bucket(server, docs_data, bucket, prefix)
+                    for key, value in server.environment().items():
+                        monkeypatch.setenv(key, value)
+                    request.addfinalizer(_stop_storage_helper)
+                    _stop_storage_helper()  # the next request starts it again, in this environment
+                    prepared.add(place)
             local = [str(tmp_path / a.lstrip("/")) if a.startswith("/") else a for a in smaller(argv)]
             code = _run(local)
             out = capsys.readouterr()
@@ -304,6 +332,13 @@ def test_shell_samples_run(
             ran += 1
     torch.set_num_threads(threads)
     assert ran > 0
+
+
+def _stop_storage_helper() -> None:
+    """Stop this process's obstore helper process, which took its environment when it started."""
+    from lightning_vstream.storage.obstore_transport import close_helper
+
+    close_helper()
 
 
 # -- public names only -----------------------------------------------------------------------------------
@@ -338,7 +373,7 @@ def test_samples_import_only_public_names() -> None:
 
 
 #: Pages other contributors are writing; links to them are not checked until they exist.
-PENDING = {"performance.md", "remote.md"}
+PENDING: set[str] = set()
 
 
 def test_relative_links_resolve() -> None:

@@ -47,7 +47,14 @@ _COUNTERS = {
     "read_errors": "read_errors",
     "bad_files": "bad_files",
     "missing_annotations": "missing_annotations",
+    # Remote reading (a remote index), logged once a request was made.
+    "remote_requests": "remote_requests",
+    "remote_bytes": "remote_bytes",
+    "remote_retries": "remote_retries",
+    "cache_hits": "cache_hits",
+    "cache_misses": "cache_misses",
 }
+_REMOTE = ("remote_requests", "remote_bytes", "remote_retries", "cache_hits", "cache_misses")
 
 
 @dataclass
@@ -246,8 +253,10 @@ class StreamThroughputMonitor(pl.Callback):
         delivered = float(fields["frames_delivered"].sum())
         if bool(fields["has_stats"].all()) and delivered > 0:
             metrics[PREFIX + "decode_amplification"] = float(fields["frames_decoded"].sum()) / delivered
+        remote = float(fields["remote_requests"].sum()) > 0
         for name in _COUNTERS.values():
-            metrics[PREFIX + name] = float(fields[name].sum())
+            if remote or name not in _REMOTE:
+                metrics[PREFIX + name] = float(fields[name].sum())
         self.metrics = metrics
         # Every rank holds the same, already combined figures: no further sync.
         shown = {PREFIX + "frames_per_sec", PREFIX + "data_wait_fraction"} if self.prog_bar else set()

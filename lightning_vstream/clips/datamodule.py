@@ -36,6 +36,8 @@ from lightning_vstream.clips.selection import (
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.outputs import check_outputs
+from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.urls import index_location
 from lightning_vstream.transforms import FrameTransform
 
 if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
@@ -149,6 +151,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
             :class:`~lightning_vstream.clips.dataset.VideoClipDataset`.
         gop_threads: GOP decoding threads per batch (None: twice the NVDEC engines on the GPU,
             per-sample reading on the CPU).
+        storage_options: How to reach index files given as URLs (see ``docs/remote.md``); secrets are
+            not saved in hyperparameters.
+        cache_dir: Node-local folder caching a remote index's frame tables and GOPs.
+        cache_limit: Bytes the GOP cache may hold, an int or ``"20GB"``.
 
     Raises:
         ConfigurationError: Conflicting or invalid arguments (named in the message).
@@ -207,10 +213,16 @@ class ClipVideoDataModule(pl.LightningDataModule):
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
         gop_threads: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "sampler", "outputs"])
+        self.save_hyperparameters(ignore=["transform", "sampler", "outputs", "storage_options"])
         plain_hparams(self)
+        # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
+        self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
                 f"ClipVideoDataModule: camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
@@ -272,11 +284,11 @@ class ClipVideoDataModule(pl.LightningDataModule):
                 "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
             },
         )
-        self.index_files: dict[Stage, Path | None] = {
-            "train": None if index_file is None else Path(index_file),
-            "val": None if val_index_file is None else Path(val_index_file),
-            "test": None if test_index_file is None else Path(test_index_file),
-            "predict": None if predict_index_file is None else Path(predict_index_file),
+        self.index_files: dict[Stage, Path | str | None] = {  # a URL stays a string
+            "train": index_location(index_file),
+            "val": index_location(val_index_file),
+            "test": index_location(test_index_file),
+            "predict": index_location(predict_index_file),
         }
         if all(path is None for path in self.index_files.values()):
             raise ConfigurationError(
@@ -343,7 +355,14 @@ class ClipVideoDataModule(pl.LightningDataModule):
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             path = self.index_files[split]
             if path is not None and split not in self._indexes:
-                self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
+                self._indexes[split] = load_index(
+                    path,
+                    cameras=self.cameras,
+                    check=self.index_check,
+                    storage_options=dict(self.storage.options),
+                    cache_dir=self.storage.cache_dir,
+                    cache_limit=self.storage.cache_limit,
+                )
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("ClipVideoDataModule: Trainer.fit needs index_file (the training index).")
         trainer = self.trainer
@@ -447,6 +466,9 @@ class ClipVideoDataModule(pl.LightningDataModule):
     ) -> EpochClipSampler:
         from lightning_vstream.clips.epochs import EpochClipSampler
 
+        # A remote index: each item also names the sample its process reads next (workers take
+        # batches in turn), whose GOPs are fetched while this one decodes.
+        remote = dataset.dataset.index.storage is not None
         sampler = EpochClipSampler(
             dataset,
             draw,
@@ -455,6 +477,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             shuffle=shuffle,
             seed=self.seed,
             drop_last=drop_last,
+            lookahead=self.batch_size * max(1, self._workers(dataset.dataset)) if remote else 0,
         )
         # Set now, not only by Lightning at the epoch start: a resumed run builds its iterator
         # (and fast-forwards it) before that.

@@ -46,16 +46,30 @@ from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError,
 from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
 from lightning_vstream.index.records import ClipSequence
 from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
+from lightning_vstream.storage.urls import basename, is_url
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_GOP_THREADS", "DecoderCache", "VideoClipDataset", "collate_clips", "index_from_files"]
+    from lightning_vstream.storage.options import StorageConfig
+
+__all__ = [
+    "DEFAULT_GOP_THREADS",
+    "DecoderCache",
+    "VideoClipDataset",
+    "collate_clips",
+    "index_from_files",
+]
 
 #: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
 DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
+
+
+def _location(path: Path | str) -> Path | str:
+    """A file's key: its ``Path``, or its URL, which stays a string."""
+    return path if isinstance(path, str) and is_url(path) else Path(path)
 
 
 class DecoderCache:
@@ -69,6 +83,7 @@ class DecoderCache:
         device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
         size: Output ``(height, width)`` of CPU video decoders, resized while converting to RGB;
             None keeps each file's size. Image folders keep their size.
+        storage: How to reach files given as URLs (a remote index's :attr:`VideoIndex.storage`).
 
     Example::
 
@@ -84,6 +99,7 @@ class DecoderCache:
         decoder_threads: int = 0,
         device: str = "cpu",
         size: tuple[int, int] | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ConfigurationError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
@@ -92,8 +108,9 @@ class DecoderCache:
         self.decoder_threads = decoder_threads
         self.device = device
         self.size = check_size(size)
-        self._open: OrderedDict[Path, FrameDecoder] = OrderedDict()
-        self._extra: dict[Path, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
+        self.storage = storage
+        self._open: OrderedDict[Path | str, FrameDecoder] = OrderedDict()
+        self._extra: dict[Path | str, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
         self._closed_decoded = 0
         self.opened = 0
 
@@ -101,7 +118,7 @@ class DecoderCache:
         """The decoder for ``path``, reused if open, else created (lazily opened) and cached."""
         from lightning_vstream.decode import make_decoder
 
-        path = Path(path)
+        path = _location(path)
         decoder = self._open.get(path)
         if decoder is not None:
             self._open.move_to_end(path)
@@ -114,6 +131,7 @@ class DecoderCache:
             label=label,
             device=self.device,
             size=self.size,
+            storage=self.storage,
         )
         self._open[path] = decoder
         self.opened += 1
@@ -134,7 +152,7 @@ class DecoderCache:
         from lightning_vstream.decode import make_decoder
 
         first = self.get(path, info=info, label=label)
-        path = Path(path)
+        path = _location(path)
         extra = self._extra.setdefault(path, [])
         while len(extra) < count - 1:
             extra.append(
@@ -145,6 +163,7 @@ class DecoderCache:
                     threads=self.decoder_threads,
                     label=label,
                     size=self.size,
+                    storage=self.storage,
                 )
             )
             self.opened += 1
@@ -164,14 +183,14 @@ class DecoderCache:
         return len(self._open)
 
     def __contains__(self, path: object) -> bool:
-        return Path(path) in self._open if isinstance(path, (str, Path)) else False
+        return _location(path) in self._open if isinstance(path, (str, Path)) else False
 
     def drop(self, path: Path | str) -> None:
         """Close the decoder of ``path`` (after a failure: the next request reopens the file)."""
-        decoder = self._open.pop(Path(path), None)
+        decoder = self._open.pop(_location(path), None)
         if decoder is not None:
             self._retire(decoder)
-        for extra in self._extra.pop(Path(path), []):
+        for extra in self._extra.pop(_location(path), []):
             self._retire(extra)
 
     def close(self) -> None:
@@ -214,7 +233,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
     Args:
-        index: The video index, or the path of an index file (loaded here; no video is opened).
+        index: The video index, or the path or URL of an index file (loaded here, with
+            ``storage_options``, ``cache_dir`` and ``cache_limit``; no video is opened).
         requests: The samples of the dataset, in order.
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
@@ -259,6 +279,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         outputs: More versions of the same frames, ``{name: transform}`` (``FrameTransform()``: the
             frames as decoded and augmented): every frame is decoded and augmented once, then each transform
             makes ``sample["outputs"][name]["frames"]``, with its own geometry.
+        storage_options: How to reach an index given as a URL (see ``docs/remote.md``).
+        cache_dir: Node-local cache of a remote index's tables and GOPs.
+        cache_limit: Bytes the GOP cache may hold (``"20GB"``).
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
@@ -296,6 +319,9 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         camera_frames: Literal["stacked", "per_camera"] = "stacked",
         frame_policy: FramePolicy = "exact",
         outputs: Mapping[str, OutputTransform] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         if camera_frames not in ("stacked", "per_camera"):
             raise ConfigurationError(
@@ -334,7 +360,16 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
         if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
             raise ConfigurationError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.index = index if isinstance(index, VideoIndex) else load_index(index)
+        self.index = (
+            index
+            if isinstance(index, VideoIndex)
+            else load_index(index, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        )
+        if decode_device != "cpu" and self.index.storage is not None:
+            raise ConfigurationError(
+                f"index {self.index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
+                "yet; use decode_device='cpu'."
+            )
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
         self.max_open_decoders = max_open_decoders
@@ -362,7 +397,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"cameras={list(self.cameras)!r}: {unknown or 'no cameras'} not in the index {self._where()}, "
                 f"whose cameras are {list(self.index.camera_names)}."
             )
-        self._infos: dict[Path, VideoInfo] = {}
+        self._infos: dict[Path | str, VideoInfo] = {}
         self._cache: DecoderCache | None = None
         self.annotations = resolve_annotations(annotations)
         self.augment = augment
@@ -373,6 +408,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
         self.missing_annotations = 0
         self._reader: Any = None
+        self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
 
     @property
     def bad_files(self) -> int:
@@ -381,7 +417,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
     # -- validation ---------------------------------------------------------------------------
     def _where(self) -> str:
-        return repr(self.index.source.name)
+        source = self.index.source
+        return repr(basename(source) if isinstance(source, str) else source.name)
 
     def _position(self, request: ClipRequest, origin: str) -> int:
         try:
@@ -442,6 +479,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 decoder_threads=self.decoder_threads,
                 device=self.decode_device,
                 size=self.size,
+                storage=self.index.storage,
             )
         return self._cache
 
@@ -452,7 +490,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         if info is None:
             # Only probed tables are kept here: the index's frame tables keep the recently used
             # ones, so reading every file of a large index does not keep every table in memory.
-            info = self._infos[cam.path] = frame_table(cam)
+            info = self._infos[cam.path] = frame_table(cam, self.index.storage)
         return info
 
     def __len__(self) -> int:
@@ -552,6 +590,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
                     jobs.append(GopJob(decoders, info, indices, targets[c]))
+                self._announce([(job.decoders[0], job.indices) for job in jobs])
                 self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
             if self.on_error == "raise":
@@ -653,7 +692,43 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             sample["outputs"] = {name: {"frames": frames} for name in self.outputs}
         return sample
 
-    def _skip(self, path: Path, label: str, err: Exception, *, count: bool = True) -> None:
+    def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
+        """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
+        (merged where adjacent).
+
+        The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
+        not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
+        """
+        from lightning_vstream.decode.remote import GopDecoder
+
+        for decoder, indices in reads:
+            if isinstance(decoder, GopDecoder):
+                decoder.fetcher.prefetch(decoder.units_for(indices), due=self._clock + ahead)
+        self._clock += 1 if ahead == 0 else 0
+
+    def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
+        """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
+
+        Nothing is decoded and no decoder is opened; the bytes wait in this process's bounded
+        prefetch memory (or the node cache) for the decoders. Local files are left alone. Samples
+        that cannot be resolved are skipped here (they raise, or are skipped, when read).
+        """
+        if self.index.storage is None or self.decode_device != "cpu":
+            return
+        from lightning_vstream.decode.remote import gop_runs
+        from lightning_vstream.storage.fetcher import fetcher_for
+
+        fetcher = fetcher_for(self.index.storage)
+        for ahead, item in enumerate(items, start=1):
+            try:
+                _, streams, infos, indices, _, _ = self._resolve(item)
+            except (VideoDecodeError, ConfigurationError, IndexError, OSError):
+                continue
+            for cam, info in zip(streams, infos):
+                if info.layout is not None and isinstance(cam.path, str):
+                    fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
+
+    def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
         if self._cache is not None and path in self._cache:
             self._cache.drop(path)
@@ -683,7 +758,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 PlannedSample(
                     clip_id=clip.clip_id,
                     camera_names=tuple(cam.name for cam in streams),
-                    paths=tuple(cam.path for cam in streams),
+                    paths=tuple(Path(cam.path) for cam in streams),  # GPU decoding: local files only
                     infos=tuple(infos),
                     labels=tuple(f"clip {clip.clip_id!r}, camera {cam.name!r}" for cam in streams),
                     indices=tuple(indices),

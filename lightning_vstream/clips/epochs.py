@@ -6,6 +6,10 @@ too) and calls its ``set_epoch`` at every epoch start; each epoch it draws that 
 (:class:`EpochClipDataset`) reads each item at the epoch it was drawn in, so augmentation draws
 change every epoch, also in persistent workers, without rebuilding the loader.
 
+With a remote index, each item also carries the request the same process reads one round of
+batches later (``lookahead`` items on: DataLoader workers take batches in turn), so the process
+starts fetching that sample's GOPs while it decodes this one.
+
 Counters travel the other way: every process that reads (each worker, or the training process)
 adds what it decoded, delivered and skipped to its own row of a small shared-memory tensor, which
 the loader sums into :class:`~lightning_vstream.stream.worker.DecodeStats`.
@@ -15,6 +19,8 @@ Imported by DataLoader workers (to unpickle the dataset): no lightning here.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -23,24 +29,31 @@ from torch.utils.data import Dataset, DistributedSampler, get_worker_info
 
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import ClipRequest
+from lightning_vstream.storage.stats import StorageStats
 
-__all__ = ["STAT_FIELDS", "EpochClipDataset", "EpochClipSampler", "EpochItem", "new_counters"]
+__all__ = ["REMOTE_FIELDS", "STAT_FIELDS", "EpochClipDataset", "EpochClipSampler", "EpochItem", "new_counters"]
 
 #: The counters each reading process keeps, one column each.
 STAT_FIELDS = ("frames_decoded", "frames_delivered", "skipped_samples", "bad_files", "missing_annotations")
+#: What reading a remote index cost the process (:class:`StorageStats`), in the columns after those.
+REMOTE_FIELDS = tuple(f.name for f in dataclasses.fields(StorageStats))
+# Per storage configuration: (process id, the process's remote counters as last counted).
+_REMOTE_SEEN: dict[str, tuple[int, dict[str, int]]] = {}
 
 
 class EpochItem(NamedTuple):
-    """What :class:`EpochClipSampler` yields: a request and the epoch it was drawn for."""
+    """What :class:`EpochClipSampler` yields: a request, the epoch it was drawn for, and (with a
+    lookahead) the request the same process reads one round of batches later, to fetch ahead."""
 
     epoch: int
     request: ClipRequest
+    ahead: ClipRequest | None = None
 
 
 def new_counters(num_workers: int) -> torch.Tensor:
-    """A zeroed ``[num_workers + 1, len(STAT_FIELDS)]`` int64 tensor in shared memory: one row per worker,
-    the last for the process that owns the loader."""
-    return torch.zeros(num_workers + 1, len(STAT_FIELDS), dtype=torch.int64).share_memory_()
+    """A zeroed ``[num_workers + 1, len(STAT_FIELDS) + len(REMOTE_FIELDS)]`` int64 tensor in shared memory:
+    one row per worker, the last for the process that owns the loader."""
+    return torch.zeros(num_workers + 1, len(STAT_FIELDS) + len(REMOTE_FIELDS), dtype=torch.int64).share_memory_()
 
 
 class EpochClipDataset(Dataset[dict[str, Any]]):
@@ -69,6 +82,9 @@ class EpochClipDataset(Dataset[dict[str, Any]]):
         if epochs:
             self.dataset.epoch = max(epochs)  # one sampler epoch per batch
         plain = [item.request if isinstance(item, EpochItem) else item for item in items]
+        ahead = [item.ahead for item in items if isinstance(item, EpochItem) and item.ahead is not None]
+        if ahead:  # a remote index: fetch the GOPs of this process's next batch while this one decodes
+            self.dataset.prefetch(ahead)
         before = self._totals()
         samples = self.dataset.__getitems__(plain)
         delivered = 0
@@ -81,8 +97,28 @@ class EpochClipDataset(Dataset[dict[str, Any]]):
         after = self._totals()
         row = self._row()
         deltas = [after[0] - before[0], delivered, *(a - b for a, b in zip(after[1:], before[1:]))]
-        self.counters[row] += torch.tensor(deltas, dtype=torch.int64)
+        self.counters[row, : len(STAT_FIELDS)] += torch.tensor(deltas, dtype=torch.int64)
+        if self.dataset.index.storage is not None:
+            self.counters[row, len(STAT_FIELDS) :] += torch.tensor(self._remote_deltas(), dtype=torch.int64)
         return samples
+
+    def _remote_deltas(self) -> list[int]:
+        """What this process's remote reading cost since any of its loaders last counted it.
+
+        The process's fetcher serves every dataset of the process, so each request is counted once,
+        by the loader that counts first; a new worker process starts a new fetcher at zero.
+        """
+        from lightning_vstream.storage.fetcher import fetcher_for
+
+        storage = self.dataset.index.storage
+        assert storage is not None
+        now = fetcher_for(storage).stats.as_dict()
+        pid = os.getpid()
+        # No lock (a forked worker must never inherit one held): a process counts from one thread.
+        earlier = _REMOTE_SEEN.get(storage.key)
+        seen = earlier[1] if earlier is not None and earlier[0] == pid else {}
+        _REMOTE_SEEN[storage.key] = (pid, now)
+        return [now[f] - seen.get(f, 0) for f in REMOTE_FIELDS]
 
     def _totals(self) -> tuple[int, int, int, int]:
         """Frames decoded, samples skipped, bad files and missing annotations of this process so far."""
@@ -119,6 +155,8 @@ class EpochClipSampler(DistributedSampler[EpochItem]):
         shuffle: Shuffle the order from ``(seed, epoch)``.
         seed: Shuffle seed (the same on every rank).
         drop_last: Drop the tail that does not divide evenly between ranks.
+        lookahead: Each item also carries the request this many items later in this rank's order
+            (``batch_size * max(1, num_workers)``: the one its process reads next; 0: none).
 
     Example::
 
@@ -139,9 +177,11 @@ class EpochClipSampler(DistributedSampler[EpochItem]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        lookahead: int = 0,
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.draw = draw
+        self.lookahead = lookahead
         self._drawn: tuple[int, Sequence[ClipRequest]] | None = None
 
     def requests(self, epoch: int) -> Sequence[ClipRequest]:
@@ -155,5 +195,12 @@ class EpochClipSampler(DistributedSampler[EpochItem]):
     def __iter__(self) -> Iterator[EpochItem]:
         epoch = self.epoch
         requests = self.requests(epoch)
-        for position in cast("Iterator[int]", super().__iter__()):  # DistributedSampler yields positions
-            yield EpochItem(epoch, requests[position])
+        positions = cast("Iterator[int]", super().__iter__())  # DistributedSampler yields positions
+        if self.lookahead <= 0:
+            for position in positions:
+                yield EpochItem(epoch, requests[position])
+            return
+        order = list(positions)
+        for i, position in enumerate(order):
+            later = i + self.lookahead
+            yield EpochItem(epoch, requests[position], requests[order[later]] if later < len(order) else None)

@@ -74,13 +74,22 @@ def _decode_group(decoder: FrameDecoder, group: Sequence[tuple[int, list[int]]],
             out[t].numpy()[:] = first.numpy()
 
 
-def _accepts_out(decoder: FrameDecoder) -> bool:
-    import inspect
+#: Whether each decoder class's ``get`` takes ``out`` (looked up once per class, not per decode group).
+_TAKES_OUT: dict[type, bool] = {}
 
-    try:
-        return "out" in inspect.signature(decoder.get).parameters
-    except (TypeError, ValueError):
-        return False
+
+def _accepts_out(decoder: FrameDecoder) -> bool:
+    cls = type(decoder)
+    known = _TAKES_OUT.get(cls)
+    if known is None:
+        import inspect
+
+        try:
+            known = "out" in inspect.signature(cls.get).parameters
+        except (TypeError, ValueError):
+            known = False
+        _TAKES_OUT[cls] = known
+    return known
 
 
 class GopPool:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_vstream.clips.epochs import STAT_FIELDS, EpochClipDataset
+from lightning_vstream.clips.epochs import REMOTE_FIELDS, STAT_FIELDS, EpochClipDataset
+from lightning_vstream.storage.stats import StorageStats
 from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["ClipDataLoader"]
@@ -22,8 +23,10 @@ class ClipDataLoader(StatefulDataLoader):
     @property
     def stats(self) -> DecodeStats:
         """What every worker (and this process) decoded, delivered and skipped since the loader was built."""
-        totals = dict(zip(STAT_FIELDS, self.dataset.counters.sum(dim=0).tolist()))
-        return DecodeStats(**totals)
+        values = self.dataset.counters.sum(dim=0).tolist()
+        totals = dict(zip(STAT_FIELDS, values))
+        remote = StorageStats(**dict(zip(REMOTE_FIELDS, values[len(STAT_FIELDS) :])))
+        return DecodeStats(**totals, remote=remote)
 
     def close(self) -> None:
         """End persistent workers and close this process's decoders (they reopen lazily)."""

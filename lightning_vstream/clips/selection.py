@@ -32,11 +32,14 @@ import numbers
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = [
     "TIME_TOLERANCE",
@@ -348,13 +351,16 @@ def resolve_times(
     return result
 
 
-def frame_table(camera: CameraStream) -> VideoInfo:
-    """A camera's frame table: from the index metadata when present, else by probing the file."""
+def frame_table(camera: CameraStream, storage: StorageConfig | None = None) -> VideoInfo:
+    """A camera's frame table: from the index metadata when present, else by probing the file.
+
+    ``storage`` reaches a remote file without frame tables (read through its container).
+    """
     if camera.info is not None:
         return camera.info
     from lightning_vstream.index import probe
 
-    return probe(camera.path)
+    return probe(camera.path, storage)
 
 
 # -- windows and clip sampling ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "frame tables; or, with --check, verify an existing index file against the files."
     )
     parser.add_argument(
-        "root", type=Path, help="dataset folder (or, with --check/--quick-check/--tables, the index file)"
+        "root",
+        type=str,  # a URL (s3://bucket/ds) must stay a string
+        help="dataset folder or URL (or, with --check/--quick-check/--tables, the index file or its URL)",
     )
-    parser.add_argument("-o", "--output", type=Path, default=None, help="index file to write (default ROOT/index.json)")
+    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default ROOT/index.json)")
     parser.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
     parser.add_argument(
         "--table-format",
@@ -49,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the frame tables of an existing index's files (turns integrity checks on)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for URLs: a storage option (endpoint, region, anonymous=true...; see docs/remote.md), repeatable; "
+        "credentials come from the provider's environment",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"--{modes[0].replace('_', '-')} and --{modes[1].replace('_', '-')} cannot be combined; pass one of them."
         )
+    from lightning_vstream.storage.urls import is_url
+
+    if is_url(args.root):
+        return _remote_index(args, modes[0] if modes else None)
     root = Path(args.root)
     if modes:
         flag = "--" + modes[0].replace("_", "-")
@@ -77,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "existing index file, run `vstream index --check INDEX_FILE`."
         )
     existing(root, "dataset folder", hint="Give the folder that holds your clip folders (one folder per clip).")
-    output = args.output or root / "index.json"
+    output = Path(args.output) if args.output else root / "index.json"
     path = build_index(
         root, output=output, progress=not args.quiet, metadata=not args.no_metadata, table_format=args.table_format
     )
@@ -136,4 +151,70 @@ def _tables(args: argparse.Namespace) -> int:
 
     written = write_index_tables(args.root, table_format=args.table_format, progress=not args.quiet)
     print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
+    return 0
+
+
+def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--storage-option KEY=VALUE`` pairs as a dict (values read as JSON where they parse: true, 30, ...)."""
+    import json
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(
+                f"--storage-option {pair!r} must look like KEY=VALUE, e.g. endpoint=http://host:9000."
+            )
+        if value.lower() in ("true", "false"):
+            options[key] = value.lower() == "true"
+            continue
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
+    """``vstream index`` on a URL: build in place, --check, --quick-check or --tables (see docs/remote.md)."""
+    from tqdm import tqdm
+
+    from lightning_vstream.index import load_index
+    from lightning_vstream.index.remote import build_remote_index, verify_remote_index, write_remote_index_tables
+    from lightning_vstream.storage.options import StorageConfig
+
+    options = _storage_options(args.storage_option)
+    config = StorageConfig.make(options)
+
+    def bar(items: Any) -> Any:
+        return tqdm(items, desc="reading", unit="file", disable=args.quiet, file=sys.stderr)
+
+    if mode == "check":
+        report = verify_remote_index(args.root, storage=config, progress=bar)
+        if report.problems:
+            listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
+            print(
+                f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
+                f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
+        return 0
+    if mode == "quick_check":
+        index = load_index(args.root, check="thorough", storage_options=options)
+        print(
+            f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, {index.total_frames} frames per "
+            "camera: every file's size and ETag match the index (quick check)."
+        )
+        return 0
+    if mode == "tables":
+        written = write_remote_index_tables(args.root, storage=config, progress=bar)
+        print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
+        return 0
+    path = build_remote_index(args.root, output=args.output, storage=config, progress=bar)
+    index = load_index(path, storage_options=options)
+    print(
+        f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
+    )
     return 0

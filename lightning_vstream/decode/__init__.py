@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
     from lightning_vstream.decode.images import with_image_fps
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = [
     "FrameDecoder",
@@ -50,6 +53,7 @@ def make_decoder(
     device: str = "cpu",
     stream: int | None = None,
     size: tuple[int, int] | None = None,
+    storage: StorageConfig | None = None,
 ) -> FrameDecoder:
     """Create the decoder for a camera stream: a video file or a folder of images.
 
@@ -69,6 +73,10 @@ def make_decoder(
         size: Output ``(height, width)`` for video files decoded on the CPU, resized while the
             frame is converted to RGB. Other backends return frames at their own size (check
             the frames' shape, or resize them afterwards).
+        storage: How to reach a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...):
+            options, node cache. A URL whose frame table records packet byte ranges is read GOP by
+            GOP (:class:`~lightning_vstream.decode.remote.GopDecoder`); any other through its
+            container. Plain paths are opened with PyAV as they are (faster on a local disk).
 
     Example::
 
@@ -76,6 +84,8 @@ def make_decoder(
         >>> dec.get(5).shape  # doctest: +SKIP
         torch.Size([3, 48, 64])
     """
+    if is_url(path):
+        return _url_decoder(str(path), info, layout, threads, label, device, stream, size, storage)
     path = Path(path)
     if path.is_dir():
         from lightning_vstream.decode.images import ImageFolderDecoder
@@ -88,3 +98,44 @@ def make_decoder(
     from lightning_vstream.decode.cpu import PyAVDecoder
 
     return PyAVDecoder(path, info=info, layout=layout, threads=threads, label=label, stream=stream, size=size)
+
+
+def _url_decoder(
+    url: str,
+    info: VideoInfo | None,
+    layout: Layout,
+    threads: int,
+    label: str,
+    device: str,
+    stream: int | None,
+    size: tuple[int, int] | None,
+    storage: StorageConfig | None,
+) -> FrameDecoder:
+    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.remote import GopDecoder, RangeFile, expect_of
+    from lightning_vstream.storage.client import Expect, storage_for
+    from lightning_vstream.storage.fetcher import fetcher_for
+    from lightning_vstream.storage.options import StorageConfig
+
+    if device != "cpu":
+        raise ConfigurationError(
+            f"{url!r}{f' ({label})' if label else ''}: decoding remote files on {device!r} is not supported yet; "
+            "use decode_device='cpu' (remote files are read GOP by GOP and decoded with PyAV)."
+        )
+    config = storage if storage is not None else StorageConfig()
+    if info is not None and info.layout is not None and stream is None:
+        return GopDecoder(
+            url, info=info, fetcher=fetcher_for(config), layout=layout, threads=threads, label=label, size=size
+        )
+    expect = expect_of(info) if info is not None else Expect()
+    client = storage_for(config)
+    return PyAVDecoder(
+        url,
+        info=info,
+        layout=layout,
+        threads=threads,
+        label=label,
+        stream=stream,
+        size=size,
+        source=lambda: RangeFile(client, url, expect),
+    )

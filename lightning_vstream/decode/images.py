@@ -419,8 +419,8 @@ def with_image_fps(index: VideoIndex, fps: float) -> VideoIndex:
     clips = []
     for clip in index.clips:
         cams = tuple(
-            CameraStream(cam.name, cam.path, probe_image_folder(cam.path, fps=fps))
-            if cam.path.is_dir() and not (cam.path / TIMESTAMPS_FILE).is_file()
+            CameraStream(cam.name, cam.path, probe_image_folder(Path(cam.path), fps=fps))
+            if cam.is_image_folder and not (Path(cam.path) / TIMESTAMPS_FILE).is_file()
             else cam
             for cam in clip.cameras
         )

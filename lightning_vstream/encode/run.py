@@ -174,6 +174,11 @@ def encode_index(
 
     settings = EncodeSettings(codec=codec, gop=gop, bframes=bframes, crf=crf, bitrate=bitrate, preset=preset)
     index = load_index(src_index, cameras=cameras)
+    if isinstance(index.source, str):
+        raise ConfigurationError(
+            f"vstream encode reads local files; {index.source!r} is remote. Download the dataset first, or encode "
+            "where the images are."
+        )
     if (Path(out_dir) / "index.json").resolve() == index.source.resolve():
         raise ConfigurationError(
             f"output folder {str(out_dir)!r} holds the source index {str(index.source)!r}, which encoding would "
@@ -182,11 +187,11 @@ def encode_index(
     video_root = (Path(out_dir) / "videos").resolve()
     sources: list[CameraSource] = []
     for clip in index:
-        if (video_root / clip.clip_id).resolve() == clip.folder.resolve():
+        if (video_root / clip.clip_id).resolve() == Path(clip.folder).resolve():
             raise ConfigurationError(
                 f"output folder {str(out_dir)!r} would write clip {clip.clip_id!r} into its own source folder "
                 f"{str(clip.folder)!r}; choose another output folder."
             )
         # No pts: each source is probed once, and decoded with that frame table.
-        sources.extend(CameraSource(clip.clip_id, cam.name, cam.path) for cam in clip.cameras)
+        sources.extend(CameraSource(clip.clip_id, cam.name, Path(cam.path)) for cam in clip.cameras)
     return encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)

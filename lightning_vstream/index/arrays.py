@@ -10,7 +10,9 @@ memory-mapped :class:`~lightning_vstream.index.table_file.FrameTables`.
 Pickled (into a spawn or forkserver worker), it sends a reference to the files every process
 already reads: the index file's path with its size and CRC-32, the frame tables' path, the video
 folders and the camera file names. The worker re-reads the index file (a few MB for 100,000 clips,
-no folder is listed) and refuses it, naming the file, if it changed since it was loaded.
+no folder is listed) and refuses it, naming the file, if it changed since it was loaded. An index
+at a URL is re-read through remote storage (one request per worker, with the options it was
+loaded with); its video folders and files stay URLs (strings joined with ``/``), never ``Path``.
 
 The camera file names of most clips are the same (``CAM_FRONT.mp4`` ...): each distinct list is
 stored once (a *layout*) and every clip points at one.
@@ -30,9 +32,11 @@ import numpy as np
 
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.records import CameraStream, Clip, ClipSequence
+from lightning_vstream.storage.urls import child, is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["CACHED_CLIPS", "ClipArrays", "fingerprint", "tables_list_files"]
 
@@ -66,12 +70,13 @@ class ClipArrays(ClipSequence):
     ``clips``. Every clip has the cameras :attr:`camera_names`, in that order.
 
     Args:
-        source: The index file.
+        source: The index file (a URL stays a string).
         fingerprint: ``(size, CRC-32)`` of the index file's bytes (see :func:`fingerprint`).
         clip_ids: Clip ids in index order.
         frame_counts: Frame count of each clip.
         dir_of_clip: Position in ``video_dirs`` of each clip's video folder.
-        video_dirs: Every video folder of the index file, in its order (absolute, normalised).
+        video_dirs: Every video folder of the index file, in its order (absolute, normalised; URLs
+            for an index at a URL).
         dir_keys: Frame-table key prefix of each video folder (``"videos/"``; ``""`` for the
             index's own folder).
         camera_names: The cameras of every clip.
@@ -79,6 +84,7 @@ class ClipArrays(ClipSequence):
         layout_of_clip: Position in ``layouts`` of each clip's list; None when all use the first.
         tables: The frame tables the cameras read their :class:`VideoInfo` from, if any.
         overrides: Clips held as records instead (a thorough check re-verified or probed them).
+        storage: How to reach an index at a URL (a worker re-reads it through remote storage).
 
     Example::
 
@@ -102,6 +108,7 @@ class ClipArrays(ClipSequence):
         layout_of_clip: Sequence[int] | np.ndarray | None,
         tables: FrameTables | None,
         overrides: Mapping[int, Clip] | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
         ids = clip_ids if isinstance(clip_ids, np.ndarray) else _encoded(clip_ids)
         n = len(ids)
@@ -113,7 +120,9 @@ class ClipArrays(ClipSequence):
         self._dir_of = np.asarray(dir_of_clip).astype(_smallest_uint(max(len(video_dirs) - 1, 0))).reshape(n)
         self._video_dirs = tuple(video_dirs)
         self._dir_keys = tuple(dir_keys)
-        self._dir_paths = tuple(Path(d) for d in video_dirs)
+        self._is_url = is_url(source)
+        # A URL stays a string: Path("s3://b/ds") would become "s3:/b/ds".
+        self._dir_paths: tuple[Path | str, ...] = tuple(d if self._is_url else Path(d) for d in video_dirs)
         self._names = tuple(camera_names)
         self._layouts = tuple(tuple(files) for files in layouts)
         layout = None if layout_of_clip is None else np.asarray(layout_of_clip).reshape(n)
@@ -124,6 +133,7 @@ class ClipArrays(ClipSequence):
         self._overrides = dict(overrides or {})
         self._source = source
         self._fingerprint = fingerprint
+        self._storage = storage
         self._built: OrderedDict[int, Clip] = OrderedDict()
         if len(self._dir_keys) != len(self._video_dirs) or any(len(files) != len(self._names) for files in layouts):
             raise IndexValidationError(repr(source), [f"index {source!r}: inconsistent clip arrays."])
@@ -142,6 +152,7 @@ class ClipArrays(ClipSequence):
         layout_of_clip: np.ndarray | None,
         tables: FrameTables | None,
         overrides: Mapping[int, Clip] | None = None,
+        storage: StorageConfig | None = None,
     ) -> ClipArrays:
         """The arrays of a validated index file's contents ``{video_dir: {clip_id: frame_count}}``."""
         sizes = [len(clips) for clips in entries.values()]
@@ -162,6 +173,7 @@ class ClipArrays(ClipSequence):
             layout_of_clip=layout_of_clip,
             tables=tables,
             overrides=overrides,
+            storage=storage,
         )
 
     def with_overrides(self, overrides: Mapping[int, Clip]) -> ClipArrays:
@@ -246,7 +258,12 @@ class ClipArrays(ClipSequence):
         clip_id = self.clip_id(i)
         d = int(self._dir_of[i])
         files = self._layouts[0 if self._layout_of is None else int(self._layout_of[i])]
-        folder = f"{self._video_dirs[d]}{os.sep}{clip_id}"
+        if self._is_url:
+            folder = child(self._video_dirs[d], clip_id)
+            paths = [child(folder, file) for file in files]
+        else:
+            folder = f"{self._video_dirs[d]}{os.sep}{clip_id}"
+            paths = [f"{folder}{os.sep}{file}" for file in files]
         tables = self._tables
         if tables is not None:
             prefix = f"{self._dir_keys[d]}{clip_id}/"
@@ -254,8 +271,7 @@ class ClipArrays(ClipSequence):
         else:
             rows = [-1] * len(files)
         cameras = tuple(
-            CameraStream(name, f"{folder}{os.sep}{file}", tables=tables, row=row)
-            for name, file, row in zip(self._names, files, rows)
+            CameraStream(name, path, tables=tables, row=row) for name, path, row in zip(self._names, paths, rows)
         )
         return Clip(clip_id, self._dir_paths[d], int(self._counts[i]), cameras)
 
@@ -305,6 +321,7 @@ class ClipArrays(ClipSequence):
                 self._layout_of,
                 self._tables,
                 self._overrides,
+                self._storage,
             ),
         )
 
@@ -319,11 +336,12 @@ def _restore(
     layout_of_clip: np.ndarray | None,
     tables: FrameTables | None,
     overrides: dict[int, Clip],
+    storage: StorageConfig | None = None,
 ) -> ClipArrays:
     """Rebuild the arrays in another process from the index file they were loaded from."""
     from lightning_vstream.index.load import read_index_bytes
 
-    raw = read_index_bytes(source)
+    raw = read_index_bytes(source, storage=storage)
     if fingerprint(raw) != tuple(recorded):
         raise IndexValidationError(
             repr(source),
@@ -351,6 +369,7 @@ def _restore(
         layout_of_clip=layout_of_clip,
         tables=tables,
         overrides=overrides,
+        storage=storage,
     )
 
 

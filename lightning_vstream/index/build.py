@@ -27,14 +27,24 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
+from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.urls import basename, is_url
 
 __all__ = ["TableFormat", "build_index", "probe", "probe_clip", "probe_with_identity", "write_index_tables"]
 
 TableFormat = Literal["binary", "json"]
 
 
-def probe(path: Path) -> VideoInfo:
-    """Probe a camera stream (video file or image folder) for its frame table."""
+def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
+    """Probe a camera stream (video file, image folder, or a URL read through its container) for its frame table."""
+    if isinstance(path, str) and is_url(path):
+        from lightning_vstream.decode.cpu import probe_video_file
+        from lightning_vstream.decode.remote import RangeFile
+        from lightning_vstream.storage.client import Expect, storage_for
+
+        client = storage_for(storage or StorageConfig())
+        return probe_video_file(lambda: RangeFile(client, str(path), Expect()), name=str(path))
+    path = Path(path)
     if path.is_dir():
         from lightning_vstream.decode.images import probe_image_folder
 
@@ -44,26 +54,27 @@ def probe(path: Path) -> VideoInfo:
     return probe_video(path)
 
 
-def probe_clip(clip: Clip, where: str, problems: list[str]) -> Clip:
+def probe_clip(clip: Clip, where: str, problems: list[str], *, storage: StorageConfig | None = None) -> Clip:
     streams = []
     sizes: dict[str, tuple[int, int]] = {}
     for cam in clip.cameras:
         info = cam.info
         if info is None:
             try:
-                info = probe(cam.path)
+                info = probe(cam.path, storage)
             except (VideoDecodeError, OSError, ValueError) as err:
                 problems.append(f"{where}: clip {clip.clip_id!r}, camera {cam.name!r}: {err}")
                 streams.append(cam)
                 continue
+        name = basename(cam.path) if isinstance(cam.path, str) else cam.path.name
         if info.frame_count < clip.frame_count:
             problems.append(
                 f"{where}: clip {clip.clip_id!r} lists {clip.frame_count} frames, but camera {cam.name!r} "
-                f"({cam.path.name}) holds {info.frame_count}. Re-run `vstream index` to rebuild the index."
+                f"({name}) holds {info.frame_count}. Re-run `vstream index` to rebuild the index."
             )
-        if not cam.path.is_dir() and not _decodable(info.codec):
+        if not cam.is_image_folder and not _decodable(info.codec):
             problems.append(
-                f"{where}: clip {clip.clip_id!r}, camera {cam.name!r} ({cam.path.name}) uses codec "
+                f"{where}: clip {clip.clip_id!r}, camera {cam.name!r} ({name}) uses codec "
                 f"{info.codec!r}, which this FFmpeg build cannot decode; re-encode it to H.264 or H.265."
             )
         sizes[cam.name] = (info.width, info.height)

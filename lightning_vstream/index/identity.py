@@ -48,6 +48,9 @@ class FileIdentity:
         mtime_ns: Modification time in nanoseconds (``os.stat().st_mtime_ns``).
         head_crc32: CRC-32 of the first :data:`BLOCK` bytes.
         tail_crc32: CRC-32 of the last :data:`BLOCK` bytes (of the whole file when it is smaller).
+        etag: The ETag (or generation) of a remote object, recorded when the index was built on the
+            object store itself; reads then carry ``If-Match``. None for local files and for indexes
+            built locally and uploaded (their objects are identified by size and packet CRC-32s).
 
     Example::
 
@@ -61,6 +64,7 @@ class FileIdentity:
     mtime_ns: int
     head_crc32: int
     tail_crc32: int
+    etag: str | None = None
 
     @property
     def size_only(self) -> bool:
@@ -75,7 +79,12 @@ class FileIdentity:
         """Same size, modification time and fingerprint (the size alone for :attr:`size_only` identities)."""
         if self.size_only:
             return self.size == other.size
-        return self == other
+        return (self.size, self.mtime_ns, self.head_crc32, self.tail_crc32) == (
+            other.size,
+            other.mtime_ns,
+            other.head_crc32,
+            other.tail_crc32,
+        )
 
     def describe_difference(self, current: FileIdentity) -> str:
         """Which of size, mtime and fingerprint differ, in words, for error messages."""
@@ -88,19 +97,24 @@ class FileIdentity:
             parts.append("content fingerprint differs")
         return ", ".join(parts) or "no difference"
 
-    def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        found = dataclasses.asdict(self)
+        if self.etag is None:
+            del found["etag"]
+        return found
 
     @classmethod
     def from_dict(cls, data: Any) -> FileIdentity | None:
         """Parse a stored identity; None when it is missing or malformed (old sidecars)."""
         try:
-            values = [data[f.name] for f in dataclasses.fields(cls)]
-        except (KeyError, TypeError):
+            values = [data[f.name] for f in dataclasses.fields(cls) if f.name != "etag"]
+            etag = data.get("etag")
+        except (KeyError, TypeError, AttributeError):
             return None
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             return None
-        return cls(*values)
+        size, mtime_ns, head, tail = values
+        return cls(size, mtime_ns, head, tail, etag=etag if isinstance(etag, str) and etag else None)
 
 
 def file_identity(path: Path | str, *, stat: os.stat_result | None = None) -> FileIdentity:

@@ -17,7 +17,7 @@ import os
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -38,6 +38,10 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
+from lightning_vstream.storage.urls import is_url
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["MAX_FRAMES", "Check", "load_index"]
 
@@ -63,14 +67,27 @@ def _pairs_without_duplicates(where: str) -> Any:
     return hook
 
 
-def read_index_bytes(path: Path | str) -> bytes:
+def read_index_bytes(path: Path | str, *, storage: StorageConfig | None = None) -> bytes:
     """The bytes of an index file (also what a worker re-reads to rebuild the clip arrays).
+
+    An index at a URL is read through remote storage (one request, retried like every other),
+    with ``storage``'s options.
 
     Raises:
         FileNotFoundError: The file does not exist.
         IndexValidationError: It cannot be read.
+        RemoteStorageError: Remote storage failed for good (retries spent).
     """
     where = repr(str(path))
+    if is_url(path):
+        from lightning_vstream.storage.client import storage_for
+        from lightning_vstream.storage.options import StorageConfig
+
+        try:
+            raw, _ = storage_for(storage or StorageConfig()).read(str(path), label="index")
+        except MissingFileError:
+            raise MissingFileError(f"index file {where} does not exist.") from None
+        return bytes(raw)
     path = Path(path)
     if path.is_dir():
         inside = path / "index.json"
@@ -150,20 +167,35 @@ def load_index(
     *,
     cameras: Sequence[str] | None = None,
     check: Check = "fast",
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    cache_limit: int | str | None = None,
 ) -> VideoIndex:
-    """Parse and validate an index file.
+    """Parse and validate an index file, on a local disk or at a URL.
 
     Camera order is the sorted file stems found in the first clip, or ``cameras`` (which may
     also select a subset). Every problem found is reported in one error.
 
+    A URL (``s3://bucket/ds/index.json``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) is read
+    through remote storage: video paths resolve relative to the index's URL and stay URLs; the frame
+    tables are fetched once per machine into ``cache_dir`` (else the system's temporary folder) and
+    memory-mapped; decoders then read each file GOP by GOP (see ``docs/remote.md``).
+
     Args:
-        path: The index JSON file.
+        path: The index JSON file, or its URL.
         cameras: Cameras to load, in this order; all cameras when None.
         check: ``"fast"`` checks that folders and camera files exist and that every clip has
             the same cameras (no file is opened: each decoder checks its file's identity when it
             opens it); ``"thorough"`` also compares every file's size and modification time with
             the index, re-verifies changed files in full, probes files without frame tables, and
-            checks frame counts, frame sizes and codecs.
+            checks frame counts, frame sizes and codecs. For a URL, ``"thorough"`` compares every
+            file's size and ETag with the frame tables (one HEAD each).
+        storage_options: How to reach a URL (endpoint, credentials, retries...; see
+            :class:`~lightning_vstream.storage.options.StorageConfig`); the provider's standard
+            environment otherwise.
+        cache_dir: Node-local folder caching the frame tables and every GOP read (shared by the
+            ranks and workers of a machine); None: GOPs are only held in memory while needed.
+        cache_limit: Bytes the GOP cache may hold (``"20GB"`` or an int); None: no limit.
 
     Returns:
         The validated :class:`VideoIndex`.
@@ -183,6 +215,12 @@ def load_index(
     """
     if check not in ("fast", "thorough"):
         raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
+    if is_url(path):
+        from lightning_vstream.index.remote import load_remote_index
+        from lightning_vstream.storage.options import StorageConfig
+
+        config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        return load_remote_index(str(path), cameras=cameras, check=check, storage=config)
     return _load(path, cameras, check, with_tables=True)
 
 
@@ -193,8 +231,12 @@ def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
         IndexValidationError: The index does not describe the files on disk (every problem listed).
     """
     index = _load(path, None, "fast", with_tables=False)
-    base = index.source.parent
-    return [(table_key(base, cam.path), clip.clip_id, cam.name, cam.path) for clip in index for cam in clip.cameras]
+    base = Path(index.source).parent
+    return [
+        (table_key(base, Path(cam.path)), clip.clip_id, cam.name, Path(cam.path))
+        for clip in index
+        for cam in clip.cameras
+    ]
 
 
 def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with_tables: bool) -> VideoIndex:
@@ -442,7 +484,8 @@ def _clip_folders(video_dir: str) -> set[str] | None:
 
 def _with_sidecar_tables(clip: Clip, meta: dict[str, Any], base: Path) -> Clip:
     streams = tuple(
-        CameraStream(cam.name, cam.path_str, cached_info(meta, table_key(base, cam.path))) for cam in clip.cameras
+        CameraStream(cam.name, cam.path_str, cached_info(meta, table_key(base, Path(cam.path_str))))
+        for cam in clip.cameras
     )
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
 
@@ -484,7 +527,7 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
         info = cam.info
         assert info is not None
         try:
-            streams.append(cam.with_info(reverify(cam.path, info, label)))
+            streams.append(cam.with_info(reverify(Path(cam.path), info, label)))
         except FileChangedError as err:
             changed.extend(f"{where}: {p}" for p in err.problems)
             streams.append(cam)
@@ -493,7 +536,7 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
 
 
-def _warn_if_unchecked(path: Path, clips: Sequence[Clip], candidates: Iterable[Clip], has_tables: bool) -> None:
+def _warn_if_unchecked(path: Path | str, clips: Sequence[Clip], candidates: Iterable[Clip], has_tables: bool) -> None:
     """Warn once per index when video files have no frame tables (so no checksums are checked).
 
     ``candidates`` are the clips that may lack tables (the others are known to have them).

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.storage.urls import child, is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["CameraStream", "Clip", "ClipSequence", "VideoIndex"]
 
@@ -69,10 +71,12 @@ class CameraStream:
         raise AttributeError(f"CameraStream is immutable; cannot set {name!r}.")
 
     @property
-    def path(self) -> Path:
-        """The video file or image folder."""
+    def path(self) -> Path | str:
+        """The video file or image folder: a ``Path``, or a URL, which stays a string."""
         path = self._path
         if isinstance(path, str):
+            if is_url(path):
+                return path
             path = Path(path)
             _set_path(self, path)
         return path
@@ -111,8 +115,9 @@ class CameraStream:
 
     @property
     def is_image_folder(self) -> bool:
-        """True when the camera is a folder of image files rather than a video."""
-        return self.path.is_dir()
+        """True when the camera is a folder of image files rather than a video (never for a URL)."""
+        path = self.path
+        return not isinstance(path, str) and path.is_dir()
 
 
 _SLOTS = CameraStream.__dict__
@@ -132,13 +137,15 @@ class Clip:
     """A clip: several cameras recorded together, ``frame_count`` frames each."""
 
     clip_id: str
-    video_dir: Path
+    video_dir: Path | str  # a URL stays a string
     frame_count: int
     cameras: tuple[CameraStream, ...]
 
     @property
-    def folder(self) -> Path:
-        """Folder holding the clip's camera files."""
+    def folder(self) -> Path | str:
+        """Folder holding the clip's camera files (a URL for a remote index)."""
+        if isinstance(self.video_dir, str):
+            return child(self.video_dir, self.clip_id)
         return self.video_dir / self.clip_id
 
     @property
@@ -204,9 +211,11 @@ class VideoIndex:
         array([40, 40, 38])
     """
 
-    source: Path
+    source: Path | str  # the index file; a URL stays a string
     clips: Sequence[Clip]
     camera_names: tuple[str, ...]
+    #: How to reach a remote index's files (options, node cache); None for local indexes.
+    storage: StorageConfig | None = field(default=None, compare=False, repr=False)
     _positions: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _counts: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -217,7 +226,7 @@ class VideoIndex:
 
     def __reduce__(self) -> tuple[object, ...]:
         # The fields only (a lazy ``clips`` pickles as a reference to its files), no lookup cache.
-        return (VideoIndex, (self.source, self.clips, self.camera_names))
+        return (VideoIndex, (self.source, self.clips, self.camera_names, self.storage))
 
     def __len__(self) -> int:
         return len(self.clips)

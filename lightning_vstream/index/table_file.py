@@ -13,7 +13,17 @@ index folder, ``/``-separated), so a lookup is a binary search. Per-frame arrays
 ``crc32``) and per-keyframe arrays (``key_indices``, ``key_seek``) are concatenated over files,
 with ``frame_offsets`` / ``key_offsets`` (length files + 1) marking where each file's rows start.
 Optional values (``config_crc32``, identity fields, ``reorder_depth``) hold -1 when unknown.
-Version 2 added ``reorder_depth``; version-1 files still load, with it unknown.
+
+Version 2 added ``reorder_depth`` (how far decode order runs ahead of presentation, for NVDEC's
+latency mode) and what GOP reads need (:class:`~lightning_vstream.index.tables.PacketLayout`): per
+frame the packet's byte offset and size (``pkt_pos``, ``pkt_size``, aligned with ``pts``), per file
+whether they are known (``has_layout``), the container's colour tags (``col_*``), and two byte blobs
+concatenated over files with their own offsets: the codec configuration (``extradata`` /
+``extra_offsets``) and the ETag of remote objects (``etag`` / ``etag_offsets``, empty when unknown).
+Version-1 files, and version-2 files written before the byte ranges were added, still load for
+reading local files: ``reorder_depth`` is unknown and no file has a packet layout (it is read
+through its container). Only reading a remote index needs the byte ranges; it refuses such tables,
+naming the command that rebuilds them.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import numpy as np
 
 from lightning_vstream.errors import DataFormatError, IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
-from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.index.tables import PacketLayout, VideoInfo
 
 __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path", "write_table_arrays", "write_tables"]
 
@@ -67,6 +77,17 @@ _CONCAT = {
     "frame_offsets": "<i8",
     "key_offsets": "<i8",
 }
+# -- packet byte ranges (version 2): GOP reads from remote storage ------------------------------
+_BYTES_PER_FILE = {
+    "has_layout": "u1",
+    "col_range": "<i2",
+    "col_space": "<i2",
+    "col_primaries": "<i2",
+    "col_trc": "<i2",
+}
+_BYTES_PER_FRAME = {"pkt_pos": "<i8", "pkt_size": "<u4"}
+_BLOBS = {"extradata": "extra_offsets", "etag": "etag_offsets"}  # u1 blob -> its <i8 offsets (files + 1)
+# ------------------------------------------------------------------------------------------------
 _I64 = (-(2**63), 2**63 - 1)
 #: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
 CACHED_INFOS = 256
@@ -111,8 +132,22 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     key_seek: list[int] = []
     frame_offsets = [0]
     key_offsets = [0]
+    layout_rows: dict[str, list[int]] = {name: [] for name in _BYTES_PER_FILE}
+    pkt_pos: list[int] = []
+    pkt_size: list[int] = []
+    blobs: dict[str, list[bytes]] = {name: [] for name in _BLOBS}
     for k in keys:
         info = infos[k]
+        layout = info.layout
+        layout_rows["has_layout"].append(int(layout is not None))
+        colour = layout.colour if layout is not None else (-1, -1, -1, -1)
+        for name, value in zip(("col_range", "col_space", "col_primaries", "col_trc"), colour):
+            layout_rows[name].append(value)
+        pkt_pos.extend(layout.pos if layout is not None else [-1] * info.frame_count)
+        pkt_size.extend(layout.size if layout is not None else [0] * info.frame_count)
+        blobs["extradata"].append(layout.extradata if layout is not None else b"")
+        etag = info.identity.etag if info.identity is not None else None
+        blobs["etag"].append((etag or "").encode("utf-8"))
         ident = info.identity
         values: dict[str, Any] = {
             "codec": codec_id[info.codec],
@@ -157,7 +192,24 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     }
     for name, column in concatenated.items():
         arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
+    arrays.update(_layout_arrays(layout_rows, pkt_pos, pkt_size, blobs))
     return write_table_arrays(path, encoded, codecs, arrays)
+
+
+def _layout_arrays(
+    rows: Mapping[str, list[int]], pkt_pos: list[int], pkt_size: list[int], blobs: Mapping[str, list[bytes]]
+) -> dict[str, np.ndarray]:
+    """The version-2 arrays (packet byte ranges, colour tags, extradata and ETags) from per-file lists."""
+    arrays = {
+        name: np.asarray(rows[name], dtype=dtype).reshape(len(rows[name])) for name, dtype in _BYTES_PER_FILE.items()
+    }
+    arrays["pkt_pos"] = np.asarray(pkt_pos, dtype=_BYTES_PER_FRAME["pkt_pos"]).reshape(len(pkt_pos))
+    arrays["pkt_size"] = np.asarray(pkt_size, dtype=_BYTES_PER_FRAME["pkt_size"]).reshape(len(pkt_size))
+    for blob, offsets in _BLOBS.items():
+        pieces = blobs[blob]
+        arrays[offsets] = np.concatenate([[0], np.cumsum([len(b) for b in pieces], dtype=np.int64)]).astype("<i8")
+        arrays[blob] = np.frombuffer(b"".join(pieces), dtype=np.uint8).copy()
+    return arrays
 
 
 def write_table_arrays(
@@ -195,18 +247,28 @@ def write_table_arrays(
     missing = sorted(name for name in (*_PER_FILE, *_CONCAT) if name not in arrays)
     if missing:
         raise DataFormatError(f"frame-table arrays {missing} are missing.")
+    if any(name not in arrays for name in (*_BYTES_PER_FILE, *_BYTES_PER_FRAME, *_BLOBS, *_BLOBS.values())):
+        # Tables generated without packet byte ranges: every file is read through its container.
+        files, frames = len(key_array), int(np.asarray(arrays["frame_offsets"])[-1])
+        no_layout = {name: [0 if name == "has_layout" else -1] * files for name in _BYTES_PER_FILE}
+        empty = {blob: [b""] * files for blob in _BLOBS}
+        arrays = {**_layout_arrays(no_layout, [-1] * frames, [0] * frames, empty), **arrays}
     out: dict[str, np.ndarray] = {"keys": key_array}
-    for name, dtype in {**_PER_FILE, **_CONCAT}.items():
+    for name, dtype in {**_PER_FILE, **_CONCAT, **_BYTES_PER_FILE, **_BYTES_PER_FRAME, **_blob_dtypes()}.items():
         arr = np.asarray(arrays[name])
         if arr.ndim != 1:
             raise DataFormatError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
         out[name] = arr.astype(dtype, copy=False)
-    if any(len(out[name]) != len(key_array) for name in _PER_FILE):
+    if any(len(out[name]) != len(key_array) for name in (*_PER_FILE, *_BYTES_PER_FILE)):
         raise DataFormatError("every per-file frame-table array needs one row per key.")
     if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):
         raise DataFormatError("frame-table keys must be sorted and distinct.")
     _write_arrays(path, out, {"files": len(key_array), "codecs": list(codecs)})
     return path
+
+
+def _blob_dtypes() -> dict[str, str]:
+    return {**{blob: "u1" for blob in _BLOBS}, **{offsets: "<i8" for offsets in _BLOBS.values()}}
 
 
 def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray], extra: Mapping[str, Any]) -> None:
@@ -249,6 +311,8 @@ class FrameTables:
 
     Args:
         path: The ``.tables.bin`` file.
+        source: Where the file came from, for messages (the URL of a remote index's tables, of which
+            ``path`` is this machine's copy); ``path`` when None.
 
     Raises:
         IndexValidationError: The file is unreadable, not a table file, of another version, or
@@ -261,9 +325,10 @@ class FrameTables:
         40
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, source: str | None = None) -> None:
         self.path = Path(path)
-        where = repr(str(self.path))
+        self.source = source
+        where = repr(source or str(self.path))
         try:
             with open(self.path, "rb") as f:
                 prefix = f.read(_PREFIX.size)
@@ -307,12 +372,40 @@ class FrameTables:
         missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
         if missing:
             raise self._bad(f"lacks the arrays {missing}")
+        byte_arrays = (*_BYTES_PER_FILE, *_BYTES_PER_FRAME, *_blob_dtypes())
+        partial = [n for n in byte_arrays if n not in arrays]
+        if partial and len(partial) != len(byte_arrays):
+            raise self._bad(f"lacks the arrays {partial}")
+        self.version = int(version)
+        #: Whether the file records packet byte ranges (tables written before they were added do not).
+        self.has_byte_ranges = not partial
         self._a = arrays
         self._cache: OrderedDict[int, VideoInfo] = OrderedDict()
         self._check_consistent()
 
+    def require_byte_ranges(self) -> None:
+        """Refuse tables that do not record packet byte ranges (what reading a remote index needs).
+
+        Raises:
+            IndexValidationError: The tables were written before byte ranges were recorded; the
+                message names the command that rebuilds them.
+        """
+        if self.has_byte_ranges:
+            return
+        where = repr(self.source or str(self.path))
+        name = self.source or str(self.path)
+        index = name[: -len(".tables.bin")] + ".json" if name.endswith(".tables.bin") else name
+        raise IndexValidationError(
+            where,
+            [
+                f"frame-table file {where} (format version {self.version}) does not record the packets' byte "
+                "ranges, which reading videos from remote storage needs (one request per GOP). Rebuild it with "
+                f"`vstream index --tables {index}` (or re-run `vstream index` on the dataset)."
+            ],
+        )
+
     def _bad(self, what: str) -> IndexValidationError:
-        where = repr(str(self.path))
+        where = repr(self.source or str(self.path))
         return IndexValidationError(where, [f"frame-table file {where} {what}; {_FIX}."])
 
     def _check_consistent(self) -> None:
@@ -323,13 +416,23 @@ class FrameTables:
             off = a[offsets]
             if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) <= 0) or any(len(a[d]) != off[-1] for d in data):
                 raise self._bad(f"has inconsistent {offsets}")
+        if self.has_byte_ranges:
+            frames = int(a["frame_offsets"][-1]) if len(a["frame_offsets"]) else 0
+            if any(len(a[name]) != n for name in _BYTES_PER_FILE) or any(
+                len(a[name]) != frames for name in _BYTES_PER_FRAME
+            ):
+                raise self._bad("has packet byte-range arrays of the wrong length")
+            for blob, offsets in _BLOBS.items():
+                off = a[offsets]
+                if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
+                    raise self._bad(f"has inconsistent {offsets}")
         if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
             raise self._bad("names a codec it does not list")
         if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
             raise self._bad("has unsorted or repeated keys")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (FrameTables, (str(self.path),))
+        return (_tables, (str(self.path), self.source))
 
     def __len__(self) -> int:
         return self._n
@@ -361,6 +464,21 @@ class FrameTables:
         found &= np.array([len(k.encode("utf-8")) <= table.dtype.itemsize for k in keys])
         return np.where(found, pos, -1).astype(np.int64)
 
+    def under(self, prefix: str) -> list[tuple[str, int]]:
+        """``(key, row)`` of every key starting with ``prefix`` (one binary search; for folder listings)."""
+        table = self._a["keys"]
+        if not self._n:
+            return []
+        raw = prefix.encode("utf-8")
+        lo = int(np.searchsorted(table, np.array([raw], dtype=table.dtype)[0], side="left"))
+        found = []
+        for row in range(lo, self._n):
+            key = bytes(table[row])
+            if not key.startswith(raw):
+                break
+            found.append((key.decode("utf-8"), row))
+        return found
+
     def row(self, key: str) -> int:
         """Row of one key, or -1."""
         return int(self.rows([key])[0])
@@ -374,7 +492,32 @@ class FrameTables:
         """The recorded identity of row ``row``, or None when unknown."""
         a = self._a
         values = [int(a[n][row]) for n in ("size", "mtime_ns", "head_crc32", "tail_crc32")]
-        return None if min(values) < 0 else FileIdentity(*values)
+        if min(values) < 0:
+            return None
+        etag = None
+        if self.has_byte_ranges:
+            e0, e1 = int(a["etag_offsets"][row]), int(a["etag_offsets"][row + 1])
+            etag = bytes(a["etag"][e0:e1]).decode("utf-8", "replace") or None
+        size, mtime_ns, head, tail = values
+        return FileIdentity(size, mtime_ns, head, tail, etag=etag)
+
+    def layout(self, row: int) -> PacketLayout | None:
+        """The packet byte ranges of row ``row`` (see :class:`PacketLayout`), or None when unknown."""
+        a = self._a
+        if not self.has_byte_ranges or not a["has_layout"][row]:
+            return None
+        f0, f1 = int(a["frame_offsets"][row]), int(a["frame_offsets"][row + 1])
+        x0, x1 = int(a["extra_offsets"][row]), int(a["extra_offsets"][row + 1])
+        pos = a["pkt_pos"][f0:f1]
+        if len(pos) and int(pos.min()) < 0:
+            raise self._bad(f"holds a negative packet position for {a['keys'][row].decode('utf-8', 'replace')!r}")
+        colour = tuple(int(a[n][row]) for n in ("col_range", "col_space", "col_primaries", "col_trc"))
+        return PacketLayout(
+            pos=tuple(pos.tolist()),
+            size=tuple(a["pkt_size"][f0:f1].tolist()),
+            extradata=bytes(a["extradata"][x0:x1]),
+            colour=colour,  # type: ignore[arg-type]
+        )
 
     def info(self, row: int) -> VideoInfo:
         """The :class:`VideoInfo` of row ``row``, built from the arrays (validated like a JSON entry).
@@ -419,5 +562,10 @@ class FrameTables:
             crc32=tuple(a["crc32"][f0:f1].tolist()) if a["has_crc"][row] else None,
             config_crc32=None if config < 0 else config,
             identity=self.identity(row),
+            layout=self.layout(row),
             reorder_depth=None if reorder < 0 else reorder,
         )
+
+
+def _tables(path: str, source: str | None) -> FrameTables:
+    return FrameTables(path, source=source)

@@ -12,6 +12,7 @@ decoder library.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import dataclasses
 import json
@@ -27,6 +28,7 @@ from lightning_vstream.index.identity import FileIdentity
 __all__ = [
     "META_FORMAT",
     "META_VERSION",
+    "PacketLayout",
     "VideoInfo",
     "cached_info",
     "load_metadata",
@@ -40,6 +42,71 @@ META_VERSION = 1
 
 #: Version of the serialised :class:`VideoInfo` layout (stored in index metadata files).
 VIDEO_INFO_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PacketLayout:
+    """Where each frame's compressed packet lies in its file, and what a decoder needs besides the packets.
+
+    With it a reader fetches exactly the byte ranges of the GOPs it needs (one request per GOP
+    from an object store) and decodes them from memory with a bare codec context: no demuxer, no
+    container header read per open. Recorded by ``vstream index`` only where every packet was
+    found whole at its position (MP4, Matroska, raw H.264/H.265 streams; not MPEG-TS, whose packets
+    are cut into 188-byte pieces): files without one are read through their container.
+
+    Args:
+        pos: Byte offset of every frame's packet, in presentation order (as ``VideoInfo.pts``).
+        size: Byte size of every frame's packet.
+        extradata: The codec configuration (``avcC`` / ``hvcC`` record, or SPS/PPS), as FFmpeg
+            hands it to the decoder.
+        colour: ``(color_range, colorspace, color_primaries, color_trc)`` the container declares
+            (FFmpeg's enum values); given to the decoder as an opened container would, so frames
+            convert to the same RGB.
+
+    Example::
+
+        >>> layout = PacketLayout((48, 900, 1000), (852, 100, 80), b"\\x01", (1, 2, 2, 2))
+        >>> layout.span(0, 3)
+        (48, 1080)
+    """
+
+    pos: tuple[int, ...]
+    size: tuple[int, ...]
+    extradata: bytes
+    colour: tuple[int, int, int, int] = (0, 2, 2, 2)
+
+    def span(self, first: int, stop: int) -> tuple[int, int]:
+        """``[start, end)`` bytes holding the packets of frames ``first .. stop - 1`` (presentation order)."""
+        pos, size = self.pos[first:stop], self.size[first:stop]
+        return min(pos), max(p + n for p, n in zip(pos, size))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pos": list(self.pos),
+            "size": list(self.size),
+            "extradata": base64.b64encode(self.extradata).decode("ascii"),
+            "colour": list(self.colour),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, frames: int) -> PacketLayout:
+        """Inverse of :meth:`to_dict`; raises ``DataFormatError`` on a malformed entry."""
+        try:
+            layout = cls(
+                pos=tuple(int(p) for p in data["pos"]),
+                size=tuple(int(n) for n in data["size"]),
+                extradata=base64.b64decode(data["extradata"]),
+                colour=tuple(int(c) for c in data["colour"]),  # type: ignore[arg-type]
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataFormatError(
+                f"video metadata has a malformed packet layout ({err}); rebuild it with `vstream index`."
+            ) from None
+        if len(layout.pos) != frames or len(layout.size) != frames or len(layout.colour) != 4:
+            raise DataFormatError(
+                "video metadata has a packet layout of the wrong length; rebuild it with `vstream index`."
+            )
+        return layout
 
 
 @dataclass(frozen=True)
@@ -69,6 +136,8 @@ class VideoInfo:
         identity: Size, modification time and fingerprint of the file when the index was built
             (see :mod:`lightning_vstream.index.identity`); a decoder re-verifies the file in full
             when they differ. None when unknown. Not part of equality.
+        layout: Byte offset and size of every packet, and the codec configuration (see
+            :class:`PacketLayout`), for GOP reads; None when unknown. Not part of equality.
         reorder_depth: How many frames the stream's decode order runs ahead of its presentation
             order (0: frames are stored in presentation order, no B-frame reordering), measured
             from the packets when the index was built. GPU decoders choose NVDEC's latency mode
@@ -92,6 +161,7 @@ class VideoInfo:
     crc32: tuple[int, ...] | None = None
     config_crc32: int | None = None
     identity: FileIdentity | None = field(default=None, compare=False)
+    layout: PacketLayout | None = field(default=None, compare=False, repr=False)
     reorder_depth: int | None = field(default=None, compare=False)
     _pts_lookup: dict[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -150,6 +220,7 @@ class VideoInfo:
             "key_seek": list(self.key_seek),
             **({"crc32": list(self.crc32)} if self.crc32 is not None else {}),
             **({"config_crc32": self.config_crc32} if self.config_crc32 is not None else {}),
+            **({"packets": self.layout.to_dict()} if self.layout is not None else {}),
             **({"reorder_depth": self.reorder_depth} if self.reorder_depth is not None else {}),
         }
 
@@ -172,6 +243,7 @@ class VideoInfo:
             average_fps=float(data["average_fps"]),
             crc32=tuple(int(c) for c in data["crc32"]) if data.get("crc32") is not None else None,
             config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
+            layout=PacketLayout.from_dict(data["packets"], len(data["pts"])) if data.get("packets") else None,
             reorder_depth=int(data["reorder_depth"]) if data.get("reorder_depth") is not None else None,
         )
         if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:

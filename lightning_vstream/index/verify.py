@@ -39,7 +39,7 @@ class VerifyReport:
         (True, 48)
     """
 
-    index: Path
+    index: Path | str  # a URL stays a string
     files: int = 0
     frames: int = 0
     problems: list[str] = field(default_factory=list)

@@ -27,6 +27,8 @@ from lightning_vstream.annotations.source import AnnotationSource, resolve_annot
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.outputs import check_outputs
+from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import DecodeStats, StreamDataset
@@ -135,6 +137,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
         gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot
             decode, and whether to probe the decoder at setup (:class:`~lightning_vstream.GpuOptions`).
             In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
+        storage_options: How to reach index files given as URLs (``s3://``, ``gs://``, ``az://``,
+            ``http(s)://``, ``file://``): endpoint, credentials, retries, timeouts (see ``docs/remote.md``);
+            the provider's standard environment otherwise. Secrets are not saved in hyperparameters:
+            pass them again to ``load_from_checkpoint`` (or keep them in the environment).
+        cache_dir: Node-local folder caching a remote index's frame tables and every GOP read, shared
+            by the ranks and workers of a machine; None: GOPs are held in memory only while needed.
+        cache_limit: Bytes the GOP cache may hold, an int or ``"20GB"``; None: no limit.
 
     Fitting without :class:`~lightning_vstream.callbacks.TemporalStateReset` in the Trainer's
     callbacks warns once (a :class:`~lightning_vstream.VStreamWarning`): nothing would clear
@@ -189,10 +198,16 @@ class StreamVideoDataModule(pl.LightningDataModule):
         engine: Literal["auto", "threads", "workers"] = "auto",
         engine_threads: int | None = None,
         gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "outputs"])
+        self.save_hyperparameters(ignore=["transform", "outputs", "storage_options"])
         plain_hparams(self)
+        # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
+        self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         checks = {
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
             "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
@@ -232,11 +247,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 "StreamVideoDataModule needs at least one of index_file, val_index_file, "
                 "test_index_file or predict_index_file."
             )
-        self.index_files: dict[Stage, Path | None] = {
-            "train": Path(index_file) if index_file is not None else None,
-            "val": Path(val_index_file) if val_index_file is not None else None,
-            "test": Path(test_index_file) if test_index_file is not None else None,
-            "predict": Path(predict_index_file) if predict_index_file is not None else None,
+        self.index_files: dict[Stage, Path | str | None] = {  # a URL stays a string
+            "train": index_location(index_file),
+            "val": index_location(val_index_file),
+            "test": index_location(test_index_file),
+            "predict": index_location(predict_index_file),
         }
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -303,7 +318,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             path = self.index_files[split]
             if path is not None and split not in self._indexes:
-                self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
+                self._indexes[split] = load_index(
+                    path, cameras=self.cameras, check=self.index_check, **self.storage_arguments()
+                )
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
         if stage == "fit":
@@ -347,8 +364,18 @@ class StreamVideoDataModule(pl.LightningDataModule):
             path = self.index_files[split]
             if path is None:
                 raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
-            self._indexes[split] = load_index(path, cameras=self.cameras, check=self.index_check)
+            self._indexes[split] = load_index(
+                path, cameras=self.cameras, check=self.index_check, **self.storage_arguments()
+            )
         return self._indexes[split]
+
+    def storage_arguments(self) -> dict[str, Any]:
+        """The remote-storage arguments of :func:`~lightning_vstream.load_index` (secrets included, never saved)."""
+        return {
+            "storage_options": dict(self.storage.options),
+            "cache_dir": self.storage.cache_dir,
+            "cache_limit": self.storage.cache_limit,
+        }
 
     def uses_engine(self) -> bool:
         """Whether loaders decode with the in-process stream engine (see ``engine``)."""

@@ -275,6 +275,8 @@ class StreamEngine:
         #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
         self.shift_log: dict[int, list[int]] = {}
         self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
+        #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
+        self.prefetcher: Any = None
 
     # -- setup -----------------------------------------------------------------------------
     def frame_shape(self, camera: int = 0) -> tuple[tuple[int, ...], torch.dtype]:
@@ -600,6 +602,8 @@ class StreamEngine:
                 output_geometry={name: {} for name in self.outputs},
                 rows=self._rows_of(frames) if pool else self._ring_rows[s % self.ring_size],
             )
+            if self.prefetcher is not None:
+                self.prefetcher.observe_slots(self.sampler.epoch, s, reads)
             run.next_plan = s + 1
         return run.steps[step]
 

@@ -10,6 +10,7 @@ import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform
 from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
@@ -84,6 +85,11 @@ def build_engine_loader(
     backend: EngineDevice
     factory: DecoderFactory
     resize = None
+    if target.type == "cuda" and index.storage is not None:
+        raise ConfigurationError(
+            f"index {index.source!r} is remote: decoding remote files on the GPU is not supported yet; use "
+            "decode_device='cpu'."
+        )
     if target.type == "cuda":
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
 
@@ -104,7 +110,7 @@ def build_engine_loader(
         resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
         # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
         # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
-        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize)
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage)
     engine = StreamEngine(
         index=index,
         sampler=sampler,
@@ -126,4 +132,8 @@ def build_engine_loader(
         pin_memory=pin_memory,
         outputs=outputs,
     )
+    if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
+        from lightning_vstream.stream.prefetch import PlanSpec, StreamPrefetcher
+
+        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
     return EngineLoader(engine)

@@ -12,16 +12,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
 from lightning_vstream.decode.gpu import LatencyChoice
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
+from lightning_vstream.storage.urls import is_url
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
 from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.stream.resume import Skips, checked_resume_state, no_skips
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["EngineLoader", "GpuFallback", "nvdec_factory", "pyav_factory"]
 
@@ -30,7 +35,11 @@ GpuFallback = Literal["none", "cpu"]
 
 
 def pyav_factory(
-    *, threads: int = 0, device: torch.device | str = "cpu", size: tuple[int, int] | None = None
+    *,
+    threads: int = 0,
+    device: torch.device | str = "cpu",
+    size: tuple[int, int] | None = None,
+    storage: StorageConfig | None = None,
 ) -> DecoderFactory:
     """Decoders for the CPU (PyAV); frames are copied to ``device`` when it is not the CPU.
 
@@ -47,8 +56,12 @@ def pyav_factory(
 
     target = torch.device(device)
 
-    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
-        dec = PyAVDecoder(path, info=info, threads=threads, label=label, size=size)
+    def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
+        dec: FrameDecoder
+        if isinstance(path, str) and is_url(path):  # a remote file: GOP reads (storage: the index's)
+            dec = make_decoder(path, info=info, threads=threads, label=label, size=size, storage=storage)
+        else:
+            dec = PyAVDecoder(path, info=info, threads=threads, label=label, size=size)
         return dec if target.type == "cpu" else _CopyingDecoder(dec, target)
 
     return make
@@ -77,7 +90,7 @@ def nvdec_factory(
 
     target = frame_memory().device(gpu)  # the GPU (the CPU under a test driver's host memory)
 
-    def make(path: Path, info: VideoInfo | None, label: str) -> FrameDecoder:
+    def make(path: Path | str, info: VideoInfo | None, label: str) -> FrameDecoder:
         dec = NvDecoder(path, info=info, device=gpu, label=label, latency=latency, stream="current")
         if fallback == "none":
             return dec
@@ -195,8 +208,11 @@ class EngineLoader:
 
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of this loader's engine."""
-        return self.engine.stats
+        """Decoding counters of this loader's engine (and, for a remote index, what reading it cost)."""
+        stats = self.engine.stats
+        if self.engine.prefetcher is not None:
+            stats.remote = self.engine.prefetcher.fetcher.stats
+        return stats
 
     # -- resumable state (the format of StreamDataLoader's) --------------------------------
     def mark_consumed(self, batch: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from lightning_vstream.stream.frames import FrameSteps
 __all__ = ["DecoderFactory", "ThreadDecoders"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[[Path, "VideoInfo | None", str], FrameDecoder]
+DecoderFactory = Callable[["Path | str", "VideoInfo | None", str], FrameDecoder]
 
 
 class ThreadDecoders:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_vstream.errors import (
@@ -23,6 +23,7 @@ from lightning_vstream.errors import (
     VStreamError,
 )
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.storage.stats import StorageStats
 
 __all__ = ["FILE_ERRORS", "DecodeStats", "SkipLedger", "failed_read", "frame_size_error", "place"]
 
@@ -47,7 +48,9 @@ class DecodeStats:
     ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
     the loader, worker count and prefetch depth), and ``bad_files`` the distinct files that failed.
     ``missing_annotations`` counts frames delivered with ``has_annotations=False`` because their
-    annotation could not be found.
+    annotation could not be found. ``remote`` holds what reading a remote index cost (requests,
+    bytes, retries, checksum re-reads, cache hits and misses, prefetch memory), summed over the
+    processes that read; ``remote_requests`` ... ``cache_misses`` are its headline figures.
     """
 
     frames_decoded: int = 0
@@ -59,15 +62,37 @@ class DecodeStats:
     skipped_samples: int = 0
     bad_files: int = 0
     missing_annotations: int = 0
+    remote: StorageStats = field(default_factory=StorageStats)
 
     @property
     def amplification(self) -> float:
         return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
 
+    # -- remote reading: the figures StreamThroughputMonitor logs ----------------------------
+    @property
+    def remote_requests(self) -> int:
+        return self.remote.requests
+
+    @property
+    def remote_bytes(self) -> int:
+        return self.remote.bytes_read
+
+    @property
+    def remote_retries(self) -> int:
+        return self.remote.retries
+
+    @property
+    def cache_hits(self) -> int:
+        return self.remote.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.remote.cache_misses
+
     def __add__(self, other: DecodeStats) -> DecodeStats:
         return DecodeStats(*(a + b for a, b in zip(self._values(), other._values())))
 
-    def _values(self) -> tuple[int, ...]:
+    def _values(self) -> tuple[Any, ...]:
         return (
             self.frames_decoded,
             self.frames_delivered,
@@ -78,6 +103,7 @@ class DecodeStats:
             self.skipped_samples,
             self.bad_files,
             self.missing_annotations,
+            self.remote,
         )
 
 

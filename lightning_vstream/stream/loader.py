@@ -421,6 +421,10 @@ class StreamDataLoader(DataLoader):
         self._templates: dict[str, Template] = {}
         self._camera_templates: dict[tuple[str, int], Template] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
+        if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
+            from lightning_vstream.stream.prefetch import PlanSpec
+
+            dataset.plan = PlanSpec.of(sampler, dataset.index)
         self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder
-from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, check_outputs
@@ -242,6 +241,9 @@ class StreamDataset(Dataset):
         self._read_errors = 0
         self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
         self._closed = DecodeStats()
+        #: The rank's stream plan (set by the loader): with a remote index, GOPs are fetched ahead by it.
+        self.plan: Any = None
+        self._prefetcher: Any = None
 
     def __len__(self) -> int:
         return self.index.total_frames * len(self.index.camera_names)
@@ -249,6 +251,7 @@ class StreamDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_decoders"] = OrderedDict()  # decoders never travel between processes
+        state["_prefetcher"] = None  # nor I/O threads
         state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         return state
 
@@ -260,6 +263,10 @@ class StreamDataset(Dataset):
             live.frames_decoded += dec.frames_decoded
             live.seeks += getattr(dec, "seeks", 0)
         live.read_errors = self._read_errors
+        if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
+            from lightning_vstream.storage.fetcher import fetcher_for
+
+            live.remote = fetcher_for(self.index.storage).stats
         return self._closed + live
 
     @property
@@ -300,6 +307,7 @@ class StreamDataset(Dataset):
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
             device=self.device,
             size=self.steps.decode_size,
+            storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
         self._decoders[read.position] = (read.clip, dec)
         self._closed.files_opened += 1
@@ -314,14 +322,16 @@ class StreamDataset(Dataset):
         converted: dict[tuple[int, int], torch.Tensor] = {}
         try:
             dec = self._decoder(read)
+            # CPU video decoders (PyAVDecoder, GopDecoder) decode into ``out`` and convert to more sizes.
+            sized: Any = dec if hasattr(dec, "get_sizes") else None
             with nvtx_range(RANGE_DECODE):
-                sizes = self.steps.extra_sizes if isinstance(dec, PyAVDecoder) else ()
-                if out is not None and isinstance(dec, PyAVDecoder):
-                    if tuple(out.shape) != (3, *dec.output_size):
-                        raise self._size_error(read, (3, *dec.output_size), tuple(out.shape))
-                    image, converted = dec.get_sizes(read.frame, sizes, out=out)
+                sizes = self.steps.extra_sizes if sized is not None else ()
+                if out is not None and sized is not None:
+                    if tuple(out.shape) != (3, *sized.output_size):
+                        raise self._size_error(read, (3, *sized.output_size), tuple(out.shape))
+                    image, converted = sized.get_sizes(read.frame, sizes, out=out)
                 elif sizes:
-                    image, converted = dec.get_sizes(read.frame, sizes)  # type: ignore[attr-defined]
+                    image, converted = sized.get_sizes(read.frame, sizes)
                 else:
                     image = dec.get(read.frame)
         except Exception as err:
@@ -414,6 +424,8 @@ class StreamDataset(Dataset):
             self._epoch = task.epoch
             self._given_up.clear()  # segment numbers belong to one epoch's plan
             self.steps.forget_draws()
+        if self.plan is not None and self.index.storage is not None:
+            self._prefetch(task)
         for i, read in enumerate(task.reads):
             path = str(self.index.clips[read.clip].cameras[read.camera].path)
             if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
@@ -479,6 +491,15 @@ class StreamDataset(Dataset):
             out_images,
             out_geometry,
         )
+
+    def _prefetch(self, task: StreamTask) -> None:
+        """Announce the GOPs this part's streams read after this step (remote indexes; see stream/prefetch.py)."""
+        from lightning_vstream.stream.prefetch import StreamPrefetcher
+
+        if self._prefetcher is None or self._prefetcher.fetcher.pid != os.getpid():
+            self._prefetcher = StreamPrefetcher(self.index, self.plan)
+        reads = [(r.position, r.clip, r.camera, r.frame, r.segment) for r in task.reads]
+        self._prefetcher.observe(task.epoch, task.step, reads)
 
     def _place(
         self, read: StreamRead, image: torch.Tensor, row: torch.Tensor | None, expected: tuple[int, ...] | None

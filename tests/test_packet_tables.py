@@ -1,0 +1,171 @@
+"""Frame tables that know bytes: every packet's offset and size, the codec configuration, ETags (table version 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+
+from lightning_vstream.decode import make_decoder
+from lightning_vstream.decode.cpu import probe_video, probe_video_bytes
+from lightning_vstream.demos.synth import clip_number, read_stamp, write_stamped_video
+from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.index import FileIdentity, FrameTables, load_index, tables_path
+from lightning_vstream.index.table_file import write_table_arrays, write_tables
+from lightning_vstream.index.tables import VideoInfo, cached_info, metadata_entry
+
+
+def _remux(src: Path, dst: Path) -> Path:
+    """``src``'s video stream in another container (chosen by ``dst``'s extension)."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        video = inp.streams.video[0]
+        stream = out.add_stream_from_template(video)
+        for packet in inp.demux(video):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("containers")
+    files = {
+        "h264": write_stamped_video(root / "h264.mp4", clip=1, camera=0, frames=24, gop=6),
+        "bframes": write_stamped_video(root / "bframes.mp4", clip=1, camera=1, frames=24, gop=6, bframes=2),
+        "hevc": write_stamped_video(root / "hevc.mp4", clip=1, camera=2, frames=24, gop=8, codec="hevc", bframes=3),
+        "audio": write_stamped_video(root / "audio.mp4", clip=1, camera=3, frames=24, gop=6, audio_first=True),
+    }
+    files["mkv"] = _remux(files["bframes"], root / "bframes.mkv")
+    files["ts"] = _remux(files["bframes"], root / "bframes.ts")
+    return files
+
+
+@pytest.mark.parametrize("name", ["h264", "bframes", "hevc", "audio", "mkv"])
+def test_every_packet_is_found_whole_at_its_offset(videos: dict[str, Path], name: str) -> None:
+    info = probe_video(videos[name])
+    layout = info.layout
+    assert layout is not None and info.crc32 is not None
+    data = videos[name].read_bytes()
+    for i, (pos, size) in enumerate(zip(layout.pos, layout.size)):
+        assert zlib.crc32(data[pos : pos + size]) == info.crc32[i], f"frame {i}"
+    with av.open(str(videos[name])) as container:
+        assert layout.extradata == bytes(container.streams.video[0].codec_context.extradata or b"")
+    assert zlib.crc32(layout.extradata) == info.config_crc32
+    assert probe_video_bytes(data, name=name).layout == layout
+
+
+def test_mpeg_ts_packets_are_not_contiguous_so_no_layout(videos: dict[str, Path]) -> None:
+    """TS cuts packets into 188-byte pieces: no byte range holds one, such files are read through the container."""
+    info = probe_video(videos["ts"])
+    assert info.layout is None and info.frame_count == 24
+
+
+def test_audio_interleaves_the_gop_spans(videos: dict[str, Path]) -> None:
+    """The audio file's GOP spans hold audio packets between the video packets (read and skipped)."""
+    layout = probe_video(videos["audio"]).layout
+    assert layout is not None
+    start, end = layout.span(0, 6)
+    assert end - start > sum(layout.size[:6])
+
+
+def _infos(videos: dict[str, Path]) -> dict[str, VideoInfo]:
+    infos = {f"v/{name}": probe_video(path) for name, path in videos.items()}
+    identity = FileIdentity(10, 20, 30, 40, etag='"abc"')
+    infos["v/h264"] = dataclasses.replace(infos["v/h264"], identity=identity)
+    return infos
+
+
+def test_binary_tables_round_trip_layouts_and_etags(videos: dict[str, Path], tmp_path: Path) -> None:
+    infos = _infos(videos)
+    tables = FrameTables(write_tables(tmp_path / "index.tables.bin", infos))
+    for key, info in infos.items():
+        back = tables.get(key)
+        assert back == info and back.layout == info.layout and back.identity == info.identity, key
+    assert tables.get("v/h264").identity.etag == '"abc"'  # type: ignore[union-attr]
+    assert tables.get("v/ts").layout is None  # type: ignore[union-attr]
+
+
+def test_json_sidecar_round_trips_layouts_and_etags(videos: dict[str, Path]) -> None:
+    for key, info in _infos(videos).items():
+        entry = json.loads(json.dumps(metadata_entry(info)))
+        back = cached_info({key: entry}, key)
+        assert back == info and back.layout == info.layout and back.identity == info.identity, key
+
+
+def write_tables_without_byte_ranges(tables: Path, *, version: int) -> None:
+    """Rewrite ``tables`` as an older writer left it: no byte ranges, and at version 1 no ``reorder_depth`` either."""
+    data = bytearray(tables.read_bytes())
+    prefix = struct.Struct("<8sII")
+    magic, _, length = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + length])
+    for name in ("has_layout", "col_range", "col_space", "col_primaries", "col_trc", "pkt_pos", "pkt_size"):
+        del header["arrays"][name]
+    for name in ("extradata", "extra_offsets", "etag", "etag_offsets"):
+        del header["arrays"][name]
+    if version == 1:
+        del header["arrays"]["reorder_depth"]
+    header["version"] = version
+    encoded = json.dumps(header).encode().ljust(length)
+    data[: prefix.size + length] = prefix.pack(magic, version, length) + encoded
+    tables.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_tables_without_byte_ranges_still_read_local_files(small_index: Path, tmp_path: Path, version: int) -> None:
+    index = tmp_path / "index.json"
+    index.write_bytes(small_index.read_bytes())
+    for folder in small_index.parent.iterdir():
+        if folder.is_dir():
+            (tmp_path / folder.name).symlink_to(folder)
+    (tmp_path / "index.tables.bin").write_bytes(tables_path(small_index).read_bytes())
+    write_tables_without_byte_ranges(tables_path(index), version=version)
+    tables = FrameTables(tables_path(index))
+    assert not tables.has_byte_ranges and tables.version == version
+    with pytest.raises(IndexValidationError, match=r"Rebuild it with `vstream index --tables .*index\.json`"):
+        tables.require_byte_ranges()
+    loaded = load_index(index)
+    original = load_index(small_index)
+    cam = loaded.clips[1].cameras[0]
+    info = cam.info
+    assert info is not None and info.layout is None and info == original.clips[1].cameras[0].info
+    assert (info.reorder_depth is None) == (version == 1)
+    assert info.identity is not None and info.identity.etag is None  # the fingerprint is still checked
+    # Read through the container, frame-exact.
+    with make_decoder(cam.path, info=info) as dec:
+        stamp = read_stamp(dec.get(3))
+    assert (stamp.clip, stamp.camera, stamp.frame) == (clip_number(loaded.clips[1].clip_id), 0, 3)
+
+
+def test_tables_generated_without_byte_ranges_read_through_the_container(tmp_path: Path) -> None:
+    arrays: dict[str, Any] = {
+        name: np.zeros(1, dtype=np.int64)
+        for name in (
+            "codec",
+            "tb_num",
+            "tb_den",
+            "fps",
+            "has_crc",
+            "config_crc32",
+            "size",
+            "mtime_ns",
+            "head_crc32",
+            "tail_crc32",
+        )
+    }
+    arrays.update(
+        width=[64], height=[48], tb_num=[1], tb_den=[12], size=[-1], mtime_ns=[-1], head_crc32=[-1], tail_crc32=[-1]
+    )
+    arrays.update(
+        pts=[0, 1, 2], crc32=[0, 0, 0], key_indices=[0], key_seek=[0], frame_offsets=[0, 3], key_offsets=[0, 1]
+    )
+    tables = FrameTables(write_table_arrays(tmp_path / "t.tables.bin", [b"a.mp4"], ["h264"], arrays))
+    info = tables.get("a.mp4")
+    assert info is not None and info.frame_count == 3 and info.layout is None and info.identity is None
