@@ -19,6 +19,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
+import torch
+
 from lightning_vstream import StreamVideoDataModule, VStreamCLI
 from lightning_vstream.demos import TinyStreamPETR
 
@@ -40,3 +42,5 @@ def main(args: Sequence[str] | None = None, *, run: bool = True) -> VStreamCLI:
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # under DDP: stop gloo's or NCCL's threads before exiting
+        torch.distributed.destroy_process_group()

@@ -87,6 +87,9 @@ def main() -> None:
         )
     )
 
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     main()

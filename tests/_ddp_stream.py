@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import lightning.pytorch as pl
+import torch
 from _stream_models import RecordingModel
 
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
@@ -45,6 +46,9 @@ def main() -> None:
             }
         )
     )
+
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
