@@ -126,7 +126,7 @@ def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
     carries no parameter sets of its own.
 
     Raises:
-        ValueError: The NAL unit lengths do not add up to the packet.
+        VideoDecodeError: The NAL unit lengths do not add up to the packet.
     """
     out = bytearray()
     size = len(packet)
@@ -134,11 +134,11 @@ def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
     marked = False  # the prefix is in (H.265: an IRAP unit was met; H.264: parameter sets were)
     while at < size:
         if size - at < 4:
-            raise ValueError(f"{size - at} bytes left where a 4-byte NAL unit length should be")
+            raise VideoDecodeError(f"{size - at} bytes left where a 4-byte NAL unit length should be")
         length = int.from_bytes(packet[at : at + 4], "big")
         at += 4
         if length < 1 or length > size - at:
-            raise ValueError(f"a NAL unit length of {length} with {size - at} bytes left")
+            raise VideoDecodeError(f"a NAL unit length of {length} with {size - at} bytes left")
         header = packet[at]
         if mode == "hevc":
             irap = 16 <= (header >> 1) & 0x3F <= 23
@@ -362,7 +362,7 @@ class LayoutRecorder:
         else:
             try:
                 converted = bytes(to_annexb(raw, self.layout.mode, self.layout.prefix))
-            except ValueError:
+            except VideoDecodeError:
                 self._fail()
                 return
         made = bytes(outputs[0]) if len(outputs) == 1 else b"".join(bytes(p) for p in outputs)
@@ -595,7 +595,7 @@ class LayoutSource:
     def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
         try:
             packet = to_annexb(view, self.layout.mode, self.layout.prefix)
-        except ValueError as err:
+        except VideoDecodeError as err:
             index = self._lookup(pts)
             raise VideoDecodeError(
                 f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
