@@ -21,17 +21,16 @@ from av.bitstream import BitStreamFilterContext
 
 from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import probe_video
-from lightning_vstream.decode.nvdec import PacketSource
 from lightning_vstream.decode.nvdec_packets import (
     IN_PLACE,
     REWRITTEN,
-    LayoutSource,
     annexb_mode,
     cached_layout,
     keep_layout,
     to_annexb,
 )
+from lightning_vstream.decode.nvdec_sources import LayoutSource, PacketSource
+from lightning_vstream.decode.probe import probe_video
 
 KINDS: dict[str, dict[str, Any]] = {
     "hevc": dict(codec="hevc"),
