@@ -154,7 +154,8 @@ def make_data(args: argparse.Namespace, root: Path) -> Path:
 def bare_loop(files: list[Any]) -> Callable[[], int]:
     """PacketData -> Decode -> __dlpack__ over packets demuxed beforehand; returns a run function."""
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import NVDEC_CODECS, PacketSource
+    from lightning_vstream.decode.nvdec import NVDEC_CODECS
+    from lightning_vstream.decode.nvdec_sources import PacketSource
 
     nvc = import_pynvvideocodec()
     demuxed = []
@@ -203,7 +204,8 @@ def bare_loop_per_stream(files: list[Any], streams: int) -> Callable[[], int]:
     touch ``streams`` decoders' buffers in turn (cache misses a GPU's DMA copies do not cost the host).
     """
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import NVDEC_CODECS, PacketSource
+    from lightning_vstream.decode.nvdec import NVDEC_CODECS
+    from lightning_vstream.decode.nvdec_sources import PacketSource
 
     nvc = import_pynvvideocodec()
     first = files[0][1]
@@ -257,8 +259,8 @@ def decoder_loop(files: list[Any]) -> Callable[[], int]:
     """NvDecoder.get(i, out=row) for every frame of every file (one pool, the decoder reused)."""
     import torch
 
+    from lightning_vstream.decode.decoder_pool import DecoderPool
     from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.nvdec import DecoderPool
 
     pool = DecoderPool()
     first = files[0][1]
@@ -283,7 +285,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     """
     from lightning_vstream.index import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(index_path)
     sampler = StreamSampler(

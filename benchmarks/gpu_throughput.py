@@ -296,8 +296,8 @@ def load_packets(nvc: Any, files: list[Path]) -> list[tuple[list[Any], list[Any]
     """Per file: prebuilt PacketData objects, the buffers they point into, and the frame count."""
     import numpy as np
 
-    from lightning_vstream.decode.cpu import probe_video
-    from lightning_vstream.decode.nvdec import PacketSource
+    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.probe import probe_video
 
     loaded = []
     for path in files:
@@ -372,7 +372,7 @@ def raw_decode_run(
 def measure_raw(
     nvc: Any, index: Path, args: argparse.Namespace, latencies: tuple[str, ...] = ("NATIVE", "LOW")
 ) -> dict[str, Any]:
-    from lightning_vstream.decode.cpu import probe_video
+    from lightning_vstream.decode.probe import probe_video
 
     files = video_files(index)
     info = probe_video(files[0])

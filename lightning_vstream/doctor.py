@@ -182,9 +182,10 @@ def _comparison_files(root: Path, size: tuple[int, int], frames: int) -> list[di
 
 def _compare(entry: dict[str, Any], gpu: int, host: bool) -> dict[str, Any]:
     """Decode one file on NVDEC and on the CPU; compare stamps and colour frame by frame."""
-    from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.decoder_pool import DecoderPool
     from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.nvdec import DecoderPool
+    from lightning_vstream.decode.probe import probe_video
     from lightning_vstream.demos.synth import read_stamp
 
     path: Path = entry["path"]
@@ -241,7 +242,8 @@ def _synchronize(gpu: int, host: bool) -> None:
 def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[str, Any]:
     """PyNvVideoCodec alone: packets in memory, NV12 out, ``decoders`` threads each with its decoder and stream."""
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import DecoderKey, PacketSource, create_session
+    from lightning_vstream.decode.nvdec import DecoderKey, create_session
+    from lightning_vstream.decode.nvdec_sources import PacketSource
     from lightning_vstream.index import load_index
 
     nvc = import_pynvvideocodec()
@@ -281,7 +283,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
 def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
     from lightning_vstream.index import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(index_path)
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2)

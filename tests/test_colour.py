@@ -18,7 +18,8 @@ import torch
 
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.colour import RGBConverter
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import (
     Stamp,
     _frame,

@@ -15,7 +15,8 @@ import torch
 
 from lightning_vstream.decode import FrameDecoder, make_decoder
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import Stamp, read_stamp, write_stamped_video
 
 FRAMES = 36

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index import load_index
@@ -23,7 +24,8 @@ from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
-from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.loader import StreamDataLoader
+from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.transforms import FrameTransform
 from tests.conftest import batch_stamp_errors

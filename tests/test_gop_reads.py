@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.decode.remote import GopDecoder, gop_runs
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ChecksumError, FileChangedError
@@ -253,7 +254,7 @@ def test_closing_mid_gop_with_frame_threads_never_hangs(tmp_path: Path) -> None:
         f"""
         import threading
         from lightning_vstream.decode import make_decoder
-        from lightning_vstream.decode.cpu import probe_video
+        from lightning_vstream.decode.probe import probe_video
         info = probe_video({str(path)!r})
         busy = threading.Event()
         def spin():  # another Python thread, as I/O threads are: the GIL changes hands

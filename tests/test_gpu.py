@@ -25,9 +25,9 @@ import pytest
 import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
-from lightning_vstream.decode import nvdec
+from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.device import CudaMemory, frame_memory, host_view, pynvvideocodec_version
 from lightning_vstream.decode.gpu import (
     DecoderKey,
@@ -37,7 +37,9 @@ from lightning_vstream.decode.gpu import (
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.decode.nvdec import PacketSource, child_env
+from lightning_vstream.decode.nvdec import child_env
+from lightning_vstream.decode.nvdec_sources import PacketSource
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 from lightning_vstream.transforms import FrameTransform
@@ -245,13 +247,13 @@ def test_packet_source_names_the_demuxer_by_extension_and_probes_a_misnamed_file
             return [(q.pts, bytes(q)) for p in container.demux(stream) if p.size for q in annexb.filter(p)]
 
     mp4 = videos["hevc"]
-    with nvdec._open_input(mp4) as container:
+    with nvdec_sources._open_input(mp4) as container:
         assert container.format.name == "mp4"  # the demuxer named, not probed for
     assert packets(mp4, probe_video(mp4)) == probed(mp4)
     mkv = write_stamped_video(tmp_path / "clip.mkv", clip=1, camera=0, frames=6, gop=3, codec="hevc", size=(64, 48))
     misnamed = tmp_path / "clip.mp4"
     misnamed.write_bytes(mkv.read_bytes())  # Matroska under an MP4 name: the named demuxer refuses it
-    with nvdec._open_input(misnamed) as container:
+    with nvdec_sources._open_input(misnamed) as container:
         assert container.format.name == "matroska,webm"
     assert packets(misnamed, probe_video(misnamed)) == packets(mkv, probe_video(mkv)) == probed(mkv)
     garbage = tmp_path / "garbage.mp4"
@@ -382,7 +384,7 @@ def test_pool_keys_separate_bit_depth_chroma_and_latency() -> None:
 def test_packet_without_timestamps_raises_instead_of_reading_as_frame_zero(fake_nvc: types.ModuleType) -> None:
     packet = av.Packet(b"\x00\x00\x00\x01")
     with pytest.raises(VideoDecodeError, match="neither a presentation nor a decode timestamp"):
-        nvdec.packet_data(fake_nvc, packet, "'a.mp4'")
+        nvdec_sources.packet_data(fake_nvc, packet, "'a.mp4'")
 
 
 def test_read_writes_into_a_batch_row(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:

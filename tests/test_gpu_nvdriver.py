@@ -21,12 +21,13 @@ import pytest
 import torch
 from _nvdriver import FakeLog, Marker, encode, fake_format, install_marker, pattern_nv12, stamped_rgb
 
-from lightning_vstream.decode import nvdec, nvdec_packets
-from lightning_vstream.decode.cpu import probe_video
+from lightning_vstream.decode import nvdec, nvdec_packets, nvdec_sources
+from lightning_vstream.decode.decoder_pool import DecoderPool
 from lightning_vstream.decode.device import frame_memory, host_view, import_pynvvideocodec, pynvvideocodec_version
 from lightning_vstream.decode.gpu import NvDecoder
 from lightning_vstream.decode.nv12 import Nv12Converter
-from lightning_vstream.decode.nvdec import DecoderPool, PacketSource, packet_data
+from lightning_vstream.decode.nvdec_sources import PacketSource, packet_data
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, VideoDecodeError
 
 pytestmark = pytest.mark.nvdriver
@@ -421,7 +422,7 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
 ) -> None:
     from lightning_vstream.index import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(dataset)
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
@@ -457,7 +458,7 @@ def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
     delivers its intact frames exactly, then its slot moves on, and the skip is counted once."""
     from lightning_vstream.index import CameraStream, load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(dataset)
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
@@ -507,7 +508,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     """
     from lightning_vstream.index import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.transforms import FrameTransform
 
     index = load_index(dataset)
@@ -628,7 +629,7 @@ def test_a_demuxer_landing_past_the_keyframe_steps_back_one_gop(
         _read_all(dec, info.frame_count)
     with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
         frame = dec.get(12)
-        assert dec.seeks == 1 and isinstance(dec._source, nvdec_packets.LayoutSource)
+        assert dec.seeks == 1 and isinstance(dec._source, nvdec_sources.LayoutSource)
     _assert_stamped({12: frame}, 9, path)
 
 
@@ -702,7 +703,7 @@ def test_packets_read_from_the_file_are_pynvvideocodecs_own_demuxers_byte_for_by
         source.close()
         assert layout is not None, name
         ours, data = [], SimpleNamespace()
-        reader = nvdec_packets.LayoutSource(path, info, name, layout)
+        reader = nvdec_sources.LayoutSource(path, info, name, layout)
         while reader.fill(data):
             ours.append((data.pts, ctypes.string_at(data.bsl_data, data.bsl)))
         reader.close()
@@ -721,8 +722,8 @@ def test_a_file_is_read_through_the_demuxer_until_every_gop_was_then_from_its_by
     fake_format(monkeypatch, info)
     marker.add(info, 14, 0)
     opened = []
-    real_open = nvdec._open_input
-    monkeypatch.setattr(nvdec, "_open_input", lambda p: opened.append(p) or real_open(p))
+    real_open = nvdec_sources._open_input
+    monkeypatch.setattr(nvdec_sources, "_open_input", lambda p: opened.append(p) or real_open(p))
     read = []
     # Readings through PyAV's demuxer learn the file's layout GOP by GOP; one that jumps or stops inside a
     # GOP learns nothing of that GOP.
@@ -922,7 +923,7 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     from lightning_vstream.index import load_index
     from lightning_vstream.index.build import build_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
     for clip, codec in enumerate(("hevc", "h264", "hevc")):  # two formats: the H.264 clip comes second
         for camera in range(2):

@@ -29,10 +29,11 @@ from lightning_vstream.clips.planner import GopExecutor, GopPlanner, GopTask
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.decoder_pool import DecoderPool
 from lightning_vstream.decode.images import decode_images
 from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
-from lightning_vstream.decode.nvdec import DecoderPool
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError, WorkerError
 from lightning_vstream.index import load_index

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from lightning_vstream.cli import main
-from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import (
     FileChangedError,

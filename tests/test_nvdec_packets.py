@@ -21,17 +21,17 @@ from av.bitstream import BitStreamFilterContext
 
 from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import probe_video
-from lightning_vstream.decode.nvdec import PacketSource
 from lightning_vstream.decode.nvdec_packets import (
     IN_PLACE,
     REWRITTEN,
-    LayoutSource,
     annexb_mode,
     cached_layout,
     keep_layout,
     to_annexb,
 )
+from lightning_vstream.decode.nvdec_sources import LayoutSource, PacketSource
+from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.errors import DataFormatError
 
 KINDS: dict[str, dict[str, Any]] = {
     "hevc": dict(codec="hevc"),
@@ -84,7 +84,7 @@ def test_annexb_conversion_is_ffmpegs_filter_byte_for_byte(files: dict[str, Path
     # Keyframes get the parameter sets; one-slice pictures a start code in place of their length. x264 here
     # writes two slices per picture, and FFmpeg's filter a 3-byte start code before the second: written anew.
     assert kinds == ({IN_PLACE, REWRITTEN} if codec == "hevc" else {REWRITTEN})
-    with pytest.raises(VideoDecodeError, match="NAL unit length"):
+    with pytest.raises(DataFormatError, match="NAL unit length"):
         to_annexb(b"\x00\x00\x00\x09\x02\x01", "hevc", prefix)
     assert annexb_mode("hevc", b"\x01" + bytes(20) + b"\x01") is None  # 2-byte NAL lengths: read through PyAV
 

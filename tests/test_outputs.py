@@ -30,7 +30,7 @@ from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
 from lightning_vstream.stream.frames import decoder_sizes
-from lightning_vstream.stream.loader import StreamSampler
+from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.transforms import FrameTransform
 
 HERE = Path(__file__).parent
@@ -388,8 +388,8 @@ def test_nvdec_decodes_into_the_batch_and_the_outputs_are_made_from_it(
     """With NVDEC the default output is converted straight into its ring row; the other outputs read that row."""
     from _fake_nvc import StandInMemory
 
+    from lightning_vstream.decode.decoder_pool import DecoderPool
     from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.nvdec import DecoderPool
 
     # NVDEC's HEVC minimum is 144x144: the stand-in refuses smaller files as the library does.
     index = load_index(make_dataset(clips=2, cameras=2, frames=[9, 7], size=(192, 144), codec="hevc", gop=4))

@@ -22,8 +22,10 @@ from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_factory import build_engine_loader
-from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
-from lightning_vstream.stream.worker import StreamDataset, StreamTask
+from lightning_vstream.stream.loader import StreamDataLoader
+from lightning_vstream.stream.parts import StreamTask
+from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.worker import StreamDataset
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames
@@ -311,7 +313,8 @@ _STALL_AND_EXIT = r"""
 import signal, sys, threading
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import load_index
-from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.loader import StreamDataLoader
+from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
 
 class Stalling(StreamDataset):

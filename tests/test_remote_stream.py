@@ -186,8 +186,8 @@ def test_the_plan_spec_pickles_small_and_rebuilds_the_plan(s3: S3TestServer, rem
     import pickle
 
     from lightning_vstream import load_index
-    from lightning_vstream.stream.loader import StreamSampler
-    from lightning_vstream.stream.prefetch import PlanSpec
+    from lightning_vstream.stream.sampler import StreamSampler
+    from lightning_vstream.stream.schedule import PlanSpec
 
     index = load_index(remote_url, storage_options=s3.storage_options())
     sampler = StreamSampler(index.frame_counts.tolist(), num_cameras=2, batch_size=2, seed=3)

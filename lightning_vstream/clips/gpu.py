@@ -38,20 +38,18 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.clips.planner import Emit, GopDecoder, GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import FrameMemory, frame_memory
 from lightning_vstream.decode.nv12 import Nv12Converter
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
-    DecoderPool,
     Latency,
-    PacketSource,
     Session,
     check_decodable,
     create_session,
     num_decoder_engines,
-    packet_data,
-    shared_decoder_pool,
 )
+from lightning_vstream.decode.nvdec_sources import PacketSource, packet_data
 from lightning_vstream.errors import DecoderCapabilityError
 
 if TYPE_CHECKING:

@@ -10,8 +10,9 @@ from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
-    from lightning_vstream.decode.cpu import PyAVDecoder, probe_video
+    from lightning_vstream.decode.cpu import PyAVDecoder
     from lightning_vstream.decode.images import with_image_fps
+    from lightning_vstream.decode.probe import probe_video
     from lightning_vstream.storage.options import StorageConfig
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 #: Loaded on first access: the CPU backend's decoder and prober, and the image-folder frame rate.
 _LAZY = {
     "PyAVDecoder": "lightning_vstream.decode.cpu",
-    "probe_video": "lightning_vstream.decode.cpu",
+    "probe_video": "lightning_vstream.decode.probe",
     "with_image_fps": "lightning_vstream.decode.images",
 }
 
@@ -112,7 +113,8 @@ def _url_decoder(
     storage: StorageConfig | None,
 ) -> FrameDecoder:
     from lightning_vstream.decode.cpu import PyAVDecoder
-    from lightning_vstream.decode.remote import GopDecoder, RangeFile, expect_of
+    from lightning_vstream.decode.range_file import RangeFile, expect_of
+    from lightning_vstream.decode.remote import GopDecoder
     from lightning_vstream.storage.client import Expect, storage_for
     from lightning_vstream.storage.fetcher import fetcher_for
     from lightning_vstream.storage.options import StorageConfig

@@ -1,5 +1,6 @@
-"""NVDEC building blocks shared by every GPU reader: stream formats, capabilities, decoder sessions
-and their reuse, packets, and a one-time probe.
+"""NVDEC building blocks shared by every GPU reader: stream formats, capabilities, decoder sessions and a
+one-time probe (decoder reuse: :mod:`~lightning_vstream.decode.decoder_pool`; packets:
+:mod:`~lightning_vstream.decode.nvdec_sources`).
 
 - :class:`StreamFormat` describes what a decoder must handle (codec, size, bit depth, chroma,
   colour) and comes from PyAV's view of the file (:func:`stream_format`).
@@ -7,7 +8,8 @@ and their reuse, packets, and a one-time probe.
   decodable on a GPU and raise :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the
   limit otherwise. The question is asked in a child process that sees only that GPU, since
   PyNvVideoCodec asks device 0 whatever GPU it is given.
-- :class:`DecoderKey` and :class:`DecoderPool` reuse decoders between files: a key holds everything
+- :class:`DecoderKey` keys decoders reused between files
+  (:class:`~lightning_vstream.decode.decoder_pool.DecoderPool`): a key holds everything
   ``CreateDecoder`` fixes (GPU, codec, size, bit depth, chroma, output format, latency, stream),
   because PyNvVideoCodec refuses to reconfigure a decoder across a bit-depth change.
 - :func:`create_session` creates a decoder on a CUDA stream that is not the NULL stream (which
@@ -21,24 +23,21 @@ Nothing here imports PyNvVideoCodec at module level.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import re
 import subprocess
 import sys
 import threading
-import zlib
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.device import FrameMemory
 from lightning_vstream.decode.nv12 import ColorSpec, color_spec_from_stream
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingFileError
+from lightning_vstream.errors import DecoderCapabilityError
 
 __all__ = [
     "CAPS_BIT_DEPTHS",
@@ -46,9 +45,7 @@ __all__ = [
     "PROBE_REPORT",
     "DecoderCaps",
     "DecoderKey",
-    "DecoderPool",
     "Latency",
-    "PacketSource",
     "Session",
     "StreamFormat",
     "caps_key",
@@ -56,12 +53,9 @@ __all__ = [
     "child_env",
     "create_session",
     "decoder_caps",
-    "frame_pts",
     "gpu_caps",
     "num_decoder_engines",
-    "packet_data",
     "probe_nvdec",
-    "shared_decoder_pool",
     "stream_format",
 ]
 
@@ -70,13 +64,9 @@ Latency = Literal["NATIVE", "LOW"]
 #: FFmpeg codec name -> ``PyNvVideoCodec.cudaVideoCodec`` member, for codecs whose packets NVDEC
 #: takes as PyAV demuxes them (after the Annex-B filter for H.264/H.265).
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2"}
-_ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
 _CHROMA_NAMES = {"400": "Monochrome", "420": "420", "422": "422", "444": "444"}
-CHECKSUM_FIX = "(the file changed or is corrupt): restore it, or rebuild the index with `vstream index`."
 #: Prefix of the JSON line a probe child prints (see :mod:`lightning_vstream.decode.nvdec_probe`).
 PROBE_REPORT = "NVDEC_PROBE "
-
-T = TypeVar("T")
 
 
 # -- stream formats ------------------------------------------------------------------------------
@@ -367,104 +357,6 @@ class DecoderKey:
     stream: int = 0
 
 
-class DecoderPool:
-    """Idle decoders kept for reuse, keyed by :class:`DecoderKey` (any hashable key works).
-
-    :meth:`acquire` returns an idle decoder with the same key, or calls ``create`` for a new one;
-    :meth:`release` gives a decoder back, keeping at most ``max_idle_per_key`` per key (extra ones
-    are dropped and freed by garbage collection). Thread-safe; a decoder is handed to one user at a
-    time. A pool inherited through ``fork`` empties itself, since CUDA objects do not survive it.
-
-    Args:
-        max_idle_per_key: Idle decoders kept per key; 0 disables reuse.
-
-    Example::
-
-        >>> pool = DecoderPool()
-        >>> dec = pool.acquire("hevc-1600x900", lambda: object())
-        >>> pool.release("hevc-1600x900", dec)
-        True
-        >>> pool.acquire("hevc-1600x900", lambda: object()) is dec, pool.stats["reused"]
-        (True, 1)
-    """
-
-    def __init__(self, *, max_idle_per_key: int = 8) -> None:
-        if max_idle_per_key < 0:
-            raise ConfigurationError(f"max_idle_per_key={max_idle_per_key!r} must be >= 0.")
-        self.max_idle_per_key = max_idle_per_key
-        self._lock = threading.Lock()
-        self._idle: dict[Hashable, list[Any]] = collections.defaultdict(list)
-        self._pid = os.getpid()
-        self._created = 0
-        self._reused = 0
-        self._dropped = 0
-
-    def _check_process(self) -> None:
-        if os.getpid() != self._pid:
-            self._idle = collections.defaultdict(list)
-            self._pid = os.getpid()
-
-    def acquire(self, key: Hashable, create: Callable[[], T]) -> T:
-        """An idle decoder for ``key``, or a new one from ``create()``."""
-        with self._lock:
-            self._check_process()
-            idle = self._idle.get(key)
-            if idle:
-                self._reused += 1
-                return idle.pop()
-        decoder = create()  # outside the lock: creating a decoder takes milliseconds
-        with self._lock:
-            self._created += 1
-        return decoder
-
-    def release(self, key: Hashable, decoder: Any) -> bool:
-        """Give ``decoder`` back for reuse; returns False when it was dropped instead."""
-        with self._lock:
-            self._check_process()
-            idle = self._idle[key]
-            if len(idle) >= self.max_idle_per_key:
-                self._dropped += 1
-                return False
-            idle.append(decoder)
-            return True
-
-    def idle(self, key: Hashable | None = None) -> int:
-        """Number of idle decoders for ``key``, or in total."""
-        with self._lock:
-            if key is not None:
-                return len(self._idle.get(key, ()))
-            return sum(len(v) for v in self._idle.values())
-
-    def clear(self) -> None:
-        """Drop every idle decoder."""
-        with self._lock:
-            self._idle.clear()
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters: ``created``, ``reused``, ``dropped`` (released beyond the limit) and ``idle``."""
-        with self._lock:
-            return {
-                "created": self._created,
-                "reused": self._reused,
-                "dropped": self._dropped,
-                "idle": sum(len(v) for v in self._idle.values()),
-            }
-
-
-_shared_pool: DecoderPool | None = None
-_shared_pool_lock = threading.Lock()
-
-
-def shared_decoder_pool() -> DecoderPool:
-    """The process-wide pool GPU decoders use unless given another (created on first use)."""
-    global _shared_pool
-    with _shared_pool_lock:
-        if _shared_pool is None:
-            _shared_pool = DecoderPool()
-        return _shared_pool
-
-
 # -- sessions ------------------------------------------------------------------------------------
 @dataclass
 class Session:
@@ -494,216 +386,6 @@ def create_session(nvc: ModuleType, key: DecoderKey, memory: FrameMemory, stream
         latency=getattr(nvc.DisplayDecodeLatencyType, key.latency),
     )
     return Session(decoder, stream, key)
-
-
-# -- packets -------------------------------------------------------------------------------------
-class PacketSource:
-    """One video stream demuxed by PyAV, as Annex-B packets with presentation timestamps.
-
-    Every packet is checked against the CRC-32 recorded in the frame table (before the Annex-B
-    filter rewrites it), as the CPU decoder does.
-
-    Args:
-        path: Video file.
-        info: Its frame table.
-        where: File, clip and camera for error messages.
-    """
-
-    def __init__(self, path: Path, info: VideoInfo, where: str = "") -> None:
-        self.info = info
-        self.where = where or repr(str(path))
-        if not path.is_file():
-            raise MissingFileError(f"video file {str(path)!r} does not exist.")
-        self._container = _open_input(path)
-        if not self._container.streams.video:
-            self._container.close()
-            raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
-        from lightning_vstream.decode.cpu import _video_stream
-
-        self._stream = _video_stream(self._container, path)  # the stream probe_video reads: FFmpeg's best
-        extradata = self._stream.codec_context.extradata or b""
-        if info.config_crc32 is not None and zlib.crc32(extradata) != info.config_crc32:
-            self._container.close()
-            raise VideoDecodeError(
-                f"{self.where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the "
-                f"index was built {CHECKSUM_FIX}"
-            )
-        self.format = stream_format(self._stream, info)
-        self._filter_name = _ANNEXB_FILTERS.get(info.codec)
-        self._bsf = self._make_filter()
-        self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
-        self._held: Any = None  # the packet fill() last pointed at
-        self._recorder: Any = None  # a LayoutRecorder, while one learns where the packets lie
-
-    def _make_filter(self) -> Any:
-        if self._filter_name is None:
-            return None
-        from av.bitstream import BitStreamFilterContext
-
-        return BitStreamFilterContext(self._filter_name, self._stream)
-
-    def seek(self, target: int) -> None:
-        """Move to the keyframe at or before ``target`` (stream time base), as the frame table says."""
-        self._container.seek(target, stream=self._stream, backward=True)
-        # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
-        self._bsf = self._make_filter()
-        self._iter = None
-        if self._recorder is not None:  # the chunk it was recording is cut short
-            self._recorder.jump()
-
-    def seek_key(self, key_ordinal: int) -> None:
-        """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
-        self.seek(self.info.key_seek[key_ordinal])
-
-    def fill(self, data: Any) -> bool:
-        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
-
-        The packet, which owns the bytes, is kept until the next call (the parser copies them during ``Decode``).
-
-        Raises:
-            VideoDecodeError: The packet differs from the frame table's CRC-32, or has no timestamp.
-            av.FFmpegError: Demuxing failed.
-        """
-        packets = self._iter
-        if packets is None:
-            packets = self._iter = self.packets()
-        packet = next(packets, None)
-        if packet is None:
-            return False
-        pts = packet.pts if packet.pts is not None else packet.dts
-        if pts is None:
-            raise _no_timestamp(self.where)
-        data.bsl_data = packet.buffer_ptr
-        data.bsl = packet.buffer_size
-        data.pts = pts
-        self._held = packet
-        return True
-
-    def partial_layout(self) -> Any:
-        """An empty :class:`~lightning_vstream.decode.nvdec_packets.PartialLayout` of this stream, or None when
-        its packets' Annex-B conversion is not one read from the file's bytes (see
-        :func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`)."""
-        from lightning_vstream.decode.nvdec_packets import PartialLayout, annexb_mode
-
-        extradata = bytes(self._stream.codec_context.extradata or b"")
-        conversion = annexb_mode(self.format.codec, extradata) if self._filter_name is not None else ("none", b"")
-        if conversion is None:
-            return None
-        return PartialLayout(conversion[0], conversion[1], self.format, zlib.crc32(extradata))
-
-    def record_layout(self, recorder: Any) -> None:
-        """Hand every packet read from now on to ``recorder`` (a
-        :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), before and after the Annex-B filter."""
-        self._recorder = recorder
-        self._iter = None
-
-    def learn_layout(self, path: Path) -> Any:
-        """Read the rest of the stream to work out where its packets lie in ``path``: its
-        :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, or None. Call it on a new source."""
-        from lightning_vstream.decode.nvdec_packets import LayoutRecorder
-
-        partial = self.partial_layout()
-        if partial is None:
-            return None
-        found: list[Any] = [None]
-        self.record_layout(LayoutRecorder(path, self.info, partial, lambda layout: found.__setitem__(0, layout)))
-        for _ in self.packets():
-            pass
-        return found[0]
-
-    def packets(self) -> Iterator[Any]:
-        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
-
-        Each packet is checked against the frame table's CRC-32 (before the Annex-B filter
-        rewrites it); a mismatch raises :class:`~lightning_vstream.errors.VideoDecodeError`.
-        """
-        crcs = self.info.crc32
-        lookup = self.info.pts_index.get
-        crc32 = zlib.crc32
-        bsf = self._bsf
-        recorder = self._recorder  # a LayoutRecorder learning where the packets lie, if any
-        for packet in self._container.demux(self._stream):
-            if packet.size == 0:
-                continue  # demuxer flush packet
-            if crcs is not None:
-                pts = packet.pts
-                index = lookup(pts) if pts is not None else None
-                if index is not None and crc32(packet) != crcs[index]:
-                    raise VideoDecodeError(
-                        f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
-                        f"the index was built {CHECKSUM_FIX}"
-                    )
-            raw = recorder.packet(packet) if recorder is not None else None
-            if bsf is None:
-                yield packet
-            else:
-                out = bsf.filter(packet)
-                if raw is not None:
-                    recorder.filtered(raw, out)
-                yield from out
-        if recorder is not None:
-            recorder.end_of_stream()
-
-    def close(self) -> None:
-        self._held = self._iter = None
-        if self._recorder is not None:
-            self._recorder.close()
-            self._recorder = None
-        self._container.close()
-
-
-#: Demuxers FFmpeg picks for these file extensions. Naming one skips FFmpeg's format probing, a
-#: third of the cost of opening a small file; a file the named demuxer cannot open is probed.
-_DEMUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska"}
-
-
-def _open_input(path: Path) -> Any:
-    """``av.open`` of a video file for demuxing, with the demuxer its extension names when there is one."""
-    import av
-
-    demuxer = _DEMUXERS.get(path.suffix.lower())
-    if demuxer is not None:
-        try:
-            return av.open(str(path), mode="r", format=demuxer)
-        except av.FFmpegError:
-            pass  # not what its name says: let FFmpeg probe it
-    try:
-        return av.open(str(path), mode="r")
-    except av.FFmpegError as err:
-        raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
-
-
-def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: bool = False) -> Any:
-    """A PyNvVideoCodec ``PacketData`` pointing at a PyAV ``packet``'s bytes.
-
-    The packet owns the bytes: keep it alive until ``Decode`` has returned (the parser copies them).
-
-    Raises:
-        VideoDecodeError: The packet has no timestamp. NVDEC would hand its frame out with
-            timestamp 0, which could be taken for frame 0.
-    """
-    pts = packet.pts if packet.pts is not None else packet.dts
-    if pts is None:
-        raise _no_timestamp(where)
-    data = nvc.PacketData()
-    data.bsl_data = packet.buffer_ptr
-    data.bsl = packet.buffer_size
-    data.pts = pts
-    if end_of_picture:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
-        data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-    return data
-
-
-def _no_timestamp(where: str) -> VideoDecodeError:
-    return VideoDecodeError(
-        f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
-        "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
-    )
-
-
-def frame_pts(frame: Any) -> int:
-    """The presentation timestamp PyNvVideoCodec attached to a decoded frame."""
-    return int(frame.getPTS())
 
 
 # -- one-time probe ------------------------------------------------------------------------------

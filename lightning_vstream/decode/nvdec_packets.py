@@ -12,30 +12,29 @@ H.264 and H.265 in MP4, the conversion to Annex-B that FFmpeg's ``h264_mp4toanne
   first reading of the file in the process. The layout is kept only if every packet is found whole
   at its byte position, and only if the conversion of every packet here gives byte for byte what
   FFmpeg's filter gives; any other file is read through PyAV as before
-  (:class:`~lightning_vstream.decode.nvdec.PacketSource`).
+  (:class:`~lightning_vstream.decode.nvdec_sources.PacketSource`).
 - :func:`cached_layout` / :func:`keep_layout`: layouts are kept per process, keyed by the file's
   path, size, modification time and inode, so a file is demuxed by PyAV once per process and read
   from its bytes in every later epoch.
-- :class:`LayoutSource` reads a file's packets with its layout and hands each to NVDEC as
-  :class:`~lightning_vstream.decode.nvdec.PacketSource` would: same bytes, same timestamps, same
-  order, every packet checked against the frame table's CRC-32 first.
+- :class:`~lightning_vstream.decode.nvdec_sources.LayoutSource` reads a file's packets with its
+  layout and hands each to NVDEC as :class:`~lightning_vstream.decode.nvdec_sources.PacketSource`
+  would: same bytes, same timestamps, same order, every packet checked against the frame table's
+  CRC-32 first.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import ctypes
 import dataclasses
 import os
 import threading
-import zlib
 from array import array
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.errors import MissingFileError
+from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.errors import DataFormatError
 
 __all__ = [
     "AS_IS",
@@ -45,7 +44,6 @@ __all__ = [
     "REWRITTEN",
     "FileLayout",
     "LayoutRecorder",
-    "LayoutSource",
     "PartialLayout",
     "annexb_mode",
     "cached_layout",
@@ -84,37 +82,35 @@ def annexb_mode(codec: str, extradata: bytes) -> tuple[str, bytes] | None:
     if codec not in ("hevc", "h264") or not extradata or extradata[0] != 1:
         return "none", b""  # no filter, or an Annex-B configuration (the filters pass such packets on)
     try:
+        units: list[bytes] = []
         if codec == "hevc":
             if len(extradata) < 23 or (extradata[21] & 3) != 3:
                 return None
-            units = []
-            at, arrays = 23, extradata[22]
-            for _ in range(arrays):
+            at = 23
+            for _ in range(extradata[22]):  # arrays: a NAL type byte, then a 2-byte count
                 count = int.from_bytes(extradata[at + 1 : at + 3], "big")
-                at += 3
-                for _ in range(count):
-                    length = int.from_bytes(extradata[at : at + 2], "big")
-                    units.append(extradata[at + 2 : at + 2 + length])
-                    at += 2 + length
-            if at > len(extradata):
+                at = _length_prefixed(extradata, at + 3, count, units)
+        else:
+            if len(extradata) < 7 or (extradata[4] & 3) != 3:
                 return None
-            return "hevc", b"".join(START4 + bytes(u) for u in units)
-        if len(extradata) < 7 or (extradata[4] & 3) != 3:
-            return None
-        units = []
-        at = 5
-        for mask in (0x1F, 0xFF):  # sequence parameter sets, then picture parameter sets
-            count = extradata[at] & mask
-            at += 1
-            for _ in range(count):
-                length = int.from_bytes(extradata[at : at + 2], "big")
-                units.append(extradata[at + 2 : at + 2 + length])
-                at += 2 + length
+            at = 5
+            for mask in (0x1F, 0xFF):  # sequence parameter sets, then picture parameter sets
+                count = extradata[at] & mask
+                at = _length_prefixed(extradata, at + 1, count, units)
         if at > len(extradata):
             return None
-        return "h264", b"".join(START4 + bytes(u) for u in units)
+        return codec, b"".join(START4 + bytes(u) for u in units)
     except IndexError:
         return None
+
+
+def _length_prefixed(extradata: bytes, at: int, count: int, units: list[bytes]) -> int:
+    """Append the ``count`` units behind 2-byte lengths that start at ``at`` to ``units``; return where they end."""
+    for _ in range(count):
+        length = int.from_bytes(extradata[at : at + 2], "big")
+        units.append(extradata[at + 2 : at + 2 + length])
+        at += 2 + length
+    return at
 
 
 def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
@@ -126,7 +122,7 @@ def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
     carries no parameter sets of its own.
 
     Raises:
-        VideoDecodeError: The NAL unit lengths do not add up to the packet.
+        DataFormatError: The NAL unit lengths do not add up to the packet (a ValueError).
     """
     out = bytearray()
     size = len(packet)
@@ -134,11 +130,11 @@ def to_annexb(packet: Any, mode: str, prefix: bytes) -> bytearray:
     marked = False  # the prefix is in (H.265: an IRAP unit was met; H.264: parameter sets were)
     while at < size:
         if size - at < 4:
-            raise VideoDecodeError(f"{size - at} bytes left where a 4-byte NAL unit length should be")
+            raise DataFormatError(f"{size - at} bytes left where a 4-byte NAL unit length should be")
         length = int.from_bytes(packet[at : at + 4], "big")
         at += 4
         if length < 1 or length > size - at:
-            raise VideoDecodeError(f"a NAL unit length of {length} with {size - at} bytes left")
+            raise DataFormatError(f"a NAL unit length of {length} with {size - at} bytes left")
         header = packet[at]
         if mode == "hevc":
             irap = 16 <= (header >> 1) & 0x3F <= 23
@@ -298,7 +294,7 @@ class PartialLayout:
 class LayoutRecorder:
     """Works out where a file's packets lie from the packets PyAV demuxes, as a reading goes through them.
 
-    :class:`~lightning_vstream.decode.nvdec.PacketSource` hands it each packet, before and after
+    :class:`~lightning_vstream.decode.nvdec_sources.PacketSource` hands it each packet, before and after
     FFmpeg's Annex-B filter. It records whole chunks (a keyframe's packet and those up to the next
     keyframe, or the end of the stream) that ``layout`` does not know yet, into ``layout``: a copy
     of each packet and a comparison, no pass over the file of its own, and nothing for chunks known
@@ -362,7 +358,7 @@ class LayoutRecorder:
         else:
             try:
                 converted = bytes(to_annexb(raw, self.layout.mode, self.layout.prefix))
-            except VideoDecodeError:
+            except ValueError:
                 self._fail()
                 return
         made = bytes(outputs[0]) if len(outputs) == 1 else b"".join(bytes(p) for p in outputs)
@@ -493,155 +489,3 @@ def forget_layouts() -> None:
 
 
 # -- reading with a layout ---------------------------------------------------------------------------
-class LayoutSource:
-    """A video stream's packets read from its file with a :class:`FileLayout`, ready for NVDEC.
-
-    What :class:`~lightning_vstream.decode.nvdec.PacketSource` hands NVDEC, without a demuxer: the
-    same packets in the same order with the same timestamps, each checked against the frame
-    table's CRC-32 before it is converted to Annex-B. The file is read one chunk (a GOP) at a time.
-
-    Args:
-        path: Video file.
-        info: Its frame table.
-        where: File, clip and camera for error messages.
-        layout: Where its packets lie (from :class:`LayoutRecorder`).
-
-    Raises:
-        MissingFileError: The file does not exist.
-        VideoDecodeError: Its codec configuration differs from the frame table's checksum.
-    """
-
-    def __init__(self, path: Path, info: VideoInfo, where: str, layout: FileLayout) -> None:
-        self.info = info
-        self.where = where
-        self.layout = layout
-        self.format = layout.format_for(info)
-        if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
-            raise VideoDecodeError(
-                f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
-                f"was built {CHECKSUM_FIX}"
-            )
-        try:
-            self._fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise MissingFileError(f"video file {str(path)!r} does not exist.") from None
-        except OSError as err:
-            raise VideoDecodeError(f"{where}: the file cannot be read ({err.strerror or err}).") from err
-        self._count = len(layout)
-        self._pos, self._size, self._pts = layout.pos, layout.size, layout.pts
-        self._lookup = info.pts_index.get
-        self._crcs = info.crc32
-        self._kind = layout.kind
-        self._next = 0  # decode-order index of the next packet
-        self._stop = 0  # end of the chunk in memory (0: none)
-        self._base = 0  # file offset of the chunk's first byte
-        self._view: memoryview | None = None  # the chunk in memory
-        self._address = 0  # its address
-        self._block: bytearray | None = None  # the buffer chunks are read into
-        self._whole: memoryview | None = None
-        self._origin = 0
-        self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
-
-    def seek_key(self, key_ordinal: int) -> None:
-        """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
-        info = self.info
-        target = info.pts[info.key_indices[key_ordinal]]
-        index = self.layout.packet_of(target)
-        if index is None:
-            raise VideoDecodeError(
-                f"{self.where}: the frame table's keyframe {key_ordinal} (timestamp {target}) is no packet of the "
-                f"file {CHECKSUM_FIX}"
-            )
-        self._next = index
-        self._stop = 0  # a chunk converted in place is read again from the file
-
-    def fill(self, data: Any) -> bool:
-        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
-
-        The bytes stay valid until the next call.
-
-        Raises:
-            VideoDecodeError: The packet differs from the frame table's CRC-32, or cannot be read.
-        """
-        i = self._next
-        if i >= self._stop:
-            if i >= self._count:
-                return False
-            self._load(i)
-        size = self._size[i]
-        pts = self._pts[i]
-        offset = self._pos[i] - self._base
-        view = self._view[offset : offset + size]  # type: ignore[index]
-        crcs = self._crcs
-        if crcs is not None:
-            index = self._lookup(pts)
-            if index is not None and zlib.crc32(view) != crcs[index]:
-                raise VideoDecodeError(
-                    f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
-                    f"index was built {CHECKSUM_FIX}"
-                )
-        address = self._address + offset
-        kind = self._kind[i]  # what the packet was when the layout was learnt: its checksum says it still is
-        if kind == IN_PLACE:
-            view[:4] = START4
-        elif kind == REWRITTEN:
-            address, size = self._convert(view, pts)
-        data.bsl_data = address
-        data.bsl = size
-        data.pts = pts
-        self._next = i + 1
-        return True
-
-    def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
-        try:
-            packet = to_annexb(view, self.layout.mode, self.layout.prefix)
-        except VideoDecodeError as err:
-            index = self._lookup(pts)
-            raise VideoDecodeError(
-                f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
-            ) from err
-        buffer = (ctypes.c_char * len(packet)).from_buffer(packet)
-        self._held = (packet, buffer)
-        return ctypes.addressof(buffer), len(packet)
-
-    def _load(self, i: int) -> None:
-        """Read the chunk that holds packet ``i`` (one starts at 0 and at every keyframe) into memory.
-
-        One buffer serves every chunk of the file (grown when a chunk is larger): NVDEC's parser has
-        copied the last packet of a chunk before the next chunk is read, and a buffer written again
-        costs no page faults.
-        """
-        chunks = self.layout.chunks
-        ordinal = bisect.bisect_right(chunks, i) - 1
-        start, end = self.layout.spans[ordinal]
-        stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
-        size = end - start
-        whole = self._whole
-        if whole is None or len(whole) < size:
-            self._view = None  # released before the buffer it views is replaced
-            self._block = bytearray(size)
-            whole = self._whole = memoryview(self._block)
-            self._origin = ctypes.addressof((ctypes.c_char * size).from_buffer(self._block))
-        view = whole[:size]
-        try:
-            got = os.preadv(self._fd, [view], start)
-        except OSError as err:
-            raise VideoDecodeError(f"{self.where}: reading the file failed ({err.strerror or err}).") from err
-        if got != size:
-            raise VideoDecodeError(
-                f"{self.where}: the file ends at byte {start + got}, before its packets do (truncated file?) "
-                f"{CHECKSUM_FIX}"
-            )
-        self._view = view
-        self._address = self._origin
-        self._base = start
-        self._stop = stop
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self._view = self._whole = None
-        self._block = None
-        self._held = None

@@ -70,9 +70,9 @@ def _caps(nvc: Any) -> dict[str, dict[str, int]]:
 
 
 def _decode(report: dict[str, Any]) -> bool:
+    from lightning_vstream.decode.decoder_pool import DecoderPool
     from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.nvdec import DecoderPool
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "probe.mp4"

@@ -14,44 +14,36 @@ to :class:`~lightning_vstream.decode.cpu.PyAVDecoder`'s (same decoder, same pack
 tags, same RGB conversion), and every frame's timestamp is checked against the frame table.
 
 Files without a packet layout (MPEG-TS, tables written without byte ranges) are read through their
-container by :class:`~lightning_vstream.decode.cpu.PyAVDecoder` over :class:`RangeFile`.
+container by :class:`~lightning_vstream.decode.cpu.PyAVDecoder` over a
+:class:`~lightning_vstream.decode.range_file.RangeFile`.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
 import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
+from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
+from lightning_vstream.decode.range_file import expect_of
+from lightning_vstream.decode.rgb_output import RGBOutputDecoder
 from lightning_vstream.errors import ChecksumError, ConfigurationError
-from lightning_vstream.storage.client import Expect, Storage
+from lightning_vstream.storage.client import Expect
 from lightning_vstream.storage.fetcher import MERGE_GAP, Fetcher, Unit
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["GopDecoder", "GopRuns", "RangeFile", "expect_of", "gop_runs"]
+__all__ = ["GopDecoder", "GopRuns", "gop_runs"]
 
 _CHECKSUM_FIX = (
     "Restore the object, or rebuild the index with `vstream index` if it was replaced on purpose "
     "(`vstream index --check INDEX` lists every damaged frame)."
 )
-
-
-def expect_of(info: VideoInfo) -> Expect:
-    """What a read of the file must find: the size (and ETag) the index recorded."""
-    identity = info.identity
-    if identity is None:
-        return Expect()
-    return Expect(identity.size, identity.etag)
 
 
 @dataclass(frozen=True)
@@ -138,7 +130,7 @@ def gop_runs(url: str, info: VideoInfo) -> GopRuns:
     return runs
 
 
-class GopDecoder(DecoderBase):
+class GopDecoder(RGBOutputDecoder):
     """Frame-exact decoder of one remote (or ``file://``) video, from GOP byte ranges (see the module docs).
 
     Same interface and frames as :class:`~lightning_vstream.decode.cpu.PyAVDecoder`: sequential
@@ -213,15 +205,6 @@ class GopDecoder(DecoderBase):
             self._runs = gop_runs(self.url, self._info)
         return self._runs
 
-    @property
-    def output_size(self) -> tuple[int, int]:
-        return self.size if self.size is not None else (self._info.height, self._info.width)
-
-    @property
-    def seeks(self) -> int:
-        """Times decoding restarted at a keyframe."""
-        return self._seeks
-
     def units_for(self, frames: Sequence[int]) -> list[Unit]:
         """The byte units :meth:`get` needs for ``frames`` (for prefetching)."""
         return self.runs.units_for(self._info, frames)
@@ -229,8 +212,6 @@ class GopDecoder(DecoderBase):
     # -- the codec -----------------------------------------------------------------------------
     def _open(self) -> None:
         import av
-
-        from lightning_vstream.decode import cpu
 
         layout = self._info.layout
         assert layout is not None
@@ -254,19 +235,13 @@ class GopDecoder(DecoderBase):
         self._ctx = ctx
         self._fed = -1
         self._drained = False
-        cpu._LIVE_DECODERS.add(self)  # type: ignore[arg-type]  # disowned in a forked child, like PyAVDecoder
-        cpu._decoding_started = True
+        opened(self)  # disowned in a forked child, like PyAVDecoder
 
     def _disown(self) -> None:
         """After fork, in the child: keep the inherited FFmpeg state forever (freeing it could hang)."""
-        from lightning_vstream.decode import cpu
-
         if self._ctx is not None:
-            cpu._INHERITED_FFMPEG_OBJECTS.append((self._ctx, self._pending))
-        for converter in (self._rgb, *self._sized.values()):
-            reformatter = converter.release()
-            if reformatter is not None:
-                cpu._INHERITED_FFMPEG_OBJECTS.append(reformatter)
+            keep_forever((self._ctx, self._pending))
+        self._release_converters()
         self._ctx = None
         self._pending = {}
         self._held = {}  # the parent's fetcher: never released here
@@ -433,9 +408,6 @@ class GopDecoder(DecoderBase):
             )
         self._target = index
 
-    def read(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self._rgb(self._read_frame(), out, self._where(self._target - 1))
-
     def _read_frame(self) -> Any:
         """The decoded frame at the cursor (the cursor moves past it)."""
         info = self._info
@@ -484,36 +456,11 @@ class GopDecoder(DecoderBase):
                 )
         return self._pending.pop(target)
 
-    def get(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Return frame ``index`` (decoding forward within its GOP when that is where the decoder stands)."""
-        self.seek(index)
-        return self.read(out)
+    def _frame_where(self, index: int) -> str:
+        return self._where(index)
 
-    def get_sizes(
-        self, index: int, sizes: Sequence[tuple[int, int]], out: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
-        """Frame ``index`` as :meth:`get` returns it, and the same decoded frame at each of ``sizes``
-        (as :meth:`PyAVDecoder.get_sizes <lightning_vstream.decode.cpu.PyAVDecoder.get_sizes>`)."""
-        self.seek(index)
-        frame = self._read_frame()
-        image = self._rgb(frame, out, self._where(index))
-        converted = {}
-        for size in sizes:
-            converter = self._sized.get(size)
-            if converter is None:
-                converter = RGBConverter(layout=self._rgb.layout, size=size, interpolation=self._rgb.interpolation)
-                self._sized[size] = converter
-            converted[size] = converter(frame, None, self._where(index))
-        return image, converted
-
-    def get_many(self, indices: Sequence[int]) -> list[torch.Tensor]:
-        """Frames ``indices`` (any order, repeats allowed); their GOPs are fetched together first."""
-        wanted = sorted(set(indices))
-        if wanted and not (wanted[0] >= 0 and wanted[-1] < self._info.frame_count):
-            self.seek(wanted[0] if wanted[0] < 0 else wanted[-1])
-        self.prefetch(wanted)
-        decoded = {i: self.get(i) for i in wanted}
-        return [decoded[i] for i in indices]
+    def _fetch_ahead(self, frames: Sequence[int]) -> None:
+        self.prefetch(frames)
 
     def close(self) -> None:
         """Release held bytes and the codec (reopened lazily if used again)."""
@@ -523,88 +470,5 @@ class GopDecoder(DecoderBase):
         self._fed = -1
         self._drained = False
 
-    def __enter__(self) -> GopDecoder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"GopDecoder({self.url!r}, position={self._target})"
-
-
-class RangeFile(io.RawIOBase):
-    """A read-only, seekable file over one object, read in blocks through :class:`~lightning_vstream.storage.client.Storage`.
-
-    For files without a packet layout, which are read through their container (PyAV demuxes this
-    file object). Blocks of ``block`` bytes are kept in a small LRU; the object's size comes from the
-    index (no HEAD) or, without one, from the first response.
-
-    Args:
-        storage: How requests are made.
-        url: The object.
-        expect: Its recorded size and ETag.
-        block: Bytes per request.
-    """
-
-    BLOCKS_KEPT = 8
-
-    def __init__(self, storage: Storage, url: str, expect: Expect, *, block: int = 1 << 20) -> None:
-        super().__init__()
-        self.storage = storage
-        self.url = url
-        self.expect = expect
-        self.block = block
-        self._size = expect.size
-        self._pos = 0
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def _block(self, number: int) -> bytes:
-        data = self._blocks.get(number)
-        if data is None:
-            start = number * self.block
-            end = start + self.block if self._size is None else min(start + self.block, self._size)
-            raw, info = self.storage.read(self.url, start, end, expect=self.expect)
-            if self._size is None and info.size >= 0:
-                self._size = info.size
-            data = bytes(raw)
-            self._blocks[number] = data
-            while len(self._blocks) > self.BLOCKS_KEPT:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(number)
-        return data
-
-    def size(self) -> int:
-        if self._size is None:
-            self._block(0)
-        return self._size if self._size is not None else 0
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        total = self.size()
-        if self._pos >= total or not len(view):
-            return 0
-        number, offset = divmod(self._pos, self.block)
-        chunk = self._block(number)[offset : offset + len(view)]
-        view[: len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._pos = offset
-        elif whence == io.SEEK_CUR:
-            self._pos += offset
-        else:
-            self._pos = self.size() + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos

@@ -65,7 +65,7 @@ def plan_file(source: CameraSource, path: Path) -> FileTask:
 
 def mismatch(task: FileTask, path: Path, codec: str) -> str | None:
     """None when ``path`` holds exactly the task's frame times in ``codec``; otherwise what differs."""
-    from lightning_vstream.decode.cpu import probe_video
+    from lightning_vstream.decode.probe import probe_video
 
     try:
         info = probe_video(path)

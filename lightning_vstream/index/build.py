@@ -38,8 +38,8 @@ TableFormat = Literal["binary", "json"]
 def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
     """Probe a camera stream (video file, image folder, or a URL read through its container) for its frame table."""
     if isinstance(path, str) and is_url(path):
-        from lightning_vstream.decode.cpu import probe_video_file
-        from lightning_vstream.decode.remote import RangeFile
+        from lightning_vstream.decode.probe import probe_video_file
+        from lightning_vstream.decode.range_file import RangeFile
         from lightning_vstream.storage.client import Expect, storage_for
 
         client = storage_for(storage or StorageConfig())
@@ -49,7 +49,7 @@ def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
         from lightning_vstream.decode.images import probe_image_folder
 
         return probe_image_folder(path)
-    from lightning_vstream.decode.cpu import probe_video
+    from lightning_vstream.decode.probe import probe_video
 
     return probe_video(path)
 

@@ -399,7 +399,7 @@ def _probe_object(client: Storage, url: str, expect: Expect | None = None) -> Vi
     """Read ``url`` whole (one GET) and probe it from memory; its identity holds the response's size and ETag."""
     import dataclasses
 
-    from lightning_vstream.decode.cpu import probe_video_bytes
+    from lightning_vstream.decode.probe import probe_video_bytes
 
     data, info = client.read(url, expect=expect)
     view = memoryview(data)

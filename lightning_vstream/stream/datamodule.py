@@ -29,9 +29,12 @@ from lightning_vstream.index import VideoIndex, load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
-from lightning_vstream.stream.loader import StreamDataLoader, StreamSampler
+from lightning_vstream.stream.failures import DecodeStats
+from lightning_vstream.stream.loader import StreamDataLoader
+from lightning_vstream.stream.reset_check import warn_without_temporal_reset
+from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import Remainder
-from lightning_vstream.stream.worker import DecodeStats, StreamDataset
+from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]
@@ -316,11 +319,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         }
         self._device()
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
-            path = self.index_files[split]
-            if path is not None and split not in self._indexes:
-                self._indexes[split] = load_index(
-                    path, cameras=self.cameras, check=self.index_check, **self.storage_arguments()
-                )
+            if self.index_files[split] is not None:
+                self.index(split)
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
         if stage == "fit":
@@ -328,35 +328,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def _check_temporal_reset(self) -> None:
         """Warn (once, on rank 0) when fitting with nothing that resets the model's memory at ``is_first``."""
-        trainer = self.trainer
-        if self._warned_reset or trainer is None or trainer.global_rank != 0:
-            return
-        from lightning_vstream.callbacks import TemporalStateReset
-
-        model = trainer.lightning_module
-        if any(isinstance(c, TemporalStateReset) for c in getattr(trainer, "callbacks", [])) or (
-            getattr(model, "handles_is_first", False) is True
-        ):
-            return
-        self._warned_reset = True
-        name = type(model).__name__
-        if callable(getattr(model, "reset_temporal_state", None)):
-            what = f"{name} defines reset_temporal_state(mask), but no TemporalStateReset callback calls it"
-            fix = "add TemporalStateReset() to the Trainer's callbacks"
-        else:
-            what = "the Trainer has no TemporalStateReset callback"
-            fix = (
-                f"give {name} a method reset_temporal_state(mask) that forgets the memory of the slots where "
-                "mask is True, and add TemporalStateReset() to the Trainer's callbacks"
-            )
-        warnings.warn(
-            f"StreamVideoDataModule: {what}, so nothing clears the model's memory where a batch slot starts a new "
-            f"clip (batch['is_first']), and memory carries over from one clip into the next. To fix it, {fix}. If "
-            f"{name} reads batch['is_first'] itself, or keeps no state from one step to the next, set the class "
-            "attribute `handles_is_first = True` on it to say so (see docs/temporal_models.md).",
-            VStreamWarning,
-            stacklevel=2,
-        )
+        if not self._warned_reset:
+            self._warned_reset = warn_without_temporal_reset(self.trainer)
 
     def index(self, split: Stage = "train") -> VideoIndex:
         """The parsed index of ``split`` (after :meth:`setup`)."""
@@ -442,11 +415,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 pin_memory=self.pin_memory,
                 outputs=self.outputs,
             )
-            old_loader = self._loaders.get(split)
-            if old_loader is not None:
-                old_loader.close()
-            self._loaders[split] = engine_loader
-            return engine_loader
+            return self._keep_loader(split, engine_loader)
         dataset = StreamDataset(
             index=index,
             max_open_decoders=self.max_open_decoders,
@@ -473,6 +442,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ),
             timeout=self.timeout,
         )
+        return self._keep_loader(split, loader)
+
+    def _keep_loader(self, split: Stage, loader: Any) -> Any:
+        """Make ``loader`` the ``split`` loader, closing the one it replaces."""
         old = self._loaders.get(split)
         if old is not None:
             old.close()

@@ -11,7 +11,7 @@ How a step flows:
 - **Streams stay with threads.** Stream ``position = slot * cameras + camera`` always belongs to
   thread ``position % num_threads``, which keeps its decoder while the slot stays on a clip, so
   consecutive steps decode consecutive frames (decode amplification 1.0), in the same plan as the
-  worker loader (:class:`~lightning_vstream.stream.loader.StreamSampler`).
+  worker loader (:class:`~lightning_vstream.stream.sampler.StreamSampler`).
 - **A ring of batches.** At most ``prefetch`` steps are decoded ahead of the one the consumer asks
   for. On a GPU the ``prefetch + hold`` batches are allocated once and step ``s`` writes into batch
   ``s % ring``; on the CPU (``buffers="pool"``) every step takes a batch from a pool that reuses
@@ -48,7 +48,6 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -56,29 +55,28 @@ import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.decode.cpu import probe_video
+from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, check_outputs
-from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
+from lightning_vstream.profiling import RANGE_COLLATE, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
-from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
-from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger
+from lightning_vstream.stream.engine_batches import EngineBatches
+from lightning_vstream.stream.engine_reads import DecoderFactory
+from lightning_vstream.stream.engine_threads import EngineRun, EngineThreads, PlannedStep
+from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger, describe_streams
 from lightning_vstream.stream.frames import FrameSteps, attach_annotations
-from lightning_vstream.stream.loader import BufferPool, StreamSampler
+from lightning_vstream.stream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
-from lightning_vstream.stream.schedule import SlotRead
+from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["DecoderFactory", "StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
-OnError = Literal["raise", "skip"]
 Buffers = Literal["ring", "pool"]
-CameraFrames = Literal["stacked", "per_camera"]
 #: Steps kept in the engine's shift log (the slot shifts each step was planned with).
 SHIFT_LOG_STEPS = 256
-# The engine's NVTX ranges, one each per step (a range holds no state between its push and pop).
-_STEP_RANGE = nvtx_range(RANGE_ENGINE_STEP)
+# The consumer's NVTX ranges, one each per step (a range holds no state between its push and pop).
 _WAIT_RANGE = nvtx_range(RANGE_WAIT)
 _COLLATE_RANGE = nvtx_range(RANGE_COLLATE)
 
@@ -94,46 +92,7 @@ def _stop_running_engines() -> None:
         engine.close()
 
 
-@dataclass
-class _Step:
-    """One planned step: its reads, the shifts they were planned with, its batch and what threads add to it."""
-
-    reads: list[SlotRead | None]
-    shifts: list[int]
-    frames: list[torch.Tensor]  # one tensor [slots * cameras, ...], or one [slots, ...] per camera (per_camera)
-    timestamps: list[float]
-    annotations: dict[int, Any] = field(default_factory=dict)  # slot -> its frame's annotations
-    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
-    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
-    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
-    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
-    counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
-    rows: list[torch.Tensor] = field(default_factory=list)  # position -> its row of ``frames``
-
-
-@dataclass
-class _Run:
-    """State one epoch's threads and consumer share; guarded by ``cond``."""
-
-    start: int
-    num_steps: int
-    threads: int
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    steps: dict[int, _Step] = field(default_factory=dict)
-    next_plan: int = 0
-    requested: int = 0  # the step the consumer asks for (threads decode at most ``prefetch`` steps ahead)
-    released: int = 0  # steps before this have given their batch back
-    progress: list[int] = field(default_factory=list)  # per thread: the last step it finished
-    errors: dict[int, tuple[int, int, BaseException]] = field(default_factory=dict)  # thread -> (step, position, err)
-    # (slot, segment) given up -> the step its first failed read belongs to (-1: before this run)
-    abandoned: dict[tuple[int, int], int] = field(default_factory=dict)
-    changes: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)  # its shift change
-    stopping: bool = False
-    timed_out: bool = False
-    workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
-
-
-class StreamEngine:
+class StreamEngine(EngineThreads):
     """Decodes a :class:`StreamSampler`'s plan with threads into batches on one device.
 
     Args:
@@ -211,16 +170,9 @@ class StreamEngine:
             raise ConfigurationError(f"prefetch={prefetch!r} and hold={hold!r} must both be >= 1.")
         if num_threads is not None and num_threads < 1:
             raise ConfigurationError(f"num_threads={num_threads!r} must be >= 1 or None.")
-        if on_error not in ("raise", "skip"):
-            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
-        if camera_frames not in ("stacked", "per_camera"):
-            raise ConfigurationError(
-                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
-            )
+        check_stream_options(on_error=on_error, camera_frames=camera_frames, max_open_decoders=max_open_decoders)
         if buffers not in ("ring", "pool"):
             raise ConfigurationError(f"buffers={buffers!r} is not supported; use 'ring' or 'pool'.")
-        if max_open_decoders is not None and max_open_decoders < 1:
-            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
         self.index = index
         self.sampler = sampler
         self.device = device
@@ -252,17 +204,20 @@ class StreamEngine:
             self.steps.direct and not self.outputs and not self.steps.has_geometry and self.steps.annotations is None
         )
         self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
-        self._shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
-        self._output_shapes: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
-        self._ring: list[list[torch.Tensor]] = []
-        self._ring_rows: list[list[torch.Tensor]] = []  # per ring batch: position -> its row, made once
-        self._output_ring: list[dict[str, list[torch.Tensor]]] = []
-        self._pool = BufferPool(shared=False, pinned=pin_memory and torch.cuda.is_available())
+        self.batches = EngineBatches(
+            device=device,
+            slots=sampler.batch_size,
+            cameras=sampler.num_cameras,
+            camera_frames=camera_frames,
+            buffers=buffers,
+            ring_size=self.ring_size,
+            pin_memory=pin_memory,
+        )
         self._done_events: list[list[Any]] = []
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
         self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
-        self._run: _Run | None = None
+        self._run: EngineRun | None = None
         self._stats_lock = threading.Lock()
         self._ledger = SkipLedger()
         self._stats = self._ledger.stats
@@ -313,51 +268,15 @@ class StreamEngine:
         )
 
     def _allocate(self) -> None:
-        if self._shapes:
+        if self.batches.shapes:
             return
         cameras = self.sampler.num_cameras if self.camera_frames == "per_camera" else 1
-        self._shapes = [self.frame_shape(camera) for camera in range(cameras)]
+        frame_shapes = [self.frame_shape(camera) for camera in range(cameras)]
         per_camera = [self.output_shapes(camera) for camera in range(cameras)]
-        self._output_shapes = {name: [shapes[name] for shapes in per_camera] for name in self.outputs}
-        if self.buffers == "ring":
-            self._ring = [self._new_frames() for _ in range(self.ring_size)]
-            self._ring_rows = [self._rows_of(frames) for frames in self._ring]
-            self._output_ring = [self._new_outputs() for _ in range(self.ring_size)]
+        self.batches.allocate(frame_shapes, {name: [shapes[name] for shapes in per_camera] for name in self.outputs})
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
-
-    def _new_outputs(self) -> dict[str, list[torch.Tensor]]:
-        """The frame tensors of one batch for each named output."""
-        return {name: self._new_frames(shapes) for name, shapes in self._output_shapes.items()}
-
-    def _new_frames(self, shapes: list[tuple[tuple[int, ...], torch.dtype]] | None = None) -> list[torch.Tensor]:
-        """The frame tensors of one batch (of the default output, or of ``shapes``): one for all cameras, or one
-        per camera."""
-        slots, cams = self.sampler.batch_size, self.sampler.num_cameras
-        shapes = self._shapes if shapes is None else shapes
-        if self.camera_frames == "stacked":
-            shape, dtype = shapes[0]
-            dims: list[tuple[tuple[int, ...], torch.dtype]] = [((slots * cams, *shape), dtype)]
-        else:
-            dims = [((slots, *shape), dtype) for shape, dtype in shapes]
-        if self.buffers == "pool":
-            return [self._pool.take(shape, dtype) for shape, dtype in dims]
-        return [self.device.empty(shape, dtype) for shape, dtype in dims]
-
-    def _row(self, frames: list[torch.Tensor], position: int) -> torch.Tensor:
-        if self.camera_frames == "stacked":
-            return frames[0][position]
-        slot, camera = divmod(position, self.sampler.num_cameras)
-        return frames[camera][slot]
-
-    def _rows_of(self, frames: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every row of one batch's frames, by position (one ``unbind`` per tensor rather than a view per frame)."""
-        if self.camera_frames == "stacked":
-            return list(frames[0].unbind(0))
-        per_camera = [camera_frames.unbind(0) for camera_frames in frames]
-        cams = self.sampler.num_cameras
-        return [per_camera[position % cams][position // cams] for position in range(self.sampler.batch_size * cams)]
 
     # -- the consumer ----------------------------------------------------------------------
     def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
@@ -376,7 +295,7 @@ class StreamEngine:
         with self._stats_lock:
             self._earlier_runs = tuple(sum(values) for values in zip(self._earlier_runs, *self._this_run.values()))
             self._this_run = {}
-        run = _Run(
+        run = EngineRun(
             start=start,
             num_steps=len(sampler.schedule()),
             threads=self.num_threads,
@@ -403,13 +322,13 @@ class StreamEngine:
         finally:
             self._shutdown(run)
 
-    def _ready(self, run: _Run, step: int) -> bool:
+    def _ready(self, run: EngineRun, step: int) -> bool:
         """Every thread has finished ``step``, or stopped at an error at or before it."""
         return all(
             done >= step or (t in run.errors and run.errors[t][0] <= step) for t, done in enumerate(run.progress)
         )
 
-    def _next_batch(self, run: _Run, step: int) -> dict[str, Any]:
+    def _next_batch(self, run: EngineRun, step: int) -> dict[str, Any]:
         with run.cond:
             run.requested = step
             if step - self.hold >= run.released:
@@ -445,26 +364,20 @@ class StreamEngine:
         with _COLLATE_RANGE:
             return self._assemble(step, planned, abandoned)
 
-    def _streams_of(self, run: _Run, step: int, t: int, limit: int = 8) -> str:
+    def _streams_of(self, run: EngineRun, step: int, t: int) -> str:
         """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
         planned = run.steps.get(step)
         if planned is None:
             return "its camera streams (not planned yet)"
         cams = self.sampler.num_cameras
-        named = []
-        for position in range(t, len(planned.reads) * cams, self.num_threads):
-            slot, camera = divmod(position, cams)
-            read = planned.reads[slot]
-            if read is not None:
-                clip = self.index.clips[read.clip]
-                stream = clip.cameras[camera]
-                named.append(
-                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
-                )
-        more = f" and {len(named) - limit} more" if len(named) > limit else ""
-        return "the camera streams " + ", ".join(named[:limit]) + more
+        streams = [
+            (position // cams, position % cams, planned.reads[position // cams])
+            for position in range(t, len(planned.reads) * cams, self.num_threads)
+            if planned.reads[position // cams] is not None
+        ]
+        return describe_streams(self.index, streams) or "no camera stream at this step"
 
-    def _assemble(self, step: int, planned: _Step, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
+    def _assemble(self, step: int, planned: PlannedStep, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
         cams = self.sampler.num_cameras
         batch_size = self.sampler.batch_size
         reads = planned.reads
@@ -472,7 +385,7 @@ class StreamEngine:
             valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
         else:
             valid = [r is not None for r in reads]
-        frames = self._finish_frames(planned.frames, valid)
+        frames = self.batches.finish(planned.frames, valid)
         camera_ts = np.array(planned.timestamps, dtype=np.float64).reshape(batch_size, cams)
         for slot, ok in enumerate(valid):
             if not ok:
@@ -516,7 +429,7 @@ class StreamEngine:
         }
         if self.outputs:
             batch["outputs"] = {
-                name: {"frames": self._finish_frames(planned.outputs[name], valid)} for name in self.outputs
+                name: {"frames": self.batches.finish(planned.outputs[name], valid)} for name in self.outputs
             }
         if self.steps.annotations is not None or self.steps.has_geometry:
             with self._stats_lock:
@@ -534,22 +447,7 @@ class StreamEngine:
                 )
         return batch
 
-    def _finish_frames(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
-        """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
-        if self.camera_frames == "stacked":
-            first = tensors[0]
-            stacked = first.view((self.sampler.batch_size, self.sampler.num_cameras, *first.shape[1:]))
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
-            return stacked
-        for camera_frames in tensors:
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    camera_frames[slot].zero_()
-        return list(tensors)
-
-    def _shutdown(self, run: _Run) -> None:
+    def _shutdown(self, run: EngineRun) -> None:
         """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""
         with run.cond:
             run.stopping = True
@@ -581,191 +479,6 @@ class StreamEngine:
         if self._run is not None:
             self._shutdown(self._run)
         self._join(60.0)
-
-    # -- the decode threads ----------------------------------------------------------------
-    def _plan(self, run: _Run, step: int) -> _Step:
-        """The reads and batch of ``step``, planned once and in order (call with ``run.cond`` held)."""
-        while run.next_plan <= step:
-            s = run.next_plan
-            self.sampler.issue(s)  # records the step as issued and applies the shift changes due
-            reads, shifts, _ = self.sampler.issued(s)
-            pool = self.buffers == "pool"
-            frames = self._new_frames() if pool else self._ring[s % self.ring_size]
-            outputs = self._new_outputs() if pool else self._output_ring[s % self.ring_size]
-            streams = self.sampler.batch_size * self.sampler.num_cameras
-            run.steps[s] = _Step(
-                reads,
-                shifts,
-                frames,
-                [math.nan] * streams,
-                outputs=outputs,
-                output_geometry={name: {} for name in self.outputs},
-                rows=self._rows_of(frames) if pool else self._ring_rows[s % self.ring_size],
-            )
-            if self.prefetcher is not None:
-                self.prefetcher.observe_slots(self.sampler.epoch, s, reads)
-            run.next_plan = s + 1
-        return run.steps[step]
-
-    def _may_write(self, run: _Run, step: int) -> bool:
-        """Whether a thread may write ``step``: at most ``prefetch`` ahead of the consumer (or the run is stopping).
-
-        The bound counts from the step the consumer asks for, never from where the run started,
-        so a failure found at step ``f`` is always found before step ``f + prefetch + 1`` is planned.
-        """
-        return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
-
-    def _thread_main(self, run: _Run, t: int) -> None:
-        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
-        stream = self._streams[t]
-        step = run.start
-        cams = self.sampler.num_cameras
-        positions = range(t, self.sampler.batch_size * cams, self.num_threads)  # this thread's streams
-        mine = [(position, *divmod(position, cams)) for position in positions]  # with their slot and camera
-        # Frames nothing follows the decoder for take the short way (see _decode_plain).
-        plain = self._plain and decoders.limit is None
-        at = [-1]  # the stream being read, for the error report
-        try:
-            with self.device.use(stream):
-                for step in range(run.start, run.num_steps):
-                    at[0] = -1
-                    with run.cond:
-                        run.cond.wait_for(functools.partial(self._may_write, run, step))
-                        if run.stopping:
-                            return
-                        planned = self._plan(run, step)
-                    self.device.wait(self._release_events[step % self.ring_size], stream)
-                    with _STEP_RANGE:
-                        if plain:
-                            self._decode_plain(run, step, planned, decoders, mine, at)
-                        else:
-                            for position in positions:
-                                at[0] = position
-                                self._decode_one(run, step, position, planned, decoders)
-                    planned.counts[t] = decoders.counts()
-                    self.device.record(self._done_events[t][step % self.ring_size], stream)
-                    with run.cond:
-                        run.progress[t] = step
-                        run.cond.notify_all()
-        except BaseException as err:
-            with run.cond:
-                run.errors[t] = (step, at[0], err)
-                run.cond.notify_all()
-        finally:
-            decoders.close_all()
-
-    def _decode_one(self, run: _Run, step: int, position: int, planned: _Step, decoders: ThreadDecoders) -> None:
-        """Decode and write one camera frame of ``step``, with its timestamp, geometry and annotations.
-
-        A failed read is raised (``on_error="raise"``) or gives up the slot's segment (``"skip"``).
-        """
-        slot, camera = divmod(position, self.sampler.num_cameras)
-        read = planned.reads[slot]
-        if read is None:
-            return
-        # Read without the lock: a failure another thread is recording right now only costs a
-        # decode whose slot the batch marks invalid anyway.
-        if run.abandoned.get((slot, read.segment), step) < step:
-            return  # its segment failed at an earlier step: nothing to decode
-        # Where the slot's segment starts keys the augmentation draw; nothing else needs it.
-        segment_start = self.sampler.schedule().segments[read.segment].start if self.steps.augment is not None else 0
-        epoch = self.sampler.epoch
-        try:
-            info = decoders.write(
-                position=position,
-                clip=read.clip,
-                camera=camera,
-                frame=read.frame,
-                row=planned.rows[position],
-                epoch=epoch,
-                segment_start=segment_start,
-                outputs={name: self._row(frames, position) for name, frames in planned.outputs.items()},
-            )
-        except FILE_ERRORS as err:
-            self._read_failed(run, step, position, planned, decoders, read, err)
-            return
-        timestamp = info.timestamp(read.frame)
-        planned.timestamps[position] = timestamp
-        if self.steps.has_geometry:
-            size = (info.height, info.width, epoch, read.clip, segment_start)
-            planned.geometry[position] = self.steps.geometry(*size)
-            for name, matrix in self.steps.output_geometry(*size).items():
-                planned.output_geometry[name][position] = matrix
-        if camera == 0 and self.steps.annotations is not None:
-            found, why = self.steps.annotate(read.clip, read.frame, timestamp)
-            if found is not None:
-                planned.annotations[slot] = found
-            else:
-                planned.missing.append((slot, str(why)))
-
-    def _decode_plain(
-        self,
-        run: _Run,
-        step: int,
-        planned: _Step,
-        decoders: ThreadDecoders,
-        mine: list[tuple[int, int, int]],
-        at: list[int],
-    ) -> None:
-        """:meth:`_decode_one` for all of a thread's streams (``(position, slot, camera)``) at ``step``, for
-        frames nothing follows the decoder for: no transform left to apply, no augmentation, named output,
-        geometry or annotation. Each frame goes from the decoder into its row, and its timestamp is noted
-        (:meth:`ThreadDecoders.read_into <lightning_vstream.stream.engine_reads.ThreadDecoders.read_into>`);
-        failed reads are handled as there. ``at[0]`` follows the stream being read.
-        """
-        reads, rows, timestamps = planned.reads, planned.rows, planned.timestamps
-        abandoned = run.abandoned
-        read_into = decoders.read_into
-        for position, slot, camera in mine:
-            at[0] = position
-            read = reads[slot]
-            if read is None:
-                continue
-            # Read without the lock, as in _decode_one.
-            if abandoned and abandoned.get((slot, read.segment), step) < step:
-                continue  # its segment failed at an earlier step: nothing to decode
-            try:
-                timestamps[position] = read_into(position, read.clip, camera, read.frame, rows[position])
-            except FILE_ERRORS as err:
-                self._read_failed(run, step, position, planned, decoders, read, err)
-
-    def _read_failed(
-        self,
-        run: _Run,
-        step: int,
-        position: int,
-        planned: _Step,
-        decoders: ThreadDecoders,
-        read: SlotRead,
-        err: BaseException,
-    ) -> None:
-        """A camera read of ``step`` failed: raise (``on_error="raise"``), or give up the slot's segment."""
-        if self.on_error == "raise":
-            raise err
-        if position in decoders.open:
-            decoders.close(position)
-        decoders.read_errors += 1
-        slot, camera = divmod(position, self.sampler.num_cameras)
-        self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
-
-    def _abandon(
-        self, run: _Run, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException
-    ) -> None:
-        """Give up the slot's segment from ``step`` on; the slot moves on ``prefetch + 1`` steps later."""
-        key = (slot, read.segment)
-        with run.cond:
-            known = run.abandoned.get(key)
-            if known is None or step < known:
-                run.abandoned[key] = step
-                change = self.sampler.abandon_from(
-                    slot, step, shift, read, step + self.prefetch + 1, replaces=run.changes.get(key)
-                )
-                run.changes[key] = change
-                self.history.found(step, slot, read.segment, change)
-            with self._stats_lock:
-                if known is None:
-                    path = str(self.index.clips[read.clip].cameras[camera].path)
-                    self._ledger.clip_skipped(self.index.clips[read.clip].clip_id, read.frame, path, err)
 
     # -- counters --------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ from lightning_vstream.stream.engine_loader import (
     pyav_factory,
 )
 from lightning_vstream.stream.frames import decoder_sizes
-from lightning_vstream.stream.loader import StreamSampler
+from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
 
@@ -133,7 +133,8 @@ def build_engine_loader(
         outputs=outputs,
     )
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
-        from lightning_vstream.stream.prefetch import PlanSpec, StreamPrefetcher
+        from lightning_vstream.stream.prefetch import StreamPrefetcher
+        from lightning_vstream.stream.schedule import PlanSpec
 
         engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
     return EngineLoader(engine)

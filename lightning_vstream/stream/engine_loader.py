@@ -18,7 +18,7 @@ import torch
 
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
-from lightning_vstream.decode.gpu import LatencyChoice
+from lightning_vstream.decode.nvdec_file import LatencyChoice
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
 from lightning_vstream.storage.urls import is_url
 from lightning_vstream.stream.engine import DecoderFactory, StreamEngine

@@ -162,10 +162,15 @@ class ThreadDecoders:
     ) -> tuple[int, FrameDecoder, list[float]]:
         """The decoder of stream ``position`` for ``clip`` once its frames are known to fit ``row``."""
         dec = self.decoder(position, clip, camera)
-        info = dec.info
-        size = getattr(dec, "output_size", None) or (info.height, info.width)
+        self._check_row(dec, row, clip, camera, frame)
+        entry = (clip, dec, dec.info.timestamps)
+        self._direct[position] = entry
+        return entry
+
+    def _check_row(self, dec: FrameDecoder, row: torch.Tensor, clip: int, camera: int, frame: int) -> None:
+        """Raise a :class:`~lightning_vstream.errors.FrameSizeError` unless ``dec``'s frames fit ``row`` as they are."""
+        size = getattr(dec, "output_size", None) or (dec.info.height, dec.info.width)
         if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
-            other_dtype = row.dtype != torch.uint8
             raise frame_size_error(
                 self.index,
                 clip,
@@ -173,17 +178,13 @@ class ThreadDecoders:
                 frame,
                 (3, *size),
                 tuple(row.shape),
-                got_dtype=torch.uint8 if other_dtype else None,
-                expected_dtype=row.dtype if other_dtype else None,
+                got_dtype=torch.uint8,
+                expected_dtype=row.dtype,
             )
-        entry = (clip, dec, info.timestamps)
-        self._direct[position] = entry
-        return entry
 
     def _place(self, image: torch.Tensor, row: torch.Tensor, clip: int, camera: int, frame: int) -> None:
         """Copy one finished frame into its row; another shape or dtype is a :class:`~lightning_vstream.errors.FrameSizeError`."""
         if image.shape != row.shape or image.dtype != row.dtype:
-            other_dtype = image.dtype != row.dtype
             raise frame_size_error(
                 self.index,
                 clip,
@@ -191,8 +192,8 @@ class ThreadDecoders:
                 frame,
                 tuple(image.shape),
                 tuple(row.shape),
-                got_dtype=image.dtype if other_dtype else None,
-                expected_dtype=row.dtype if other_dtype else None,
+                got_dtype=image.dtype,
+                expected_dtype=row.dtype,
             )
         row.copy_(image)
 
@@ -212,19 +213,7 @@ class ThreadDecoders:
                 if sizes:
                     return dec.get_sizes(frame, sizes)  # type: ignore[attr-defined]
                 return dec.get(frame), {}
-            size = getattr(dec, "output_size", None) or (dec.info.height, dec.info.width)
-            if tuple(row.shape) != (3, *size) or row.dtype != torch.uint8:
-                other_dtype = row.dtype != torch.uint8
-                raise frame_size_error(
-                    self.index,
-                    clip,
-                    camera,
-                    frame,
-                    (3, *size),
-                    tuple(row.shape),
-                    got_dtype=torch.uint8 if other_dtype else None,
-                    expected_dtype=row.dtype if other_dtype else None,
-                )
+            self._check_row(dec, row, clip, camera, frame)
             if sizes:
                 _, converted = dec.get_sizes(frame, sizes, out=row)  # type: ignore[attr-defined]
                 return None, converted

@@ -10,7 +10,7 @@ is counted the same way whichever loader reads it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from lightning_vstream.errors import (
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.storage.stats import StorageStats
 
-__all__ = ["FILE_ERRORS", "DecodeStats", "SkipLedger", "failed_read", "frame_size_error", "place"]
+__all__ = ["FILE_ERRORS", "DecodeStats", "SkipLedger", "describe_streams", "failed_read", "frame_size_error", "place"]
 
 log = logging.getLogger("lightning_vstream")
 
@@ -114,6 +114,23 @@ def place(index: VideoIndex, clip: int, camera: int, frame: int) -> str:
     return f"clip {record.clip_id!r}, camera {stream.name!r}, frame {frame} ({str(stream.path)!r})"
 
 
+def describe_streams(index: VideoIndex, streams: Iterable[tuple[int, int, Any]], limit: int = 8) -> str:
+    """``the camera streams slot 0 CAM_FRONT (clip 'scene-0001', frame 12, '/data/...mp4'), ...`` for errors.
+
+    ``streams`` holds ``(slot, camera, read)`` with the read's ``clip`` and ``frame``; at most ``limit``
+    are named. Returns ``""`` when there is none.
+    """
+    named = []
+    for slot, camera, read in streams:
+        clip = index.clips[read.clip]
+        stream = clip.cameras[camera]
+        named.append(f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})")
+    if not named:
+        return ""
+    more = f" and {len(named) - limit} more" if len(named) > limit else ""
+    return "the camera streams " + ", ".join(named[:limit]) + more
+
+
 def _is_ffmpeg_error(err: BaseException) -> bool:
     try:
         import av
@@ -171,7 +188,12 @@ def frame_size_error(
     got_dtype: Any = None,
     expected_dtype: Any = None,
 ) -> FrameSizeError:
-    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame."""
+    """The error for a frame whose shape (or dtype) differs from the batch's, naming file, clip, camera and frame.
+
+    The dtypes are named only where they differ.
+    """
+    if got_dtype == expected_dtype:
+        got_dtype = expected_dtype = None
     what = f"{got} {got_dtype}" if got_dtype is not None else f"{got}"
     batch = f"{expected} {expected_dtype}" if expected_dtype is not None else f"{expected}"
     return FrameSizeError(

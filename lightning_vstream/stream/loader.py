@@ -1,4 +1,4 @@
-"""Main-process side of streaming: the rank-aware sampler and the stream-affine DataLoader.
+"""Main-process side of streaming: the stream-affine DataLoader.
 
 Why parts: the plain design, where the DataLoader hands consecutive steps to different workers
 in turn, decodes about ``num_workers`` times more than it delivers on P-frame streams, because
@@ -6,35 +6,33 @@ each worker must decode through the frames the other workers delivered. Here eve
 split into ``num_workers`` parts by camera stream; the sampler emits the parts of each step in
 order and PyTorch dispatches indices to workers round-robin, so part ``p`` always reaches
 worker ``p``, which keeps decoding the same streams frame after frame. The loader reassembles
-the parts into the full batch.
-
-Why a ``DistributedSampler`` subclass: Lightning leaves a loader whose ``sampler`` is a
-``DistributedSampler`` alone under DDP (whether or not ``use_distributed_sampler`` is set) and
-calls ``set_epoch`` on it at every epoch start. Our sampler shards by rank itself.
+the parts into the full batch (:mod:`lightning_vstream.stream.collate`). The plan and its parts
+come from :class:`~lightning_vstream.stream.sampler.StreamSampler`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import multiprocessing.context
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from lightning_vstream.errors import (
     ConfigurationError,
     StepMismatchError,
-    VideoDecodeError,
     VStreamError,
     WorkerError,
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
-from lightning_vstream.stream.failures import DecodeStats, SkipLedger, frame_size_error
+from lightning_vstream.stream.buffers import BufferPool
+from lightning_vstream.stream.collate import Template, finish_buffer, frame_rows, merge_cameras, merge_parts
+from lightning_vstream.stream.failures import DecodeStats, SkipLedger, describe_streams, frame_size_error
 from lightning_vstream.stream.frames import attach_annotations
+from lightning_vstream.stream.parts import StreamPart
 from lightning_vstream.stream.resume import (
     STATE_VERSION,
     SkipHistory,
@@ -42,286 +40,22 @@ from lightning_vstream.stream.resume import (
     no_skips,
     resume_config,
 )
-from lightning_vstream.stream.schedule import Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.sampler import Buffers, StreamSampler
+from lightning_vstream.stream.schedule import SlotRead
 from lightning_vstream.stream.supervise import (
-    STOP_GRACE_S,
     TORCH_WORKER_FAILURE,
     WorkerTimeout,
-    dead_workers,
-    describe_exit,
     stop_workers,
     watch_workers,
+    worker_failure,
 )
-from lightning_vstream.stream.worker import StreamDataset, StreamPart, StreamRead, StreamTask
+from lightning_vstream.stream.worker import StreamDataset
 
-__all__ = ["STATE_VERSION", "StreamDataLoader", "StreamSampler", "checked_resume_state", "resume_config"]
-
-log = logging.getLogger("lightning_vstream")
-
-#: A step's batch buffers, one per output: ``""`` for the default output, else the output's name.
-Buffers = dict[str, torch.Tensor]
-#: Shape, dtype and device of an output's frames.
-Template = tuple[tuple[int, ...], torch.dtype, torch.device]
-
-
-class StreamSampler(DistributedSampler):
-    """Emits :class:`StreamTask` indices: ``num_parts`` per step, for this rank's slots.
-
-    Args:
-        clip_lengths: Frame count of every clip, in index order.
-        num_cameras: Cameras per clip (streams per slot).
-        batch_size: Slots per batch on this rank.
-        num_replicas: World size.
-        rank: This rank.
-        seed: Shuffle seed (same on every rank).
-        shuffle: Shuffle segments per epoch.
-        segment_length: Split clips into segments of at most this many frames.
-        frame_stride: Read every ``frame_stride``-th frame.
-        remainder: ``"drop"`` or ``"pad"`` (see :mod:`lightning_vstream.stream.schedule`).
-        num_parts: Parts per step (the number of workers, or 1).
-
-    Example::
-
-        >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
-        >>> len(sampler), next(iter(sampler)).reads[0]
-        (27, StreamRead(position=0, clip=2, camera=0, frame=0, segment=2, segment_start=0))
-    """
-
-    def __init__(
-        self,
-        clip_lengths: list[int],
-        *,
-        num_cameras: int,
-        batch_size: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        shuffle: bool = True,
-        segment_length: int | None = None,
-        frame_stride: int = 1,
-        remainder: Remainder = "drop",
-        num_parts: int = 1,
-    ) -> None:
-        if num_parts < 1:
-            raise ConfigurationError(f"num_parts={num_parts!r} must be >= 1.")
-        super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
-        self.clip_lengths = list(clip_lengths)
-        self.num_cameras = num_cameras
-        self.batch_size = batch_size
-        self.segment_length = segment_length
-        self.frame_stride = frame_stride
-        self.remainder = remainder
-        self.num_parts = num_parts
-        self.start_step = 0
-        self._cache: tuple[int, StreamSchedule] | None = None
-        # Per-slot step offsets: a slot whose clip failed (on_error="skip") jumps ahead to its
-        # next segment and pads at the end of the epoch, so all ranks keep the same length.
-        self.shifts = [0] * batch_size
-        #: Shift changes that take effect at a later step: ``(from_step, slot, shift)`` (resume).
-        self.pending_shifts: list[tuple[int, int, int]] = []
-        #: ``(slot, segment)`` pairs given up in this pass: their reads are not sent to workers.
-        self.abandoned: set[tuple[int, int]] = set()
-        #: Shape of every frame of the batch once known, per output (``""``: the default output, ``batch["frames"]``;
-        #: else a name of ``batch["outputs"]``); sent with each task so workers check it.
-        self.frame_shapes: dict[str, tuple[int, ...]] = {}
-        self._issued: dict[int, tuple[list[SlotRead | None], list[int], Buffers | None]] = {}
-        #: Weak reference to a callable giving each step's batch buffers, per output (None: parts mode).
-        self.buffer_factory: weakref.WeakMethod[Callable[[], Buffers | None]] | None = None
-        self._next_step = 0
-        self.schedule()  # validate the configuration now, not in a worker
-
-    def schedule(self, epoch: int | None = None) -> StreamSchedule:
-        """The plan of ``epoch`` (default: the current one) for this rank."""
-        epoch = self.epoch if epoch is None else epoch
-        if self._cache is None or self._cache[0] != epoch:
-            plan = StreamSchedule(
-                self.clip_lengths,
-                batch_size=self.batch_size,
-                world_size=self.num_replicas,
-                rank=self.rank,
-                seed=self.seed,
-                epoch=epoch,
-                shuffle=self.shuffle,
-                segment_length=self.segment_length,
-                frame_stride=self.frame_stride,
-                remainder=self.remainder,
-            )
-            self._cache = (epoch, plan)
-        return self._cache[1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose plan the next iteration follows."""
-        if epoch != self.epoch:
-            self.reset_skips()
-        self.epoch = epoch
-
-    def reset_skips(self) -> None:
-        """Forget the shifts and abandoned segments of skipped clips (a new pass from step 0)."""
-        self.shifts = [0] * self.batch_size
-        self.pending_shifts = []
-        self.abandoned = set()
-
-    def __len__(self) -> int:
-        return len(self.schedule()) * self.num_parts
-
-    def reads(self, step: int) -> list[SlotRead | None]:
-        """What each slot reads at ``step`` under the current shifts (None: padding)."""
-        plan = self.schedule()
-        reads: list[SlotRead | None] = []
-        for slot, shift in enumerate(self.shifts):
-            position = step + shift
-            reads.append(plan.read(position, slot) if position < plan.num_steps else None)
-        return reads
-
-    def issued(self, step: int) -> tuple[list[SlotRead | None], list[int], Buffers | None]:
-        """The reads, shifts and batch buffers ``step`` was issued with (the loader labels batches with them)."""
-        return self._issued.pop(step)
-
-    def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> tuple[int, int] | None:
-        """Move ``slot`` past the segment of ``read`` for every step not issued yet.
-
-        ``read`` was issued at ``step`` with the slot's shift ``shift``; steps already issued
-        keep their reads (the loader marks them invalid). Returns ``(from_step, new_shift)``, or
-        None when the slot had already moved past the segment.
-        """
-        self.abandoned.add((slot, read.segment))
-        segment = self.schedule().segments[read.segment]
-        offset = (read.frame - segment.start) // segment.stride
-        next_segment = step + shift + segment.length - offset  # plan position of the next segment
-        if self._next_step + self.shifts[slot] < next_segment:
-            self.shifts[slot] = next_segment - self._next_step
-            return self._next_step, self.shifts[slot]
-        return None
-
-    def abandon_from(
-        self, slot: int, step: int, shift: int, read: SlotRead, from_step: int, *, replaces: tuple[int, int] | None
-    ) -> tuple[int, int] | None:
-        """Give up the segment of ``read`` and move ``slot`` past it from ``from_step`` on (not issued yet).
-
-        Unlike :meth:`abandon`, when the slot moves on does not depend on how far ahead steps were
-        issued when the failure was found (the engine's threads plan steps as they go): steps
-        before ``from_step`` keep reading the segment given up, and the loader marks them invalid.
-        ``replaces`` is the change an earlier call returned for the same segment (found again at an
-        earlier step); it is withdrawn. Returns ``(from_step, new_shift)``, or None when the slot is
-        past the segment by then anyway.
-        """
-        self.abandoned.add((slot, read.segment))
-        if replaces is not None:
-            self.pending_shifts = [
-                c for c in self.pending_shifts if (c[0], c[1], c[2]) != (replaces[0], slot, replaces[1])
-            ]
-        segment = self.schedule().segments[read.segment]
-        offset = (read.frame - segment.start) // segment.stride
-        next_segment = step + shift + segment.length - offset  # plan position of the next segment
-        current = self.shifts[slot]
-        for due, changed, value in sorted(self.pending_shifts):
-            if changed == slot and due <= from_step:
-                current = value
-        if from_step + current < next_segment:
-            self.pending_shifts.append((from_step, slot, next_segment - from_step))
-            return from_step, next_segment - from_step
-        return None
-
-    def issue(self, step: int) -> tuple[list[SlotRead | None], Buffers | None]:
-        """Record ``step`` as issued, applying the shift changes due by then: its reads and batch buffers.
-
-        :meth:`tasks` issues a step and splits it into parts; the stream engine, which plans whole
-        steps, issues them with this alone and takes them back with :meth:`issued`.
-        """
-        if self.pending_shifts:
-            due = [change for change in self.pending_shifts if change[0] <= step]
-            for _, slot, shift in sorted(due):
-                self.shifts[slot] = shift
-            self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
-        reads = self.reads(step)
-        factory = self.buffer_factory() if self.buffer_factory is not None else None
-        buffers = factory() if factory is not None else None
-        self._issued[step] = (reads, list(self.shifts), buffers)
-        self._next_step = step + 1
-        return reads, buffers
-
-    def tasks(self, step: int) -> list[StreamTask]:
-        """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
-        parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
-        reads, buffers = self.issue(step)
-        segments = self.schedule().segments
-        for slot, read in enumerate(reads):
-            if read is None or (slot, read.segment) in self.abandoned:
-                continue  # padding, or a clip given up: nothing to decode
-            start = segments[read.segment].start
-            for camera in range(self.num_cameras):
-                position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(
-                    StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
-                )
-        buffer = buffers.get("") if buffers is not None else None
-        output_buffers = {name: b for name, b in buffers.items() if name} if buffers is not None else None
-        output_shapes = {name: shape for name, shape in self.frame_shapes.items() if name}
-        return [
-            StreamTask(
-                self.epoch, step, p, tuple(reads), buffer, self.frame_shapes.get(""), output_buffers, output_shapes
-            )
-            for p, reads in enumerate(parts)
-        ]
-
-    def __iter__(self) -> Iterator[StreamTask]:
-        self._issued.clear()
-        if self.start_step == 0:
-            self.reset_skips()
-        for step in range(self.start_step, len(self.schedule())):
-            yield from self.tasks(step)
+__all__ = ["STATE_VERSION", "StreamDataLoader", "checked_resume_state", "resume_config"]
 
 
 def _identity(item: Any) -> Any:
     return item
-
-
-class BufferPool:
-    """Recycles batch storages once nothing references the batch handed out.
-
-    Allocating (and later unmapping) a fresh shared-memory batch every step costs more than
-    decoding on a small machine; a recycled storage is already mapped and paged in. A batch
-    counts as free when its base tensor is collected: every view of it (``batch["frames"]``,
-    slices, ``.numpy()`` arrays) keeps the base alive, so memory is never reused under a user.
-    Only a bare ``untyped_storage()`` kept without any tensor does not count; copy the frames
-    (``.clone()``) to keep them that way.
-
-    Args:
-        shared: Allocate shared memory (for worker processes) rather than ordinary memory.
-        pinned: Allocate pinned (page-locked) memory, for fast copies to a GPU (needs CUDA).
-    """
-
-    def __init__(self, *, shared: bool, pinned: bool = False) -> None:
-        self.shared = shared
-        self.pinned = pinned
-        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.UntypedStorage]] = {}
-        self.allocated = 0
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A tensor of ``shape`` whose storage returns to the pool when the tensor is collected."""
-        key = (tuple(shape), dtype)
-        free = self._free.setdefault(key, [])
-        if free:
-            storage = free.pop()
-        else:
-            nbytes = math.prod(shape) * dtype.itemsize
-            # torch's own collate allocates worker batches with _new_shared: shared memory from
-            # the start, so handing it to workers and back copies nothing.
-            if self.shared:
-                storage = torch.UntypedStorage._new_shared(nbytes)
-            elif self.pinned:
-                storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).untyped_storage()
-            else:
-                storage = torch.UntypedStorage(nbytes)
-            self.allocated += 1
-        # The tensor that owns the storage (its ``_base`` is None), so every view made from it,
-        # at any depth, keeps this very object alive; the storage returns only when all are gone.
-        strides = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * shape[i + 1]
-        root = torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(strides))
-        weakref.finalize(root, free.append, storage)
-        return root
 
 
 class StreamDataLoader(DataLoader):
@@ -419,10 +153,10 @@ class StreamDataLoader(DataLoader):
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
         # (output, camera) with camera_frames="per_camera".
         self._templates: dict[str, Template] = {}
-        self._camera_templates: dict[tuple[str, int], Template] = {}
+        self._camera_templates: dict[str, dict[int, Template]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
-            from lightning_vstream.stream.prefetch import PlanSpec
+            from lightning_vstream.stream.schedule import PlanSpec
 
             dataset.plan = PlanSpec.of(sampler, dataset.index)
         self._pool = BufferPool(shared=num_workers > 0)
@@ -489,51 +223,22 @@ class StreamDataLoader(DataLoader):
             ) from err
 
     def _worker_failure(self, parts_iter: Any, step: int, part: int, err: BaseException, *, stalled: bool) -> str:
-        """The message of a dead or stalled worker: which worker, how it ended, the camera streams it decodes."""
-        waiting = f"while the loader waited for part {part} of step {step}"
-        if stalled:
-            workers = getattr(parts_iter, "_workers", [])
-            pid = f" (pid {workers[part].pid})" if part < len(workers) else ""
-            return (
-                f"decoding worker {part}{pid} sent nothing for timeout={self.timeout:g} s {waiting}; it decodes "
-                f"{self._streams(step, part)}. The workers were stopped ({err}). A worker stalls when a file system "
-                "stops answering or a decoder hangs: check the files named, or raise `timeout` if decoding is only slow."
-            )
-        dead = dead_workers(parts_iter, within=STOP_GRACE_S)
-        if not dead:
-            who = f"a decoding worker broke its connection {waiting} ({type(err).__name__}: {err})"
-        else:
-            who = "; ".join(
-                f"decoding worker {worker} (pid {pid}) {describe_exit(code)} {waiting}; it decodes "
-                f"{self._streams(step, worker)}"
-                for worker, pid, code in dead
-            )
-        return (
-            f"{who}. The other workers were stopped and the DataLoader cannot continue. A worker is usually killed "
-            "for memory: check its memory limit (the kernel log lists OOM kills) and the files named."
-        )
+        return worker_failure(parts_iter, step, part, err, stalled=stalled, timeout=self.timeout, streams=self._streams)
 
-    def _streams(self, step: int, part: int, limit: int = 8) -> str:
+    def _streams(self, step: int, part: int) -> str:
         """The camera streams part ``part`` reads at ``step``, for errors: slot, camera, clip, frame and file."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         entry = sampler._issued.get(step)
         if entry is None:
             return "camera streams not known yet"
         cams = sampler.num_cameras
-        named = []
-        for slot, read in enumerate(entry[0]):
-            for camera in range(cams):
-                if read is None or (slot * cams + camera) % sampler.num_parts != part:
-                    continue
-                clip = self.dataset.index.clips[read.clip]  # type: ignore[attr-defined]
-                stream = clip.cameras[camera]
-                named.append(
-                    f"slot {slot} {stream.name} (clip {clip.clip_id!r}, frame {read.frame}, {str(stream.path)!r})"
-                )
-        if not named:
-            return "no camera stream at this step"
-        more = f" and {len(named) - limit} more" if len(named) > limit else ""
-        return "the camera streams " + ", ".join(named[:limit]) + more
+        streams = [
+            (slot, camera, read)
+            for slot, read in enumerate(entry[0])
+            for camera in range(cams)
+            if read is not None and (slot * cams + camera) % sampler.num_parts == part
+        ]
+        return describe_streams(self.dataset.index, streams) or "no camera stream at this step"  # type: ignore[attr-defined]
 
     def _stop_workers(self, parts_iter: Any) -> None:
         """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
@@ -562,7 +267,7 @@ class StreamDataLoader(DataLoader):
         if buffers is None:
             oversized: set[int] = set()
             for key in keys:
-                rows[key] = _rows(views[key])
+                rows[key] = frame_rows(views[key])
                 failed += self._check_sizes(step, reads, rows[key], valid, cams, key, oversized)
         for position, path, error in failed:
             slot = position // cams
@@ -580,12 +285,18 @@ class StreamDataLoader(DataLoader):
         delivered: dict[str, torch.Tensor | list[torch.Tensor]] = {}
         for key in keys:
             if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
-                delivered[key] = self._merge_cameras(step, views[key], valid, cams, batch_size, key)
+                templates = self._camera_templates.setdefault(key, {})
+                delivered[key] = merge_cameras(
+                    step, views[key], valid, cams, batch_size, templates, pin=self.pin_output
+                )
             elif buffers is not None:
-                frames = self._finish_buffer(buffers[key], valid, cams)
+                frames = finish_buffer(buffers[key], valid, cams, pin=self.pin_output)
                 delivered[key] = frames.view(batch_size, cams, *buffers[key].shape[1:])
             else:
-                frames, shape = self._merge_parts(step, views[key], rows[key], valid, cams, batch_size, key)
+                template = self._templates.get(key)
+                frames, shape = merge_parts(
+                    step, views[key], rows[key], valid, cams, batch_size, template, pin=self.pin_output
+                )
                 delivered[key] = frames.view(batch_size, cams, *shape)
         camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
         for part in parts:
@@ -670,8 +381,8 @@ class StreamDataLoader(DataLoader):
                 read.frame,
                 tuple(frame.shape),
                 shape,
-                got_dtype=frame.dtype if frame.dtype != dtype else None,
-                expected_dtype=dtype if frame.dtype != dtype else None,
+                got_dtype=frame.dtype,
+                expected_dtype=dtype,
             )
             if self.dataset.on_error == "raise":  # type: ignore[attr-defined]
                 raise err
@@ -679,69 +390,6 @@ class StreamDataLoader(DataLoader):
             found.add(pos)
             failed.append((pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
         return failed
-
-    def _finish_buffer(self, buffer: torch.Tensor, valid: list[bool], cams: int) -> torch.Tensor:
-        rows = buffer.view(len(valid), cams, *buffer.shape[1:])
-        for slot, ok in enumerate(valid):
-            if not ok:
-                rows[slot].zero_()  # padding and failed slots hold zeros, not stale memory
-        if self.pin_output and torch.cuda.is_available():
-            return buffer.pin_memory()
-        return buffer
-
-    def _merge_parts(
-        self,
-        step: int,
-        parts: list[StreamPart],
-        rows: dict[int, torch.Tensor],
-        valid: list[bool],
-        cams: int,
-        batch_size: int,
-        key: str = "",
-    ) -> tuple[torch.Tensor, tuple[int, ...]]:
-        template = self._templates.get(key)
-        if template is None:
-            raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
-        shape, dtype, device = template
-        complete = all(valid)
-        only = parts[0].frames if len(parts) == 1 else None
-        if complete and isinstance(only, torch.Tensor) and not self.pin_output:
-            return only, shape  # one part, every read delivered at the batch's size: no copy
-        pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
-        alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
-        frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pin)
-        for pos, row in rows.items():
-            if valid[pos // cams]:
-                if device.type == "cpu":
-                    frames[pos].numpy()[...] = row.numpy()  # single-threaded memcpy
-                else:
-                    frames[pos].copy_(row)
-        return frames, shape
-
-    def _merge_cameras(
-        self, step: int, parts: list[StreamPart], valid: list[bool], cams: int, batch_size: int, key: str = ""
-    ) -> list[torch.Tensor]:
-        """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera (of output ``key``)."""
-        images = {pos: image for part in parts for pos, image in part.images.items()}
-        out = []
-        for cam in range(cams):
-            sample = next((image for pos, image in images.items() if pos % cams == cam), None)
-            if sample is not None:
-                self._camera_templates[key, cam] = (tuple(sample.shape), sample.dtype, sample.device)
-            template = self._camera_templates.get((key, cam))
-            if template is None:
-                raise VideoDecodeError(
-                    f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
-                )
-            shape, dtype, device = template
-            pin = self.pin_output and device.type == "cpu" and torch.cuda.is_available()
-            frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pin)
-            for slot in range(batch_size):
-                image = images.get(slot * cams + cam)
-                if image is not None and valid[slot]:
-                    frames[slot].copy_(image)
-            out.append(frames)
-        return out
 
     def _new_buffer(self) -> Buffers | None:
         """The batches the workers decode straight into, one per output, once the frame sizes are known (CPU only).
@@ -806,17 +454,3 @@ class StreamDataLoader(DataLoader):
         self._history.begin(epoch, skips)
         self._consumed = self._yielded = None
         sampler.set_epoch(epoch)
-
-
-def _rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
-    """Each delivered frame of a step by its position (no buffer: frames came in per-part tensors)."""
-    rows: dict[int, torch.Tensor] = {}
-    for part in parts:
-        if part.frames is None:
-            continue
-        bad = {position for position, _, _ in part.failed}
-        for row, pos in enumerate(part.positions):
-            frame = part.frames[row]
-            if pos not in bad and frame is not None:
-                rows[pos] = frame
-    return rows

@@ -21,12 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from lightning_vstream.index.records import VideoIndex
-from lightning_vstream.stream.schedule import Remainder, StreamSchedule
+from lightning_vstream.stream.schedule import PlanSpec, StreamSchedule
 
-__all__ = ["LOW_WATER", "PlanSpec", "StreamPrefetcher"]
+__all__ = ["LOW_WATER", "StreamPrefetcher"]
 
 #: Bytes announced ahead of a stream below which its next units are announced.
 LOW_WATER = 2 * 1024 * 1024
@@ -34,60 +32,6 @@ LOW_WATER = 2 * 1024 * 1024
 STALE_STEPS = 4
 #: Plan positions looked at per stream and step at most (the GOPs of very small files).
 MAX_POSITIONS = 4096
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """What rebuilds a rank's stream plan in any process (the arguments of :class:`StreamSchedule` but the epoch).
-
-    ``clip_lengths`` is None where they are the index's frame counts (the usual case): a worker then
-    takes them from its index's arrays, and the spec pickles in a few hundred bytes whatever the
-    number of clips.
-    """
-
-    clip_lengths: tuple[int, ...] | None
-    num_cameras: int
-    batch_size: int
-    world_size: int = 1
-    rank: int = 0
-    seed: int = 0
-    shuffle: bool = True
-    segment_length: int | None = None
-    frame_stride: int = 1
-    remainder: Remainder = "drop"
-
-    @classmethod
-    def of(cls, sampler: Any, index: VideoIndex | None = None) -> PlanSpec:
-        """The spec of a :class:`~lightning_vstream.stream.loader.StreamSampler` reading ``index``."""
-        lengths = sampler.clip_lengths
-        same = index is not None and len(lengths) == len(index) and bool(np.array_equal(index.frame_counts, lengths))
-        return cls(
-            None if same else tuple(lengths),
-            sampler.num_cameras,
-            sampler.batch_size,
-            sampler.num_replicas,
-            sampler.rank,
-            sampler.seed,
-            sampler.shuffle,
-            sampler.segment_length,
-            sampler.frame_stride,
-            sampler.remainder,
-        )
-
-    def schedule(self, epoch: int, index: VideoIndex) -> StreamSchedule:
-        lengths = index.frame_counts.tolist() if self.clip_lengths is None else list(self.clip_lengths)
-        return StreamSchedule(
-            lengths,
-            batch_size=self.batch_size,
-            world_size=self.world_size,
-            rank=self.rank,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            segment_length=self.segment_length,
-            frame_stride=self.frame_stride,
-            remainder=self.remainder,
-        )
 
 
 @dataclass

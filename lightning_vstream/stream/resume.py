@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_vstream.errors import ResumeStateError
 
 if TYPE_CHECKING:
-    from lightning_vstream.stream.loader import StreamSampler
+    from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["STATE_VERSION", "SkipHistory", "Skips", "checked_resume_state", "resume_config"]
 

@@ -22,11 +22,16 @@ import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["Remainder", "Segment", "SlotRead", "StreamSchedule", "split_segments"]
+if TYPE_CHECKING:
+    from lightning_vstream.index.records import VideoIndex
+
+__all__ = ["PlanSpec", "Remainder", "Segment", "SlotRead", "StreamSchedule", "split_segments"]
 
 Remainder = Literal["drop", "pad"]
 
@@ -195,3 +200,62 @@ class StreamSchedule:
     def slot_segments(self, slot: int) -> list[Segment]:
         """Segments ``slot`` of this rank follows this epoch, in order."""
         return [self.segments[s] for s in self._slots[slot]]
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What rebuilds a rank's stream plan in any process (the arguments of :class:`StreamSchedule` but the epoch).
+
+    ``clip_lengths`` is None where they are the index's frame counts (the usual case): a worker then
+    takes them from its index's arrays, and the spec pickles in a few hundred bytes whatever the
+    number of clips.
+    """
+
+    clip_lengths: tuple[int, ...] | None
+    num_cameras: int
+    batch_size: int
+    world_size: int = 1
+    rank: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    segment_length: int | None = None
+    frame_stride: int = 1
+    remainder: Remainder = "drop"
+
+    @classmethod
+    def of(cls, sampler: Any, index: VideoIndex | None = None) -> PlanSpec:
+        """The spec of a :class:`~lightning_vstream.stream.sampler.StreamSampler` reading ``index``."""
+        lengths = sampler.clip_lengths
+        same = index is not None and len(lengths) == len(index) and bool(np.array_equal(index.frame_counts, lengths))
+        return cls(
+            None if same else tuple(lengths),
+            sampler.num_cameras,
+            sampler.batch_size,
+            sampler.num_replicas,
+            sampler.rank,
+            sampler.seed,
+            sampler.shuffle,
+            sampler.segment_length,
+            sampler.frame_stride,
+            sampler.remainder,
+        )
+
+    def schedule(self, epoch: int, index: VideoIndex) -> StreamSchedule:
+        """The plan of ``epoch`` for the clips of ``index`` (or of :attr:`clip_lengths`)."""
+        lengths = index.frame_counts.tolist() if self.clip_lengths is None else list(self.clip_lengths)
+        return self.plan(lengths, epoch)
+
+    def plan(self, clip_lengths: Sequence[int], epoch: int) -> StreamSchedule:
+        """The plan of ``epoch`` for clips of ``clip_lengths`` frames."""
+        return StreamSchedule(
+            clip_lengths,
+            batch_size=self.batch_size,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            segment_length=self.segment_length,
+            frame_stride=self.frame_stride,
+            remainder=self.remainder,
+        )

@@ -16,6 +16,7 @@ import re
 import signal
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from lightning_vstream.errors import WorkerError
@@ -30,6 +31,7 @@ __all__ = [
     "forget_worker_pids",
     "stop_workers",
     "watch_workers",
+    "worker_failure",
 ]
 
 
@@ -147,3 +149,47 @@ def stop_workers(parts_iter: Any) -> None:
     shutdown = getattr(parts_iter, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()  # queues and events; the processes are gone, so nothing waits
+
+
+def worker_failure(
+    parts_iter: Any,
+    step: int,
+    part: int,
+    err: BaseException,
+    *,
+    stalled: bool,
+    timeout: float,
+    streams: Callable[[int, int], str],
+) -> str:
+    """The message of a dead or stalled worker: which worker, how it ended, the camera streams it decodes.
+
+    Args:
+        parts_iter: The DataLoader's iterator the loader waited on.
+        step: The step the loader waited for.
+        part: The part of it (the worker that serves it).
+        err: What the wait raised.
+        stalled: The worker sent nothing for ``timeout`` seconds (else it died or broke its connection).
+        timeout: The loader's timeout, in seconds.
+        streams: ``(step, worker) -> `` the camera streams that worker decodes at that step.
+    """
+    waiting = f"while the loader waited for part {part} of step {step}"
+    if stalled:
+        workers = getattr(parts_iter, "_workers", [])
+        pid = f" (pid {workers[part].pid})" if part < len(workers) else ""
+        return (
+            f"decoding worker {part}{pid} sent nothing for timeout={timeout:g} s {waiting}; it decodes "
+            f"{streams(step, part)}. The workers were stopped ({err}). A worker stalls when a file system "
+            "stops answering or a decoder hangs: check the files named, or raise `timeout` if decoding is only slow."
+        )
+    dead = dead_workers(parts_iter, within=STOP_GRACE_S)
+    if not dead:
+        who = f"a decoding worker broke its connection {waiting} ({type(err).__name__}: {err})"
+    else:
+        who = "; ".join(
+            f"decoding worker {worker} (pid {pid}) {describe_exit(code)} {waiting}; it decodes {streams(step, worker)}"
+            for worker, pid, code in dead
+        )
+    return (
+        f"{who}. The other workers were stopped and the DataLoader cannot continue. A worker is usually killed "
+        "for memory: check its memory limit (the kernel log lists OOM kills) and the files named."
+    )

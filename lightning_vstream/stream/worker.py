@@ -12,8 +12,7 @@ import functools
 import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -22,25 +21,16 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder
-from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, failed_read, frame_size_error
 from lightning_vstream.stream.frames import FrameSteps
+from lightning_vstream.stream.options import CameraFrames, OnError, check_stream_options
+from lightning_vstream.stream.parts import StreamPart, StreamRead, StreamTask
 
-__all__ = [
-    "CameraFrames",
-    "DecodeStats",
-    "OnError",
-    "StreamDataset",
-    "StreamPart",
-    "StreamRead",
-    "StreamTask",
-]
+__all__ = ["DecodeStats", "StreamDataset", "trim_heap"]
 
-OnError = Literal["raise", "skip"]
-CameraFrames = Literal["stacked", "per_camera"]
 TRIM_EVERY_CLOSES = 8
 RECENT_BUFFERS = 8
 
@@ -64,84 +54,6 @@ def trim_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
-
-
-class StreamRead(NamedTuple):
-    """One frame of one camera stream: ``position = slot * num_cameras + camera``.
-
-    ``segment`` is the plan's segment the slot reads (-1: unknown); after a failed read, later
-    reads of the same stream and segment fail at once instead of reopening the file.
-    ``segment_start`` is the first frame of the segment the slot follows (it keys the
-    per-clip augmentation draw).
-    """
-
-    position: int
-    clip: int
-    camera: int
-    frame: int
-    segment: int = -1
-    segment_start: int = 0
-
-
-class StreamTask(NamedTuple):
-    """The index the sampler hands to the dataset: one part of one step.
-
-    ``buffer``, when given, is the step's whole batch ``[slots * cameras, ...]`` (in shared
-    memory when workers decode): the dataset writes its reads into their rows directly.
-    ``frame_shape``, when known, is the shape every frame of the batch has (after the
-    transform); a frame of another shape is a :class:`~lightning_vstream.errors.FrameSizeError`.
-    ``output_buffers`` and ``output_shapes`` are the same for each named output.
-    """
-
-    epoch: int
-    step: int
-    part: int
-    reads: tuple[StreamRead, ...]
-    buffer: torch.Tensor | None = None
-    frame_shape: tuple[int, ...] | None = None
-    output_buffers: Mapping[str, torch.Tensor] | None = None
-    output_shapes: Mapping[str, tuple[int, ...]] | None = None
-
-
-@dataclass
-class StreamPart:
-    """What a worker returns for one :class:`StreamTask`."""
-
-    epoch: int
-    step: int
-    part: int
-    worker_key: tuple[int, int]
-    positions: list[int]
-    frames: torch.Tensor | list[torch.Tensor | None] | None  # a list only when frame sizes differ
-    timestamps: list[float]
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
-    annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
-    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
-    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
-    images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
-    # Per named output: what ``frames``, ``images`` and ``geometry`` hold for the default output.
-    outputs: dict[str, torch.Tensor | list[torch.Tensor | None] | None] = field(default_factory=dict)
-    output_images: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
-    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)
-
-    def output(self, name: str) -> StreamPart:
-        """This part as seen by one output: its frames, images and geometry in the default output's fields."""
-        if not name:
-            return self
-        return StreamPart(
-            self.epoch,
-            self.step,
-            self.part,
-            self.worker_key,
-            self.positions,
-            self.outputs.get(name),
-            self.timestamps,
-            self.stats,
-            self.failed,
-            geometry=self.output_geometry.get(name, {}),
-            images=self.output_images.get(name, {}),
-        )
 
 
 class StreamDataset(Dataset):
@@ -200,14 +112,7 @@ class StreamDataset(Dataset):
         camera_frames: CameraFrames = "stacked",
         outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
-        if camera_frames not in ("stacked", "per_camera"):
-            raise ConfigurationError(
-                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
-            )
-        if on_error not in ("raise", "skip"):
-            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
-        if max_open_decoders is not None and max_open_decoders < 1:
-            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be >= 1 or None.")
+        check_stream_options(on_error=on_error, camera_frames=camera_frames, max_open_decoders=max_open_decoders)
         self.index = index
         self.max_open_decoders = max_open_decoders
         self.decoder_threads = decoder_threads

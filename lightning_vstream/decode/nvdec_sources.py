@@ -1,0 +1,416 @@
+"""Where NVDEC's packets come from: PyAV's demuxer, or the file's own bytes once their layout is known.
+
+:class:`PacketSource` demuxes a video stream with PyAV and turns H.264/H.265 into the Annex-B form
+NVDEC's parser needs with FFmpeg's bitstream filters, checking every packet against the frame
+table's CRC-32. :class:`LayoutSource` gives NVDEC the same packets read straight from the file, one
+GOP per read, with a layout learnt while the demuxer read the file
+(:mod:`lightning_vstream.decode.nvdec_packets`). :func:`packet_source` picks one for a file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lightning_vstream.decode import nvdec_packets
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.nvdec import stream_format
+from lightning_vstream.decode.nvdec_packets import CHECKSUM_FIX, IN_PLACE, REWRITTEN, START4, to_annexb
+from lightning_vstream.decode.probe import video_stream
+from lightning_vstream.errors import MissingFileError
+
+__all__ = ["LayoutSource", "PacketSource", "frame_pts", "packet_data", "packet_source"]
+
+_ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
+
+
+class PacketSource:
+    """One video stream demuxed by PyAV, as Annex-B packets with presentation timestamps.
+
+    Every packet is checked against the CRC-32 recorded in the frame table (before the Annex-B
+    filter rewrites it), as the CPU decoder does.
+
+    Args:
+        path: Video file.
+        info: Its frame table.
+        where: File, clip and camera for error messages.
+    """
+
+    def __init__(self, path: Path, info: VideoInfo, where: str = "") -> None:
+        self.info = info
+        self.where = where or repr(str(path))
+        if not path.is_file():
+            raise MissingFileError(f"video file {str(path)!r} does not exist.")
+        self._container = _open_input(path)
+        if not self._container.streams.video:
+            self._container.close()
+            raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
+        self._stream = video_stream(self._container, path)  # the stream probe_video reads: FFmpeg's best
+        extradata = self._stream.codec_context.extradata or b""
+        if info.config_crc32 is not None and zlib.crc32(extradata) != info.config_crc32:
+            self._container.close()
+            raise VideoDecodeError(
+                f"{self.where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the "
+                f"index was built {CHECKSUM_FIX}"
+            )
+        self.format = stream_format(self._stream, info)
+        self._filter_name = _ANNEXB_FILTERS.get(info.codec)
+        self._bsf = self._make_filter()
+        self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
+        self._held: Any = None  # the packet fill() last pointed at
+        self._recorder: Any = None  # a LayoutRecorder, while one learns where the packets lie
+
+    def _make_filter(self) -> Any:
+        if self._filter_name is None:
+            return None
+        from av.bitstream import BitStreamFilterContext
+
+        return BitStreamFilterContext(self._filter_name, self._stream)
+
+    def seek(self, target: int) -> None:
+        """Move to the keyframe at or before ``target`` (stream time base), as the frame table says."""
+        self._container.seek(target, stream=self._stream, backward=True)
+        # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
+        self._bsf = self._make_filter()
+        self._iter = None
+        if self._recorder is not None:  # the chunk it was recording is cut short
+            self._recorder.jump()
+
+    def seek_key(self, key_ordinal: int) -> None:
+        """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
+        self.seek(self.info.key_seek[key_ordinal])
+
+    def fill(self, data: Any) -> bool:
+        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
+
+        The packet, which owns the bytes, is kept until the next call (the parser copies them during ``Decode``).
+
+        Raises:
+            VideoDecodeError: The packet differs from the frame table's CRC-32, or has no timestamp.
+            av.FFmpegError: Demuxing failed.
+        """
+        packets = self._iter
+        if packets is None:
+            packets = self._iter = self.packets()
+        packet = next(packets, None)
+        if packet is None:
+            return False
+        pts = packet.pts if packet.pts is not None else packet.dts
+        if pts is None:
+            raise _no_timestamp(self.where)
+        data.bsl_data = packet.buffer_ptr
+        data.bsl = packet.buffer_size
+        data.pts = pts
+        self._held = packet
+        return True
+
+    def partial_layout(self) -> Any:
+        """An empty :class:`~lightning_vstream.decode.nvdec_packets.PartialLayout` of this stream, or None when
+        its packets' Annex-B conversion is not one read from the file's bytes (see
+        :func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`)."""
+        extradata = bytes(self._stream.codec_context.extradata or b"")
+        conversion = (
+            nvdec_packets.annexb_mode(self.format.codec, extradata) if self._filter_name is not None else ("none", b"")
+        )
+        if conversion is None:
+            return None
+        return nvdec_packets.PartialLayout(conversion[0], conversion[1], self.format, zlib.crc32(extradata))
+
+    def record_layout(self, recorder: Any) -> None:
+        """Hand every packet read from now on to ``recorder`` (a
+        :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), before and after the Annex-B filter."""
+        self._recorder = recorder
+        self._iter = None
+
+    def learn_layout(self, path: Path) -> Any:
+        """Read the rest of the stream to work out where its packets lie in ``path``: its
+        :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, or None. Call it on a new source."""
+        partial = self.partial_layout()
+        if partial is None:
+            return None
+        found: list[Any] = [None]
+        self.record_layout(
+            nvdec_packets.LayoutRecorder(path, self.info, partial, lambda layout: found.__setitem__(0, layout))
+        )
+        for _ in self.packets():
+            pass
+        return found[0]
+
+    def packets(self) -> Iterator[Any]:
+        """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
+
+        Each packet is checked against the frame table's CRC-32 (before the Annex-B filter
+        rewrites it); a mismatch raises :class:`~lightning_vstream.errors.VideoDecodeError`.
+        """
+        crcs = self.info.crc32
+        lookup = self.info.pts_index.get
+        crc32 = zlib.crc32
+        bsf = self._bsf
+        recorder = self._recorder  # a LayoutRecorder learning where the packets lie, if any
+        for packet in self._container.demux(self._stream):
+            if packet.size == 0:
+                continue  # demuxer flush packet
+            if crcs is not None:
+                pts = packet.pts
+                index = lookup(pts) if pts is not None else None
+                if index is not None and crc32(packet) != crcs[index]:
+                    raise VideoDecodeError(
+                        f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
+                        f"the index was built {CHECKSUM_FIX}"
+                    )
+            raw = recorder.packet(packet) if recorder is not None else None
+            if bsf is None:
+                yield packet
+            else:
+                out = bsf.filter(packet)
+                if raw is not None:
+                    recorder.filtered(raw, out)
+                yield from out
+        if recorder is not None:
+            recorder.end_of_stream()
+
+    def close(self) -> None:
+        self._held = self._iter = None
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
+        self._container.close()
+
+
+#: Demuxers FFmpeg picks for these file extensions. Naming one skips FFmpeg's format probing, a
+#: third of the cost of opening a small file; a file the named demuxer cannot open is probed.
+_DEMUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska"}
+
+
+def _open_input(path: Path) -> Any:
+    """``av.open`` of a video file for demuxing, with the demuxer its extension names when there is one."""
+    import av
+
+    demuxer = _DEMUXERS.get(path.suffix.lower())
+    if demuxer is not None:
+        try:
+            return av.open(str(path), mode="r", format=demuxer)
+        except av.FFmpegError:
+            pass  # not what its name says: let FFmpeg probe it
+    try:
+        return av.open(str(path), mode="r")
+    except av.FFmpegError as err:
+        raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
+
+
+def packet_data(nvc: ModuleType, packet: Any, where: str, *, end_of_picture: bool = False) -> Any:
+    """A PyNvVideoCodec ``PacketData`` pointing at a PyAV ``packet``'s bytes.
+
+    The packet owns the bytes: keep it alive until ``Decode`` has returned (the parser copies them).
+
+    Raises:
+        VideoDecodeError: The packet has no timestamp. NVDEC would hand its frame out with
+            timestamp 0, which could be taken for frame 0.
+    """
+    pts = packet.pts if packet.pts is not None else packet.dts
+    if pts is None:
+        raise _no_timestamp(where)
+    data = nvc.PacketData()
+    data.bsl_data = packet.buffer_ptr
+    data.bsl = packet.buffer_size
+    data.pts = pts
+    if end_of_picture:  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
+        data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+    return data
+
+
+def _no_timestamp(where: str) -> VideoDecodeError:
+    return VideoDecodeError(
+        f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
+        "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
+    )
+
+
+def frame_pts(frame: Any) -> int:
+    """The presentation timestamp PyNvVideoCodec attached to a decoded frame."""
+    return int(frame.getPTS())
+
+
+class LayoutSource:
+    """A video stream's packets read from its file with a :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, ready for NVDEC.
+
+    What :class:`PacketSource` hands NVDEC, without a demuxer: the
+    same packets in the same order with the same timestamps, each checked against the frame
+    table's CRC-32 before it is converted to Annex-B. The file is read one chunk (a GOP) at a time.
+
+    Args:
+        path: Video file.
+        info: Its frame table.
+        where: File, clip and camera for error messages.
+        layout: Where its packets lie (from :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`).
+
+    Raises:
+        MissingFileError: The file does not exist.
+        VideoDecodeError: Its codec configuration differs from the frame table's checksum.
+    """
+
+    def __init__(self, path: Path, info: VideoInfo, where: str, layout: nvdec_packets.FileLayout) -> None:
+        self.info = info
+        self.where = where
+        self.layout = layout
+        self.format = layout.format_for(info)
+        if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
+            raise VideoDecodeError(
+                f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
+                f"was built {CHECKSUM_FIX}"
+            )
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise MissingFileError(f"video file {str(path)!r} does not exist.") from None
+        except OSError as err:
+            raise VideoDecodeError(f"{where}: the file cannot be read ({err.strerror or err}).") from err
+        self._count = len(layout)
+        self._pos, self._size, self._pts = layout.pos, layout.size, layout.pts
+        self._lookup = info.pts_index.get
+        self._crcs = info.crc32
+        self._kind = layout.kind
+        self._next = 0  # decode-order index of the next packet
+        self._stop = 0  # end of the chunk in memory (0: none)
+        self._base = 0  # file offset of the chunk's first byte
+        self._view: memoryview | None = None  # the chunk in memory
+        self._address = 0  # its address
+        self._block: bytearray | None = None  # the buffer chunks are read into
+        self._whole: memoryview | None = None
+        self._origin = 0
+        self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
+
+    def seek_key(self, key_ordinal: int) -> None:
+        """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
+        info = self.info
+        target = info.pts[info.key_indices[key_ordinal]]
+        index = self.layout.packet_of(target)
+        if index is None:
+            raise VideoDecodeError(
+                f"{self.where}: the frame table's keyframe {key_ordinal} (timestamp {target}) is no packet of the "
+                f"file {CHECKSUM_FIX}"
+            )
+        self._next = index
+        self._stop = 0  # a chunk converted in place is read again from the file
+
+    def fill(self, data: Any) -> bool:
+        """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
+
+        The bytes stay valid until the next call.
+
+        Raises:
+            VideoDecodeError: The packet differs from the frame table's CRC-32, or cannot be read.
+        """
+        i = self._next
+        if i >= self._stop:
+            if i >= self._count:
+                return False
+            self._load(i)
+        size = self._size[i]
+        pts = self._pts[i]
+        offset = self._pos[i] - self._base
+        view = self._view[offset : offset + size]  # type: ignore[index]
+        crcs = self._crcs
+        if crcs is not None:
+            index = self._lookup(pts)
+            if index is not None and zlib.crc32(view) != crcs[index]:
+                raise VideoDecodeError(
+                    f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
+                    f"index was built {CHECKSUM_FIX}"
+                )
+        address = self._address + offset
+        kind = self._kind[i]  # what the packet was when the layout was learnt: its checksum says it still is
+        if kind == IN_PLACE:
+            view[:4] = START4
+        elif kind == REWRITTEN:
+            address, size = self._convert(view, pts)
+        data.bsl_data = address
+        data.bsl = size
+        data.pts = pts
+        self._next = i + 1
+        return True
+
+    def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
+        try:
+            packet = to_annexb(view, self.layout.mode, self.layout.prefix)
+        except ValueError as err:
+            index = self._lookup(pts)
+            raise VideoDecodeError(
+                f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
+            ) from err
+        buffer = (ctypes.c_char * len(packet)).from_buffer(packet)
+        self._held = (packet, buffer)
+        return ctypes.addressof(buffer), len(packet)
+
+    def _load(self, i: int) -> None:
+        """Read the chunk that holds packet ``i`` (one starts at 0 and at every keyframe) into memory.
+
+        One buffer serves every chunk of the file (grown when a chunk is larger): NVDEC's parser has
+        copied the last packet of a chunk before the next chunk is read, and a buffer written again
+        costs no page faults.
+        """
+        chunks = self.layout.chunks
+        ordinal = bisect.bisect_right(chunks, i) - 1
+        start, end = self.layout.spans[ordinal]
+        stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
+        size = end - start
+        whole = self._whole
+        if whole is None or len(whole) < size:
+            self._view = None  # released before the buffer it views is replaced
+            self._block = bytearray(size)
+            whole = self._whole = memoryview(self._block)
+            self._origin = ctypes.addressof((ctypes.c_char * size).from_buffer(self._block))
+        view = whole[:size]
+        try:
+            got = os.preadv(self._fd, [view], start)
+        except OSError as err:
+            raise VideoDecodeError(f"{self.where}: reading the file failed ({err.strerror or err}).") from err
+        if got != size:
+            raise VideoDecodeError(
+                f"{self.where}: the file ends at byte {start + got}, before its packets do (truncated file?) "
+                f"{CHECKSUM_FIX}"
+            )
+        self._view = view
+        self._address = self._origin
+        self._base = start
+        self._stop = stop
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._view = self._whole = None
+        self._block = None
+        self._held = None
+
+
+def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | LayoutSource:
+    """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
+
+    ``nvdec_packets.READ_FROM_LAYOUT`` False keeps every file with the demuxer. A file's layout is worked out while PyAV demuxes it, chunk by chunk as readings of the file go through
+    them (:class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), and kept for the process;
+    files whose packets cannot be read from their bytes exactly as the demuxer gives them stay with it.
+    """
+    if not nvdec_packets.READ_FROM_LAYOUT:
+        return PacketSource(path, info, where)
+    known, layout = nvdec_packets.cached_layout(path)
+    if isinstance(layout, nvdec_packets.FileLayout):
+        return LayoutSource(path, info, where, layout)
+    source = PacketSource(path, info, where)
+    if known and layout is None:
+        return source  # its packets cannot be read from its bytes
+    partial = layout if layout is not None else source.partial_layout()
+    if not known:
+        nvdec_packets.keep_layout(path, partial)
+    if partial is not None:
+        source.record_layout(
+            nvdec_packets.LayoutRecorder(path, info, partial, lambda found: nvdec_packets.keep_layout(path, found))
+        )
+    return source

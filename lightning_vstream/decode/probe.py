@@ -1,0 +1,307 @@
+"""Opening a video file with PyAV, choosing its video stream, and building its frame table by demuxing.
+
+:func:`probe_video` (a local file), :func:`probe_video_file` (a file object, such as a remote object
+read through its container) and :func:`probe_video_bytes` (a file in memory) read every packet of
+the stream, decode none, and return its :class:`~lightning_vstream.index.tables.VideoInfo`: frame
+count, timestamps, keyframes, checksums, reordering depth and, where every packet lies whole in the
+file, the packets' byte ranges. :func:`open_container` and :func:`video_stream` open a file the way
+the decoders (:class:`~lightning_vstream.decode.cpu.PyAVDecoder`, NVDEC's packet source) open it too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.errors import ConfigurationError, MissingFileError
+from lightning_vstream.index.tables import PacketLayout
+
+if TYPE_CHECKING:
+    import av
+
+__all__ = ["check_stream", "open_container", "probe_video", "probe_video_bytes", "probe_video_file", "video_stream"]
+
+
+def open_container(path: Path, source: Callable[[], Any] | None = None) -> av.container.InputContainer:
+    import av
+
+    if source is not None:  # a remote file read through its container (no packet layout)
+        try:
+            return av.open(source(), mode="r", metadata_errors="replace")
+        except av.FFmpegError as err:
+            raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
+    if not path.is_file():
+        raise MissingFileError(f"video file {str(path)!r} does not exist.")
+    try:
+        # Damaged files can carry tags that are not valid UTF-8; replace those characters
+        # rather than fail on metadata nobody reads.
+        return av.open(str(path), mode="r", metadata_errors="replace")
+    except av.FFmpegError as err:
+        raise VideoDecodeError(f"{str(path)!r} is not a readable video file: {err}") from err
+
+
+def check_stream(stream: int | None) -> int | None:
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream < 0):
+        raise ConfigurationError(
+            f"stream={stream!r} must be None (FFmpeg's best video stream) or the position of a video stream "
+            "in the file (0 for the first)."
+        )
+    return stream
+
+
+def video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
+    videos = container.streams.video
+    if not videos:
+        raise VideoDecodeError(f"{str(path)!r} holds no video stream (streams: {list(container.streams)}).")
+    if choice is None:
+        # FFmpeg's choice (av_find_best_stream): a default-disposition stream first, then one with
+        # several frames (a cover picture has one), then the highest bitrate. One stream: that one.
+        stream = container.streams.best("video") if len(videos) > 1 else videos[0]
+        stream = videos[0] if stream is None else stream
+    elif choice < len(videos):
+        stream = videos[choice]
+    else:
+        raise ConfigurationError(
+            f"stream={choice} asks for video stream {choice} of {str(path)!r}, which holds {len(videos)} video "
+            f"stream(s) (valid: 0..{len(videos) - 1}, or None for FFmpeg's best)."
+        )
+    if stream.codec_context is None:
+        # A damaged sample description can name a codec FFmpeg does not know.
+        raise VideoDecodeError(
+            f"{str(path)!r}: FFmpeg has no decoder for its video stream; the file is damaged or "
+            "uses a codec this FFmpeg build cannot decode."
+        )
+    return stream
+
+
+def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
+    """Build a file's frame table by demuxing its packets (no frame is decoded).
+
+    The frame count comes from the packets the stream really holds, not from container
+    metadata, and every frame's presentation timestamp is recorded, so variable frame rates
+    and B-frame reordering are handled exactly. Where every packet lies whole in the file, its
+    byte offset and size are recorded too (:class:`~lightning_vstream.index.tables.PacketLayout`),
+    for GOP reads from remote storage.
+
+    Args:
+        path: Video file.
+        stream: Which video stream: its position among the file's video streams (0 for the
+            first), or None for the one FFmpeg picks as best (a default-disposition stream, then
+            a moving one, then the highest bitrate), which decoders also use by default.
+
+    Returns:
+        The stream's :class:`VideoInfo`.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        VideoDecodeError: The file cannot be demuxed, holds no video stream or no frames, or
+            two frames share a timestamp.
+        ConfigurationError: ``stream`` is not a video stream of the file.
+
+    Example::
+
+        >>> info = probe_video("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        >>> info.frame_count, info.key_indices[:3]  # doctest: +SKIP
+        (40, (0, 10, 20))
+    """
+    path = Path(path)
+    choice = check_stream(stream)
+    container = open_container(path)
+    try:
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))
+    finally:
+        container.close()
+
+
+def probe_video_file(source: Callable[[], Any], *, name: str, stream: int | None = None) -> VideoInfo:
+    """:func:`probe_video` of a file object ``source()`` opens (a remote object read through its container).
+
+    Example::
+
+        >>> info = probe_video_file(lambda: open("clip/CAM_FRONT.mp4", "rb"), name="CAM_FRONT.mp4")  # doctest: +SKIP
+    """
+    choice = check_stream(stream)
+    container = open_container(Path(name), source)
+    reader = source()
+
+    def read(start: int, end: int) -> bytes:
+        reader.seek(start)
+        return bytes(reader.read(end - start))
+
+    try:
+        return _probe(container, name, choice, read)
+    finally:
+        container.close()
+
+
+def probe_video_bytes(data: bytes | memoryview, *, name: str, stream: int | None = None) -> VideoInfo:
+    """:func:`probe_video` of a file held in memory (a remote object read whole), named ``name`` in errors.
+
+    Example::
+
+        >>> info = probe_video_bytes(open("clip/CAM_FRONT.mp4", "rb").read(), name="CAM_FRONT.mp4")  # doctest: +SKIP
+    """
+    import io
+
+    import av
+
+    choice = check_stream(stream)
+    view = memoryview(data)
+    try:
+        container = av.open(io.BytesIO(view), mode="r", metadata_errors="replace")
+    except av.FFmpegError as err:
+        raise VideoDecodeError(f"{name!r} is not a readable video file: {err}") from err
+    try:
+        return _probe(container, name, choice, lambda start, end: view[start:end])
+    finally:
+        container.close()
+
+
+#: Bytes past a packet's reported position searched for its data (Matroska reports the block's start).
+_LOCATE_SLACK = 256
+
+
+def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoInfo:
+    """The frame table of ``container``'s video stream; ``read(start, end)`` gives the file's bytes."""
+    import av
+
+    path = Path(where)
+    video = video_stream(container, path, choice)
+    records: list[tuple[int, int, bool, int, int, int]] = []
+    whole = True  # every packet of the stream has data and a timestamp (else no packet layout)
+    try:
+        for packet in container.demux(video):
+            if packet.size == 0 or packet.is_discard:
+                whole = whole and packet.size == 0 and packet.pts is None and packet.dts is None  # the flush packet
+                continue
+            pts = packet.pts if packet.pts is not None else packet.dts
+            if pts is None:
+                whole = False
+                continue
+            dts = packet.dts if packet.dts is not None else pts
+            data = bytes(packet)
+            pos = _locate(read, packet.pos, data)
+            whole = whole and pos >= 0
+            records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(data), pos, len(data)))
+    except av.FFmpegError as err:
+        raise VideoDecodeError(
+            f"{where!r} could not be demuxed after {len(records)} packets (truncated or corrupt file?): {err}"
+        ) from err
+    if not records:
+        raise VideoDecodeError(f"{where!r} holds a video stream with no frames.")
+    reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
+    records.sort(key=lambda r: r[0])
+    pts = tuple(r[0] for r in records)
+    for i in range(1, len(pts)):
+        if pts[i] == pts[i - 1]:
+            raise VideoDecodeError(
+                f"{where!r}: frames {i - 1} and {i} share the timestamp {pts[i]}; "
+                "frame-exact access needs distinct presentation timestamps. Remux the file "
+                "(for example `ffmpeg -i in.mp4 -c copy -fflags +genpts out.mp4`)."
+            )
+    key_indices = [i for i, r in enumerate(records) if r[2]]
+    # MP4's demuxer matches a seek target against each keyframe's decode time shifted by the
+    # edit list (the first packet's pts - dts); with B-frames that can lie before the
+    # keyframe's pts (open GOPs) or after it (variable frame rates), so seeking to the pts
+    # lands a GOP early or late there. Other demuxers match the pts. The decoder steps back
+    # if a demuxer still overshoots.
+    if "mp4" in container.format.name.split(","):
+        first = min(records, key=lambda r: r[1])
+        shift = first[0] - first[1]
+        key_seek = [records[i][1] + shift for i in key_indices]
+    elif "mpegts" in container.format.name.split(","):
+        key_seek = [records[i][1] for i in key_indices]  # TS seeks compare decode timestamps
+    else:
+        key_seek = [records[i][0] for i in key_indices]
+    if not key_indices or key_indices[0] != 0:
+        # Frames before the first keyframe: seeking to the start is the only way in.
+        key_indices.insert(0, 0)
+        key_seek.insert(0, min(r[1] for r in records))
+    time_base = video.time_base or Fraction(1, 1)
+    span = (pts[-1] - pts[0]) * time_base
+    if len(pts) > 1 and span > 0:
+        fps = float((len(pts) - 1) / span)
+    else:
+        fps = float(video.average_rate or video.guessed_rate or 0.0)
+    codec_ctx = video.codec_context
+    extradata = bytes(codec_ctx.extradata or b"")
+    layout = None
+    if whole and _decodes_in_position_order(records, key_indices):
+        colour = (
+            int(codec_ctx.color_range),
+            int(codec_ctx.colorspace),
+            int(codec_ctx.color_primaries),
+            int(codec_ctx.color_trc),
+        )
+        layout = PacketLayout(tuple(r[4] for r in records), tuple(r[5] for r in records), extradata, colour)
+    return VideoInfo(
+        codec=str(codec_ctx.name),
+        width=int(codec_ctx.width),
+        height=int(codec_ctx.height),
+        time_base=(time_base.numerator, time_base.denominator),
+        pts=pts,
+        key_indices=tuple(key_indices),
+        key_seek=tuple(key_seek),
+        crc32=tuple(r[3] for r in records),
+        config_crc32=zlib.crc32(extradata),
+        average_fps=fps,
+        layout=layout,
+        reorder_depth=reorder,
+    )
+
+
+def _locate(read: Any, reported: int | None, data: bytes) -> int:
+    """Where ``data`` (one packet) lies whole in the file, at or just after its reported position; -1 if not."""
+    if reported is None or reported < 0 or not data:
+        return -1
+    window = bytes(read(reported, reported + len(data) + _LOCATE_SLACK))
+    if window[: len(data)] == data:
+        return reported
+    found = window.find(data)
+    return reported + found if found >= 0 else -1
+
+
+def _decodes_in_position_order(records: Sequence[tuple[int, ...]], key_indices: Sequence[int]) -> bool:
+    """True when the file's byte order is a decode order that starts each GOP at its keyframe.
+
+    GOP reads feed a decoder the packets of a GOP sorted by byte position, starting at the GOP's
+    keyframe; that is only right where keyframes are random-access points whose packets come
+    before those of the later frames they precede (every ordinary MP4 and Matroska file).
+    """
+    positions = [int(r[4]) for r in records]
+    order = sorted(range(len(positions)), key=positions.__getitem__)
+    if len(set(positions)) != len(positions):
+        return False
+    rank = {frame: i for i, frame in enumerate(order)}
+    starts = [rank[k] for k in key_indices[1:]]
+    if any(b <= a for a, b in itertools.pairwise(starts)):
+        return False
+    # Frames of GOP g other than leading pictures (those shown before its keyframe) decode after it.
+    for g, key in enumerate(key_indices[1:], start=1):
+        stop = key_indices[g + 1] if g + 1 < len(key_indices) else len(records)
+        if any(rank[i] < rank[key] for i in range(key + 1, stop)):
+            return False
+    return True
+
+
+def _reorder_depth(decode_order_pts: list[int]) -> int:
+    """How many frames decoding must run ahead of presentation: 0 when packets come in pts order.
+
+    Frame ``p`` (in presentation order) can be shown once every frame up to it has been decoded,
+    i.e. after the packet at the largest decode position among frames ``0..p``; the depth is the
+    most that position exceeds ``p``. ``I0 P3 B1 B2`` has depth 1, a stream without B-frames 0.
+    """
+    order = sorted(range(len(decode_order_pts)), key=decode_order_pts.__getitem__)
+    depth = reached = 0
+    for shown, decoded in enumerate(order):
+        reached = max(reached, decoded)
+        depth = max(depth, reached - shown)
+    return depth
