@@ -34,7 +34,8 @@ if TYPE_CHECKING:
         segment_times,
     )
     from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError, VStreamWarning
-    from lightning_vstream.index import VideoIndex, build_index, load_index
+    from lightning_vstream.index import VideoIndex
+    from lightning_vstream.indexing import build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.schedule import StreamSchedule
@@ -64,10 +65,10 @@ _EXPORTS = {
     "VideoIndex": "lightning_vstream.index",
     "at_indices": "lightning_vstream.clips.selection",
     "at_times": "lightning_vstream.clips.selection",
-    "build_index": "lightning_vstream.index",
+    "build_index": "lightning_vstream.indexing",
     "collate_clips": "lightning_vstream.clips.dataset",
     "index_from_files": "lightning_vstream.clips.dataset",
-    "load_index": "lightning_vstream.index",
+    "load_index": "lightning_vstream.indexing",
     "multi_rate": "lightning_vstream.clips.selection",
     "random_clips": "lightning_vstream.clips.selection",
     "regular_clips": "lightning_vstream.clips.selection",

@@ -242,7 +242,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
     """PyNvVideoCodec alone: packets in memory, NV12 out, ``decoders`` threads each with its decoder and stream."""
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
     from lightning_vstream.decode.nvdec import DecoderKey, PacketSource, create_session
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     nvc = import_pynvvideocodec()
     index = load_index(index_path)
@@ -279,7 +279,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
 
 
 def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.loader import StreamSampler
 

@@ -34,7 +34,8 @@ from lightning_vstream.clips.selection import (
     regular_clips,
 )
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
-from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location

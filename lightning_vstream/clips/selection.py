@@ -358,7 +358,7 @@ def frame_table(camera: CameraStream, storage: StorageConfig | None = None) -> V
     """
     if camera.info is not None:
         return camera.info
-    from lightning_vstream.index import probe
+    from lightning_vstream.indexing import probe
 
     return probe(camera.path, storage)
 

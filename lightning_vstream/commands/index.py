@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import build_index, load_index
+    from lightning_vstream.indexing import build_index, load_index
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _quick_check(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     index = load_index(args.root, check="thorough")
     print(
@@ -126,7 +126,7 @@ def _quick_check(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from lightning_vstream.index import verify_index
+    from lightning_vstream.indexing import verify_index
 
     def bar(items: Any) -> Any:
         return tqdm(items, desc="verifying", unit="file", disable=args.quiet or len(items) < 20, file=sys.stderr)
@@ -147,7 +147,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _tables(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import write_index_tables
+    from lightning_vstream.indexing import write_index_tables
 
     written = write_index_tables(args.root, table_format=args.table_format, progress=not args.quiet)
     print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
@@ -179,8 +179,9 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
     """``vstream index`` on a URL: build in place, --check, --quick-check or --tables (see docs/remote.md)."""
     from tqdm import tqdm
 
-    from lightning_vstream.index import load_index
-    from lightning_vstream.index.remote import build_remote_index, verify_remote_index, write_remote_index_tables
+    from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.remote import build_remote_index, write_remote_index_tables
+    from lightning_vstream.indexing.verify import verify_remote_index
     from lightning_vstream.storage.options import StorageConfig
 
     options = _storage_options(args.storage_option)
