@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.executor import GopJob, GopPool
 from lightning_vstream.clips.outputs import (
     frame_shapes,
     make_output,
@@ -38,13 +38,14 @@ from lightning_vstream.clips.outputs import (
     stack_frames,
     stack_geometry,
 )
-from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
+from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, plan_gops, snap_to_keyframes
 from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
 from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
-from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
+from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.records import ClipSequence
+from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
 from lightning_vstream.storage.urls import basename, is_url
 
@@ -261,7 +262,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
-            by up to this many decoders (see :mod:`lightning_vstream.clips.gops`; None: 2; 1 decodes
+            by up to this many decoders (see :mod:`lightning_vstream.clips.executor`; None: 2; 1 decodes
             them in turn). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
@@ -935,7 +936,7 @@ def index_from_files(
 
         >>> index = index_from_files(sorted(Path("videos").glob("*.mp4")), cache_file="tables.json")  # doctest: +SKIP
     """
-    from lightning_vstream.index import probe
+    from lightning_vstream.indexing import probe
 
     files = [Path(p).resolve() for p in paths]
     if not files:
