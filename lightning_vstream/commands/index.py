@@ -7,10 +7,13 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.commands.args import existing
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
+
+if TYPE_CHECKING:
+    from lightning_vstream.indexing.verify import VerifyReport
 
 _MISSING_INDEX = (
     "Run `vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset."
@@ -131,7 +134,11 @@ def _check(args: argparse.Namespace) -> int:
     def bar(items: Any) -> Any:
         return tqdm(items, desc="verifying", unit="file", disable=args.quiet or len(items) < 20, file=sys.stderr)
 
-    report = verify_index(args.root, progress=bar)
+    return _report(verify_index(args.root, progress=bar))
+
+
+def _report(report: VerifyReport) -> int:
+    """Print what ``vstream index --check`` found; the exit status (1 on any problem)."""
     for note in report.notes:
         print(f"note: {note}")
     if report.problems:
@@ -191,17 +198,7 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
         return tqdm(items, desc="reading", unit="file", disable=args.quiet, file=sys.stderr)
 
     if mode == "check":
-        report = verify_remote_index(args.root, storage=config, progress=bar)
-        if report.problems:
-            listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
-            print(
-                f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
-                f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
-        return 0
+        return _report(verify_remote_index(args.root, storage=config, progress=bar))
     if mode == "quick_check":
         index = load_index(args.root, check="thorough", storage_options=options)
         print(

@@ -8,7 +8,7 @@ one folder listing each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["ClipLists", "Reference", "camera_reference"]
+__all__ = ["ClipLists", "Reference", "camera_reference", "match_cameras"]
 
 #: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
 Reference = tuple[str, tuple[str, ...]]
@@ -45,6 +45,40 @@ def camera_reference(cameras: Sequence[str] | None) -> tuple[list[str] | None, R
     if not cameras or len(set(cameras)) != len(cameras):
         raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
     return cameras, ("the cameras argument", tuple(cameras))
+
+
+def match_cameras(
+    found: Mapping[str, str],
+    reference: Reference,
+    cameras: Sequence[str] | None,
+    *,
+    clip_id: str,
+    where: str,
+    folder: str,
+    listed: str,
+    out: list[str],
+) -> tuple[str, ...] | None:
+    """The clip's camera file names in ``reference``'s camera order, or None with its problem added to ``out``.
+
+    ``found`` maps camera name -> file name in the clip's ``folder``; ``listed`` says where they were
+    found, for the message (``""`` or ``"its frame tables list [...]; "``). Without ``cameras`` a clip
+    must have exactly the reference's cameras.
+    """
+    names = reference[1]
+    missing = [n for n in names if n not in found]
+    if missing:
+        out.append(
+            f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
+            f"({listed}expected the cameras of {reference[0]}: {list(names)})."
+        )
+        return None
+    if cameras is None and set(found) != set(names):
+        out.append(
+            f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
+            "pass cameras=[...] to load a common subset."
+        )
+        return None
+    return tuple(found[n] for n in names)
 
 
 class ClipLists:

@@ -29,7 +29,7 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
-from lightning_vstream.index.listing import ClipLists, camera_reference
+from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import (
@@ -248,22 +248,8 @@ def _load(
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                 return None
             reference = (f"clip {clip_id!r}", tuple(found))
-        names = reference[1]
-        missing = [n for n in names if n not in found]
         scanned.append(set(found))
-        if missing:
-            out.append(
-                f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
-                f"(expected the cameras of {reference[0]}: {list(names)})."
-            )
-            return None
-        if cameras is None and set(found) != set(names):
-            out.append(
-                f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has "
-                f"{list(names)}; pass cameras=[...] to load a common subset."
-            )
-            return None
-        return tuple(found[n] for n in names)
+        return match_cameras(found, reference, cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out)
 
     # The quick check with binary frame tables lists each video folder once and takes a clip's
     # camera files from the tables, which record every file: listing 100,000 clip folders would

@@ -25,7 +25,7 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS
-from lightning_vstream.index.listing import ClipLists, camera_reference
+from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
 from lightning_vstream.index.load import MAX_FRAMES, _bad_clip_id, _parse_json, _warn_if_unchecked, read_index_bytes
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables
@@ -199,21 +199,10 @@ def load_remote_index(
                 out.append(f"{where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
                 return None
             reference = (f"clip {clip_id!r}", tuple(found))
-        names = reference[1]
-        missing = [n for n in names if n not in found]
-        if missing:
-            out.append(
-                f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder_url!r} ({how} "
-                f"{sorted(found)}; expected the cameras of {reference[0]}: {list(names)})."
-            )
-            return None
-        if cameras is None and set(found) != set(names):
-            out.append(
-                f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
-                "pass cameras=[...] to load a common subset."
-            )
-            return None
-        return tuple(found[n] for n in names)
+        listed = f"{how} {sorted(found)}; "
+        return match_cameras(
+            found, reference, cameras, clip_id=clip_id, where=where, folder=folder_url, listed=listed, out=out
+        )
 
     # With tables, clips after the first are checked in one vectorised search of the tables.
     lists = ClipLists()
