@@ -66,7 +66,7 @@ def _keys(clips: int) -> list[str]:
 
 def _write_binary(path: Path, clips: int, gop: int) -> float:
     """Generate the tables as arrays and write them; returns seconds."""
-    from lightning_vstream.index.table_file import write_table_arrays
+    from lightning_vstream.index.table_write import write_table_arrays
 
     start = time.perf_counter()
     keys = [k.encode() for k in _keys(clips)]

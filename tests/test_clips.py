@@ -16,23 +16,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
+from lightning_vstream.clips.collate import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
-from lightning_vstream.clips.dataset import (
-    DecoderCache,
-    VideoClipDataset,
-    collate_clips,
-    index_from_files,
-)
-from lightning_vstream.clips.selection import (
-    ClipRequest,
-    FrameWindow,
-    TimeWindow,
-    at_indices,
-    at_times,
-    multi_rate,
-    random_clips,
-    regular_clips,
-)
+from lightning_vstream.clips.dataset import VideoClipDataset
+from lightning_vstream.clips.decoders import DecoderCache
+from lightning_vstream.clips.from_files import index_from_files
+from lightning_vstream.clips.selection import ClipRequest, at_indices, at_times, multi_rate
+from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import (
     Stamp,

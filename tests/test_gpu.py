@@ -705,7 +705,8 @@ def test_reorder_depth_is_recorded_in_both_table_formats(tmp_path: Path) -> None
 def test_frame_tables_of_version_1_still_load_with_the_depth_unknown(tmp_path: Path) -> None:
     import struct
 
-    from lightning_vstream.index.table_file import FrameTables, write_tables
+    from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.index.table_write import write_tables
 
     path = write_stamped_video(tmp_path / "a.mp4", clip=0, camera=0, frames=6, bframes=2)
     tables = write_tables(tmp_path / "t.tables.bin", {"a.mp4": probe_video(path)})

@@ -23,7 +23,8 @@ from _fake_nvc import StandInMemory, caps_runner, fake_module
 
 from lightning_vstream.clips import gpu as clips_gpu
 from lightning_vstream.clips.batched import BatchReader, PlannedSample
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.executor import GopExecutor
 from lightning_vstream.clips.gpu import NvGopDecoder
 from lightning_vstream.clips.planner import GopPlanner, GopTask

@@ -19,14 +19,16 @@ import numpy as np
 import pytest
 
 from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.selection import FrameWindow, at_indices, random_clips, regular_clips
+from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.clips.windows import FrameWindow, random_clips, regular_clips
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.arrays import ClipArrays, tables_list_files
 from lightning_vstream.index.load import _WARNED_NO_TABLES
-from lightning_vstream.index.table_file import FrameTables, tables_path, write_table_arrays, write_tables
+from lightning_vstream.index.table_file import FrameTables, tables_path
+from lightning_vstream.index.table_write import write_table_arrays, write_tables
 from lightning_vstream.indexing import load_index
 
 CAMERAS = ("CAM_B", "CAM_F")

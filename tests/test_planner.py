@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.executor import GopExecutor, GopJob, GopPool, frames_decoder_gops
 from lightning_vstream.clips.planner import GopPlanner, GopTask, assign_tasks, plan_gops, snap_to_keyframes
 from lightning_vstream.clips.selection import at_indices

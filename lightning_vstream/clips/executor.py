@@ -10,7 +10,7 @@ left running. Decoders are made by a caller-supplied factory, so the same execut
 the CPU and NVDEC on the GPU (see :mod:`lightning_vstream.clips.gpu`).
 
 :class:`GopPool` decodes one sample on the CPU with decoders the caller lends it (the dataset's
-:class:`~lightning_vstream.clips.dataset.DecoderCache`): with ``threads > 1`` the tasks of all cameras
+:class:`~lightning_vstream.clips.decoders.DecoderCache`): with ``threads > 1`` the tasks of all cameras
 are spread over a thread pool, each file read by up to ``threads`` decoders of its own (FFmpeg
 releases the GIL while it decodes and converts), so a sample whose frames lie in several GOPs
 decodes them at once instead of one after another. Every decoder still checks each frame's

@@ -12,7 +12,8 @@ from typing import Literal
 from lightning_vstream.errors import DataFormatError, IndexValidationError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.files import discover_cameras, image_files, natural_key
 from lightning_vstream.index.load import read_index_layout
-from lightning_vstream.index.table_file import tables_path, write_tables
+from lightning_vstream.index.table_file import tables_path
+from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import (
     META_FORMAT,
     META_VERSION,

@@ -18,7 +18,7 @@ from typing import Any
 from lightning_vstream.errors import ConfigurationError, IndexValidationError
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, natural_key
 from lightning_vstream.index.remote import load_remote_index, remote_key, tables_url
-from lightning_vstream.index.table_file import write_tables
+from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import VideoInfo
 from lightning_vstream.indexing.probe import probe_objects
 from lightning_vstream.storage.client import Storage, storage_for
