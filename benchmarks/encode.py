@@ -77,7 +77,7 @@ def write_images(root: Path, clips: int, cameras: int, frames: int, size: tuple[
 
     from lightning_vstream.decode.images import write_timestamps
     from lightning_vstream.demos.synth import Stamp, draw_stamp
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     width, height = size
     total = 0
@@ -103,8 +103,8 @@ def write_images(root: Path, clips: int, cameras: int, frames: int, size: tuple[
 def decode_jpegs(index_path: Path) -> tuple[int, float]:
     from PIL import Image
 
-    from lightning_vstream.index import load_index
     from lightning_vstream.index.files import image_files
+    from lightning_vstream.indexing import load_index
 
     start, count = time.perf_counter(), 0
     for clip in load_index(index_path):
@@ -118,7 +118,7 @@ def decode_jpegs(index_path: Path) -> tuple[int, float]:
 
 def decode_videos(index_path: Path) -> tuple[int, float]:
     from lightning_vstream.decode.cpu import PyAVDecoder
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     start, count = time.perf_counter(), 0
     for clip in load_index(index_path):

@@ -47,7 +47,7 @@ def _child(index: str, method: str) -> None:
     import inspect
 
     import lightning_vstream  # noqa: F401  (the package import a user script does)
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.loader import StreamDataLoader
     from lightning_vstream.stream.sampler import StreamSampler

@@ -130,7 +130,7 @@ def _restart_over_fake_driver(args: argparse.Namespace, argv: list[str]) -> int 
 def make_data(args: argparse.Namespace, root: Path) -> Path:
     """``--clips`` clips of ``--cameras`` files of ``--frames`` frames (no B-frames) and their index."""
     from lightning_vstream.demos.synth import write_stamped_video
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     for clip in range(args.clips):
         for camera in range(args.cameras):
@@ -283,7 +283,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
 
     ``wrap_use`` wraps the engine device's ``use`` (each decode thread's block on its stream).
     """
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -501,7 +501,7 @@ def _stub_conversion() -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     torch.set_num_threads(1)
     conversion = _stub_conversion()

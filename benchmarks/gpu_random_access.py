@@ -156,7 +156,7 @@ Read = tuple[str, Path, str, list[int]]  # clip id, file, camera name, frames
 
 
 def random_samples(index_path: Path, count: int, seed: int) -> list[list[Read]]:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     index = load_index(index_path)
     rng = random.Random(seed)
@@ -168,7 +168,7 @@ def random_samples(index_path: Path, count: int, seed: int) -> list[list[Read]]:
 
 
 def clip_samples(index_path: Path, count: int, seed: int, frames: int = 16, spacing_s: float = 1.0) -> list[list[Read]]:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     index = load_index(index_path)
     rng = random.Random(seed)
@@ -215,7 +215,7 @@ class VStreamPeer(Peer):
         self, index_path: Path, *, device: str, threads: int | None, policy: str = "exact", max_open: int = 8
     ) -> None:
         from lightning_vstream.clips.dataset import VideoClipDataset
-        from lightning_vstream.index import load_index
+        from lightning_vstream.indexing import load_index
 
         # One FFmpeg thread per CPU decoder: frame threading delays every frame by the thread count,
         # which random access pays on every seek.
@@ -252,9 +252,10 @@ def measure_cpu_loader(
     """Ours on the CPU at its best: a DataLoader with worker processes, one FFmpeg thread per decoder."""
     from torch.utils.data import DataLoader
 
-    from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+    from lightning_vstream.clips.collate import collate_clips
+    from lightning_vstream.clips.dataset import VideoClipDataset
     from lightning_vstream.clips.selection import ClipRequest
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     requests = [ClipRequest(c, frames=tuple(f), cameras=(cam,)) for reads in batches for c, _, cam, f in reads]
     positions, start = [], 0
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads
     if args.only in (None, "random"):
         index = prepare_random(args)
-        from lightning_vstream.index import load_index
+        from lightning_vstream.indexing import load_index
 
         names = list(load_index(index).camera_names)
         samples = random_samples(index, args.samples, args.seed)
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"goal {name}: {goal['value']:.2f} vs >= {goal['goal']} -> {'met' if goal['met'] else 'NOT met'}")
     if args.only in (None, "clips"):
         index = prepare_clips(args)
-        from lightning_vstream.index import load_index
+        from lightning_vstream.indexing import load_index
 
         names = list(load_index(index).camera_names)
         samples = clip_samples(index, args.clip_samples, args.seed)
@@ -616,7 +617,7 @@ def main_cpu(args: argparse.Namespace) -> int:
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()},
     }
     index = prepare_random(args)
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     names = list(load_index(index).camera_names)
     timed = batched(random_samples(index, args.samples, args.seed), args.batch_size)

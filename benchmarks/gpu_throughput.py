@@ -232,7 +232,7 @@ def prepare_data(args: argparse.Namespace) -> Path:
     from concurrent.futures import ProcessPoolExecutor
 
     from lightning_vstream.demos.synth import NUSCENES_CAMERAS, clip_name
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     params = data_params(args)
     marker = args.data_dir / "bench_params.json"
@@ -281,7 +281,7 @@ def prepare_data(args: argparse.Namespace) -> Path:
 
 
 def video_files(index_path: Path) -> list[Path]:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     return [camera.path for clip in load_index(index_path).clips for camera in clip.cameras]
 
@@ -524,7 +524,7 @@ class SeedDataset:
     """
 
     def __init__(self, index_path: Path, gpu: int) -> None:
-        from lightning_vstream.index import load_index
+        from lightning_vstream.indexing import load_index
 
         self.index_path = index_path
         self.gpu = gpu
@@ -540,7 +540,7 @@ class SeedDataset:
         import torch
 
         from lightning_vstream.decode.gpu import NvDecoder
-        from lightning_vstream.index import load_index
+        from lightning_vstream.indexing import load_index
 
         if self._index is None:
             self._index = load_index(self.index_path)

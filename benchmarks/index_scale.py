@@ -66,7 +66,7 @@ def _keys(clips: int) -> list[str]:
 
 def _write_binary(path: Path, clips: int, gop: int) -> float:
     """Generate the tables as arrays and write them; returns seconds."""
-    from lightning_vstream.index.table_file import write_table_arrays
+    from lightning_vstream.index.table_write import write_table_arrays
 
     start = time.perf_counter()
     keys = [k.encode() for k in _keys(clips)]
@@ -233,8 +233,8 @@ def _spawn_workers(payload: bytes, workers: int) -> dict[str, Any]:
 def _measure_arrays(index_path: str, clips: int, workers: int, repeats: int, queue: Any) -> None:
     """``load_index`` of the generated tree: the index records as arrays."""
     import lightning_vstream.index  # noqa: F401 - imports are not setup
-    from lightning_vstream.index import load_index
     from lightning_vstream.index.arrays import ClipArrays
+    from lightning_vstream.indexing import load_index
 
     base_rss, base_anon = _memory()
     timings: list[dict[str, float]] = []

@@ -56,7 +56,7 @@ import numpy as np
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_times
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.indexing import build_index, load_index
 
 CAMERA = "CAM_FRONT"
 TILE_BASE = 300  # seconds: longer videos are tiled from this encode

@@ -144,7 +144,7 @@ def _pyav_batches(index: Path, steps: int, batch_size: int, threads: int, summar
     """Baseline: plain PyAV decoding of the same files, one 'step' per batch's worth of frames."""
     import av
 
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     paths = [str(cam.path) for clip in load_index(index) for cam in clip.cameras]
     per_step = batch_size * 2

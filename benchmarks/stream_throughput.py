@@ -49,7 +49,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_vstream.demos.synth import write_dataset
-from lightning_vstream.index import load_index
+from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_factory import CPU_DECODER_THREADS
 from lightning_vstream.transforms import FrameTransform

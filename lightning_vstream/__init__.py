@@ -20,21 +20,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lightning_vstream._datamodule import GpuOptions
     from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
+    from lightning_vstream.clips.collate import collate_clips
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
-    from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips, index_from_files
-    from lightning_vstream.clips.selection import (
-        ClipRequest,
-        FrameWindow,
-        TimeWindow,
-        at_indices,
-        at_times,
-        multi_rate,
-        random_clips,
-        regular_clips,
-        segment_times,
-    )
+    from lightning_vstream.clips.dataset import VideoClipDataset
+    from lightning_vstream.clips.from_files import index_from_files
+    from lightning_vstream.clips.selection import ClipRequest, at_indices, at_times, multi_rate, segment_times
+    from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
     from lightning_vstream.errors import IndexValidationError, VideoDecodeError, VStreamError, VStreamWarning
-    from lightning_vstream.index import VideoIndex, build_index, load_index
+    from lightning_vstream.index import VideoIndex
+    from lightning_vstream.indexing import build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.schedule import StreamSchedule
@@ -49,13 +43,13 @@ _EXPORTS = {
     "ClipRequest": "lightning_vstream.clips.selection",
     "ClipVideoDataModule": "lightning_vstream.clips.datamodule",
     "FrameTransform": "lightning_vstream.transforms",
-    "FrameWindow": "lightning_vstream.clips.selection",
+    "FrameWindow": "lightning_vstream.clips.windows",
     "GeometryAugment": "lightning_vstream.annotations",
     "GpuOptions": "lightning_vstream._datamodule",
     "IndexValidationError": "lightning_vstream.errors",
     "StreamSchedule": "lightning_vstream.stream.schedule",
     "StreamVideoDataModule": "lightning_vstream.stream.datamodule",
-    "TimeWindow": "lightning_vstream.clips.selection",
+    "TimeWindow": "lightning_vstream.clips.windows",
     "VStreamCLI": "lightning_vstream.lightning_cli",
     "VStreamError": "lightning_vstream.errors",
     "VStreamWarning": "lightning_vstream.errors",
@@ -64,13 +58,13 @@ _EXPORTS = {
     "VideoIndex": "lightning_vstream.index",
     "at_indices": "lightning_vstream.clips.selection",
     "at_times": "lightning_vstream.clips.selection",
-    "build_index": "lightning_vstream.index",
-    "collate_clips": "lightning_vstream.clips.dataset",
-    "index_from_files": "lightning_vstream.clips.dataset",
-    "load_index": "lightning_vstream.index",
+    "build_index": "lightning_vstream.indexing",
+    "collate_clips": "lightning_vstream.clips.collate",
+    "index_from_files": "lightning_vstream.clips.from_files",
+    "load_index": "lightning_vstream.indexing",
     "multi_rate": "lightning_vstream.clips.selection",
-    "random_clips": "lightning_vstream.clips.selection",
-    "regular_clips": "lightning_vstream.clips.selection",
+    "random_clips": "lightning_vstream.clips.windows",
+    "regular_clips": "lightning_vstream.clips.windows",
     "segment_times": "lightning_vstream.clips.selection",
 }
 

@@ -244,7 +244,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
     from lightning_vstream.decode.nvdec import DecoderKey, create_session
     from lightning_vstream.decode.nvdec_sources import PacketSource
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     nvc = import_pynvvideocodec()
     index = load_index(index_path)
@@ -281,7 +281,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
 
 
 def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 

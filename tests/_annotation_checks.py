@@ -134,7 +134,7 @@ def write_mixed_rig(root: Path) -> Path:
     """Two clips of 6 frames whose two cameras differ in resolution, with calibration only."""
     from lightning_vstream.demos.synth import write_stamped_video
     from lightning_vstream.demos.synth_annotations import synth_extrinsics
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     for clip in range(2):
         for cam, (name, size) in enumerate(MIXED_SIZES.items()):

@@ -11,7 +11,8 @@ import pytest
 from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
-from lightning_vstream.index import load_index, metadata_path, tables_path
+from lightning_vstream.index import metadata_path, tables_path
+from lightning_vstream.indexing import load_index
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def test_permission_error_is_a_message_and_exit_1(
     def refuse(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(denied))
 
-    monkeypatch.setattr("lightning_vstream.index.build_index", refuse)
+    monkeypatch.setattr("lightning_vstream.indexing.build_index", refuse)
     assert main(["index", str(tmp_path), "-q"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"vstream index: error: permission denied {str(denied)!r}")

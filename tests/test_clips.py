@@ -16,23 +16,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
+from lightning_vstream.clips.collate import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
-from lightning_vstream.clips.dataset import (
-    DecoderCache,
-    VideoClipDataset,
-    collate_clips,
-    index_from_files,
-)
-from lightning_vstream.clips.selection import (
-    ClipRequest,
-    FrameWindow,
-    TimeWindow,
-    at_indices,
-    at_times,
-    multi_rate,
-    random_clips,
-    regular_clips,
-)
+from lightning_vstream.clips.dataset import VideoClipDataset
+from lightning_vstream.clips.decoders import DecoderCache
+from lightning_vstream.clips.from_files import index_from_files
+from lightning_vstream.clips.selection import ClipRequest, at_indices, at_times, multi_rate
+from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import (
     Stamp,
@@ -41,7 +31,7 @@ from lightning_vstream.demos.synth import (
     read_stamp,
     write_stamped_video,
 )
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.indexing import build_index, load_index
 
 VFR_SECONDS = [0.0, 0.04, 0.09, 0.30, 0.31, 0.32, 0.80, 0.85, 1.50, 1.52, 1.60, 2.40, 2.45, 2.50, 3.00, 3.10]
 
@@ -421,7 +411,7 @@ def test_index_from_files_caches_frame_tables(
     def no_probe(path: Path) -> None:
         raise AssertionError(f"{path} was probed again")
 
-    monkeypatch.setattr("lightning_vstream.index.probe", no_probe)
+    monkeypatch.setattr("lightning_vstream.indexing.probe", no_probe)
     again = index_from_files(files, ids=["scene-0002", "scene-0001"], camera="CAM", cache_file=cache)
     ds = VideoClipDataset(index=again)
     sample = ds[at_indices("scene-0002", [20, 4])]
@@ -581,44 +571,3 @@ def test_forked_workers_start_their_own_gop_threads(small_index: Path) -> None:
     for batch in loader:
         check_stamps(batch)
     ds.close()
-
-
-class _FakeDecoder:
-    """Returns frames whose value is their index; records which frames it decoded."""
-
-    def __init__(self, name: str, fail_at: int | None = None) -> None:
-        self.name = name
-        self.fail_at = fail_at
-        self.got: list[int] = []
-
-    def get(self, index: int) -> torch.Tensor:
-        if index == self.fail_at:
-            raise RuntimeError(f"frame {index} is damaged")
-        self.got.append(index)
-        return torch.full((3, 2, 2), index, dtype=torch.uint8)
-
-
-def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
-    from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
-    from lightning_vstream.decode.base import VideoInfo
-    from lightning_vstream.errors import ConfigurationError
-
-    info = VideoInfo("h264", 2, 2, (1, 10), tuple(range(40)), (0, 10, 20, 30), (0, 10, 20, 30), 10.0)
-    wanted = [35, 3, 12, 5, 27, 12, 21]
-    assert plan_gops(info, wanted) == [[(3, [1]), (5, [3])], [(12, [2, 5])], [(21, [6]), (27, [4])], [(35, [0])]]
-    decoders = [_FakeDecoder("a"), _FakeDecoder("b")]
-    out = torch.zeros((len(wanted), 3, 2, 2), dtype=torch.uint8)
-    pool = GopPool(threads=2)
-    pool.run([GopJob(decoders, info, wanted, out)])
-    assert out[:, 0, 0, 0].tolist() == wanted
-    assert sorted(decoders[0].got + decoders[1].got) == [3, 5, 12, 21, 27, 35]  # each frame decoded once
-    for dec in decoders:  # a decoder takes whole GOPs, in ascending order
-        assert dec.got == sorted(dec.got)
-        gops = [info.gop_of(i) for i in dec.got]
-        assert all(gops.count(g) == len([i for i in (3, 5, 12, 21, 27, 35) if info.gop_of(i) == g]) for g in set(gops))
-    broken = [_FakeDecoder("a", fail_at=21), _FakeDecoder("b", fail_at=21)]
-    with pytest.raises(RuntimeError, match="frame 21 is damaged"):
-        pool.run([GopJob(broken, info, wanted, out)])
-    pool.close()
-    with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
-        GopPool(threads=0)

@@ -15,7 +15,7 @@ from lightning_vstream.decode.images import write_timestamps
 from lightning_vstream.demos.synth import Stamp, draw_stamp, read_stamp, write_stamped_video
 from lightning_vstream.encode import CameraSource, EncodeSettings, encode_index, encode_sources
 from lightning_vstream.errors import ConfigurationError, EncodeError, VideoDecodeError
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.indexing import build_index, load_index
 
 PIL = pytest.importorskip("PIL.Image")
 

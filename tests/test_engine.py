@@ -18,8 +18,8 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
-from lightning_vstream.index import load_index
 from lightning_vstream.index.records import CameraStream
+from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_factory import build_engine_loader

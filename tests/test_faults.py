@@ -34,7 +34,7 @@ import pytest
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FileChangedError, FrameSizeError, VideoDecodeError
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.indexing import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from tests.conftest import batch_stamp_errors
 

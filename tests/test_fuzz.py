@@ -41,13 +41,8 @@ from lightning_vstream.demos.synth import (
     write_dataset,
     write_stamped_video,
 )
-from lightning_vstream.index import (
-    IndexValidationError,
-    VideoIndex,
-    build_index,
-    load_index,
-    metadata_path,
-)
+from lightning_vstream.index import IndexValidationError, VideoIndex, metadata_path
+from lightning_vstream.indexing import build_index, load_index
 
 CLIP, CAMERA, FRAMES, GOP = 9, 2, 24, 6
 HANG_SECONDS = 240  # a whole test, not one example: far above any sane run time

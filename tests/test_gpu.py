@@ -692,7 +692,7 @@ def test_benchmark_smoke_on_gpu(tmp_path: Path) -> None:
 # -- reorder depth, recorded at index time -----------------------------------------------------------
 def test_reorder_depth_is_recorded_in_both_table_formats(tmp_path: Path) -> None:
     """Latency is chosen from the packets' real order, not the header's has_b_frames guess."""
-    from lightning_vstream.index import build_index, load_index
+    from lightning_vstream.indexing import build_index, load_index
 
     for name, bframes in (("scene-0000", 0), ("scene-0001", 3)):
         write_stamped_video(tmp_path / "videos" / name / "CAM_FRONT.mp4", clip=0, camera=0, frames=12, bframes=bframes)
@@ -707,7 +707,8 @@ def test_reorder_depth_is_recorded_in_both_table_formats(tmp_path: Path) -> None
 def test_frame_tables_of_version_1_still_load_with_the_depth_unknown(tmp_path: Path) -> None:
     import struct
 
-    from lightning_vstream.index.table_file import FrameTables, write_tables
+    from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.index.table_write import write_tables
 
     path = write_stamped_video(tmp_path / "a.mp4", clip=0, camera=0, frames=6, bframes=2)
     tables = write_tables(tmp_path / "t.tables.bin", {"a.mp4": probe_video(path)})

@@ -396,7 +396,7 @@ def test_capabilities_of_gpu_1_are_asked_in_a_child_that_sees_only_gpu_1(
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three clips of two cameras (HEVC 256x256), every file starting at its own time."""
-    from lightning_vstream.index.build import build_index
+    from lightning_vstream.indexing.build import build_index
 
     root = tmp_path_factory.mktemp("nvdriver_dataset")
     for clip, frames in enumerate((12, 9, 15)):
@@ -420,7 +420,7 @@ def _mark_dataset(marker: Marker, index: Any) -> dict[str, int]:
 def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
     dataset: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -456,7 +456,8 @@ def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
 ) -> None:
     """on_error='skip' when every frame goes straight from NVDEC into its batch row: the damaged clip
     delivers its intact frames exactly, then its slot moves on, and the skip is counted once."""
-    from lightning_vstream.index import CameraStream, load_index
+    from lightning_vstream.index import CameraStream
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -506,7 +507,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     Without a transform the default output is converted straight into its ring row and the named
     outputs are made from that row; with one, every output is made from the decoded frame.
     """
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.transforms import FrameTransform
@@ -920,8 +921,8 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lightning_vstream.decode import gpu as gpu_module
-    from lightning_vstream.index import load_index
-    from lightning_vstream.index.build import build_index
+    from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.build import build_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 

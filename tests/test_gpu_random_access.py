@@ -23,9 +23,11 @@ from _fake_nvc import StandInMemory, caps_runner, fake_module
 
 from lightning_vstream.clips import gpu as clips_gpu
 from lightning_vstream.clips.batched import BatchReader, PlannedSample
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset
+from lightning_vstream.clips.executor import GopExecutor
 from lightning_vstream.clips.gpu import NvGopDecoder
-from lightning_vstream.clips.planner import GopExecutor, GopPlanner, GopTask
+from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
@@ -36,7 +38,7 @@ from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError, WorkerError
-from lightning_vstream.index import load_index
+from lightning_vstream.indexing import load_index
 
 FRAMES = 24
 GOP = 8

@@ -21,7 +21,8 @@ from lightning_vstream.decode.images import (
     write_timestamps,
 )
 from lightning_vstream.demos.synth import Stamp, draw_stamp, read_stamp, write_stamped_video
-from lightning_vstream.index import build_index, load_index, metadata_path
+from lightning_vstream.index import metadata_path
+from lightning_vstream.indexing import build_index, load_index
 
 PIL = pytest.importorskip("PIL.Image")
 

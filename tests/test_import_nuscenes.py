@@ -18,7 +18,7 @@ from lightning_vstream.demos.synth import read_stamp
 from lightning_vstream.encode import EncodeSettings
 from lightning_vstream.errors import ConfigurationError, DatasetImportError
 from lightning_vstream.importers import NuScenesImport, import_nuscenes
-from lightning_vstream.index import load_index
+from lightning_vstream.indexing import load_index
 
 pytest.importorskip("PIL.Image")
 from _nuscenes_fixture import FixtureInfo, write_nuscenes

@@ -15,14 +15,9 @@ from lightning_vstream import VStreamWarning
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
-from lightning_vstream.index import (
-    CameraStream,
-    IndexValidationError,
-    build_index,
-    load_index,
-    metadata_path,
-)
+from lightning_vstream.index import CameraStream, IndexValidationError, metadata_path
 from lightning_vstream.index.table_file import FrameTables, tables_path
+from lightning_vstream.indexing import build_index, load_index
 
 
 def _touch_clip(video_dir: Path, clip: str, cameras: tuple[str, ...] = ("CAM_A", "CAM_B")) -> Path:

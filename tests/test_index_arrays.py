@@ -19,14 +19,17 @@ import numpy as np
 import pytest
 
 from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.selection import FrameWindow, at_indices, random_clips, regular_clips
+from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.clips.windows import FrameWindow, random_clips, regular_clips
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError
-from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.arrays import ClipArrays, tables_list_files
 from lightning_vstream.index.load import _WARNED_NO_TABLES
-from lightning_vstream.index.table_file import FrameTables, tables_path, write_table_arrays, write_tables
+from lightning_vstream.index.table_file import FrameTables, tables_path
+from lightning_vstream.index.table_write import write_table_arrays, write_tables
+from lightning_vstream.indexing import load_index
 
 CAMERAS = ("CAM_B", "CAM_F")
 
@@ -168,7 +171,7 @@ def test_pickle_is_a_reference_whatever_the_number_of_clips(tmp_path: Path) -> N
 
 
 def test_pickled_records_of_a_layout_other_than_the_first_survive(data: Path) -> None:
-    from lightning_vstream.index.build import write_index_tables
+    from lightning_vstream.indexing.build import write_index_tables
 
     clip = data.parent / "videos" / "scene-0001"
     (clip / "CAM_BACK.mp4").rename(clip / "CAM_BACK.mkv")
@@ -303,7 +306,7 @@ def test_thorough_check_keeps_arrays_and_holds_only_reverified_clips_as_records(
 
 
 def test_json_sidecar_index_holds_records(data: Path) -> None:
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     build_index(data.parent, output=data, progress=False, table_format="json", video_dirs=["videos"])
     with warnings.catch_warnings():

@@ -26,12 +26,14 @@ from lightning_vstream.errors import (
     IndexValidationError,
     VideoDecodeError,
 )
-from lightning_vstream.index import build_index, load_index, metadata_path
-from lightning_vstream.index.build import write_index_tables
+from lightning_vstream.index import metadata_path
 from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.load import _WARNED_NO_TABLES
-from lightning_vstream.index.table_file import FrameTables, tables_path, write_tables
-from lightning_vstream.index.verify import verify_index
+from lightning_vstream.index.table_file import FrameTables, tables_path
+from lightning_vstream.index.table_write import write_tables
+from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.indexing.build import write_index_tables
+from lightning_vstream.indexing.verify import verify_index
 
 CHANGED = r"changed since the index was built.*Re-run `vstream index`"
 

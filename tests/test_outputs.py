@@ -24,7 +24,7 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
-from lightning_vstream.index import load_index
+from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine

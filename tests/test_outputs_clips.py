@@ -15,8 +15,9 @@ from _annotation_checks import MIXED_SIZES, projection_errors, write_mixed_rig
 from _output_checks import as_uint8_chw, stamp_of
 
 from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.clips.collate import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.demos.synth import clip_number
 from lightning_vstream.demos.synth_annotations import synth_intrinsics

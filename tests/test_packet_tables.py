@@ -17,9 +17,10 @@ from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.probe import probe_video, probe_video_bytes
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_stamped_video
 from lightning_vstream.errors import IndexValidationError
-from lightning_vstream.index import FileIdentity, FrameTables, load_index, tables_path
-from lightning_vstream.index.table_file import write_table_arrays, write_tables
+from lightning_vstream.index import FileIdentity, FrameTables, tables_path
+from lightning_vstream.index.table_write import write_table_arrays, write_tables
 from lightning_vstream.index.tables import VideoInfo, cached_info, metadata_entry
+from lightning_vstream.indexing import load_index
 
 
 def _remux(src: Path, dst: Path) -> Path:

@@ -12,20 +12,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_vstream.clips.dataset import VideoClipDataset, collate_clips
-from lightning_vstream.clips.planner import (
-    GopExecutor,
-    GopPlanner,
-    GopTask,
-    assign_tasks,
-    frames_decoder_gops,
-    snap_to_keyframes,
-)
+from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.dataset import VideoClipDataset
+from lightning_vstream.clips.executor import GopExecutor, GopJob, GopPool, frames_decoder_gops
+from lightning_vstream.clips.planner import GopPlanner, GopTask, assign_tasks, plan_gops, snap_to_keyframes
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.index import load_index
+from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.indexing import load_index
 
 FRAMES = 40
 GOP = 10
@@ -378,3 +374,44 @@ def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
         ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"frame_policy='fast' is not supported"):
         ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]
+
+
+# -- one sample's GOPs on decoders lent by the dataset (GopPool) ----------------------------
+class _FakeDecoder:
+    """Returns frames whose value is their index; records which frames it decoded."""
+
+    def __init__(self, name: str, fail_at: int | None = None) -> None:
+        self.name = name
+        self.fail_at = fail_at
+        self.got: list[int] = []
+
+    def get(self, index: int) -> torch.Tensor:
+        if index == self.fail_at:
+            raise RuntimeError(f"frame {index} is damaged")
+        self.got.append(index)
+        return torch.full((3, 2, 2), index, dtype=torch.uint8)
+
+
+def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
+    info = VideoInfo("h264", 2, 2, (1, 10), tuple(range(40)), (0, 10, 20, 30), (0, 10, 20, 30), 10.0)
+    wanted = [35, 3, 12, 5, 27, 12, 21]
+    plan = [
+        [(frame, list(slots)) for frame, slots in zip(task.frames, task.targets)] for task in plan_gops(info, wanted)
+    ]
+    assert plan == [[(3, [1]), (5, [3])], [(12, [2, 5])], [(21, [6]), (27, [4])], [(35, [0])]]
+    decoders = [_FakeDecoder("a"), _FakeDecoder("b")]
+    out = torch.zeros((len(wanted), 3, 2, 2), dtype=torch.uint8)
+    pool = GopPool(threads=2)
+    pool.run([GopJob(decoders, info, wanted, out)])
+    assert out[:, 0, 0, 0].tolist() == wanted
+    assert sorted(decoders[0].got + decoders[1].got) == [3, 5, 12, 21, 27, 35]  # each frame decoded once
+    for dec in decoders:  # a decoder takes whole GOPs, in ascending order
+        assert dec.got == sorted(dec.got)
+        gops = [info.gop_of(i) for i in dec.got]
+        assert all(gops.count(g) == len([i for i in (3, 5, 12, 21, 27, 35) if info.gop_of(i) == g]) for g in set(gops))
+    broken = [_FakeDecoder("a", fail_at=21), _FakeDecoder("b", fail_at=21)]
+    with pytest.raises(RuntimeError, match="frame 21 is damaged"):
+        pool.run([GopJob(broken, info, wanted, out)])
+    pool.close()
+    with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
+        GopPool(threads=0)

@@ -19,7 +19,7 @@ from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
-from lightning_vstream.index import build_index, load_index
+from lightning_vstream.indexing import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.loader import StreamDataLoader
@@ -492,7 +492,8 @@ def test_unknown_on_error_policy_is_rejected(pristine: Path) -> None:
 def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path: Path) -> None:
     import json
 
-    from lightning_vstream.index import IndexValidationError, build_index, metadata_path
+    from lightning_vstream.index import IndexValidationError, metadata_path
+    from lightning_vstream.indexing import build_index
 
     root = _copy(pristine, tmp_path)
     build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False, table_format="json")

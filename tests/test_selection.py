@@ -14,16 +14,13 @@ import pytest
 
 from lightning_vstream.clips.selection import (
     ClipRequest,
-    FrameWindow,
-    TimeWindow,
     at_indices,
     at_times,
     multi_rate,
-    random_clips,
-    regular_clips,
     resolve_times,
     segment_times,
 )
+from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.index import CameraStream, Clip
 

@@ -22,7 +22,8 @@ from lightning_vstream.demos.synth import (
     write_dataset,
     write_stamped_video,
 )
-from lightning_vstream.index import load_index, metadata_path, tables_path
+from lightning_vstream.index import metadata_path, tables_path
+from lightning_vstream.indexing import load_index
 
 
 @pytest.mark.parametrize(

@@ -235,7 +235,7 @@ def test_decoder_size_moves_only_a_leading_antialiased_resize() -> None:
 
 
 def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
     from lightning_vstream.stream.loader import StreamDataLoader
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.stream.worker import StreamDataset
@@ -256,7 +256,7 @@ def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
 def test_stream_loader_resizes_in_the_decoder(make_dataset: Any, num_workers: int, dtype: str) -> None:
     from lightning_vstream.decode.cpu import PyAVDecoder
     from lightning_vstream.demos.synth import clip_number
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     index_path = make_dataset(clips=3, cameras=2, frames=[9, 7, 8], size=(128, 96), gop=4)
     index = load_index(index_path)
@@ -284,7 +284,7 @@ def test_clip_dataset_output_size_lets_cameras_of_different_sizes_share_a_sample
     from lightning_vstream.clips.dataset import VideoClipDataset
     from lightning_vstream.clips.selection import at_indices
     from lightning_vstream.demos.synth import write_dataset, write_stamped_video
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     write_dataset(tmp_path, clips=1, cameras=2, frames=8, size=(128, 96), gop=4)
     big = tmp_path / "videos/scene-0000/CAM_BACK_LEFT.mp4"
@@ -303,7 +303,7 @@ def test_clip_dataset_output_size_lets_cameras_of_different_sizes_share_a_sample
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resize_in_the_decoder_lets_files_of_different_sizes_share_a_batch(tmp_path: Any, num_workers: int) -> None:
     from lightning_vstream.demos.synth import clip_number, write_dataset, write_stamped_video
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     write_dataset(tmp_path, clips=2, cameras=1, frames=6, size=(128, 96), gop=3)
     write_stamped_video(tmp_path / "videos/scene-0001/CAM_BACK.mp4", clip=1, camera=0, frames=6, size=(256, 192), gop=3)

@@ -3,7 +3,7 @@
 :class:`BatchReader` is what :class:`~lightning_vstream.clips.VideoClipDataset` uses when it decodes
 on the GPU (or on the CPU with ``gop_threads > 0``): the frames every sample of a batch needs are
 planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP tasks spread over
-decoding threads (:class:`~lightning_vstream.clips.planner.GopExecutor`), and each wanted frame
+decoding threads (:class:`~lightning_vstream.clips.executor.GopExecutor`), and each wanted frame
 is written once, straight into its slot of one preallocated batch tensor. On the GPU the threads
 decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
 one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
@@ -21,13 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.planner import (
-    GopDecoder,
-    GopExecutor,
-    GopPlanner,
-    GopTask,
-    frames_decoder_gops,
-)
+from lightning_vstream.clips.executor import GopDecoder, GopExecutor, frames_decoder_gops
+from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.decode.base import VideoInfo
 
 if TYPE_CHECKING:

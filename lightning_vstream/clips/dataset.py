@@ -1,4 +1,4 @@
-"""Map-style access to explicit clip samples: :class:`VideoClipDataset` and its collate function.
+"""Map-style access to explicit clip samples: :class:`VideoClipDataset`.
 
 Each item is a :class:`~lightning_vstream.clips.selection.ClipRequest` (frame indices or times of one
 clip, all its cameras or a subset). The dataset works with any ``Sampler`` and ``DataLoader``:
@@ -10,17 +10,14 @@ the nearest keyframe at or before each one, and every GOP is decoded at most onc
 (:meth:`PyAVDecoder.get_many <lightning_vstream.decode.cpu.PyAVDecoder.get_many>`). Keyframe
 positions and timestamps come from the index metadata (written by ``vstream index``), so no
 file is scanned; without metadata each file is probed once per worker. Open decoders are kept
-in a bounded LRU per worker (:class:`DecoderCache`), so repeated requests to a file do not
-reopen it.
+in a bounded LRU per worker (:class:`~lightning_vstream.clips.decoders.DecoderCache`), so repeated
+requests to a file do not reopen it. Samples batch with :func:`~lightning_vstream.clips.collate.collate_clips`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,38 +25,29 @@ from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.clips.gops import GopJob, GopPool, plan_gops
+from lightning_vstream.clips.decoders import DecoderCache, decode_on_device
+from lightning_vstream.clips.executor import GopJob, GopPool
 from lightning_vstream.clips.outputs import (
-    frame_shapes,
     make_output,
     output_matrices,
     resize_matrix,
-    sized_like,
-    stack_frames,
-    stack_geometry,
+    unreadable_sample,
 )
-from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, snap_to_keyframes
-from lightning_vstream.clips.selection import ClipRequest, camera_names, frame_table, resolve_times
-from lightning_vstream.decode.base import FrameDecoder, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, plan_gops
+from lightning_vstream.clips.requests import RequestResolver
+from lightning_vstream.clips.selection import ClipRequest, camera_names
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
-from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
-from lightning_vstream.index import CameraStream, Clip, VideoIndex, load_index
-from lightning_vstream.index.records import ClipSequence
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
-from lightning_vstream.storage.urls import basename, is_url
 
 if TYPE_CHECKING:
     import torch
 
-    from lightning_vstream.storage.options import StorageConfig
 
-__all__ = [
-    "DEFAULT_GOP_THREADS",
-    "DecoderCache",
-    "VideoClipDataset",
-    "collate_clips",
-    "index_from_files",
-]
+__all__ = ["DEFAULT_GOP_THREADS", "VideoClipDataset"]
 
 #: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
 DEFAULT_GOP_THREADS = 2
@@ -67,144 +55,7 @@ DEFAULT_GOP_THREADS = 2
 log = logging.getLogger("lightning_vstream")
 
 
-def _location(path: Path | str) -> Path | str:
-    """A file's key: its ``Path``, or its URL, which stays a string."""
-    return path if isinstance(path, str) and is_url(path) else Path(path)
-
-
-class DecoderCache:
-    """A bounded LRU of open decoders, one per file (each worker holds its own).
-
-    Args:
-        capacity: Most decoders kept open; the least recently used is closed beyond that.
-        layout: Tensor layout of the decoders it creates.
-        decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose; use 1 with many
-            DataLoader workers).
-        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
-        size: Output ``(height, width)`` of CPU video decoders, resized while converting to RGB;
-            None keeps each file's size. Image folders keep their size.
-        storage: How to reach files given as URLs (a remote index's :attr:`VideoIndex.storage`).
-
-    Example::
-
-        >>> cache = DecoderCache(capacity=4)
-        >>> dec = cache.get("clip/CAM_FRONT.mp4")  # doctest: +SKIP
-    """
-
-    def __init__(
-        self,
-        *,
-        capacity: int = 8,
-        layout: Layout = "chw",
-        decoder_threads: int = 0,
-        device: str = "cpu",
-        size: tuple[int, int] | None = None,
-        storage: StorageConfig | None = None,
-    ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ConfigurationError(f"capacity={capacity!r} must be a positive integer number of open decoders.")
-        self.capacity = capacity
-        self.layout = layout
-        self.decoder_threads = decoder_threads
-        self.device = device
-        self.size = check_size(size)
-        self.storage = storage
-        self._open: OrderedDict[Path | str, FrameDecoder] = OrderedDict()
-        self._extra: dict[Path | str, list[FrameDecoder]] = {}  # more decoders of a file, for parallel GOPs
-        self._closed_decoded = 0
-        self.opened = 0
-
-    def get(self, path: Path | str, *, info: VideoInfo | None = None, label: str = "") -> FrameDecoder:
-        """The decoder for ``path``, reused if open, else created (lazily opened) and cached."""
-        from lightning_vstream.decode import make_decoder
-
-        path = _location(path)
-        decoder = self._open.get(path)
-        if decoder is not None:
-            self._open.move_to_end(path)
-            return decoder
-        decoder = make_decoder(
-            path,
-            info=info,
-            layout=self.layout,
-            threads=self.decoder_threads,
-            label=label,
-            device=self.device,
-            size=self.size,
-            storage=self.storage,
-        )
-        self._open[path] = decoder
-        self.opened += 1
-        while len(self._open) > self.capacity:
-            old_path, old = self._open.popitem(last=False)
-            self._retire(old)
-            for extra in self._extra.pop(old_path, []):
-                self._retire(extra)
-        return decoder
-
-    def get_several(
-        self, path: Path | str, count: int, *, info: VideoInfo | None = None, label: str = ""
-    ) -> list[FrameDecoder]:
-        """``count`` decoders of ``path`` (the first is :meth:`get`'s), to decode its GOPs in parallel.
-
-        The extra decoders share the file's frame table and close with it when it leaves the LRU.
-        """
-        from lightning_vstream.decode import make_decoder
-
-        first = self.get(path, info=info, label=label)
-        path = _location(path)
-        extra = self._extra.setdefault(path, [])
-        while len(extra) < count - 1:
-            extra.append(
-                make_decoder(
-                    path,
-                    info=first.info,
-                    layout=self.layout,
-                    threads=self.decoder_threads,
-                    label=label,
-                    size=self.size,
-                    storage=self.storage,
-                )
-            )
-            self.opened += 1
-        return [first, *extra[: count - 1]]
-
-    def _retire(self, decoder: FrameDecoder) -> None:
-        self._closed_decoded += decoder.frames_decoded
-        decoder.close()
-
-    @property
-    def frames_decoded(self) -> int:
-        """Frames decoded by every decoder this cache created, open or closed."""
-        live = [*self._open.values(), *(d for extra in self._extra.values() for d in extra)]
-        return self._closed_decoded + sum(d.frames_decoded for d in live)
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def __contains__(self, path: object) -> bool:
-        return _location(path) in self._open if isinstance(path, (str, Path)) else False
-
-    def drop(self, path: Path | str) -> None:
-        """Close the decoder of ``path`` (after a failure: the next request reopens the file)."""
-        decoder = self._open.pop(_location(path), None)
-        if decoder is not None:
-            self._retire(decoder)
-        for extra in self._extra.pop(_location(path), []):
-            self._retire(extra)
-
-    def close(self) -> None:
-        """Close every open decoder."""
-        while self._open:
-            _, decoder = self._open.popitem(last=False)
-            self._retire(decoder)
-        for extra in self._extra.values():
-            for decoder in extra:
-                self._retire(decoder)
-        self._extra.clear()
-
-
-class VideoClipDataset(Dataset[dict[str, Any]]):
+class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
     """Map-style dataset of explicit clip samples, for any ``Sampler`` and ``DataLoader``.
 
     ``dataset[i]`` returns the sample for ``requests[i]``; ``dataset[request]`` serves any
@@ -261,7 +112,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
-            by up to this many decoders (see :mod:`lightning_vstream.clips.gops`; None: 2; 1 decodes
+            by up to this many decoders (see :mod:`lightning_vstream.clips.executor`; None: 2; 1 decodes
             them in turn). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
@@ -410,61 +261,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         self._reader: Any = None
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
 
-    @property
-    def bad_files(self) -> int:
-        """Distinct files this process could not read (``on_error="skip"``)."""
-        return len(self._bad_files)
-
-    # -- validation ---------------------------------------------------------------------------
-    def _where(self) -> str:
-        source = self.index.source
-        return repr(basename(source) if isinstance(source, str) else source.name)
-
-    def _position(self, request: ClipRequest, origin: str) -> int:
-        try:
-            return self.index.position(request.clip_id)
-        except KeyError:
-            known = ", ".join(repr(self.index.clip_id(i)) for i in range(min(5, len(self.index))))
-            raise ConfigurationError(
-                f"{origin}: clip {request.clip_id!r} is not in the index {self._where()} (clips include {known}); "
-                "check the clip id, or rebuild the index with `vstream index`."
-            ) from None
-
-    def _check_names(self, request: ClipRequest, has: Sequence[str], origin: str) -> list[str]:
-        names = list(request.cameras if request.cameras is not None else self.cameras)
-        missing = [n for n in names if n not in has]
-        if missing:
-            raise ConfigurationError(
-                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(has)}); "
-                "request cameras that the index lists, or load the index with those cameras."
-            )
-        return names
-
-    def _check_frames(self, request: ClipRequest, frame_count: int, origin: str) -> None:
-        for f in request.frames:
-            if not 0 <= f < frame_count:
-                raise IndexError(
-                    f"{origin}: frame {f} is out of range for clip {request.clip_id!r}, which has "
-                    f"{frame_count} frames (valid: 0..{frame_count - 1}) in {self._where()}."
-                )
-
-    def _check_request(self, request: ClipRequest, origin: str) -> None:
-        """:meth:`_check` without building the clip where the index holds its clips as arrays."""
-        clips = self.index.clips
-        if not isinstance(clips, ClipSequence):
-            self._check(request, origin)
-            return
-        position = self._position(request, origin)
-        self._check_names(request, clips.camera_names, origin)
-        self._check_frames(request, int(clips.frame_counts[position]), origin)
-
-    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
-        clip = self.index.clips[self._position(request, origin)]
-        by_name = {cam.name: cam for cam in clip.cameras}
-        names = self._check_names(request, list(by_name), origin)
-        self._check_frames(request, clip.frame_count, origin)
-        return clip, [by_name[n] for n in names]
-
     # -- reading ------------------------------------------------------------------------------
     @property
     def decoders(self) -> DecoderCache:
@@ -483,62 +279,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             )
         return self._cache
 
-    def _info(self, cam: CameraStream) -> VideoInfo:
-        info = self._infos.get(cam.path)
-        if info is None:
-            info = cam.info
-        if info is None:
-            # Only probed tables are kept here: the index's frame tables keep the recently used
-            # ones, so reading every file of a large index does not keep every table in memory.
-            info = self._infos[cam.path] = frame_table(cam, self.index.storage)
-        return info
-
     def __len__(self) -> int:
         return len(self.requests)
-
-    def _resolve(
-        self, item: int | ClipRequest
-    ) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int], ClipRequest, str]:
-        """The clip, camera streams, their frame tables, the frame indices ``item`` returns, the request and
-        where it came from (for errors). Frame tables are empty when the first camera cannot be probed
-        under ``on_error="skip"``."""
-        if isinstance(item, ClipRequest):
-            request, origin = item, "request"
-        else:
-            if isinstance(item, bool) or not hasattr(item, "__index__"):
-                hint = (
-                    f"; to read clip {item!r}, pass a request such as dataset[at_indices({item!r}, [0, 1, 2])]"
-                    if isinstance(item, str)
-                    else ""
-                )
-                raise ConfigurationTypeError(
-                    f"VideoClipDataset is indexed by request position (an int in 0..{len(self.requests) - 1}) or "
-                    f"by a ClipRequest, not by a {type(item).__name__} ({item!r}){hint}."
-                )
-            item = item.__index__()
-            if not -len(self.requests) <= item < len(self.requests):
-                raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
-            request, origin = self.requests[item], f"requests[{item}]"
-        clip, streams = self._check(request, origin)
-        try:
-            reference = self._info(streams[0])
-        except (VideoDecodeError, OSError) as err:  # the file cannot even be probed
-            if self.on_error == "raise":
-                raise
-            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
-            self._skip(streams[0].path, label, err)
-            return clip, streams, [], [], request, origin
-        if request.times:
-            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
-            indices = resolve_times(
-                reference, request.times, policy=request.policy, frame_count=clip.frame_count, where=label
-            )
-        else:
-            indices = list(request.frames)
-        if self.frame_policy == "nearest_keyframe":
-            indices = snap_to_keyframes(indices, reference)
-        infos = [self._info(cam) for cam in streams]
-        return clip, streams, infos, indices, request, origin
 
     def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
         import torch
@@ -547,7 +289,8 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             return self.__getitems__([item])[0]
         clip, streams, infos, indices, request, origin = self._resolve(item)
         if not infos:
-            return self._unreadable(clip, streams, request)
+            count = len(request.times or request.frames)
+            return unreadable_sample(clip.clip_id, [cam.name for cam in streams], count, self.outputs)
         reference = infos[0]
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
         per_camera = self.camera_frames == "per_camera"
@@ -582,7 +325,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 for c, (cam, info) in enumerate(zip(streams, infos)):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
                     decoder = self.decoders.get(cam.path, info=info, label=label)
-                    _decode_on_device(decoder, indices, targets[c])
+                    decode_on_device(decoder, indices, targets[c])
             else:
                 jobs = []
                 for c, (cam, info) in enumerate(zip(streams, infos)):
@@ -674,68 +417,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         sample["img_aug_matrix"] = output_matrices(self.transform, sizes, before)
         update_intrinsics(sample)
 
-    def _unreadable(self, clip: Clip, streams: list[CameraStream], request: ClipRequest) -> dict[str, Any]:
-        """A ``valid=False`` sample whose frame size is unknown (collate_clips sizes it like the others)."""
-        import torch
-
-        count = len(request.times or request.frames)
-        frames = torch.zeros((count, len(streams), 3, 0, 0), dtype=torch.uint8)
-        sample: dict[str, Any] = {
-            "frames": frames,
-            "clip_id": clip.clip_id,
-            "frame_index": torch.full((count,), -1, dtype=torch.int64),
-            "timestamp": torch.full((count,), float("nan"), dtype=torch.float64),
-            "camera_names": [cam.name for cam in streams],
-            "valid": False,
-        }
-        if self.outputs:
-            sample["outputs"] = {name: {"frames": frames} for name in self.outputs}
-        return sample
-
-    def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
-        """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
-        (merged where adjacent).
-
-        The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
-        not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
-        """
-        from lightning_vstream.decode.remote import GopDecoder
-
-        for decoder, indices in reads:
-            if isinstance(decoder, GopDecoder):
-                decoder.fetcher.prefetch(decoder.units_for(indices), due=self._clock + ahead)
-        self._clock += 1 if ahead == 0 else 0
-
-    def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
-        """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
-
-        Nothing is decoded and no decoder is opened; the bytes wait in this process's bounded
-        prefetch memory (or the node cache) for the decoders. Local files are left alone. Samples
-        that cannot be resolved are skipped here (they raise, or are skipped, when read).
-        """
-        if self.index.storage is None or self.decode_device != "cpu":
-            return
-        from lightning_vstream.decode.remote import gop_runs
-        from lightning_vstream.storage.fetcher import fetcher_for
-
-        fetcher = fetcher_for(self.index.storage)
-        for ahead, item in enumerate(items, start=1):
-            try:
-                _, streams, infos, indices, _, _ = self._resolve(item)
-            except (VideoDecodeError, ConfigurationError, IndexError, OSError):
-                continue
-            for cam, info in zip(streams, infos):
-                if info.layout is not None and isinstance(cam.path, str):
-                    fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
-
-    def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
-        self.skipped += count
-        if self._cache is not None and path in self._cache:
-            self._cache.drop(path)
-        if str(path) not in self._bad_files:
-            self._bad_files.add(str(path))
-            log.warning("skipping samples of %s (%s): %s", label, str(path), err)
-
     def _batched(self) -> bool:
         return self.decode_device != "cpu"
 
@@ -804,180 +485,3 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
-
-
-def _decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
-    """Decode ``indices`` into ``out[t]`` on a device decoder, in ascending frame order.
-
-    Ascending order is what keeps each GOP decoded at most once (see the module docs); a frame
-    requested twice is decoded once and copied.
-    """
-    first_slot: dict[int, int] = {}
-    for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
-        if index in first_slot:
-            out[t].copy_(out[first_slot[index]])
-        else:
-            first_slot[index] = t
-            out[t].copy_(decoder.get(index))
-
-
-def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool = False) -> dict[str, Any]:
-    """Stack clip samples into a batch (use as ``DataLoader(..., collate_fn=collate_clips)``).
-
-    Returns ``frames`` uint8 ``[B, T, cameras, 3, H, W]``, ``frame_index`` int64 ``[B, T]``,
-    ``timestamp`` float64 ``[B, T]``, ``valid`` bool ``[B]`` (False for samples that could not be
-    decoded under ``on_error="skip"``), ``clip_id`` list of str and ``camera_names`` list of str;
-    with annotations, ``annotations`` (clip fields ``[B, ...]``, frame fields ``[B, T, ...]``,
-    ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with ``<name>_mask`` when
-    ``pad_annotations``) and ``has_annotations`` ``[B, T]``; with augmentation ``img_aug_matrix``
-    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.collate`).
-
-    Raises:
-        ValueError: Samples differ in cameras, frame count ``T`` or frame size.
-
-    Example::
-
-        >>> loader = DataLoader(dataset, batch_size=8, collate_fn=collate_clips)  # doctest: +SKIP
-    """
-    import torch
-
-    if not samples:
-        raise ConfigurationError("collate_clips got an empty list of samples.")
-    valid = [s for s in samples if s.get("valid", True)]
-    if valid and len(valid) < len(samples):
-        # A sample that could not be decoded takes the size (after transform) of the decoded ones.
-        samples = [s if s.get("valid", True) else sized_like(s, valid[0]) for s in samples]
-    first = samples[0]
-    for s in samples[1:]:
-        if list(s["camera_names"]) != list(first["camera_names"]):
-            raise ConfigurationError(
-                f"cannot batch clip {first['clip_id']!r} (cameras {list(first['camera_names'])}) with clip "
-                f"{s['clip_id']!r} (cameras {list(s['camera_names'])}); requests in one batch must name the same cameras."
-            )
-        if frame_shapes(s["frames"]) != frame_shapes(first["frames"]):
-            raise ConfigurationError(
-                f"cannot batch clip {first['clip_id']!r} (frames {frame_shapes(first['frames'])}) with clip "
-                f"{s['clip_id']!r} (frames {frame_shapes(s['frames'])}); requests in one batch must have the same "
-                "number of frames and the same frame size."
-            )
-    batch: dict[str, Any] = {
-        "frames": stack_frames([s["frames"] for s in samples]),
-        "clip_id": [s["clip_id"] for s in samples],
-        "frame_index": torch.stack([s["frame_index"] for s in samples]),
-        "timestamp": torch.stack([s["timestamp"] for s in samples]),
-        "valid": torch.tensor([bool(s.get("valid", True)) for s in samples], dtype=torch.bool),
-        "camera_names": list(first["camera_names"]),
-    }
-    if "annotations" in first:
-        from lightning_vstream.annotations.collate import collate_annotations
-
-        items = [s["annotations"] for s in samples]
-        ragged = {
-            n for item in items for n, v in item.items() if isinstance(v, list) and v and isinstance(v[0], torch.Tensor)
-        }
-        partial = [not bool(s["has_annotations"].any()) for s in samples]
-        batch["annotations"] = collate_annotations(items, ragged=ragged, pad=pad_annotations, partial=partial)
-        batch["has_annotations"] = torch.stack([s["has_annotations"] for s in samples])
-    if any("img_aug_matrix" in s for s in samples):
-        batch["img_aug_matrix"] = stack_geometry([s.get("img_aug_matrix") for s in samples])
-    if "outputs" in first:
-        batch["outputs"] = {}
-        for name in first["outputs"]:
-            outputs = [s["outputs"][name] for s in samples]
-            output: dict[str, Any] = {"frames": stack_frames([o["frames"] for o in outputs])}
-            for key in ("img_aug_matrix", "intrinsics"):
-                if any(key in o for o in outputs):
-                    output[key] = stack_geometry([o.get(key) for o in outputs])
-            batch["outputs"][name] = output
-    return batch
-
-
-def _load_table_cache(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ConfigurationError(
-            f"frame-table cache {str(path)!r} is not valid JSON ({err.msg} at line {err.lineno}); delete it."
-        ) from None
-    return data if isinstance(data, dict) else {}
-
-
-def index_from_files(
-    paths: Iterable[Path | str],
-    *,
-    ids: Sequence[str] | None = None,
-    camera: str = "video",
-    cache_file: Path | str | None = None,
-) -> VideoIndex:
-    """An in-memory index of single-camera clips, one per video file or image folder.
-
-    Every file is probed here (its packets demuxed once, no frame decoded). With
-    ``cache_file`` the frame tables are stored there (keyed by absolute path, size and
-    modification time) and reused by later calls, so a long video is scanned once.
-
-    Args:
-        paths: Video files or image folders.
-        ids: Clip ids, one per path; the file names without extension when None.
-        camera: Camera name of every clip.
-        cache_file: JSON file caching the frame tables across runs.
-
-    Returns:
-        A :class:`~lightning_vstream.VideoIndex` (its ``source`` is ``cache_file`` or the
-        current folder).
-
-    Raises:
-        FileNotFoundError: A path does not exist.
-        ValueError: Ids repeat (pass ``ids=``), or ``ids`` has the wrong length.
-
-    Example::
-
-        >>> index = index_from_files(sorted(Path("videos").glob("*.mp4")), cache_file="tables.json")  # doctest: +SKIP
-    """
-    from lightning_vstream.index import probe
-
-    files = [Path(p).resolve() for p in paths]
-    if not files:
-        raise ConfigurationError("index_from_files needs at least one path.")
-    names = [p.stem if p.is_file() else p.name for p in files] if ids is None else list(ids)
-    if len(names) != len(files):
-        raise ConfigurationError(
-            f"ids has {len(names)} entries but {len(files)} paths were given; pass one id per path."
-        )
-    seen: dict[str, Path] = {}
-    for name, path in zip(names, files):
-        if name in seen:
-            raise ConfigurationError(
-                f"clip id {name!r} is used by both {str(seen[name])!r} and {str(path)!r}; pass ids=[...] "
-                "with one distinct id per path."
-            )
-        seen[name] = path
-    cache_path = None if cache_file is None else Path(cache_file)
-    cache = {} if cache_path is None else _load_table_cache(cache_path)
-    changed = False
-    clips = []
-    for name, path in zip(names, files):
-        if not path.exists():
-            raise MissingFileError(f"{str(path)!r} (clip {name!r}) does not exist.")
-        stat = path.stat()
-        key = [stat.st_size if path.is_file() else None, stat.st_mtime_ns]
-        entry = cache.get(str(path))
-        info = None
-        if isinstance(entry, dict) and entry.get("key") == key:
-            try:
-                info = VideoInfo.from_dict(entry["info"])
-            except (KeyError, TypeError, ValueError):
-                info = None
-        if info is None:
-            info = probe(path)
-            cache[str(path)] = {"key": key, "info": info.to_dict()}
-            changed = True
-        clips.append(Clip(name, path.parent, info.frame_count, (CameraStream(camera, path, info),)))
-    if cache_path is not None and changed:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_name(cache_path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, separators=(",", ":")), encoding="utf-8")
-        tmp.replace(cache_path)
-    source = cache_path.resolve() if cache_path is not None else Path.cwd()
-    return VideoIndex(source, tuple(clips), (camera,))

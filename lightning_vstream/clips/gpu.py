@@ -1,6 +1,6 @@
 """GOP decoding on NVIDIA GPUs for explicit frame selection (``decode_device="cuda"``).
 
-:class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.clips.planner.GopDecoder`
+:class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.clips.executor.GopDecoder`
 with PyNvVideoCodec: packets are demuxed with PyAV (their checksums checked against the frame
 table before the Annex-B filter), decoded on NVDEC with ``NATIVE`` output (NV12), and only the
 wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into their place
@@ -36,7 +36,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.planner import Emit, GopDecoder, GopTask
+from lightning_vstream.clips.executor import Emit, GopDecoder
+from lightning_vstream.clips.planner import GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import FrameMemory, frame_memory
@@ -288,7 +289,7 @@ class NvGopDecoder:
 def nvdec_gop_factory(
     gpu: int, *, pool: DecoderPool | None = None, labels: dict[Hashable, str] | None = None
 ) -> Callable[[GopTask], GopDecoder]:
-    """``open_decoder`` for :class:`~lightning_vstream.clips.planner.GopExecutor`: an :class:`NvGopDecoder` per file."""
+    """``open_decoder`` for :class:`~lightning_vstream.clips.executor.GopExecutor`: an :class:`NvGopDecoder` per file."""
 
     def open_decoder(task: GopTask) -> GopDecoder:
         label = (labels or {}).get(task.source, "")

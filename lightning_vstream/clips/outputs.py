@@ -1,7 +1,7 @@
 """A clip sample's outputs and their geometry, and how samples of several outputs are batched.
 
 Used by :class:`~lightning_vstream.clips.dataset.VideoClipDataset` and
-:func:`~lightning_vstream.clips.dataset.collate_clips` (see :mod:`lightning_vstream.outputs`).
+:func:`~lightning_vstream.clips.collate.collate_clips` (see :mod:`lightning_vstream.outputs`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "sized_like",
     "stack_frames",
     "stack_geometry",
+    "unreadable_sample",
 ]
 
 
@@ -104,3 +105,22 @@ def sized_like(sample: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, 
 def frame_shapes(frames: Any) -> Any:
     """Shape of a sample's frames: one tuple, or one per camera (``camera_frames="per_camera"``)."""
     return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
+
+
+def unreadable_sample(clip_id: str, camera_names: list[str], count: int, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``valid=False`` sample of ``count`` frames whose frame size is unknown (``collate_clips`` sizes it
+    like the others)."""
+    import torch
+
+    frames = torch.zeros((count, len(camera_names), 3, 0, 0), dtype=torch.uint8)
+    sample: dict[str, Any] = {
+        "frames": frames,
+        "clip_id": clip_id,
+        "frame_index": torch.full((count,), -1, dtype=torch.int64),
+        "timestamp": torch.full((count,), float("nan"), dtype=torch.float64),
+        "camera_names": camera_names,
+        "valid": False,
+    }
+    if outputs:
+        sample["outputs"] = {name: {"frames": frames} for name in outputs}
+    return sample

@@ -7,10 +7,13 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.commands.args import existing
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
+
+if TYPE_CHECKING:
+    from lightning_vstream.indexing.verify import VerifyReport
 
 _MISSING_INDEX = (
     "Run `vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset."
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import build_index, load_index
+    from lightning_vstream.indexing import build_index, load_index
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _quick_check(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     index = load_index(args.root, check="thorough")
     print(
@@ -126,12 +129,16 @@ def _quick_check(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from lightning_vstream.index import verify_index
+    from lightning_vstream.indexing import verify_index
 
     def bar(items: Any) -> Any:
         return tqdm(items, desc="verifying", unit="file", disable=args.quiet or len(items) < 20, file=sys.stderr)
 
-    report = verify_index(args.root, progress=bar)
+    return _report(verify_index(args.root, progress=bar))
+
+
+def _report(report: VerifyReport) -> int:
+    """Print what ``vstream index --check`` found; the exit status (1 on any problem)."""
     for note in report.notes:
         print(f"note: {note}")
     if report.problems:
@@ -147,7 +154,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _tables(args: argparse.Namespace) -> int:
-    from lightning_vstream.index import write_index_tables
+    from lightning_vstream.indexing import write_index_tables
 
     written = write_index_tables(args.root, table_format=args.table_format, progress=not args.quiet)
     print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
@@ -179,8 +186,9 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
     """``vstream index`` on a URL: build in place, --check, --quick-check or --tables (see docs/remote.md)."""
     from tqdm import tqdm
 
-    from lightning_vstream.index import load_index
-    from lightning_vstream.index.remote import build_remote_index, verify_remote_index, write_remote_index_tables
+    from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.remote import build_remote_index, write_remote_index_tables
+    from lightning_vstream.indexing.verify import verify_remote_index
     from lightning_vstream.storage.options import StorageConfig
 
     options = _storage_options(args.storage_option)
@@ -190,17 +198,7 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
         return tqdm(items, desc="reading", unit="file", disable=args.quiet, file=sys.stderr)
 
     if mode == "check":
-        report = verify_remote_index(args.root, storage=config, progress=bar)
-        if report.problems:
-            listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(report.problems))
-            print(
-                f"vstream index --check: {report.index}: {len(report.problems)} problem(s) in {report.files} files:\n"
-                f"{listed}\nRestore the files, or re-run `vstream index` if they were replaced on purpose.",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
-        return 0
+        return _report(verify_remote_index(args.root, storage=config, progress=bar))
     if mode == "quick_check":
         index = load_index(args.root, check="thorough", storage_options=options)
         print(

@@ -143,7 +143,7 @@ class PyAVDecoder(RGBOutputDecoder):
             # Size, mtime and fingerprint as the index recorded them; a file that differs is
             # re-verified packet by packet (FileChangedError if its content changed). A remote
             # file's size and ETag are checked by every read instead.
-            self._info = info = verify_identity(self.path, info, self._where())
+            self._info = info = verify_identity(self.path, info, self._where(), probe=probe_video)
         container = open_container(Path(self.path), self._source)
         stream = video_stream(container, Path(self.path), self.stream)
         if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:

@@ -241,6 +241,7 @@ _MATCHED_KEPT = 65536
 
 def verified(path: Path, info: VideoInfo, where: str) -> VideoInfo:
     """:func:`~lightning_vstream.index.identity.verify_identity`, skipped for a file unchanged since it matched."""
+    from lightning_vstream.decode.probe import probe_video
     from lightning_vstream.index.identity import verify_identity
 
     key = (str(path), info.identity)
@@ -251,7 +252,7 @@ def verified(path: Path, info: VideoInfo, where: str) -> VideoInfo:
         stamp = None
     if stamp is not None and _MATCHED.get(key) == stamp:
         return info
-    checked = verify_identity(path, info, where)
+    checked = verify_identity(path, info, where, probe=probe_video)
     if stamp is not None and checked is info:
         if len(_MATCHED) >= _MATCHED_KEPT:
             _MATCHED.clear()

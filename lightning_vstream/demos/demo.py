@@ -227,7 +227,7 @@ def _coverage(lengths: dict[str, int], steps: int) -> list[str]:
 
 def _write_splits(root: Path) -> None:
     """``train.json`` (all clips but the last ``VAL_CLIPS``) and ``val.json`` (those), each with its frame tables."""
-    from lightning_vstream.index import write_index_tables
+    from lightning_vstream.indexing import write_index_tables
 
     ((video_dir, clips),) = json.loads((root / "index.json").read_text()).items()
     names = sorted(clips)
@@ -240,7 +240,7 @@ def _write_splits(root: Path) -> None:
 def _dataset(cache_dir: Path, out: TextIO) -> tuple[Path, bool]:
     """The demo dataset folder under ``cache_dir``: reused when its indexes load, written (atomically) otherwise."""
     from lightning_vstream.demos.synth import write_dataset
-    from lightning_vstream.index import load_index
+    from lightning_vstream.indexing import load_index
 
     root = cache_dir / CACHE_NAME
     spec = (

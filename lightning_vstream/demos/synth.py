@@ -419,7 +419,7 @@ def write_dataset(
 
         >>> index = write_dataset("/tmp/demo", clips=2, cameras=2, frames=8)  # doctest: +SKIP
     """
-    from lightning_vstream.index import build_index
+    from lightning_vstream.indexing import build_index
 
     root = Path(root)
     if root.exists() and not root.is_dir():

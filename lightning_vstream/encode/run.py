@@ -64,7 +64,7 @@ def encode_sources(
     """
     from tqdm import tqdm
 
-    from lightning_vstream.index.build import build_index
+    from lightning_vstream.indexing.build import build_index
 
     settings = settings if settings is not None else EncodeSettings()
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -170,7 +170,7 @@ def encode_index(
 
         >>> encode_index("images/index.json", "encoded", codec="h264", crf=18, jobs=2)  # doctest: +SKIP
     """
-    from lightning_vstream.index.load import load_index
+    from lightning_vstream.indexing import load_index
 
     settings = EncodeSettings(codec=codec, gop=gop, bframes=bframes, crf=crf, bitrate=bitrate, preset=preset)
     index = load_index(src_index, cameras=cameras)

@@ -1,25 +1,46 @@
-"""Index files -> frozen, validated records of clips, cameras and frame counts (no torch here).
+"""Index files -> frozen, validated records of clips, cameras and frame counts (no torch, no decoder here).
 
-- :mod:`~lightning_vstream.index.load`: parsing and validating an index file.
+- :mod:`~lightning_vstream.index.load`: parsing and validating a local index file.
+- :mod:`~lightning_vstream.index.remote`: the same for an index at a URL, and its frame tables.
+- :mod:`~lightning_vstream.index.listing`: what both collect per clip before it becomes arrays.
 - :mod:`~lightning_vstream.index.records`: the records (:class:`VideoIndex`, :class:`Clip`, :class:`CameraStream`).
 - :mod:`~lightning_vstream.index.arrays`: a loaded index's clips as arrays, each record built when used.
 - :mod:`~lightning_vstream.index.tables`: frame tables (:class:`VideoInfo`) and the JSON sidecar.
 - :mod:`~lightning_vstream.index.table_file`: the binary, memory-mapped frame-table file (:class:`FrameTables`).
 - :mod:`~lightning_vstream.index.identity`: file identity (size, mtime, fingerprint) and re-verification.
-- :mod:`~lightning_vstream.index.verify`: full verification of every packet (``vstream index --check``).
 - :mod:`~lightning_vstream.index.files`: how clips and cameras lay out on disk.
-- :mod:`~lightning_vstream.index.build`: building an index by probing files.
+
+Building, loading and checking an index probe its files with the decoders, so that code lives in
+:mod:`lightning_vstream.indexing`, above :mod:`lightning_vstream.decode`. Its public names
+(:func:`load_index`, :func:`build_index`, :func:`write_index_tables`, :func:`verify_index`,
+:class:`VerifyReport`, :func:`probe`) are also importable from here, as documented: each loads
+:mod:`lightning_vstream.indexing` on first access, so importing this package imports no decoder.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lightning_vstream.errors import FileChangedError, IndexValidationError
-from lightning_vstream.index.build import build_index, probe, write_index_tables
 from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from lightning_vstream.index.identity import FileIdentity
-from lightning_vstream.index.load import load_index
 from lightning_vstream.index.records import CameraStream, Clip, ClipSequence, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import VideoInfo, metadata_path
-from lightning_vstream.index.verify import VerifyReport, verify_index
+
+if TYPE_CHECKING:
+    from lightning_vstream.indexing import (
+        VerifyReport,
+        build_index,
+        load_index,
+        probe,
+        verify_index,
+        write_index_tables,
+    )
+
+#: Documented names that probe files, defined in :mod:`lightning_vstream.indexing` (loaded on first access).
+_FROM_INDEXING = ("VerifyReport", "build_index", "load_index", "probe", "verify_index", "write_index_tables")
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -42,3 +63,13 @@ __all__ = [
     "verify_index",
     "write_index_tables",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_INDEXING:
+        return getattr(importlib.import_module("lightning_vstream.indexing"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -10,7 +10,8 @@ content is unchanged (a copy, a ``touch``) passes; a replaced or swapped file is
 every packet is still checked while decoding: no frame is ever delivered from data the index did
 not record.
 
-This module reads files but imports no decoder at module level.
+This module reads files but imports no decoder: re-verifying a file probes it with the ``probe``
+its caller passes (a decoder probes its own file; :mod:`lightning_vstream.indexing` passes its probe).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +29,11 @@ from lightning_vstream.errors import FileChangedError, VideoDecodeError
 if TYPE_CHECKING:
     from lightning_vstream.index.tables import VideoInfo
 
-__all__ = ["BLOCK", "FileIdentity", "file_identity", "reverify", "verify_identity"]
+__all__ = ["BLOCK", "FileIdentity", "Probe", "file_identity", "reverify", "verify_identity"]
+
+#: Reads a local file's frame table (every packet's timestamp and CRC-32), e.g.
+#: :func:`lightning_vstream.decode.cpu.probe_video`.
+Probe = Callable[[Path], "VideoInfo"]
 
 #: Bytes read at each end of a file for its fingerprint.
 BLOCK = 64 * 1024
@@ -168,13 +174,14 @@ def _difference(stored: VideoInfo, probed: VideoInfo) -> tuple[str, int] | None:
     return None
 
 
-def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = False) -> VideoInfo:
+def reverify(path: Path, stored: VideoInfo, where: str, *, probe: Probe, damaged_ok: bool = False) -> VideoInfo:
     """Probe ``path`` in full and accept it only if its packets match ``stored``.
 
     Args:
         path: The file.
         stored: Its frame table from the index.
         where: The file, clip and camera, for messages.
+        probe: Reads the file's current frame table.
         damaged_ok: Also accept a file that is the indexed one with a damaged tail (a truncated
             copy, corrupted packets after intact leading frames): its leading frames are exactly
             the indexed ones, and a decoder keeps checking every packet against ``stored``, so it
@@ -187,8 +194,6 @@ def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = Fa
     Raises:
         FileChangedError: The file's packets differ from the frame table, or it cannot be probed.
     """
-    from lightning_vstream.index.build import probe
-
     try:
         current = file_identity(path)
         probed = probe(path)
@@ -202,7 +207,7 @@ def reverify(path: Path, stored: VideoInfo, where: str, *, damaged_ok: bool = Fa
     return dataclasses.replace(stored, identity=current)
 
 
-def verify_identity(path: Path, info: VideoInfo, where: str) -> VideoInfo:
+def verify_identity(path: Path, info: VideoInfo, where: str, *, probe: Probe) -> VideoInfo:
     """Compare a file with the identity recorded in ``info``; re-verify it in full on any difference.
 
     Files whose frame table has no recorded identity (older sidecars, image folders) are returned
@@ -234,7 +239,7 @@ def verify_identity(path: Path, info: VideoInfo, where: str) -> VideoInfo:
     if len(_VERDICTS) > 4096:
         _VERDICTS.clear()
     try:
-        checked = reverify(path, info, where, damaged_ok=True)
+        checked = reverify(path, info, where, probe=probe, damaged_ok=True)
     except FileChangedError as err:
         _VERDICTS[key] = err
         raise

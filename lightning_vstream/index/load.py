@@ -15,21 +15,21 @@ import errno
 import json
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.errors import (
     ConfigurationError,
-    ConfigurationTypeError,
     DataFormatError,
     FileChangedError,
     IndexValidationError,
     MissingFileError,
     VStreamWarning,
 )
-from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
+from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
+from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import (
@@ -43,9 +43,13 @@ from lightning_vstream.storage.urls import is_url
 if TYPE_CHECKING:
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["MAX_FRAMES", "Check", "load_index"]
+__all__ = ["MAX_FRAMES", "FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
 
-Check = Literal["fast", "thorough"]
+#: The thorough check of an index's files (see :func:`lightning_vstream.indexing.load_index`):
+#: ``check(clips, where, problems, changed)`` returns the clips, each with what it found (frame tables
+#: probed, identities re-verified); it adds files that changed since the index was built to ``changed``
+#: and every other problem to ``problems``.
+FileCheck = Callable[[list[Clip], str, list[str], list[str]], list[Clip]]
 
 #: Largest frame count an index may list for one clip (2**31 - 1: years of video at 30 fps).
 MAX_FRAMES = 2**31 - 1
@@ -162,66 +166,21 @@ def _bad_clip_id(clip_id: str) -> bool:
     )
 
 
-def load_index(
-    path: Path | str,
-    *,
-    cameras: Sequence[str] | None = None,
-    check: Check = "fast",
-    storage_options: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-    cache_limit: int | str | None = None,
+def load_local_index(
+    path: Path | str, *, cameras: Sequence[str] | None = None, check_files: FileCheck | None = None
 ) -> VideoIndex:
-    """Parse and validate an index file, on a local disk or at a URL.
-
-    Camera order is the sorted file stems found in the first clip, or ``cameras`` (which may
-    also select a subset). Every problem found is reported in one error.
-
-    A URL (``s3://bucket/ds/index.json``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...) is read
-    through remote storage: video paths resolve relative to the index's URL and stay URLs; the frame
-    tables are fetched once per machine into ``cache_dir`` (else the system's temporary folder) and
-    memory-mapped; decoders then read each file GOP by GOP (see ``docs/remote.md``).
+    """Parse and validate a local index file (:func:`~lightning_vstream.indexing.load_index` without a URL).
 
     Args:
-        path: The index JSON file, or its URL.
+        path: The index JSON file.
         cameras: Cameras to load, in this order; all cameras when None.
-        check: ``"fast"`` checks that folders and camera files exist and that every clip has
-            the same cameras (no file is opened: each decoder checks its file's identity when it
-            opens it); ``"thorough"`` also compares every file's size and modification time with
-            the index, re-verifies changed files in full, probes files without frame tables, and
-            checks frame counts, frame sizes and codecs. For a URL, ``"thorough"`` compares every
-            file's size and ETag with the frame tables (one HEAD each).
-        storage_options: How to reach a URL (endpoint, credentials, retries...; see
-            :class:`~lightning_vstream.storage.options.StorageConfig`); the provider's standard
-            environment otherwise.
-        cache_dir: Node-local folder caching the frame tables and every GOP read (shared by the
-            ranks and workers of a machine); None: GOPs are only held in memory while needed.
-        cache_limit: Bytes the GOP cache may hold (``"20GB"`` or an int); None: no limit.
-
-    Returns:
-        The validated :class:`VideoIndex`.
+        check_files: The thorough check of the files themselves (see :data:`FileCheck`); None: the
+            fast check, which opens no file (with frame tables, not even a clip folder listing).
 
     Raises:
-        FileNotFoundError: The index file does not exist.
-        ValueError: The JSON is malformed (message gives line and column), or ``cameras`` is empty
-            or repeats a name.
-        TypeError: ``cameras`` is a single string instead of a list.
-        IndexValidationError: The index disagrees with the files (every problem listed).
-        FileChangedError: With ``check="thorough"``, a file changed since the index was built and
-            its packets no longer match the frame tables.
-
-    Example::
-
-        >>> index = load_index("data/index.json", cameras=["CAM_FRONT", "CAM_BACK"])  # doctest: +SKIP
+        See :func:`~lightning_vstream.indexing.load_index`.
     """
-    if check not in ("fast", "thorough"):
-        raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
-    if is_url(path):
-        from lightning_vstream.index.remote import load_remote_index
-        from lightning_vstream.storage.options import StorageConfig
-
-        config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
-        return load_remote_index(str(path), cameras=cameras, check=check, storage=config)
-    return _load(path, cameras, check, with_tables=True)
+    return _load(path, cameras, check_files, with_tables=True)
 
 
 def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
@@ -230,7 +189,7 @@ def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
     Raises:
         IndexValidationError: The index does not describe the files on disk (every problem listed).
     """
-    index = _load(path, None, "fast", with_tables=False)
+    index = _load(path, None, None, with_tables=False)
     base = Path(index.source).parent
     return [
         (table_key(base, Path(cam.path)), clip.clip_id, cam.name, Path(cam.path))
@@ -239,7 +198,9 @@ def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
     ]
 
 
-def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with_tables: bool) -> VideoIndex:
+def _load(
+    path: Path | str, cameras: Sequence[str] | None, check_files: FileCheck | None, *, with_tables: bool
+) -> VideoIndex:
     try:
         path = Path(path).resolve()
     except (OSError, RuntimeError):  # a symbolic link loop
@@ -262,16 +223,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
     problems: list[str] = []
     seen: dict[str, str] = {}
     folders_seen: dict[str, str] = {}
-    reference: tuple[str, tuple[str, ...]] | None = None
-    if cameras is not None:
-        if isinstance(cameras, str):
-            raise ConfigurationTypeError(
-                f"cameras={cameras!r} must be a list of camera names, not a string; pass [{cameras!r}]."
-            )
-        cameras = list(cameras)
-        if not cameras or len(set(cameras)) != len(cameras):
-            raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
-        reference = ("the cameras argument", tuple(cameras))
+    cameras, reference = camera_reference(cameras)
     scanned: list[set[str]] = []  # the camera files of every clip folder read
 
     def scan(clip_id: str, folder: str, out: list[str]) -> tuple[str, ...] | None:
@@ -296,38 +248,15 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                 return None
             reference = (f"clip {clip_id!r}", tuple(found))
-        names = reference[1]
-        missing = [n for n in names if n not in found]
         scanned.append(set(found))
-        if missing:
-            out.append(
-                f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
-                f"(expected the cameras of {reference[0]}: {list(names)})."
-            )
-            return None
-        if cameras is None and set(found) != set(names):
-            out.append(
-                f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has "
-                f"{list(names)}; pass cameras=[...] to load a common subset."
-            )
-            return None
-        return tuple(found[n] for n in names)
+        return match_cameras(found, reference, cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out)
 
     # The quick check with binary frame tables lists each video folder once and takes a clip's
     # camera files from the tables, which record every file: listing 100,000 clip folders would
     # take longer than training waits. The files themselves are checked when a decoder opens
     # them (identity, then every packet's checksum); check="thorough" lists every clip folder.
-    quick = tables is not None and check == "fast"
-    # Per clip, in order: id, frame count, video folder, layout (its camera file names).
-    ids: list[str] = []
-    counts: list[int] = []
-    dir_of: list[int] = []
-    layout_of: list[int] = []
-    layouts: dict[tuple[str, ...], int] = {}
-    video_dirs: list[str] = []
-    dir_keys: list[str] = []
-    # Clips whose camera files come from the tables: (position, where their problems go, id, folder, key prefix).
-    deferred: list[tuple[int, int, str, str, str]] = []
+    quick = tables is not None and check_files is None
+    lists = ClipLists()
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
         # video folder reached through a symbolic link still finds its frame tables.
@@ -354,9 +283,7 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
             )
             continue
         folders_seen[real] = video_dir_key
-        dir_index = len(video_dirs)
-        video_dirs.append(video_dir_str)
-        dir_keys.append(key_prefix)
+        dir_index = lists.add_folder(video_dir_str, key_prefix)
         listed = _clip_folders(video_dir_str) if quick else None
         for clip_id, count in entries.items():
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
@@ -383,34 +310,16 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                 continue
             seen[clip_id] = video_dir_key
             folder = f"{video_dir_str}{os.sep}{clip_id}"
-            if layouts and listed is not None and clip_id in listed:
-                deferred.append((len(ids), len(problems), clip_id, folder, f"{key_prefix}{clip_id}/"))
+            if lists.layouts and listed is not None and clip_id in listed:
+                lists.defer(len(problems), clip_id, folder, f"{key_prefix}{clip_id}/")
                 files: tuple[str, ...] | None = None
             else:
                 files = scan(clip_id, folder, problems)
                 if files is None:
                     continue
-            ids.append(clip_id)
-            counts.append(count)
-            dir_of.append(dir_index)
-            layout_of.append(0 if files is None else layouts.setdefault(files, len(layouts)))
-    described: set[int] = set()  # clips whose every camera file the tables describe
-    if deferred:
-        # One vectorised search of the tables for every deferred clip; a clip they do not describe
-        # exactly (another camera file name, a file missing) is listed on disk after all, and its
-        # problems take the place in the report they would have had.
-        assert tables is not None
-        template = next(iter(layouts))
-        ok = tables_list_files(tables, [d[4] for d in deferred], template, only=cameras is None).tolist()
-        for (at, place, clip_id, folder, _), good in reversed(list(zip(deferred, ok))):
-            if good:
-                described.add(at)
-                continue
-            found: list[str] = []
-            files = scan(clip_id, folder, found)
-            problems[place:place] = found
-            if files is not None:
-                layout_of[at] = layouts.setdefault(files, len(layouts))
+            lists.add(clip_id, count, dir_index, files)
+    # Clips whose every camera file the tables describe; the others are listed on disk after all.
+    described = lists.resolve_deferred(tables, cameras, lambda i, folder, _, out: scan(i, folder, out), problems)
     if cameras is not None and scanned:
         # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
         nowhere = [n for n in cameras if not any(n in found for found in scanned)]
@@ -423,38 +332,15 @@ def _load(path: Path | str, cameras: Sequence[str] | None, check: Check, *, with
                     f"cameras {existing}. Pass names from that list, or cameras=None for all of them."
                 ],
             )
-    records = (
-        ClipArrays(
-            source=str(path),
-            fingerprint=fingerprint(raw),
-            clip_ids=ids,
-            frame_counts=counts,
-            dir_of_clip=dir_of,
-            video_dirs=video_dirs,
-            dir_keys=dir_keys,
-            camera_names=reference[1],
-            layouts=list(layouts),
-            layout_of_clip=layout_of,
-            tables=tables,
-        )
-        if ids and reference is not None
-        else None
-    )
+    records = lists.arrays(str(path), raw, reference[1], tables) if lists.ids and reference is not None else None
     # The older JSON sidecar gives every file its frame table as an object: those clips are records.
     clips: Sequence[Clip] = () if records is None else records
     if meta and records is not None:
         clips = tuple(_with_sidecar_tables(clip, meta, base) for clip in records)
     changed: list[str] = []
-    if check == "thorough":
+    if check_files is not None:
         originals = list(clips)
-        checked = originals
-        if not problems:
-            # The fast check opens no file: a decoder compares each file's identity when it opens it.
-            checked = [_check_identities(clip, where, changed) for clip in checked]
-        if not changed:
-            from lightning_vstream.index.build import probe_clip
-
-            checked = [probe_clip(clip, where, problems) for clip in checked]
+        checked = check_files(originals, where, problems, changed)
         if isinstance(clips, ClipArrays):
             clips = clips.with_overrides({i: c for i, (c, o) in enumerate(zip(checked, originals)) if c is not o})
         else:
@@ -500,40 +386,6 @@ def _load_tables(path: Path) -> tuple[FrameTables | None, dict[str, Any]]:
     if has_binary:
         return FrameTables(binary), {}
     return None, load_metadata(path)
-
-
-def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
-    """Compare each video file's size and mtime with the index; re-verify in full any file that differs."""
-    from lightning_vstream.index.identity import reverify
-
-    streams = []
-    for cam in clip.cameras:
-        if cam.tables is not None:
-            recorded = cam.tables.identity(cam.row)
-        else:
-            recorded = cam.info.identity if cam.info is not None else None
-        if recorded is None:
-            streams.append(cam)
-            continue
-        try:
-            st = os.stat(cam.path)
-            same = st.st_size == recorded.size and (recorded.size_only or st.st_mtime_ns == recorded.mtime_ns)
-        except OSError:
-            same = False
-        if same:
-            streams.append(cam)
-            continue
-        label = f"clip {clip.clip_id!r}, camera {cam.name!r} ({str(cam.path)!r})"
-        info = cam.info
-        assert info is not None
-        try:
-            streams.append(cam.with_info(reverify(Path(cam.path), info, label)))
-        except FileChangedError as err:
-            changed.extend(f"{where}: {p}" for p in err.problems)
-            streams.append(cam)
-    if all(new is old for new, old in zip(streams, clip.cameras)):
-        return clip
-    return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
 
 
 def _warn_if_unchecked(path: Path | str, clips: Sequence[Clip], candidates: Iterable[Clip], has_tables: bool) -> None:

@@ -140,7 +140,29 @@ def _params(key: str, start: int | None, end: int | None, if_match: str | None) 
     return {"key": key, "start": start, "end": end, "if_match": if_match}
 
 
-class InProcessTransport:
+class _ObstoreTransport:
+    """The transport calls, each one obstore request made by :meth:`_call` (in this process or its helper)."""
+
+    def _call(self, op: str, params: dict[str, Any]) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def get(
+        self, key: str, start: int | None = None, end: int | None = None, if_match: str | None = None
+    ) -> tuple[Any, ObjectInfo]:
+        data, meta = self._call("get", _params(key, start, end, if_match))
+        return data, _info(meta)
+
+    def head(self, key: str) -> ObjectInfo:
+        return _info(self._call("head", {"key": key})[1])
+
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        return _info(self._call("put", {"key": key, "data": data})[1])
+
+    def list(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        return [(m["key"], _info(m)) for m in self._call("list", {"key": prefix})[1]]
+
+
+class InProcessTransport(_ObstoreTransport):
     """obstore in this process (a DataLoader worker), its store created on first use."""
 
     name = "obstore"
@@ -161,21 +183,6 @@ class InProcessTransport:
             return _obstore_calls.call(self._store, op, params)
         except Exception as err:
             raise classify_message(*_obstore_calls.describe(err)) from None
-
-    def get(
-        self, key: str, start: int | None = None, end: int | None = None, if_match: str | None = None
-    ) -> tuple[Any, ObjectInfo]:
-        data, meta = self._call("get", _params(key, start, end, if_match))
-        return data, _info(meta)
-
-    def head(self, key: str) -> ObjectInfo:
-        return _info(self._call("head", {"key": key})[1])
-
-    def put(self, key: str, data: bytes) -> ObjectInfo:
-        return _info(self._call("put", {"key": key, "data": data})[1])
-
-    def list(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
-        return [(m["key"], _info(m)) for m in self._call("list", {"key": prefix})[1]]
 
     def close(self) -> None:
         self._store = None
@@ -290,7 +297,7 @@ def _helper() -> _Helper:
         return _HELPER
 
 
-class HelperTransport:
+class HelperTransport(_ObstoreTransport):
     """obstore in this process's helper process (see the module docs)."""
 
     name = "obstore-helper"
@@ -303,21 +310,6 @@ class HelperTransport:
 
     def _call(self, op: str, params: dict[str, Any]) -> tuple[bytes, Any]:
         return _helper().call(self.spec, op, params, self.timeout)
-
-    def get(
-        self, key: str, start: int | None = None, end: int | None = None, if_match: str | None = None
-    ) -> tuple[Any, ObjectInfo]:
-        data, meta = self._call("get", _params(key, start, end, if_match))
-        return data, _info(meta)
-
-    def head(self, key: str) -> ObjectInfo:
-        return _info(self._call("head", {"key": key})[1])
-
-    def put(self, key: str, data: bytes) -> ObjectInfo:
-        return _info(self._call("put", {"key": key, "data": data})[1])
-
-    def list(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
-        return [(m["key"], _info(m)) for m in self._call("list", {"key": prefix})[1]]
 
     def close(self) -> None:
         pass

@@ -25,7 +25,8 @@ from lightning_vstream._datamodule import (
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
-from lightning_vstream.index import VideoIndex, load_index
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location

@@ -1,12 +1,7 @@
-"""Building an index from a dataset tree, and probing files to check one thoroughly.
-
-This is the one part of :mod:`lightning_vstream.index` that reads video files; it imports the
-decoders' probes lazily, when a file is probed.
-"""
+"""Building an index from a dataset tree, or the frame tables of an existing one, by probing every file."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -16,9 +11,9 @@ from typing import Literal
 
 from lightning_vstream.errors import DataFormatError, IndexValidationError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.files import discover_cameras, image_files, natural_key
-from lightning_vstream.index.identity import file_identity
-from lightning_vstream.index.records import CameraStream, Clip
-from lightning_vstream.index.table_file import tables_path, write_tables
+from lightning_vstream.index.load import read_index_layout
+from lightning_vstream.index.table_file import tables_path
+from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import (
     META_FORMAT,
     META_VERSION,
@@ -27,78 +22,11 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-from lightning_vstream.storage.options import StorageConfig
-from lightning_vstream.storage.urls import basename, is_url
+from lightning_vstream.indexing.probe import probe_with_identity
 
-__all__ = ["TableFormat", "build_index", "probe", "probe_clip", "probe_with_identity", "write_index_tables"]
+__all__ = ["TableFormat", "build_index", "write_frame_tables", "write_index_tables"]
 
 TableFormat = Literal["binary", "json"]
-
-
-def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
-    """Probe a camera stream (video file, image folder, or a URL read through its container) for its frame table."""
-    if isinstance(path, str) and is_url(path):
-        from lightning_vstream.decode.probe import probe_video_file
-        from lightning_vstream.decode.range_file import RangeFile
-        from lightning_vstream.storage.client import Expect, storage_for
-
-        client = storage_for(storage or StorageConfig())
-        return probe_video_file(lambda: RangeFile(client, str(path), Expect()), name=str(path))
-    path = Path(path)
-    if path.is_dir():
-        from lightning_vstream.decode.images import probe_image_folder
-
-        return probe_image_folder(path)
-    from lightning_vstream.decode.probe import probe_video
-
-    return probe_video(path)
-
-
-def probe_clip(clip: Clip, where: str, problems: list[str], *, storage: StorageConfig | None = None) -> Clip:
-    streams = []
-    sizes: dict[str, tuple[int, int]] = {}
-    for cam in clip.cameras:
-        info = cam.info
-        if info is None:
-            try:
-                info = probe(cam.path, storage)
-            except (VideoDecodeError, OSError, ValueError) as err:
-                problems.append(f"{where}: clip {clip.clip_id!r}, camera {cam.name!r}: {err}")
-                streams.append(cam)
-                continue
-        name = basename(cam.path) if isinstance(cam.path, str) else cam.path.name
-        if info.frame_count < clip.frame_count:
-            problems.append(
-                f"{where}: clip {clip.clip_id!r} lists {clip.frame_count} frames, but camera {cam.name!r} "
-                f"({name}) holds {info.frame_count}. Re-run `vstream index` to rebuild the index."
-            )
-        if not cam.is_image_folder and not _decodable(info.codec):
-            problems.append(
-                f"{where}: clip {clip.clip_id!r}, camera {cam.name!r} ({name}) uses codec "
-                f"{info.codec!r}, which this FFmpeg build cannot decode; re-encode it to H.264 or H.265."
-            )
-        sizes[cam.name] = (info.width, info.height)
-        # A camera that already had its frame table stays as it is (one read from the tables on demand).
-        streams.append(cam if cam.info is not None else CameraStream(cam.name, cam.path, info))
-    if len(set(sizes.values())) > 1:
-        listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
-        problems.append(
-            f"{where}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); "
-            "batches stack cameras, so resize them to one size or load the cameras separately."
-        )
-    if all(new is old for new, old in zip(streams, clip.cameras)):
-        return clip
-    return Clip(clip.clip_id, clip.video_dir, clip.frame_count, tuple(streams))
-
-
-def _decodable(codec: str) -> bool:
-    import av
-
-    try:
-        av.codec.Codec(codec, "r")
-    except Exception:
-        return False
-    return True
 
 
 def _find_clip_folders(root: Path) -> dict[Path, list[Path]]:
@@ -232,16 +160,6 @@ def build_index(
     return output
 
 
-def probe_with_identity(path: Path) -> VideoInfo:
-    """:func:`probe` plus the file's identity (size, mtime, fingerprint) for video files.
-
-    The identity is read before the probe, so a file written meanwhile shows as changed later.
-    """
-    identity = None if path.is_dir() else file_identity(path)
-    info = probe(path)
-    return dataclasses.replace(info, identity=identity) if identity is not None else info
-
-
 def write_frame_tables(
     index_path: Path, infos: Mapping[str, VideoInfo], *, table_format: TableFormat = "binary"
 ) -> Path:
@@ -283,8 +201,6 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
         >>> write_index_tables("data/index.json")  # doctest: +SKIP
     """
     from tqdm import tqdm
-
-    from lightning_vstream.index.load import read_index_layout
 
     index_path = Path(index_path).resolve()
     layout = read_index_layout(index_path)

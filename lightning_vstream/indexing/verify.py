@@ -3,22 +3,29 @@
 This is what ``vstream index INDEX --check`` runs. Unlike ``load_index(check="thorough")``, which
 trusts the frame tables of files whose size and modification time are unchanged, it re-reads
 every packet of every file, so a same-size in-place corruption, a swapped or a replaced file is
-found, and every problem (file, clip, camera, frames) is listed.
+found, and every problem (file, clip, camera, frames) is listed. An index at a URL is checked the
+same way, every file read whole (one GET each, ``If-Match`` on its recorded ETag).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.errors import VideoDecodeError
+from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.identity import file_identity
-from lightning_vstream.index.load import _load_tables, read_index_layout
+from lightning_vstream.index.load import _load_tables, _read_json, read_index_layout
+from lightning_vstream.index.records import CameraStream, Clip
+from lightning_vstream.index.remote import load_remote_index
 from lightning_vstream.index.tables import VideoInfo, cached_info
+from lightning_vstream.indexing.probe import PROBE_THREADS, probe, probe_object
+from lightning_vstream.storage.client import Expect, storage_for
+from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["VerifyReport", "verify_index"]
+__all__ = ["VerifyReport", "verify_index", "verify_remote_index"]
 
 
 @dataclass
@@ -115,8 +122,6 @@ def verify_index(
         >>> for problem in verify_index("data/index.json").problems:  # doctest: +SKIP
         ...     print(problem)
     """
-    from lightning_vstream.index.build import probe
-
     path = Path(path).resolve()
     layout = read_index_layout(path)
     tables, meta = _load_tables(path)
@@ -166,7 +171,53 @@ def verify_index(
 
 
 def _clip_counts(path: Path) -> dict[str, int]:
-    from lightning_vstream.index.load import _read_json
-
     data = _read_json(path)
     return {clip: count for entries in data.values() if isinstance(entries, dict) for clip, count in entries.items()}
+
+
+def verify_remote_index(
+    url: str, *, storage: StorageConfig | None = None, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None
+) -> VerifyReport:
+    """``vstream index --check`` for an index at a URL: every file read (one GET each, ``If-Match`` on its
+    recorded ETag) and compared packet by packet with the frame tables.
+
+    Returns:
+        A :class:`VerifyReport`.
+
+    Example::
+
+        >>> verify_remote_index("s3://bucket/ds/index.json").ok  # doctest: +SKIP
+        True
+    """
+    config = storage or StorageConfig()
+    client = storage_for(config)
+    index = load_remote_index(url, storage=config)
+    report = VerifyReport(url)
+    items = [(clip, cam) for clip in index for cam in clip.cameras]
+
+    def one(item: tuple[Clip, CameraStream]) -> tuple[int, list[str]]:
+        clip, cam = item
+        label = f"{str(cam.path)!r} (clip {clip.clip_id!r}, camera {cam.name!r})"
+        stored = cam.info
+        if stored is None:
+            return 0, [
+                f"{label}: the index holds no frame table for this file, so its checksums cannot be verified; run "
+                f"`vstream index --tables {url}` to record them."
+            ]
+        recorded = stored.identity
+        expect = Expect(recorded.size, recorded.etag) if recorded is not None else None
+        try:
+            probed = probe_object(client, str(cam.path), expect)
+        except (FileChangedError, MissingFileError) as err:
+            return 0, [f"{label}: {err}"]
+        except (VideoDecodeError, OSError, ValueError) as err:
+            return 0, [f"{label}: cannot be read as a video: {err}"]
+        return probed.frame_count, _compare(stored, probed, clip.frame_count, label)
+
+    with ThreadPoolExecutor(max_workers=PROBE_THREADS) as pool:
+        results: Iterable[Any] = pool.map(one, items)
+        for frames, problems in progress(results) if progress else results:
+            report.files += 1
+            report.frames += frames
+            report.problems.extend(problems)
+    return report

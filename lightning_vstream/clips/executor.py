@@ -1,0 +1,465 @@
+"""Running GOP tasks (see :mod:`lightning_vstream.clips.planner`) on decoding threads, on any device.
+
+:class:`GopExecutor` runs the tasks of a batch on worker threads, each owning its decoders (one
+decoder is only ever used by one thread): the GPU path and the batched CPU path. Tasks are
+assigned up front (:func:`~lightning_vstream.clips.planner.assign_tasks`: longest first, to the
+least-loaded worker, preferring one that already has the stream open), so a run is deterministic;
+each worker keeps a small LRU of open decoders per stream between runs. The first failure cancels
+the tasks not yet started and is raised in the caller once every worker has stopped; no thread is
+left running. Decoders are made by a caller-supplied factory, so the same executor drives PyAV on
+the CPU and NVDEC on the GPU (see :mod:`lightning_vstream.clips.gpu`).
+
+:class:`GopPool` decodes one sample on the CPU with decoders the caller lends it (the dataset's
+:class:`~lightning_vstream.clips.decoders.DecoderCache`): with ``threads > 1`` the tasks of all cameras
+are spread over a thread pool, each file read by up to ``threads`` decoders of its own (FFmpeg
+releases the GIL while it decodes and converts), so a sample whose frames lie in several GOPs
+decodes them at once instead of one after another. Every decoder still checks each frame's
+timestamp against the frame table, so the parallel path returns exactly the frames the sequential
+one does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from lightning_vstream.clips.planner import GopTask, assign_tasks, plan_gops
+from lightning_vstream.errors import ConfigurationError, WorkerError
+
+if TYPE_CHECKING:
+    import torch
+
+    from lightning_vstream.decode.base import FrameDecoder, VideoInfo
+
+__all__ = ["Emit", "GopDecoder", "GopExecutor", "GopJob", "GopPool", "frames_decoder_gops"]
+
+#: Called by a decoder for every wanted frame of a task: ``emit(frame_index, frame)``.
+Emit = Callable[[int, Any], None]
+
+
+class GopDecoder(Protocol):
+    """What the executor needs from a decoder of one stream."""
+
+    def decode_gop(self, task: GopTask, emit: Emit) -> None:
+        """Decode ``task`` from its keyframe; call ``emit(index, frame)`` for each wanted frame, ascending."""
+        ...
+
+    def close(self) -> None:
+        """Release the decoder (it may be handed to another stream of the same format)."""
+        ...
+
+
+class _FrameDecoderGops:
+    """Adapts a :class:`~lightning_vstream.decode.base.FrameDecoder` (PyAV, images) to :class:`GopDecoder`.
+
+    ``get`` decodes forward within a GOP and jumps to the keyframe otherwise, and converts only
+    the frame it returns, so a task costs one pass over its GOP prefix.
+    """
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+
+    def decode_gop(self, task: GopTask, emit: Emit) -> None:
+        for index in task.frames:
+            emit(index, self.decoder.get(index))
+
+    @property
+    def frames_decoded(self) -> int:
+        return int(self.decoder.frames_decoded)
+
+    def close(self) -> None:
+        self.decoder.close()
+
+
+def frames_decoder_gops(decoder: Any) -> GopDecoder:
+    """Wrap a frame decoder (``get(index)`` / ``close()``) as a :class:`GopDecoder`."""
+    return _FrameDecoderGops(decoder)
+
+
+@dataclass
+class _Run:
+    pending: int
+    errors: list[tuple[int, BaseException]] = field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Condition = field(default_factory=threading.Condition)
+    decoded_tasks: int = 0
+
+
+class _Worker:
+    """A decoding thread and the decoders it owns. It holds no reference to its executor, so an
+    executor dropped without :meth:`GopExecutor.close` is still collected (and its threads stopped)."""
+
+    def __init__(self, number: int, name: str, *, thread: bool = True) -> None:
+        self.number = number
+        self.decoders: OrderedDict[Hashable, GopDecoder] = OrderedDict()
+        self.jobs: list[Callable[[], None]] = []
+        self.wake = threading.Condition()
+        self.stop = False
+        self.thread: threading.Thread | None = None
+        if thread:
+            self.thread = threading.Thread(target=self._loop, name=f"{name}-{number}", daemon=True)
+            self.thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self.wake:
+            self.jobs.append(job)
+            self.wake.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.jobs and not self.stop:
+                    self.wake.wait()
+                if not self.jobs:  # stopped and idle
+                    break
+                job = self.jobs.pop(0)
+            job()
+            del job
+        self.close_decoders()
+
+    def drop(self, source: Hashable) -> None:
+        decoder = self.decoders.pop(source, None)
+        if decoder is not None:
+            with contextlib.suppress(Exception):  # a broken decoder's close must not hide the real error
+                decoder.close()
+
+    def close_decoders(self) -> None:
+        while self.decoders:
+            self.drop(next(iter(self.decoders)))
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    for worker in workers:
+        with worker.wake:
+            worker.stop = True
+            worker.wake.notify()
+    for worker in workers:
+        if worker.thread is not None and worker.thread is not threading.current_thread():
+            worker.thread.join()
+    for worker in workers:
+        if worker.thread is None:
+            worker.close_decoders()
+
+
+class GopExecutor:
+    """Decodes the GOP tasks of a batch on ``workers`` threads, each with its own decoders.
+
+    Threads start on the first :meth:`run` (the constructor is cheap) and are restarted in a
+    process forked after that. Each worker keeps up to ``max_open_per_worker`` decoders open (LRU
+    by stream); a decoder that raised is closed and dropped. With ``workers=0`` tasks run in the
+    calling thread (one decoder cache), for use inside DataLoader worker processes.
+
+    Args:
+        open_decoder: ``open_decoder(task)`` returns a :class:`GopDecoder` for ``task.source``
+            (called in the worker thread that will use it).
+        workers: Decoding threads; 0 runs in the caller.
+        max_open_per_worker: Open decoders each worker keeps.
+        name: Thread name prefix.
+
+    Example::
+
+        >>> from lightning_vstream.decode.cpu import PyAVDecoder
+        >>> executor = GopExecutor(lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info)),
+        ...                        workers=4)
+        >>> frames = {}
+        >>> executor.run(planner.tasks(), lambda task, index, frame, target: frames.__setitem__(target, frame))
+        ... # doctest: +SKIP
+        >>> executor.close()
+    """
+
+    def __init__(
+        self,
+        open_decoder: Callable[[GopTask], GopDecoder],
+        *,
+        workers: int = 4,
+        max_open_per_worker: int = 4,
+        name: str = "vstream-gop",
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ConfigurationError(f"workers={workers!r} must be an integer >= 0 (0 decodes in the calling thread).")
+        if isinstance(max_open_per_worker, bool) or not isinstance(max_open_per_worker, int) or max_open_per_worker < 1:
+            raise ConfigurationError(f"max_open_per_worker={max_open_per_worker!r} must be a positive integer.")
+        self.open_decoder = open_decoder
+        self.workers = workers
+        self.max_open_per_worker = max_open_per_worker
+        self.name = name
+        self._threads: list[_Worker] = []
+        self._inline: _Worker | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.opened = 0
+        self.tasks_run = 0
+
+    # -- running ------------------------------------------------------------------------------
+    def run(
+        self,
+        tasks: Sequence[GopTask],
+        deliver: Callable[[GopTask, int, Any, Hashable], None],
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Decode every task; ``deliver(task, frame_index, frame, target)`` once per target.
+
+        ``deliver`` runs in the worker thread that decoded the frame; different calls write to
+        different targets, so they need no lock. Returns when every task is done.
+
+        Args:
+            tasks: The GOP tasks.
+            deliver: Called once per (frame, target).
+            timeout: Seconds to wait for the workers (None: no limit).
+
+        Raises:
+            WorkerError: The tasks did not finish within ``timeout`` (a decoder hung); the workers
+                are told to stop after their current task.
+            BaseException: The first failure (in plan order) of any task, after every worker
+                has stopped; tasks not started by then are skipped.
+        """
+        tasks = list(tasks)
+        if not tasks:
+            return
+        with self._lock:
+            if os.getpid() != self._pid:  # forked: the parent's threads do not exist here
+                self._threads, self._inline, self._finalizer, self._pid = [], None, None, os.getpid()
+            if self.workers == 0:
+                if self._inline is None:
+                    self._inline = _Worker(0, self.name, thread=False)
+                plan = [tasks]
+            else:
+                if not self._threads:
+                    self._threads = [_Worker(n, self.name) for n in range(self.workers)]
+                    self._finalizer = weakref.finalize(self, _stop_workers, list(self._threads))
+                plan = assign_tasks(tasks, self.workers)
+        busy = [(w, t) for w, t in enumerate(plan) if t]
+        run = _Run(pending=len(busy))
+
+        def emit_for(task: GopTask) -> Emit:
+            def emit(index: int, frame: Any) -> None:
+                for target in task.targets[task.frames.index(index)]:
+                    deliver(task, index, frame, target)
+
+            return emit
+
+        if self._inline is not None and self.workers == 0:
+            self._work(self._inline, run, tasks, emit_for)
+        else:
+            for w, worker_tasks in busy:
+                worker = self._threads[w]
+                worker.submit(functools.partial(self._work, worker, run, worker_tasks, emit_for))
+            with run.done:
+                if not run.done.wait_for(lambda: not run.pending, timeout=timeout):
+                    run.cancel.set()
+                    raise WorkerError(
+                        f"{run.pending} of {len(busy)} GOP decoding threads did not finish within timeout={timeout:g} s "
+                        f"({run.decoded_tasks} of {len(tasks)} GOP tasks done); a decoder may be hung or a file stalled "
+                        "on a slow file system. Raise the timeout, or check the device (`vstream doctor`)."
+                    )
+        self.tasks_run += run.decoded_tasks
+        if run.errors:
+            run.errors.sort(key=lambda e: e[0])
+            raise run.errors[0][1]
+
+    def _work(self, worker: _Worker, run: _Run, tasks: list[GopTask], emit_for: Callable[[GopTask], Emit]) -> None:
+        try:
+            for task in tasks:
+                if run.cancel.is_set():
+                    break
+                decoder = None
+                try:
+                    decoder = self._decoder(worker, task)
+                    decoder.decode_gop(task, emit_for(task))
+                    with run.done:
+                        run.decoded_tasks += 1
+                except BaseException as err:
+                    if decoder is not None:
+                        worker.drop(task.source)
+                    with run.done:
+                        run.errors.append((task.order, err))
+                    run.cancel.set()
+                    break
+        finally:
+            with run.done:
+                run.pending -= 1
+                run.done.notify_all()
+
+    def _decoder(self, worker: _Worker, task: GopTask) -> GopDecoder:
+        decoder = worker.decoders.get(task.source)
+        if decoder is not None:
+            worker.decoders.move_to_end(task.source)
+            return decoder
+        decoder = self.open_decoder(task)
+        with self._lock:
+            self.opened += 1
+        worker.decoders[task.source] = decoder
+        while len(worker.decoders) > self.max_open_per_worker:
+            _, old = worker.decoders.popitem(last=False)
+            old.close()
+        return decoder
+
+    # -- introspection and shutdown -----------------------------------------------------------
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The live worker threads (empty before the first run and after :meth:`close`)."""
+        return [w.thread for w in self._threads if w.thread is not None]
+
+    def open_decoders(self) -> dict[int, list[Hashable]]:
+        """Streams each worker has a decoder open for (LRU order, most recent last)."""
+        workers = self._threads if self.workers else ([self._inline] if self._inline else [])
+        return {w.number: list(w.decoders) for w in workers}
+
+    def close(self) -> None:
+        """Stop the threads (after their current task) and close every decoder; reusable afterwards."""
+        with self._lock:
+            workers = self._threads + ([self._inline] if self._inline is not None else [])
+            self._threads, self._inline = [], None
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+        _stop_workers(workers)
+
+    def __enter__(self) -> GopExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_threads=[], _inline=None, _lock=None, _finalizer=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+@dataclass
+class GopJob:
+    """One camera of a sample: decode ``indices`` of one file into ``out[t]`` (``[T, 3, H, W]``).
+
+    ``decoders`` are decoders of the same file; a parallel run uses up to all of them at once.
+    """
+
+    decoders: Sequence[FrameDecoder]
+    info: VideoInfo
+    indices: Sequence[int]
+    out: torch.Tensor
+
+
+def _decode_group(decoder: FrameDecoder, task: GopTask, out: torch.Tensor) -> None:
+    """Decode ``task`` (planned by :func:`plan_gops`: its targets are slots of ``out``) into ``out``: each
+    wanted frame into its first slot, copied to the others."""
+    takes_out = _accepts_out(decoder)
+    for index, targets in zip(task.frames, task.targets):
+        slots = cast("tuple[int, ...]", targets)
+        first = out[slots[0]]
+        if takes_out:
+            decoder.get(index, out=first)  # type: ignore[call-arg]
+        else:
+            image = decoder.get(index)
+            if image.shape != first.shape:  # an image folder at its own size, in a resized sample
+                from lightning_vstream.transforms import FrameTransform
+
+                image = FrameTransform(resize=(first.shape[-2], first.shape[-1]))(image[None])[0]
+            first.numpy()[:] = image.numpy()  # numpy copies stay off torch's thread pool
+        for t in slots[1:]:
+            out[t].numpy()[:] = first.numpy()
+
+
+#: Whether each decoder class's ``get`` takes ``out`` (looked up once per class, not per decode group).
+_TAKES_OUT: dict[type, bool] = {}
+
+
+def _accepts_out(decoder: FrameDecoder) -> bool:
+    cls = type(decoder)
+    known = _TAKES_OUT.get(cls)
+    if known is None:
+        import inspect
+
+        try:
+            known = "out" in inspect.signature(cls.get).parameters
+        except (TypeError, ValueError):
+            known = False
+        _TAKES_OUT[cls] = known
+    return known
+
+
+class GopPool:
+    """Runs :class:`GopJob` lists, sequentially or on a thread pool (created lazily, per process).
+
+    Args:
+        threads: GOPs decoded at once; 1 decodes one GOP after another on one decoder per file.
+
+    Example::
+
+        >>> pool = GopPool(threads=2)
+        >>> pool.decoders_wanted(groups=5)
+        2
+    """
+
+    def __init__(self, *, threads: int = 1) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigurationError(f"gop_threads={threads!r} must be a positive integer (1 decodes GOPs in turn).")
+        self.threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def decoders_wanted(self, groups: int) -> int:
+        """Decoders of one file worth opening for a job of ``groups`` GOPs."""
+        return max(1, min(self.threads, groups))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # A pool inherited through fork has no threads in the child: start a new one there.
+        if self._executor is None or self._pid != os.getpid():
+            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="vstream-gop")
+            self._pid = os.getpid()
+        return self._executor
+
+    def run(self, jobs: Sequence[GopJob]) -> None:
+        """Decode every job's frames into its ``out``; after all work ends, the first failure is raised."""
+        plans = [plan_gops(job.info, job.indices) for job in jobs]
+        if self.threads == 1 or sum(len(p) for p in plans) <= 1:
+            for job, plan in zip(jobs, plans):
+                for group in plan:
+                    _decode_group(job.decoders[0], group, job.out)
+            return
+        free: list[queue.SimpleQueue[FrameDecoder]] = []
+        for job in jobs:
+            q: queue.SimpleQueue[FrameDecoder] = queue.SimpleQueue()
+            for decoder in job.decoders:
+                q.put(decoder)
+            free.append(q)
+
+        def work(k: int, group: GopTask) -> None:
+            decoder = free[k].get()  # every holder finishes without waiting, so this never blocks forever
+            try:
+                _decode_group(decoder, group, jobs[k].out)
+            finally:
+                free[k].put(decoder)
+
+        pool = self._pool()
+        # Interleave cameras so that every file's decoders get work from the start.
+        order = sorted(((g, k) for k, plan in enumerate(plans) for g in range(len(plan))))
+        futures: list[Future[None]] = [pool.submit(work, k, plans[k][g]) for g, k in order]
+        errors = [f.exception() for f in futures]  # waits for all: no decoder is left mid-GOP in use
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Stop the thread pool (a new one starts if used again)."""
+        if self._executor is not None and self._pid == os.getpid():
+            self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"threads": self.threads, "_executor": None, "_pid": 0}

@@ -1,0 +1,163 @@
+"""What loading an index (local or remote) collects per clip before it becomes :class:`ClipArrays`.
+
+Both loaders validate the index JSON clip by clip and note, per clip, its id, frame count, video
+folder and layout (its camera file names). With frame tables, clips after the first are checked
+together in one vectorised search of the tables (:meth:`ClipLists.resolve_deferred`) instead of
+one folder listing each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
+from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
+
+if TYPE_CHECKING:
+    from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.storage.options import StorageConfig
+
+__all__ = ["ClipLists", "Reference", "camera_reference", "match_cameras"]
+
+#: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
+Reference = tuple[str, tuple[str, ...]]
+
+#: ``look(clip_id, folder, key_prefix, problems)``: the clip's camera file names in camera order, or
+#: None with its problems appended.
+Look = Callable[[str, str, str, list[str]], "tuple[str, ...] | None"]
+
+
+def camera_reference(cameras: Sequence[str] | None) -> tuple[list[str] | None, Reference | None]:
+    """The ``cameras`` argument checked, as a list, and the camera order it sets (None: the first clip's).
+
+    Raises:
+        TypeError: ``cameras`` is a single string.
+        ValueError: ``cameras`` is empty or repeats a name.
+    """
+    if cameras is None:
+        return None, None
+    if isinstance(cameras, str):
+        raise ConfigurationTypeError(
+            f"cameras={cameras!r} must be a list of camera names, not a string; pass [{cameras!r}]."
+        )
+    cameras = list(cameras)
+    if not cameras or len(set(cameras)) != len(cameras):
+        raise DataFormatError(f"cameras={cameras!r} must be a non-empty list of distinct camera names.")
+    return cameras, ("the cameras argument", tuple(cameras))
+
+
+def match_cameras(
+    found: Mapping[str, str],
+    reference: Reference,
+    cameras: Sequence[str] | None,
+    *,
+    clip_id: str,
+    where: str,
+    folder: str,
+    listed: str,
+    out: list[str],
+) -> tuple[str, ...] | None:
+    """The clip's camera file names in ``reference``'s camera order, or None with its problem added to ``out``.
+
+    ``found`` maps camera name -> file name in the clip's ``folder``; ``listed`` says where they were
+    found, for the message (``""`` or ``"its frame tables list [...]; "``). Without ``cameras`` a clip
+    must have exactly the reference's cameras.
+    """
+    names = reference[1]
+    missing = [n for n in names if n not in found]
+    if missing:
+        out.append(
+            f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
+            f"({listed}expected the cameras of {reference[0]}: {list(names)})."
+        )
+        return None
+    if cameras is None and set(found) != set(names):
+        out.append(
+            f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
+            "pass cameras=[...] to load a common subset."
+        )
+        return None
+    return tuple(found[n] for n in names)
+
+
+class ClipLists:
+    """Per clip, in order: id, frame count, video folder and layout; and the clips left for the tables to check."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.counts: list[int] = []
+        self.dir_of: list[int] = []
+        self.layout_of: list[int] = []
+        self.layouts: dict[tuple[str, ...], int] = {}
+        self.video_dirs: list[str] = []
+        self.dir_keys: list[str] = []
+        # Clips whose camera files come from the tables: (position, where their problems go, id, folder, key prefix).
+        self.deferred: list[tuple[int, int, str, str, str]] = []
+
+    def add_folder(self, video_dir: str, key_prefix: str) -> int:
+        """Note a video folder (its path or URL, and its frame-table key prefix); returns its position."""
+        self.video_dirs.append(video_dir)
+        self.dir_keys.append(key_prefix)
+        return len(self.video_dirs) - 1
+
+    def defer(self, place: int, clip_id: str, folder: str, key_prefix: str) -> None:
+        """Leave the next clip's camera files to :meth:`resolve_deferred`; its problems go to ``place``."""
+        self.deferred.append((len(self.ids), place, clip_id, folder, key_prefix))
+
+    def add(self, clip_id: str, count: int, folder: int, files: tuple[str, ...] | None) -> None:
+        """Note a clip; ``files`` None for a deferred one."""
+        self.ids.append(clip_id)
+        self.counts.append(count)
+        self.dir_of.append(folder)
+        self.layout_of.append(0 if files is None else self.layouts.setdefault(files, len(self.layouts)))
+
+    def resolve_deferred(
+        self, tables: FrameTables | None, cameras: Sequence[str] | None, look: Look, problems: list[str]
+    ) -> set[int]:
+        """Check the deferred clips in one search of ``tables``; returns the positions of those the tables describe.
+
+        A clip the tables do not describe exactly like the first (another camera file name, a file
+        missing) is looked at alone with ``look``, and its problems take the place in ``problems``
+        they would have had.
+        """
+        described: set[int] = set()
+        if not self.deferred:
+            return described
+        assert tables is not None
+        template = next(iter(self.layouts))
+        ok = tables_list_files(tables, [d[4] for d in self.deferred], template, only=cameras is None).tolist()
+        for (at, place, clip_id, folder, prefix), good in reversed(list(zip(self.deferred, ok))):
+            if good:
+                described.add(at)
+                continue
+            found: list[str] = []
+            files = look(clip_id, folder, prefix, found)
+            problems[place:place] = found
+            if files is not None:
+                self.layout_of[at] = self.layouts.setdefault(files, len(self.layouts))
+        return described
+
+    def arrays(
+        self,
+        source: str,
+        raw: bytes,
+        camera_names: tuple[str, ...],
+        tables: FrameTables | None,
+        storage: StorageConfig | None = None,
+    ) -> ClipArrays:
+        """The clips as :class:`ClipArrays` of the index ``source`` whose bytes are ``raw``."""
+        return ClipArrays(
+            source=source,
+            fingerprint=fingerprint(raw),
+            clip_ids=self.ids,
+            frame_counts=self.counts,
+            dir_of_clip=self.dir_of,
+            video_dirs=self.video_dirs,
+            dir_keys=self.dir_keys,
+            camera_names=camera_names,
+            layouts=list(self.layouts),
+            layout_of_clip=self.layout_of,
+            tables=tables,
+            storage=storage,
+        )
