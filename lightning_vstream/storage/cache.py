@@ -98,6 +98,8 @@ class NodeCache:
         self._lock = threading.Lock()
         self._size: int | None = None  # bytes of GOP files, as last scanned plus this process's writes
         self._writes = 0
+        self._scans = 0  # eviction scans running in this process
+        self._written_while_scanning = 0  # bytes this process wrote while a scan ran (the scan may miss them)
 
     # -- keys and paths ------------------------------------------------------------------------
     @staticmethod
@@ -160,6 +162,8 @@ class NodeCache:
             self._writes += 1
             if self._size is not None:
                 self._size += size
+            if self._scans:
+                self._written_while_scanning += size
             rescan = self._size is None or self._writes % _RESCAN_EVERY == 0
         if self.limit is not None and (rescan or (self._size or 0) > self.limit):
             self.evict()
@@ -172,7 +176,38 @@ class NodeCache:
             pass
 
     def evict(self) -> int:
-        """Scan the cache and, past the limit, remove files by priority until under 90% of it; returns files removed."""
+        """Scan the cache and, past the limit, remove files by priority until under 90% of it; returns files removed.
+
+        Files this process writes while a scan runs may be missed by it: their bytes are counted on top
+        of the scan's total, and the cache is scanned again (a few times at most) while that keeps it
+        past the limit, so concurrent writers never leave it over ``limit`` unnoticed.
+        """
+        removed = 0
+        for _ in range(4):
+            with self._lock:
+                self._scans += 1
+                if self._scans == 1:
+                    self._written_while_scanning = 0
+            total: int | None = None
+            try:
+                gone, total = self._scan_and_evict()
+                removed += gone
+            finally:
+                with self._lock:
+                    self._scans -= 1
+                    missed = self._written_while_scanning
+                    if self._scans == 0:
+                        self._written_while_scanning = 0
+                    self._size = None if total is None else total + missed
+                    again = self._size is not None and missed > 0 and self.limit is not None and self._size > self.limit
+            if not again:
+                break
+        if removed:
+            self.stats.add(cache_evictions=removed)
+        return removed
+
+    def _scan_and_evict(self) -> tuple[int, int]:
+        """One scan: the files removed and the bytes left, as this scan saw them."""
         entries = []
         total = 0
         for shard in self._gops.iterdir() if self._gops.is_dir() else ():
@@ -200,11 +235,7 @@ class NodeCache:
                     continue
                 total -= size
                 removed += 1
-        with self._lock:
-            self._size = total
-        if removed:
-            self.stats.add(cache_evictions=removed)
-        return removed
+        return removed, total
 
     @property
     def size(self) -> int:
