@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["BLOCK", "FileIdentity", "Probe", "file_identity", "reverify", "verify_identity"]
 
 #: Reads a local file's frame table (every packet's timestamp and CRC-32), e.g.
-#: :func:`lightning_vstream.decode.cpu.probe_video`.
+#: :func:`lightning_vstream.decode.probe.probe_video`.
 Probe = Callable[[Path], "VideoInfo"]
 
 #: Bytes read at each end of a file for its fingerprint.
