@@ -34,8 +34,9 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main() -> None:
-    index, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    index, out_dir = Path(argv[0]), Path(argv[1])
     dm = ClipVideoDataModule(
         index_file=index, clip_frames=2, selection="random", clips_per_epoch=8, batch_size=2, num_workers=0, seed=5
     )
@@ -63,9 +64,8 @@ def main() -> None:
         )
     )
 
-    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
-        torch.distributed.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()
