@@ -127,6 +127,22 @@ class DdpSession:
         return output
 
 
+def ddp_trainer(**kwargs: Any) -> Any:
+    """A two-rank CPU DDP ``Trainer`` with no logger, checkpoints, progress bar or model summary; ``kwargs`` add to it."""
+    import lightning.pytorch as pl
+
+    options: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 2,
+        "strategy": "ddp",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return pl.Trainer(**{**options, **kwargs})
+
+
 def selected_jobs(test_files: set[str]) -> list[str]:
     """The jobs of the given test files (base names), in :data:`JOBS` order."""
     return [name for name, job in JOBS.items() if job.test_file in test_files]

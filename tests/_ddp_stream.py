@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import lightning.pytorch as pl
 import torch
+from _ddp import ddp_trainer
 from _stream_models import RecordingModel
 
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
@@ -24,17 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = argv[3] if len(argv) > 3 else "workers"
     dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3, engine=engine)
     model = RecordingModel()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=use_sampler,
-    )
+    trainer = ddp_trainer(max_epochs=2, use_distributed_sampler=use_sampler)
     trainer.fit(model, datamodule=dm)
     rank = trainer.global_rank
     (out_dir / f"rank{rank}.json").write_text(

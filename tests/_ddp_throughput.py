@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
+sys.path.insert(0, str(Path(__file__).parent))
+
 import torch
+from _ddp import ddp_trainer
 
 from lightning_vstream.callbacks import StreamThroughputMonitor
 from lightning_vstream.demos.models import TinyStreamPETR
@@ -42,18 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
     dm = StreamVideoDataModule(index_file=index, batch_size=1, num_workers=0)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_steps=2,
-        logger=False,
-        callbacks=[monitor],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=out,
-    )
+    trainer = ddp_trainer(max_steps=2, callbacks=[monitor], default_root_dir=out)
     trainer.fit(Timed(feature_dim=4, memory_length=2, pool=2), datamodule=dm)
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         callback = {k: float(v) for k, v in trainer.callback_metrics.items() if k in monitor.metrics}
