@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lightning.pytorch as pl
 import torch
 from _annotation_checks import projection_errors, stream_annotation_errors
+from _ddp import ddp_trainer
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number
@@ -54,8 +55,9 @@ class CheckingModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main() -> None:
-    index, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    index, out_dir = Path(argv[0]), Path(argv[1])
     dm = StreamVideoDataModule(
         index_file=index,
         batch_size=1,
@@ -65,16 +67,7 @@ def main() -> None:
         augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2), flip=0.5),
     )
     model = CheckingModel()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = ddp_trainer(max_epochs=1)
     trainer.fit(model, datamodule=dm)
     (out_dir / f"rank{trainer.global_rank}.json").write_text(
         json.dumps(
@@ -87,9 +80,8 @@ def main() -> None:
         )
     )
 
-    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
-        torch.distributed.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()

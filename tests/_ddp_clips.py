@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 import lightning.pytorch as pl
 import torch
+from _ddp import ddp_trainer
 
 from lightning_vstream import ClipVideoDataModule
 
@@ -34,22 +37,14 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main() -> None:
-    index, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    index, out_dir = Path(argv[0]), Path(argv[1])
     dm = ClipVideoDataModule(
         index_file=index, clip_frames=2, selection="random", clips_per_epoch=8, batch_size=2, num_workers=0, seed=5
     )
     model = Recorder()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = ddp_trainer(max_epochs=2)
     trainer.fit(model, datamodule=dm)
     sampler = trainer.train_dataloader.sampler
     (out_dir / f"rank{trainer.global_rank}.json").write_text(
@@ -63,9 +58,8 @@ def main() -> None:
         )
     )
 
-    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
-        torch.distributed.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()

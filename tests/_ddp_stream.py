@@ -11,29 +11,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import lightning.pytorch as pl
 import torch
+from _ddp import ddp_trainer
 from _stream_models import RecordingModel
 
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 
 
-def main() -> None:
-    index, out_dir, use_sampler = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
-    engine = sys.argv[4] if len(sys.argv) > 4 else "workers"
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    index, out_dir, use_sampler = argv[0], Path(argv[1]), argv[2] == "1"
+    engine = argv[3] if len(argv) > 3 else "workers"
     dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3, engine=engine)
     model = RecordingModel()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=use_sampler,
-    )
+    trainer = ddp_trainer(max_epochs=2, use_distributed_sampler=use_sampler)
     trainer.fit(model, datamodule=dm)
     rank = trainer.global_rank
     (out_dir / f"rank{rank}.json").write_text(
@@ -47,9 +38,8 @@ def main() -> None:
         )
     )
 
-    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
-        torch.distributed.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # stop gloo's threads before the interpreter exits
+        torch.distributed.destroy_process_group()

@@ -6,6 +6,11 @@ builds it). The dynamic loader reads ``LD_LIBRARY_PATH`` only when a process sta
 selected `nvdriver` test in one child pytest process started with that library path (and
 ``VSTREAM_NVDEC_HOST_MEMORY=1``, under which the project views the fake's "device" memory as host
 memory), and reports each test's own result here. Without the variable they are skipped, saying why.
+
+The DDP tests' fits run in one two-rank DDP session (`ddp_session`, tests/_ddp.py). A test that
+leaves a DataLoader iterator with workers unfinished must end it itself (read it to the end, or
+``close()`` a generator): one that the garbage collector finds instead has its queues closed
+before its workers hear that they should stop, and torch then waits 5 s for each worker.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pytest
 from lightning_vstream.demos.synth import write_dataset
 
 if TYPE_CHECKING:
+    from tests._ddp import DdpSession
     from tests._s3 import S3TestServer
 
 
@@ -211,6 +217,17 @@ def assert_stamps() -> Callable[[dict[str, Any]], None]:
         assert not errors, "\n".join(errors[:10])
 
     return check
+
+
+@pytest.fixture(scope="session")
+def ddp_session(
+    request: pytest.FixtureRequest, make_dataset: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> DdpSession:
+    """The DDP tests' fits, run in one two-rank DDP session at the first request (see tests/_ddp.py)."""
+    from tests._ddp import DdpSession, selected_jobs
+
+    files = {Path(str(item.path)).name for item in request.session.items}
+    return DdpSession(tmp_path_factory.mktemp("ddp"), selected_jobs(files), make_dataset)
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import pytest
@@ -20,6 +15,9 @@ from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateRe
 from lightning_vstream.demos.models import TinyStreamPETR
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.worker import DecodeStats
+
+if TYPE_CHECKING:
+    from tests._ddp import DdpSession
 
 CAMERAS = 2
 SLOTS = 2
@@ -311,58 +309,8 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
     assert module.logged == monitor.metrics
 
 
-DDP_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import lightning.pytorch as pl
-    import torch
-    from lightning_vstream.callbacks import StreamThroughputMonitor
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
-    from lightning_vstream.demos.models import TinyStreamPETR
-
-    class Clock:
-        now = 0.0
-        def __call__(self):
-            return self.now
-
-    clock = Clock()
-
-    class Timed(TinyStreamPETR):
-        def on_after_batch_transfer(self, batch, dataloader_idx):
-            clock.now += 1.0  # one second of data wait per batch on every rank
-            return batch
-        def training_step(self, batch, batch_idx):
-            clock.now += 1.0 + self.global_rank  # rank 1 computes twice as long as rank 0
-            return super().training_step(batch, batch_idx)
-
-    index, out = sys.argv[1], sys.argv[2]
-    monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
-    dm = StreamVideoDataModule(index_file=index, batch_size=1, num_workers=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
-                         callbacks=[monitor], enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False, default_root_dir=out)
-    trainer.fit(Timed(feature_dim=4, memory_length=2, pool=2), datamodule=dm)
-    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
-        callback = {k: float(v) for k, v in trainer.callback_metrics.items() if k in monitor.metrics}
-        json.dump({"metrics": monitor.metrics, "local": monitor.summary(), "callback": callback}, f)
-    """
-)
-
-
-def test_monitor_sums_over_real_ddp_ranks(callback_index: Path, tmp_path: Path) -> None:
-    script = tmp_path / "ddp_throughput.py"
-    script.write_text(DDP_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"))}
-    result = subprocess.run(
-        [sys.executable, str(script), str(callback_index), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_monitor_sums_over_real_ddp_ranks(ddp_session: DdpSession) -> None:
+    ranks = ddp_session.ranks("throughput")  # tests/_ddp_throughput.py
     # Rank 0: 2 batches of 1 slot x 2 cameras in 4 s; rank 1: in 6 s.
     assert [r["local"]["frames_per_sec"] for r in ranks] == [4 / 4.0, 4 / 6.0]
     for r in ranks:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import pytest
@@ -15,6 +15,9 @@ from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import VideoDecodeError
 from lightning_vstream.transforms import FrameTransform
+
+if TYPE_CHECKING:
+    from tests._ddp import DdpSession
 
 
 @pytest.fixture(scope="module")
@@ -304,25 +307,8 @@ def test_augmentation_is_drawn_anew_every_epoch_in_persistent_workers(clip_index
     assert expected != dm.augment.draw(seed=3, epoch=0, key="scene-0000:0")
 
 
-def test_ddp_ranks_share_each_epochs_draw(clip_index: Path, tmp_path: Path) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    here = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [sys.executable, str(here / "_ddp_clips.py"), str(clip_index), str(tmp_path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_ddp_ranks_share_each_epochs_draw(ddp_session: DdpSession) -> None:
+    ranks = ddp_session.ranks("clips")
     for rank in ranks:  # Lightning kept our DistributedSampler subclass and set its epoch
         assert rank["sampler"] == "EpochClipSampler" and rank["sampler_epoch"] == 1
     for epoch in ("0", "1"):

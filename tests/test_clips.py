@@ -489,7 +489,7 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     assert shards[0] | shards[1] <= everything
     sequential = ClipVideoDataModule(index_file=small_index, clip_frames=2, shuffle=False, batch_size=50)
     sequential.setup("fit")
-    batch = next(iter(sequential.train_dataloader()))
+    [batch] = sequential.train_dataloader()  # read to the end: its workers stop now, not when collected
     assert [(c, tuple(f)) for c, f in zip(batch["clip_id"], batch["frame_index"].tolist())] == [
         (r.clip_id, r.frames) for r in sequential.train_requests()
     ]
@@ -500,7 +500,8 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
         val_index_file=small_index,
     )
     custom.setup("fit")
-    assert next(iter(custom.train_dataloader()))["frame_index"].tolist() == [[0, 2, 4]]
+    [batch] = custom.train_dataloader()
+    assert batch["frame_index"].tolist() == [[0, 2, 4]]
     assert len(custom.val_dataloader().dataset) == len(regular_clips(load_index(small_index), FrameWindow(2)))
 
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import pytest
@@ -18,6 +14,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_loader import EngineLoader
+
+if TYPE_CHECKING:
+    from tests._ddp import DdpSession
 
 FRAMES = [9, 7, 11, 8, 10, 6, 9, 12]
 HERE = Path(__file__).parent
@@ -128,19 +127,8 @@ def test_engine_arguments_are_checked(engine_index: Path, kwargs: dict[str, Any]
         StreamVideoDataModule(index_file=engine_index, **kwargs)
 
 
-def test_ddp_ranks_with_the_engine_read_disjoint_clips(engine_index: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [sys.executable, str(HERE / "_ddp_stream.py"), str(engine_index), str(tmp_path), "1", "threads"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_ddp_ranks_with_the_engine_read_disjoint_clips(ddp_session: DdpSession) -> None:
+    ranks = ddp_session.ranks("stream-engine")
     assert all(r["errors"] == [] for r in ranks)
     assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0
     for epoch in (0, 1):

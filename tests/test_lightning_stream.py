@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import pytest
@@ -17,6 +15,9 @@ from _stream_models import RecordingModel
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
+
+if TYPE_CHECKING:
+    from tests._ddp import DdpSession
 
 HERE = Path(__file__).parent
 
@@ -109,26 +110,8 @@ def test_predict_and_validate_work_through_lightning_loops(lightning_index: Path
 
 
 @pytest.mark.parametrize("use_distributed_sampler", [True, False])
-def test_ddp_ranks_read_disjoint_clips_and_equal_steps(
-    lightning_index: Path, tmp_path: Path, use_distributed_sampler: bool
-) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "_ddp_stream.py"),
-            str(lightning_index),
-            str(tmp_path),
-            "1" if use_distributed_sampler else "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_ddp_ranks_read_disjoint_clips_and_equal_steps(ddp_session: DdpSession, use_distributed_sampler: bool) -> None:
+    ranks = ddp_session.ranks("stream-sampler" if use_distributed_sampler else "stream-own-sampler")
     assert all(r["world_size"] == 2 for r in ranks)
     assert all(r["errors"] == [] for r in ranks)
     assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0

@@ -337,6 +337,7 @@ def test_resume_mid_epoch_repeats_every_output(ann_index: Path, loader: str) -> 
     for _ in range(3):
         first.mark_consumed(next(batches))
     state = first.state_dict()
+    batches.close()  # its workers stop now, not when the garbage collector finds the generator
     first.close()
     resumed = _dm(ann_index, loader, **options).train_dataloader()
     resumed.load_state_dict(state)

@@ -273,6 +273,8 @@ def test_clip_resume_mid_epoch_repeats_every_output(ann_index: Path, num_workers
     batches = iter(first)
     next(batches)
     state = first.state_dict()
+    for _ in batches:  # read to the end: its workers stop now, not when the loader is collected
+        pass
     del batches
     resumed = _dm(ann_index, **options).train_dataloader()
     resumed.load_state_dict(state)
