@@ -51,12 +51,12 @@ def write_colour_video(path: Path, case: str, frames: int = 2) -> Path:
     import av
 
     # In some processes this FFmpeg build's MP4 muxer refuses the first 10-bit HEVC packet
-    # (PatchWelcomeError while writing the header) and keeps refusing it for the life of the
-    # process; a fresh process writes the same file. Only test data is affected: the decoding
+    # (PatchWelcomeError while writing the header, or EINVAL from the muxer) and keeps refusing it
+    # for the life of the process; a fresh process writes the same file. Only test data is affected: the decoding
     # under test never sees a refused file.
     try:
         return _write_colour_video(path, case, frames)
-    except av.error.PatchWelcomeError:
+    except (av.error.PatchWelcomeError, av.error.ArgumentError):
         pass
     import subprocess
     import sys

@@ -3,7 +3,9 @@ teardown, and the grouped GPU options (with LightningCLI)."""
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,39 @@ def test_stream_teardown_without_a_stage_stops_persistent_workers(index: Path) -
     assert not workers & {p.pid for p in psutil.Process().children(recursive=True)}
     assert next(iter(dm.train_dataloader()))["frames"].shape[:2] == (2, 2)  # usable again
     dm.teardown(None)
+
+
+@pytest.mark.parametrize(
+    ("module", "options"),
+    [(StreamVideoDataModule, {"engine": "workers"}), (ClipVideoDataModule, {"clip_frames": 3})],
+)
+def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
+    module: type[pl.LightningDataModule], options: dict[str, Any], index: Path
+) -> None:
+    # Freed by reference counting, not left to the cycle collector: in a collection pass the
+    # loader queues' feeder threads stop before the iterator's clean-up, and each worker then
+    # waits seconds for a stop message that never comes.
+    psutil = pytest.importorskip("psutil")
+
+    class Subclass(module):  # type: ignore[valid-type, misc]
+        def __init__(self, extra: int = 7, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    gc.disable()
+    try:
+        dm = Subclass(index_file=index, batch_size=2, num_workers=2, **options)
+        assert dm.hparams["extra"] == 7 and dm.hparams["batch_size"] == 2  # the subclass's arguments too
+        dm.setup("fit")
+        iterator = iter(dm.train_dataloader())
+        next(iterator)
+        assert len({p.pid for p in psutil.Process().children(recursive=True)} - before) == 2
+        alive = weakref.ref(dm)
+        del dm, iterator
+        assert alive() is None
+    finally:
+        gc.enable()
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
 
 
 # -- GPU-only options in one object --------------------------------------------------------------------

@@ -17,6 +17,7 @@ from lightning_vstream._datamodule import (
     MultiprocessingContext,
     plain_hparams,
     rank_decode_device,
+    save_init_hyperparameters,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -213,7 +214,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["transform", "sampler", "outputs", "storage_options"])
+        save_init_hyperparameters(self, ["transform", "sampler", "outputs", "storage_options"])
         plain_hparams(self)
         # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
