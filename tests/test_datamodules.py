@@ -188,6 +188,21 @@ def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
     assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
 
 
+def test_stream_teardown_ends_the_workers_of_an_unfinished_pass(index: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=2, engine="workers")
+    dm.setup("fit")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    batches = iter(dm.train_dataloader())
+    next(batches)  # the pass is held, unfinished
+    workers = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert len(workers) == 2
+    dm.teardown(None)
+    assert not workers & {p.pid for p in psutil.Process().children(recursive=True)}
+    batches.close()
+
+
 # -- GPU-only options in one object --------------------------------------------------------------------
 def test_gpu_options_are_one_checked_object() -> None:
     dm = StreamVideoDataModule(index_file="data/index.json", gpu=GpuOptions(fallback="cpu", probe=False))

@@ -153,6 +153,7 @@ class StreamDataLoader(DataLoader):
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
         # (output, camera) with camera_frames="per_camera".
         self._templates: dict[str, Template] = {}
+        self._passes: weakref.WeakSet[Any] = weakref.WeakSet()  # worker iterators of passes not finished
         self._camera_templates: dict[str, dict[int, Template]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
         if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
@@ -177,6 +178,8 @@ class StreamDataLoader(DataLoader):
         sampler.shifts, sampler.pending_shifts, sampler.abandoned = list(skips[0]), list(skips[1]), set(skips[2])
         self._history.begin(sampler.epoch, skips)
         parts_iter = self._start_workers()
+        if self.num_workers > 0:
+            self._passes.add(parts_iter)
         try:
             for step in range(start, len(plan)):
                 parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
@@ -408,7 +411,12 @@ class StreamDataLoader(DataLoader):
         return buffers
 
     def close(self) -> None:
-        """Shut down persistent workers and close the decoders of this process."""
+        """Shut down the workers (persistent ones, and those of passes still in progress) and close this process's decoders."""
+        for parts_iter in list(self._passes):
+            shutdown = getattr(parts_iter, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()  # tells each worker to stop, joins it, terminates one that does not
+        self._passes.clear()
         # DataLoader keeps the iterator of persistent workers in `_iterator`; dropping it is
         # how its workers are shut down (its __del__ joins them).
         self._iterator = None
