@@ -18,6 +18,7 @@ from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import Stamp, read_stamp, write_stamped_video
+from tests._remux import remux
 
 FRAMES = 36
 GOP = 8
@@ -366,14 +367,7 @@ def test_probe_missing_file(tmp_path: Path) -> None:
 
 def test_stale_frame_table_longer_than_the_file(tmp_path: Path, h264_b3: Path) -> None:
     # The first 24 packets of the file, copied unchanged: a file cut short after its index was built.
-    short = tmp_path / "short.mp4"
-    with av.open(str(h264_b3)) as source, av.open(str(short), mode="w") as target:
-        stream = source.streams.video[0]
-        out = target.add_stream_from_template(stream)
-        packets = [p for p in source.demux(stream) if p.dts is not None][:24]
-        for packet in packets:
-            packet.stream = out
-            target.mux(packet)
+    short = remux(h264_b3, tmp_path / "short.mp4", packets=24)
     assert probe_video(short).frame_count == 24
     decoder = PyAVDecoder(short, info=probe_video(h264_b3), label="clip x")
     assert read_stamp(decoder.get(23)).frame == 23
@@ -407,13 +401,7 @@ def test_mpegts_with_bframes_seeks_frame_exactly(tmp_path: Path) -> None:
     """TS demuxers land after the keyframe or past it; the decoder must still be exact, within one GOP."""
 
     src = write_stamped_video(tmp_path / "src.mp4", clip=1, camera=0, frames=30, gop=8, bframes=3, size=(64, 48))
-    ts = tmp_path / "clip.ts"
-    with av.open(str(src)) as inp, av.open(str(ts), "w") as out:
-        stream = out.add_stream_from_template(inp.streams.video[0])
-        for packet in inp.demux(inp.streams.video[0]):
-            if packet.dts is not None:
-                packet.stream = stream
-                out.mux(packet)
+    ts = remux(src, tmp_path / "clip.ts")
     info = probe_video(ts)
     assert info.frame_count == 30
     decoder = PyAVDecoder(ts, info=info)

@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import av
 import pytest
 import torch
 
@@ -21,20 +20,10 @@ from lightning_vstream.index.tables import VideoInfo
 from lightning_vstream.storage import StorageConfig
 from lightning_vstream.storage.client import Storage
 from lightning_vstream.storage.fetcher import Fetcher
+from tests._remux import remux
 from tests._s3 import S3TestServer
 
 BUCKET = "gops"
-
-
-def _remux(src: Path, dst: Path) -> Path:
-    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
-        video = inp.streams.video[0]
-        stream = out.add_stream_from_template(video)
-        for packet in inp.demux(video):
-            if packet.dts is not None:
-                packet.stream = stream
-                out.mux(packet)
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +36,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "audio": write_stamped_video(root / "audio.mp4", clip=3, camera=2, frames=30, gop=6, audio_first=True),
     }
-    made["mkv"] = _remux(made["h264"], root / "h264.mkv")
-    made["ts"] = _remux(made["h264"], root / "h264.ts")
+    made["mkv"] = remux(made["h264"], root / "h264.mkv")
+    made["ts"] = remux(made["h264"], root / "h264.ts")
     return made
 
 

@@ -21,18 +21,7 @@ from lightning_vstream.index import FileIdentity, FrameTables, tables_path
 from lightning_vstream.index.table_write import write_table_arrays, write_tables
 from lightning_vstream.index.tables import VideoInfo, cached_info, metadata_entry
 from lightning_vstream.indexing import load_index
-
-
-def _remux(src: Path, dst: Path) -> Path:
-    """``src``'s video stream in another container (chosen by ``dst``'s extension)."""
-    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
-        video = inp.streams.video[0]
-        stream = out.add_stream_from_template(video)
-        for packet in inp.demux(video):
-            if packet.dts is not None:
-                packet.stream = stream
-                out.mux(packet)
-    return dst
+from tests._remux import remux
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +33,8 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "hevc": write_stamped_video(root / "hevc.mp4", clip=1, camera=2, frames=24, gop=8, codec="hevc", bframes=3),
         "audio": write_stamped_video(root / "audio.mp4", clip=1, camera=3, frames=24, gop=6, audio_first=True),
     }
-    files["mkv"] = _remux(files["bframes"], root / "bframes.mkv")
-    files["ts"] = _remux(files["bframes"], root / "bframes.ts")
+    files["mkv"] = remux(files["bframes"], root / "bframes.mkv")
+    files["ts"] = remux(files["bframes"], root / "bframes.ts")
     return files
 
 
