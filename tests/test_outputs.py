@@ -117,6 +117,20 @@ class Reference:
             decoder = self.decoders[path, size] = PyAVDecoder(path, size=size)
         return transform(decoder.get(frame)[None])[0]
 
+    def check(self, batch: dict[str, Any], transforms: dict[str, FrameTransform]) -> None:
+        """Each output named in ``transforms`` (``"frames"``: the default one) is what :meth:`expected` gives,
+        in every valid slot and camera; invalid slots are zeros."""
+        for slot, clip_id in enumerate(batch["clip_id"]):
+            for camera in range(CAMERAS):
+                for name, transform in transforms.items():
+                    frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
+                    got = camera_frame(frames, slot, camera)
+                    if not batch["valid"][slot]:
+                        assert got.count_nonzero() == 0
+                        continue
+                    expected = self.expected(transform, clip_id, camera, int(batch["frame_index"][slot]))
+                    assert torch.equal(got, expected), (name, slot, camera)
+
     def close(self) -> None:
         for decoder in self.decoders.values():
             decoder.close()
@@ -159,16 +173,7 @@ def test_every_output_carries_the_stamps_of_one_decoded_frame(ann_index: Path, l
         assert output_stamp_errors(batch, [SIZE] * CAMERAS) == []
         # Every output holds exactly the frame decoded once and converted: resized by the decoder's
         # conversion where its transform starts with a resize, by torch otherwise.
-        for slot, clip_id in enumerate(batch["clip_id"]):
-            for camera in range(CAMERAS):
-                for name, transform in transforms.items():
-                    frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
-                    got = camera_frame(frames, slot, camera)
-                    if not batch["valid"][slot]:
-                        assert got.count_nonzero() == 0
-                        continue
-                    expected = reference.expected(transform, clip_id, camera, int(batch["frame_index"][slot]))
-                    assert torch.equal(got, expected), (name, slot, camera)
+        reference.check(batch, transforms)
         small_matrix = batch["outputs"]["small"]["img_aug_matrix"]
         assert small_matrix.shape == (2, CAMERAS, 3, 3) and small_matrix[0, 0, 0, 0] == pytest.approx(48 / 96)
         assert batch["img_aug_matrix"][0, 0, 0, 0] == pytest.approx(72 / 96)
@@ -202,17 +207,7 @@ def test_the_decoder_resizes_to_the_default_output_and_converts_the_other_sizes(
     transforms = {"frames": default, **outputs}
     delivered = 0
     for batch in loader_:
-        for slot, clip_id in enumerate(batch["clip_id"]):
-            for camera in range(CAMERAS):
-                for name, transform in transforms.items():
-                    frames = batch["frames"] if name == "frames" else batch["outputs"][name]["frames"]
-                    got = camera_frame(frames, slot, camera)
-                    if not batch["valid"][slot]:
-                        assert got.count_nonzero() == 0
-                        continue
-                    # Equal to swscale's conversion at that size (a torch resize would differ).
-                    expected = reference.expected(transform, clip_id, camera, int(batch["frame_index"][slot]))
-                    assert torch.equal(got, expected), (name, slot, camera)
+        reference.check(batch, transforms)  # swscale's conversion at each size (a torch resize would differ)
         delivered += int(batch["valid"].sum()) * CAMERAS
     reference.close()
     stats = dm.decode_stats()
