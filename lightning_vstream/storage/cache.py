@@ -185,9 +185,7 @@ class NodeCache:
         removed = 0
         for _ in range(4):
             with self._lock:
-                self._scans += 1
-                if self._scans == 1:
-                    self._written_while_scanning = 0
+                self._scans += 1  # puts count their bytes while any scan runs (reset when the last one ends)
             total: int | None = None
             try:
                 gone, total = self._scan_and_evict()
