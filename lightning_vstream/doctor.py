@@ -87,7 +87,7 @@ def _environment(gpu: int, host: bool) -> dict[str, Any]:
         env["gpu"] = props.name
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
     try:
-        from lightning_vstream.decode.nv12_kernel import triton_available
+        from lightning_vstream.decode.nv12 import triton_available
 
         env["triton"] = triton_available()
     except Exception:  # pragma: no cover - informational only

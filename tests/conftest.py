@@ -170,6 +170,27 @@ def pytest_configure(config: pytest.Config) -> None:
     _CONFIG.append(config)
 
 
+@pytest.fixture
+def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The NV12 kernel module imported afresh under Triton's interpreter (its kernel runs on CPU tensors).
+
+    Triton reads ``TRITON_INTERPRET`` when a kernel is defined, i.e. when the module is imported, so
+    the module is dropped from ``sys.modules`` for the test (and the one imported before is put back).
+    """
+    from lightning_vstream.decode import nv12
+
+    if not nv12.triton_available():
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delitem(sys.modules, "lightning_vstream.decode.nv12_kernel", raising=False)
+    import lightning_vstream.decode as decode
+
+    if hasattr(decode, "nv12_kernel"):
+        monkeypatch.delattr(decode, "nv12_kernel")
+    monkeypatch.setattr(nv12, "_checked", {})
+    return importlib.import_module("lightning_vstream.decode.nv12_kernel")
+
+
 @pytest.fixture(scope="session")
 def make_dataset(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory writing a stamped dataset (cached per parameter set); returns the index path."""

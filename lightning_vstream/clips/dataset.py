@@ -38,6 +38,7 @@ from lightning_vstream.clips.requests import RequestResolver
 from lightning_vstream.clips.selection import ClipRequest, camera_names
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
+from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.indexing import load_index
@@ -336,6 +337,11 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
                 self._announce([(job.decoders[0], job.indices) for job in jobs])
                 self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
+            fatal = gpu_failure(err, f"clip {clip.clip_id!r}, frames {indices}")
+            if fatal is err:
+                raise
+            if fatal is not None:  # the GPU's own error: never skipped as a bad file
+                raise fatal from err
             if self.on_error == "raise":
                 if isinstance(err, VideoDecodeError):
                     raise

@@ -4,13 +4,17 @@
   asked for (on machines without an NVIDIA driver its import fails, and the CPU path never touches
   it), and only a version that exports every frame layout correctly is accepted.
 - :func:`resolve_decode_device`: the per-rank choice of GPU.
-- :class:`FrameMemory`: where decoded surfaces live and how they become tensors. On a GPU
+- :func:`gpu_failure`: whether an error is the GPU's own (a CUDA error, GPU memory exhausted, a
+  Triton failure), which stops a run whatever its error policy says, rather than a file's.
+- :class:`FrameMemory`: where decoded surfaces live and how they become tensors, and the device
+  operations GPU threads need (setting their device, free memory, events). On a GPU
   (:class:`CudaMemory`) a ``DecodedFrame``'s DLPack capsule is imported on a CUDA stream. Under a
   driver whose device memory *is* host memory (the fake NVIDIA driver the test suite runs the real
   PyNvVideoCodec over, see ``docs/gpu.md``), :class:`HostMemory` views the same CUDA-labelled
   capsules as CPU tensors, so everything from packet to batch runs without a GPU; only the colour
-  kernels then run on CPU tensors. :func:`frame_memory` picks one (``VSTREAM_NVDEC_HOST_MEMORY=1``
-  selects host memory, for tests).
+  kernels then run on CPU tensors, and streams and events are the driver's own (so its call log
+  shows every wait). :func:`frame_memory` picks one (``VSTREAM_NVDEC_HOST_MEMORY=1`` selects host
+  memory, for tests).
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingDependencyError, VStreamWarning
+from lightning_vstream.errors import (
+    ConfigurationError,
+    DecoderCapabilityError,
+    GpuError,
+    GpuMemoryError,
+    MissingDependencyError,
+    VStreamWarning,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +51,7 @@ __all__ = [
     "FrameMemory",
     "HostMemory",
     "frame_memory",
+    "gpu_failure",
     "host_view",
     "import_pynvvideocodec",
     "nvdec_available",
@@ -197,6 +209,69 @@ def resolve_decode_device(
     return torch.device("cuda", local_rank)
 
 
+# -- errors of the GPU itself -----------------------------------------------------------------
+#: CUresult codes after which a context cannot be trusted (or memory ran out), as NVIDIA's decoder reports
+#: them ("cuvidDecodePicture(...) returned error 700"): out of memory, no or a lost device, a destroyed or
+#: invalid context, uncorrectable ECC, and the launch faults 700-719; 999 is CUDA_ERROR_UNKNOWN. Other codes
+#: (an invalid value, an invalid bitstream) belong to the data.
+_FATAL_CUDA_CODES = frozenset({2, 3, 4, 46, 100, 101, 201, 202, 214, 215, 999, *range(700, 720)})
+_MEMORY_CUDA_CODES = frozenset({2})
+_GPU_MESSAGE = re.compile(
+    r"CUDA_ERROR_(?P<name>\w+)|CUDA driver API error|CUDA error|cudaError\w*|illegal memory access|"
+    r"Triton Error|out of memory|returned error (?P<code>\d+)",
+    re.IGNORECASE,
+)
+
+
+def gpu_failure(err: BaseException, where: str = "") -> GpuError | None:
+    """The :class:`~lightning_vstream.errors.GpuError` that ``err`` stands for, or None when it is not the GPU's.
+
+    The GPU's own errors: torch's CUDA errors (``torch.cuda.OutOfMemoryError``,
+    ``torch.AcceleratorError``), Triton's, and messages of PyNvVideoCodec, torch or Triton that name
+    a CUDA error (``CUDA_ERROR_...``, ``CUDA error: ...``, a CUresult such as 700 that leaves the
+    context unusable, ``out of memory``). They stop a run whatever ``on_error`` says: skipping would
+    skip every clip after them. Out of memory gives a
+    :class:`~lightning_vstream.errors.GpuMemoryError`. ``where`` (file and frame) starts the message.
+
+    Example::
+
+        >>> type(gpu_failure(RuntimeError("CUDA driver API error CUDA_ERROR_ILLEGAL_ADDRESS"))).__name__
+        'GpuError'
+        >>> gpu_failure(ValueError("moov atom not found")) is None
+        True
+    """
+    if isinstance(err, GpuError):
+        return err
+    kind = type(err)
+    names = {cls.__name__ for cls in kind.__mro__}
+    module = kind.__module__ or ""
+    text = str(err)
+    found = _GPU_MESSAGE.search(text)
+    memory = "OutOfMemoryError" in names
+    if found is not None and found["code"] is not None:
+        code = int(found["code"])
+        if code not in _FATAL_CUDA_CODES:
+            found = None
+        memory = memory or code in _MEMORY_CUDA_CODES
+    gpu = memory or "AcceleratorError" in names or module.startswith("triton") or found is not None
+    if not gpu:
+        return None
+    memory = memory or re.search(r"out[ _]of[ _]memory", text, re.IGNORECASE) is not None
+    place = f"{where}: " if where else ""
+    first = (text.strip().splitlines() or [""])[0][:500]
+    if memory:
+        return GpuMemoryError(
+            f"{place}the GPU ran out of memory ({kind.__name__}: {first}). This is not a problem of the file: lower "
+            "the batch size, cameras per step, engine_threads / gop_threads or prefetch_factor, or free GPU memory "
+            "before fitting; the run stops (a skip would skip every later clip)."
+        )
+    return GpuError(
+        f"{place}the GPU failed ({kind.__name__}: {first}). This is not a problem of the file and the CUDA context may "
+        "be unusable, so the run stops (a skip would skip every later clip). Check the GPU (`nvidia-smi`, "
+        "`vstream doctor`); set CUDA_LAUNCH_BLOCKING=1 to find the call that failed."
+    )
+
+
 # -- how decoded frames reach torch ------------------------------------------------------------
 class FrameMemory(Protocol):
     """Where NVDEC's decoded surfaces live, the streams decoders run on, and how a frame becomes a tensor."""
@@ -218,6 +293,30 @@ class FrameMemory(Protocol):
 
     def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
         """The surface of a ``DecodedFrame`` as a tensor (no copy), ready for work queued on ``stream``."""
+        ...
+
+    def set_device(self, gpu: int) -> None:
+        """Make GPU ``gpu`` the calling thread's device (every thread that touches a GPU calls this first)."""
+        ...
+
+    def mem_get_info(self, gpu: int) -> tuple[int, int]:
+        """``(free, total)`` bytes of GPU ``gpu``'s memory, as the driver reports them."""
+        ...
+
+    def new_event(self) -> Any:
+        """A new event (recorded on a stream, waited for by a stream or the host)."""
+        ...
+
+    def record(self, event: Any, stream: Any) -> None:
+        """Record ``event`` on ``stream``: it completes when the work queued there so far has."""
+        ...
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """Make ``stream`` wait for ``event`` (no host wait)."""
+        ...
+
+    def synchronize(self, event: Any) -> None:
+        """Wait on the host until ``event`` has completed (releases the GIL)."""
         ...
 
 
@@ -253,6 +352,33 @@ class CudaMemory:
 
     def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
         return _torch_from_dlpack()(frame.__dlpack__(stream=stream.cuda_stream))
+
+    def set_device(self, gpu: int) -> None:
+        import torch
+
+        torch.cuda.set_device(gpu)
+
+    def mem_get_info(self, gpu: int) -> tuple[int, int]:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(gpu)
+        return int(free), int(total)
+
+    def new_event(self) -> torch.cuda.Event:
+        import torch
+
+        # Blocking: a host wait sleeps instead of spinning a core.
+        return torch.cuda.Event(blocking=True)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def synchronize(self, event: Any) -> None:
+        if not event.query():  # most often done already: no call that sleeps
+            event.synchronize()
 
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -323,13 +449,28 @@ class _HostStream:
         return f"_HostStream({self.cuda_stream:#x})"
 
 
+class _HostEvent:
+    """An event of the loaded driver (``cuEventCreate``)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"_HostEvent({self.handle:#x})"
+
+
 class HostMemory:
     """Frames whose "device" memory is host memory: the CUDA-labelled capsules are viewed as CPU tensors.
 
     For the test driver (``shared/tools/fake-nvdriver`` builds it) under which the real
-    PyNvVideoCodec runs on a machine without a GPU. Streams are real streams of that driver
-    (``cuStreamCreate``), so decoders get the same ``cudastream`` handling as on a GPU; frames
-    need no ordering since the driver finishes every copy before returning.
+    PyNvVideoCodec runs on a machine without a GPU. Streams and events are real streams and events
+    of that driver (``cuStreamCreate``, ``cuEventRecord``, ``cuStreamWaitEvent``,
+    ``cuEventSynchronize``), so decoders get the same ``cudastream`` handling as on a GPU and the
+    driver's call log shows every stream wait the project asks for; frames need no ordering since
+    the driver finishes every copy before returning. Free memory is the host's (the driver's
+    device memory is host memory), and each thread's device is remembered (:meth:`thread_device`).
 
     Raises:
         ConfigurationError: The loaded ``libcuda.so.1`` is a real NVIDIA driver, whose device
@@ -355,11 +496,53 @@ class HostMemory:
                 f"{HOST_MEMORY_ENV}."
             )
         self._local = threading.local()
+        pointer = ctypes.c_void_p
+        for name, argtypes in (
+            ("cuEventCreate", [ctypes.POINTER(pointer), ctypes.c_uint]),
+            ("cuEventRecord", [pointer, pointer]),
+            ("cuStreamWaitEvent", [pointer, pointer, ctypes.c_uint]),
+            ("cuEventSynchronize", [pointer]),
+        ):
+            getattr(self._driver, name).argtypes = argtypes
 
     def device(self, gpu: int) -> torch.device:
         import torch
 
         return torch.device("cpu")
+
+    def set_device(self, gpu: int) -> None:
+        self._local.device = gpu
+
+    def thread_device(self) -> int | None:
+        """The device the calling thread set with :meth:`set_device` (None: it set none)."""
+        return getattr(self._local, "device", None)
+
+    def mem_get_info(self, gpu: int) -> tuple[int, int]:
+        """The host's available and total memory: the test driver's device memory is host memory."""
+        found: dict[str, int] = {}
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    name, _, value = line.partition(":")
+                    found[name] = int(value.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        total = found.get("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return found.get("MemAvailable", total), total
+
+    def new_event(self) -> _HostEvent:
+        handle = ctypes.c_void_p()
+        self._driver.cuEventCreate(ctypes.byref(handle), 0)
+        return _HostEvent(int(handle.value or 0))
+
+    def record(self, event: Any, stream: Any) -> None:
+        self._driver.cuEventRecord(event.handle, stream.cuda_stream)
+
+    def wait(self, stream: Any, event: Any) -> None:
+        self._driver.cuStreamWaitEvent(stream.cuda_stream, event.handle, 0)
+
+    def synchronize(self, event: Any) -> None:
+        self._driver.cuEventSynchronize(event.handle)
 
     def new_stream(self, gpu: int) -> _HostStream:
         handle = ctypes.c_void_p()
