@@ -568,7 +568,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "decoder": counted(lambda device: runs[2][1]),
         "engine": counted(lambda wrap_use: engine_loop(index_path, args, wrap_use)),
     }
-    result["first_pass"] = first_pass(index_path, args)
     result["dlpack_import"] = dlpack_import()
     result["python_calls_per_frame"] = result["counts"]["engine"]["python_calls_per_frame"]
     result["torch_ops_per_frame"] = result["counts"]["engine"]["torch_ops_per_frame"]
@@ -577,21 +576,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     result["conversion"] = conversion
     result["machine"]["load_average_after"] = os.getloadavg()
     return result
-
-
-def first_pass(index_path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The engine's host time per frame in a process's first epoch: every file's layout learnt on the way.
-
-    Its decoders exist already (a first epoch also creates them, before its first step).
-    """
-    from lightning_vstream.decode.nvdec_packets import forget_layouts
-
-    run = engine_loop(index_path, args)
-    run()  # decoders created, tables loaded
-    forget_layouts()
-    start = time.process_time()
-    frames = run()
-    return {"engine_us_per_frame": (time.process_time() - start) / frames * 1e6, "runs": 1}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -608,10 +592,7 @@ def print_table(result: dict[str, Any]) -> None:
             f" {counts['python_calls_per_frame']:9.1f} {counts['torch_ops_per_frame']:9.2f}"
         )
     print(f"ratio engine / bare (host CPU time): {result['ratio']:.2f} (goal <= {result['goal_ratio']})")
-    print(
-        f"first epoch (layouts learnt on the way): engine {result['first_pass']['engine_us_per_frame']:.1f} us/frame; "
-        f"the host seam's DLPack relabelling adds {result['dlpack_import']['seam_extra_us_per_frame']:.2f} us/frame"
-    )
+    print(f"the host seam's DLPack relabelling adds {result['dlpack_import']['seam_extra_us_per_frame']:.2f} us/import")
     fill = result["with_fill"]["rows"]
     print(
         "with the fake filling surfaces (FAKE_FILL=1): "

@@ -8,7 +8,8 @@ hold real pictures, and is no kinder than the library where the code relies on i
 - one output buffer per position in the list ``Decode`` returns, overwritten by the next ``Decode``
   (the library reuses its buffer the same way);
 - ``__dlpack__(stream=0)`` is refused, as the library refuses it;
-- ``fail_decode`` (a message) makes ``Decode`` raise as the library does when a CUDA or NVDEC call fails;
+- ``fail_decode`` (a message) makes ``Decode`` of a packet raise as the library does when a CUDA or NVDEC
+  call fails;
 - capabilities come from a probe child's report (:func:`caps_runner`), as on a GPU.
 """
 
@@ -55,7 +56,7 @@ class FakeDecoder:
         self.flags: list[Any] = []
 
     def Decode(self, packet: Any) -> list[FakeFrame]:
-        if self.module.fail_decode:  # the library's message for a failed CUDA call (pybind11 raises RuntimeError)
+        if self.module.fail_decode and packet.bsl:  # a failed CUDA call decoding a picture (pybind11: RuntimeError)
             raise RuntimeError(self.module.fail_decode)
         if self.context is None:
             self.context = av.CodecContext.create(self.codec, "r")

@@ -171,24 +171,43 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
-def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The NV12 kernel module imported afresh under Triton's interpreter (its kernel runs on CPU tensors).
+def kernel_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], Any]]:
+    """``fresh(interpret)``: the NV12 kernel module imported afresh, under Triton's interpreter or not.
 
     Triton reads ``TRITON_INTERPRET`` when a kernel is defined, i.e. when the module is imported, so
-    the module is dropped from ``sys.modules`` for the test (and the one imported before is put back).
+    the module is imported again for the test, and the one imported before is put back after it.
     """
     from lightning_vstream.decode import nv12
 
     if not nv12.triton_available():
         pytest.skip("Triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delitem(sys.modules, "lightning_vstream.decode.nv12_kernel", raising=False)
     import lightning_vstream.decode as decode
 
-    if hasattr(decode, "nv12_kernel"):
-        monkeypatch.delattr(decode, "nv12_kernel")
+    name = "lightning_vstream.decode.nv12_kernel"
+    before = sys.modules.get(name)
+
+    def fresh(interpret: bool) -> Any:
+        if interpret:
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+        else:
+            monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+
     monkeypatch.setattr(nv12, "_checked", {})
-    return importlib.import_module("lightning_vstream.decode.nv12_kernel")
+    yield fresh
+    if before is None:
+        sys.modules.pop(name, None)
+        decode.__dict__.pop("nv12_kernel", None)
+    else:
+        sys.modules[name] = before
+        decode.nv12_kernel = before  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def triton_interpreter(kernel_module: Callable[[bool], Any]) -> Any:
+    """The NV12 kernel module imported afresh under Triton's interpreter (its kernel runs on CPU tensors)."""
+    return kernel_module(True)
 
 
 @pytest.fixture(scope="session")

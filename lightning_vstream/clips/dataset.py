@@ -466,8 +466,11 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
         if self._reader is None:
             from lightning_vstream.clips.batched import make_reader
 
+            from lightning_vstream.decode.nvdec_memory import one_file_per_format
+
+            formats = one_file_per_format(self.index) if self.decode_device != "cpu" else []
             self._reader = make_reader(
-                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads
+                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads, formats=formats
             )
         return self._reader
 

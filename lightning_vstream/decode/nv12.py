@@ -212,7 +212,7 @@ _CHECK_CASES = (
     (ColorSpec("bt709"), 8, 262, 6, 0),
     (ColorSpec("bt601", full_range=True), 8, 518, 4, 64),
     (ColorSpec("bt2020", full_range=True), 10, 262, 6, 0),
-    (ColorSpec("bt709"), 10, 134, 4, 32),
+    (ColorSpec("bt709"), 10, 390, 4, 32),
 )
 #: Largest difference (levels) the check accepts between the kernel and torch: float contraction on a GPU.
 CHECK_TOLERANCE = 1

@@ -1,10 +1,12 @@
-"""Where NVDEC's packets come from: PyAV's demuxer, or the file's own bytes once their layout is known.
+"""Where NVDEC's packets come from: the file's bytes at the places the frame tables record, or PyAV's demuxer.
 
-:class:`PacketSource` demuxes a video stream with PyAV and turns H.264/H.265 into the Annex-B form
-NVDEC's parser needs with FFmpeg's bitstream filters, checking every packet against the frame
-table's CRC-32. :class:`LayoutSource` gives NVDEC the same packets read straight from the file, one
-GOP per read, with a layout learnt while the demuxer read the file
-(:mod:`lightning_vstream.decode.nvdec_packets`). :func:`packet_source` picks one for a file.
+:class:`TableSource` gives NVDEC every packet read straight from the file at the place the
+version-2 frame table records for it, one GOP per read, checked against the table's CRC-32 and
+converted to Annex-B (:mod:`lightning_vstream.decode.nvdec_packets`). :class:`PacketSource` demuxes
+a video stream with PyAV and turns H.264/H.265 into Annex-B with FFmpeg's bitstream filters,
+checking every packet against the frame table's CRC-32: for files whose tables hold no places
+(version 1, MPEG-TS) or whose format their codec configuration does not give.
+:func:`packet_source` picks one for a file.
 """
 
 from __future__ import annotations
@@ -18,14 +20,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.nvdec import stream_format
-from lightning_vstream.decode.nvdec_packets import CHECKSUM_FIX, IN_PLACE, REWRITTEN, START4, to_annexb
+from lightning_vstream.decode.nvdec import StreamFormat, stream_format
+from lightning_vstream.decode.nvdec_packets import (
+    CHECKSUM_FIX,
+    IN_PLACE,
+    REWRITTEN,
+    START4,
+    annexb_mode,
+    config_format,
+    packet_kind,
+    to_annexb,
+)
 from lightning_vstream.decode.probe import video_stream
 from lightning_vstream.errors import MissingFileError
 
-__all__ = ["LayoutSource", "PacketSource", "frame_pts", "packet_data", "packet_source"]
+__all__ = ["PacketSource", "TableSource", "frame_pts", "packet_data", "packet_source"]
 
 _ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
 
@@ -64,7 +74,6 @@ class PacketSource:
         self._bsf = self._make_filter()
         self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
         self._held: Any = None  # the packet fill() last pointed at
-        self._recorder: Any = None  # a LayoutRecorder, while one learns where the packets lie
 
     def _make_filter(self) -> Any:
         if self._filter_name is None:
@@ -79,8 +88,6 @@ class PacketSource:
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
         self._iter = None
-        if self._recorder is not None:  # the chunk it was recording is cut short
-            self._recorder.jump()
 
     def seek_key(self, key_ordinal: int) -> None:
         """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
@@ -110,38 +117,6 @@ class PacketSource:
         self._held = packet
         return True
 
-    def partial_layout(self) -> Any:
-        """An empty :class:`~lightning_vstream.decode.nvdec_packets.PartialLayout` of this stream, or None when
-        its packets' Annex-B conversion is not one read from the file's bytes (see
-        :func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`)."""
-        extradata = bytes(self._stream.codec_context.extradata or b"")
-        conversion = (
-            nvdec_packets.annexb_mode(self.format.codec, extradata) if self._filter_name is not None else ("none", b"")
-        )
-        if conversion is None:
-            return None
-        return nvdec_packets.PartialLayout(conversion[0], conversion[1], self.format, zlib.crc32(extradata))
-
-    def record_layout(self, recorder: Any) -> None:
-        """Hand every packet read from now on to ``recorder`` (a
-        :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), before and after the Annex-B filter."""
-        self._recorder = recorder
-        self._iter = None
-
-    def learn_layout(self, path: Path) -> Any:
-        """Read the rest of the stream to work out where its packets lie in ``path``: its
-        :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, or None. Call it on a new source."""
-        partial = self.partial_layout()
-        if partial is None:
-            return None
-        found: list[Any] = [None]
-        self.record_layout(
-            nvdec_packets.LayoutRecorder(path, self.info, partial, lambda layout: found.__setitem__(0, layout))
-        )
-        for _ in self.packets():
-            pass
-        return found[0]
-
     def packets(self) -> Iterator[Any]:
         """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
 
@@ -152,7 +127,6 @@ class PacketSource:
         lookup = self.info.pts_index.get
         crc32 = zlib.crc32
         bsf = self._bsf
-        recorder = self._recorder  # a LayoutRecorder learning where the packets lie, if any
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
@@ -164,22 +138,13 @@ class PacketSource:
                         f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {CHECKSUM_FIX}"
                     )
-            raw = recorder.packet(packet) if recorder is not None else None
             if bsf is None:
                 yield packet
             else:
-                out = bsf.filter(packet)
-                if raw is not None:
-                    recorder.filtered(raw, out)
-                yield from out
-        if recorder is not None:
-            recorder.end_of_stream()
+                yield from bsf.filter(packet)
 
     def close(self) -> None:
         self._held = self._iter = None
-        if self._recorder is not None:
-            self._recorder.close()
-            self._recorder = None
         self._container.close()
 
 
@@ -237,45 +202,61 @@ def frame_pts(frame: Any) -> int:
     return int(frame.getPTS())
 
 
-class LayoutSource:
-    """A video stream's packets read from its file with a :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, ready for NVDEC.
+class TableSource:
+    """A video stream's packets read from its file at the places its frame table records, ready for NVDEC.
 
-    What :class:`PacketSource` hands NVDEC, without a demuxer: the
-    same packets in the same order with the same timestamps, each checked against the frame
-    table's CRC-32 before it is converted to Annex-B. The file is read one chunk (a GOP) at a time.
+    What :class:`PacketSource` hands NVDEC, without a demuxer: the same packets in the same (decode)
+    order with the same timestamps, each checked against the frame table's CRC-32 before it is
+    converted to Annex-B. Decode order is the packets' byte order, as the tables record places only
+    for files where it is (:func:`~lightning_vstream.decode.remote.gop_runs`); the file is read one
+    GOP at a time.
 
     Args:
         path: Video file.
-        info: Its frame table.
+        info: Its frame table, with packet places.
         where: File, clip and camera for error messages.
-        layout: Where its packets lie (from :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`).
+        fmt: The stream's format (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
+        conversion: ``(mode, parameter sets)`` of its Annex-B conversion
+            (:func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`).
 
     Raises:
         MissingFileError: The file does not exist.
         VideoDecodeError: Its codec configuration differs from the frame table's checksum.
     """
 
-    def __init__(self, path: Path, info: VideoInfo, where: str, layout: nvdec_packets.FileLayout) -> None:
+    def __init__(self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]) -> None:
+        from lightning_vstream.decode.remote import gop_runs
+
+        layout = info.layout
+        if layout is None:  # pragma: no cover - packet_source checks
+            raise VideoDecodeError(f"{where}: its frame table records no packet places.")
         self.info = info
         self.where = where
-        self.layout = layout
-        self.format = layout.format_for(info)
-        if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
+        self.format = fmt
+        self._mode, self._prefix = conversion
+        if info.config_crc32 is not None and zlib.crc32(layout.extradata) != info.config_crc32:
             raise VideoDecodeError(
                 f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
                 f"was built {CHECKSUM_FIX}"
             )
+        runs = gop_runs(str(path), info)
+        order = runs.order  # frame indices in decode order
+        pos, size, pts, crcs = layout.pos, layout.size, info.pts, info.crc32
+        self._pos = [pos[f] for f in order]
+        self._size = [size[f] for f in order]
+        self._pts = [pts[f] for f in order]
+        self._crcs = [crcs[f] for f in order] if crcs is not None else None
+        self._frames = order
+        self._chunks = runs.run_start  # decode positions where each GOP's read starts
+        self._spans = [(units[0].start, max(u.end for u in units)) for units in runs.units]
+        self._rank = runs.rank
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise MissingFileError(f"video file {str(path)!r} does not exist.") from None
         except OSError as err:
             raise VideoDecodeError(f"{where}: the file cannot be read ({err.strerror or err}).") from err
-        self._count = len(layout)
-        self._pos, self._size, self._pts = layout.pos, layout.size, layout.pts
-        self._lookup = info.pts_index.get
-        self._crcs = info.crc32
-        self._kind = layout.kind
+        self._count = len(order)
         self._next = 0  # decode-order index of the next packet
         self._stop = 0  # end of the chunk in memory (0: none)
         self._base = 0  # file offset of the chunk's first byte
@@ -288,15 +269,7 @@ class LayoutSource:
 
     def seek_key(self, key_ordinal: int) -> None:
         """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
-        info = self.info
-        target = info.pts[info.key_indices[key_ordinal]]
-        index = self.layout.packet_of(target)
-        if index is None:
-            raise VideoDecodeError(
-                f"{self.where}: the frame table's keyframe {key_ordinal} (timestamp {target}) is no packet of the "
-                f"file {CHECKSUM_FIX}"
-            )
-        self._next = index
+        self._next = self._rank[self.info.key_indices[key_ordinal]]
         self._stop = 0  # a chunk converted in place is read again from the file
 
     def fill(self, data: Any) -> bool:
@@ -317,32 +290,30 @@ class LayoutSource:
         offset = self._pos[i] - self._base
         view = self._view[offset : offset + size]  # type: ignore[index]
         crcs = self._crcs
-        if crcs is not None:
-            index = self._lookup(pts)
-            if index is not None and zlib.crc32(view) != crcs[index]:
-                raise VideoDecodeError(
-                    f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
-                    f"index was built {CHECKSUM_FIX}"
-                )
+        if crcs is not None and zlib.crc32(view) != crcs[i]:
+            raise VideoDecodeError(
+                f"{self.where} frame {self._frames[i]}: the compressed data differs from the checksum recorded when "
+                f"the index was built {CHECKSUM_FIX}"
+            )
         address = self._address + offset
-        kind = self._kind[i]  # what the packet was when the layout was learnt: its checksum says it still is
-        if kind == IN_PLACE:
-            view[:4] = START4
-        elif kind == REWRITTEN:
-            address, size = self._convert(view, pts)
+        if self._mode != "none":
+            kind = packet_kind(view, self._mode)
+            if kind == IN_PLACE:
+                view[:4] = START4
+            elif kind == REWRITTEN:
+                address, size = self._convert(view, i)
         data.bsl_data = address
         data.bsl = size
         data.pts = pts
         self._next = i + 1
         return True
 
-    def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
+    def _convert(self, view: memoryview, i: int) -> tuple[int, int]:
         try:
-            packet = to_annexb(view, self.layout.mode, self.layout.prefix)
+            packet = to_annexb(view, self._mode, self._prefix)
         except ValueError as err:
-            index = self._lookup(pts)
             raise VideoDecodeError(
-                f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
+                f"{self.where} frame {self._frames[i]}: its packet is not H.264/H.265 as stored in MP4: {err}."
             ) from err
         buffer = (ctypes.c_char * len(packet)).from_buffer(packet)
         self._held = (packet, buffer)
@@ -355,9 +326,9 @@ class LayoutSource:
         copied the last packet of a chunk before the next chunk is read, and a buffer written again
         costs no page faults.
         """
-        chunks = self.layout.chunks
+        chunks = self._chunks
         ordinal = bisect.bisect_right(chunks, i) - 1
-        start, end = self.layout.spans[ordinal]
+        start, end = self._spans[ordinal]
         stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
         size = end - start
         whole = self._whole
@@ -391,26 +362,17 @@ class LayoutSource:
         self._held = None
 
 
-def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | LayoutSource:
-    """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
+def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | TableSource:
+    """Where the file's packets come from: its own bytes at the places its frame table records, else PyAV's demuxer.
 
-    ``nvdec_packets.READ_FROM_LAYOUT`` False keeps every file with the demuxer. A file's layout is worked out while PyAV demuxes it, chunk by chunk as readings of the file go through
-    them (:class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), and kept for the process;
-    files whose packets cannot be read from their bytes exactly as the demuxer gives them stay with it.
+    The demuxer reads files whose tables hold no packet places (version 1, MPEG-TS) and streams whose
+    format or Annex-B conversion their codec configuration does not give
+    (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
     """
-    if not nvdec_packets.READ_FROM_LAYOUT:
-        return PacketSource(path, info, where)
-    known, layout = nvdec_packets.cached_layout(path)
-    if isinstance(layout, nvdec_packets.FileLayout):
-        return LayoutSource(path, info, where, layout)
-    source = PacketSource(path, info, where)
-    if known and layout is None:
-        return source  # its packets cannot be read from its bytes
-    partial = layout if layout is not None else source.partial_layout()
-    if not known:
-        nvdec_packets.keep_layout(path, partial)
-    if partial is not None:
-        source.record_layout(
-            nvdec_packets.LayoutRecorder(path, info, partial, lambda found: nvdec_packets.keep_layout(path, found))
-        )
-    return source
+    layout = info.layout
+    if layout is not None:
+        fmt = config_format(info)
+        conversion = annexb_mode(fmt.codec, layout.extradata) if fmt is not None else None
+        if fmt is not None and conversion is not None:
+            return TableSource(path, info, where, fmt, conversion)
+    return PacketSource(path, info, where)
