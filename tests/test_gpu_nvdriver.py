@@ -1061,7 +1061,7 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
 def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_vstream.decode import gpu as gpu_module
+    from lightning_vstream.decode import nvdec_memory
     from lightning_vstream.indexing import load_index
     from lightning_vstream.indexing.build import build_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
@@ -1086,8 +1086,8 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     assert [clips[b["clip_id"][0]] for b in seen] == [0] * 8 + [1] * 8 + [2] * 8
     # A second epoch's threads use the first's streams: no decoder is created, none is prepared again.
     prepared = []
-    real_prepare = gpu_module.prepare_decoders
-    monkeypatch.setattr(gpu_module, "prepare_decoders", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
+    real_prepare = nvdec_memory.prepare_decoders
+    monkeypatch.setattr(nvdec_memory, "prepare_decoders", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     sampler.set_epoch(1)
     assert len(list(loader)) == 24
     assert len(marker.decoders) == before_first_step and not prepared

@@ -42,22 +42,20 @@ driver its import fails, and the CPU path never touches it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
-    FrameMemory,
     gpu_failure,
     import_pynvvideocodec,
     nvdec_available,
     resolve_decode_device,
 )
 from lightning_vstream.decode.nvdec import DecoderKey, check_decodable, create_session
-from lightning_vstream.decode.nvdec_file import LatencyChoice, NvFile, converter_for, verified
+from lightning_vstream.decode.nvdec_file import NvFile, converter_for, verified
 from lightning_vstream.decode.nvdec_sources import packet_source
 from lightning_vstream.errors import DecoderCapabilityError, GpuError, UsageError
 from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
@@ -73,7 +71,6 @@ __all__ = [
     "NvDecoder",
     "import_pynvvideocodec",
     "nvdec_available",
-    "prepare_decoders",
     "resolve_decode_device",
     "shared_decoder_pool",
 ]
@@ -476,57 +473,3 @@ class NvDecoder(NvFile):
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
-
-
-def prepare_decoders(
-    files: list[tuple[Path, VideoInfo | None]],
-    count: int,
-    *,
-    gpu: int,
-    pool: DecoderPool | None = None,
-    memory: FrameMemory | None = None,
-    latency: LatencyChoice = "native",
-) -> int:
-    """Create ``count`` decoders per format of ``files`` on the calling thread's stream, ready in ``pool``.
-
-    NVDEC allocates a decoder's surfaces outside torch's allocator when the decoder meets its first
-    sequence header, and running out of GPU memory there ends the process instead of raising. So
-    the decoders a decode thread will need are created here, before training starts: for each file
-    (one per format: codec, size, bit depth), ``count`` decoders each decode the file's first frame
-    and go back to the pool (flushed), where the thread's later files find them. Files that cannot
-    be decoded are skipped here: they fail, or fall back to the CPU, when they are read.
-
-    Args:
-        files: One ``(path, frame table)`` per format to prepare for.
-        count: Decoders per format (the streams the calling thread decodes at once).
-        gpu: GPU ordinal.
-        pool: Where the decoders go (:func:`shared_decoder_pool` when None); it keeps at least
-            ``count`` idle decoders per format.
-        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
-        latency: The latency mode the thread's decoders will ask for (part of a decoder's key).
-
-    Returns:
-        The number of decoders created.
-
-    Example::
-
-        >>> prepare_decoders([(Path("clip/CAM_FRONT.mp4"), None)], 6, gpu=0)  # doctest: +SKIP
-        6
-    """
-    pool = pool if pool is not None else shared_decoder_pool()
-    pool.max_idle_per_key = max(pool.max_idle_per_key, count)
-    created = pool.stats["created"]
-    for path, info in files:
-        opened = [
-            NvDecoder(path, info=info, device=gpu, pool=pool, stream="current", memory=memory, latency=latency)
-            for _ in range(count)
-        ]
-        try:
-            for decoder in opened:
-                decoder.get(0)
-        except (DecoderCapabilityError, VideoDecodeError, OSError):
-            pass  # the file fails (or falls back to the CPU) when it is read, under the loader's error policy
-        finally:
-            for decoder in opened:
-                decoder.close()
-    return pool.stats["created"] - created

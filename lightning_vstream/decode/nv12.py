@@ -216,11 +216,11 @@ _CHECK_CASES = (
 )
 #: Largest difference (levels) the check accepts between the kernel and torch: float contraction on a GPU.
 CHECK_TOLERANCE = 1
-_checked: dict[str, str] = {}
+_checked: dict[str, Literal["triton", "torch"]] = {}
 _check_lock = threading.Lock()
 
 
-def prepare_conversion(device: Any) -> str:
+def prepare_conversion(device: Any) -> Literal["triton", "torch"]:
     """Compile the Triton kernel for ``device`` and check it against the torch conversion there; the backend
     ``"auto"`` then uses on it (``"triton"`` or ``"torch"``).
 
@@ -253,7 +253,7 @@ def prepare_conversion(device: Any) -> str:
     return backend
 
 
-def _check_kernel(device: Any) -> str:
+def _check_kernel(device: Any) -> Literal["triton", "torch"]:
     """``"triton"`` when the kernel compiles on ``device`` and agrees with torch there; else ``"torch"``, warned."""
     why = _kernel_mismatch(device) if triton_available() else "Triton is not installed (`pip install triton`)"
     if why is None:

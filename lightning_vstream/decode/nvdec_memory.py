@@ -6,7 +6,9 @@ header; running out of memory there ends the process instead of raising. So befo
 step, the stream engine and random access compare what their decoders will take
 (:func:`nvdec_bytes` per decoder, for every format an index holds) with the GPU's free memory
 (``cudaMemGetInfo``) and raise :class:`~lightning_vstream.errors.GpuMemoryError` naming what to
-lower when it does not fit (:func:`check_nvdec_memory`).
+lower when it does not fit (:func:`check_nvdec_memory`), and the stream engine's decode threads
+create every decoder they will need before the first step (:func:`prepare_decoders`), so NVDEC
+allocates its surfaces then, not at a clip switch hours into a run.
 
 Example::
 
@@ -17,13 +19,16 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import FrameMemory
-from lightning_vstream.errors import GpuMemoryError
+from lightning_vstream.decode.nvdec_file import LatencyChoice
+from lightning_vstream.errors import DecoderCapabilityError, GpuMemoryError
 
-__all__ = ["DEFAULT_HEADROOM", "check_nvdec_memory", "nvdec_bytes", "one_file_per_format"]
+__all__ = ["DEFAULT_HEADROOM", "check_nvdec_memory", "nvdec_bytes", "one_file_per_format", "prepare_decoders"]
 
 #: GPU memory left free for training after the decoders, unless told otherwise.
 DEFAULT_HEADROOM = 2 << 30
@@ -122,3 +127,58 @@ def check_nvdec_memory(
         )
     return report
 
+
+def prepare_decoders(
+    files: list[tuple[Path, VideoInfo | None]],
+    count: int,
+    *,
+    gpu: int,
+    pool: DecoderPool | None = None,
+    memory: FrameMemory | None = None,
+    latency: LatencyChoice = "native",
+) -> int:
+    """Create ``count`` decoders per format of ``files`` on the calling thread's stream, ready in ``pool``.
+
+    NVDEC allocates a decoder's surfaces outside torch's allocator when the decoder meets its first
+    sequence header, and running out of GPU memory there ends the process instead of raising. So
+    the decoders a decode thread will need are created here, before training starts: for each file
+    (one per format: codec, size, bit depth), ``count`` decoders each decode the file's first frame
+    and go back to the pool (flushed), where the thread's later files find them. Files that cannot
+    be decoded are skipped here: they fail, or fall back to the CPU, when they are read.
+
+    Args:
+        files: One ``(path, frame table)`` per format to prepare for.
+        count: Decoders per format (the streams the calling thread decodes at once).
+        gpu: GPU ordinal.
+        pool: Where the decoders go (:func:`shared_decoder_pool` when None); it keeps at least
+            ``count`` idle decoders per format.
+        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
+        latency: The latency mode the thread's decoders will ask for (part of a decoder's key).
+
+    Returns:
+        The number of decoders created.
+
+    Example::
+
+        >>> prepare_decoders([(Path("clip/CAM_FRONT.mp4"), None)], 6, gpu=0)  # doctest: +SKIP
+        6
+    """
+    from lightning_vstream.decode.gpu import NvDecoder
+
+    pool = pool if pool is not None else shared_decoder_pool()
+    pool.max_idle_per_key = max(pool.max_idle_per_key, count)
+    created = pool.stats["created"]
+    for path, info in files:
+        opened = [
+            NvDecoder(path, info=info, device=gpu, pool=pool, stream="current", memory=memory, latency=latency)
+            for _ in range(count)
+        ]
+        try:
+            for decoder in opened:
+                decoder.get(0)
+        except (DecoderCapabilityError, VideoDecodeError, OSError):
+            pass  # the file fails (or falls back to the CPU) when it is read, under the loader's error policy
+        finally:
+            for decoder in opened:
+                decoder.close()
+    return pool.stats["created"] - created

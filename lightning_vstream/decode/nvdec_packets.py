@@ -227,7 +227,7 @@ def _avcc_format(extradata: bytes) -> tuple[int, str] | None:
         bits.read(1)  # separate_colour_plane_flag
     depth = bits.golomb() + 8
     if chroma not in _CHROMA:
-        raise ValueError(f"chroma_format_idc {chroma}")
+        raise DataFormatError(f"chroma_format_idc {chroma}")
     return depth, _CHROMA[chroma]
 
 
@@ -245,7 +245,7 @@ class _Bits:
 
     def read(self, count: int) -> int:
         if count > self.left:
-            raise ValueError("the parameter set ends early")
+            raise DataFormatError("the parameter set ends early")
         self.left -= count
         return (self.value >> self.left) & ((1 << count) - 1)
 
@@ -254,5 +254,5 @@ class _Bits:
         while self.read(1) == 0:
             zeros += 1
             if zeros > 31:
-                raise ValueError("an Exp-Golomb code longer than 32 bits")
+                raise DataFormatError("an Exp-Golomb code longer than 32 bits")
         return (1 << zeros) - 1 + self.read(zeros)

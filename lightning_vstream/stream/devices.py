@@ -250,7 +250,7 @@ def nvdec_engine_device(
     driver, see :class:`~lightning_vstream.decode.device.HostMemory`), with as many threads as on
     the GPU. With ``prepare`` (one ``(path, frame table)`` per format the rank reads), each decode
     thread creates ``streams_per_thread`` decoders per format on its own stream when it starts
-    (:func:`~lightning_vstream.decode.gpu.prepare_decoders`), so NVDEC allocates its surfaces before
+    (:func:`~lightning_vstream.decode.nvdec_memory.prepare_decoders`), so NVDEC allocates its surfaces before
     training does, not at a clip switch hours later (whether they fit is checked before, see
     :func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`).
 
@@ -268,7 +268,7 @@ def nvdec_engine_device(
         files = list(prepare)
 
         def hook() -> None:
-            from lightning_vstream.decode.gpu import prepare_decoders
+            from lightning_vstream.decode.nvdec_memory import prepare_decoders
 
             prepare_decoders(files, streams_per_thread, gpu=gpu)
 
