@@ -1053,7 +1053,11 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
         assert result[key] > 0 or key == "torch_ops_per_frame", key
     assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
     assert result["conversion"]["calls"] > 0 and result["profile"]
-    assert result["first_pass"]["engine_us_per_frame"] > 0
+    contended = result["contended"]
+    assert set(contended["rows"]) == set(result["rows"]) and contended["ratio"] > 0
+    assert contended["ratio"] == (
+        contended["rows"]["engine"]["wall_us_per_frame"]["median"] / contended["rows"]["bare"]["wall_us_per_frame"]["median"]
+    )
     imports = result["dlpack_import"]
     assert imports["seam_extra_us_per_frame"] == imports["seam_us"] - imports["gpu_us"]
 

@@ -24,12 +24,9 @@ from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.nvdec import StreamFormat, stream_format
 from lightning_vstream.decode.nvdec_packets import (
     CHECKSUM_FIX,
-    IN_PLACE,
-    REWRITTEN,
     START4,
     annexb_mode,
     config_format,
-    packet_kind,
     to_annexb,
 )
 from lightning_vstream.decode.probe import video_stream
@@ -296,12 +293,15 @@ class TableSource:
                 f"the index was built {CHECKSUM_FIX}"
             )
         address = self._address + offset
-        if self._mode != "none":
-            kind = packet_kind(view, self._mode)
-            if kind == IN_PLACE:
-                view[:4] = START4
-            elif kind == REWRITTEN:
-                address, size = self._convert(view, i)
+        mode = self._mode
+        if mode != "none":  # packet_kind, inlined: once per frame
+            header = view[4] if size > 4 else 0
+            if size > 4 and int.from_bytes(view[:4], "big") + 4 == size and not (
+                16 <= (header >> 1) & 0x3F <= 23 if mode == "hevc" else header & 0x1F in (5, 7, 8)
+            ):
+                view[:4] = START4  # IN_PLACE: one NAL unit that gets nothing in front
+            else:
+                address, size = self._convert(view, i)  # REWRITTEN
         data.bsl_data = address
         data.bsl = size
         data.pts = pts

@@ -246,7 +246,10 @@ class HostMemory:
 
     def __init__(self) -> None:
         try:
-            self._driver = ctypes.CDLL("libcuda.so.1")
+            # Called holding the GIL, as torch's own stream and event calls are on a GPU (the test driver returns
+            # at once from each; a GPU's event synchronisation, which can block, is only called when the event
+            # is not done yet).
+            self._driver = ctypes.PyDLL("libcuda.so.1")
         except OSError as err:
             raise ConfigurationError(f"{HOST_MEMORY_ENV}=1 needs a libcuda.so.1 to load: {err}") from err
         if hasattr(self._driver, "cuLaunchKernel"):
