@@ -218,7 +218,9 @@ def decode_stream_waits(lines: list[str]) -> tuple[list[str], dict[str, int]]:
     counts of what the log holds (decode streams, waits, host waits), so a caller can check that the log
     is not empty of what it looks for.
     """
-    decode = {m.group(1) for m in (re.search(r"cuvidMapVideoFrame64 .*output_stream=(\S+)", line) for line in lines) if m}
+    decode = {
+        m.group(1) for m in (re.search(r"cuvidMapVideoFrame64 .*output_stream=(\S+)", line) for line in lines) if m
+    }
     last_record: dict[str, str] = {}
     bad: list[str] = []
     counts = {"decode_streams": len(decode), "records": 0, "waits": 0, "waits_on_decode_events": 0, "host_waits": 0}

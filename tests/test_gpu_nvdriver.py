@@ -523,7 +523,9 @@ def test_no_decode_stream_ever_waits_for_an_event_of_the_consumers_stream(
     # The check catches a decode stream that waits for a batch's release on the device, as the engine once did.
     log = FakeLog()
     monkeypatch.setattr(
-        HostNvdecDevice, "synchronize", lambda self, event: self.memory.wait(self.memory.current_stream(self.gpu), event)
+        HostNvdecDevice,
+        "synchronize",
+        lambda self, event: self.memory.wait(self.memory.current_stream(self.gpu), event),
     )
     for _ in _engine_loader(index):
         pass
@@ -1056,7 +1058,8 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
     contended = result["contended"]
     assert set(contended["rows"]) == set(result["rows"]) and contended["ratio"] > 0
     assert contended["ratio"] == (
-        contended["rows"]["engine"]["wall_us_per_frame"]["median"] / contended["rows"]["bare"]["wall_us_per_frame"]["median"]
+        contended["rows"]["engine"]["wall_us_per_frame"]["median"]
+        / contended["rows"]["bare"]["wall_us_per_frame"]["median"]
     )
     imports = result["dlpack_import"]
     assert imports["seam_extra_us_per_frame"] == imports["seam_us"] - imports["gpu_us"]
@@ -1148,3 +1151,55 @@ def test_doctor_runs_every_check_it_can_and_says_what_it_cannot(
     throughput = report["throughput"]
     assert throughput["raw_nvdec_1"]["frames"] == throughput["engine"]["frames"] == 2 * 6 * 12
     assert throughput["workers"]["status"] == "skipped"
+
+
+# -- the GPU first run, end to end over the test driver -------------------------------------------------
+@pytest.mark.slow
+def test_the_gpu_first_run_suite_runs_every_section_over_the_test_driver(tmp_path: Path) -> None:
+    """``benchmarks/gpu_first_run.py`` as a lent GPU runs it: every section in a process of its own, the JSON
+    written after each; pixels and timings are "not checked" here. One section's abort loses only that section."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = str(root / "benchmarks" / "gpu_first_run.py")
+    env = {**os.environ, "FAKE_LOG": os.devnull}
+    out = tmp_path / "out"
+    command = [sys.executable, script, "--budget", "110", "--out", str(out), "--data-dir", str(tmp_path / "data")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    report = json.loads((out / "gpu_first_run.json").read_text())
+    sections = report["sections"]
+    names = ["environment", "data", "kernel", "stamps", "raw_nvdec", "engine", "slow_consumer", "random_access"]
+    assert report["mode"] == "test-driver" and list(sections) == names
+    assert {name: s["status"] for name, s in sections.items()} == {
+        name: "ok" if name == "data" else "limited" for name in names
+    }
+    not_checked = "not checked: the test driver decodes no pixels and times no GPU work"
+    assert sections["environment"]["pynvvideocodec"] == "2.2.4" and sections["environment"]["nvdec"]["engines"] == 7
+    assert sections["data"]["files"] == 5 + 12 and "sm_90" in sections["kernel"]["compiled"]
+    files = sections["stamps"]["files"]
+    assert [f["file"] for f in files][-1] == "hevc 10-bit, B-frames" and sections["stamps"]["stamps"] == not_checked
+    assert all(f["in_order"]["stamps"] == f["shuffled"]["stamps"] == not_checked for f in files)
+    assert all(f["shuffled_seeks"] > 0 for f in files)  # the shuffled order jumps between GOPs
+    assert sorted(int(n) for n in sections["raw_nvdec"]["rows"]) == [1, 7, 14, 28]
+    assert all(r["frames"] > 0 and r["frames_per_s"] == not_checked for r in sections["raw_nvdec"]["rows"].values())
+    engine = sections["engine"]
+    assert engine["light"]["camera_frames"] > 0 and engine["heavy"]["python_ms_per_step"] == 2.0
+    assert engine["over_raw"] == engine["light_camera_frames_per_s"] == not_checked
+    assert sections["slow_consumer"]["steps"] > 0 and sections["random_access"]["samples"] > 0
+    summary = report["summary"]
+    assert summary["every_stamp_exact"] == summary["colour_within_tolerance"] == not_checked
+    assert summary["stream_camera_frames_per_s"]["met"] == not_checked
+    # A section that aborts (as a CUDA fault inside the library ends its process) loses only itself.
+    crashed = tmp_path / "crashed"
+    command = [sys.executable, script, "--budget", "60", "--out", str(crashed), "--only", "environment,kernel"]
+    env["VSTREAM_FIRST_RUN_ABORT"] = "kernel"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    report = json.loads((crashed / "gpu_first_run.json").read_text())
+    assert done.returncode == 1 and report["sections"]["environment"]["status"] == "limited"
+    assert (
+        report["sections"]["kernel"]["status"] == "crashed" and "exit code -6" in report["sections"]["kernel"]["reason"]
+    )

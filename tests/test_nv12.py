@@ -289,4 +289,3 @@ def test_a_kernel_that_fails_its_check_falls_back_to_torch_with_one_warning(
     with pytest.warns(VStreamWarning, match=rf"kernel is not used on cpu: .*{message}.*converted with torch"):
         assert nv12.prepare_conversion(cuda) == "torch"
     assert nv12.prepare_conversion(cuda) == "torch" and checked == {"cuda:3": "torch"}  # once: no second warning
-

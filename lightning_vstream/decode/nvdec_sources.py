@@ -221,7 +221,9 @@ class TableSource:
         VideoDecodeError: Its codec configuration differs from the frame table's checksum.
     """
 
-    def __init__(self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]) -> None:
+    def __init__(
+        self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]
+    ) -> None:
         from lightning_vstream.decode.remote import gop_runs
 
         layout = info.layout
@@ -296,8 +298,10 @@ class TableSource:
         mode = self._mode
         if mode != "none":  # packet_kind, inlined: once per frame
             header = view[4] if size > 4 else 0
-            if size > 4 and int.from_bytes(view[:4], "big") + 4 == size and not (
-                16 <= (header >> 1) & 0x3F <= 23 if mode == "hevc" else header & 0x1F in (5, 7, 8)
+            if (
+                size > 4
+                and int.from_bytes(view[:4], "big") + 4 == size
+                and not (16 <= (header >> 1) & 0x3F <= 23 if mode == "hevc" else header & 0x1F in (5, 7, 8))
             ):
                 view[:4] = START4  # IN_PLACE: one NAL unit that gets nothing in front
             else:

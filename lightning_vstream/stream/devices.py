@@ -30,7 +30,6 @@ from lightning_vstream.decode.nvdec_memory import one_file_per_format
 __all__ = ["CudaDevice", "EngineDevice", "HostDevice", "HostNvdecDevice", "nvdec_engine_device", "one_file_per_format"]
 
 
-
 class _Prepared:
     """Runs a ``prepare`` hook once per stream of work, in the first thread that asks for that stream.
 
