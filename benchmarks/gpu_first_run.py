@@ -164,7 +164,7 @@ def _run_section(args: argparse.Namespace, name: str, mode: str, data: Path, *, 
         result = {"status": "timed out", "reason": f"no result within {timeout:.0f} s"}
     else:
         result = {"status": "crashed", "reason": f"the section's process ended with exit code {code} and no result"}
-    if "status" not in result or code not in (0, None) and result.get("status") == "ok":
+    if "status" not in result or (code not in (0, None) and result.get("status") == "ok"):
         result["status"] = "failed"
     if result["status"] in ("crashed", "timed out", "failed"):
         result["log_tail"] = log.read_text(errors="replace")[-3000:]
@@ -528,26 +528,23 @@ def section_raw_nvdec(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         free_before = memory.mem_get_info(args.gpu)[0]
         sessions = [create_session(nvc, key, memory) for _ in range(count)]
         counts = [0] * count
-        deadline: list[float] = [0.0]
-
-        def work(slot: int) -> None:
-            memory.set_device(args.gpu)
-            decoder = sessions[slot].decoder
-            mine = demuxed[slot % len(demuxed) :: count] or demuxed
-            n = 0
-            while time.perf_counter() < deadline[0] or n == 0:
-                for packets in mine:
-                    for packet, pts in packets:
-                        data = nvc.PacketData()
-                        data.bsl_data, data.bsl, data.pts = packet.buffer_ptr, packet.buffer_size, pts
-                        counts[slot] += len(decoder.Decode(data))
-                    counts[slot] += len(decoder.Decode(nvc.PacketData()))
-                    n += 1
-                    if time.perf_counter() >= deadline[0]:
-                        break
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
-        deadline[0] = time.perf_counter() + duration
+        deadline = time.perf_counter() + duration
+        threads = [
+            threading.Thread(
+                target=_decode_until,
+                args=(
+                    nvc,
+                    memory,
+                    args.gpu,
+                    sessions[i].decoder,
+                    demuxed[i % len(demuxed) :: count],
+                    deadline,
+                    counts,
+                    i,
+                ),
+            )
+            for i in range(count)
+        ]
         begun = time.perf_counter()
         for thread in threads:
             thread.start()
@@ -562,7 +559,7 @@ def section_raw_nvdec(args: argparse.Namespace, host: bool) -> dict[str, Any]:
             "frames_per_s": NOT_CHECKED if host else round(sum(counts) / elapsed, 1),
             "gpu_memory_per_decoder_mib": NOT_CHECKED if host else round(used / count / 2**20, 1),
         }
-        del sessions
+        sessions.clear()
     best = None if host else max(r["frames_per_s"] for r in rows.values())
     return {
         "status": "limited" if host else "ok",
@@ -571,6 +568,24 @@ def section_raw_nvdec(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         "estimate_per_decoder_mib": round(nvdec_bytes("hevc", first.width, first.height, 8) / 2**20, 1),
         "settings": "PyNvVideoCodec alone, packets in memory, NV12 out, NATIVE latency, one thread and stream each",
     }
+
+
+def _decode_until(
+    nvc: Any, memory: Any, gpu: int, decoder: Any, files: list[Any], deadline: float, counts: list[int], slot: int
+) -> None:
+    """Decode ``files`` (packets in memory) with ``decoder``, whole files, until ``deadline``; frames into ``counts``."""
+    memory.set_device(gpu)
+    done = 0
+    while done == 0 or time.perf_counter() < deadline:
+        for packets in files:
+            for packet, pts in packets:
+                data = nvc.PacketData()
+                data.bsl_data, data.bsl, data.pts = packet.buffer_ptr, packet.buffer_size, pts
+                counts[slot] += len(decoder.Decode(data))
+            counts[slot] += len(decoder.Decode(nvc.PacketData()))
+            done += 1
+            if time.perf_counter() >= deadline:
+                return
 
 
 def _engine_run(

@@ -278,10 +278,9 @@ def make_reader(
         )
     import torch
 
-    from lightning_vstream.decode.gpu import resolve_decode_device
-
     from lightning_vstream.decode.decoder_pool import shared_decoder_pool
     from lightning_vstream.decode.device import frame_memory
+    from lightning_vstream.decode.gpu import resolve_decode_device
     from lightning_vstream.decode.nv12 import prepare_conversion
     from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
 

@@ -465,7 +465,6 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
         """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
         if self._reader is None:
             from lightning_vstream.clips.batched import make_reader
-
             from lightning_vstream.decode.nvdec_memory import one_file_per_format
 
             formats = one_file_per_format(self.index) if self.decode_device != "cpu" else []
