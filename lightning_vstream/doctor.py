@@ -257,10 +257,12 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
     first = files[0].info
     assert first is not None
     key = DecoderKey(gpu, "hevc", first.width, first.height)
-    sessions = [create_session(nvc, key, frame_memory()) for _ in range(decoders)]
+    memory = frame_memory()
+    sessions = [create_session(nvc, key, memory) for _ in range(decoders)]
     counts = [0] * decoders
 
     def work(slot: int) -> None:
+        memory.set_device(gpu)  # every thread that touches the GPU sets its device first
         decoder = sessions[slot].decoder
         for packets in demuxed[slot::decoders]:
             for packet, pts in packets:

@@ -176,3 +176,22 @@ def test_a_damaged_or_shortened_file_read_at_the_tables_places_says_which_frame(
     source.close()
     with pytest.raises(VideoDecodeError, match=r"codec configuration \(SPS/PPS\) differs from the checksum"):
         packet_source(path, replace(info, config_crc32=1), "'clip.mp4'")
+
+
+def test_checksums_are_computed_in_pieces_and_read_buffers_are_reused(files: dict[str, Path]) -> None:
+    """Checksums of large packets in pieces that keep the GIL give zlib's value; a file opened again reads into
+    the buffer the last one gave back."""
+    import zlib
+
+    from lightning_vstream.decode import nvdec_sources
+
+    data = bytes(range(256)) * 100  # 25.6 KB: past the size zlib releases the GIL for
+    assert nvdec_sources._crc32(memoryview(data), len(data)) == zlib.crc32(data)
+    assert nvdec_sources._crc32(memoryview(data[:100]), 100) == zlib.crc32(data[:100])
+    first = _table_source(files["hevc"])
+    packets = _read(first)
+    block = first._block
+    first.close()
+    again = _table_source(files["hevc"])
+    assert _read(again) == packets and again._block is block
+    again.close()

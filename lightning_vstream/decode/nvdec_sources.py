@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import os
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,7 +290,7 @@ class TableSource:
         offset = self._pos[i] - self._base
         view = self._view[offset : offset + size]  # type: ignore[index]
         crcs = self._crcs
-        if crcs is not None and zlib.crc32(view) != crcs[i]:
+        if crcs is not None and _crc32(view, size) != crcs[i]:
             raise VideoDecodeError(
                 f"{self.where} frame {self._frames[i]}: the compressed data differs from the checksum recorded when "
                 f"the index was built {CHECKSUM_FIX}"
@@ -326,9 +327,11 @@ class TableSource:
     def _load(self, i: int) -> None:
         """Read the chunk that holds packet ``i`` (one starts at 0 and at every keyframe) into memory.
 
-        One buffer serves every chunk of the file (grown when a chunk is larger): NVDEC's parser has
-        copied the last packet of a chunk before the next chunk is read, and a buffer written again
-        costs no page faults.
+        One buffer serves every chunk of the file (a larger one is taken when a chunk does not fit):
+        NVDEC's parser has copied the last packet of a chunk before the next chunk is read. Buffers
+        come from a pool shared by the files a process reads, so opening a file allocates nothing
+        once the pool holds buffers of the sizes its GOPs need, and a buffer written again costs no
+        page faults.
         """
         chunks = self._chunks
         ordinal = bisect.bisect_right(chunks, i) - 1
@@ -338,9 +341,10 @@ class TableSource:
         whole = self._whole
         if whole is None or len(whole) < size:
             self._view = None  # released before the buffer it views is replaced
-            self._block = bytearray(size)
+            if self._block is not None:
+                _BUFFERS.give_back(self._block, self._origin)
+            self._block, self._origin = _BUFFERS.take(size)
             whole = self._whole = memoryview(self._block)
-            self._origin = ctypes.addressof((ctypes.c_char * size).from_buffer(self._block))
         view = whole[:size]
         try:
             got = os.preadv(self._fd, [view], start)
@@ -357,13 +361,64 @@ class TableSource:
         self._stop = stop
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (its buffer goes back to the pool)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._view = self._whole = None
+        if self._block is not None:
+            _BUFFERS.give_back(self._block, self._origin)
         self._block = None
         self._held = None
+
+
+#: zlib.crc32 releases the GIL for buffers larger than this; pieces of this size keep it.
+_GIL_FREE_CRC = 5 * 1024
+
+
+def _crc32(view: memoryview, size: int) -> int:
+    """CRC-32 of a packet, computed holding the GIL.
+
+    ``zlib.crc32`` releases the GIL for more than 5 KiB; taking it back costs a thread up to the
+    interpreter's switch interval (5 ms) when a Python-heavy training step holds it, which per
+    frame would dwarf the 10-30 microseconds the checksum takes. In pieces, it never lets go.
+    """
+    if size <= _GIL_FREE_CRC:
+        return zlib.crc32(view)
+    crc = 0
+    for at in range(0, size, _GIL_FREE_CRC):
+        crc = zlib.crc32(view[at : at + _GIL_FREE_CRC], crc)
+    return crc
+
+
+class _BufferPool:
+    """Read buffers for :class:`TableSource`, with their addresses, kept for reuse (at most ``limit`` bytes idle).
+
+    Sizes are powers of two (64 KiB at least), so a few sizes serve every GOP.
+    """
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self.limit = limit
+        self._idle: list[tuple[bytearray, int]] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> tuple[bytearray, int]:
+        with self._lock:
+            fitting = [k for k, (block, _) in enumerate(self._idle) if len(block) >= size]
+            if fitting:
+                best = min(fitting, key=lambda k: len(self._idle[k][0]))
+                return self._idle.pop(best)
+        rounded = max(1 << 16, 1 << (size - 1).bit_length())
+        block = bytearray(rounded)
+        return block, ctypes.addressof((ctypes.c_char * rounded).from_buffer(block))
+
+    def give_back(self, block: bytearray, address: int) -> None:
+        with self._lock:
+            if sum(len(b) for b, _ in self._idle) + len(block) <= self.limit:
+                self._idle.append((block, address))
+
+
+_BUFFERS = _BufferPool()
 
 
 def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | TableSource:
