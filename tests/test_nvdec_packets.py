@@ -178,12 +178,16 @@ def test_a_damaged_or_shortened_file_read_at_the_tables_places_says_which_frame(
         packet_source(path, replace(info, config_crc32=1), "'clip.mp4'")
 
 
-def test_checksums_are_computed_in_pieces_and_read_buffers_are_reused(files: dict[str, Path]) -> None:
+def test_checksums_are_computed_in_pieces_and_read_buffers_are_reused(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Checksums of large packets in pieces that keep the GIL give zlib's value; a file opened again reads into
     the buffer the last one gave back."""
     import zlib
 
     from lightning_vstream.decode import nvdec_sources
+
+    monkeypatch.setattr(nvdec_sources, "_BUFFERS", nvdec_sources._BufferPool())  # empty, whatever ran before
 
     data = bytes(range(256)) * 100  # 25.6 KB: past the size zlib releases the GIL for
     assert nvdec_sources._crc32(memoryview(data), len(data)) == zlib.crc32(data)
