@@ -393,7 +393,11 @@ class Fetcher:
                         self.cache.put(self._key(unit), piece, priority=self._entry_use(unit))
                     self._settle(unit, piece)
             for unit in waiting:  # another process on this machine is downloading it
-                data = self.cache.wait_for(self._key(unit), self.storage.policy.deadline_s) if self.cache else None
+                data = (
+                    self.cache.wait_for(self._key(unit), self.storage.policy.deadline_s, size=unit.size)
+                    if self.cache
+                    else None
+                )
                 if data is None:
                     data, _ = self.storage.read(unit.url, unit.start, unit.end, expect=unit.expect)
                 else:
@@ -411,8 +415,8 @@ class Fetcher:
     def _from_cache(self, unit: Unit) -> bytes | None:
         if self.cache is None:
             return None
-        data = self.cache.get(self._key(unit), priority=self._entry_use(unit))
-        if data is not None and len(data) == unit.size:
+        data = self.cache.get(self._key(unit), size=unit.size, priority=self._entry_use(unit))
+        if data is not None:
             self.recorder.add(cache_hits=1)
             return data
         self.recorder.add(cache_misses=1)
