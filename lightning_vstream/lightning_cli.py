@@ -3,6 +3,8 @@
 LightningCLI (jsonargparse) answers a misspelt config key with the whole usage of every option (about
 90 lines for a DataModule, a model and the Trainer) and the error last. :class:`VStreamCLI` prints the
 error first, with the closest valid option, and a one-line pointer to ``--help`` instead of the usage.
+The config it saves next to the logs (``config.yaml``) holds every ``storage_options`` secret as
+``null``, as hyperparameters and checkpoints do (:class:`RedactedSaveConfigCallback`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
-__all__ = ["VStreamArgumentParser", "VStreamCLI"]
+__all__ = ["RedactedSaveConfigCallback", "VStreamArgumentParser", "VStreamCLI", "redact_config"]
 
 #: jsonargparse's messages for an option it does not know, and how to read the option's full name.
 _UNKNOWN = (
@@ -87,4 +89,41 @@ class VStreamCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", VStreamArgumentParser)
+        kwargs.setdefault("save_config_callback", RedactedSaveConfigCallback)
         super().__init__(*args, **kwargs)
+
+
+def redact_config(config: Any) -> Any:
+    """A copy of a parsed LightningCLI config with every secret of every ``storage_options`` set to None.
+
+    Example::
+
+        >>> from jsonargparse import Namespace
+        >>> config = Namespace(data=Namespace(storage_options={"region": "eu", "secret_access_key": "s3cr3t"}))
+        >>> redact_config(config).data.storage_options
+        {'region': 'eu', 'secret_access_key': None}
+    """
+    from lightning_vstream.storage.options import SECRET_KEYS
+
+    redacted = config.clone()
+    for key, value in config.items():
+        if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(value, dict):
+            redacted[key] = {k: (None if k in SECRET_KEYS else v) for k, v in value.items()}
+    return redacted
+
+
+class RedactedSaveConfigCallback(SaveConfigCallback):
+    """LightningCLI's ``SaveConfigCallback`` that saves (and hands ``save_config``) the config with every
+    ``storage_options`` secret set to None (see :func:`redact_config`): secrets stay in memory.
+
+    :class:`VStreamCLI` uses it unless given another ``save_config_callback``; subclass it, not
+    ``SaveConfigCallback``, to also log the config elsewhere. Takes exactly ``SaveConfigCallback``'s arguments.
+
+    Example::
+
+        >>> cli = VStreamCLI(TinyStreamPETR, StreamVideoDataModule,
+        ...                  save_config_callback=RedactedSaveConfigCallback)  # doctest: +SKIP
+    """
+
+    def __init__(self, parser: LightningArgumentParser, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(parser, redact_config(config), *args, **kwargs)

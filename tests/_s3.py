@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -99,6 +100,9 @@ class S3TestServer:
         ready = self.workdir / "proxy.port"
         ready.unlink(missing_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The death signal follows the thread that started the child: one started from a helper thread
+        # would be stopped when that thread ends. The proxy also exits by itself when this process does.
+        main = threading.current_thread() is threading.main_thread()
         with open(self.workdir / "proxy.log", "ab") as out:
             self._proxy = subprocess.Popen(
                 [
@@ -115,7 +119,7 @@ class S3TestServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent if main else None,
             )
         self.proxy_port = int(self._wait_for(ready, re.compile(rb"(\d+)"), self._proxy))
 

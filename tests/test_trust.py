@@ -420,7 +420,7 @@ def test_a_store_gone_for_a_moment_mid_epoch_costs_retries_not_frames(s3: S3Test
     local = StreamVideoDataModule(index_file=str(remote_dataset), **common)
     for module in (dm, local):
         module.setup("fit")
-    storage = storage_for(StorageConfig.make(options))
+    storage = storage_for(dm.storage)
     port = s3.proxy_port
     back = threading.Event()
 
@@ -436,18 +436,19 @@ def test_a_store_gone_for_a_moment_mid_epoch_costs_retries_not_frames(s3: S3Test
 
     expected = list(local.train_dataloader())
     got = []
-    restarter = None
-    for number, batch in enumerate(dm.train_dataloader()):
-        assert not batch_stamp_errors(batch)
-        got.append(batch)
-        if number == 1:
-            before = storage.stats.errors
-            s3.stop_proxy()
-            restarter = threading.Thread(target=bring_back, args=(before,))
-            restarter.start()
-    assert restarter is not None
-    back.set()
-    restarter.join(timeout=60)
+    restarter = threading.Thread(target=bring_back, args=(0,))
+    try:
+        for number, batch in enumerate(dm.train_dataloader()):
+            assert not batch_stamp_errors(batch)
+            got.append(batch)
+            if number == 1:
+                s3.stop_proxy()
+                restarter = threading.Thread(target=bring_back, args=(storage.stats.errors,))
+                restarter.start()
+    finally:
+        back.set()
+        if restarter.is_alive():
+            restarter.join(timeout=60)
     assert len(got) == len(expected) > 2
     assert all(torch.equal(a["frames"], b["frames"]) for a, b in zip(got, expected))
     assert storage.stats.retries >= 2 and storage.stats.errors >= 2

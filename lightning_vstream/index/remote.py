@@ -98,11 +98,11 @@ def _node_folder(config: StorageConfig) -> Path | None:
         return None
 
 
-def _copy_name(source: str, etag: str | None, digest: str) -> str:
-    """The name of this machine's copy of the tables at ``source``: their URL, ETag (if any) and content digest."""
+def _copy_prefix(source: str, etag: str | None) -> str:
+    """How the names of this machine's copies of the tables at ``source`` (of one ETag) start."""
     head = hashlib.sha256(source.encode()).hexdigest()[:20]
     version = hashlib.sha256(etag.encode()).hexdigest()[:12] if etag else "noetag"
-    return f"{head}-{version}-{digest}.tables.bin"
+    return f"{head}-{version}-"
 
 
 def _use_copy(local: Path, source: str, digest: str) -> FrameTables | None:
@@ -135,7 +135,7 @@ def fetch_tables(url: str, config: StorageConfig) -> FrameTables | None:
     except MissingFileError:
         return None
     folder = _node_folder(config)
-    prefix = _copy_name(source, info.etag, "")
+    prefix = _copy_prefix(source, info.etag)
     if info.etag and folder is not None:
         for candidate in sorted(folder.glob(glob.escape(prefix) + "*.tables.bin")):
             tables = _use_copy(candidate, source, candidate.name[len(prefix) : -len(".tables.bin")])
@@ -147,7 +147,7 @@ def fetch_tables(url: str, config: StorageConfig) -> FrameTables | None:
     digest = hashlib.sha256(data).hexdigest()
     tables = None
     if folder is not None:
-        local = folder / _copy_name(source, info.etag, digest)
+        local = folder / f"{prefix}{digest}.tables.bin"
         tables = _use_copy(local, source, digest)  # the same bytes already here: no write, pages shared
         if tables is None:
             try:
