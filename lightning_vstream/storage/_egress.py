@@ -173,7 +173,7 @@ class EgressGuard:
             while True:
                 head = reader.head()
                 first, pairs = _headers(head)
-                method, target, version = (first.split(" ") + ["", "", ""])[:3]
+                method, target, version = [*first.split(" "), "", "", ""][:3]
                 if method.upper() == "CONNECT":
                     host, _, port = target.rpartition(":")
                     authority = _authority(host.strip("[]"), int(port) if port.isdigit() else None, "https")
