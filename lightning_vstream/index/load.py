@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -61,6 +62,15 @@ def _pairs_without_duplicates(where: str) -> Any:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key, value in pairs:
+            if any("\ud800" <= ch <= "\udfff" for ch in key):
+                # JSON's \ud800 escapes can spell half a character, which no file name can hold.
+                raise IndexValidationError(
+                    where,
+                    [
+                        f"{where} lists the name {key!r}, which is not valid Unicode (a lone surrogate escape); "
+                        "write names as UTF-8 text, or re-run `vstream index` to rebuild the index."
+                    ],
+                )
             if key in result:
                 raise IndexValidationError(
                     where, [f"{where} lists clip or folder {key!r} twice; each clip id must appear once."]
@@ -131,6 +141,13 @@ def _parse_json(raw: bytes, where: str) -> Any:
         ) from None
     except RecursionError:
         raise DataFormatError(f"index file {where} nests JSON too deeply to be an index.") from None
+    except IndexValidationError:
+        raise
+    except ValueError as err:  # a number of thousands of digits (Python's int conversion limit)
+        raise DataFormatError(
+            f"index file {where} holds a number of more than {sys.get_int_max_str_digits()} digits, which no "
+            f"frame count is ({err}); re-run `vstream index` to rebuild the index."
+        ) from None
 
 
 def _read_json(path: Path) -> Any:
@@ -320,6 +337,8 @@ def _load(
             lists.add(clip_id, count, dir_index, files)
     # Clips whose every camera file the tables describe; the others are listed on disk after all.
     described = lists.resolve_deferred(tables, cameras, lambda i, folder, _, out: scan(i, folder, out), problems)
+    if reference is not None:
+        lists.check_frame_counts(tables, reference[1], where, problems)
     if cameras is not None and scanned:
         # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
         nowhere = [n for n in cameras if not any(n in found for found in scanned)]

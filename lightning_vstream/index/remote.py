@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote
 
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -43,7 +44,7 @@ from lightning_vstream.storage.private import (
     remove_entry,
     write_file,
 )
-from lightning_vstream.storage.urls import basename, child, dirname, join, with_name
+from lightning_vstream.storage.urls import basename, child, dirname, join, normalise, scheme_of, with_name
 
 __all__ = ["RemoteFileCheck", "fetch_tables", "load_remote_index", "remote_key", "tables_url"]
 
@@ -64,15 +65,20 @@ def tables_url(index_url: str) -> str:
 def remote_key(base: str, url: str) -> str:
     """The frame-table key of ``url``: its path relative to the index's folder URL ``base``.
 
+    Both are normalised first (``.`` and ``..`` resolved, percent-escapes of ``file://`` URLs read), so
+    a URL that climbs out of the folder is refused whatever its spelling.
+
     Raises:
         ConfigurationError: ``url`` does not lie under ``base``.
     """
-    prefix = base.rstrip("/") + "/"
-    if not url.startswith(prefix):
+    prefix = normalise(base).rstrip("/") + "/"
+    full = normalise(url)
+    if not full.startswith(prefix):
         raise ConfigurationError(
             f"{url!r} does not lie under the index's folder {base!r}; keep videos below the index."
         )
-    return url[len(prefix) :]
+    key = full[len(prefix) :]
+    return unquote(key) if scheme_of(base) == "file" else key
 
 
 def _node_folder(config: StorageConfig) -> Path | None:
@@ -305,6 +311,8 @@ def load_remote_index(
     lists.resolve_deferred(
         tables, cameras, lambda i, folder, prefix, out: found_in(i, folder, prefix[:-1], out), problems
     )
+    if reference is not None:
+        lists.check_frame_counts(tables, reference[1], where, problems)
     if problems:
         raise IndexValidationError(where, problems)
     if not lists.ids or reference is None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-try:
-    from . import _egress  # as lightning_vstream.storage._obstore_calls
-except ImportError:
-    import _egress  # type: ignore[no-redef]  # as a sibling of the helper script
+if __package__:  # imported as lightning_vstream.storage._obstore_calls
+    from lightning_vstream.storage import _egress
+else:  # in the helper process, as a sibling of its script (which imports nothing of the package)
+    import _egress  # type: ignore[no-redef]
 
 #: What a request spec may ask for.
 OPS = ("get", "head", "put", "list")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -267,8 +268,14 @@ class Storage:
 
 
 def _join_key(prefix_url: str, prefix_key: str, key: str) -> str:
-    """The URL of ``key``, listed under ``prefix_key`` of the folder URL ``prefix_url``."""
-    return prefix_url + key[len(prefix_key) :] if key.startswith(prefix_key) else prefix_url + key
+    """The URL of ``key``, listed under ``prefix_key`` of the folder URL ``prefix_url``.
+
+    A ``file://`` URL holds the listed names percent-encoded (see :mod:`~lightning_vstream.storage.urls`).
+    """
+    rest = key[len(prefix_key) :] if key.startswith(prefix_key) else key
+    if prefix_url.startswith("file:"):
+        rest = "/".join(quote(part, safe="") for part in rest.split("/"))
+    return prefix_url + rest
 
 
 _STORAGES: dict[str, Storage] = {}
