@@ -90,6 +90,9 @@ _BYTES_PER_FRAME = {"pkt_pos": "<i8", "pkt_size": "<u4"}
 _BLOBS = {"extradata": "extra_offsets", "etag": "etag_offsets"}  # u1 blob -> its <i8 offsets (files + 1)
 # ------------------------------------------------------------------------------------------------
 _I64 = (-(2**63), 2**63 - 1)
+_MAX_INT32 = 2**31 - 1
+#: Largest frame width or height a table may record (FFmpeg's codecs stop well below it).
+MAX_SIDE = 65536
 #: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
 CACHED_INFOS = 256
 
@@ -451,6 +454,9 @@ class FrameTables:
         width, height = int(a["width"][row]), int(a["height"][row])
         if min(tb) <= 0 or width <= 0 or height <= 0:
             raise self._bad(f"holds a non-positive size or time base for {key!r}")
+        fps = float(a["fps"][row])
+        if max(tb) > _MAX_INT32 or max(width, height) > MAX_SIDE or not 0.0 <= fps < 1e9:
+            raise self._bad(f"holds a frame size, time base or frame rate no video has for {key!r}")
         config = int(a["config_crc32"][row])
         reorder = int(a["reorder_depth"][row])
         return VideoInfo(
@@ -461,7 +467,7 @@ class FrameTables:
             pts=tuple(pts.tolist()),
             key_indices=tuple(keys.tolist()),
             key_seek=tuple(a["key_seek"][k0:k1].tolist()),
-            average_fps=float(a["fps"][row]),
+            average_fps=fps,
             crc32=tuple(a["crc32"][f0:f1].tolist()) if a["has_crc"][row] else None,
             config_crc32=None if config < 0 else config,
             identity=self.identity(row),
