@@ -22,6 +22,7 @@ import tracemalloc
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def test_crafted_index_files_load_or_raise_a_named_error(pristine: Pristine) -> 
         kinds[kind] = kinds.get(kind, 0) + 1
         path.write_bytes(raw)
         location: Path | str = path if case % 2 else path.resolve().as_uri()
-        result = _traced(lambda: load_index(location), len(raw), f"index case {case} ({kind}): {raw[:120]!r}")
+        result = _traced(partial(load_index, location), len(raw), f"index case {case} ({kind}): {raw[:120]!r}")
         outcomes[type(result).__name__] = outcomes.get(type(result).__name__, 0) + 1
     assert sum(kinds.values()) == INDEX_CASES and len(kinds) == 8
     assert outcomes.get("VideoIndex", 0) > 0 and len(outcomes) >= 3  # some load, most are refused, by name
