@@ -37,6 +37,7 @@ from lightning_vstream.errors import (
     ConfigurationError,
     IndexValidationError,
     RemoteAccessError,
+    VideoDecodeError,
 )
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.storage import StorageConfig, storage_for
@@ -230,28 +231,38 @@ def _file_dataset(tmp_path: Path) -> Path:
     return write_dataset(tmp_path / "ds", clips=2, cameras=2, frames=8, size=(64, 48), gop=4)
 
 
-@pytest.mark.parametrize("kind", ["clip", "stream"])
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("url", [True, False])
-def test_an_index_listing_more_frames_than_its_tables_is_named(
-    tmp_path: Path, kind: str, on_error: str, url: bool
+def test_an_index_listing_more_frames_than_its_tables_is_a_named_data_fault(
+    tmp_path: Path, on_error: str, url: bool
 ) -> None:
+    """Read like any file that lost frames: a named VideoDecodeError, or under ``on_error="skip"`` skipped and counted."""
     index = _file_dataset(tmp_path)
     data = json.loads(index.read_text())
     data["videos"]["scene-0001"] = 12
     index.write_text(json.dumps(data))
     location = index.resolve().as_uri() if url else str(index)
-    common: dict[str, Any] = {"index_file": location, "batch_size": 2, "num_workers": 0}
-    dm = (
-        ClipVideoDataModule(clip_frames=3, on_error=on_error, **common)  # type: ignore[arg-type]
-        if kind == "clip"
-        else StreamVideoDataModule(on_error=on_error, **common)  # type: ignore[arg-type]
-    )
-    with pytest.raises(
-        IndexValidationError,
-        match=r"clip 'scene-0001' lists 12 frames, but its frame tables hold 8 for camera 'CAM_BACK'.*`vstream index",
-    ):
-        dm.setup("fit")
+    common: dict[str, Any] = {"index_file": location, "batch_size": 2, "num_workers": 0, "seed": 1}
+    clips = ClipVideoDataModule(clip_frames=3, on_error=on_error, **common)  # type: ignore[arg-type]
+    clips.setup("fit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", VStreamWarning)
+        if on_error == "raise":
+            with pytest.raises(
+                VideoDecodeError,
+                match=r"clip 'scene-0001', camera 'CAM_BACK' .*the index lists 12 frames, but the file holds 8, so "
+                r"frame \d+ cannot be read\. Re-run `vstream index`",
+            ):
+                list(clips.train_dataloader())
+        else:
+            batches = list(clips.train_dataloader())
+            valid = [(clip, bool(ok)) for b in batches for clip, ok in zip(b["clip_id"], b["valid"])]
+            assert all(ok for clip, ok in valid if clip == "scene-0000") and not all(ok for _, ok in valid)
+            assert clips.decode_stats("train").skipped_samples == sum(not ok for _, ok in valid) > 0
+        stream = StreamVideoDataModule(on_error=on_error, **common)  # type: ignore[arg-type]
+        stream.setup("fit")
+        for batch in stream.train_dataloader():  # the stream reads no frame past a file's end
+            assert not batch_stamp_errors(batch)
 
 
 @pytest.mark.parametrize(

@@ -321,6 +321,13 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             ]
         valid = True
         try:
+            for cam, info in zip(streams, infos):
+                if max(indices) >= info.frame_count:  # a data fault (skippable), not a request out of range
+                    raise VideoDecodeError(
+                        f"clip {clip.clip_id!r}, camera {cam.name!r} ({str(cam.path)!r}): the index lists "
+                        f"{clip.frame_count} frames, but the file holds {info.frame_count}, so frame {max(indices)} "
+                        "cannot be read. Re-run `vstream index` to rebuild the index."
+                    )
             if self.decode_device != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
                 for c, (cam, info) in enumerate(zip(streams, infos)):
                     label = f"clip {clip.clip_id!r}, camera {cam.name!r}"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["CACHED_CLIPS", "ClipArrays", "fingerprint", "tables_frame_counts", "tables_list_files"]
+__all__ = ["CACHED_CLIPS", "ClipArrays", "fingerprint", "tables_list_files"]
 
 #: Clips a :class:`ClipArrays` keeps built (per process), the most recently used ones.
 CACHED_CLIPS = 512
@@ -418,24 +418,3 @@ def tables_list_files(tables: FrameTables, prefixes: Sequence[str], files: Seque
         hi, _ = search(_encoded([p[:-1] + "0" for p in prefixes]))
         ok &= fits & (hi - lo == len(files))
     return ok
-
-
-def tables_frame_counts(tables: FrameTables, prefixes: Sequence[str], file: str) -> np.ndarray:
-    """For each clip folder, the frame count the frame tables record for ``file`` in it (-1: no table).
-
-    One vectorised search over the sorted, memory-mapped keys, as :func:`tables_list_files`.
-
-    Example::
-
-        >>> tables_frame_counts(tables, ["videos/scene-0000/"], "CAM_FRONT.mp4")  # doctest: +SKIP
-        array([40])
-    """
-    keys = tables.key_array
-    if not len(keys) or not len(prefixes):
-        return np.full(len(prefixes), -1, dtype=np.int64)
-    last = len(keys) - 1
-    wanted = np.char.add(_encoded(prefixes), file.encode("utf-8"))
-    at = np.searchsorted(keys, wanted.astype(keys.dtype))
-    found = (np.char.str_len(wanted) <= keys.dtype.itemsize) & (at <= last)
-    found &= keys[np.minimum(at, last)] == wanted
-    return np.where(found, tables.frame_counts(np.minimum(at, last)), -1)

@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
-from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_frame_counts, tables_list_files
+from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
     from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["ClipLists", "Reference", "camera_reference", "match_cameras"]
-
-#: Clips named one by one when an index lists more frames than its tables hold (the rest are counted).
-_NAMED = 20
 
 #: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
 Reference = tuple[str, tuple[str, ...]]
@@ -142,35 +137,6 @@ class ClipLists:
             if files is not None:
                 self.layout_of[at] = self.layouts.setdefault(files, len(self.layouts))
         return described
-
-    def check_frame_counts(
-        self, tables: FrameTables | None, camera_names: Sequence[str], where: str, problems: list[str]
-    ) -> None:
-        """Add a problem for every clip that lists more frames than the tables record for one of its cameras.
-
-        Such a clip would ask a decoder for frames its file does not hold: named here, once, for all
-        clips (one vectorised search of the tables per camera and layout), rather than at the first read.
-        """
-        if tables is None or not self.ids:
-            return
-        layout_of = np.asarray(self.layout_of)
-        counts = np.asarray(self.counts, dtype=np.int64)
-        short: list[tuple[int, str, int, str]] = []
-        for files, number in self.layouts.items():
-            members = np.flatnonzero(layout_of == number)
-            prefixes = [f"{self.dir_keys[self.dir_of[i]]}{self.ids[i]}/" for i in members.tolist()]
-            for camera, file in zip(camera_names, files):
-                held = tables_frame_counts(tables, prefixes, file)
-                for at in np.flatnonzero((held >= 0) & (held < counts[members])).tolist():
-                    short.append((int(members[at]), camera, int(held[at]), file))
-        short.sort()
-        for position, camera, held, file in short[:_NAMED]:
-            problems.append(
-                f"{where}: clip {self.ids[position]!r} lists {self.counts[position]} frames, but its frame tables "
-                f"hold {held} for camera {camera!r} ({file}); re-run `vstream index` to rebuild the index."
-            )
-        if len(short) > _NAMED:
-            problems.append(f"{where}: {len(short) - _NAMED} more cameras of clips list more frames than they hold.")
 
     def arrays(
         self,

@@ -337,8 +337,6 @@ def _load(
             lists.add(clip_id, count, dir_index, files)
     # Clips whose every camera file the tables describe; the others are listed on disk after all.
     described = lists.resolve_deferred(tables, cameras, lambda i, folder, _, out: scan(i, folder, out), problems)
-    if reference is not None:
-        lists.check_frame_counts(tables, reference[1], where, problems)
     if cameras is not None and scanned:
         # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
         nowhere = [n for n in cameras if not any(n in found for found in scanned)]

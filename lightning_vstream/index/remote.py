@@ -311,8 +311,6 @@ def load_remote_index(
     lists.resolve_deferred(
         tables, cameras, lambda i, folder, prefix, out: found_in(i, folder, prefix[:-1], out), problems
     )
-    if reference is not None:
-        lists.check_frame_counts(tables, reference[1], where, problems)
     if problems:
         raise IndexValidationError(where, problems)
     if not lists.ids or reference is None:

@@ -373,11 +373,6 @@ class FrameTables:
             found.append((key.decode("utf-8"), row))
         return found
 
-    def frame_counts(self, rows: np.ndarray) -> np.ndarray:
-        """The number of frames recorded for each row of ``rows`` (vectorised)."""
-        offsets = self._a["frame_offsets"]
-        return (offsets[rows + 1] - offsets[rows]).astype(np.int64)
-
     def row(self, key: str) -> int:
         """Row of one key, or -1."""
         return int(self.rows([key])[0])
