@@ -423,6 +423,7 @@ def remote_dataset(make_dataset: Callable[..., Path]) -> Path:
     return make_dataset(clips=3, cameras=2, frames=[10, 8, 9], size=(64, 48), gop=3)
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # an I/O thread must not die
 def test_a_store_gone_for_a_moment_mid_epoch_costs_retries_not_frames(s3: S3TestServer, remote_dataset: Path) -> None:
     import threading
 
@@ -467,6 +468,28 @@ def test_a_store_gone_for_a_moment_mid_epoch_costs_retries_not_frames(s3: S3Test
     assert len(got) == len(expected) > 2
     assert all(torch.equal(a["frames"], b["frames"]) for a, b in zip(got, expected))
     assert storage.stats.retries >= 2 and storage.stats.errors >= 2
+
+
+def test_making_room_for_a_sooner_read_drops_units_of_one_due(tmp_path: Path) -> None:
+    """Under a tight budget the I/O threads drop units fetched ahead for later reads; two of one due must not
+    be compared (that raised TypeError and ended the thread, so the outage test showed a dead I/O thread)."""
+    from lightning_vstream.storage.client import Storage
+    from lightning_vstream.storage.fetcher import Fetcher, Unit
+
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 16)
+    url = blob.resolve().as_uri()
+    fetcher = Fetcher(Storage(StorageConfig()), budget=10**6, threads=1)
+    later = [Unit(url, 0, 1000, gop=0), Unit(url, 2000, 3000, gop=2)]  # not adjacent: two requests
+    try:
+        fetcher.prefetch(later, due=5.0)  # fetched ahead by the I/O thread, held by nobody
+        with fetcher._cond:
+            assert fetcher._cond.wait_for(lambda: all(fetcher._entries[u].future.done() for u in later), 30)
+            fetcher.budget = 1500
+            assert fetcher._make_room(1000, 1.0)  # room for a read due sooner: the later units go
+        assert fetcher.held_bytes <= 500
+    finally:
+        fetcher.close()
 
 
 @pytest.mark.parametrize(

@@ -354,9 +354,12 @@ class Fetcher:
     def _make_room(self, need: int, due: float) -> bool:
         """Drop units fetched ahead for later reads than ``due`` until ``need`` more bytes fit."""
         later = sorted(
-            (e.due, u)
-            for u, e in self._entries.items()
-            if e.prefetched and e.pins == 0 and e.due > due and e.future.done()
+            (
+                (e.due, u)
+                for u, e in self._entries.items()
+                if e.prefetched and e.pins == 0 and e.due > due and e.future.done()
+            ),
+            key=lambda item: item[0],  # by due only: units of one due do not order (comparing them killed the thread)
         )
         while later and self._held + need > self.budget:
             _, unit = later.pop()
