@@ -97,6 +97,31 @@ def test_a_planted_tables_copy_is_replaced_by_the_stores(tmp_path: Path) -> None
     assert not any(p.read_bytes() == planted for p in (cache / "tables").iterdir())
 
 
+@pytest.mark.parametrize("plant", ["fifo", "dev-zero", "other-bytes"])
+def test_a_planted_tables_copy_of_a_store_with_etags_is_fetched_again(
+    s3: S3TestServer, remote_dataset: Path, tmp_path: Path, plant: str
+) -> None:
+    url = s3.upload(remote_dataset.parent, "trust-etag", "ds") + "/index.json"
+    cache = tmp_path / "cache"
+    options = s3.storage_options()
+    load_index(url, storage_options=options, cache_dir=str(cache))
+    [copy] = (cache / "tables").iterdir()
+    original = copy.read_bytes()
+    copy.unlink()
+    if plant == "fifo":
+        os.mkfifo(copy)
+    elif plant == "dev-zero":
+        copy.symlink_to("/dev/zero")
+    else:
+        copy.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size, other bytes
+    s3.reset()
+    index = load_index(url, storage_options=options, cache_dir=str(cache))  # no hang, no MemoryError
+    assert [r.method for r in s3.requests()] == ["GET", "HEAD", "GET"]  # the tables fetched again
+    assert [p.read_bytes() for p in (cache / "tables").iterdir()] == [original]
+    frames = VideoClipDataset(index=index, requests=[at_indices("scene-0001", [0, 5])])[0]["frames"]
+    assert _stamps(frames, "scene-0001", [0, 5]) == _expected("scene-0001", [0, 5], 2)
+
+
 # -- 2. private folders, temporary files that follow no link ---------------------------------------------
 @pytest.fixture
 def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -576,7 +601,7 @@ def test_missing_credentials_are_named_at_once(s3: S3TestServer, monkeypatch: py
 class _Servers:
     """A redirecting server and a capturing one on another port, both on 127.0.0.1."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, scheme: str = "http") -> None:
         import http.server
         import threading
 
@@ -599,14 +624,14 @@ class _Servers:
                 pass
 
         self.capture = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Capture)
-        target = f"http://127.0.0.1:{self.capture.server_address[1]}"
+        target = f"{scheme}://127.0.0.1:{self.capture.server_address[1]}"
 
         class Redirect(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.startswith("/same/"):  # a redirect on the same server is followed
+                if "/same/" in self.path:  # a redirect on the same server is followed
                     self.send_response(status)
                     self.send_header("Location", self.path.replace("/same/", "/here/", 1))
-                elif self.path.startswith("/here/"):
+                elif "/here/" in self.path:
                     body = b"abcdefghij"
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
@@ -625,7 +650,7 @@ class _Servers:
                 pass
 
         self.redirect = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-        self.endpoint = f"http://127.0.0.1:{self.redirect.server_address[1]}"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.redirect.server_address[1]}"
         for server in (self.capture, self.redirect):
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
@@ -678,6 +703,84 @@ def test_http_headers_never_follow_a_redirect_to_another_host(redirecting: _Serv
     # A redirect within the same server is followed, headers and all.
     data, _ = storage.read(f"{redirecting.endpoint}/same/index.json")
     assert bytes(data) == b"abcdefghij"
+
+
+def _certificates(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """A certificate for 127.0.0.1 and its key (files), signed by a test authority (its certificate in PEM)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def issue(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> Any:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+            builder = builder.add_extension(san, critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    authority_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    authority = issue("test authority", authority_key, "test authority", authority_key, True)
+    server = issue("127.0.0.1", server_key, "test authority", authority_key, False)
+    (tmp_path / "cert.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return tmp_path / "cert.pem", tmp_path / "key.pem", authority.public_bytes(serialization.Encoding.PEM)
+
+
+def test_https_credentials_never_follow_a_redirect_to_another_host(tmp_path: Path) -> None:
+    """Over https the guard only sees which host a tunnel is for: one to another host is refused."""
+    import ssl
+
+    from lightning_vstream.storage import _obstore_calls
+
+    cert, key, pem = _certificates(tmp_path)
+    servers = _Servers(307, scheme="https")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for server in (servers.capture, servers.redirect):
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    try:
+        authority = servers.endpoint.split("://", 1)[1]
+        spec = {
+            "kind": "s3",
+            "root": "bucket",
+            "config": {
+                "endpoint": servers.endpoint,
+                "access_key_id": "AKIDTRUST",
+                "secret_access_key": "secret-key-value",
+                "session_token": "session-token-value",
+                "region": "us-east-1",
+            },
+            "client_options": {"root_certificate": pem.decode(), "timeout": "10s"},
+            "egress": [authority],
+        }
+        store = _obstore_calls.build_store(spec)
+        with pytest.raises(_obstore_calls.RedirectRefused, match=r"redirect to another host: https://127\.0\.0\.1:"):
+            _obstore_calls.call(store, "get", {"key": "ds/index.json", "start": None, "end": None, "if_match": None})
+        assert servers.captured == []  # the tunnel to the other host was never opened
+        # Without the redirect, the same client reads through the guard's tunnel.
+        data, _ = _obstore_calls.call(store, "get", {"key": "here/x", "start": None, "end": None, "if_match": None})
+        assert bytes(data) == b"abcdefghij"
+    finally:
+        servers.close()
 
 
 # -- 5. the CLI's saved config holds no secret ------------------------------------------------------------

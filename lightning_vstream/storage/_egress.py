@@ -56,6 +56,9 @@ class _Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
+        # Bodies are relayed through one buffer per connection: a fresh 256 KiB object per chunk would be
+        # mapped and unmapped by the allocator each time (page faults dominated the relay's cost).
+        self._chunk = memoryview(bytearray(_CHUNK))
 
     def head(self) -> bytes:
         while b"\r\n\r\n" not in self.buf:
@@ -81,14 +84,16 @@ class _Connection:
 
     def copy(self, size: int, out: socket.socket) -> None:
         """Send exactly ``size`` bytes of this connection to ``out``."""
-        while size > 0:
-            if not self.buf:
-                self.buf = self.sock.recv(min(_CHUNK, size))
-                if not self.buf:
-                    raise _Closed("closed")
+        if self.buf:
             piece, self.buf = self.buf[:size], self.buf[size:]
             out.sendall(piece)
             size -= len(piece)
+        while size > 0:
+            got = self.sock.recv_into(self._chunk, min(_CHUNK, size))
+            if not got:
+                raise _Closed("closed")
+            out.sendall(self._chunk[:got])
+            size -= got
 
     def copy_chunked(self, out: socket.socket) -> None:
         """Send a chunked body (with its trailers) of this connection to ``out``."""
@@ -108,8 +113,8 @@ class _Connection:
         if self.buf:
             out.sendall(self.buf)
             self.buf = b""
-        while data := self.sock.recv(_CHUNK):
-            out.sendall(data)
+        while got := self.sock.recv_into(self._chunk):
+            out.sendall(self._chunk[:got])
 
 
 def _headers(head: bytes) -> tuple[str, list[tuple[str, str]]]:
@@ -165,7 +170,7 @@ class EgressGuard:
         )
 
     def _serve(self, client: socket.socket) -> None:
-        upstream: socket.socket | None = None
+        upstream: _Connection | None = None
         upstream_at = ""
         try:
             client.settimeout(IDLE_S)
@@ -180,45 +185,58 @@ class EgressGuard:
                     if authority not in self.allowed:
                         self._refuse(client, f"https://{target}")
                         return
-                    upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S)
+                    tunnel = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S)
+                    upstream = _Connection(tunnel)
                     client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    self._tunnel(client, upstream, reader.buf)
+                    self._tunnel(client, tunnel, reader.buf)
                     return
                 parts = urlsplit(target)
                 authority = _authority(parts.hostname or "", parts.port, parts.scheme or "http")
                 if authority not in self.allowed:
                     self._refuse(client, f"{parts.scheme}://{parts.netloc}")
                     return
-                if upstream is None or upstream_at != authority:
-                    if upstream is not None:
-                        upstream.close()
-                    upstream = socket.create_connection((parts.hostname, parts.port or 80), timeout=CONNECT_S)
-                    upstream.settimeout(IDLE_S)
-                    upstream_at = authority
-                path = parts.path or "/"
-                if parts.query:
-                    path += "?" + parts.query
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
                 kept = [(k, v) for k, v in pairs if k.lower() not in _HOP]
                 lines = [f"{method} {path} {version}", *(f"{k}: {v}" for k, v in kept), "Connection: keep-alive"]
-                upstream.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n")
-                if (_get(pairs, "transfer-encoding") or "").lower().endswith("chunked"):
-                    reader.copy_chunked(upstream)
-                else:
-                    reader.copy(int(_get(pairs, "content-length") or 0), upstream)
-                if not self._relay_response(_Connection(upstream), client, method):
+                request = "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n"
+                chunked = (_get(pairs, "transfer-encoding") or "").lower().endswith("chunked")
+                length = int(_get(pairs, "content-length") or 0)
+                for attempt in range(2):
+                    if upstream is None or upstream_at != authority:
+                        if upstream is not None:
+                            upstream.sock.close()
+                        sock = socket.create_connection((parts.hostname, parts.port or 80), timeout=CONNECT_S)
+                        sock.settimeout(IDLE_S)
+                        upstream, upstream_at = _Connection(sock), authority
+                    try:
+                        upstream.sock.sendall(request)
+                        if chunked:
+                            reader.copy_chunked(upstream.sock)
+                        else:
+                            reader.copy(length, upstream.sock)
+                        answer = upstream.head()
+                        break
+                    except (OSError, _Closed):
+                        # A kept connection the store closed meanwhile: a request without a body is sent
+                        # once more on a new one (a body already relayed cannot be replayed).
+                        upstream.sock.close()
+                        upstream = None
+                        if attempt or chunked or length:
+                            raise
+                if upstream is None or not self._relay_response(answer, upstream, client, method):
                     return
         except (OSError, ValueError, _Closed):
             return
         finally:
             if upstream is not None:
-                upstream.close()
+                upstream.sock.close()
             client.close()
 
-    def _relay_response(self, upstream: _Connection, client: socket.socket, method: str) -> bool:
-        """Send the store's answer to the client; False when the connection ends with it."""
-        head = upstream.head()
+    def _relay_response(self, head: bytes, upstream: _Connection, client: socket.socket, method: str) -> bool:
+        """Send the store's answer (its head read already) to the client; False when the connection ends with it."""
         first, pairs = _headers(head)
-        status = int(first.split(" ")[1]) if len(first.split(" ")) > 1 and first.split(" ")[1].isdigit() else 0
+        words = first.split(" ")
+        status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
         close = (_get(pairs, "connection") or "").lower() == "close"
         client.sendall(head + b"\r\n\r\n")
         if method.upper() == "HEAD" or 100 <= status < 200 or status in (204, 304):
@@ -237,16 +255,17 @@ class EgressGuard:
     def _tunnel(self, client: socket.socket, upstream: socket.socket, early: bytes) -> None:
         if early:
             upstream.sendall(early)
+        chunk = memoryview(bytearray(_CHUNK))
         sockets = [client, upstream]
         while True:
             ready, _, _ = select.select(sockets, [], [], IDLE_S)
             if not ready:
                 return
             for sock in ready:
-                data = sock.recv(_CHUNK)
-                if not data:
+                got = sock.recv_into(chunk)
+                if not got:
                     return
-                (upstream if sock is client else client).sendall(data)
+                (upstream if sock is client else client).sendall(chunk[:got])
 
     def close(self) -> None:
         self._server.close()
