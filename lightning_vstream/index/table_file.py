@@ -213,18 +213,18 @@ class FrameTables:
             header = json.loads(bytes(buf[_PREFIX.size : _PREFIX.size + header_len]).decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError and 5,000-digit numbers too
             raise self._bad("has a damaged header") from None
-        codecs, files, layout = (
-            (header.get("codecs"), header.get("files"), header.get("arrays")) if isinstance(header, dict) else (0, 0, 0)
-        )
+        fields: dict[str, Any] = header if isinstance(header, dict) else {}
+        codecs, files, layout = fields.get("codecs"), fields.get("files"), fields.get("arrays")
         if (
             not isinstance(codecs, list)
             or not all(isinstance(c, str) for c in codecs)
+            or not isinstance(files, int)
             or not _count(files)
             or not isinstance(layout, dict)
         ):
             raise self._bad("has a damaged header")
         self._codecs = list(codecs)
-        self._n = int(files)
+        self._n = files
         start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
         known = _known_dtypes()
         arrays: dict[str, np.ndarray] = {}

@@ -13,7 +13,7 @@ from typing import Any
 if __package__:  # imported as lightning_vstream.storage._obstore_calls
     from lightning_vstream.storage import _egress
 else:  # in the helper process, as a sibling of its script (which imports nothing of the package)
-    import _egress  # type: ignore[no-redef]
+    import _egress  # type: ignore[no-redef,import-not-found]
 
 #: What a request spec may ask for.
 OPS = ("get", "head", "put", "list")
