@@ -150,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return 2
+    except VStreamError as err:  # ours say what failed and the fix (a store's RemoteAccessError is a PermissionError)
+        print(f"{name}: error: {err}", file=sys.stderr)
     except PermissionError as err:
         where = f" {str(err.filename)!r}" if err.filename else ""
         print(

@@ -537,8 +537,9 @@ def test_refused_and_reset_connections_are_transient(message: str) -> None:
 
 # -- 25.1. configuration faults fail at once, naming the option --------------------------------------------
 def test_a_plain_http_endpoint_without_allow_http_is_named_at_once(
-    s3: S3TestServer, monkeypatch: pytest.MonkeyPatch
+    s3: S3TestServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from lightning_vstream.cli import main
     from lightning_vstream.storage.client import Storage
     from lightning_vstream.storage.obstore_transport import close_helper
 
@@ -555,6 +556,10 @@ def test_a_plain_http_endpoint_without_allow_http_is_named_at_once(
     try:
         with pytest.raises(ConfigurationError, match=r"AWS_ENDPOINT_URL.*plain http://.*AWS_ALLOW_HTTP=true"):
             Storage(StorageConfig.make({})).read("s3://trust-config/index.json")
+        # What `vstream index --quick-check` users see: the cause, at once, with the exit code of a usage error.
+        assert main(["index", "--quick-check", "s3://trust-config/ds/index.json"]) == 2
+        printed = capsys.readouterr().err
+        assert "AWS_ENDPOINT_URL=" in printed and "set AWS_ALLOW_HTTP=true" in printed and "attempt" not in printed
     finally:
         close_helper()
     assert s3.requests() == []  # refused before any request
@@ -573,8 +578,12 @@ def test_an_unknown_scheme_is_named() -> None:
         load_index("nosuchscheme://b/ds/index.json")
 
 
-def test_missing_credentials_are_named_at_once(s3: S3TestServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_credentials_are_named_at_once(
+    s3: S3TestServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_vstream.cli import main
     from lightning_vstream.storage.client import Storage
+    from lightning_vstream.storage.obstore_transport import close_helper
 
     for key in list(os.environ):
         if key.startswith("AWS_") and key != "AWS_EC2_METADATA_DISABLED":
@@ -595,6 +604,14 @@ def test_missing_credentials_are_named_at_once(s3: S3TestServer, monkeypatch: py
     with pytest.raises(RemoteAccessError, match=r"no credentials.*access_key_id.*AWS_ACCESS_KEY_ID.*anonymous"):
         storage.read("s3://trust-config/index.json")
     assert storage.stats.requests == 1  # not retried
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    close_helper()
+    try:
+        assert main(["index", "--quick-check", "s3://trust-config/ds/index.json"]) == 1
+    finally:
+        close_helper()
+    assert "no credentials were configured" in capsys.readouterr().err
 
 
 # -- 4. credentials never follow a redirect to another host ----------------------------------------------
