@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as err:
         message = str(err) if err.filename is None else f"{str(err.filename)!r} does not exist."
         print(f"{name}: error: {message}", file=sys.stderr)
-    except (VStreamError, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"{name}: interrupted.", file=sys.stderr)
