@@ -4,8 +4,9 @@ Loading an index from a URL reads the index JSON (one GET), and its frame tables
 they are copied into ``cache_dir/tables`` (or a private folder in the system's temporary folder) under
 a name that holds their ETag and the SHA-256 of their bytes, checked before each use, and
 memory-mapped from there, so every rank and worker on the machine shares one copy and a rebuilt or
-replaced copy is never used (see :func:`fetch_tables`). Camera files are found in the frame tables (no listing); an index
-without tables is listed once per video folder. Video paths resolve relative to the index's URL.
+replaced copy is never used (see :func:`fetch_tables`). Camera files are found in the frame tables
+(no listing); an index without tables is listed once per video folder. Video paths resolve relative
+to the index's URL and must stay below its folder (:func:`remote_key`).
 Building and checking an index there probes files: see :mod:`lightning_vstream.indexing.remote`.
 """
 

@@ -9,8 +9,9 @@ of one object version (the digest covers the URL, the object's ETag or size, and
   regular file of the GOP's size, opened without following links and without blocking; anything else
   (a planted link, a FIFO, a file of another size) is a miss and is removed.
 - **Atomic, lock-free**: a GOP is written to a fresh temporary file (``O_CREAT | O_EXCL |
-  O_NOFOLLOW``) and renamed into place, so a reader sees all of it or nothing. A process about to download a GOP first creates a *claim*
-  (``O_EXCL``); others wait for the file instead of downloading it again. A claim whose process is
+  O_NOFOLLOW``) and renamed into place, so a reader sees all of it or nothing. A process about to
+  download a GOP first creates a *claim* (``O_EXCL``); others wait for the file instead of
+  downloading it again. A claim whose process is
   gone, or that is older than :data:`CLAIM_TTL_S`, is ignored: a killed process leaves nothing that
   blocks anyone.
 - **Bounded**: past ``cache_limit``, files are evicted by *priority*, stored as the file's

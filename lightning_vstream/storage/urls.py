@@ -146,10 +146,13 @@ def _name(scheme_is_file: bool, part: str) -> str:
     return quote(part, safe="") if scheme_is_file else part
 
 
-def _resolve(url: str, parts: list[str], relative: list[str], *, encoded: bool, is_file: bool) -> list[str]:
+def _resolve(
+    url: str, parts: list[str], relative: list[str], *, encoded: bool, is_file: bool, climbing: str = ""
+) -> list[str]:
     """``parts`` (URL components) with the components ``relative`` appended, ``.`` and ``..`` resolved.
 
     ``encoded``: ``relative`` is URL text (its ``file://`` components are decoded to be recognised).
+    ``climbing``: the message for a ``..`` above the root.
     """
     for part in relative:
         plain = unquote(part) if (encoded and is_file) else part
@@ -158,7 +161,7 @@ def _resolve(url: str, parts: list[str], relative: list[str], *, encoded: bool, 
         if plain == "..":
             if not parts:
                 raise ConfigurationError(
-                    f"{url!r} climbs above the root of its {'file system' if is_file else 'bucket'}."
+                    climbing or f"{url!r} climbs above the root of its {'file system' if is_file else 'bucket'}."
                 )
             parts.pop()
         elif is_file and ("/" in plain or "\0" in plain):
@@ -205,12 +208,9 @@ def join(base: str, relative: str) -> str:
     prefix, key = _split(base)
     is_file = prefix == "file:///"
     parts = [p for p in key.split("/") if p]
-    try:
-        return prefix + "/".join(
-            _resolve(base, parts, relative.replace("\\", "/").split("/"), encoded=False, is_file=is_file)
-        )
-    except ConfigurationError:
-        raise ConfigurationError(f"{relative!r} climbs above the root of {base!r}.") from None
+    climbing = f"{relative!r} climbs above the root of {base!r}."
+    components = relative.replace("\\", "/").split("/")
+    return prefix + "/".join(_resolve(base, parts, components, encoded=False, is_file=is_file, climbing=climbing))
 
 
 def dirname(url: str) -> str:
