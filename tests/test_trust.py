@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -762,11 +763,22 @@ def _certificates(tmp_path: Path) -> tuple[Path, Path, bytes]:
     return tmp_path / "cert.pem", tmp_path / "key.pem", authority.public_bytes(serialization.Encoding.PEM)
 
 
+_HTTPS_CLIENT = """
+import json, sys
+from lightning_vstream.storage import _obstore_calls
+store = _obstore_calls.build_store(json.loads(sys.argv[1]))
+for key in ("ds/index.json", "here/x"):  # redirected to the other server; served where it is
+    try:
+        data, _ = _obstore_calls.call(store, "get", {"key": key, "start": None, "end": None, "if_match": None})
+        print(json.dumps(["read", bytes(data).decode()]))
+    except _obstore_calls.RedirectRefused as err:
+        print(json.dumps(["refused", str(err)]))
+"""
+
+
 def test_https_credentials_never_follow_a_redirect_to_another_host(tmp_path: Path) -> None:
     """Over https the guard only sees which host a tunnel is for: one to another host is refused."""
     import ssl
-
-    from lightning_vstream.storage import _obstore_calls
 
     cert, key, pem = _certificates(tmp_path)
     servers = _Servers(307, scheme="https")
@@ -774,30 +786,36 @@ def test_https_credentials_never_follow_a_redirect_to_another_host(tmp_path: Pat
     context.load_cert_chain(cert, key)
     for server in (servers.capture, servers.redirect):
         server.socket = context.wrap_socket(server.socket, server_side=True)
+    spec = {
+        "kind": "s3",
+        "root": "bucket",
+        "config": {
+            "endpoint": servers.endpoint,
+            "access_key_id": "AKIDTRUST",
+            "secret_access_key": "secret-key-value",
+            "session_token": "session-token-value",
+            "region": "us-east-1",
+        },
+        "client_options": {"root_certificate": pem.decode(), "timeout": "10s"},
+        "egress": [servers.endpoint.split("://", 1)[1]],
+    }
     try:
-        authority = servers.endpoint.split("://", 1)[1]
-        spec = {
-            "kind": "s3",
-            "root": "bucket",
-            "config": {
-                "endpoint": servers.endpoint,
-                "access_key_id": "AKIDTRUST",
-                "secret_access_key": "secret-key-value",
-                "session_token": "session-token-value",
-                "region": "us-east-1",
-            },
-            "client_options": {"root_certificate": pem.decode(), "timeout": "10s"},
-            "egress": [authority],
-        }
-        store = _obstore_calls.build_store(spec)
-        with pytest.raises(_obstore_calls.RedirectRefused, match=r"redirect to another host: https://127\.0\.0\.1:"):
-            _obstore_calls.call(store, "get", {"key": "ds/index.json", "start": None, "end": None, "if_match": None})
-        assert servers.captured == []  # the tunnel to the other host was never opened
-        # Without the redirect, the same client reads through the guard's tunnel.
-        data, _ = _obstore_calls.call(store, "get", {"key": "here/x", "start": None, "end": None, "if_match": None})
-        assert bytes(data) == b"abcdefghij"
+        # In a child process: obstore in this one would hang the forked DataLoader workers of later tests.
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+        done = subprocess.run(
+            [sys.executable, "-c", _HTTPS_CLIENT, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         servers.close()
+    assert done.returncode == 0, done.stderr
+    refused, read = (json.loads(line) for line in done.stdout.splitlines())
+    assert refused[0] == "refused" and re.search(r"redirect to another host: https://127\.0\.0\.1:\d+", refused[1])
+    assert servers.captured == []  # the tunnel to the other host was never opened
+    assert read == ["read", "abcdefghij"]  # without a redirect, the same client reads through the guard's tunnel
 
 
 # -- 5. the CLI's saved config holds no secret ------------------------------------------------------------
