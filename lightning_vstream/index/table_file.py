@@ -24,6 +24,12 @@ Version-1 files, and version-2 files written before the byte ranges were added, 
 reading local files: ``reorder_depth`` is unknown and no file has a packet layout (it is read
 through its container). Only reading a remote index needs the byte ranges; it refuses such tables,
 naming the command that rebuilds them. Writing the file is :mod:`lightning_vstream.index.table_write`'s.
+
+Version-2 files may also hold ``pkt_ref`` (``u1``, aligned with ``pts``): every frame's reference
+code (:func:`~lightning_vstream.index.tables.reference_code`: whether its picture is a reference,
+and its temporal sub-layer; 255 where unknown), so readers can leave out pictures nobody needs.
+It is optional: files written before it was added load with the codes unknown, and nothing is
+left out when reading them.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import numpy as np
 
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
-from lightning_vstream.index.tables import PacketLayout, VideoInfo
+from lightning_vstream.index.tables import MAX_REFERENCE_CODE, REFERENCE_UNKNOWN, PacketLayout, VideoInfo
 
 __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path"]
 
@@ -86,6 +92,8 @@ _BYTES_PER_FILE = {
 }
 _BYTES_PER_FRAME = {"pkt_pos": "<i8", "pkt_size": "<u4"}
 _BLOBS = {"extradata": "extra_offsets", "etag": "etag_offsets"}  # u1 blob -> its <i8 offsets (files + 1)
+#: Optional per-frame arrays of version 2 (absent: unknown for every frame).
+_OPTIONAL_PER_FRAME = {"pkt_ref": "u1"}
 # ------------------------------------------------------------------------------------------------
 _I64 = (-(2**63), 2**63 - 1)
 #: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
@@ -238,6 +246,18 @@ class FrameTables:
                 off = a[offsets]
                 if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
                     raise self._bad(f"has inconsistent {offsets}")
+        for name, dtype in _OPTIONAL_PER_FRAME.items():
+            if name not in a:
+                continue
+            if a[name].dtype != np.dtype(dtype) or a[name].ndim != 1:
+                raise self._bad(
+                    f"holds array {name!r} as {a[name].dtype.str} of shape {a[name].shape}; the format stores it as "
+                    f"{np.dtype(dtype).str}, one value per frame"
+                )
+            if len(a[name]) != int(a["frame_offsets"][-1]):
+                raise self._bad(
+                    f"holds {len(a[name])} values in array {name!r} for {int(a['frame_offsets'][-1])} frames"
+                )
         if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
             raise self._bad("names a codec it does not list")
         if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
@@ -362,6 +382,13 @@ class FrameTables:
             raise self._bad(f"holds a non-positive size or time base for {key!r}")
         config = int(a["config_crc32"][row])
         reorder = int(a["reorder_depth"][row])
+        references = None
+        if "pkt_ref" in a:
+            codes = a["pkt_ref"][f0:f1]
+            if np.any((codes > MAX_REFERENCE_CODE) & (codes != REFERENCE_UNKNOWN)):
+                raise self._bad(f"holds invalid reference codes (array 'pkt_ref') for {key!r}")
+            if not np.all(codes == REFERENCE_UNKNOWN):
+                references = tuple(codes.tolist())
         return VideoInfo(
             codec=self._codecs[int(a["codec"][row])],
             width=width,
@@ -376,6 +403,7 @@ class FrameTables:
             identity=self.identity(row),
             layout=self.layout(row),
             reorder_depth=None if reorder < 0 else reorder,
+            references=references,
         )
 
 
