@@ -85,4 +85,15 @@ def encode_options(parser: argparse.ArgumentParser) -> None:
         "--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf"
     )
     parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
+    parser.add_argument(
+        "--keyframe-stride",
+        type=positive,
+        default=None,
+        metavar="N",
+        help=(
+            "stride layout: every N-th frame a reference, the frames between non-reference B-frames (readers at "
+            "frame_stride=N decode only the frames they read); 1: the usual layout; None: from the data where known "
+            "(import-nuscenes: the key-frame spacing, 6), else 1"
+        ),
+    )
     parser.add_argument("--jobs", type=positive, default=1, help="files encoded in parallel (processes)")

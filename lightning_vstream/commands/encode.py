@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         crf=args.crf,
         bitrate=args.bitrate,
         preset=args.preset,
+        keyframe_stride=args.keyframe_stride,
         cameras=args.cameras,
         jobs=args.jobs,
         progress=not args.quiet,

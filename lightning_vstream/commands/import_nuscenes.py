@@ -30,7 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
     existing(args.dataroot, "nuScenes data root", hint="Give the folder that holds VERSION/, samples/ and sweeps/.")
     settings = EncodeSettings(
-        codec=args.codec, gop=args.gop, bframes=args.bframes, crf=args.crf, bitrate=args.bitrate, preset=args.preset
+        codec=args.codec,
+        gop=args.gop,
+        bframes=args.bframes,
+        crf=args.crf,
+        bitrate=args.bitrate,
+        preset=args.preset,
+        keyframe_stride=args.keyframe_stride,
     )
     result = import_nuscenes(
         args.dataroot,
@@ -47,6 +53,12 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
         f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
-        f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done"
+        f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done; "
+        + (
+            f"keyframe stride {result.keyframe_stride} (every {result.keyframe_stride}th frame a reference picture; "
+            f"{result.key_frames_on_stride} of {result.key_frames} key frames on the stride)"
+            if result.keyframe_stride > 1
+            else "keyframe stride 1 (the usual layout)"
+        )
     )
     return 0
