@@ -375,6 +375,6 @@ class ReferenceReader:
                 return _h264(data, starts) if self.codec == "h264" else _hevc(data, starts)
             if self._av1 is not None:
                 return self._av1.read(data)
-        except IndexError:
+        except (IndexError, ValueError):
             pass  # a truncated or malformed header: say nothing rather than something wrong
         return REFERENCE_UNKNOWN
