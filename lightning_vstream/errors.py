@@ -221,6 +221,37 @@ class ChecksumError(VideoDecodeError):
     """
 
 
+#: Set to 1 to print the full traceback of an error where ``vstream`` and :class:`~lightning_vstream.VStreamCLI`
+#: otherwise print only its message (``vstream --debug`` does the same for one command).
+DEBUG_ENV = "VSTREAM_DEBUG"
+
+#: Where :func:`_original_first` appended a DataLoader worker's traceback to its message.
+_WORKER_TRACEBACK = "\n\n(raised in "
+
+
+def debug_requested() -> bool:
+    """Whether ``VSTREAM_DEBUG`` asks for tracebacks (any value but empty or ``0``)."""
+    import os
+
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def user_message(err: BaseException) -> str:
+    """``err`` as a person reads it on a terminal: its message and fix, without a worker's traceback.
+
+    An error rebuilt from a DataLoader worker carries the worker's traceback after its message
+    (see :class:`VStreamError`); that part is for ``--debug`` / ``VSTREAM_DEBUG=1``.
+
+    Example::
+
+        >>> user_message(MissingFileError("index file 'x.json' does not exist."))
+        "index file 'x.json' does not exist."
+    """
+    text = str(err)
+    cut = text.find(_WORKER_TRACEBACK)
+    return (text[:cut] if cut >= 0 else text).rstrip()
+
+
 class VStreamWarning(UserWarning):
     """Base class of every warning lightning_vstream issues (silence them all with
     ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).

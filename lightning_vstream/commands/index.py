@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=str,  # a URL (s3://bucket/ds) must stay a string
         help="dataset folder or URL (or, with --check/--quick-check/--tables, the index file or its URL)",
     )
-    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default ROOT/index.json)")
+    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default: ROOT/index.json)")
     parser.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
     parser.add_argument(
         "--table-format",
