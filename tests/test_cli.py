@@ -416,8 +416,10 @@ def test_an_error_is_its_message_and_debug_adds_the_traceback(
     for argv in (["--debug", "index", str(missing), "--check"], ["index", str(missing), "--check", "--debug"]):
         assert main(argv) == 2  # the same exit status
         err = capsys.readouterr().err
-        assert "Traceback (most recent call last)" in err and err.endswith(f"{str(missing)!r} does not exist. Run "
-        "`vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset.\n")
+        assert "Traceback (most recent call last)" in err and err.endswith(
+            f"{str(missing)!r} does not exist. Run "
+            "`vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset.\n"
+        )
     monkeypatch.setenv("VSTREAM_DEBUG", "1")
     assert main(["index", str(missing), "--check"]) == 2
     assert "Traceback (most recent call last)" in capsys.readouterr().err

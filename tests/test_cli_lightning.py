@@ -272,7 +272,11 @@ def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
     ("args", "message"),
     [
         (
-            ["--trainer.callbacks+=lightning_vstream.callbacks.StreamThroughputMonitor", "--trainer.callbacks.windw", "3"],
+            [
+                "--trainer.callbacks+=lightning_vstream.callbacks.StreamThroughputMonitor",
+                "--trainer.callbacks.windw",
+                "3",
+            ],
             "error: trainer.callbacks: lightning_vstream.callbacks.StreamThroughputMonitor does not accept option "
             "'windw'; did you mean 'window'?",
         ),

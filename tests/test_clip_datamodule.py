@@ -179,6 +179,27 @@ def test_transform_and_hyperparameters(clip_index: Path) -> None:
     assert stamp_errors({**batch, "frames": (batch["frames"] * 255).round().to(torch.uint8)}) == []
 
 
+def test_worker_options_a_gpu_run_does_not_use_are_warned_about_once(clip_index: Path) -> None:
+    import warnings
+    from types import SimpleNamespace
+
+    cpu = ClipVideoDataModule(index_file=clip_index)
+    assert cpu._workers(SimpleNamespace(decode_device="cpu")) == 2  # num_workers=None: 2 on the CPU
+    dm = ClipVideoDataModule(index_file=clip_index, num_workers=4, multiprocessing_context="spawn")
+    on_gpu = SimpleNamespace(decode_device="cuda:0")  # a dataset decoding on the GPU, as setup() makes it there
+    with pytest.warns(
+        VStreamWarning,
+        match=r"^ClipVideoDataModule: num_workers=4 and multiprocessing_context='spawn' are not used: decoding on "
+        r"cuda:0, each batch is decoded by threads of the training process, which starts no worker processes\. "
+        r"Those threads are gop_threads=None \(None: twice the GPU's NVDEC engines\)\.$",
+    ):
+        assert dm._workers(on_gpu) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dm._workers(on_gpu) == 0  # once per DataModule
+    assert ClipVideoDataModule(index_file=clip_index, num_workers=0)._workers(on_gpu) == 0  # nothing to say
+
+
 def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, tmp_path: Path) -> None:
     import shutil
 

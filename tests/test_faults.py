@@ -235,12 +235,13 @@ def _loader(kind: str, index_file: Path, on_error: str, *, training: bool = Fals
         "timeout": 60,  # a stalled read fails the test instead of hanging it
         "engine": "threads" if kind == "engine" else "workers",
         "num_workers": 2 if kind == "workers2" else 0,
-        "engine_threads": 3,
         # One FFmpeg thread per decoder, as the reference reads: with frame threads a decoder reads
         # packets ahead, so a damaged packet stops it at an earlier frame (how much earlier depends
         # on the cores); the engine on the CPU uses one anyway.
         "decoder_threads": 1,
     }
+    if kind == "engine":
+        options["engine_threads"] = 3
     if training:
         dm = StreamVideoDataModule(index_file=index_file, shuffle=False, **options)
         dm.setup("fit")

@@ -34,7 +34,14 @@ from lightning_vstream.storage.stats import StorageStats
 __all__ = ["REMOTE_FIELDS", "STAT_FIELDS", "EpochClipDataset", "EpochClipSampler", "EpochItem", "new_counters"]
 
 #: The counters each reading process keeps, one column each.
-STAT_FIELDS = ("frames_decoded", "frames_delivered", "skipped_samples", "bad_files", "missing_annotations", "files_opened")
+STAT_FIELDS = (
+    "frames_decoded",
+    "frames_delivered",
+    "skipped_samples",
+    "bad_files",
+    "missing_annotations",
+    "files_opened",
+)
 #: What reading a remote index cost the process (:class:`StorageStats`), in the columns after those.
 REMOTE_FIELDS = tuple(f.name for f in dataclasses.fields(StorageStats))
 # Per storage configuration: (process id, the process's remote counters as last counted).

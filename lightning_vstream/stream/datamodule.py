@@ -13,20 +13,25 @@ import torch
 
 from lightning_vstream._datamodule import (
     DEFAULT_GPU_OPTIONS,
+    DEFAULT_NUM_WORKERS,
     EvalLoader,
     GpuOptions,
     MultiprocessingContext,
     check_arguments,
+    check_excluded_clips,
     gpu_options,
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
+    unused_options,
+    warn_unused_options,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
@@ -74,8 +79,15 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes (``engine="workers"``); each serves fixed camera streams.
+        num_workers: Decoding worker processes of ``engine="workers"``, each serving fixed camera streams
+            (None: 2; 0 decodes in the training process). With ``engine="auto"`` on the CPU, a value of 1 or
+            more chooses worker processes. The thread engine starts none: a ``num_workers`` it cannot use
+            is warned about once (as are ``persistent_workers`` and ``multiprocessing_context``); its
+            parallelism is ``engine_threads``.
         cameras: Cameras to load, in this order; all (sorted) when None.
+        exclude_clips: Clip ids left out of every index this DataModule loads, unchecked and never read: a
+            clip whose camera file went missing after indexing, or one you do not want. An id that
+            none of its indexes lists is an error (a typo would leave the clip in).
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
         shuffle: Shuffle clip order per training epoch.
@@ -131,8 +143,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
             ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
             its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
-            on the CPU, workers when ``persistent_workers`` or ``multiprocessing_context`` ask for
-            processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
+            ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why).
+            An option the chosen engine does not use is warned about once, naming the one it uses. Choose ``"workers"``
             when your training step holds the GIL for long stretches (much Python per step, a
             CPU-bound model in Python): decode threads then wait for it, worker processes do not.
             Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
@@ -173,8 +186,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
         test_index_file: Path | str | None = None,
         predict_index_file: Path | str | None = None,
         batch_size: int = 4,
-        num_workers: int = 2,
+        num_workers: int | None = None,
         cameras: list[str] | None = None,
+        exclude_clips: list[str] | None = None,
         decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
         seed: int = 0,
         shuffle: bool = True,
@@ -215,7 +229,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         checks = {
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
-            "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
+            "num_workers": (num_workers, num_workers is None or num_workers >= 0, "None or an integer >= 0"),
             "frame_stride": (frame_stride, frame_stride >= 1, "an integer >= 1"),
             "segment_length": (
                 segment_length,
@@ -261,6 +275,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cameras = list(cameras) if cameras is not None else None
+        self.exclude_clips = sorted(check_exclude_clips(exclude_clips))
         self.decode_device = decode_device
         self.seed = seed
         self.shuffle = shuffle
@@ -293,6 +308,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.engine_threads = engine_threads
         self.gpu = gpu_options("StreamVideoDataModule", gpu)
         self._warned_reset = False
+        self._warned_unused = False
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, Any] = {}
@@ -325,6 +341,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 self.index(split)
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
+        given = [split for split, path in self.index_files.items() if path is not None]
+        check_excluded_clips(
+            "StreamVideoDataModule",
+            self.exclude_clips,
+            list(self._indexes.values()),
+            all_loaded=all(split in self._indexes for split in given),
+        )
         if stage == "fit":
             self._check_temporal_reset()
 
@@ -340,7 +363,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             if path is None:
                 raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
             self._indexes[split] = load_index(
-                path, cameras=self.cameras, check=self.index_check, **self.storage_arguments()
+                path,
+                cameras=self.cameras,
+                check=self.index_check,
+                exclude_clips=self.exclude_clips,
+                **self.storage_arguments(),
             )
         return self._indexes[split]
 
@@ -362,6 +389,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
         if self._device() != "cpu":
             return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
+        if self.num_workers:
+            return "workers", f"engine='auto' with num_workers={self.num_workers}: worker processes"
         if self.persistent_workers:
             return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
         if self.multiprocessing_context is not None:
@@ -371,8 +400,38 @@ class StreamVideoDataModule(pl.LightningDataModule):
             )
         return "threads", "engine='auto': decode threads in the training process"
 
+    def workers(self) -> int:
+        """Worker processes of ``engine="workers"``: ``num_workers``, or 2 when it is None."""
+        return DEFAULT_NUM_WORKERS if self.num_workers is None else self.num_workers
+
+    def _warn_unused_options(self) -> None:
+        """Warn once about options the chosen engine ignores, naming what it uses instead."""
+        if self._warned_unused:
+            return
+        self._warned_unused = True
+        choice, _ = self.engine_choice()
+        chosen = f"engine={self.engine!r}" + (f" on {self._device()}" if self.engine == "auto" else "")
+        if choice == "threads":
+            threads = "twice the GPU's NVDEC engines" if self._device() != "cpu" else "one per core"
+            warn_unused_options(
+                "StreamVideoDataModule",
+                unused_options(self.num_workers, self.persistent_workers, self.multiprocessing_context),
+                f"{chosen} decodes in threads of the training process and starts no worker processes",
+                f"Its decode threads are engine_threads={self.engine_threads!r} (None: {threads}); pass "
+                "engine='workers' to decode in worker processes instead.",
+            )
+        elif self.engine_threads is not None:
+            where = f"{self.workers()} worker processes" if self.workers() else "the training process (num_workers=0)"
+            warn_unused_options(
+                "StreamVideoDataModule",
+                {"engine_threads": self.engine_threads},
+                f"{chosen} decodes in {where}, not in engine threads",
+                "Pass engine='threads' to decode with engine_threads threads instead.",
+            )
+
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
+        self._warn_unused_options()
         rank, world = self._placement()
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
@@ -387,7 +446,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             segment_length=self.segment_length,
             frame_stride=self.frame_stride,
             remainder=remainder,
-            num_parts=1 if self.uses_engine() else max(1, self.num_workers),
+            num_parts=1 if self.uses_engine() else max(1, self.workers()),
         )
         device = self._device()
         augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
@@ -435,12 +494,12 @@ class StreamVideoDataModule(pl.LightningDataModule):
         loader = StreamDataLoader(
             dataset,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=self.workers(),
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent_workers,
             multiprocessing_context=worker_context(
-                "StreamVideoDataModule", self.multiprocessing_context, device, self.num_workers
+                "StreamVideoDataModule", self.multiprocessing_context, device, self.workers()
             ),
             timeout=self.timeout,
         )
