@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import lightning.pytorch as pl
 
-from lightning_vstream.errors import ConfigurationError, VStreamWarning
+from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
 
 if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
@@ -34,6 +34,7 @@ __all__ = [
     "check_arguments",
     "check_excluded_clips",
     "gpu_options",
+    "ignore_lightning_leafspec_warning",
     "plain_hparams",
     "save_init_hyperparameters",
     "unused_options",
@@ -60,6 +61,22 @@ def unused_options(
     if multiprocessing_context is not None:
         given["multiprocessing_context"] = multiprocessing_context
     return given
+
+
+def ignore_lightning_leafspec_warning() -> None:
+    """Silence the one FutureWarning torch (2.13 on) raises each time Lightning wraps a DataModule's loaders.
+
+    Lightning's ``CombinedLoader`` flattens the loaders with its own copy of a ``torch.utils._pytree``
+    function that builds the deprecated ``LeafSpec``; nothing in the user's code or ours can change it.
+    Called in the DataModules' ``setup()``, the step before Lightning builds its loaders; the filter
+    matches that message from that Lightning module only (adding it again replaces it).
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
 
 
 def check_excluded_clips(
@@ -101,7 +118,9 @@ def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, 
         return
     named = " and ".join(f"{name}={value!r}" for name, value in unused.items())
     verb = "is" if len(unused) == 1 else "are"
-    warnings.warn(f"{owner}: {named} {verb} not used: {because}. {instead}", VStreamWarning, stacklevel=3)
+    warnings.warn(
+        f"{owner}: {named} {verb} not used: {because}. {instead}", VStreamWarning, stacklevel=user_stacklevel()
+    )
 
 
 def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> None:

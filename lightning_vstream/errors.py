@@ -229,6 +229,30 @@ DEBUG_ENV = "VSTREAM_DEBUG"
 _WORKER_TRACEBACK = "\n\n(raised in "
 
 
+#: Packages whose frames a warning of ours is not attributed to: the line shown is the user's own.
+_LIBRARY_MODULES = ("lightning_vstream", "lightning", "pytorch_lightning", "lightning_utilities", "torch")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the user's code: the first frame outside this package,
+    Lightning and torch, counted from the function that calls this one (and then ``warnings.warn``).
+
+    A warning raised in a DataModule hook that Lightning calls would otherwise point at a line of
+    Lightning's trainer, and Lightning prints those without the warning's category.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not any(module == name or module.startswith(name + ".") for name in _LIBRARY_MODULES):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return 2
+
+
 def debug_requested() -> bool:
     """Whether ``VSTREAM_DEBUG`` asks for tracebacks (any value but empty or ``0``)."""
     import os

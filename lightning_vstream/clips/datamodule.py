@@ -17,6 +17,7 @@ from lightning_vstream._datamodule import (
     EvalLoader,
     MultiprocessingContext,
     check_excluded_clips,
+    ignore_lightning_leafspec_warning,
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
@@ -303,6 +304,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             "test": ("test",),
             "predict": ("predict",),
         }
+        ignore_lightning_leafspec_warning()
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             path = self.index_files[split]
             if path is not None and split not in self._indexes:

@@ -20,6 +20,7 @@ from lightning_vstream._datamodule import (
     check_arguments,
     check_excluded_clips,
     gpu_options,
+    ignore_lightning_leafspec_warning,
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
@@ -336,6 +337,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             None: ("train", "val", "test", "predict"),
         }
         self._device()
+        ignore_lightning_leafspec_warning()
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             if self.index_files[split] is not None:
                 self.index(split)
