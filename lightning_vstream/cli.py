@@ -57,6 +57,10 @@ COMMANDS: dict[str, Command] = {
         "nuScenes tables + camera JPEGs -> videos, index and annotations",
         "lightning_vstream.commands.import_nuscenes",
     ),
+    "preview": Command(
+        "draw the first batches a model would receive (frames, labels, boxes) as one image",
+        "lightning_vstream.commands.preview",
+    ),
     "doctor": Command(
         "check whether this machine can decode on the GPU, correctly, and how fast", "lightning_vstream.commands.doctor"
     ),
