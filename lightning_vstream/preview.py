@@ -158,7 +158,8 @@ def _rows(batch: Mapping[str, Any], number: int, max_slots: int | None) -> list[
     clip_batch = isinstance(index, torch.Tensor) and index.dim() == 2
     slots = len(batch["clip_id"]) if max_slots is None else min(max_slots, len(batch["clip_id"]))
     times = batch.get("timestamp")
-    annotations = batch.get("annotations") if isinstance(batch.get("annotations"), Mapping) else {}
+    found = batch.get("annotations")
+    annotations: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     cameras = list(batch.get("camera_names") or [])
     rows = []
     for slot in range(slots):

@@ -140,13 +140,15 @@ class BatchPreview(pl.Callback):
         step, epoch = trainer.global_step, trainer.current_epoch
         loggers = list(trainer.loggers)
         for logger in loggers:
-            experiment = getattr(logger, "experiment", None)
+            experiment: Any = getattr(logger, "experiment", None)
+            log_image: Any = getattr(logger, "log_image", None)
+            log_dir = getattr(logger, "log_dir", None)
             if callable(getattr(experiment, "add_image", None)):  # TensorBoard's SummaryWriter
                 experiment.add_image(self.tag, np.asarray(picture.image), global_step=step, dataformats="HWC")
-            elif callable(getattr(logger, "log_image", None)):  # Weights & Biases
-                logger.log_image(key=self.tag, images=[picture.image], step=step)
-            elif getattr(logger, "log_dir", None):
-                self._save(Path(logger.log_dir), picture, epoch, step)
+            elif callable(log_image):  # Weights & Biases
+                log_image(key=self.tag, images=[picture.image], step=step)
+            elif log_dir:
+                self._save(Path(log_dir), picture, epoch, step)
         if not loggers:
             self._save(Path(trainer.default_root_dir), picture, epoch, step)
 

@@ -74,7 +74,7 @@ def _index_data(index: str) -> dict[str, Any]:
 
 def _config_data(path: Path) -> dict[str, Any]:
     """The ``data:`` section of a LightningCLI config (also under a ``fit:`` subcommand)."""
-    import yaml
+    import yaml  # a dependency of lightning (and jsonargparse)
 
     if not path.is_file():
         raise ConfigurationError(f"config {str(path)!r} does not exist; pass a YAML training config or an index file.")
