@@ -80,18 +80,19 @@ def ignore_lightning_leafspec_warning() -> None:
 
 
 def check_excluded_clips(
-    owner: str, exclude_clips: Collection[str], indexes: Collection[VideoIndex], *, all_loaded: bool
+    owner: str, exclude_clips: Collection[str], index_files: Mapping[Any, object], loaded: Mapping[Any, VideoIndex]
 ) -> None:
     """Refuse ``exclude_clips`` ids that none of the DataModule's indexes lists (a typo would leave the clip in).
 
-    Checked once every index file the DataModule was given has been loaded (``all_loaded``): an id
-    may belong to the test index only.
+    Checked once every index file the DataModule was given (``index_files``, per split) is among the
+    ``loaded`` indexes: an id may belong to the test index only.
 
     Raises:
         ConfigurationError: Names the ids, the indexes and the closest clip id.
     """
-    if not exclude_clips or not all_loaded:
+    if not exclude_clips or any(path is not None and split not in loaded for split, path in index_files.items()):
         return
+    indexes = list(loaded.values())
     found = set().union(*(index.excluded for index in indexes))
     unknown = sorted(set(exclude_clips) - found)
     if not unknown:

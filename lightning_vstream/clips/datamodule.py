@@ -97,13 +97,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
         batch_size: Samples per batch. The default, 4, is shared with
             :class:`~lightning_vstream.StreamVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and small enough for 6-camera clips on any GPU.
-        num_workers: DataLoader worker processes decoding on the CPU (None: 2; 0 decodes in the training
-            process). Decoding on a GPU starts none (see ``decode_device``): a ``num_workers``,
-            ``persistent_workers`` or ``multiprocessing_context`` it cannot use is warned about once.
+        num_workers: Worker processes decoding on the CPU (None: 2; 0: none); a GPU run warns that it starts none.
         cameras: Cameras to load, in this order; all when None.
-        exclude_clips: Clip ids left out of every index this DataModule loads, unchecked and never read: a
-            clip whose camera file went missing after indexing, or one you do not want. An id that
-            none of its indexes lists is an error (a typo would leave the clip in).
+        exclude_clips: Clip ids left out of every index loaded, unchecked and never read (a camera file gone
+            since indexing); an id none of the indexes lists is an error.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
         max_open_decoders: Decoders each worker keeps open (LRU).
         seed: Seed for random windows and shuffling.
@@ -319,13 +316,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
                 )
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("ClipVideoDataModule: Trainer.fit needs index_file (the training index).")
-        given = [split for split, path in self.index_files.items() if path is not None]
-        check_excluded_clips(
-            "ClipVideoDataModule",
-            self.exclude_clips,
-            list(self._indexes.values()),
-            all_loaded=all(split in self._indexes for split in given),
-        )
+        check_excluded_clips("ClipVideoDataModule", self.exclude_clips, self.index_files, self._indexes)
         trainer = self.trainer
         if trainer is not None:
             if self.world_size is None:

@@ -24,8 +24,6 @@ from lightning_vstream._datamodule import (
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
-    unused_options,
-    warn_unused_options,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -37,6 +35,7 @@ from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
+from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
 from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.reset_check import warn_without_temporal_reset
@@ -81,14 +80,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
         num_workers: Decoding worker processes of ``engine="workers"``, each serving fixed camera streams
-            (None: 2; 0 decodes in the training process). With ``engine="auto"`` on the CPU, a value of 1 or
-            more chooses worker processes. The thread engine starts none: a ``num_workers`` it cannot use
-            is warned about once (as are ``persistent_workers`` and ``multiprocessing_context``); its
-            parallelism is ``engine_threads``.
+            (None: 2; 0: the training process decodes). 1 or more chooses workers under ``engine="auto"`` on the CPU.
         cameras: Cameras to load, in this order; all (sorted) when None.
-        exclude_clips: Clip ids left out of every index this DataModule loads, unchecked and never read: a
-            clip whose camera file went missing after indexing, or one you do not want. An id that
-            none of its indexes lists is an error (a typo would leave the clip in).
+        exclude_clips: Clip ids left out of every index loaded, unchecked and never read (a camera file gone
+            since indexing); an id none of the indexes lists is an error.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
         shuffle: Shuffle clip order per training epoch.
@@ -145,8 +140,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
             its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
             on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
-            ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why).
-            An option the chosen engine does not use is warned about once, naming the one it uses. Choose ``"workers"``
+            ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why; an
+            option the chosen engine does not use is warned about once, naming the one it uses). Choose ``"workers"``
             when your training step holds the GIL for long stretches (much Python per step, a
             CPU-bound model in Python): decode threads then wait for it, worker processes do not.
             Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
@@ -343,13 +338,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
                 self.index(split)
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
-        given = [split for split, path in self.index_files.items() if path is not None]
-        check_excluded_clips(
-            "StreamVideoDataModule",
-            self.exclude_clips,
-            list(self._indexes.values()),
-            all_loaded=all(split in self._indexes for split in given),
-        )
+        check_excluded_clips("StreamVideoDataModule", self.exclude_clips, self.index_files, self._indexes)
         if stage == "fit":
             self._check_temporal_reset()
 
@@ -364,12 +353,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             path = self.index_files[split]
             if path is None:
                 raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
+            storage = self.storage_arguments()
             self._indexes[split] = load_index(
-                path,
-                cameras=self.cameras,
-                check=self.index_check,
-                exclude_clips=self.exclude_clips,
-                **self.storage_arguments(),
+                path, cameras=self.cameras, check=self.index_check, exclude_clips=self.exclude_clips, **storage
             )
         return self._indexes[split]
 
@@ -387,20 +373,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
         """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
-        if self.engine != "auto":
-            return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
-        if self._device() != "cpu":
-            return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
-        if self.num_workers:
-            return "workers", f"engine='auto' with num_workers={self.num_workers}: worker processes"
-        if self.persistent_workers:
-            return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
-        if self.multiprocessing_context is not None:
-            return "workers", (
-                f"engine='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only worker "
-                "processes have"
-            )
-        return "threads", "engine='auto': decode threads in the training process"
+        options = (self.num_workers, self.persistent_workers, self.multiprocessing_context)
+        return choose_engine(self.engine, self._device(), *options)
 
     def workers(self) -> int:
         """Worker processes of ``engine="workers"``: ``num_workers``, or 2 when it is None."""
@@ -408,28 +382,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def _warn_unused_options(self) -> None:
         """Warn once about options the chosen engine ignores, naming what it uses instead."""
-        if self._warned_unused:
-            return
-        self._warned_unused = True
-        choice, _ = self.engine_choice()
-        chosen = f"engine={self.engine!r}" + (f" on {self._device()}" if self.engine == "auto" else "")
-        if choice == "threads":
-            threads = "twice the GPU's NVDEC engines" if self._device() != "cpu" else "one per core"
-            warn_unused_options(
-                "StreamVideoDataModule",
-                unused_options(self.num_workers, self.persistent_workers, self.multiprocessing_context),
-                f"{chosen} decodes in threads of the training process and starts no worker processes",
-                f"Its decode threads are engine_threads={self.engine_threads!r} (None: {threads}); pass "
-                "engine='workers' to decode in worker processes instead.",
-            )
-        elif self.engine_threads is not None:
-            where = f"{self.workers()} worker processes" if self.workers() else "the training process (num_workers=0)"
-            warn_unused_options(
-                "StreamVideoDataModule",
-                {"engine_threads": self.engine_threads},
-                f"{chosen} decodes in {where}, not in engine threads",
-                "Pass engine='threads' to decode with engine_threads threads instead.",
-            )
+        if not self._warned_unused:
+            self._warned_unused = True
+            warn_unused_engine_options(self.engine, self._device(), self.hparams, workers=self.workers())
 
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
