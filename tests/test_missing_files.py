@@ -237,3 +237,19 @@ def test_stopping_workers_after_an_error_prints_no_stray_traceback(copy: Path, m
                 pass
         dm.teardown()
     assert reported == []
+
+
+def test_a_file_gone_from_the_first_clip_is_that_clips_problem(copy: Path) -> None:
+    # The first clip sets the cameras every clip must have: from its frame tables, when a file of it is gone.
+    _video(copy, "scene-0000", "CAM_BACK").unlink()
+    with pytest.raises(IndexValidationError) as raised:
+        load_index(copy)
+    assert len(raised.value.problems) == 1
+    assert raised.value.problems[0].endswith(
+        "clip 'scene-0000' is missing camera file(s) ['CAM_BACK'] in "
+        f"{str(copy.parent / 'videos' / 'scene-0000')!r} (expected the cameras of clip 'scene-0000' when it was "
+        "indexed: ['CAM_BACK', 'CAM_BACK_LEFT', 'CAM_BACK_RIGHT']). Restore the file, or leave the clip out: "
+        "exclude_clips=['scene-0000'] (either DataModule, or load_index); `vstream index DATASET_FOLDER` re-indexes "
+        "a dataset with only its whole clips."
+    )
+    assert len(load_index(copy, exclude_clips=["scene-0000"])) == 3

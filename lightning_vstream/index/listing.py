@@ -8,17 +8,27 @@ one folder listing each.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
 from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
+from lightning_vstream.index.files import VIDEO_EXTENSIONS
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["ClipLists", "Reference", "camera_reference", "check_exclude_clips", "leave_out_hint", "match_cameras"]
+__all__ = [
+    "ClipLists",
+    "Reference",
+    "camera_reference",
+    "check_exclude_clips",
+    "leave_out_hint",
+    "match_cameras",
+    "table_cameras",
+]
 
 #: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
 Reference = tuple[str, tuple[str, ...]]
@@ -26,6 +36,20 @@ Reference = tuple[str, tuple[str, ...]]
 #: ``look(clip_id, folder, key_prefix, problems)``: the clip's camera file names in camera order, or
 #: None with its problems appended.
 Look = Callable[[str, str, str, list[str]], "tuple[str, ...] | None"]
+
+
+def table_cameras(tables: FrameTables, folder_key: str) -> dict[str, str]:
+    """Camera name -> file name of the video files directly in ``folder_key``, as the frame tables list them."""
+    found: dict[str, str] = {}
+    prefix = folder_key + "/" if folder_key else ""
+    for key, _ in tables.under(prefix):
+        name = key[len(prefix) :]
+        if "/" in name:
+            continue
+        stem, ext = os.path.splitext(name)
+        if ext.lower() in VIDEO_EXTENSIONS:
+            found.setdefault(stem, name)
+    return dict(sorted(found.items()))
 
 
 def leave_out_hint(clip_id: str) -> str:

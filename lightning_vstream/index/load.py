@@ -29,7 +29,13 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
-from lightning_vstream.index.listing import ClipLists, camera_reference, check_exclude_clips, match_cameras
+from lightning_vstream.index.listing import (
+    ClipLists,
+    camera_reference,
+    check_exclude_clips,
+    match_cameras,
+    table_cameras,
+)
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import (
@@ -236,7 +242,7 @@ def _load(
     cameras, reference = camera_reference(cameras)
     scanned: list[set[str]] = []  # the camera files of every clip folder read
 
-    def scan(clip_id: str, folder: str, out: list[str]) -> tuple[str, ...] | None:
+    def scan(clip_id: str, folder: str, prefix: str, out: list[str]) -> tuple[str, ...] | None:
         """The clip's camera file names (in camera order) found on disk, or None with the problems in ``out``."""
         nonlocal reference
         if not os.path.isdir(folder):
@@ -257,7 +263,13 @@ def _load(
             if not found:
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                 return None
-            reference = (f"clip {clip_id!r}", tuple(found))
+            # The first clip sets the cameras, unless a file of it is gone since the tables were written:
+            # then its own problem is that file, not every other clip's "extra" camera.
+            recorded = table_cameras(tables, prefix.rstrip("/")) if tables is not None else {}
+            if set(recorded) > set(found):
+                reference = (f"clip {clip_id!r} when it was indexed", tuple(recorded))
+            else:
+                reference = (f"clip {clip_id!r}", tuple(found))
         scanned.append(set(found))
         return match_cameras(found, reference, cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out)
 
@@ -325,12 +337,12 @@ def _load(
                 lists.defer(len(problems), clip_id, folder, f"{key_prefix}{clip_id}/")
                 files: tuple[str, ...] | None = None
             else:
-                files = scan(clip_id, folder, problems)
+                files = scan(clip_id, folder, f"{key_prefix}{clip_id}/", problems)
                 if files is None:
                     continue
             lists.add(clip_id, count, dir_index, files)
     # Clips whose every camera file the tables describe; the others are listed on disk after all.
-    described = lists.resolve_deferred(tables, cameras, lambda i, folder, _, out: scan(i, folder, out), problems)
+    described = lists.resolve_deferred(tables, cameras, scan, problems)
     if cameras is not None and scanned:
         # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
         nowhere = [n for n in cameras if not any(n in found for found in scanned)]
