@@ -16,9 +16,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("dataroot", type=Path, help="folder holding VERSION/, samples/ and sweeps/")
     parser.add_argument("out_dir", type=Path, help="output folder: videos/, index.json, annotations/")
-    parser.add_argument("--version", default="v1.0-mini", help="table folder, e.g. v1.0-mini or v1.0-trainval")
-    parser.add_argument("--scenes", nargs="+", default=None, help="scene names to import; None: all")
-    parser.add_argument("--cameras", nargs="+", default=None, help="camera channels; None: the six CAM_*")
+    parser.add_argument(
+        "--dataset-version",
+        metavar="VERSION",
+        default="v1.0-mini",
+        help="the nuScenes release to import: its table folder in DATAROOT, e.g. v1.0-mini or v1.0-trainval",
+    )
+    parser.add_argument("--scenes", nargs="+", default=None, help="scene names to import (default: all)")
+    parser.add_argument("--cameras", nargs="+", default=None, help="camera channels (default: the six CAM_*)")
     parser.add_argument("--key-frames-only", action="store_true", help="only the annotated key frames (2 Hz)")
     encode_options(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -41,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     result = import_nuscenes(
         args.dataroot,
         args.out_dir,
-        version=args.version,
+        version=args.dataset_version,
         scenes=args.scenes,
         cameras=args.cameras,
         key_frames_only=args.key_frames_only,
