@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
@@ -29,7 +29,13 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS
-from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
+from lightning_vstream.index.listing import (
+    ClipLists,
+    camera_reference,
+    check_exclude_clips,
+    match_cameras,
+    table_cameras,
+)
 from lightning_vstream.index.load import MAX_FRAMES, _bad_clip_id, _parse_json, _warn_if_unchecked, read_index_bytes
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import DigestMismatchError, FrameTables
@@ -185,20 +191,6 @@ def _sidecar(url: str, storage: Storage) -> dict[str, Any]:
     return files if isinstance(files, dict) else {}
 
 
-def _cameras_from_tables(tables: FrameTables, folder_key: str) -> dict[str, str]:
-    """Camera name -> file name of the video files directly in ``folder_key``, as the tables list them."""
-    found: dict[str, str] = {}
-    prefix = folder_key + "/" if folder_key else ""
-    for key, _ in tables.under(prefix):
-        name = key[len(prefix) :]
-        if "/" in name:
-            continue
-        stem, ext = os.path.splitext(name)
-        if ext.lower() in VIDEO_EXTENSIONS:
-            found.setdefault(stem, name)
-    return dict(sorted(found.items()))
-
-
 def _listed_cameras(storage: Storage, folder_url: str, cache: dict[str, dict[str, dict[str, str]]]) -> dict[str, str]:
     """Camera name -> file name in a clip folder, from one listing of its video folder (cached)."""
     video_dir = dirname(folder_url)
@@ -221,6 +213,7 @@ def load_remote_index(
     check_files: RemoteFileCheck | None = None,
     storage: StorageConfig | None = None,
     use_tables: bool = True,
+    exclude_clips: Collection[str] | None = None,
 ) -> VideoIndex:
     """:func:`~lightning_vstream.indexing.load_index` for an index at a URL (see the module docs).
 
@@ -255,7 +248,7 @@ def load_remote_index(
         """The clip's camera file names in camera order (from the tables, else a listing), or None with problems."""
         nonlocal reference
         if tables is not None:
-            found = _cameras_from_tables(tables, folder_key)
+            found = table_cameras(tables, folder_key)
             how = "its frame tables list"
         else:
             found = _listed_cameras(client, folder_url, listings)
@@ -272,6 +265,7 @@ def load_remote_index(
 
     # With tables, clips after the first are checked in one vectorised search of the tables.
     lists = ClipLists()
+    data = lists.leave_out(data, check_exclude_clips(exclude_clips))
     for video_dir_key, entries in data.items():
         if not isinstance(entries, dict):
             problems.append(f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts.")
@@ -342,4 +336,4 @@ def load_remote_index(
         # Only a remote index without tables (or with the JSON sidecar) can hold files without one.
         candidates = clips if tables is None else ()
         _warn_if_unchecked(url, clips, candidates, tables is not None or bool(meta))
-    return VideoIndex(url, clips, reference[1], storage=config)
+    return VideoIndex(url, clips, reference[1], storage=config, excluded=tuple(sorted(lists.excluded)))

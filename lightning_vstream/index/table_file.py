@@ -24,6 +24,12 @@ Version-1 files, and version-2 files written before the byte ranges were added, 
 reading local files: ``reorder_depth`` is unknown and no file has a packet layout (it is read
 through its container). Only reading a remote index needs the byte ranges; it refuses such tables,
 naming the command that rebuilds them. Writing the file is :mod:`lightning_vstream.index.table_write`'s.
+
+Version-2 files may also hold ``pkt_ref`` (``u1``, aligned with ``pts``): every frame's reference
+code (:func:`~lightning_vstream.index.tables.reference_code`: whether its picture is a reference,
+and its temporal sub-layer; 255 where unknown), so readers can leave out pictures nobody needs.
+It is optional: files written before it was added load with the codes unknown, and nothing is
+left out when reading them.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import numpy as np
 
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
-from lightning_vstream.index.tables import PacketLayout, VideoInfo
+from lightning_vstream.index.tables import MAX_REFERENCE_CODE, REFERENCE_UNKNOWN, PacketLayout, VideoInfo
 
 __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path"]
 
@@ -88,6 +94,8 @@ _BYTES_PER_FILE = {
 }
 _BYTES_PER_FRAME = {"pkt_pos": "<i8", "pkt_size": "<u4"}
 _BLOBS = {"extradata": "extra_offsets", "etag": "etag_offsets"}  # u1 blob -> its <i8 offsets (files + 1)
+#: Optional per-frame arrays of version 2 (absent: unknown for every frame).
+_OPTIONAL_PER_FRAME = {"pkt_ref": "u1"}
 # ------------------------------------------------------------------------------------------------
 _I64 = (-(2**63), 2**63 - 1)
 _MAX_INT32 = 2**31 - 1
@@ -123,9 +131,9 @@ def _map(path: Path) -> tuple[np.ndarray, Any]:
 
 
 def _known_dtypes() -> dict[str, np.dtype[Any]]:
-    """The dtype every array this version knows must have (``keys``: any byte-string width)."""
+    """The dtype each array this version needs must have (``keys``: bytes of any width; optional ones: later)."""
     names = {**_PER_FILE, **_CONCAT, **_BYTES_PER_FILE, **_BYTES_PER_FRAME, **_blob_dtypes()}
-    return {name: np.dtype(dtype) for name, dtype in names.items()}
+    return {"keys": np.dtype("S1"), **{name: np.dtype(dtype) for name, dtype in names.items()}}
 
 
 class DigestMismatchError(IndexValidationError):
@@ -188,11 +196,7 @@ class FrameTables:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str) -> FrameTables:
-        """Frame tables held in memory (when no folder can keep a copy); pickled with their bytes.
-
-        Raises:
-            IndexValidationError: As for a file.
-        """
+        """Frame tables held in memory (when no folder can keep a copy), pickled with their bytes; checked as a file."""
         tables = cls.__new__(cls)
         tables.path = Path(source.rsplit("/", 1)[-1])
         tables.source = source
@@ -215,50 +219,26 @@ class FrameTables:
             raise self._bad("has a damaged header") from None
         fields: dict[str, Any] = header if isinstance(header, dict) else {}
         codecs, files, layout = fields.get("codecs"), fields.get("files"), fields.get("arrays")
-        if (
-            not isinstance(codecs, list)
-            or not all(isinstance(c, str) for c in codecs)
-            or not isinstance(files, int)
-            or not _count(files)
-            or not isinstance(layout, dict)
-        ):
+        if not (isinstance(codecs, list) and all(isinstance(c, str) for c in codecs) and isinstance(layout, dict)):
             raise self._bad("has a damaged header")
-        self._codecs = list(codecs)
-        self._n = files
+        if not isinstance(files, int) or not _count(files):
+            raise self._bad("has a damaged header")
+        self._codecs, self._n = list(codecs), files
         start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
         known = _known_dtypes()
         arrays: dict[str, np.ndarray] = {}
         for name, spec in layout.items():
-            if not isinstance(spec, list) or len(spec) != 3:
-                raise self._bad("has a damaged header")
-            dtype, shape, offset = spec
-            if (
-                not isinstance(dtype, str)
-                or not isinstance(shape, list)
-                or len(shape) != 1
-                or not _count(shape[0])
-                or not _count(offset)
-            ):
+            dtype, shape, offset = spec if isinstance(spec, list) and len(spec) == 3 else (None, None, None)
+            if not (isinstance(dtype, str) and isinstance(shape, list) and len(shape) == 1 and _count(shape[0])):
                 raise self._bad(f"has a damaged header (array {name!r})")
-            try:
-                dt = np.dtype(dtype)
-            except (TypeError, ValueError):
-                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r})") from None
-            expected = known.get(name)
-            if (expected is not None and dt != expected) or (
-                expected is None and (dt.kind not in "biufS" or dt.names is not None or dt.subdtype is not None)
-            ):
-                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r})")
-            if name == "keys" and dt.kind != "S":
-                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r})")
+            dt = _dtype(dtype, known.get(name), name)
+            if dt is None or not _count(offset):
+                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r} at offset {offset!r})")
             lo = start + offset
             hi = lo + shape[0] * dt.itemsize
             if hi > size:
                 raise self._bad(f"is truncated or damaged (array {name!r} lies outside the file)")
-            try:
-                arrays[name] = buf[lo:hi].view(dt)
-            except ValueError:  # a zero-width dtype
-                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r})") from None
+            arrays[name] = buf[lo:hi].view(dt)
         for name in _OLDER_VERSIONS.get(version, ()):
             arrays.setdefault(name, np.full(self._n, -1, dtype=_PER_FILE[name]))
         missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
@@ -318,6 +298,18 @@ class FrameTables:
                 off = a[offsets]
                 if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
                     raise self._bad(f"has inconsistent {offsets}")
+        for name, dtype in _OPTIONAL_PER_FRAME.items():
+            if name not in a:
+                continue
+            if a[name].dtype != np.dtype(dtype) or a[name].ndim != 1:
+                raise self._bad(
+                    f"holds array {name!r} as {a[name].dtype.str} of shape {a[name].shape}; the format stores it as "
+                    f"{np.dtype(dtype).str}, one value per frame"
+                )
+            if len(a[name]) != int(a["frame_offsets"][-1]):
+                raise self._bad(
+                    f"holds {len(a[name])} values in array {name!r} for {int(a['frame_offsets'][-1])} frames"
+                )
         if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
             raise self._bad("names a codec it does not list")
         if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
@@ -454,6 +446,13 @@ class FrameTables:
             raise self._bad(f"holds a frame size, time base or frame rate no video has for {key!r}")
         config = int(a["config_crc32"][row])
         reorder = int(a["reorder_depth"][row])
+        references = None
+        if "pkt_ref" in a:
+            codes = a["pkt_ref"][f0:f1]
+            if np.any((codes > MAX_REFERENCE_CODE) & (codes != REFERENCE_UNKNOWN)):
+                raise self._bad(f"holds invalid reference codes (array 'pkt_ref') for {key!r}")
+            if not np.all(codes == REFERENCE_UNKNOWN):
+                references = tuple(codes.tolist())
         return VideoInfo(
             codec=self._codecs[int(a["codec"][row])],
             width=width,
@@ -468,6 +467,7 @@ class FrameTables:
             identity=self.identity(row),
             layout=self.layout(row),
             reorder_depth=None if reorder < 0 else reorder,
+            references=references,
         )
 
 
@@ -477,6 +477,18 @@ def _tables(path: str, source: str | None, sha256: str | None = None) -> FrameTa
 
 def _tables_in_memory(data: bytes, source: str) -> FrameTables:
     return FrameTables.from_bytes(data, source=source)
+
+
+def _dtype(text: str, expected: np.dtype[Any] | None, name: str) -> np.dtype[Any] | None:
+    """The dtype a header names for array ``name``, or None when it is not the one that array has."""
+    try:
+        dt = np.dtype(text)
+    except (TypeError, ValueError):
+        return None
+    if expected is not None:  # the arrays this version knows have their dtype; ``keys``, bytes of any width
+        return dt if dt == expected or (name == "keys" and dt.kind == "S" and dt.itemsize > 0) else None
+    plain = dt.kind in "biufS" and dt.names is None and dt.subdtype is None and dt.itemsize > 0
+    return dt if plain else None  # an array a later version added: plain numbers or bytes
 
 
 def _count(value: Any) -> bool:
