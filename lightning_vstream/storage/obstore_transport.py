@@ -298,6 +298,7 @@ class _Helper:
                 else:
                     future.set_result((payload, header["meta"]))
         finally:
+            out.close()  # the helper is gone: its pipe would otherwise be left for the garbage collector
             failed = Failure("transient", "the obstore helper process exited")
             for number in list(self._pending):
                 future = self._pending.pop(number, None)
