@@ -6,7 +6,9 @@ LightningCLI (jsonargparse) answers a misspelt config key with the whole usage o
 :class:`VStreamCLI` prints the error first, with the closest valid option, and a one-line pointer to
 ``--help`` instead of the usage. A :class:`~lightning_vstream.VStreamError` raised while the command runs
 (an index that does not exist, a missing camera file) is printed as its message, without the
-traceback that would bury it (``VSTREAM_DEBUG=1`` shows it).
+traceback that would bury it (``VSTREAM_DEBUG=1`` shows it). The config it saves next to the logs
+(``config.yaml``) holds every ``storage_options`` secret as ``null``, as hyperparameters and
+checkpoints do (:class:`RedactedSaveConfigCallback`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from lightning_vstream.errors import ConfigurationError, VStreamError, debug_requested, user_message
 
-__all__ = ["VStreamArgumentParser", "VStreamCLI"]
+__all__ = ["RedactedSaveConfigCallback", "VStreamArgumentParser", "VStreamCLI", "redact_config"]
 
 #: jsonargparse's messages for an option it does not know, and how to read the option's full name.
 _UNKNOWN = (
@@ -150,6 +152,7 @@ class VStreamCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", VStreamArgumentParser)
+        kwargs.setdefault("save_config_callback", RedactedSaveConfigCallback)
         if not kwargs.get("run", True):
             super().__init__(*args, **kwargs)
             return
@@ -160,3 +163,39 @@ class VStreamCLI(LightningCLI):
                 traceback.print_exc()
             sys.stderr.write(f"error: {user_message(err)}\n")
             sys.exit(2 if isinstance(err, ConfigurationError) else 1)
+
+
+def redact_config(config: Any) -> Any:
+    """A copy of a parsed LightningCLI config with every secret of every ``storage_options`` set to None.
+
+    Example::
+
+        >>> from jsonargparse import Namespace
+        >>> config = Namespace(data=Namespace(storage_options={"region": "eu", "secret_access_key": "s3cr3t"}))
+        >>> redact_config(config).data.storage_options
+        {'region': 'eu', 'secret_access_key': None}
+    """
+    from lightning_vstream.storage.options import SECRET_KEYS
+
+    redacted = config.clone()
+    for key, value in config.items():
+        if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(value, dict):
+            redacted[key] = {k: (None if k in SECRET_KEYS else v) for k, v in value.items()}
+    return redacted
+
+
+class RedactedSaveConfigCallback(SaveConfigCallback):
+    """LightningCLI's ``SaveConfigCallback`` that saves (and hands ``save_config``) the config with every
+    ``storage_options`` secret set to None (see :func:`redact_config`): secrets stay in memory.
+
+    :class:`VStreamCLI` uses it unless given another ``save_config_callback``; subclass it, not
+    ``SaveConfigCallback``, to also log the config elsewhere. Takes exactly ``SaveConfigCallback``'s arguments.
+
+    Example::
+
+        >>> cli = VStreamCLI(TinyStreamPETR, StreamVideoDataModule,
+        ...                  save_config_callback=RedactedSaveConfigCallback)  # doctest: +SKIP
+    """
+
+    def __init__(self, parser: LightningArgumentParser, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(parser, redact_config(config), *args, **kwargs)

@@ -68,7 +68,7 @@ def test_audio_interleaves_the_gop_spans(videos: dict[str, Path]) -> None:
 
 def _infos(videos: dict[str, Path]) -> dict[str, VideoInfo]:
     infos = {f"v/{name}": probe_video(path) for name, path in videos.items()}
-    identity = FileIdentity(10, 20, 30, 40, etag='"abc"')
+    identity = FileIdentity(videos["h264"].stat().st_size, 20, 30, 40, etag='"abc"')
     infos["v/h264"] = dataclasses.replace(infos["v/h264"], identity=identity)
     return infos
 

@@ -23,9 +23,12 @@ from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.bitstream import ReferenceReader
 from lightning_vstream.errors import ConfigurationError, MissingFileError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, PacketLayout
+from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
     import av
+
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["check_stream", "open_container", "probe_video", "probe_video_bytes", "probe_video_file", "video_stream"]
 
@@ -82,7 +85,7 @@ def video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
     return stream
 
 
-def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
+def probe_video(path: Path | str, *, stream: int | None = None, storage: StorageConfig | None = None) -> VideoInfo:
     """Build a file's frame table by demuxing its packets (no frame is decoded).
 
     The frame count comes from the packets the stream really holds, not from container
@@ -92,10 +95,11 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
     for GOP reads from remote storage.
 
     Args:
-        path: Video file.
+        path: Video file, or its URL (read through its container, a few block reads).
         stream: Which video stream: its position among the file's video streams (0 for the
             first), or None for the one FFmpeg picks as best (a default-disposition stream, then
             a moving one, then the highest bitrate), which decoders also use by default.
+        storage: How to reach a URL (see :class:`~lightning_vstream.storage.options.StorageConfig`).
 
     Returns:
         The stream's :class:`VideoInfo`.
@@ -112,6 +116,10 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
         >>> info.frame_count, info.key_indices[:3]  # doctest: +SKIP
         (40, (0, 10, 20))
     """
+    if isinstance(path, str) and is_url(path):
+        from lightning_vstream.decode.range_file import probe_url
+
+        return probe_url(path, storage, stream=stream)
     path = Path(path)
     choice = check_stream(stream)
     container = open_container(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
@@ -67,6 +68,15 @@ def _pairs_without_duplicates(where: str) -> Any:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key, value in pairs:
+            if any("\ud800" <= ch <= "\udfff" for ch in key):
+                # JSON's \ud800 escapes can spell half a character, which no file name can hold.
+                raise IndexValidationError(
+                    where,
+                    [
+                        f"{where} lists the name {key!r}, which is not valid Unicode (a lone surrogate escape); "
+                        "write names as UTF-8 text, or re-run `vstream index` to rebuild the index."
+                    ],
+                )
             if key in result:
                 raise IndexValidationError(
                     where, [f"{where} lists clip or folder {key!r} twice; each clip id must appear once."]
@@ -137,6 +147,13 @@ def _parse_json(raw: bytes, where: str) -> Any:
         ) from None
     except RecursionError:
         raise DataFormatError(f"index file {where} nests JSON too deeply to be an index.") from None
+    except IndexValidationError:
+        raise
+    except ValueError as err:  # a number of thousands of digits (Python's int conversion limit)
+        raise DataFormatError(
+            f"index file {where} holds a number of more than {sys.get_int_max_str_digits()} digits, which no "
+            f"frame count is ({err}); re-run `vstream index` to rebuild the index."
+        ) from None
 
 
 def _read_json(path: Path) -> Any:
