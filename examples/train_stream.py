@@ -16,7 +16,6 @@ Usage::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -27,10 +26,6 @@ from lightning_vstream.demos import TinyStreamPETR
 
 def main(args: Sequence[str] | None = None, *, run: bool = True) -> VStreamCLI:
     """Build the CLI from ``args`` (the command line when None); ``run=False`` only parses and instantiates."""
-    # Lightning calls a torch.utils._pytree API that torch 2.13 deprecates; nothing to act on here.
-    warnings.filterwarnings(
-        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
-    )
     return VStreamCLI(
         TinyStreamPETR,
         StreamVideoDataModule,

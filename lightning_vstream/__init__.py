@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
     from lightning_vstream.indexing import build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
+    from lightning_vstream.preview import Preview, draw_batches, preview_batches
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.schedule import StreamSchedule
     from lightning_vstream.transforms import FrameTransform
@@ -47,6 +48,7 @@ _EXPORTS = {
     "GeometryAugment": "lightning_vstream.annotations",
     "GpuOptions": "lightning_vstream._datamodule",
     "IndexValidationError": "lightning_vstream.errors",
+    "Preview": "lightning_vstream.preview",
     "StreamSchedule": "lightning_vstream.stream.schedule",
     "StreamVideoDataModule": "lightning_vstream.stream.datamodule",
     "TimeWindow": "lightning_vstream.clips.windows",
@@ -60,9 +62,11 @@ _EXPORTS = {
     "at_times": "lightning_vstream.clips.selection",
     "build_index": "lightning_vstream.indexing",
     "collate_clips": "lightning_vstream.clips.collate",
+    "draw_batches": "lightning_vstream.preview",
     "index_from_files": "lightning_vstream.clips.from_files",
     "load_index": "lightning_vstream.indexing",
     "multi_rate": "lightning_vstream.clips.selection",
+    "preview_batches": "lightning_vstream.preview",
     "random_clips": "lightning_vstream.clips.windows",
     "regular_clips": "lightning_vstream.clips.windows",
     "segment_times": "lightning_vstream.clips.selection",
@@ -104,6 +108,7 @@ __all__ = [
     "GeometryAugment",
     "GpuOptions",
     "IndexValidationError",
+    "Preview",
     "StreamSchedule",
     "StreamVideoDataModule",
     "TimeWindow",
@@ -118,9 +123,11 @@ __all__ = [
     "at_times",
     "build_index",
     "collate_clips",
+    "draw_batches",
     "index_from_files",
     "load_index",
     "multi_rate",
+    "preview_batches",
     "random_clips",
     "regular_clips",
     "segment_times",

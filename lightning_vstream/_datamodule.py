@@ -1,5 +1,6 @@
 """What both DataModules share: argument checks, worker start methods, per-instance evaluation loaders,
-and the GPU-only options grouped in :class:`GpuOptions`.
+the warning for options the chosen way of decoding does not use, and the GPU-only options grouped in
+:class:`GpuOptions`.
 
 Imported only by the DataModule modules (it imports lightning); DataLoader workers never load it.
 """
@@ -7,32 +8,120 @@ Imported only by the DataModule modules (it imports lightning); DataLoader worke
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import multiprocessing
 import multiprocessing.context
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import lightning.pytorch as pl
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
+
+if TYPE_CHECKING:
+    from lightning_vstream.index import VideoIndex
 
 __all__ = [
     "DEFAULT_GPU_OPTIONS",
+    "DEFAULT_NUM_WORKERS",
     "EvalLoader",
     "GpuOptions",
     "MultiprocessingContext",
     "check_arguments",
+    "check_excluded_clips",
     "gpu_options",
+    "ignore_lightning_leafspec_warning",
     "plain_hparams",
     "save_init_hyperparameters",
+    "unused_options",
+    "warn_unused_options",
     "worker_context",
 ]
 
 MultiprocessingContext = Literal["fork", "forkserver", "spawn"]
 T = TypeVar("T")
+
+#: Worker processes when ``num_workers`` is None, where the DataModule decodes in worker processes.
+DEFAULT_NUM_WORKERS = 2
+
+
+def unused_options(
+    num_workers: int | None, persistent_workers: bool, multiprocessing_context: str | None
+) -> dict[str, object]:
+    """The worker-process options among these that were given a value that needs worker processes."""
+    given: dict[str, object] = {}
+    if num_workers:
+        given["num_workers"] = num_workers
+    if persistent_workers:
+        given["persistent_workers"] = persistent_workers
+    if multiprocessing_context is not None:
+        given["multiprocessing_context"] = multiprocessing_context
+    return given
+
+
+def ignore_lightning_leafspec_warning() -> None:
+    """Silence the one FutureWarning torch (2.13 on) raises each time Lightning wraps a DataModule's loaders.
+
+    Lightning's ``CombinedLoader`` flattens the loaders with its own copy of a ``torch.utils._pytree``
+    function that builds the deprecated ``LeafSpec``; nothing in the user's code or ours can change it.
+    Called in the DataModules' ``setup()``, the step before Lightning builds its loaders; the filter
+    matches that message from that Lightning module only (adding it again replaces it).
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+
+
+def check_excluded_clips(
+    owner: str, exclude_clips: Collection[str], index_files: Mapping[Any, object], loaded: Mapping[Any, VideoIndex]
+) -> None:
+    """Refuse ``exclude_clips`` ids that none of the DataModule's indexes lists (a typo would leave the clip in).
+
+    Checked once every index file the DataModule was given (``index_files``, per split) is among the
+    ``loaded`` indexes: an id may belong to the test index only.
+
+    Raises:
+        ConfigurationError: Names the ids, the indexes and the closest clip id.
+    """
+    if not exclude_clips or any(path is not None and split not in loaded for split, path in index_files.items()):
+        return
+    indexes = list(loaded.values())
+    found = set().union(*(index.excluded for index in indexes))
+    unknown = sorted(set(exclude_clips) - found)
+    if not unknown:
+        return
+    ids = [i for index in indexes for i in (*index.excluded, *(index.clip_id(k) for k in range(len(index))))]
+    close = difflib.get_close_matches(unknown[0], ids, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "; remove them, or check the clip ids in the index."
+    files = ", ".join(repr(str(index.source)) for index in indexes)
+    raise ConfigurationError(f"{owner}: exclude_clips={unknown!r}: no index lists them ({files}){hint}")
+
+
+def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, instead: str) -> None:
+    """Warn (a :class:`VStreamWarning`) that the ``unused`` options have no effect, ``because`` ..., and what
+    sets the same thing for the chosen way of decoding (``instead``).
+
+    Example::
+
+        >>> warn_unused_options("StreamVideoDataModule", {"num_workers": 16},
+        ...                     "engine='threads' decodes in threads of the training process",
+        ...                     "engine_threads sets how many")  # doctest: +SKIP
+        VStreamWarning: StreamVideoDataModule: num_workers=16 is not used: engine='threads' decodes in ...
+    """
+    if not unused:
+        return
+    named = " and ".join(f"{name}={value!r}" for name, value in unused.items())
+    verb = "is" if len(unused) == 1 else "are"
+    warnings.warn(
+        f"{owner}: {named} {verb} not used: {because}. {instead}", VStreamWarning, stacklevel=user_stacklevel()
+    )
 
 
 def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> None:

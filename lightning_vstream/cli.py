@@ -3,7 +3,8 @@
 Exit codes: 0 on success; 1 when the command ran and failed or found problems (a corrupt or
 changed file, an index that does not match its files); 2 when the command line is wrong (an
 unknown option, a malformed value, a path that does not exist or is of the wrong kind,
-conflicting options), with the error printed.
+conflicting options); 130 when interrupted. An error is printed as its message, which names what
+is wrong and how to fix it; ``--debug`` (or ``VSTREAM_DEBUG=1``) prints its traceback as well.
 
 Adding a command is one line in :data:`COMMANDS`: its name, its one-line help and the module that
 implements it (see :mod:`lightning_vstream.commands` for what that module defines). Modules are
@@ -16,6 +17,7 @@ import argparse
 import difflib
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,10 @@ COMMANDS: dict[str, Command] = {
         "nuScenes tables + camera JPEGs -> videos, index and annotations",
         "lightning_vstream.commands.import_nuscenes",
     ),
+    "preview": Command(
+        "draw the first batches a model would receive (frames, labels, boxes) as one image",
+        "lightning_vstream.commands.preview",
+    ),
     "doctor": Command(
         "check whether this machine can decode on the GPU, correctly, and how fast", "lightning_vstream.commands.doctor"
     ),
@@ -65,11 +71,20 @@ datasets to video, import nuScenes, write stamped synthetic data, run the end-to
 'vstream COMMAND --help' describes each command."""
 
 _EPILOG = """exit codes: 0 success, 1 the command failed or found problems, 2 the command line is wrong
-(unknown option, malformed value, missing or wrong kind of path)"""
+(unknown option, malformed value, missing or wrong kind of path), 130 interrupted.
+errors print as one message that says how to fix them; --debug or VSTREAM_DEBUG=1 adds the traceback."""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default, and descriptions as written."""
+    """Shows each option's default where it says something, and descriptions as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        # No "(default: None)" or "(default: False)" for options that are off unless given, and none
+        # where the help text already says what the default is.
+        if action.default in (None, []) or isinstance(action.default, bool) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,13 +125,24 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _debug_option(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="on an error, print its traceback as well as its message (or set VSTREAM_DEBUG=1)",
+    )
+
+
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="vstream", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action=_VersionAction)
+    _debug_option(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _chosen(argv)
     for name, command in COMMANDS.items():
         child = sub.add_parser(name, help=command.help, epilog=_EPILOG, formatter_class=_HelpFormatter)
+        _debug_option(child, default=argparse.SUPPRESS)  # also after the command; the top level's otherwise
         if name == chosen:  # only the command that runs imports its module
             module = importlib.import_module(command.module)
             module.add_arguments(child)
@@ -140,32 +166,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["synth", "data", "--clips", "2"])  # doctest: +SKIP
         0
     """
-    from lightning_vstream.errors import ConfigurationError, VStreamError
+    from lightning_vstream.errors import ConfigurationError, VStreamError, debug_requested, user_message
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser(argv).parse_args(argv)
     name = f"vstream {args.command}"
     try:
         return int(args.run(args))
-    except ConfigurationError as err:
-        print(f"{name}: error: {err}", file=sys.stderr)
-        return 2
-    except PermissionError as err:
-        where = f" {str(err.filename)!r}" if err.filename else ""
-        print(
-            f"{name}: error: permission denied{where}: check the file's owner and mode, "
-            "or run as a user who may read (and, for outputs, write) it.",
-            file=sys.stderr,
-        )
-    except FileNotFoundError as err:
-        message = str(err) if err.filename is None else f"{str(err.filename)!r} does not exist."
-        print(f"{name}: error: {message}", file=sys.stderr)
-    except (VStreamError, ValueError, OSError) as err:
-        print(f"{name}: error: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"{name}: interrupted.", file=sys.stderr)
         return 130
-    return 1
+    except (VStreamError, ValueError, OSError) as err:
+        if args.debug or debug_requested():
+            traceback.print_exc()
+        if isinstance(err, VStreamError) or not isinstance(err, OSError):
+            message = user_message(err)
+        elif isinstance(err, PermissionError):
+            where = f" {str(err.filename)!r}" if err.filename else ""
+            message = (
+                f"permission denied{where}: check the file's owner and mode, "
+                "or run as a user who may read (and, for outputs, write) it."
+            )
+        elif isinstance(err, FileNotFoundError) and err.filename is not None:
+            message = f"{str(err.filename)!r} does not exist."
+        else:
+            message = str(err)
+        print(f"{name}: error: {message}", file=sys.stderr)
+        return 2 if isinstance(err, ConfigurationError) else 1
 
 
 if __name__ == "__main__":

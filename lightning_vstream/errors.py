@@ -241,6 +241,61 @@ class GpuMemoryError(GpuError, MemoryError):
     """
 
 
+#: Set to 1 to print the full traceback of an error where ``vstream`` and :class:`~lightning_vstream.VStreamCLI`
+#: otherwise print only its message (``vstream --debug`` does the same for one command).
+DEBUG_ENV = "VSTREAM_DEBUG"
+
+#: Where :func:`_original_first` appended a DataLoader worker's traceback to its message.
+_WORKER_TRACEBACK = "\n\n(raised in "
+
+
+#: Packages whose frames a warning of ours is not attributed to: the line shown is the user's own.
+_LIBRARY_MODULES = ("lightning_vstream", "lightning", "pytorch_lightning", "lightning_utilities", "torch")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the user's code: the first frame outside this package,
+    Lightning and torch, counted from the function that calls this one (and then ``warnings.warn``).
+
+    A warning raised in a DataModule hook that Lightning calls would otherwise point at a line of
+    Lightning's trainer, and Lightning prints those without the warning's category.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not any(module == name or module.startswith(name + ".") for name in _LIBRARY_MODULES):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return 2
+
+
+def debug_requested() -> bool:
+    """Whether ``VSTREAM_DEBUG`` asks for tracebacks (any value but empty or ``0``)."""
+    import os
+
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def user_message(err: BaseException) -> str:
+    """``err`` as a person reads it on a terminal: its message and fix, without a worker's traceback.
+
+    An error rebuilt from a DataLoader worker carries the worker's traceback after its message
+    (see :class:`VStreamError`); that part is for ``--debug`` / ``VSTREAM_DEBUG=1``.
+
+    Example::
+
+        >>> user_message(MissingFileError("index file 'x.json' does not exist."))
+        "index file 'x.json' does not exist."
+    """
+    text = str(err)
+    cut = text.find(_WORKER_TRACEBACK)
+    return (text[:cut] if cut >= 0 else text).rstrip()
+
+
 class VStreamWarning(UserWarning):
     """Base class of every warning lightning_vstream issues (silence them all with
     ``warnings.filterwarnings("ignore", category=VStreamWarning)``, or turn them into errors).

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -91,9 +92,18 @@ class S3TestServer:
                 preexec_fn=_die_with_parent,
             )
         self.moto_port = int(self._wait_for(moto_log, re.compile(rb"Running on http://127\.0\.0\.1:(\d+)"), self._moto))
+        self.start_proxy()
+        return self
+
+    def start_proxy(self, port: int = 0) -> None:
+        """Start the proxy (on ``port``: the one it had before, to come back after :meth:`stop_proxy`)."""
         ready = self.workdir / "proxy.port"
         ready.unlink(missing_ok=True)
-        with open(self.workdir / "proxy.log", "wb") as out:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The death signal follows the thread that started the child: one started from a helper thread
+        # would be stopped when that thread ends. The proxy also exits by itself when this process does.
+        main = threading.current_thread() is threading.main_thread()
+        with open(self.workdir / "proxy.log", "ab") as out:
             self._proxy = subprocess.Popen(
                 [
                     sys.executable,
@@ -102,15 +112,23 @@ class S3TestServer:
                     f"127.0.0.1:{self.moto_port}",
                     "--ready",
                     str(ready),
+                    "--port",
+                    str(port),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent if main else None,
             )
         self.proxy_port = int(self._wait_for(ready, re.compile(rb"(\d+)"), self._proxy))
-        return self
+
+    def stop_proxy(self) -> None:
+        """Stop the proxy (an outage: connections are refused) and keep moto; :meth:`start_proxy` brings it back."""
+        process, self._proxy = self._proxy, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
 
     def _wait_for(self, path: Path, pattern: re.Pattern[bytes], process: subprocess.Popen[bytes]) -> bytes:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -244,8 +244,9 @@ def main() -> None:
     parser.add_argument("--upstream", required=True, help="host:port of the S3-protocol server")
     parser.add_argument("--ready", required=True, help="file to write the port to once listening")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
     args = parser.parse_args()
-    server = Server(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", args.port), Handler)
     server.state = State(args.upstream)
     port = server.server_address[1]
     tmp = args.ready + ".tmp"

@@ -164,13 +164,16 @@ def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out.strip() == f"vstream (lightning_vstream) {version('lightning_vstream')}"
 
 
-@pytest.mark.parametrize("command", [[], ["synth"], ["index"], ["demo"]])
+@pytest.mark.parametrize("command", [[], ["synth"], ["index"], ["demo"], ["encode"], ["import-nuscenes"]])
 def test_help_shows_defaults_and_no_markup(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "``" not in out
+    # Only defaults that say something: none for options that are off unless given.
+    assert "(default: None)" not in out and "(default: False)" not in out and "(default: [])" not in out
+    assert "(default: (" not in out  # a size reads 160x96, not as a Python tuple
     if command in (["synth"], ["demo"]):
         assert "(default: " in out
         for line in out.splitlines():
@@ -397,3 +400,49 @@ def test_synth_writes_an_image_dataset_that_encode_takes(tmp_path: Path, capsys:
     assert main(["encode", str(root / "index.json"), str(tmp_path / "encoded"), "--codec", "h264", "-q"]) == 0
     encoded = load_index(tmp_path / "encoded" / "index.json")
     assert read_stamp(PyAVDecoder(encoded["scene-0001"].cameras[1].path).get(3)) == Stamp(1, 1, 3)
+
+
+def test_an_error_is_its_message_and_debug_adds_the_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("VSTREAM_DEBUG", raising=False)
+    missing = tmp_path / "index.json"
+    assert main(["index", str(missing), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"vstream index: error: index file {str(missing)!r} does not exist. Run `vstream index DATASET_FOLDER` to "
+        "index your videos, or `vstream synth FOLDER` for a stamped dataset.\n"
+    )
+    for argv in (["--debug", "index", str(missing), "--check"], ["index", str(missing), "--check", "--debug"]):
+        assert main(argv) == 2  # the same exit status
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and err.endswith(
+            f"{str(missing)!r} does not exist. Run "
+            "`vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset.\n"
+        )
+    monkeypatch.setenv("VSTREAM_DEBUG", "1")
+    assert main(["index", str(missing), "--check"]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_an_error_from_a_worker_prints_without_the_workers_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_vstream.errors import VideoDecodeError
+
+    try:  # what torch's DataLoader raises in the training process for an error in a worker
+        raise VideoDecodeError("boom")
+    except VideoDecodeError:
+        import traceback
+
+        rebuilt = VideoDecodeError(
+            f"Caught VideoDecodeError in DataLoader worker process 0.\nOriginal {traceback.format_exc()}"
+        )
+
+    def fail(args: object) -> int:
+        raise rebuilt
+
+    monkeypatch.delenv("VSTREAM_DEBUG", raising=False)
+    monkeypatch.setattr("lightning_vstream.commands.synth.run", fail)
+    assert main(["synth", "x"]) == 1
+    assert capsys.readouterr().err == "vstream synth: error: boom\n"

@@ -266,3 +266,66 @@ def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
     warned = [line for line in done.stderr.splitlines() if re.search(r"\.py:\d+: |Warning", line)]
     assert warned == []
     assert (tmp_path / "runs" / "stream" / "lightning_logs" / "version_0" / "metrics.csv").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "--trainer.callbacks+=lightning_vstream.callbacks.StreamThroughputMonitor",
+                "--trainer.callbacks.windw",
+                "3",
+            ],
+            "error: trainer.callbacks: lightning_vstream.callbacks.StreamThroughputMonitor does not accept option "
+            "'windw'; did you mean 'window'?",
+        ),
+        (
+            ["--data.transform", '{"class_path": "lightning_vstream.FrameTransform", "init_args": {"resise": [8, 8]}}'],
+            "error: data.transform: lightning_vstream.FrameTransform does not accept option 'resise'; "
+            "did you mean 'resize'?",
+        ),
+    ],
+)
+def test_a_misspelt_class_argument_is_named_with_the_closest_valid_one(
+    cli_index: Path, args: list[str], message: str
+) -> None:
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(stderr):
+        _example().main(["--data.index_file", str(cli_index), *args], run=False)
+    assert exit_info.value.code == 2
+    lines = stderr.getvalue().splitlines()
+    assert lines[0] == message  # one line, not jsonargparse's dump of every type of the union
+    assert lines[1].startswith("tip: `") and len(lines) == 2
+
+
+def test_an_error_while_running_is_its_message_and_an_exit_status(
+    cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VSTREAM_DEBUG", raising=False)
+    missing = tmp_path / "nowhere" / "index.json"
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(stderr):
+        _example().main(["fit", *_args(cli_index, "--data.index_file", str(missing))])
+    assert exit_info.value.code == 1
+    last = stderr.getvalue().splitlines()[-1]
+    assert last == (
+        f"error: index file {str(missing)!r} does not exist. Run `vstream index DATASET_FOLDER` to index your "
+        "videos, or `vstream synth FOLDER` to write a stamped synthetic dataset."
+    )
+    assert "Traceback" not in stderr.getvalue()
+    # A value the DataModule refuses is a configuration error: exit status 2, as for a wrong option.
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(stderr):
+        _example().main(["fit", *_args(cli_index, "--data.batch_size", "-1")])
+    assert exit_info.value.code == 2
+    assert stderr.getvalue().splitlines()[-1] == (
+        "error: StreamVideoDataModule: batch_size=-1 is invalid; expected an integer >= 1."
+    )
+    # VSTREAM_DEBUG=1 prints the traceback as well.
+    monkeypatch.setenv("VSTREAM_DEBUG", "1")
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
+        _example().main(["fit", *_args(cli_index, "--data.index_file", str(missing))])
+    assert "Traceback (most recent call last)" in stderr.getvalue()

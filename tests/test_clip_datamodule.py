@@ -179,6 +179,27 @@ def test_transform_and_hyperparameters(clip_index: Path) -> None:
     assert stamp_errors({**batch, "frames": (batch["frames"] * 255).round().to(torch.uint8)}) == []
 
 
+def test_worker_options_a_gpu_run_does_not_use_are_warned_about_once(clip_index: Path) -> None:
+    import warnings
+    from types import SimpleNamespace
+
+    cpu = ClipVideoDataModule(index_file=clip_index)
+    assert cpu._workers(SimpleNamespace(decode_device="cpu")) == 2  # num_workers=None: 2 on the CPU
+    dm = ClipVideoDataModule(index_file=clip_index, num_workers=4, multiprocessing_context="spawn")
+    on_gpu = SimpleNamespace(decode_device="cuda:0")  # a dataset decoding on the GPU, as setup() makes it there
+    with pytest.warns(
+        VStreamWarning,
+        match=r"^ClipVideoDataModule: num_workers=4 and multiprocessing_context='spawn' are not used: decoding on "
+        r"cuda:0, each batch is decoded by threads of the training process, which starts no worker processes\. "
+        r"Those threads are gop_threads=None \(None: twice the GPU's NVDEC engines\)\.$",
+    ):
+        assert dm._workers(on_gpu) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dm._workers(on_gpu) == 0  # once per DataModule
+    assert ClipVideoDataModule(index_file=clip_index, num_workers=0)._workers(on_gpu) == 0  # nothing to say
+
+
 def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, tmp_path: Path) -> None:
     import shutil
 
@@ -374,6 +395,12 @@ def test_decode_stats_count_skips_and_missing_annotations_across_workers(
     assert stats.skipped_samples == 2 and stats.frames_delivered == 4 * 2 * 2
     assert stats.bad_files >= 1 and stats.missing_annotations == 2  # frames 4 and 5 of scene-0002
     assert stats.frames_decoded >= stats.frames_delivered
+    # Each reading process opens each of the 6 files once (decoders stay open: max_open_decoders=8), and the
+    # damaged one again for its second window (the decoder that failed is closed; the other camera's stays open).
+    if num_workers == 0:
+        assert stats.files_opened == 6 + 1
+    else:
+        assert 6 + 1 <= stats.files_opened <= (6 + 1) * num_workers
     assert monitor.metrics["train/skipped"] == 2 and monitor.metrics["train/missing_annotations"] == 2
     assert monitor.metrics["train/frames_per_sec"] > 0
 

@@ -25,6 +25,9 @@ Conventions (for doc writers):
   names (``BUCKETS``: ``s3://my-bucket/...``) is made on the test suite's moto S3 server, which the
   commands reach through the standard AWS environment variables. Sizes that would
   take long are made small (``smaller``): frame sizes, processes, demo and training steps.
+- Every sample runs with warnings as errors (Lightning's, torch's and ours; deprecation warnings as
+  Python shows them to a script): a documented example that warns fails here. A page that shows a
+  warning on purpose catches it in the sample (``warnings.catch_warnings(record=True)``).
 - Output and error messages go in ```` ```text ```` (or an untagged fence): not executed.
 - Samples import only public names: the ``__all__`` of ``lightning_vstream`` and of the public
   namespaces it lists.
@@ -43,7 +46,9 @@ import re
 import shlex
 import shutil
 import textwrap
+import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +83,22 @@ PUBLIC = (
     "lightning_vstream.importers",
     "lightning_vstream.index",
 )
+
+
+@contextmanager
+def warnings_are_errors() -> Iterator[None]:
+    """Every warning a user running the sample would see is an error, whatever the session's filters say.
+
+    As Python's default filters do for a script, deprecation warnings count where the sample's own code
+    is warned (its module is ``docs_<page>``); those a library raises about another library's calls
+    (jsonargparse about Lightning's, say) are not shown to users and are left alone.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for category in (DeprecationWarning, PendingDeprecationWarning):
+            warnings.filterwarnings("ignore", category=category)
+            warnings.filterwarnings("error", category=category, module=r"docs_|__main__")
+        yield
 
 
 @dataclass(frozen=True)
@@ -146,7 +167,8 @@ def test_python_samples_run(path: Path, docs_cwd: Path) -> None:
             continue
         code = compile(block.code, f"{path.name}:{block.line}", "exec")
         try:
-            exec(code, namespace)
+            with warnings_are_errors():
+                exec(code, namespace)
         except Exception as err:
             raise AssertionError(
                 f"the sample at {path.relative_to(ROOT)} line {block.line} failed: {type(err).__name__}: {err}"
@@ -188,7 +210,8 @@ def test_yaml_samples_parse_as_configs(path: Path, docs_cwd: Path) -> None:
         args = ["--data.index_file", "data/index.json", "--trainer.logger", "false", "--seed_everything", "0"]
         args += ["--config", str(file)]
         try:
-            cli = VStreamCLI(TinyStreamPETR, module, run=False, args=args)
+            with warnings_are_errors():
+                cli = VStreamCLI(TinyStreamPETR, module, run=False, args=args)
         except SystemExit as exit:
             raise AssertionError(f"the YAML sample at {where} does not parse (exit {exit.code}); see stderr") from exit
         except Exception as err:
@@ -324,7 +347,13 @@ def test_shell_samples_run(
                     _stop_storage_helper()  # the next request starts it again, in this environment
                     prepared.add(place)
             local = [str(tmp_path / a.lstrip("/")) if a.startswith("/") else a for a in smaller(argv)]
-            code = _run(local)
+            try:
+                with warnings_are_errors():
+                    code = _run(local)
+            except Warning as warning:
+                raise AssertionError(
+                    f"`{written}` ({path.relative_to(ROOT)}, line {block.line}) warned: {warning}"
+                ) from warning
             out = capsys.readouterr()
             assert code == 0, (
                 f"`{written}` ({path.relative_to(ROOT)}, block at line {block.line}) exited with {code}:\n{out.err}"

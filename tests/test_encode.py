@@ -165,6 +165,14 @@ def test_encode_sources_from_image_lists_and_cli(
         ({"crf": 20, "bitrate": "4M"}, "were both given; pick one"),
         ({"bitrate": "fast"}, "bitrate='fast' is not a bit rate"),
         ({"bitrate": 0}, "bitrate=0 must be positive"),
+        ({"keyframe_stride": 0}, r"keyframe_stride=0 must be an integer from 1 \(the usual layout\) to 17"),
+        ({"keyframe_stride": 18}, "keyframe_stride=18 must be an integer from 1"),
+        ({"keyframe_stride": True}, "keyframe_stride=True must be an integer"),
+        (
+            {"gop": 12, "keyframe_stride": 5},
+            r"gop=12 is not a multiple of keyframe_stride=5: .* Use gop=15 \(--gop 15\)",
+        ),
+        ({"bframes": 2, "keyframe_stride": 6}, r"bframes=2 does not fit keyframe_stride=6, .* set it to 5\)"),
     ],
 )
 def test_bad_settings_are_named(kwargs: dict, message: str) -> None:
@@ -210,7 +218,7 @@ def test_bad_inputs_give_named_errors(image_index: Path, tmp_path: Path, monkeyp
 
     from lightning_vstream.encode import writer
 
-    monkeypatch.setattr(writer, "mismatch", lambda task, path, codec: "frame 3 is at 1.0 s instead of 1.5 s")
+    monkeypatch.setattr(writer, "mismatch", lambda task, path, codec, stride=1: "frame 3 is at 1.0 s instead of 1.5 s")
     with pytest.raises(
         EncodeError,
         match=r"clip 'c', camera 'CAM': the encoded file does not keep the source "
@@ -230,3 +238,63 @@ def test_parallel_jobs(image_index: Path, tmp_path: Path) -> None:
     summary = encode_index(image_index, tmp_path / "out", codec="h264", crf=18, jobs=2, progress=False)
     assert summary.files_encoded == 4 and os.path.isfile(summary.index)
     check_round_trip(image_index, summary.index)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_keyframe_stride_layout_keeps_every_frame_and_only_the_stride_as_references(
+    image_index: Path, tmp_path: Path, codec: str
+) -> None:
+    from lightning_vstream.clips.planner import plan_feed
+    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.index import is_reference
+
+    summary = encode_index(image_index, tmp_path / "out", codec=codec, gop=8, keyframe_stride=4, progress=False)
+    check_round_trip(image_index, summary.index)  # every frame, frame-exact, at its source time (gaps kept)
+    for clip in load_index(summary.index):
+        for cam in clip.cameras:
+            info = cam.info
+            assert info is not None and info.references is not None
+            assert info.key_indices == (0, 8)
+            refs = [f for f in range(info.frame_count) if is_reference(info.references[f])]
+            # 12 frames: 0, 4, 8 on the stride; the encoder closes the stream with a reference (11).
+            assert refs == [0, 4, 8, 11]
+            order = sorted(range(info.frame_count), key=probe_video(cam.path).layout.pos.__getitem__)  # type: ignore[union-attr]
+            assert plan_feed(order=order, wanted=[0, 4, 8], references=info.references) == (0, 4, 8)
+    # Asked again: done. Asked for the usual layout: done too (any layout holds every frame). Asked for
+    # another stride: encoded again.
+    assert (
+        encode_index(image_index, tmp_path / "out", codec=codec, gop=8, keyframe_stride=4, progress=False).files_skipped
+        == 4
+    )
+    assert encode_index(image_index, tmp_path / "out", codec=codec, gop=8, progress=False).files_skipped == 4
+    assert (
+        encode_index(image_index, tmp_path / "out", codec=codec, gop=8, keyframe_stride=2, progress=False).files_encoded
+        == 4
+    )
+
+
+def test_keyframe_stride_on_the_command_line(
+    image_index: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cli"
+    argv = ["encode", str(image_index), str(out), "--codec", "h264", "--gop", "6", "--keyframe-stride", "3", "-q"]
+    assert main(argv) == 0
+    info = load_index(out / "index.json")[0].cameras[0].info
+    assert info is not None and info.references is not None
+    assert [f for f in range(9) if info.references[f] & 1] == [0, 3, 6]
+    assert main([*argv[:-3], "--keyframe-stride", "4", "-q"]) == 2
+    assert "gop=6 is not a multiple of keyframe_stride=4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main([*argv[:-3], "--keyframe-stride", "0"])
+    assert usage.value.code == 2 and "'0' must be at least 1" in capsys.readouterr().err
+
+
+def test_a_file_not_in_the_stride_layout_is_named(image_index: Path, tmp_path: Path) -> None:
+    from lightning_vstream.encode.writer import FileTask, mismatch, plan_file
+
+    summary = encode_index(image_index, tmp_path / "out", codec="h264", gop=4, bframes=2, progress=False)
+    path = load_index(summary.index)[0].cameras[0].path
+    src = load_index(image_index)[0].cameras[0]
+    task: FileTask = plan_file(CameraSource("scene-0000", "CAM_BACK", Path(src.path)), path)
+    assert mismatch(task, path, "h264") is None
+    assert mismatch(task, path, "h264", 4) == "frame 1 is a reference picture (keyframe stride 4)"

@@ -460,6 +460,54 @@ def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotat
     )
 
 
+def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated: Path) -> None:
+    import warnings
+
+    from lightning_vstream.errors import VStreamWarning
+    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+
+    # engine="auto" on the CPU: worker processes asked for by their count are worker processes.
+    dm = StreamVideoDataModule(index_file=annotated, num_workers=3)
+    assert dm.engine_choice() == ("workers", "engine='auto' with num_workers=3: worker processes")
+    assert StreamVideoDataModule(index_file=annotated, num_workers=0).engine_choice()[0] == "threads"
+    # The thread engine starts no processes: num_workers is named with what sets its parallelism.
+    dm = StreamVideoDataModule(index_file=annotated, batch_size=2, engine="threads", num_workers=16)
+    dm.setup("fit")
+    with pytest.warns(
+        VStreamWarning,
+        match=r"^StreamVideoDataModule: num_workers=16 is not used: engine='threads' decodes in threads of the "
+        r"training process and starts no worker processes\. Its decode threads are engine_threads=None \(None: one "
+        r"per core\); pass engine='workers' to decode in worker processes instead\.$",
+    ):
+        loader = dm.train_dataloader()
+    assert isinstance(loader, EngineLoader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm.train_dataloader()  # once per DataModule
+    dm.teardown()
+    # On a GPU, engine="auto" keeps the stream engine: options of worker processes are named together.
+    gpu = StreamVideoDataModule(index_file=annotated, num_workers=4, persistent_workers=True)
+    gpu._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
+    with pytest.warns(
+        VStreamWarning,
+        match=r"num_workers=4 and persistent_workers=True are not used: engine='auto' on cuda:0 decodes in threads "
+        r"of the training process .* engine_threads=None \(None: twice the GPU's NVDEC engines\)",
+    ):
+        gpu._warn_unused_options()
+    # Worker processes have no engine threads.
+    workers = StreamVideoDataModule(
+        index_file=annotated, batch_size=2, engine="workers", num_workers=0, engine_threads=4
+    )
+    workers.setup("fit")
+    with pytest.warns(
+        VStreamWarning,
+        match=r"engine_threads=4 is not used: engine='workers' decodes in the training process \(num_workers=0\), not "
+        r"in engine threads\. Pass engine='threads' to decode with engine_threads threads instead\.",
+    ):
+        workers.train_dataloader()
+    workers.teardown()
+
+
 def test_a_new_iteration_stops_an_unfinished_one(index: Any) -> None:
     import gc
 

@@ -33,7 +33,8 @@ import pytest
 
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
-from lightning_vstream.errors import FileChangedError, FrameSizeError, VideoDecodeError
+from lightning_vstream.errors import FileChangedError, FrameSizeError, MissingFileError, VideoDecodeError
+from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.indexing import build_index, load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from tests.conftest import batch_stamp_errors
@@ -120,7 +121,7 @@ CASES = {
         Case("truncated-85%", _truncate(0.85), VideoDecodeError),
         Case("flipped-bytes-in-a-packet", _flip_packet, VideoDecodeError),
         Case("header-damage", _damage_header, FileChangedError),
-        Case("missing-file", _hide, FileChangedError, after_setup=True),
+        Case("missing-file", _hide, MissingFileError, after_setup=True),
         Case("replaced-after-indexing", _replace, FileChangedError),
         Case(
             "index-promises-more-frames",
@@ -172,7 +173,10 @@ def _reference(case: Case, root: Path, bad_file: Path) -> tuple[int, str]:
             try:
                 decoder.get(frame)
             except case.error as err:
-                return frame, re.escape(str(err).split("\n", 1)[0]) + r"\Z"
+                first = str(err).split("\n", 1)[0]
+                if isinstance(err, MissingFileError):  # the loaders say how to go on without the clip
+                    first += " " + leave_out_hint(clip_name(BAD_CLIP))
+                return frame, re.escape(first) + r"\Z"
     finally:
         decoder.close()
         _unhide(bad_file)
@@ -235,12 +239,13 @@ def _loader(kind: str, index_file: Path, on_error: str, *, training: bool = Fals
         "timeout": 60,  # a stalled read fails the test instead of hanging it
         "engine": "threads" if kind == "engine" else "workers",
         "num_workers": 2 if kind == "workers2" else 0,
-        "engine_threads": 3,
         # One FFmpeg thread per decoder, as the reference reads: with frame threads a decoder reads
         # packets ahead, so a damaged packet stops it at an earlier frame (how much earlier depends
         # on the cores); the engine on the CPU uses one anyway.
         "decoder_threads": 1,
     }
+    if kind == "engine":
+        options["engine_threads"] = 3
     if training:
         dm = StreamVideoDataModule(index_file=index_file, shuffle=False, **options)
         dm.setup("fit")

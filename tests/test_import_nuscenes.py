@@ -224,7 +224,9 @@ def test_key_frames_only_without_sweeps_and_cli(
         "-q",
     ]
     assert main(argv) == 0
-    assert "1 scenes, 3 frames per camera (3 key frames); 3 videos encoded" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1 scenes, 3 frames per camera (3 key frames); 3 videos encoded" in printed
+    assert printed.rstrip().endswith("keyframe stride 1 (the usual layout)")  # every frame is a key frame
     ann = np.load(tmp_path / "out" / "annotations" / "scene-0001.npz")
     assert ann["frame.is_key_frame"].all() and ann["frame.boxes.lengths"].tolist() == [2, 3, 2]
     again = import_nuscenes(
@@ -237,7 +239,7 @@ def test_key_frames_only_without_sweeps_and_cli(
         progress=False,
     )
     assert (again.left_out, again.key_frames, again.encode.files_skipped) == (0, 3, 3)
-    assert main(["import-nuscenes", str(root), str(tmp_path / "o2"), "--version", "v1.0-trainval", "-q"]) == 1
+    assert main(["import-nuscenes", str(root), str(tmp_path / "o2"), "--dataset-version", "v1.0-trainval", "-q"]) == 1
     assert "has no table folder 'v1.0-trainval' (found ['v1.0-mini'])" in capsys.readouterr().err
 
 
@@ -307,3 +309,54 @@ def test_cycles_missed_by_any_camera_are_left_out_for_all(tmp_path: Path) -> Non
         assert all(r["is_key_frame"] == (j in (1, 9)) for r in cycle.records)
     key_only, left = scene_cycles(tables, scene, info.cameras, key_frames_only=True)
     assert len(key_only) == 2 and left == 2  # the two other cameras' key frames of the broken sample
+
+
+def test_videos_take_the_key_frame_spacing_as_their_keyframe_stride(
+    dataset: FixtureInfo, imported: NuScenesImport, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_vstream.index import is_reference
+
+    # The fixture's key frames are 4 cycles apart (scene 1 drops a cycle, which moves its later ones).
+    assert imported.keyframe_stride == 4
+    index = load_index(imported.index)
+    on_stride = 0
+    for clip in index:
+        keys = _annotations(imported, clip.clip_id)["frame.is_key_frame"]
+        on_stride += sum(1 for i, key in enumerate(keys) if key and i % 4 == 0)
+        for cam in clip.cameras:
+            info = cam.info
+            assert info is not None and info.references is not None
+            last = (info.frame_count - 1) // 4 * 4
+            assert [f for f in range(last + 1) if is_reference(info.references[f])] == list(range(0, last + 1, 4))
+    assert imported.key_frames_on_stride == on_stride == 2
+    # An explicit stride wins; 1 is the usual layout.
+    usual = import_nuscenes(
+        dataset.root,
+        tmp_path / "usual",
+        scenes=["scene-0000"],
+        cameras=list(dataset.cameras),
+        settings=EncodeSettings(codec="h264", keyframe_stride=1),
+        progress=False,
+    )
+    assert usual.keyframe_stride == 1
+    info = load_index(usual.index)[0].cameras[0].info
+    assert info is not None and info.references is not None and all(is_reference(c) for c in info.references)
+    # A stride from the data that the GOP does not fit is named, with both ways out.
+    with pytest.raises(
+        ConfigurationError,
+        match=r"the key frames of these scenes are 4 frames apart, the keyframe stride the videos take unless told "
+        r"otherwise: gop=6 is not a multiple of keyframe_stride=4: .* Or pass keyframe_stride=1 \(--keyframe-stride 1\)",
+    ):
+        import_nuscenes(
+            dataset.root,
+            tmp_path / "bad",
+            cameras=list(dataset.cameras),
+            settings=EncodeSettings(codec="h264", gop=6),
+            progress=False,
+        )
+    argv = ["import-nuscenes", str(dataset.root), str(tmp_path / "cli"), "--codec", "h264", "--scenes", "scene-0000"]
+    assert main([*argv, "--cameras", *dataset.cameras, "-q"]) == 0
+    assert (
+        "keyframe stride 4 (every 4th frame a reference picture; 0 of 3 key frames on the stride)"
+        in capsys.readouterr().out
+    )

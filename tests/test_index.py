@@ -470,8 +470,13 @@ def test_build_index_missing_root(tmp_path: Path) -> None:
 
 def test_build_index_unreadable_file(tmp_path: Path) -> None:
     _touch_clip(tmp_path / "videos", "c0", ("CAM_A",))
-    with pytest.raises(IndexValidationError, match=r"clip 'c0', camera 'CAM_A': .* is not a readable video file"):
+    # Its only clip is not whole: nothing to index (with whole clips beside it, it would be left out and listed).
+    with pytest.raises(
+        IndexValidationError,
+        match=r"clip 'c0' is incomplete: camera 'CAM_A': .* is not a readable video file.* No clip is whole",
+    ):
         build_index(tmp_path, output=tmp_path / "index.json", progress=False)
+    assert not (tmp_path / "index.json").exists()
 
 
 def test_camera_stream_is_frozen(small_index: Path) -> None:

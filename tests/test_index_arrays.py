@@ -23,7 +23,7 @@ from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.clips.windows import FrameWindow, random_clips, regular_clips
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
-from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError
+from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.arrays import ClipArrays, tables_list_files
 from lightning_vstream.index.load import _WARNED_NO_TABLES
@@ -230,7 +230,11 @@ def test_camera_file_deleted_after_the_build_fails_when_opened(data: Path) -> No
     cam = load_index(data)["scene-0001"].cameras[1]  # the quick check trusts the tables' list of files
     assert cam.path == gone
     label = "clip 'scene-0001', camera 'CAM_BACK_LEFT'"
-    with pytest.raises(FileChangedError, match=r"CAM_BACK_LEFT\.mp4' \(clip 'scene-0001', camera 'CAM_BACK_LEFT'\) "):
+    with pytest.raises(
+        MissingFileError,
+        match=r"CAM_BACK_LEFT\.mp4' \(clip 'scene-0001', camera 'CAM_BACK_LEFT'\): the index lists this file, but it "
+        r"no longer exists\.",
+    ):
         _first_stamp(cam.path, cam.info, label)
 
 

@@ -68,7 +68,7 @@ def test_audio_interleaves_the_gop_spans(videos: dict[str, Path]) -> None:
 
 def _infos(videos: dict[str, Path]) -> dict[str, VideoInfo]:
     infos = {f"v/{name}": probe_video(path) for name, path in videos.items()}
-    identity = FileIdentity(10, 20, 30, 40, etag='"abc"')
+    identity = FileIdentity(videos["h264"].stat().st_size, 20, 30, 40, etag='"abc"')
     infos["v/h264"] = dataclasses.replace(infos["v/h264"], identity=identity)
     return infos
 
@@ -159,3 +159,124 @@ def test_tables_generated_without_byte_ranges_read_through_the_container(tmp_pat
     tables = FrameTables(write_table_arrays(tmp_path / "t.tables.bin", [b"a.mp4"], ["h264"], arrays))
     info = tables.get("a.mp4")
     assert info is not None and info.frame_count == 3 and info.layout is None and info.identity is None
+
+
+# -- reference codes (optional array ``pkt_ref``) ----------------------------------------------------------
+def _edit_header(tables: Path, edit: Any) -> dict[str, Any]:
+    """Rewrite the JSON header of ``tables`` in place through ``edit(header)``; returns the new header."""
+    data = bytearray(tables.read_bytes())
+    prefix = struct.Struct("<8sII")
+    magic, version, length = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + length])
+    edit(header)
+    encoded = json.dumps(header).encode()
+    assert len(encoded) <= length, "the edited header must fit where the old one was"
+    data[: prefix.size + length] = prefix.pack(magic, version, length) + encoded.ljust(length)
+    tables.write_bytes(bytes(data))
+    return header
+
+
+def _array_offset(tables: Path, name: str) -> int:
+    """Byte offset of array ``name`` in ``tables``."""
+    data = tables.read_bytes()
+    prefix = struct.Struct("<8sII")
+    _, _, length = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + length])
+    return -(-(prefix.size + length) // 64) * 64 + int(header["arrays"][name][2])
+
+
+def test_reference_codes_round_trip_through_both_table_formats(videos: dict[str, Path], tmp_path: Path) -> None:
+    infos = _infos(videos)
+    assert infos["v/bframes"].references is not None and 0 in infos["v/bframes"].references  # non-reference B
+    assert infos["v/ts"].references == infos["v/bframes"].references  # Annex-B in TS reads the same
+    tables = FrameTables(write_tables(tmp_path / "index.tables.bin", infos))
+    for key, info in infos.items():
+        assert tables.get(key).references == info.references, key  # type: ignore[union-attr]
+        entry = json.loads(json.dumps(metadata_entry(info)))
+        assert cached_info({key: entry}, key).references == info.references, key  # type: ignore[union-attr]
+
+
+def test_tables_written_before_reference_codes_load_with_them_unknown(videos: dict[str, Path], tmp_path: Path) -> None:
+    infos = _infos(videos)
+    path = write_tables(tmp_path / "index.tables.bin", infos)
+    _edit_header(path, lambda header: header["arrays"].pop("pkt_ref"))
+    tables = FrameTables(path)
+    for key, info in infos.items():
+        back = tables.get(key)
+        assert back == info and back.layout == info.layout and back.references is None, key  # type: ignore[union-attr]
+    entry = metadata_entry(infos["v/hevc"])
+    del entry["info"]["references"]
+    assert cached_info({"k": entry}, "k").references is None  # type: ignore[union-attr]
+
+
+def test_truncated_reference_codes_are_named(videos: dict[str, Path], tmp_path: Path) -> None:
+    path = write_tables(tmp_path / "index.tables.bin", _infos(videos))
+    path.write_bytes(path.read_bytes()[: _array_offset(path, "pkt_ref") + 3])  # the file ends inside the array
+    with pytest.raises(
+        IndexValidationError, match=r"is truncated or damaged \(array 'pkt_ref' lies outside the file\)"
+    ):
+        FrameTables(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda a: a["pkt_ref"].__setitem__(0, "<i1"),
+            r"holds array 'pkt_ref' as \|i1 of shape \(\d+,\); the format stores it as \|u1, one value per frame",
+        ),
+        (
+            lambda a: a["pkt_ref"][1].__setitem__(0, a["pkt_ref"][1][0] - 1),
+            r"holds (\d+) values in array 'pkt_ref' for \d+ frames",
+        ),
+    ],
+)
+def test_reference_codes_of_the_wrong_type_or_length_are_named(
+    videos: dict[str, Path], tmp_path: Path, edit: Any, message: str
+) -> None:
+    path = write_tables(tmp_path / "index.tables.bin", _infos(videos))
+    _edit_header(path, lambda header: edit(header["arrays"]))
+    with pytest.raises(IndexValidationError, match=r"frame-table file '.*index\.tables\.bin' " + message):
+        FrameTables(path)
+
+
+def test_invalid_reference_codes_are_named_when_their_file_is_read(videos: dict[str, Path], tmp_path: Path) -> None:
+    infos = _infos(videos)
+    path = write_tables(tmp_path / "index.tables.bin", infos)
+    keys = sorted(infos)
+    first = sum(infos[k].frame_count for k in keys[: keys.index("v/hevc")])
+    data = bytearray(path.read_bytes())
+    data[_array_offset(path, "pkt_ref") + first + 5] = 0x20  # neither a code (0..15) nor unknown (255)
+    path.write_bytes(bytes(data))
+    tables = FrameTables(path)
+    assert tables.get("v/h264") is not None  # other files still read
+    with pytest.raises(IndexValidationError, match=r"holds invalid reference codes \(array 'pkt_ref'\) for 'v/hevc'"):
+        tables.get("v/hevc")
+    bad = dataclasses.replace(infos["v/hevc"], references=(1,) * (infos["v/hevc"].frame_count - 1))
+    with pytest.raises(ValueError, match="reference flags of the wrong length or with invalid values"):
+        VideoInfo.from_dict(bad.to_dict())
+
+
+@pytest.mark.parametrize(
+    ("codes", "message"),
+    [
+        ([1, 0], r"'pkt_ref' needs one value per frame \(3\), got shape \(2,\)"),
+        ([1, 0, 16], r"'pkt_ref' holds values other than reference codes \(0 \.\. 15, or 255 for unknown\)"),
+        ([1, 0, 511], "holds values other than reference codes"),
+    ],
+)
+def test_generated_tables_check_their_reference_codes(tmp_path: Path, codes: list[int], message: str) -> None:
+    arrays: dict[str, Any] = {
+        "codec": [0], "width": [64], "height": [48], "tb_num": [1], "tb_den": [12], "fps": [12.0], "has_crc": [0],
+        "config_crc32": [-1], "size": [-1], "mtime_ns": [-1], "head_crc32": [-1], "tail_crc32": [-1],
+        "pts": [0, 1, 2], "crc32": [0, 0, 0], "key_indices": [0], "key_seek": [0], "frame_offsets": [0, 3],
+        "key_offsets": [0, 1],
+    }  # fmt: skip
+    written = FrameTables(write_table_arrays(tmp_path / "ok.tables.bin", [b"a.mp4"], ["h264"], arrays))
+    assert written.get("a.mp4").references is None  # type: ignore[union-attr]
+    codes_ok = FrameTables(
+        write_table_arrays(tmp_path / "c.tables.bin", [b"a.mp4"], ["h264"], {**arrays, "pkt_ref": [1, 0, 255]})
+    )
+    assert codes_ok.get("a.mp4").references == (1, 0, 255)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=message):
+        write_table_arrays(tmp_path / "t.tables.bin", [b"a.mp4"], ["h264"], {**arrays, "pkt_ref": codes})

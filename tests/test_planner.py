@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,25 @@ from torch.utils.data import DataLoader
 from lightning_vstream.clips.collate import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.executor import GopExecutor, GopJob, GopPool, frames_decoder_gops
-from lightning_vstream.clips.planner import GopPlanner, GopTask, assign_tasks, plan_gops, snap_to_keyframes
+from lightning_vstream.clips.planner import (
+    GopPlanner,
+    GopTask,
+    assign_tasks,
+    plan_feed,
+    plan_gops,
+    snap_to_keyframes,
+)
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.demos.synth import clip_number, read_stamp
+from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.demos.synth import Stamp, clip_number, read_stamp
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.index.tables import REFERENCE_UNKNOWN, is_reference, reference_code, temporal_id
 from lightning_vstream.indexing import load_index
+from tests._gop_shapes import SHAPES, demuxed, gop_shapes
+
+__all__ = ["gop_shapes"]  # the fixture, imported for pytest
 
 FRAMES = 40
 GOP = 10
@@ -415,3 +428,167 @@ def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
     pool.close()
     with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
         GopPool(threads=0)
+
+
+# -- plan_feed: which packets a decoder is fed -----------------------------------------------------------
+_R, _N = reference_code(reference=True, temporal_id=0), reference_code(reference=False, temporal_id=0)
+
+
+def test_plan_feed_leaves_out_non_reference_pictures_nobody_wants() -> None:
+    # I0 P4 B2(ref) B1 B3 P8 B6(ref) B5 B7: an x264 b-pyramid, in decode order.
+    order = [0, 4, 2, 1, 3, 8, 6, 5, 7]
+    codes = [_R, _N, _R, _N, _R, _N, _R, _N, _R]
+    assert plan_feed(order=order, wanted=[4], references=codes) == (0, 4)
+    assert plan_feed(order=order, wanted=[0, 4, 8], references=codes) == (0, 4, 2, 8)  # B2 is decoded before P8
+    assert plan_feed(order=order, wanted=[3], references=codes) == (0, 4, 2, 3)  # B3 needs the pyramid's B2
+    assert plan_feed(order=order, wanted=[5, 1], references=codes) == (0, 4, 2, 1, 8, 6, 5)
+    assert plan_feed(order=order, wanted=[], references=codes) == ()
+    # Without codes (tables written before them), everything up to the last wanted packet.
+    assert plan_feed(order=order, wanted=[3], references=None) == (0, 4, 2, 1, 3)
+    # An unknown code reads as a reference.
+    unknown = [_R, REFERENCE_UNKNOWN, _R, _N, _R, _N, _R, _N, _R]
+    assert plan_feed(order=order, wanted=[3], references=unknown) == (0, 4, 2, 1, 3)
+
+
+def test_plan_feed_drops_higher_temporal_sub_layers_and_keeps_lower_ones() -> None:
+    # x265 temporal-layers=3: I0 P4(t0) B2(t1, TSA_R) B1 B3 (t2, TSA_N).
+    order = [0, 4, 2, 1, 3]
+    codes = [
+        reference_code(reference=True, temporal_id=0),
+        reference_code(reference=False, temporal_id=2),
+        reference_code(reference=True, temporal_id=1),
+        reference_code(reference=False, temporal_id=2),
+        reference_code(reference=True, temporal_id=0),
+    ]
+    assert plan_feed(order=order, wanted=[4], references=codes) == (0, 4)
+    assert plan_feed(order=order, wanted=[2], references=codes) == (0, 4, 2)
+    assert plan_feed(order=order, wanted=[3], references=codes) == (0, 4, 2, 3)
+    # A sub-layer non-reference picture is a reference for higher sub-layers.
+    low_n = [codes[0], codes[1], reference_code(reference=False, temporal_id=1), codes[3], codes[4]]
+    assert plan_feed(order=order, wanted=[3], references=low_n) == (0, 4, 2, 3)
+    assert plan_feed(order=order, wanted=[1, 4], references=low_n) == (0, 4, 2, 1)
+
+
+def test_plan_feed_names_what_is_not_planned() -> None:
+    with pytest.raises(IndexError, match=r"frames \[9\] are wanted but their packets are not among the 3 packets"):
+        plan_feed(order=[0, 2, 1], wanted=[1, 9], references=None)
+    with pytest.raises(IndexError, match=r"references covers 2 frames, but the packets planned reach frame 2"):
+        plan_feed(order=[0, 2, 1], wanted=[1], references=[_R, _N])
+
+
+def _full_and_planned(path: Path) -> tuple[VideoInfo, list[int], dict[int, tuple[bytes, int]], dict[int, bytes]]:
+    info = probe_video(path)
+    packets = [(bytes(p), p.pts) for p in demuxed(path)]
+    order = [info.index_of_pts(pts) for _, pts in packets]
+    assert None not in order
+    by_frame = {info.index_of_pts(pts): (data, pts) for data, pts in packets}
+    full = _decode(info, by_frame, order)  # type: ignore[arg-type]
+    assert sorted(full) == list(range(info.frame_count))
+    return info, order, by_frame, full  # type: ignore[return-value]
+
+
+def _decode(info: VideoInfo, packets: dict[int, tuple[bytes, int]], feed: Sequence[int]) -> dict[int, bytes]:
+    """Every frame a bare codec context outputs when fed the packets of ``feed`` (as GopDecoder feeds them),
+    as its raw picture planes."""
+    import av
+
+    ctx = av.CodecContext.create(info.codec, "r")
+    if info.layout is not None and info.layout.extradata:  # MPEG-TS: the configuration is in the packets
+        ctx.extradata = info.layout.extradata
+    ctx.thread_count = 1
+    out: dict[int, bytes] = {}
+
+    def take(frames: Any) -> None:
+        for frame in frames:
+            index = info.index_of_pts(frame.pts)
+            assert index is not None and index not in out, f"frame {index} output twice or unknown"
+            assert not frame.is_corrupt
+            out[index] = frame.to_ndarray().tobytes()
+
+    for f in feed:
+        data, pts = packets[f]
+        packet = av.Packet(data)
+        packet.pts, packet.time_base = pts, Fraction(*info.time_base)
+        take(ctx.decode(packet))
+    take(ctx.decode(None))
+    return out
+
+
+def _cases(info: VideoInfo, rng: random.Random) -> list[tuple[str, int, list[int]]]:
+    """``(kind, GOP to start at, wanted frames)``: strides over the file, and per GOP strides, single frames
+    and random subsets."""
+    cases = []
+    n, keys = info.frame_count, info.key_indices
+    for stride in (1, 2, 3, 6):
+        for phase in range(stride):
+            cases.append((f"stride {stride}", 0, list(range(phase, n, stride))))
+    for g, key in enumerate(keys):
+        end = keys[g + 1] if g + 1 < len(keys) else n
+        for stride in (2, 3, 6):
+            cases.append((f"GOP stride {stride}", g, list(range(key, end, stride))))
+        cases.extend(("single", g, [f]) for f in range(key, end))
+        for _ in range(4):
+            cases.append(("subset", g, rng.sample(range(key, end), rng.randint(1, end - key))))
+    return cases
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_planned_packets_decode_every_wanted_frame_bit_exactly(gop_shapes: Callable[[str], Path], shape: str) -> None:
+    """Fed only the planned packets, a bare decoder outputs every wanted frame exactly as a full decode does."""
+    path = gop_shapes(shape)
+    info, order, packets, full = _full_and_planned(path)
+    codes = info.references
+    assert codes is not None
+    start = {g: order.index(k) for g, k in enumerate(info.key_indices)}
+    fed_total = wanted_total = 0
+    for kind, gop, wanted in _cases(info, random.Random(shape)):
+        feed = plan_feed(order=order[start[gop] :], wanted=wanted, references=codes)
+        got = _decode(info, packets, feed)
+        for frame in wanted:
+            assert got.get(frame) == full[frame], f"{kind} {wanted}: frame {frame} differs from the full decode"
+        # Nothing is fed that no wanted picture may be predicted from.
+        later_tids = {f: max((temporal_id(codes[w]) for w in wanted if feed.index(w) > at), default=-1)
+                      for at, f in enumerate(feed)}  # fmt: skip
+        for frame in set(feed) - set(wanted):
+            code, above = codes[frame], later_tids[frame]
+            assert above >= 0 and (temporal_id(code) < above or is_reference(code)), f"{kind}: frame {frame} fed"
+        fed_total, wanted_total = fed_total + len(feed), wanted_total + len(wanted)
+    assert fed_total >= wanted_total
+
+
+@pytest.mark.parametrize("shape", ["hevc-stride6", "h264-stride6-open-gop"])
+def test_stride_layout_at_its_stride_decodes_only_the_frames_read(
+    gop_shapes: Callable[[str], Path], shape: str
+) -> None:
+    path = gop_shapes(shape)
+    info, order, packets, full = _full_and_planned(path)
+    wanted = list(range(0, info.frame_count, 6))
+    feed = plan_feed(order=order, wanted=wanted, references=info.references)
+    assert sorted(feed) == wanted  # decoded / delivered = 1.0: the off-stride pictures are never decoded
+    got = _decode(info, packets, feed)
+    assert sorted(got) == wanted
+    for frame in wanted:
+        assert got[frame] == full[frame]
+        image = _rgb(info, packets, feed, frame)
+        assert read_stamp(image, layout="hwc") == Stamp(5, 0, frame)
+    # At stride 1 nothing is left out; one frame between two references needs only those.
+    assert plan_feed(order=order, wanted=range(info.frame_count), references=info.references) == tuple(order)
+    assert set(plan_feed(order=order, wanted=[3], references=info.references)) == {0, 6, 3}
+
+
+def _rgb(info: VideoInfo, packets: dict[int, tuple[bytes, int]], feed: Sequence[int], frame: int) -> Any:
+    import av
+
+    ctx = av.CodecContext.create(info.codec, "r")
+    if info.layout is not None:
+        ctx.extradata = info.layout.extradata
+    for f in feed:
+        packet = av.Packet(packets[f][0])
+        packet.pts, packet.time_base = packets[f][1], Fraction(*info.time_base)
+        for decoded in [*ctx.decode(packet)]:
+            if info.index_of_pts(decoded.pts) == frame:
+                return decoded.to_ndarray(format="rgb24")
+    for decoded in ctx.decode(None):
+        if info.index_of_pts(decoded.pts) == frame:
+            return decoded.to_ndarray(format="rgb24")
+    raise AssertionError(f"frame {frame} was not output")

@@ -9,7 +9,7 @@ import pytest
 
 from lightning_vstream import VideoClipDataset, at_indices, load_index
 from lightning_vstream.cli import main
-from lightning_vstream.demos.synth import read_stamp
+from lightning_vstream.demos.synth import Stamp, read_stamp
 from tests._s3 import S3TestServer
 
 BUCKET = "remote-cli"
@@ -86,3 +86,42 @@ def test_tables_for_an_uploaded_accvlab_index(
     assert "wrote s3://remote-cli/accvlab/index.tables.bin" in capsys.readouterr().out
     index = load_index(url, storage_options=s3.storage_options())
     assert all(cam.info is not None and cam.info.layout is not None for clip in index for cam in clip.cameras)
+
+
+def test_quick_check_says_which_identities_it_compared(
+    s3: S3TestServer, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Built on the bucket: every file's size and ETag recorded.
+    _upload_videos(s3, dataset, "quick")
+    assert main(["index", f"s3://{BUCKET}/quick", "-q", *_options(s3)]) == 0
+    capsys.readouterr()
+    assert main(["index", "--quick-check", f"s3://{BUCKET}/quick/index.json", "-q", *_options(s3)]) == 0
+    assert "every file's size and ETag match the index (quick check)." in capsys.readouterr().out
+    # Built locally and uploaded: sizes only, and the message says so.
+    _upload_videos(s3, dataset, "uploaded")
+    for name in ("index.json", "index.tables.bin"):
+        s3.client().upload_file(str(dataset.parent / name), BUCKET, f"uploaded/{name}")
+    assert main(["index", "--quick-check", f"s3://{BUCKET}/uploaded/index.json", "-q", *_options(s3)]) == 0
+    out = capsys.readouterr().out
+    assert "ETag match" not in out
+    assert "every file's size matches the index; it recorded no ETags (it was built from local files)" in out
+
+
+def test_index_on_a_bucket_leaves_out_incomplete_clips(
+    s3: S3TestServer, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _upload_videos(s3, dataset, "holes")
+    s3.client().delete_object(Bucket=BUCKET, Key="holes/videos/scene-0001/CAM_BACK.mp4")
+    assert main(["index", f"s3://{BUCKET}/holes", "-q", *_options(s3)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("wrote s3://remote-cli/holes/index.json: 1 clips")
+    assert out[1] == "left out 1 incomplete clip(s), listed in s3://remote-cli/holes/index.incomplete.json:"
+    assert out[2] == (
+        "  scene-0001: missing camera file(s) ['CAM_BACK'] (the other clips have ['CAM_BACK', 'CAM_BACK_LEFT'])"
+    )
+    index = load_index(f"s3://{BUCKET}/holes/index.json", storage_options=s3.storage_options())
+    assert [c.clip_id for c in index] == ["scene-0000"]
+    sample = VideoClipDataset(index=index, requests=[at_indices("scene-0000", [3])])[0]
+    assert [read_stamp(sample["frames"][0, c]) for c in range(2)] == [Stamp(0, 0, 3), Stamp(0, 1, 3)]
+    assert main(["index", f"s3://{BUCKET}/holes", "--strict", "-q", *_options(s3)]) == 1
+    assert "clip 'scene-0001' is incomplete: missing camera file(s) ['CAM_BACK']" in capsys.readouterr().err

@@ -13,11 +13,16 @@ import torch
 from torch.utils.data import Sampler
 
 from lightning_vstream._datamodule import (
+    DEFAULT_NUM_WORKERS,
     EvalLoader,
     MultiprocessingContext,
+    check_excluded_clips,
+    ignore_lightning_leafspec_warning,
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
+    unused_options,
+    warn_unused_options,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -30,6 +35,7 @@ from lightning_vstream.clips.selection import ClipRequest, TimePolicy
 from lightning_vstream.clips.windows import FrameWindow, TimeWindow, Weighting, random_clips, regular_clips
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
@@ -91,8 +97,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
         batch_size: Samples per batch. The default, 4, is shared with
             :class:`~lightning_vstream.StreamVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and small enough for 6-camera clips on any GPU.
-        num_workers: DataLoader worker processes.
+        num_workers: Worker processes decoding on the CPU (None: 2; 0: none); a GPU run warns that it starts none.
         cameras: Cameras to load, in this order; all when None.
+        exclude_clips: Clip ids left out of every index loaded, unchecked and never read (a camera file gone
+            since indexing); an id none of the indexes lists is an error.
         decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; 1 suits many workers).
         max_open_decoders: Decoders each worker keeps open (LRU).
         seed: Seed for random windows and shuffling.
@@ -140,8 +148,8 @@ class ClipVideoDataModule(pl.LightningDataModule):
         camera_frames: ``"stacked"``: ``frames`` ``[B, T, cameras, 3, H, W]``; ``"per_camera"``: a
             list of ``[B, T, 3, H_c, W_c]`` tensors, so cameras of different resolutions keep their size.
         decode_device: ``"cpu"`` (PyAV in ``num_workers`` processes), ``"cuda"`` (NVDEC on this rank's
-            GPU, in the training process: each batch's GOPs spread over ``gop_threads`` threads;
-            ``num_workers`` is then ignored) or ``"auto"`` (``"cuda"`` when usable, else ``"cpu"``).
+            GPU, in the training process: each batch's GOPs spread over ``gop_threads`` threads, and
+            no worker processes) or ``"auto"`` (``"cuda"`` when usable, else ``"cpu"``).
         frame_policy: ``"exact"`` or ``"nearest_keyframe"`` (APPROXIMATE: keyframes nearest the
             requested frames, labelled with their real indices); see
             :class:`~lightning_vstream.clips.dataset.VideoClipDataset`.
@@ -172,8 +180,9 @@ class ClipVideoDataModule(pl.LightningDataModule):
         test_index_file: Path | str | None = None,
         predict_index_file: Path | str | None = None,
         batch_size: int = 4,
-        num_workers: int = 2,
+        num_workers: int | None = None,
         cameras: Sequence[str] | None = None,
+        exclude_clips: Sequence[str] | None = None,
         decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
         decoder_threads: int = 0,
         max_open_decoders: int = 8,
@@ -241,6 +250,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cameras = None if cameras is None else tuple(cameras)
+        self.exclude_clips = sorted(check_exclude_clips(exclude_clips))
         self.decode_device = decode_device
         self.decoder_threads = decoder_threads
         self.max_open_decoders = max_open_decoders
@@ -270,6 +280,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self._indexes: dict[Stage, VideoIndex] = {}
         self._resolved_device: str | None = None
         self._loaders: dict[Stage, ClipDataLoader] = {}
+        self._warned_unused = False
 
     # -- setup -----------------------------------------------------------------------------
     @property
@@ -290,6 +301,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
             "test": ("test",),
             "predict": ("predict",),
         }
+        ignore_lightning_leafspec_warning()
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             path = self.index_files[split]
             if path is not None and split not in self._indexes:
@@ -297,12 +309,14 @@ class ClipVideoDataModule(pl.LightningDataModule):
                     path,
                     cameras=self.cameras,
                     check=self.index_check,
+                    exclude_clips=self.exclude_clips,
                     storage_options=dict(self.storage.options),
                     cache_dir=self.storage.cache_dir,
                     cache_limit=self.storage.cache_limit,
                 )
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("ClipVideoDataModule: Trainer.fit needs index_file (the training index).")
+        check_excluded_clips("ClipVideoDataModule", self.exclude_clips, self.index_files, self._indexes)
         trainer = self.trainer
         if trainer is not None:
             if self.world_size is None:
@@ -360,7 +374,18 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def _workers(self, dataset: VideoClipDataset) -> int:
         # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
         # and worker processes would ship frames over IPC); frames arrive on the GPU already.
-        return 0 if dataset.decode_device != "cpu" else self.num_workers
+        if dataset.decode_device == "cpu":
+            return DEFAULT_NUM_WORKERS if self.num_workers is None else self.num_workers
+        if not self._warned_unused:
+            self._warned_unused = True
+            warn_unused_options(
+                "ClipVideoDataModule",
+                unused_options(self.num_workers, self.persistent_workers, self.multiprocessing_context),
+                f"decoding on {dataset.decode_device}, each batch is decoded by threads of the training process, "
+                "which starts no worker processes",
+                f"Those threads are gop_threads={self.gop_threads!r} (None: twice the GPU's NVDEC engines).",
+            )
+        return 0
 
     def _loader(
         self, split: Stage, dataset: EpochClipDataset, sampler: Sampler[Any], drop_last: bool

@@ -66,7 +66,7 @@ def check_clip_arguments(args: Mapping[str, Any]) -> None:
         "ClipVideoDataModule",
         {
             "batch_size": (batch_size, positive(batch_size), "an integer >= 1"),
-            "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
+            "num_workers": (num_workers, num_workers is None or num_workers >= 0, "None or an integer >= 0"),
             "clips_per_epoch": (
                 clips_per_epoch,
                 clips_per_epoch is None or positive(clips_per_epoch),

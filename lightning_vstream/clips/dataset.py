@@ -39,8 +39,9 @@ from lightning_vstream.clips.selection import ClipRequest, camera_names
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.decode.device import gpu_failure
-from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
 
@@ -342,13 +343,20 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
                 raise
             if fatal is not None:  # the GPU's own error: never skipped as a bad file
                 raise fatal from err
+            if isinstance(err, FileNotFoundError):  # a camera file gone since indexing: say how to go on without it
+                first = str(err).split("\n", 1)[0]
+                err = MissingFileError(
+                    f"clip {clip.clip_id!r}, frames {indices}: {first} {leave_out_hint(clip.clip_id)}"
+                )
             if self.on_error == "raise":
-                if isinstance(err, VideoDecodeError):
-                    raise
+                if isinstance(err, (VideoDecodeError, MissingFileError)):
+                    raise err
                 raise VideoDecodeError(f"clip {clip.clip_id!r}, frames {indices}: {err}") from err
             valid = False
-            for cam in streams:
-                self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is streams[0])
+            # The files the error names are the bad ones (the other cameras of the sample are fine).
+            failed = [cam for cam in streams if str(cam.path) in str(err)] or list(streams)
+            for cam in failed:
+                self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is failed[0])
             for target in targets:
                 target.zero_()
         # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.

@@ -34,7 +34,14 @@ from lightning_vstream.storage.stats import StorageStats
 __all__ = ["REMOTE_FIELDS", "STAT_FIELDS", "EpochClipDataset", "EpochClipSampler", "EpochItem", "new_counters"]
 
 #: The counters each reading process keeps, one column each.
-STAT_FIELDS = ("frames_decoded", "frames_delivered", "skipped_samples", "bad_files", "missing_annotations")
+STAT_FIELDS = (
+    "frames_decoded",
+    "frames_delivered",
+    "skipped_samples",
+    "bad_files",
+    "missing_annotations",
+    "files_opened",
+)
 #: What reading a remote index cost the process (:class:`StorageStats`), in the columns after those.
 REMOTE_FIELDS = tuple(f.name for f in dataclasses.fields(StorageStats))
 # Per storage configuration: (process id, the process's remote counters as last counted).
@@ -120,13 +127,16 @@ class EpochClipDataset(Dataset[dict[str, Any]]):
         _REMOTE_SEEN[storage.key] = (pid, now)
         return [now[f] - seen.get(f, 0) for f in REMOTE_FIELDS]
 
-    def _totals(self) -> tuple[int, int, int, int]:
-        """Frames decoded, samples skipped, bad files and missing annotations of this process so far."""
+    def _totals(self) -> tuple[int, int, int, int, int]:
+        """Frames decoded, samples skipped, bad files, missing annotations and files opened of this process so far."""
         data = self.dataset
         cache = data._cache  # not data.decoders: reading a counter must not create the cache
         reader = data._reader
         decoded = (cache.frames_decoded if cache is not None else 0) + int(getattr(reader, "frames_decoded", 0) or 0)
-        return decoded, data.skipped, data.bad_files, data.missing_annotations
+        # Per-sample reading opens files through the decoder cache, batched reading through its GOP executor.
+        executor = getattr(reader, "executor", None)
+        opened = (cache.opened if cache is not None else 0) + int(getattr(executor, "opened", 0) or 0)
+        return decoded, data.skipped, data.bad_files, data.missing_annotations, opened
 
     def _row(self) -> int:
         info = get_worker_info()

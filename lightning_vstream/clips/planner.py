@@ -10,25 +10,38 @@ are decoded (the codec needs them) but never converted to RGB.
 :class:`GopPlanner` plans a batch of many streams (the GPU path and the batched CPU path);
 :func:`plan_gops` plans one stream of one sample (the per-sample CPU path). Both group frames the
 same way (:func:`_tasks_of`). :func:`assign_tasks` spreads tasks over decoding threads. Running the
-tasks is :mod:`lightning_vstream.clips.executor`'s. The module imports neither torch nor a decoder
-library.
+tasks is :mod:`lightning_vstream.clips.executor`'s. :func:`plan_feed` decides, within the packets a
+task's decode runs through, which ones the decoder must be fed at all: the wanted pictures and the
+pictures some wanted picture depends on, never a non-reference picture nobody wants. The module
+imports neither torch nor a decoder library.
 
 Glossary: *keyframe* a frame decoding can start from; *GOP* the frames from one keyframe up to
 the next; *task* the wanted frames of one GOP of one stream; *target* an opaque label of where a
-decoded frame goes (for the dataset, ``(sample, time step, camera)``).
+decoded frame goes (for the dataset, ``(sample, time step, camera)``); *reference picture* one that
+later pictures may be predicted from (its *reference code*:
+:func:`~lightning_vstream.index.tables.reference_code`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from lightning_vstream.errors import ConfigurationError
-from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo
 
-__all__ = ["FRAME_POLICIES", "FramePolicy", "GopPlanner", "GopTask", "assign_tasks", "plan_gops", "snap_to_keyframes"]
+__all__ = [
+    "FRAME_POLICIES",
+    "FramePolicy",
+    "GopPlanner",
+    "GopTask",
+    "assign_tasks",
+    "plan_feed",
+    "plan_gops",
+    "snap_to_keyframes",
+]
 
 #: ``"exact"``: the requested frames. ``"nearest_keyframe"``: APPROXIMATE, each requested frame
 #: replaced by the keyframe nearest to it (labelled with that keyframe's real index and time).
@@ -205,3 +218,85 @@ def assign_tasks(tasks: Sequence[GopTask], workers: int) -> list[list[GopTask]]:
     for tasks_of_worker in plan:
         tasks_of_worker.sort(key=lambda t: t.order)
     return plan
+
+
+def plan_feed(*, order: Sequence[int], wanted: Collection[int], references: Sequence[int] | None) -> tuple[int, ...]:
+    """The packets a decoder must be fed to output every wanted frame, in decode order.
+
+    ``order`` is a stretch of a stream's packets in decode order that starts at a keyframe (one
+    GOP's run, or several consecutive ones for frames shown before the next keyframe but stored
+    after it), each named by its frame index. The decoder is fed, in that order and up to the
+    last wanted frame's packet:
+
+    - every wanted frame;
+    - every picture decoded before some wanted picture that may be predicted from by it: a
+      reference picture of the same or a lower temporal sub-layer, or any picture of a lower
+      sub-layer (H.265's sub-layer non-reference pictures are references for higher sub-layers);
+    - every picture whose code is :data:`~lightning_vstream.index.tables.REFERENCE_UNKNOWN`, as
+      if it were a reference.
+
+    That set is closed: what a fed picture is predicted from is itself fed, since prediction never
+    reaches a higher sub-layer. So a non-reference picture nobody wants is never fed: with
+    B-frames that are not references, a stream read at a stride decodes only the wanted frames
+    and the references between them. Reference pictures are never left out before the last wanted
+    one, whatever the sub-layers say where there are none (H.264's reference marking of one picture
+    changes which pictures later ones are predicted from). Every frame decoded from the fed packets
+    is bit-identical to the same frame decoded from all of them.
+
+    Args:
+        order: Frame indices of the packets, in decode order, starting at a keyframe's.
+        wanted: Frame indices the decoder must output; each must be in ``order``.
+        references: The stream's reference code of every frame, by frame index
+            (:attr:`VideoInfo.references <lightning_vstream.index.tables.VideoInfo>`); None when
+            unknown, and then every packet up to the last wanted one is fed.
+
+    Returns:
+        The frame indices whose packets to feed, in decode order (a subsequence of ``order``).
+
+    Raises:
+        IndexError: A wanted frame is not in ``order``, or ``references`` does not cover a frame of it.
+
+    Example::
+
+        >>> # I0 P3 B1 B2 P6 B4 B5 in decode order, the B-frames not references (code 0).
+        >>> codes = [1, 0, 0, 1, 0, 0, 1]
+        >>> plan_feed(order=[0, 3, 1, 2, 6, 4, 5], wanted=[3], references=codes)
+        (0, 3)
+        >>> plan_feed(order=[0, 3, 1, 2, 6, 4, 5], wanted=[2, 4], references=codes)
+        (0, 3, 2, 6, 4)
+        >>> plan_feed(order=[0, 3, 1, 2, 6, 4, 5], wanted=[2, 4], references=None)
+        (0, 3, 1, 2, 6, 4)
+    """
+    position = {frame: at for at, frame in enumerate(order)}
+    missing = sorted(f for f in wanted if f not in position)
+    if missing:
+        raise IndexError(
+            f"frames {missing[:5]} are wanted but their packets are not among the {len(order)} packets planned "
+            f"(frames {list(order[:5])}...); plan from the keyframe of their GOP through the run that stores them."
+        )
+    if not wanted:
+        return ()
+    last = max(position[f] for f in wanted)
+    if references is None:
+        return tuple(order[: last + 1])
+    if len(references) <= max(order[: last + 1]):
+        raise IndexError(
+            f"references covers {len(references)} frames, but the packets planned reach frame {max(order[: last + 1])}; "
+            "pass the stream's reference code of every frame."
+        )
+    wanted_set = set(wanted)
+    feed: list[int] = []
+    above = -1  # the highest temporal id of a wanted frame after the current position (-1: none)
+    for at in range(last, -1, -1):
+        frame = order[at]
+        code = references[frame]
+        if frame in wanted_set:
+            feed.append(frame)
+            above = max(above, 0 if code == REFERENCE_UNKNOWN else code >> 1)
+        elif code == REFERENCE_UNKNOWN:
+            if above >= 0:
+                feed.append(frame)
+        elif (code >> 1) < above or ((code & 1) and (code >> 1) <= above):
+            feed.append(frame)
+    feed.reverse()
+    return tuple(feed)

@@ -112,11 +112,12 @@ class RequestResolver:
         return info
 
     def _resolve(
-        self, item: int | ClipRequest
+        self, item: int | ClipRequest, *, ahead: bool = False
     ) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int], ClipRequest, str]:
         """The clip, camera streams, their frame tables, the frame indices ``item`` returns, the request and
-        where it came from (for errors). Frame tables are empty when the first camera cannot be probed
-        under ``on_error="skip"``."""
+        where it came from (for errors). Frame tables are empty when the first camera cannot be probed, or
+        a file does not hold the frames asked for, under ``on_error="skip"`` (``ahead``: raise, a sample
+        announced ahead is skipped when it is read)."""
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
@@ -153,6 +154,18 @@ class RequestResolver:
         if self.frame_policy == "nearest_keyframe":
             indices = snap_to_keyframes(indices, reference)
         infos = [self._info(cam) for cam in streams]
+        for cam, info in zip(streams, infos):
+            if indices and max(indices) >= info.frame_count:  # a data fault (skippable), not a request out of range
+                label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+                fault = VideoDecodeError(
+                    f"{label} ({str(cam.path)!r}): the index lists {clip.frame_count} frames, but the file holds "
+                    f"{info.frame_count}, so frame {max(indices)} cannot be read. Re-run `vstream index` to rebuild "
+                    "the index."
+                )
+                if self.on_error == "raise" or ahead:
+                    raise fault
+                self._skip(cam.path, label, fault)
+                return clip, streams, [], [], request, origin
         return clip, streams, infos, indices, request, origin
 
     def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
@@ -184,7 +197,7 @@ class RequestResolver:
         fetcher = fetcher_for(self.index.storage)
         for ahead, item in enumerate(items, start=1):
             try:
-                _, streams, infos, indices, _, _ = self._resolve(item)
+                _, streams, infos, indices, _, _ = self._resolve(item, ahead=True)
             except (VideoDecodeError, ConfigurationError, IndexError, OSError):
                 continue
             for cam, info in zip(streams, infos):

@@ -79,10 +79,22 @@ def encode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bframes", type=non_negative, default=0, help="consecutive B-frames (0 for none)")
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument(
-        "--crf", type=crf, default=None, help="constant quality 0..51; None: the codec's own, 28 (hevc) or 23 (h264)"
+        "--crf",
+        type=crf,
+        default=None,
+        help="constant quality 0..51 (default: the codec's own, 28 for hevc, 23 for h264)",
     )
-    rate.add_argument(
-        "--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k; None: use --crf"
-    )
+    rate.add_argument("--bitrate", default=None, help="target bit rate instead of --crf, e.g. 4M or 800k")
     parser.add_argument("--preset", default="fast", help="x264/x265 speed preset (ultrafast .. veryslow)")
+    parser.add_argument(
+        "--keyframe-stride",
+        type=positive,
+        default=None,
+        metavar="N",
+        help=(
+            "stride layout: every N-th frame a reference, the frames between non-reference B-frames (readers at "
+            "frame_stride=N decode only the frames they read); 1: the usual layout; None: from the data where known "
+            "(import-nuscenes: the key-frame spacing, 6), else 1"
+        ),
+    )
     parser.add_argument("--jobs", type=positive, default=1, help="files encoded in parallel (processes)")

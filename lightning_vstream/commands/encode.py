@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src_index", type=Path, help="index of the source dataset")
     parser.add_argument("out_dir", type=Path, help="output folder: videos/<clip>/<camera>.mp4 and index.json")
     encode_options(parser)
-    parser.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras; None: all")
+    parser.add_argument("--cameras", nargs="+", default=None, help="encode only these cameras (default: all)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         crf=args.crf,
         bitrate=args.bitrate,
         preset=args.preset,
+        keyframe_stride=args.keyframe_stride,
         cameras=args.cameras,
         jobs=args.jobs,
         progress=not args.quiet,

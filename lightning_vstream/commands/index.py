@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,8 @@ from lightning_vstream.errors import ConfigurationError, VStreamWarning
 if TYPE_CHECKING:
     from lightning_vstream.indexing.verify import VerifyReport
 
+#: Incomplete clips printed by name; the file lists them all.
+_SHOWN = 20
 _MISSING_INDEX = (
     "Run `vstream index DATASET_FOLDER` to index your videos, or `vstream synth FOLDER` for a stamped dataset."
 )
@@ -23,14 +25,16 @@ _MISSING_INDEX = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Find clip folders under ROOT, probe every camera file and write an accvlab index plus its "
-        "frame tables; or, with --check, verify an existing index file against the files."
+        "frame tables; or, with --check, verify an existing index file against the files. Clips that are "
+        "not whole (a camera file missing, or not a readable video) are left out of the index and listed, "
+        "with the reason, in INDEX.incomplete.json next to it (--strict refuses them instead)."
     )
     parser.add_argument(
         "root",
         type=str,  # a URL (s3://bucket/ds) must stay a string
         help="dataset folder or URL (or, with --check/--quick-check/--tables, the index file or its URL)",
     )
-    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default ROOT/index.json)")
+    parser.add_argument("-o", "--output", type=str, default=None, help="index file to write (default: ROOT/index.json)")
     parser.add_argument("--no-metadata", action="store_true", help="do not write the frame tables")
     parser.add_argument(
         "--table-format",
@@ -54,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write the frame tables of an existing index's files (turns integrity checks on)",
     )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a dataset with incomplete clips (a camera file missing or unreadable) instead of indexing "
+        "the whole clips and listing the others in INDEX.incomplete.json",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--storage-option",
@@ -67,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lightning_vstream.indexing import build_index, load_index
+    from lightning_vstream.indexing.build import incomplete_path
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
@@ -96,22 +107,54 @@ def run(args: argparse.Namespace) -> int:
         )
     existing(root, "dataset folder", hint="Give the folder that holds your clip folders (one folder per clip).")
     output = Path(args.output) if args.output else root / "index.json"
-    path = build_index(
-        root, output=output, progress=not args.quiet, metadata=not args.no_metadata, table_format=args.table_format
-    )
     with warnings.catch_warnings():
-        # Asked for with --no-metadata: said once below, in words, rather than as a warning.
+        # Incomplete clips are said below, in words, with the file that lists them.
         warnings.simplefilter("ignore", VStreamWarning)
+        path = build_index(
+            root,
+            output=output,
+            progress=not args.quiet,
+            metadata=not args.no_metadata,
+            table_format=args.table_format,
+            incomplete="raise" if args.strict else "skip",
+        )
+        # Asked for with --no-metadata: said once below, in words, rather than as a warning.
         index = load_index(path)
     print(
         f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
     )
+    print_incomplete(incomplete_path(path))
     if args.no_metadata:
         print(
             "note: no frame tables (--no-metadata), so integrity checks are off for these files; "
             f"`vstream index --tables {path}` writes them."
         )
     return 0
+
+
+def print_incomplete(listing: str, *, read: Callable[[str], bytes | None] | None = None) -> None:
+    """Print the clips an index build left out, from the list it wrote (nothing when there is none)."""
+    import json
+
+    if read is None:
+        file = Path(listing)
+        raw = file.read_bytes() if file.is_file() else None
+    else:
+        raw = read(listing)
+    if raw is None:
+        return
+    clips = [(clip_id, reasons) for entries in json.loads(raw).values() for clip_id, reasons in entries.items()]
+    if not clips:
+        return
+    print(f"left out {len(clips)} incomplete clip(s), listed in {listing}:")
+    for clip_id, reasons in clips[:_SHOWN]:
+        print(f"  {clip_id}: {'; '.join(reasons)}")
+    if len(clips) > _SHOWN:
+        print(f"  ... and {len(clips) - _SHOWN} more")
+    print(
+        "Restore their files and run `vstream index` again to include them; --strict refuses a dataset with "
+        "incomplete clips."
+    )
 
 
 def _quick_check(args: argparse.Namespace) -> int:
@@ -187,6 +230,7 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
     from tqdm import tqdm
 
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.build import incomplete_path
     from lightning_vstream.indexing.remote import build_remote_index, write_remote_index_tables
     from lightning_vstream.indexing.verify import verify_remote_index
     from lightning_vstream.storage.options import StorageConfig
@@ -201,18 +245,52 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
         return _report(verify_remote_index(args.root, storage=config, progress=bar))
     if mode == "quick_check":
         index = load_index(args.root, check="thorough", storage_options=options)
+        identities = [cam.info.identity if cam.info is not None else None for clip in index for cam in clip.cameras]
+        etags = sum(1 for identity in identities if identity is not None and identity.etag)
+        if etags == len(identities):
+            matched = "every file's size and ETag match the index"
+        elif etags:
+            matched = (
+                f"every file's size matches the index, and the ETag of the {etags} of {len(identities)} files it "
+                "recorded one for"
+            )
+        else:
+            matched = (
+                "every file's size matches the index; it recorded no ETags (it was built from local files), so a "
+                "file replaced by one of the same size is caught by the packet checksums as it is read, or by --check"
+            )
         print(
             f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, {index.total_frames} frames per "
-            "camera: every file's size and ETag match the index (quick check)."
+            f"camera: {matched} (quick check)."
         )
         return 0
     if mode == "tables":
         written = write_remote_index_tables(args.root, storage=config, progress=bar)
         print(f"wrote {written}: frame tables of every file {args.root} lists; integrity checks are on.")
         return 0
-    path = build_remote_index(args.root, output=args.output, storage=config, progress=bar)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", VStreamWarning)  # incomplete clips are said below, in words
+        path = build_remote_index(
+            args.root,
+            output=args.output,
+            storage=config,
+            progress=bar,
+            incomplete="raise" if args.strict else "skip",
+        )
     index = load_index(path, storage_options=options)
     print(
         f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
     )
+    print_incomplete(incomplete_path(path), read=lambda url: _read_if_there(config, url))
     return 0
+
+
+def _read_if_there(config: Any, url: str) -> bytes | None:
+    from lightning_vstream.errors import MissingFileError
+    from lightning_vstream.storage.client import storage_for
+
+    try:
+        raw, _ = storage_for(config).read(url, label="list of incomplete clips")
+    except MissingFileError:
+        return None
+    return bytes(raw)

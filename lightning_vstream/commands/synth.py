@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clips", type=positive, default=4, help="number of clips")
     parser.add_argument("--cameras", type=positive, default=6, help="cameras per clip (nuScenes names up to 6)")
     parser.add_argument("--frames", type=counts, default=40, help="frames per clip, or a comma list cycled over clips")
-    parser.add_argument("--size", type=size, default=(160, 96), help="frame size, WIDTHxHEIGHT")
+    parser.add_argument("--size", type=size, default="160x96", help="frame size, WIDTHxHEIGHT")
     parser.add_argument("--codec", choices=["h264", "hevc"], default="h264", help="video codec")
     parser.add_argument("--gop", type=positive, default=12, help="frames between keyframes")
     parser.add_argument("--bframes", type=non_negative, default=0, help="consecutive B-frames (0 for none)")

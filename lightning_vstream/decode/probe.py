@@ -3,8 +3,9 @@
 :func:`probe_video` (a local file), :func:`probe_video_file` (a file object, such as a remote object
 read through its container) and :func:`probe_video_bytes` (a file in memory) read every packet of
 the stream, decode none, and return its :class:`~lightning_vstream.index.tables.VideoInfo`: frame
-count, timestamps, keyframes, checksums, reordering depth and, where every packet lies whole in the
-file, the packets' byte ranges. :func:`open_container` and :func:`video_stream` open a file the way
+count, timestamps, keyframes, checksums, reordering depth, which pictures are references
+(:class:`~lightning_vstream.decode.bitstream.ReferenceReader`) and, where every packet lies whole in
+the file, the packets' byte ranges. :func:`open_container` and :func:`video_stream` open a file the way
 the decoders (:class:`~lightning_vstream.decode.cpu.PyAVDecoder`, NVDEC's packet source) open it too.
 """
 
@@ -19,11 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.bitstream import ReferenceReader
 from lightning_vstream.errors import ConfigurationError, MissingFileError
-from lightning_vstream.index.tables import PacketLayout
+from lightning_vstream.index.tables import REFERENCE_UNKNOWN, PacketLayout
+from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
     import av
+
+    from lightning_vstream.storage.options import StorageConfig
 
 __all__ = ["check_stream", "open_container", "probe_video", "probe_video_bytes", "probe_video_file", "video_stream"]
 
@@ -80,7 +85,7 @@ def video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
     return stream
 
 
-def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
+def probe_video(path: Path | str, *, stream: int | None = None, storage: StorageConfig | None = None) -> VideoInfo:
     """Build a file's frame table by demuxing its packets (no frame is decoded).
 
     The frame count comes from the packets the stream really holds, not from container
@@ -90,10 +95,11 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
     for GOP reads from remote storage.
 
     Args:
-        path: Video file.
+        path: Video file, or its URL (read through its container, a few block reads).
         stream: Which video stream: its position among the file's video streams (0 for the
             first), or None for the one FFmpeg picks as best (a default-disposition stream, then
             a moving one, then the highest bitrate), which decoders also use by default.
+        storage: How to reach a URL (see :class:`~lightning_vstream.storage.options.StorageConfig`).
 
     Returns:
         The stream's :class:`VideoInfo`.
@@ -110,6 +116,10 @@ def probe_video(path: Path | str, *, stream: int | None = None) -> VideoInfo:
         >>> info.frame_count, info.key_indices[:3]  # doctest: +SKIP
         (40, (0, 10, 20))
     """
+    if isinstance(path, str) and is_url(path):
+        from lightning_vstream.decode.range_file import probe_url
+
+        return probe_url(path, storage, stream=stream)
     path = Path(path)
     choice = check_stream(stream)
     container = open_container(path)
@@ -175,7 +185,10 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
 
     path = Path(where)
     video = video_stream(container, path, choice)
-    records: list[tuple[int, int, bool, int, int, int]] = []
+    records: list[tuple[int, int, bool, int, int, int, int]] = []
+    # The codec's own name ("av1"), not its decoder's ("libdav1d").
+    codec_name = str(video.codec_context.codec.canonical_name)
+    references = ReferenceReader(codec=codec_name, extradata=bytes(video.codec_context.extradata or b""))
     whole = True  # every packet of the stream has data and a timestamp (else no packet layout)
     try:
         for packet in container.demux(video):
@@ -190,7 +203,8 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
             data = bytes(packet)
             pos = _locate(read, packet.pos, data)
             whole = whole and pos >= 0
-            records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(data), pos, len(data)))
+            code = references.read(data)  # in decode order: AV1 carries state from packet to packet
+            records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(data), pos, len(data), code))
     except av.FFmpegError as err:
         raise VideoDecodeError(
             f"{where!r} could not be demuxed after {len(records)} packets (truncated or corrupt file?): {err}"
@@ -242,6 +256,7 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
             int(codec_ctx.color_trc),
         )
         layout = PacketLayout(tuple(r[4] for r in records), tuple(r[5] for r in records), extradata, colour)
+    codes = tuple(r[6] for r in records)
     return VideoInfo(
         codec=str(codec_ctx.name),
         width=int(codec_ctx.width),
@@ -255,6 +270,7 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         average_fps=fps,
         layout=layout,
         reorder_depth=reorder,
+        references=None if all(c == REFERENCE_UNKNOWN for c in codes) else codes,
     )
 
 

@@ -13,9 +13,10 @@ from collections import OrderedDict
 from typing import Any
 
 from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.storage.client import Expect, Storage
+from lightning_vstream.storage.client import Expect, Storage, storage_for
+from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["RangeFile", "expect_of"]
+__all__ = ["RangeFile", "expect_of", "probe_url"]
 
 
 def expect_of(info: VideoInfo) -> Expect:
@@ -101,3 +102,19 @@ class RangeFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+def probe_url(url: str, storage: StorageConfig | None = None, *, stream: int | None = None) -> VideoInfo:
+    """The frame table of the video at ``url``, probed through its container over a :class:`RangeFile`.
+
+    For a file an index gives no frame table (an accvlab index without tables): a few block reads.
+
+    Example::
+
+        >>> probe_url("s3://bucket/ds/videos/scene-0000/CAM_FRONT.mp4").frame_count  # doctest: +SKIP
+        40
+    """
+    from lightning_vstream.decode.probe import probe_video_file
+
+    client = storage_for(storage or StorageConfig())
+    return probe_video_file(lambda: RangeFile(client, url, Expect()), name=url, stream=stream)

@@ -72,8 +72,13 @@ class GopRuns:
         return range(info.gop_of(frame), self.run_of_rank(self.rank[frame]) + 1)
 
     def units_for(self, info: VideoInfo, frames: Sequence[int]) -> list[Unit]:
-        """Every unit needed to output ``frames``, in byte order, each once."""
-        runs = sorted({g for f in frames for g in self.runs_for(info, f)})
+        """Every unit needed to output ``frames``, in byte order, each once.
+
+        A frame the file does not hold (an index that lists more frames than the tables) needs none:
+        announcing units ahead is a hint, and reading that frame raises the decoder's named error.
+        """
+        count = info.frame_count
+        runs = sorted({g for f in frames if 0 <= f < count for g in self.runs_for(info, f)})
         return [u for g in runs for u in self.units[g]]
 
     def last_rank(self, run: int) -> int:

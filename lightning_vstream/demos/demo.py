@@ -289,7 +289,6 @@ def _quiet_lightning() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             for message in (
-                ".*LeafSpec.*",
                 ".*Total length of .* across ranks is zero.*",
                 ".*does not have many workers.*",
                 ".*smaller than the logging interval.*",

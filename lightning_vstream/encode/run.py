@@ -37,8 +37,9 @@ def encode_sources(
     """Encode camera streams to ``out_dir/<video_dir>/<clip_id>/<camera>.mp4`` and index them.
 
     Files are written under a temporary name, probed (frame count, codec and every frame time must
-    match the source) and then renamed into place, so an interrupted run leaves no half-written
-    file under a camera's name, and a file already there that probes right is skipped.
+    match the source, and with a keyframe stride exactly the frames on the stride must be
+    references) and then renamed into place, so an interrupted run leaves no half-written file
+    under a camera's name, and a file already there that probes right is skipped.
 
     Args:
         sources: The camera streams; ``(clip_id, camera)`` pairs must be unique.
@@ -87,7 +88,7 @@ def encode_sources(
         # Done files are found here, so a finished dataset is checked without starting any process.
         for src in sources:
             task = plan_file(src, out_dir / video_dir / src.clip_id / f"{src.camera}.mp4")
-            if task.path.is_file() and mismatch(task, task.path, settings.codec) is None:
+            if task.path.is_file() and mismatch(task, task.path, settings.codec, settings.stride) is None:
                 skipped += 1
                 bar.update(1)
             else:
@@ -132,6 +133,7 @@ def encode_index(
     crf: int | None = None,
     bitrate: int | str | None = None,
     preset: str = "fast",
+    keyframe_stride: int | None = None,
     cameras: Sequence[str] | None = None,
     jobs: int = 1,
     progress: bool = True,
@@ -152,6 +154,9 @@ def encode_index(
         crf: Constant quality (0..51); the codec's default when neither this nor ``bitrate`` is given.
         bitrate: Target bit rate (bits per second, or ``"4M"`` / ``"800k"``) instead of ``crf``.
         preset: Encoder speed preset.
+        keyframe_stride: ``N`` > 1 writes the stride layout (every ``N``-th frame a reference, the
+            frames between non-reference B-frames: see :class:`EncodeSettings`); None or 1: the
+            usual layout (an index does not say which of its frames are key frames).
         cameras: Cameras to encode (all when None).
         jobs: Files encoded in parallel (processes).
         progress: Show a progress bar.
@@ -172,7 +177,9 @@ def encode_index(
     """
     from lightning_vstream.indexing import load_index
 
-    settings = EncodeSettings(codec=codec, gop=gop, bframes=bframes, crf=crf, bitrate=bitrate, preset=preset)
+    settings = EncodeSettings(
+        codec=codec, gop=gop, bframes=bframes, crf=crf, bitrate=bitrate, preset=preset, keyframe_stride=keyframe_stride
+    )
     index = load_index(src_index, cameras=cameras)
     if isinstance(index.source, str):
         raise ConfigurationError(

@@ -16,6 +16,8 @@ Codec = Literal["hevc", "h264"]
 #: The encoders' own default quality per codec (about the same visual quality).
 DEFAULT_CRF = {"h264": 23, "hevc": 28}
 ENCODERS = {"h264": "libx264", "hevc": "libx265"}
+#: The longest stride a stride layout takes: x264 and x265 code at most 16 B-frames in a row.
+MAX_KEYFRAME_STRIDE = 17
 
 
 def _parse_bitrate(value: int | str) -> int:
@@ -48,14 +50,24 @@ class EncodeSettings:
             H.265) when neither ``crf`` nor ``bitrate`` is given.
         bitrate: Target bit rate in bits per second (``4000000``, ``"4M"``, ``"800k"``) instead of ``crf``.
         preset: Encoder speed preset (``"ultrafast"`` .. ``"veryslow"``).
+        keyframe_stride: ``N`` > 1 writes the *stride layout*: every ``N``-th frame (0, N, 2N, ...) is
+            a reference picture (I or P) and every frame between two of them a B-frame that no
+            picture is predicted from, so a reader at ``frame_stride=N`` decodes only the frames it
+            reads, while every frame stays in the file. Sets ``bframes`` to ``N - 1`` (x264/x265
+            ``b-adapt=0``, no B-pyramid, open GOPs); ``gop`` must be a multiple of ``N``. 1: the
+            usual layout. None: from the data where an importer knows it (nuScenes: the spacing of
+            its annotated key frames, every 6th camera frame), otherwise 1.
 
     Raises:
-        ConfigurationError: A value is out of range, or both ``crf`` and ``bitrate`` are given.
+        ConfigurationError: A value is out of range, both ``crf`` and ``bitrate`` are given, or
+            ``keyframe_stride`` does not fit ``gop`` or ``bframes``.
 
     Example::
 
         >>> EncodeSettings(codec="h264", gop=12, crf=18).quality
         'crf 18'
+        >>> EncodeSettings(gop=12, keyframe_stride=6).stride
+        6
     """
 
     codec: Codec = "hevc"
@@ -64,6 +76,7 @@ class EncodeSettings:
     crf: int | None = None
     bitrate: int | str | None = None
     preset: str = "fast"
+    keyframe_stride: int | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in ENCODERS:
@@ -85,6 +98,31 @@ class EncodeSettings:
             object.__setattr__(self, "bitrate", _parse_bitrate(self.bitrate))
         if not isinstance(self.preset, str) or not self.preset:
             raise ConfigurationError(f"preset={self.preset!r} must be an encoder preset name such as 'fast'.")
+        stride = self.keyframe_stride
+        if stride is not None and (
+            isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= MAX_KEYFRAME_STRIDE
+        ):
+            raise ConfigurationError(
+                f"keyframe_stride={stride!r} must be an integer from 1 (the usual layout) to {MAX_KEYFRAME_STRIDE} "
+                "(x264 and x265 code at most 16 B-frames in a row), or None (from the data)."
+            )
+        if stride is not None and stride > 1:
+            if self.gop % stride:
+                multiple = -(-self.gop // stride) * stride
+                raise ConfigurationError(
+                    f"gop={self.gop} is not a multiple of keyframe_stride={stride}: keyframes must be on the stride. "
+                    f"Use gop={multiple} (--gop {multiple}) or another multiple of {stride}."
+                )
+            if self.bframes not in (0, stride - 1):
+                raise ConfigurationError(
+                    f"bframes={self.bframes} does not fit keyframe_stride={stride}, which codes the {stride - 1} "
+                    f"frames between two references as B-frames; leave bframes at 0 (or set it to {stride - 1})."
+                )
+
+    @property
+    def stride(self) -> int:
+        """The keyframe stride the encoder writes: ``keyframe_stride``, 1 when None (no importer chose one)."""
+        return self.keyframe_stride or 1
 
     @property
     def quality(self) -> str:

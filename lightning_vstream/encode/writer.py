@@ -21,7 +21,7 @@ from lightning_vstream.encode.settings import DEFAULT_CRF, ENCODERS, CameraSourc
 from lightning_vstream.errors import EncodeError, VideoDecodeError
 from lightning_vstream.index.tables import VideoInfo
 
-__all__ = ["PARTIAL_SUFFIX", "FileTask", "encode_file", "mismatch", "plan_file", "source_bytes"]
+__all__ = ["PARTIAL_SUFFIX", "FileTask", "encode_file", "mismatch", "plan_file", "source_bytes", "stride_mismatch"]
 
 PARTIAL_SUFFIX = ".partial"  # not a video extension, so index scans never pick up an unfinished file
 
@@ -63,8 +63,9 @@ def plan_file(source: CameraSource, path: Path) -> FileTask:
     return FileTask(source, path, info, ticks, base)
 
 
-def mismatch(task: FileTask, path: Path, codec: str) -> str | None:
-    """None when ``path`` holds exactly the task's frame times in ``codec``; otherwise what differs."""
+def mismatch(task: FileTask, path: Path, codec: str, keyframe_stride: int = 1) -> str | None:
+    """None when ``path`` holds exactly the task's frame times in ``codec`` (in the stride layout of
+    ``keyframe_stride`` when it is over 1); otherwise what differs."""
     from lightning_vstream.decode.probe import probe_video
 
     try:
@@ -79,6 +80,25 @@ def mismatch(task: FileTask, path: Path, codec: str) -> str | None:
     for i, (got, want) in enumerate(zip(info.pts, task.ticks)):
         if got * unit != want * task.time_base:
             return f"frame {i} is at {float(got * unit)!r} s instead of {float(want * task.time_base)!r} s"
+    return stride_mismatch(info, keyframe_stride) if keyframe_stride > 1 else None
+
+
+def stride_mismatch(info: VideoInfo, keyframe_stride: int) -> str | None:
+    """None when ``info`` is in the stride layout of ``keyframe_stride``; otherwise the first frame that is not.
+
+    In the stride layout every frame on the stride (``i % keyframe_stride == 0``) is a reference and
+    every other frame up to the last one on the stride is not; the frames after it end the stream,
+    which the encoder closes with a reference picture.
+    """
+    from lightning_vstream.index.tables import is_reference
+
+    if info.references is None:
+        return "it does not say which of its pictures are references"
+    last = (info.frame_count - 1) // keyframe_stride * keyframe_stride
+    for i in range(last + 1):
+        if is_reference(info.references[i]) != (i % keyframe_stride == 0):
+            kind = "a reference picture" if i % keyframe_stride else "not a reference picture"
+            return f"frame {i} is {kind} (keyframe stride {keyframe_stride})"
     return None
 
 
@@ -132,7 +152,14 @@ def source_bytes(source: CameraSource) -> int:
 
 
 def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
-    params = f"keyint={settings.gop}:min-keyint={settings.gop}:scenecut=0:bframes={settings.bframes}"
+    stride = settings.stride
+    bframes = stride - 1 if stride > 1 else settings.bframes
+    params = f"keyint={settings.gop}:min-keyint={settings.gop}:scenecut=0:bframes={bframes}"
+    if stride > 1:
+        # The stride layout: a fixed pattern (no adaptive B-frame placement) of N - 1 B-frames that are
+        # not references (no pyramid) between references on the stride. Open GOPs let the B-frames
+        # before a keyframe be predicted from it; a closed GOP would make the last of them a P-frame.
+        params += f":b-adapt=0:open-gop=1:b-pyramid={'none' if settings.codec == 'h264' else '0'}"
     options = {"preset": settings.preset}
     if settings.bitrate is None:
         options["crf"] = str(settings.crf if settings.crf is not None else DEFAULT_CRF[settings.codec])
@@ -153,6 +180,7 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
         EncodeError: The encoder failed, or the written file does not keep the source frames and times.
     """
     import av
+    from av.video.frame import PictureType
 
     ticks, base = task.ticks, task.time_base
     partial = task.path.with_name(task.path.name + PARTIAL_SUFFIX)
@@ -182,17 +210,22 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
                 frame = av.VideoFrame.from_ndarray(image, format="rgb24")
                 frame.pts = ticks[count - 1]
                 frame.time_base = base
+                if settings.stride > 1 and (count - 1) % settings.gop:
+                    # The stride layout, frame by frame: the encoders' fixed B-frame pattern alone moves a
+                    # P-frame before a keyframe on some content. Keyframes are left to keyint (a forced
+                    # I-frame would not be a random-access point).
+                    frame.pict_type = PictureType.P if (count - 1) % settings.stride == 0 else PictureType.B
                 for packet in stream.encode(frame):
                     out.mux(packet)
             if stream is None:
                 raise EncodeError(f"{task.where}: the source holds no frames.")
             for packet in stream.encode():
                 out.mux(packet)
-        problem = mismatch(task, partial, settings.codec)
+        problem = mismatch(task, partial, settings.codec, settings.stride)
         if problem is not None:
             hint = (
                 (" Use bframes=0 (--bframes 0): B-frames over large time gaps can make encoders drop or retime frames.")
-                if settings.bframes
+                if settings.bframes and settings.stride == 1
                 else ""
             )
             raise EncodeError(f"{task.where}: the encoded file does not keep the source frames: {problem}.{hint}")

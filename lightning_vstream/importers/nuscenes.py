@@ -19,6 +19,8 @@ all cameras, so the cameras stay aligned; its gap remains in the presentation ti
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import os
 import statistics
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_vstream.encode.settings import CameraSource, EncodeSettings, EncodeSummary
+from lightning_vstream.encode.settings import MAX_KEYFRAME_STRIDE, CameraSource, EncodeSettings, EncodeSummary
 from lightning_vstream.errors import ConfigurationError, DatasetImportError
 from lightning_vstream.importers.nuscenes_tables import (
     NuScenesTables,
@@ -40,7 +42,7 @@ from lightning_vstream.importers.nuscenes_tables import (
     yaw_of,
 )
 
-__all__ = ["NUSCENES_CAMERAS", "NuScenesImport", "import_nuscenes", "scene_cycles"]
+__all__ = ["NUSCENES_CAMERAS", "NuScenesImport", "import_nuscenes", "key_frame_stride", "scene_cycles"]
 
 #: The six nuScenes cameras, sorted (the index's camera order).
 NUSCENES_CAMERAS = ("CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT", "CAM_FRONT", "CAM_FRONT_LEFT", "CAM_FRONT_RIGHT")
@@ -62,6 +64,12 @@ class NuScenesImport:
         key_frames: Key frames (annotated samples) over all scenes.
         left_out: Camera images left out because another camera missed their capture cycle.
         encode: The encoding run's summary (speed, sizes, files skipped as already done).
+        keyframe_stride: The stride layout the videos were written in (1: the usual layout): every
+            ``keyframe_stride``-th frame, counted from each scene's first, is a reference picture.
+        key_frames_on_stride: Key frames at a frame index that is a multiple of ``keyframe_stride``:
+            those a stream read at ``frame_stride=keyframe_stride`` from a scene's start delivers
+            while decoding only reference pictures. Scenes that start with sweeps, and dropped
+            cycles, put key frames off the stride.
     """
 
     index: Path
@@ -71,6 +79,8 @@ class NuScenesImport:
     key_frames: int
     left_out: int
     encode: EncodeSummary
+    keyframe_stride: int = 1
+    key_frames_on_stride: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,29 @@ def scene_cycles(
                 "aligned (its timestamps cross another cycle's); check its sample_data timestamps."
             )
     return cycles, total - len(cycles) * len(cameras)
+
+
+def key_frame_stride(cycles_per_scene: Sequence[Sequence[_Cycle]]) -> int:
+    """How many frames apart the key frames mostly are: the most common spacing of consecutive key cycles.
+
+    nuScenes' cameras record about 12 frames a second and its samples come at 2 Hz, so this is 6
+    (a dropped cycle makes a spacing of 5 now and then). 1 when every frame is a key frame or a
+    scene has one key frame only; at most :data:`~lightning_vstream.encode.settings.MAX_KEYFRAME_STRIDE`.
+
+    Example::
+
+        >>> key, sweep = _Cycle((), "sample-token"), _Cycle((), None)
+        >>> key_frame_stride([([key] + [sweep] * 5) * 3 + [key], [sweep, key, sweep, sweep, key]])
+        6
+    """
+    spacings: collections.Counter[int] = collections.Counter()
+    for cycles in cycles_per_scene:
+        keys = [i for i, cycle in enumerate(cycles) if cycle.sample_token is not None]
+        spacings.update(b - a for a, b in itertools.pairwise(keys))
+    if not spacings:
+        return 1
+    most = max(spacings.values())
+    return min(min(s for s, n in spacings.items() if n == most), MAX_KEYFRAME_STRIDE)
 
 
 def _calibration(
@@ -321,6 +354,8 @@ def import_nuscenes(
         cameras: Camera channels, imported in sorted order (the six ``CAM_*`` when None).
         key_frames_only: Import only key frames (2 Hz), e.g. when the sweeps are not downloaded.
         settings: Codec and rate control of the videos (defaults: :class:`~lightning_vstream.encode.EncodeSettings`).
+            Its ``keyframe_stride`` None (the default) takes the stride layout from the data: the spacing of
+            the key frames (:func:`key_frame_stride`, 6 on nuScenes; 1 with ``key_frames_only``).
         jobs: Videos encoded in parallel (processes).
         progress: Show a progress bar while encoding.
 
@@ -394,6 +429,16 @@ def import_nuscenes(
             "missed (the cameras stay aligned).",
             file=sys.stderr,
         )
+    settings = settings if settings is not None else EncodeSettings()
+    if settings.keyframe_stride is None:
+        stride = key_frame_stride([cycles for _, cycles, _ in plans])
+        try:
+            settings = dataclasses.replace(settings, keyframe_stride=stride)
+        except ConfigurationError as err:
+            raise ConfigurationError(
+                f"the key frames of these scenes are {stride} frames apart, the keyframe stride the videos take "
+                f"unless told otherwise: {err} Or pass keyframe_stride=1 (--keyframe-stride 1) for the usual layout."
+            ) from None
     summary = encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)
     folder = out_dir / "annotations"
     for scene, _, arrays in plans:
@@ -406,4 +451,8 @@ def import_nuscenes(
         key_frames=sum(sum(1 for x in c if x.sample_token) for _, c, _ in plans),
         left_out=left_out,
         encode=summary,
+        keyframe_stride=settings.stride,
+        key_frames_on_stride=sum(
+            sum(1 for i, x in enumerate(c) if x.sample_token and i % settings.stride == 0) for _, c, _ in plans
+        ),
     )

@@ -129,8 +129,8 @@ class NuScenesTables:
         if not folder.is_dir():
             found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("v1.0"))
             raise DatasetImportError(
-                f"{str(root)!r} has no table folder {version!r} (found {found or 'none'}); pass --version with one of "
-                "those, e.g. --version v1.0-mini."
+                f"{str(root)!r} has no table folder {version!r} (found {found or 'none'}); pass version= (`vstream import-nuscenes "
+                "--dataset-version`) with one of those, e.g. v1.0-mini."
             )
         tables: dict[str, list[dict[str, Any]]] = {}
         for name in (*_REQUIRED, "log"):

@@ -5,7 +5,7 @@
 - :mod:`~lightning_vstream.index.listing`: what both collect per clip before it becomes arrays.
 - :mod:`~lightning_vstream.index.records`: the records (:class:`VideoIndex`, :class:`Clip`, :class:`CameraStream`).
 - :mod:`~lightning_vstream.index.arrays`: a loaded index's clips as arrays, each record built when used.
-- :mod:`~lightning_vstream.index.tables`: frame tables (:class:`VideoInfo`) and the JSON sidecar.
+- :mod:`~lightning_vstream.index.tables`: frame tables (:class:`VideoInfo`, with every frame's reference code) and the JSON sidecar.
 - :mod:`~lightning_vstream.index.table_file`: the binary, memory-mapped frame-table file (:class:`FrameTables`).
 - :mod:`~lightning_vstream.index.identity`: file identity (size, mtime, fingerprint) and re-verification.
 - :mod:`~lightning_vstream.index.files`: how clips and cameras lay out on disk.
@@ -27,7 +27,14 @@ from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from lightning_vstream.index.identity import FileIdentity
 from lightning_vstream.index.records import CameraStream, Clip, ClipSequence, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
-from lightning_vstream.index.tables import VideoInfo, metadata_path
+from lightning_vstream.index.tables import (
+    REFERENCE_UNKNOWN,
+    VideoInfo,
+    is_reference,
+    metadata_path,
+    reference_code,
+    temporal_id,
+)
 
 if TYPE_CHECKING:
     from lightning_vstream.indexing import (
@@ -44,6 +51,7 @@ _FROM_INDEXING = ("VerifyReport", "build_index", "load_index", "probe", "verify_
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "REFERENCE_UNKNOWN",
     "VIDEO_EXTENSIONS",
     "CameraStream",
     "Clip",
@@ -56,10 +64,13 @@ __all__ = [
     "VideoIndex",
     "VideoInfo",
     "build_index",
+    "is_reference",
     "load_index",
     "metadata_path",
     "probe",
+    "reference_code",
     "tables_path",
+    "temporal_id",
     "verify_index",
     "write_index_tables",
 ]

@@ -85,6 +85,8 @@ class ClipArrays(ClipSequence):
         tables: The frame tables the cameras read their :class:`VideoInfo` from, if any.
         overrides: Clips held as records instead (a thorough check re-verified or probed them).
         storage: How to reach an index at a URL (a worker re-reads it through remote storage).
+        excluded: Clip ids of the index file left out (``exclude_clips``): a process rebuilding the
+            arrays from the file leaves them out too.
 
     Example::
 
@@ -109,6 +111,7 @@ class ClipArrays(ClipSequence):
         tables: FrameTables | None,
         overrides: Mapping[int, Clip] | None = None,
         storage: StorageConfig | None = None,
+        excluded: frozenset[str] = frozenset(),
     ) -> None:
         ids = clip_ids if isinstance(clip_ids, np.ndarray) else _encoded(clip_ids)
         n = len(ids)
@@ -134,6 +137,7 @@ class ClipArrays(ClipSequence):
         self._source = source
         self._fingerprint = fingerprint
         self._storage = storage
+        self._excluded = excluded
         self._built: OrderedDict[int, Clip] = OrderedDict()
         if len(self._dir_keys) != len(self._video_dirs) or any(len(files) != len(self._names) for files in layouts):
             raise IndexValidationError(repr(source), [f"index {source!r}: inconsistent clip arrays."])
@@ -153,8 +157,15 @@ class ClipArrays(ClipSequence):
         tables: FrameTables | None,
         overrides: Mapping[int, Clip] | None = None,
         storage: StorageConfig | None = None,
+        excluded: frozenset[str] = frozenset(),
     ) -> ClipArrays:
-        """The arrays of a validated index file's contents ``{video_dir: {clip_id: frame_count}}``."""
+        """The arrays of a validated index file's contents ``{video_dir: {clip_id: frame_count}}``, without the
+        clips ``excluded`` names."""
+        if excluded:
+            entries = {
+                video_dir: {clip_id: count for clip_id, count in clips.items() if clip_id not in excluded}
+                for video_dir, clips in entries.items()
+            }
         sizes = [len(clips) for clips in entries.values()]
         ids: list[str] = [clip_id for clips in entries.values() for clip_id in clips]
         counts = np.fromiter(
@@ -174,6 +185,7 @@ class ClipArrays(ClipSequence):
             tables=tables,
             overrides=overrides,
             storage=storage,
+            excluded=excluded,
         )
 
     def with_overrides(self, overrides: Mapping[int, Clip]) -> ClipArrays:
@@ -322,6 +334,7 @@ class ClipArrays(ClipSequence):
                 self._tables,
                 self._overrides,
                 self._storage,
+                self._excluded,
             ),
         )
 
@@ -337,6 +350,7 @@ def _restore(
     tables: FrameTables | None,
     overrides: dict[int, Clip],
     storage: StorageConfig | None = None,
+    excluded: frozenset[str] = frozenset(),
 ) -> ClipArrays:
     """Rebuild the arrays in another process from the index file they were loaded from."""
     from lightning_vstream.index.load import read_index_bytes
@@ -370,6 +384,7 @@ def _restore(
         tables=tables,
         overrides=overrides,
         storage=storage,
+        excluded=excluded,
     )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.errors import FileChangedError, VideoDecodeError
+from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 
 if TYPE_CHECKING:
     from lightning_vstream.index.tables import VideoInfo
@@ -220,12 +220,16 @@ def verify_identity(path: Path, info: VideoInfo, where: str, *, probe: Probe) ->
 
     Raises:
         FileChangedError: The file changed and its packets no longer match the frame table.
+        MissingFileError: The file no longer exists.
     """
     recorded = info.identity
     if recorded is None:
         return info
     try:
         current = file_identity(path)
+    except FileNotFoundError:
+        # Gone, not changed: the loaders name the clip to leave out (see MissingFileError's readers).
+        raise MissingFileError(f"{where}: the index lists this file, but it no longer exists.") from None
     except OSError as err:
         raise FileChangedError(where, [f"{where} cannot be read ({err.strerror or err}). {_FIX}"]) from None
     if recorded.matches(current):

@@ -8,17 +8,27 @@ one folder listing each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
 from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
+from lightning_vstream.index.files import VIDEO_EXTENSIONS
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["ClipLists", "Reference", "camera_reference", "match_cameras"]
+__all__ = [
+    "ClipLists",
+    "Reference",
+    "camera_reference",
+    "check_exclude_clips",
+    "leave_out_hint",
+    "match_cameras",
+    "table_cameras",
+]
 
 #: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
 Reference = tuple[str, tuple[str, ...]]
@@ -26,6 +36,47 @@ Reference = tuple[str, tuple[str, ...]]
 #: ``look(clip_id, folder, key_prefix, problems)``: the clip's camera file names in camera order, or
 #: None with its problems appended.
 Look = Callable[[str, str, str, list[str]], "tuple[str, ...] | None"]
+
+
+def table_cameras(tables: FrameTables, folder_key: str) -> dict[str, str]:
+    """Camera name -> file name of the video files directly in ``folder_key``, as the frame tables list them."""
+    found: dict[str, str] = {}
+    prefix = folder_key + "/" if folder_key else ""
+    for key, _ in tables.under(prefix):
+        name = key[len(prefix) :]
+        if "/" in name:
+            continue
+        stem, ext = os.path.splitext(name)
+        if ext.lower() in VIDEO_EXTENSIONS:
+            found.setdefault(stem, name)
+    return dict(sorted(found.items()))
+
+
+def leave_out_hint(clip_id: str) -> str:
+    """How to go on without clip ``clip_id`` (a camera file missing or unreadable), for error messages."""
+    return (
+        f"Restore the file, or leave the clip out: exclude_clips=[{clip_id!r}] (either DataModule, or "
+        "load_index); `vstream index DATASET_FOLDER` re-indexes a dataset with only its whole clips."
+    )
+
+
+def check_exclude_clips(exclude_clips: Collection[str] | None) -> frozenset[str]:
+    """The ``exclude_clips`` argument as a set of clip ids.
+
+    Raises:
+        TypeError: It is a single string, or holds something other than strings.
+    """
+    if exclude_clips is None:
+        return frozenset()
+    if isinstance(exclude_clips, str):
+        raise ConfigurationTypeError(
+            f"exclude_clips={exclude_clips!r} must be a list of clip ids, not a string; pass [{exclude_clips!r}]."
+        )
+    ids = list(exclude_clips)
+    wrong = [i for i in ids if not isinstance(i, str)]
+    if wrong:
+        raise ConfigurationTypeError(f"exclude_clips must hold clip ids (strings); got {wrong[0]!r}.")
+    return frozenset(ids)
 
 
 def camera_reference(cameras: Sequence[str] | None) -> tuple[list[str] | None, Reference | None]:
@@ -69,7 +120,7 @@ def match_cameras(
     if missing:
         out.append(
             f"{where}: clip {clip_id!r} is missing camera file(s) {missing} in {folder!r} "
-            f"({listed}expected the cameras of {reference[0]}: {list(names)})."
+            f"({listed}expected the cameras of {reference[0]}: {list(names)}). {leave_out_hint(clip_id)}"
         )
         return None
     if cameras is None and set(found) != set(names):
@@ -94,6 +145,26 @@ class ClipLists:
         self.dir_keys: list[str] = []
         # Clips whose camera files come from the tables: (position, where their problems go, id, folder, key prefix).
         self.deferred: list[tuple[int, int, str, str, str]] = []
+        #: Clip ids left out of the index by :meth:`leave_out` (``exclude_clips``) that it lists.
+        self.excluded: frozenset[str] = frozenset()
+
+    def leave_out(self, data: dict[str, Any], exclude: frozenset[str]) -> dict[str, Any]:
+        """The index JSON ``data`` without the clips ``exclude`` names (ids it does not list are ignored).
+
+        The clips left out are not checked at all (their files may be gone) and are recorded in
+        :attr:`excluded`, so that a process rebuilding the clips from the index file leaves them out too.
+        """
+        if not exclude:
+            return data
+        kept: dict[str, Any] = {}
+        found: set[str] = set()
+        for video_dir, entries in data.items():
+            if isinstance(entries, dict):
+                found.update(exclude.intersection(entries))
+                entries = {clip_id: count for clip_id, count in entries.items() if clip_id not in exclude}
+            kept[video_dir] = entries
+        self.excluded = frozenset(found)
+        return kept
 
     def add_folder(self, video_dir: str, key_prefix: str) -> int:
         """Note a video folder (its path or URL, and its frame-table key prefix); returns its position."""
@@ -160,4 +231,5 @@ class ClipLists:
             layout_of_clip=self.layout_of,
             tables=tables,
             storage=storage,
+            excluded=self.excluded,
         )

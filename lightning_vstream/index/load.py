@@ -14,8 +14,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,13 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
-from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
+from lightning_vstream.index.listing import (
+    ClipLists,
+    camera_reference,
+    check_exclude_clips,
+    match_cameras,
+    table_cameras,
+)
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.tables import (
@@ -61,6 +68,15 @@ def _pairs_without_duplicates(where: str) -> Any:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key, value in pairs:
+            if any("\ud800" <= ch <= "\udfff" for ch in key):
+                # JSON's \ud800 escapes can spell half a character, which no file name can hold.
+                raise IndexValidationError(
+                    where,
+                    [
+                        f"{where} lists the name {key!r}, which is not valid Unicode (a lone surrogate escape); "
+                        "write names as UTF-8 text, or re-run `vstream index` to rebuild the index."
+                    ],
+                )
             if key in result:
                 raise IndexValidationError(
                     where, [f"{where} lists clip or folder {key!r} twice; each clip id must appear once."]
@@ -131,6 +147,13 @@ def _parse_json(raw: bytes, where: str) -> Any:
         ) from None
     except RecursionError:
         raise DataFormatError(f"index file {where} nests JSON too deeply to be an index.") from None
+    except IndexValidationError:
+        raise
+    except ValueError as err:  # a number of thousands of digits (Python's int conversion limit)
+        raise DataFormatError(
+            f"index file {where} holds a number of more than {sys.get_int_max_str_digits()} digits, which no "
+            f"frame count is ({err}); re-run `vstream index` to rebuild the index."
+        ) from None
 
 
 def _read_json(path: Path) -> Any:
@@ -167,7 +190,11 @@ def _bad_clip_id(clip_id: str) -> bool:
 
 
 def load_local_index(
-    path: Path | str, *, cameras: Sequence[str] | None = None, check_files: FileCheck | None = None
+    path: Path | str,
+    *,
+    cameras: Sequence[str] | None = None,
+    check_files: FileCheck | None = None,
+    exclude_clips: Collection[str] | None = None,
 ) -> VideoIndex:
     """Parse and validate a local index file (:func:`~lightning_vstream.indexing.load_index` without a URL).
 
@@ -176,11 +203,12 @@ def load_local_index(
         cameras: Cameras to load, in this order; all cameras when None.
         check_files: The thorough check of the files themselves (see :data:`FileCheck`); None: the
             fast check, which opens no file (with frame tables, not even a clip folder listing).
+        exclude_clips: Clip ids to leave out, unchecked (ids the index does not list are ignored).
 
     Raises:
         See :func:`~lightning_vstream.indexing.load_index`.
     """
-    return _load(path, cameras, check_files, with_tables=True)
+    return _load(path, cameras, check_files, with_tables=True, exclude=check_exclude_clips(exclude_clips))
 
 
 def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
@@ -199,7 +227,12 @@ def read_index_layout(path: Path | str) -> list[tuple[str, str, str, Path]]:
 
 
 def _load(
-    path: Path | str, cameras: Sequence[str] | None, check_files: FileCheck | None, *, with_tables: bool
+    path: Path | str,
+    cameras: Sequence[str] | None,
+    check_files: FileCheck | None,
+    *,
+    with_tables: bool,
+    exclude: frozenset[str] = frozenset(),
 ) -> VideoIndex:
     try:
         path = Path(path).resolve()
@@ -226,7 +259,7 @@ def _load(
     cameras, reference = camera_reference(cameras)
     scanned: list[set[str]] = []  # the camera files of every clip folder read
 
-    def scan(clip_id: str, folder: str, out: list[str]) -> tuple[str, ...] | None:
+    def scan(clip_id: str, folder: str, prefix: str, out: list[str]) -> tuple[str, ...] | None:
         """The clip's camera file names (in camera order) found on disk, or None with the problems in ``out``."""
         nonlocal reference
         if not os.path.isdir(folder):
@@ -247,7 +280,13 @@ def _load(
             if not found:
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                 return None
-            reference = (f"clip {clip_id!r}", tuple(found))
+            # The first clip sets the cameras, unless a file of it is gone since the tables were written:
+            # then its own problem is that file, not every other clip's "extra" camera.
+            recorded = table_cameras(tables, prefix.rstrip("/")) if tables is not None else {}
+            if set(recorded) > set(found):
+                reference = (f"clip {clip_id!r} when it was indexed", tuple(recorded))
+            else:
+                reference = (f"clip {clip_id!r}", tuple(found))
         scanned.append(set(found))
         return match_cameras(found, reference, cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out)
 
@@ -257,6 +296,7 @@ def _load(
     # them (identity, then every packet's checksum); check="thorough" lists every clip folder.
     quick = tables is not None and check_files is None
     lists = ClipLists()
+    data = lists.leave_out(data, exclude)
     for video_dir_key, entries in data.items():
         # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
         # video folder reached through a symbolic link still finds its frame tables.
@@ -314,12 +354,12 @@ def _load(
                 lists.defer(len(problems), clip_id, folder, f"{key_prefix}{clip_id}/")
                 files: tuple[str, ...] | None = None
             else:
-                files = scan(clip_id, folder, problems)
+                files = scan(clip_id, folder, f"{key_prefix}{clip_id}/", problems)
                 if files is None:
                     continue
             lists.add(clip_id, count, dir_index, files)
     # Clips whose every camera file the tables describe; the others are listed on disk after all.
-    described = lists.resolve_deferred(tables, cameras, lambda i, folder, _, out: scan(i, folder, out), problems)
+    described = lists.resolve_deferred(tables, cameras, scan, problems)
     if cameras is not None and scanned:
         # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
         nowhere = [n for n in cameras if not any(n in found for found in scanned)]
@@ -356,7 +396,7 @@ def _load(
         # Only clips listed on disk can lack a frame table: the tables described every deferred one.
         maybe_bare = (clips[i] for i in range(len(clips)) if i not in described)
         _warn_if_unchecked(path, clips, maybe_bare, tables is not None or bool(meta))
-    return VideoIndex(path, clips, reference[1])
+    return VideoIndex(path, clips, reference[1], excluded=tuple(sorted(lists.excluded)))
 
 
 def _clip_folders(video_dir: str) -> set[str] | None:

@@ -201,6 +201,7 @@ class VideoIndex:
     returns it) a :class:`ClipSequence` that builds each clip when it is used. Either way,
     ``index[i]``, ``index["clip_id"]`` (a lookup, not a scan), iteration and ``len`` work alike,
     and :attr:`frame_counts` gives every clip's frame count without building any clip.
+    :attr:`excluded` names the clips of the index file left out when it was loaded (``exclude_clips``).
 
     Example::
 
@@ -216,6 +217,8 @@ class VideoIndex:
     camera_names: tuple[str, ...]
     #: How to reach a remote index's files (options, node cache); None for local indexes.
     storage: StorageConfig | None = field(default=None, compare=False, repr=False)
+    #: Clip ids the index file lists that were left out when it was loaded (``exclude_clips``), sorted.
+    excluded: tuple[str, ...] = field(default=(), compare=False, repr=False)
     _positions: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _counts: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -226,7 +229,7 @@ class VideoIndex:
 
     def __reduce__(self) -> tuple[object, ...]:
         # The fields only (a lazy ``clips`` pickles as a reference to its files), no lookup cache.
-        return (VideoIndex, (self.source, self.clips, self.camera_names, self.storage))
+        return (VideoIndex, (self.source, self.clips, self.camera_names, self.storage, self.excluded))
 
     def __len__(self) -> int:
         return len(self.clips)

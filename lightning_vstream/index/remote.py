@@ -1,22 +1,26 @@
 """Indexes on remote storage: loading them and their frame tables.
 
 Loading an index from a URL reads the index JSON (one GET), and its frame tables once per machine:
-they are copied into ``cache_dir/tables`` (or the system's temporary folder) under a name that holds
-their ETag, and memory-mapped from there, so every rank and worker on the machine shares one copy and
-a rebuilt index is fetched again. Camera files are found in the frame tables (no listing); an index
-without tables is listed once per video folder. Video paths resolve relative to the index's URL.
+they are copied into ``cache_dir/tables`` (or a private folder in the system's temporary folder) under
+a name that holds their ETag and the SHA-256 of their bytes, checked before each use, and
+memory-mapped from there, so every rank and worker on the machine shares one copy and a rebuilt or
+replaced copy is never used (see :func:`fetch_tables`). Camera files are found in the frame tables
+(no listing); an index without tables is listed once per video folder. Video paths resolve relative
+to the index's URL and must stay below its folder (:func:`remote_key`).
 Building and checking an index there probes files: see :mod:`lightning_vstream.indexing.remote`.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote
 
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -25,14 +29,29 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index.arrays import ClipArrays
 from lightning_vstream.index.files import VIDEO_EXTENSIONS
-from lightning_vstream.index.listing import ClipLists, camera_reference, match_cameras
+from lightning_vstream.index.listing import (
+    ClipLists,
+    camera_reference,
+    check_exclude_clips,
+    match_cameras,
+    table_cameras,
+)
 from lightning_vstream.index.load import MAX_FRAMES, _bad_clip_id, _parse_json, _warn_if_unchecked, read_index_bytes
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
-from lightning_vstream.index.table_file import FrameTables
+from lightning_vstream.index.table_file import DigestMismatchError, FrameTables
 from lightning_vstream.index.tables import cached_info
+from lightning_vstream.storage.cache import warn_unwritable
 from lightning_vstream.storage.client import Expect, Storage, storage_for
 from lightning_vstream.storage.options import StorageConfig
-from lightning_vstream.storage.urls import basename, child, dirname, join, with_name
+from lightning_vstream.storage.private import (
+    CacheWriteError,
+    inner_folder,
+    open_regular,
+    private_folder,
+    remove_entry,
+    write_file,
+)
+from lightning_vstream.storage.urls import basename, child, dirname, join, normalise, scheme_of, with_name
 
 __all__ = ["RemoteFileCheck", "fetch_tables", "load_remote_index", "remote_key", "tables_url"]
 
@@ -53,29 +72,74 @@ def tables_url(index_url: str) -> str:
 def remote_key(base: str, url: str) -> str:
     """The frame-table key of ``url``: its path relative to the index's folder URL ``base``.
 
+    Both are normalised first (``.`` and ``..`` resolved, percent-escapes of ``file://`` URLs read), so
+    a URL that climbs out of the folder is refused whatever its spelling.
+
     Raises:
         ConfigurationError: ``url`` does not lie under ``base``.
     """
-    prefix = base.rstrip("/") + "/"
-    if not url.startswith(prefix):
+    prefix = normalise(base).rstrip("/") + "/"
+    full = normalise(url)
+    if not full.startswith(prefix):
         raise ConfigurationError(
             f"{url!r} does not lie under the index's folder {base!r}; keep videos below the index."
         )
-    return url[len(prefix) :]
+    key = full[len(prefix) :]
+    return unquote(key) if scheme_of(base) == "file" else key
 
 
-def _node_folder(config: StorageConfig) -> Path:
-    """Where this machine keeps copies of remote frame tables."""
+def _node_folder(config: StorageConfig) -> Path | None:
+    """The private folder where this machine keeps copies of remote frame tables; None if it cannot be written.
+
+    ``cache_dir/tables``, or ``lightning_vstream-<uid>/tables`` in the system's temporary folder (created
+    private; another user's folder of that name, or a symbolic link there, is refused).
+
+    Raises:
+        ConfigurationError: The folder (or ``cache_dir``) is not private to this user.
+    """
     if config.cache_dir is not None:
-        return Path(config.cache_dir) / "tables"
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"lightning_vstream-{uid}" / "tables"
+        root, what, follow = Path(config.cache_dir), "cache_dir", True
+    else:
+        uid = os.geteuid() if hasattr(os, "geteuid") else 0
+        root = Path(tempfile.gettempdir()) / f"lightning_vstream-{uid}"
+        what, follow = "the temporary folder for frame tables", False
+    try:
+        private_folder(root, what=what, follow=follow)
+        return inner_folder(root / "tables", what=f"{what} {str(root)!r}")
+    except CacheWriteError as err:
+        warn_unwritable(root, err.strerror or str(err))
+        return None
+
+
+def _copy_prefix(source: str, etag: str | None) -> str:
+    """How the names of this machine's copies of the tables at ``source`` (of one ETag) start."""
+    head = hashlib.sha256(source.encode()).hexdigest()[:20]
+    version = hashlib.sha256(etag.encode()).hexdigest()[:12] if etag else "noetag"
+    return f"{head}-{version}-"
+
+
+def _use_copy(local: Path, source: str, digest: str) -> FrameTables | None:
+    """The copy at ``local`` if it holds exactly the bytes whose SHA-256 is ``digest``; else None (and it is removed)."""
+    fd = open_regular(local)
+    if fd is None:
+        return None
+    os.close(fd)
+    try:
+        return FrameTables(local, source=source, sha256=digest)
+    except DigestMismatchError:
+        remove_entry(local)
+        return None
 
 
 def fetch_tables(url: str, config: StorageConfig) -> FrameTables | None:
     """The frame tables of the index at ``url``, copied once per machine and memory-mapped; None without tables.
 
-    One HEAD tells the tables' ETag; a copy of that version already on this machine is used as it is.
+    A copy is identified by its content. Where the store gives an ETag, one HEAD tells it and a copy
+    of that version is used after its bytes are checked against the SHA-256 its name records. Where
+    it gives none (``file://``, most fsspec file systems), the tables are read (they are small) and
+    a copy is used only if it holds the very same bytes. Anything else in the folder (another
+    version, a damaged or planted file, a link) is replaced. Without a writable folder the tables
+    are held in memory.
     """
     storage = storage_for(config)
     source = tables_url(url)
@@ -83,21 +147,29 @@ def fetch_tables(url: str, config: StorageConfig) -> FrameTables | None:
         info = storage.head(source)
     except MissingFileError:
         return None
-    version = info.etag or f"size:{info.size}"
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    local = _node_folder(config) / f"{digest}-{hashlib.sha256(version.encode()).hexdigest()[:12]}.tables.bin"
-    try:
-        current = local.stat().st_size == info.size
-    except OSError:
-        current = False
-    if not current:
-        data, _ = storage.read(source, expect=Expect(info.size, info.etag), label="frame tables")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-        os.replace(tmp, local)
-    tables = FrameTables(local, source=source)
+    folder = _node_folder(config)
+    prefix = _copy_prefix(source, info.etag)
+    if info.etag and folder is not None:
+        for candidate in sorted(folder.glob(glob.escape(prefix) + "*.tables.bin")):
+            tables = _use_copy(candidate, source, candidate.name[len(prefix) : -len(".tables.bin")])
+            if tables is not None:
+                tables.require_byte_ranges()
+                return tables
+    data, _ = storage.read(source, expect=Expect(info.size, info.etag), label="frame tables")
+    data = bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    tables = None
+    if folder is not None:
+        local = folder / f"{prefix}{digest}.tables.bin"
+        tables = _use_copy(local, source, digest)  # the same bytes already here: no write, pages shared
+        if tables is None:
+            try:
+                write_file(local, data, tmp=folder)
+                tables = FrameTables(local, source=source, sha256=digest)
+            except CacheWriteError as err:
+                warn_unwritable(folder.parent, err.strerror or str(err))
+    if tables is None:
+        tables = FrameTables.from_bytes(data, source=source)
     tables.require_byte_ranges()
     return tables
 
@@ -117,20 +189,6 @@ def _sidecar(url: str, storage: Storage) -> dict[str, Any]:
         ) from None
     files = data.get("files", {}) if isinstance(data, dict) else {}
     return files if isinstance(files, dict) else {}
-
-
-def _cameras_from_tables(tables: FrameTables, folder_key: str) -> dict[str, str]:
-    """Camera name -> file name of the video files directly in ``folder_key``, as the tables list them."""
-    found: dict[str, str] = {}
-    prefix = folder_key + "/" if folder_key else ""
-    for key, _ in tables.under(prefix):
-        name = key[len(prefix) :]
-        if "/" in name:
-            continue
-        stem, ext = os.path.splitext(name)
-        if ext.lower() in VIDEO_EXTENSIONS:
-            found.setdefault(stem, name)
-    return dict(sorted(found.items()))
 
 
 def _listed_cameras(storage: Storage, folder_url: str, cache: dict[str, dict[str, dict[str, str]]]) -> dict[str, str]:
@@ -155,6 +213,7 @@ def load_remote_index(
     check_files: RemoteFileCheck | None = None,
     storage: StorageConfig | None = None,
     use_tables: bool = True,
+    exclude_clips: Collection[str] | None = None,
 ) -> VideoIndex:
     """:func:`~lightning_vstream.indexing.load_index` for an index at a URL (see the module docs).
 
@@ -189,7 +248,7 @@ def load_remote_index(
         """The clip's camera file names in camera order (from the tables, else a listing), or None with problems."""
         nonlocal reference
         if tables is not None:
-            found = _cameras_from_tables(tables, folder_key)
+            found = table_cameras(tables, folder_key)
             how = "its frame tables list"
         else:
             found = _listed_cameras(client, folder_url, listings)
@@ -206,6 +265,7 @@ def load_remote_index(
 
     # With tables, clips after the first are checked in one vectorised search of the tables.
     lists = ClipLists()
+    data = lists.leave_out(data, check_exclude_clips(exclude_clips))
     for video_dir_key, entries in data.items():
         if not isinstance(entries, dict):
             problems.append(f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts.")
@@ -276,4 +336,4 @@ def load_remote_index(
         # Only a remote index without tables (or with the JSON sidecar) can hold files without one.
         candidates = clips if tables is None else ()
         _warn_if_unchecked(url, clips, candidates, tables is not None or bool(meta))
-    return VideoIndex(url, clips, reference[1], storage=config)
+    return VideoIndex(url, clips, reference[1], storage=config, excluded=tuple(sorted(lists.excluded)))

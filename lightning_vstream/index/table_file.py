@@ -24,12 +24,20 @@ Version-1 files, and version-2 files written before the byte ranges were added, 
 reading local files: ``reorder_depth`` is unknown and no file has a packet layout (it is read
 through its container). Only reading a remote index needs the byte ranges; it refuses such tables,
 naming the command that rebuilds them. Writing the file is :mod:`lightning_vstream.index.table_write`'s.
+
+Version-2 files may also hold ``pkt_ref`` (``u1``, aligned with ``pts``): every frame's reference
+code (:func:`~lightning_vstream.index.tables.reference_code`: whether its picture is a reference,
+and its temporal sub-layer; 255 where unknown), so readers can leave out pictures nobody needs.
+It is optional: files written before it was added load with the codes unknown, and nothing is
+left out when reading them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
+import os
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -40,7 +48,7 @@ import numpy as np
 
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
-from lightning_vstream.index.tables import PacketLayout, VideoInfo
+from lightning_vstream.index.tables import MAX_REFERENCE_CODE, REFERENCE_UNKNOWN, PacketLayout, VideoInfo
 
 __all__ = ["TABLES_FORMAT", "TABLES_VERSION", "FrameTables", "tables_path"]
 
@@ -86,8 +94,13 @@ _BYTES_PER_FILE = {
 }
 _BYTES_PER_FRAME = {"pkt_pos": "<i8", "pkt_size": "<u4"}
 _BLOBS = {"extradata": "extra_offsets", "etag": "etag_offsets"}  # u1 blob -> its <i8 offsets (files + 1)
+#: Optional per-frame arrays of version 2 (absent: unknown for every frame).
+_OPTIONAL_PER_FRAME = {"pkt_ref": "u1"}
 # ------------------------------------------------------------------------------------------------
 _I64 = (-(2**63), 2**63 - 1)
+_MAX_INT32 = 2**31 - 1
+#: Largest frame width or height a table may record (FFmpeg's codecs stop well below it).
+MAX_SIDE = 65536
 #: Frame tables a :class:`FrameTables` keeps built (per process), most recently used first out last.
 CACHED_INFOS = 256
 
@@ -102,33 +115,49 @@ def _blob_dtypes() -> dict[str, str]:
     return {**{blob: "u1" for blob in _BLOBS}, **{offsets: "<i8" for offsets in _BLOBS.values()}}
 
 
-def _map(path: Path) -> np.ndarray:
-    """The file's bytes, memory-mapped read-only, advised for random access.
+def _map(path: Path) -> tuple[np.ndarray, Any]:
+    """The file's bytes, memory-mapped read-only, advised for random access; and the mapping.
 
     A lookup reads a few bytes of each of a dozen arrays at a random row: ``MADV_RANDOM`` keeps the
     kernel from reading ahead around each of them when the file is not in the page cache yet.
     """
     with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            return np.zeros(0, np.uint8), b""
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(mapped, dtype=np.uint8)
+    return np.frombuffer(mapped, dtype=np.uint8), mapped
+
+
+def _known_dtypes() -> dict[str, np.dtype[Any]]:
+    """The dtype each array this version needs must have (``keys``: bytes of any width; optional ones: later)."""
+    names = {**_PER_FILE, **_CONCAT, **_BYTES_PER_FILE, **_BYTES_PER_FRAME, **_blob_dtypes()}
+    return {"keys": np.dtype("S1"), **{name: np.dtype(dtype) for name, dtype in names.items()}}
+
+
+class DigestMismatchError(IndexValidationError):
+    """A copy of frame tables does not hold the bytes it was made from (its SHA-256 differs from the one recorded)."""
 
 
 class FrameTables:
     """Memory-mapped frame tables of one index (see the module docs for the layout).
 
     Pickles as its path: a spawn worker maps the same file and shares its pages with every other
-    process on the machine.
+    process on the machine. Every number the header gives (lengths, shapes, offsets, dtypes) is checked
+    against the file's size before an array is made, so a damaged or crafted file is a named error,
+    never a read or an allocation beyond the file.
 
     Args:
         path: The ``.tables.bin`` file.
         source: Where the file came from, for messages (the URL of a remote index's tables, of which
             ``path`` is this machine's copy); ``path`` when None.
+        sha256: The SHA-256 (hex) the file's bytes must have, checked each time it is mapped (in every
+            process): a local copy of remote tables is identified by its content.
 
     Raises:
-        IndexValidationError: The file is unreadable, not a table file, of another version, or
-            its arrays are inconsistent (the message names the file).
+        IndexValidationError: The file is unreadable, not a table file, of another version, its
+            arrays are inconsistent, or its bytes do not have ``sha256`` (the message names the file).
 
     Example::
 
@@ -137,19 +166,14 @@ class FrameTables:
         40
     """
 
-    def __init__(self, path: Path | str, *, source: str | None = None) -> None:
+    def __init__(self, path: Path | str, *, source: str | None = None, sha256: str | None = None) -> None:
         self.path = Path(path)
         self.source = source
+        self.sha256 = sha256
+        self._data: bytes | None = None
         where = repr(source or str(self.path))
         try:
-            with open(self.path, "rb") as f:
-                prefix = f.read(_PREFIX.size)
-                magic, version, header_len = _PREFIX.unpack(prefix) if len(prefix) == _PREFIX.size else (b"", 0, 0)
-                if magic != _MAGIC or (version != TABLES_VERSION and version not in _OLDER_VERSIONS):
-                    raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
-                header = json.loads(f.read(header_len).decode("utf-8"))
-            size = self.path.stat().st_size
-            self._buf = _map(self.path) if size else np.zeros(0, np.uint8)
+            buf, mapped = _map(self.path)
         except OSError as err:
             raise IndexValidationError(
                 where,
@@ -160,25 +184,61 @@ class FrameTables:
                     )
                 ],
             ) from None
-        except (UnicodeDecodeError, json.JSONDecodeError, struct.error):
-            raise self._bad("has a damaged header") from None
+        if sha256 is not None and hashlib.sha256(mapped).hexdigest() != sha256:
+            raise DigestMismatchError(
+                where,
+                [
+                    f"frame-table file {str(self.path)!r} (a copy of {where}) does not hold the bytes it was copied "
+                    f"from (its SHA-256 differs); {_FIX}."
+                ],
+            )
+        self._parse(buf)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str) -> FrameTables:
+        """Frame tables held in memory (when no folder can keep a copy), pickled with their bytes; checked as a file."""
+        tables = cls.__new__(cls)
+        tables.path = Path(source.rsplit("/", 1)[-1])
+        tables.source = source
+        tables.sha256 = None
+        tables._data = bytes(data)
+        tables._parse(np.frombuffer(tables._data, dtype=np.uint8))
+        return tables
+
+    def _parse(self, buf: np.ndarray) -> None:
+        self._buf = buf
+        size = len(buf)
+        magic, version, header_len = _PREFIX.unpack(bytes(buf[: _PREFIX.size])) if size >= _PREFIX.size else (b"", 0, 0)
+        if magic != _MAGIC or (version != TABLES_VERSION and version not in _OLDER_VERSIONS):
+            raise self._bad(f"is not a version-{TABLES_VERSION} lightning_vstream frame-table file")
+        if _PREFIX.size + header_len > size:
+            raise self._bad("is truncated or damaged (its header runs past the end of the file)")
         try:
-            self._codecs = [str(c) for c in header["codecs"]]
-            self._n = int(header["files"])
-            start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
-            arrays: dict[str, np.ndarray] = {}
-            for name, (dtype, shape, offset) in header["arrays"].items():
-                dt = np.dtype(dtype)
-                count = int(np.prod(shape)) if shape else 1
-                lo = start + int(offset)
-                hi = lo + count * dt.itemsize
-                if lo < start or hi > size or dt.hasobject:
-                    raise self._bad(f"is truncated or damaged (array {name!r} lies outside the file)")
-                arrays[name] = self._buf[lo:hi].view(dt).reshape(shape)
-        except (KeyError, TypeError, ValueError) as err:
-            if isinstance(err, IndexValidationError):
-                raise
+            header = json.loads(bytes(buf[_PREFIX.size : _PREFIX.size + header_len]).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError and 5,000-digit numbers too
             raise self._bad("has a damaged header") from None
+        fields: dict[str, Any] = header if isinstance(header, dict) else {}
+        codecs, files, layout = fields.get("codecs"), fields.get("files"), fields.get("arrays")
+        if not (isinstance(codecs, list) and all(isinstance(c, str) for c in codecs) and isinstance(layout, dict)):
+            raise self._bad("has a damaged header")
+        if not isinstance(files, int) or not _count(files):
+            raise self._bad("has a damaged header")
+        self._codecs, self._n = list(codecs), files
+        start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
+        known = _known_dtypes()
+        arrays: dict[str, np.ndarray] = {}
+        for name, spec in layout.items():
+            dtype, shape, offset = spec if isinstance(spec, list) and len(spec) == 3 else (None, None, None)
+            if not (isinstance(dtype, str) and isinstance(shape, list) and len(shape) == 1 and _count(shape[0])):
+                raise self._bad(f"has a damaged header (array {name!r})")
+            dt = _dtype(dtype, known.get(name), name)
+            if dt is None or not _count(offset):
+                raise self._bad(f"has a damaged header (array {name!r} has dtype {dtype!r} at offset {offset!r})")
+            lo = start + offset
+            hi = lo + shape[0] * dt.itemsize
+            if hi > size:
+                raise self._bad(f"is truncated or damaged (array {name!r} lies outside the file)")
+            arrays[name] = buf[lo:hi].view(dt)
         for name in _OLDER_VERSIONS.get(version, ()):
             arrays.setdefault(name, np.full(self._n, -1, dtype=_PER_FILE[name]))
         missing = [n for n in (*_PER_FILE, *_CONCAT, "keys") if n not in arrays]
@@ -238,13 +298,27 @@ class FrameTables:
                 off = a[offsets]
                 if len(off) != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] != len(a[blob]):
                     raise self._bad(f"has inconsistent {offsets}")
+        for name, dtype in _OPTIONAL_PER_FRAME.items():
+            if name not in a:
+                continue
+            if a[name].dtype != np.dtype(dtype) or a[name].ndim != 1:
+                raise self._bad(
+                    f"holds array {name!r} as {a[name].dtype.str} of shape {a[name].shape}; the format stores it as "
+                    f"{np.dtype(dtype).str}, one value per frame"
+                )
+            if len(a[name]) != int(a["frame_offsets"][-1]):
+                raise self._bad(
+                    f"holds {len(a[name])} values in array {name!r} for {int(a['frame_offsets'][-1])} frames"
+                )
         if n and (np.any(a["codec"] < 0) or np.any(a["codec"] >= len(self._codecs))):
             raise self._bad("names a codec it does not list")
         if n > 1 and np.any(a["keys"][1:] <= a["keys"][:-1]):
             raise self._bad("has unsorted or repeated keys")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_tables, (str(self.path), self.source))
+        if self._data is not None:
+            return (_tables_in_memory, (self._data, self.source))
+        return (_tables, (str(self.path), self.source, self.sha256))
 
     def __len__(self) -> int:
         return self._n
@@ -323,6 +397,13 @@ class FrameTables:
         pos = a["pkt_pos"][f0:f1]
         if len(pos) and int(pos.min()) < 0:
             raise self._bad(f"holds a negative packet position for {a['keys'][row].decode('utf-8', 'replace')!r}")
+        file_size = int(a["size"][row])
+        if file_size >= 0 and len(pos) and np.any(pos > file_size - a["pkt_size"][f0:f1].astype(np.int64)):
+            # Also what keeps a crafted packet size from turning into a read (and an allocation) of gigabytes.
+            raise self._bad(
+                f"holds a packet that ends past the end of {a['keys'][row].decode('utf-8', 'replace')!r} "
+                f"({file_size} bytes)"
+            )
         colour = tuple(int(a[n][row]) for n in ("col_range", "col_space", "col_primaries", "col_trc"))
         return PacketLayout(
             pos=tuple(pos.tolist()),
@@ -360,8 +441,18 @@ class FrameTables:
         width, height = int(a["width"][row]), int(a["height"][row])
         if min(tb) <= 0 or width <= 0 or height <= 0:
             raise self._bad(f"holds a non-positive size or time base for {key!r}")
+        fps = float(a["fps"][row])
+        if max(tb) > _MAX_INT32 or max(width, height) > MAX_SIDE or not 0.0 <= fps < 1e9:
+            raise self._bad(f"holds a frame size, time base or frame rate no video has for {key!r}")
         config = int(a["config_crc32"][row])
         reorder = int(a["reorder_depth"][row])
+        references = None
+        if "pkt_ref" in a:
+            codes = a["pkt_ref"][f0:f1]
+            if np.any((codes > MAX_REFERENCE_CODE) & (codes != REFERENCE_UNKNOWN)):
+                raise self._bad(f"holds invalid reference codes (array 'pkt_ref') for {key!r}")
+            if not np.all(codes == REFERENCE_UNKNOWN):
+                references = tuple(codes.tolist())
         return VideoInfo(
             codec=self._codecs[int(a["codec"][row])],
             width=width,
@@ -370,14 +461,36 @@ class FrameTables:
             pts=tuple(pts.tolist()),
             key_indices=tuple(keys.tolist()),
             key_seek=tuple(a["key_seek"][k0:k1].tolist()),
-            average_fps=float(a["fps"][row]),
+            average_fps=fps,
             crc32=tuple(a["crc32"][f0:f1].tolist()) if a["has_crc"][row] else None,
             config_crc32=None if config < 0 else config,
             identity=self.identity(row),
             layout=self.layout(row),
             reorder_depth=None if reorder < 0 else reorder,
+            references=references,
         )
 
 
-def _tables(path: str, source: str | None) -> FrameTables:
-    return FrameTables(path, source=source)
+def _tables(path: str, source: str | None, sha256: str | None = None) -> FrameTables:
+    return FrameTables(path, source=source, sha256=sha256)
+
+
+def _tables_in_memory(data: bytes, source: str) -> FrameTables:
+    return FrameTables.from_bytes(data, source=source)
+
+
+def _dtype(text: str, expected: np.dtype[Any] | None, name: str) -> np.dtype[Any] | None:
+    """The dtype a header names for array ``name``, or None when it is not the one that array has."""
+    try:
+        dt = np.dtype(text)
+    except (TypeError, ValueError):
+        return None
+    if expected is not None:  # the arrays this version knows have their dtype; ``keys``, bytes of any width
+        return dt if dt == expected or (name == "keys" and dt.kind == "S" and dt.itemsize > 0) else None
+    plain = dt.kind in "biufS" and dt.names is None and dt.subdtype is None and dt.itemsize > 0
+    return dt if plain else None  # an array a later version added: plain numbers or bytes
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (a count, a length or an offset), not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

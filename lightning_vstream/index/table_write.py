@@ -19,13 +19,14 @@ from lightning_vstream.index.table_file import (
     _CONCAT,
     _I64,
     _MAGIC,
+    _OPTIONAL_PER_FRAME,
     _PER_FILE,
     _PREFIX,
     TABLES_FORMAT,
     TABLES_VERSION,
     _blob_dtypes,
 )
-from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.index.tables import MAX_REFERENCE_CODE, REFERENCE_UNKNOWN, VideoInfo
 
 __all__ = ["write_table_arrays", "write_tables"]
 
@@ -66,9 +67,11 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     layout_rows: dict[str, list[int]] = {name: [] for name in _BYTES_PER_FILE}
     pkt_pos: list[int] = []
     pkt_size: list[int] = []
+    pkt_ref: list[int] = []
     blobs: dict[str, list[bytes]] = {name: [] for name in _BLOBS}
     for k in keys:
         info = infos[k]
+        pkt_ref.extend(info.references if info.references is not None else [REFERENCE_UNKNOWN] * info.frame_count)
         layout = info.layout
         layout_rows["has_layout"].append(int(layout is not None))
         colour = layout.colour if layout is not None else (-1, -1, -1, -1)
@@ -124,6 +127,7 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     for name, column in concatenated.items():
         arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
     arrays.update(_layout_arrays(layout_rows, pkt_pos, pkt_size, blobs))
+    arrays["pkt_ref"] = np.asarray(pkt_ref, dtype=_OPTIONAL_PER_FRAME["pkt_ref"]).reshape(len(pkt_ref))
     return write_table_arrays(path, encoded, codecs, arrays)
 
 
@@ -154,7 +158,7 @@ def write_table_arrays(
         codecs: Codec names the ``codec`` array indexes.
         arrays: Every per-file array (one row per key) and concatenated array of the format (see
             the module docs), in any integer or float dtype that converts losslessly;
-            ``reorder_depth`` may be left out (unknown).
+            ``reorder_depth`` and ``pkt_ref`` may be left out (unknown).
 
     Returns:
         ``path``.
@@ -190,6 +194,19 @@ def write_table_arrays(
         if arr.ndim != 1:
             raise DataFormatError(f"frame-table array {name!r} must be one-dimensional, got shape {arr.shape}.")
         out[name] = arr.astype(dtype, copy=False)
+    for name, dtype in _OPTIONAL_PER_FRAME.items():
+        if name in arrays:
+            arr = np.asarray(arrays[name])
+            if arr.shape != (len(out["pts"]),):
+                raise DataFormatError(
+                    f"frame-table array {name!r} needs one value per frame ({len(out['pts'])}), got shape {arr.shape}."
+                )
+            if arr.size and np.any(((arr < 0) | (arr > MAX_REFERENCE_CODE)) & (arr != REFERENCE_UNKNOWN)):
+                raise DataFormatError(
+                    f"frame-table array {name!r} holds values other than reference codes (0 .. {MAX_REFERENCE_CODE}, "
+                    f"or {REFERENCE_UNKNOWN} for unknown)."
+                )
+            out[name] = arr.astype(dtype, copy=False)
     if any(len(out[name]) != len(key_array) for name in (*_PER_FILE, *_BYTES_PER_FILE)):
         raise DataFormatError("every per-file frame-table array needs one row per key.")
     if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):

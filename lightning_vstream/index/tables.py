@@ -26,15 +26,20 @@ from lightning_vstream.errors import DataFormatError, IndexValidationError
 from lightning_vstream.index.identity import FileIdentity
 
 __all__ = [
+    "MAX_REFERENCE_CODE",
     "META_FORMAT",
     "META_VERSION",
+    "REFERENCE_UNKNOWN",
     "PacketLayout",
     "VideoInfo",
     "cached_info",
+    "is_reference",
     "load_metadata",
     "metadata_entry",
     "metadata_path",
+    "reference_code",
     "table_key",
+    "temporal_id",
 ]
 
 META_FORMAT = "lightning_vstream.meta"
@@ -42,6 +47,43 @@ META_VERSION = 1
 
 #: Version of the serialised :class:`VideoInfo` layout (stored in index metadata files).
 VIDEO_INFO_VERSION = 1
+
+# -- reference codes: one byte per frame, what the bitstream says about the frame's picture ---------
+#: The code of a frame whose picture may or may not be a reference: read as a reference.
+REFERENCE_UNKNOWN = 0xFF
+_MAX_TEMPORAL_ID = 7
+#: The largest code of a known picture (temporal id 7, a reference).
+MAX_REFERENCE_CODE = _MAX_TEMPORAL_ID << 1 | 1
+
+
+def reference_code(*, reference: bool, temporal_id: int) -> int:
+    """The one-byte code of a picture: ``temporal_id << 1 | reference`` (0 .. 15).
+
+    ``reference`` False means no picture of the same or a lower temporal sub-layer predicts from
+    it (H.265's sub-layer non-reference pictures; in H.264, VP9 and AV1, no picture at all).
+
+    Example::
+
+        >>> reference_code(reference=False, temporal_id=2), reference_code(reference=True, temporal_id=0)
+        (4, 1)
+    """
+    if not 0 <= temporal_id <= _MAX_TEMPORAL_ID:
+        raise DataFormatError(f"temporal_id={temporal_id!r} must be from 0 to {_MAX_TEMPORAL_ID}.")
+    return temporal_id << 1 | int(bool(reference))
+
+
+def is_reference(code: int) -> bool:
+    """Whether a frame with reference code ``code`` may be predicted from (True when unknown)."""
+    return code == REFERENCE_UNKNOWN or bool(code & 1)
+
+
+def temporal_id(code: int) -> int:
+    """The temporal sub-layer of a frame with reference code ``code`` (0 when unknown)."""
+    return 0 if code == REFERENCE_UNKNOWN else code >> 1
+
+
+def _valid_references(codes: tuple[int, ...]) -> bool:
+    return all(c == REFERENCE_UNKNOWN or 0 <= c <= MAX_REFERENCE_CODE for c in codes)
 
 
 @dataclass(frozen=True)
@@ -142,6 +184,13 @@ class VideoInfo:
             order (0: frames are stored in presentation order, no B-frame reordering), measured
             from the packets when the index was built. GPU decoders choose NVDEC's latency mode
             from it. None when unknown (indexes built before it was recorded). Not part of equality.
+        references: Every frame's reference code (presentation order, see :func:`reference_code`):
+            whether its picture is a reference and its temporal sub-layer, read from the packets
+            when the index was built (:class:`~lightning_vstream.decode.bitstream.ReferenceReader`);
+            :data:`REFERENCE_UNKNOWN` where the bitstream does not say. Readers leave out pictures
+            no wanted picture depends on (:func:`~lightning_vstream.clips.planner.plan_feed`). None
+            when unknown for the whole file (tables written before it was recorded: nothing is
+            left out). Not part of equality.
 
     Example::
 
@@ -163,6 +212,7 @@ class VideoInfo:
     identity: FileIdentity | None = field(default=None, compare=False)
     layout: PacketLayout | None = field(default=None, compare=False, repr=False)
     reorder_depth: int | None = field(default=None, compare=False)
+    references: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     _pts_lookup: dict[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -222,6 +272,7 @@ class VideoInfo:
             **({"config_crc32": self.config_crc32} if self.config_crc32 is not None else {}),
             **({"packets": self.layout.to_dict()} if self.layout is not None else {}),
             **({"reorder_depth": self.reorder_depth} if self.reorder_depth is not None else {}),
+            **({"references": list(self.references)} if self.references is not None else {}),
         }
 
     @classmethod
@@ -245,6 +296,7 @@ class VideoInfo:
             config_crc32=int(data["config_crc32"]) if data.get("config_crc32") is not None else None,
             layout=PacketLayout.from_dict(data["packets"], len(data["pts"])) if data.get("packets") else None,
             reorder_depth=int(data["reorder_depth"]) if data.get("reorder_depth") is not None else None,
+            references=tuple(int(c) for c in data["references"]) if data.get("references") is not None else None,
         )
         if info.time_base[0] <= 0 or info.time_base[1] <= 0 or info.width <= 0 or info.height <= 0:
             raise DataFormatError(
@@ -258,6 +310,13 @@ class VideoInfo:
         if info.crc32 is not None and len(info.crc32) != len(info.pts):
             raise DataFormatError(
                 "video metadata has a checksum list of the wrong length; rebuild it with `vstream index`."
+            )
+        if info.references is not None and (
+            len(info.references) != len(info.pts) or not _valid_references(info.references)
+        ):
+            raise DataFormatError(
+                "video metadata has reference flags of the wrong length or with invalid values; rebuild it with "
+                "`vstream index`."
             )
         if len(info.key_indices) != len(info.key_seek) or not info.key_indices or info.key_indices[0] != 0:
             raise DataFormatError("video metadata has inconsistent keyframe lists; rebuild it with `vstream index`.")

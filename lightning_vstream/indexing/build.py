@@ -1,15 +1,28 @@
-"""Building an index from a dataset tree, or the frame tables of an existing one, by probing every file."""
+"""Building an index from a dataset tree, or the frame tables of an existing one, by probing every file.
+
+A dataset with holes (a camera that failed for one drive, a file that cannot be read as video) is
+indexed as far as it is whole: :func:`whole_clips` tells the clips that have every camera from the
+others, the clips left out are listed beside the index (:func:`incomplete_path`) and warned about.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import warnings
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-from lightning_vstream.errors import DataFormatError, IndexValidationError, MissingFileError, VideoDecodeError
+from lightning_vstream.errors import (
+    DataFormatError,
+    IndexValidationError,
+    MissingFileError,
+    VideoDecodeError,
+    VStreamWarning,
+)
 from lightning_vstream.index.files import discover_cameras, image_files, natural_key
 from lightning_vstream.index.load import read_index_layout
 from lightning_vstream.index.table_file import tables_path
@@ -24,9 +37,95 @@ from lightning_vstream.index.tables import (
 )
 from lightning_vstream.indexing.probe import probe_with_identity
 
-__all__ = ["TableFormat", "build_index", "write_frame_tables", "write_index_tables"]
+__all__ = [
+    "Incomplete",
+    "TableFormat",
+    "build_index",
+    "incomplete_path",
+    "refuse_incomplete",
+    "warn_incomplete",
+    "whole_clips",
+    "write_frame_tables",
+    "write_index_tables",
+]
 
 TableFormat = Literal["binary", "json"]
+#: What building an index does with a clip that is not whole: leave it out (and list it) or refuse the dataset.
+Incomplete = Literal["skip", "raise"]
+K = TypeVar("K", bound=Hashable)
+
+
+def incomplete_path(index_path: Path | str) -> str:
+    """Where the clips left out of an index are listed: ``index.incomplete.json`` next to ``index.json``
+    (a path, or a URL for a remote index)."""
+    text = str(index_path)
+    stem = text[: -len(".json")] if text.endswith(".json") else text
+    return f"{stem}.incomplete.json"
+
+
+def whole_clips(cameras: Mapping[K, Mapping[str, str | None]]) -> tuple[list[K], dict[K, list[str]]]:
+    """Which clips have every camera, and why the others are not whole.
+
+    The cameras every clip should have are the set most clips have (the larger set on a tie): a
+    camera that failed for one drive leaves its clip out, not the camera out of every clip.
+
+    Args:
+        cameras: Per clip, in index order: camera name -> None when its file is fine, else why it
+            cannot be read.
+
+    Returns:
+        The whole clips in order, and per clip left out, every reason (sentences without the clip id).
+
+    Example::
+
+        >>> whole_clips({"a": {"F": None, "B": None}, "b": {"F": None}, "c": {"F": None, "B": "truncated"}})
+        (['a'], {'b': ["missing camera file(s) ['B'] (the other clips have ['B', 'F'])"], 'c': ["camera 'B': truncated"]})
+    """
+    sets = Counter(frozenset(found) for found in cameras.values())
+    expected = max(sets, key=lambda s: (sets[s], len(s), sorted(s))) if sets else frozenset()
+    whole: list[K] = []
+    left_out: dict[K, list[str]] = {}
+    for clip, found in cameras.items():
+        reasons = []
+        missing = sorted(expected - set(found))
+        if missing:
+            reasons.append(f"missing camera file(s) {missing} (the other clips have {sorted(expected)})")
+        extra = sorted(set(found) - expected)
+        if extra:
+            reasons.append(f"camera file(s) {extra} that the other clips do not have (they have {sorted(expected)})")
+        reasons += [f"camera {name!r}: {problem}" for name, problem in sorted(found.items()) if problem is not None]
+        if reasons:
+            left_out[clip] = reasons
+        else:
+            whole.append(clip)
+    return whole, left_out
+
+
+def warn_incomplete(root: str, listing: str, left_out: Mapping[str, Sequence[str]], total: int) -> None:
+    """Warn (a :class:`VStreamWarning`) that the clips ``left_out`` (id -> reasons) were not indexed."""
+    shown = "; ".join(f"{clip!r}: {', '.join(reasons)}" for clip, reasons in list(left_out.items())[:3])
+    more = f"; and {len(left_out) - 3} more" if len(left_out) > 3 else ""
+    warnings.warn(
+        f"{len(left_out)} of {total} clips under {root!r} are incomplete and were left out of the index: "
+        f"{shown}{more}. Every one is listed in {listing!r}; restore their files and build the index again to "
+        "include them.",
+        VStreamWarning,
+        stacklevel=3,
+    )
+
+
+def refuse_incomplete(root: str, left_out: Mapping[str, Sequence[str]], *, whole: int) -> IndexValidationError:
+    """The error for clips that are not whole, where they are refused (or no clip is whole)."""
+    fix = (
+        "Restore their files, or index the whole clips only: incomplete='skip' (`vstream index` without --strict) "
+        "leaves these out and lists them beside the index."
+        if whole
+        else "No clip is whole, so there is nothing to index: restore the files."
+    )
+    problems = [f"clip {clip!r} is incomplete: {', '.join(reasons)}." for clip, reasons in left_out.items()]
+    if len(problems) == 1:
+        return IndexValidationError(repr(root), [f"{root!r}: {problems[0]} {fix}"])
+    return IndexValidationError(f"{root!r} ({len(problems)} incomplete clips; {fix})", problems)
 
 
 def _find_clip_folders(root: Path) -> dict[Path, list[Path]]:
@@ -71,12 +170,20 @@ def build_index(
     progress: bool = True,
     metadata: bool = True,
     table_format: TableFormat = "binary",
+    incomplete: Incomplete = "skip",
 ) -> Path:
     """Scan a dataset tree and write an accvlab index (plus the metadata sidecar).
 
     Every camera file is probed, so frame counts come from the streams themselves. A clip's
     frame count is the smallest over its cameras; clips whose cameras disagree are reported
     on stderr.
+
+    A clip that is not whole (a camera file missing where the other clips have one, an extra
+    camera, a file that cannot be read as video) is left out with ``incomplete="skip"``: the
+    index holds the whole clips, the others are listed with their reasons in
+    ``index.incomplete.json`` next to it (:func:`incomplete_path`; removed when every clip is
+    whole) and a :class:`~lightning_vstream.VStreamWarning` names them. ``incomplete="raise"``
+    refuses the dataset instead, writing nothing.
 
     Args:
         root: Dataset folder; clip folders are found anywhere below it.
@@ -86,13 +193,15 @@ def build_index(
         metadata: Also write every file's frame table and identity next to the index.
         table_format: ``"binary"`` writes ``index.tables.bin`` (memory-mapped, see
             :mod:`~lightning_vstream.index.table_file`); ``"json"`` the older ``index.meta.json``.
+        incomplete: ``"skip"`` leaves incomplete clips out and lists them; ``"raise"`` refuses them.
 
     Returns:
         The index path.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
-        IndexValidationError: No clip folder was found, or files could not be probed.
+        IndexValidationError: No clip folder was found, a file could not be read (a permission, an I/O
+            error), no clip is whole, or (``incomplete="raise"``) a clip is not whole.
 
     Example::
 
@@ -102,6 +211,8 @@ def build_index(
 
     if table_format not in ("binary", "json"):
         raise DataFormatError(f"table_format={table_format!r} is not supported; use 'binary' or 'json'.")
+    if incomplete not in ("skip", "raise"):
+        raise DataFormatError(f"incomplete={incomplete!r} is not supported; use 'skip' or 'raise'.")
     # Absolute but not resolved: keys stay relative to the folders as the user sees them, even
     # when a video folder is a symbolic link.
     root = Path(os.path.abspath(root))
@@ -132,16 +243,29 @@ def build_index(
         )
     infos: dict[Path, VideoInfo] = {}
     problems: list[str] = []
-    for _, folder, name, path in tqdm(jobs, desc="probing", unit="file", disable=not progress or len(jobs) < 20):
+    cameras: dict[tuple[Path, Path], dict[str, str | None]] = {}
+    for vd, folder, name, path in tqdm(jobs, desc="probing", unit="file", disable=not progress or len(jobs) < 20):
+        found = cameras.setdefault((vd, folder), {})
+        found[name] = None
         try:
             infos[path] = probe_with_identity(path)
-        except (VideoDecodeError, OSError, ValueError) as err:
+        except (VideoDecodeError, DataFormatError) as err:
+            found[name] = str(err)  # the file is there but is not a readable video: its clip is not whole
+        except (OSError, ValueError) as err:
             problems.append(f"clip {folder.name!r}, camera {name!r}: {err}")
     if problems:
         raise IndexValidationError(str(root), problems)
+    whole, left_out = whole_clips(cameras)
+    listing = Path(incomplete_path(output))
+    named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
+    if left_out and (incomplete == "raise" or not whole):
+        raise refuse_incomplete(str(root), {key[1]: reasons for key, reasons in named.items()}, whole=len(whole))
+    keep = set(whole)
     index: dict[str, dict[str, int]] = {}
     files: dict[str, VideoInfo] = {}
     for vd, folder, _name, path in jobs:
+        if (vd, folder) not in keep:
+            continue
         key = os.path.relpath(vd, output.parent).replace(os.sep, "/")
         counts = index.setdefault(key, {})
         n = infos[path].frame_count
@@ -157,7 +281,20 @@ def build_index(
     output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     if metadata:
         write_frame_tables(output, files, table_format=table_format)
+    if left_out:
+        listed: dict[str, dict[str, list[str]]] = {}
+        for (video_dir, clip_id), reasons in named.items():
+            listed.setdefault(video_dir, {})[clip_id] = reasons
+        listing.write_text(json.dumps(listed, indent=2) + "\n", encoding="utf-8")
+        warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
+    else:
+        listing.unlink(missing_ok=True)  # a list from an earlier build would name clips that are whole now
     return output
+
+
+def _clip_key(video_dir: Path, folder: Path, output: Path) -> tuple[str, str]:
+    """``(video_dir key as the index writes it, clip id)`` of a clip folder."""
+    return os.path.relpath(video_dir, output.parent).replace(os.sep, "/"), folder.name
 
 
 def write_frame_tables(

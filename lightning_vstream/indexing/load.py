@@ -8,13 +8,14 @@ so it lives here, above the decoders, and is handed to the index loaders.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream.errors import DataFormatError, FileChangedError, IndexValidationError, MissingFileError
 from lightning_vstream.index.identity import reverify
+from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.index.load import load_local_index
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.remote import load_remote_index
@@ -36,6 +37,7 @@ def load_index(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
     cache_limit: int | str | None = None,
+    exclude_clips: Collection[str] | None = None,
 ) -> VideoIndex:
     """Parse and validate an index file, on a local disk or at a URL.
 
@@ -62,6 +64,9 @@ def load_index(
         cache_dir: Node-local folder caching the frame tables and every GOP read (shared by the
             ranks and workers of a machine); None: GOPs are only held in memory while needed.
         cache_limit: Bytes the GOP cache may hold (``"20GB"`` or an int); None: no limit.
+        exclude_clips: Clip ids to leave out: a clip whose camera file is gone, or one you do not want
+            to train on. They are not checked (their files may be missing) and never read; ids the
+            index does not list are ignored, and :attr:`VideoIndex.excluded` names those left out.
 
     Returns:
         The validated :class:`VideoIndex`.
@@ -70,7 +75,7 @@ def load_index(
         FileNotFoundError: The index file does not exist.
         ValueError: The JSON is malformed (message gives line and column), or ``cameras`` is empty
             or repeats a name.
-        TypeError: ``cameras`` is a single string instead of a list.
+        TypeError: ``cameras`` or ``exclude_clips`` is a single string instead of a list.
         IndexValidationError: The index disagrees with the files (every problem listed).
         FileChangedError: With ``check="thorough"``, a file changed since the index was built and
             its packets no longer match the frame tables.
@@ -78,6 +83,8 @@ def load_index(
     Example::
 
         >>> index = load_index("data/index.json", cameras=["CAM_FRONT", "CAM_BACK"])  # doctest: +SKIP
+        >>> load_index("data/index.json", exclude_clips=["scene-0003"]).excluded  # doctest: +SKIP
+        ('scene-0003',)
     """
     if check not in ("fast", "thorough"):
         raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
@@ -85,9 +92,15 @@ def load_index(
     if is_url(path):
         config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         return load_remote_index(
-            str(path), cameras=cameras, check_files=check_remote_files if thorough else None, storage=config
+            str(path),
+            cameras=cameras,
+            check_files=check_remote_files if thorough else None,
+            storage=config,
+            exclude_clips=exclude_clips,
         )
-    return load_local_index(path, cameras=cameras, check_files=check_files if thorough else None)
+    return load_local_index(
+        path, cameras=cameras, check_files=check_files if thorough else None, exclude_clips=exclude_clips
+    )
 
 
 def check_files(clips: list[Clip], where: str, problems: list[str], changed: list[str]) -> list[Clip]:
@@ -120,6 +133,13 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
         try:
             st = os.stat(cam.path)
             same = st.st_size == recorded.size and (recorded.size_only or st.st_mtime_ns == recorded.mtime_ns)
+        except FileNotFoundError:
+            changed.append(
+                f"{where}: clip {clip.clip_id!r}, camera {cam.name!r}: {str(cam.path)!r} no longer exists. "
+                f"{leave_out_hint(clip.clip_id)}"
+            )
+            streams.append(cam)
+            continue
         except OSError:
             same = False
         if same:

@@ -37,12 +37,9 @@ def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
         240
     """
     if isinstance(path, str) and is_url(path):
-        from lightning_vstream.decode.probe import probe_video_file
-        from lightning_vstream.decode.range_file import RangeFile
-        from lightning_vstream.storage.client import storage_for
+        from lightning_vstream.decode.range_file import probe_url
 
-        client = storage_for(storage or StorageConfig())
-        return probe_video_file(lambda: RangeFile(client, str(path), Expect()), name=str(path))
+        return probe_url(path, storage)
     path = Path(path)
     if path.is_dir():
         from lightning_vstream.decode.images import probe_image_folder

@@ -15,11 +15,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.errors import ConfigurationError, IndexValidationError
+from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, natural_key
 from lightning_vstream.index.remote import load_remote_index, remote_key, tables_url
 from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.indexing.build import (
+    Incomplete,
+    incomplete_path,
+    refuse_incomplete,
+    warn_incomplete,
+    whole_clips,
+)
 from lightning_vstream.indexing.probe import probe_objects
 from lightning_vstream.storage.client import Storage, storage_for
 from lightning_vstream.storage.options import StorageConfig
@@ -42,23 +49,29 @@ def build_remote_index(
     output: str | None = None,
     storage: StorageConfig | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    incomplete: Incomplete = "skip",
 ) -> str:
     """Build an index of the dataset under the URL ``root``, in place: the index and its tables are written next to it.
 
     Every camera file is read once (one GET) and probed from memory; its frame table records its
-    size and ETag, so readers check both with every request.
+    size and ETag, so readers check both with every request. A clip missing a camera file the
+    other clips have is left out and listed in ``index.incomplete.json`` next to the index (as
+    :func:`~lightning_vstream.indexing.build_index` does; ``incomplete="raise"`` refuses it); a file
+    that cannot be read fails the build, every one listed.
 
     Args:
         root: Folder URL of the dataset (clip folders of camera files anywhere below it).
         output: URL of the index to write; ``root/index.json`` when None.
         storage: Options of the store.
         progress: Optional wrapper for the probe loop (a ``tqdm``).
+        incomplete: ``"skip"`` leaves incomplete clips out and lists them; ``"raise"`` refuses them.
 
     Returns:
         The index URL.
 
     Raises:
-        IndexValidationError: No clip folder found, or files could not be probed (every problem listed).
+        IndexValidationError: No clip folder found, files could not be probed (every problem listed), no clip
+            is whole, or (``incomplete="raise"``) a clip is not whole.
 
     Example::
 
@@ -88,6 +101,11 @@ def build_remote_index(
         cams[stem] = url
     if not folders:
         raise IndexValidationError(repr(root), [f"no clip folders with video files found under {root!r}."])
+    ordered = sorted(folders, key=natural_key)
+    whole, left_out = whole_clips({folder: dict.fromkeys(folders[folder]) for folder in ordered})
+    if left_out and (incomplete == "raise" or not whole):
+        raise refuse_incomplete(root, {basename(f): reasons for f, reasons in left_out.items()}, whole=len(whole))
+    folders = {folder: folders[folder] for folder in whole}
     jobs = [
         (url, f"clip {basename(folder)!r}, camera {name!r}")
         for folder, cams in sorted(folders.items(), key=lambda item: natural_key(item[0]))
@@ -107,7 +125,25 @@ def build_remote_index(
             files[remote_key(base, url)] = infos[url]
     _upload_tables(client, output, files)
     client.write(output, (json.dumps(index, indent=2) + "\n").encode())
+    listing = incomplete_path(output)
+    listed: dict[str, dict[str, list[str]]] = {}
+    for folder, reasons in left_out.items():
+        video_dir = dirname(folder)
+        vd_key = "." if video_dir.rstrip("/") == base.rstrip("/") else remote_key(base, video_dir)
+        listed.setdefault(vd_key, {})[basename(folder)] = reasons
+    if listed or _exists(client, listing):  # {} replaces a list from an earlier build
+        client.write(listing, (json.dumps(listed, indent=2) + "\n").encode())
+    if left_out:
+        warn_incomplete(root, listing, {basename(f): r for f, r in left_out.items()}, len(ordered))
     return output
+
+
+def _exists(client: Storage, url: str) -> bool:
+    try:
+        client.head(url)
+    except MissingFileError:
+        return False
+    return True
 
 
 def write_remote_index_tables(

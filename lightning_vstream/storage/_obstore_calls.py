@@ -7,7 +7,13 @@ second without importing torch or the rest of the package.
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+if __package__:  # imported as lightning_vstream.storage._obstore_calls
+    from lightning_vstream.storage import _egress
+else:  # in the helper process, as a sibling of its script (which imports nothing of the package)
+    import _egress  # type: ignore[no-redef,import-not-found]
 
 #: What a request spec may ask for.
 OPS = ("get", "head", "put", "list")
@@ -15,6 +21,18 @@ OPS = ("get", "head", "put", "list")
 
 class CallError(Exception):
     """A request spec this module cannot serve (a bug in the caller, reported back as a message)."""
+
+
+class RedirectRefused(Exception):
+    """A request failed because the egress guard refused a redirect to another host."""
+
+
+#: Hosts the clients of guarded stores reach directly: the cloud providers' credential services,
+#: which obstore asks for credentials nobody configured (never a redirect target a store chooses).
+CREDENTIAL_HOSTS = (
+    "169.254.169.254,169.254.170.2,fd00:ec2::254,.amazonaws.com,.amazonaws.com.cn,"
+    "metadata.google.internal,.googleapis.com,.microsoftonline.com"
+)
 
 
 def build_store(spec: dict[str, Any]) -> Any:
@@ -27,6 +45,10 @@ def build_store(spec: dict[str, Any]) -> Any:
     kind = spec["kind"]
     config: Any = dict(spec.get("config") or {})
     client_options: Any = dict(spec.get("client_options") or {})
+    if spec.get("egress"):
+        # Every request goes through this process's guard, which refuses hosts other than the store's.
+        client_options["proxy_url"] = _egress.guard_for(frozenset(spec["egress"])).url
+        client_options["proxy_excludes"] = CREDENTIAL_HOSTS
     retry: Any = {"max_retries": 0}
     if kind == "s3":
         provider = None
@@ -59,7 +81,23 @@ def _meta(meta: Any) -> dict[str, Any]:
 
 
 def call(store: Any, op: str, params: dict[str, Any]) -> tuple[Any, Any]:
-    """Make one request; returns ``(payload, meta)`` (payload: bytes-like or None; meta: a dict or a list)."""
+    """Make one request; returns ``(payload, meta)`` (payload: bytes-like or None; meta: a dict or a list).
+
+    Raises:
+        RedirectRefused: The store redirected the request to another host (see ``_egress``).
+        Exception: obstore's error for any other failure.
+    """
+    started = time.monotonic()
+    try:
+        return _call(store, op, params)
+    except Exception as err:
+        target = _egress.refused_since(started)
+        if target is not None:
+            raise RedirectRefused(f"{_egress.MARKER}: {target} ({type(err).__name__})") from None
+        raise
+
+
+def _call(store: Any, op: str, params: dict[str, Any]) -> tuple[Any, Any]:
     import obstore
 
     key = params.get("key", "")

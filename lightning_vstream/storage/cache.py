@@ -4,9 +4,14 @@ Layout under ``cache_dir``: ``gops/<2 hex>/<digest>.gop`` holds the bytes of one
 of one object version (the digest covers the URL, the object's ETag or size, and the range);
 ``claims/`` holds who is downloading what; ``tables/`` the frame tables of remote indexes.
 
-- **Atomic, lock-free**: a GOP is written to a private temporary file and renamed into place, so a
-  reader sees all of it or nothing. A process about to download a GOP first creates a *claim*
-  (``O_EXCL``); others wait for the file instead of downloading it again. A claim whose process is
+- **Private**: the folder is created with mode 0700 and refused, named, when another user owns it or
+  may write to it (see :mod:`~lightning_vstream.storage.private`). An entry is used only when it is a
+  regular file of the GOP's size, opened without following links and without blocking; anything else
+  (a planted link, a FIFO, a file of another size) is a miss and is removed.
+- **Atomic, lock-free**: a GOP is written to a fresh temporary file (``O_CREAT | O_EXCL |
+  O_NOFOLLOW``) and renamed into place, so a reader sees all of it or nothing. A process about to
+  download a GOP first creates a *claim* (``O_EXCL``); others wait for the file instead of
+  downloading it again. A claim whose process is
   gone, or that is older than :data:`CLAIM_TTL_S`, is ignored: a killed process leaves nothing that
   blocks anyone.
 - **Bounded**: past ``cache_limit``, files are evicted by *priority*, stored as the file's
@@ -16,6 +21,9 @@ of one object version (the digest covers the URL, the object's ETag or size, and
 - **Verified**: readers check every packet's CRC-32 against the frame tables, as for bytes from the
   network; a cached GOP that fails is removed and fetched again.
 - **Survives restarts**: nothing lives in memory that the files do not hold.
+- **Optional**: a folder that cannot be written (read-only, full, over quota) is warned about once
+  (:class:`~lightning_vstream.errors.VStreamWarning`) and reading goes on without it; a failed write
+  leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -23,15 +31,25 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Literal
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, VStreamWarning
+from lightning_vstream.storage.private import (
+    CacheWriteError,
+    inner_folder,
+    private_folder,
+    read_regular,
+    remove_entry,
+    write_file,
+)
 from lightning_vstream.storage.stats import StatsRecorder
 
-__all__ = ["CLAIM_TTL_S", "NodeCache", "Policy", "planned_priority"]
+__all__ = ["CLAIM_TTL_S", "NodeCache", "Policy", "planned_priority", "warn_unwritable"]
 
 Policy = Literal["plan", "lru"]
 #: Seconds after which a claim is stale whatever its process.
@@ -51,6 +69,24 @@ _RESCAN_EVERY = 64
 def planned_priority(clock: float) -> int:
     """The priority of a GOP whose next planned read is at ``clock`` (steps since the first epoch's start)."""
     return _PLANNED + int(max(0.0, min(float(clock), _MAX_CLOCK)) * 1e9)
+
+
+_WARNED_UNWRITABLE: set[str] = set()
+
+
+def warn_unwritable(root: Path | str, reason: str) -> None:
+    """Warn once per process and folder that the cache folder ``root`` cannot be written."""
+    key = os.path.abspath(root)
+    if key in _WARNED_UNWRITABLE:
+        return
+    _WARNED_UNWRITABLE.add(key)
+    warnings.warn(
+        f"cache_dir {str(root)!r} cannot be written ({reason}): reading goes on without the node cache (every GOP "
+        "is fetched again when it is needed again). Free some space or make the folder writable, or pass another "
+        "cache_dir (or none).",
+        VStreamWarning,
+        stacklevel=3,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -88,13 +124,14 @@ class NodeCache:
         self._gops = self.root / "gops"
         self._claims = self.root / "claims"
         self._tmp = self.root / "tmp"
-        for folder in (self._gops, self._claims, self._tmp):
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise ConfigurationError(
-                    f"cache_dir={str(self.root)!r} cannot be used ({err.strerror or err}); pass a writable local folder."
-                ) from None
+        #: False once a write failed (or the folders cannot be made): the cache only serves what it holds.
+        self.writable = True
+        try:
+            private_folder(self.root, what="cache_dir")
+            for folder in (self._gops, self._claims, self._tmp):
+                inner_folder(folder, what=f"cache_dir {str(self.root)!r}")
+        except CacheWriteError as err:
+            self._unwritable(err)
         self._lock = threading.Lock()
         self._size: int | None = None  # bytes of GOP files, as last scanned plus this process's writes
         self._writes = 0
@@ -110,20 +147,27 @@ class NodeCache:
     def path(self, key: str) -> Path:
         return self._gops / key[:2] / f"{key}.gop"
 
+    def _unwritable(self, err: OSError) -> None:
+        self.writable = False
+        warn_unwritable(self.root, err.strerror or str(err))
+
     # -- reading -------------------------------------------------------------------------------
-    def get(self, key: str, *, priority: float | None = None) -> bytes | None:
-        """The cached bytes of ``key``, or None; a hit sets its priority (its next planned read, or now)."""
-        path = self.path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
-            return None
-        self.touch(key, priority)
+    def get(self, key: str, *, size: int | None = None, priority: float | None = None) -> bytes | None:
+        """The cached bytes of ``key``, or None; a hit sets its priority (its next planned read, or now).
+
+        Only a regular file (of ``size`` bytes, when given) is a hit; anything else at its place is
+        removed (see the module docs).
+        """
+        data = read_regular(self.path(key), size=size)
+        if data is not None:
+            self.touch(key, priority)
         return data
 
     def contains(self, key: str) -> bool:
-        return self.path(key).is_file()
+        try:
+            return stat.S_ISREG(os.lstat(self.path(key)).st_mode)
+        except OSError:
+            return False
 
     def touch(self, key: str, priority: float | None = None) -> None:
         """Set ``key``'s eviction priority (see :func:`planned_priority`; None: not planned, used now)."""
@@ -141,21 +185,15 @@ class NodeCache:
     # -- writing -------------------------------------------------------------------------------
     def put(self, key: str, data: bytes | memoryview, *, priority: float | None = None) -> None:
         """Store ``data`` under ``key`` atomically (private temporary file, then rename), then keep the limit."""
+        if not self.writable:
+            return
         path = self.path(key)
-        tmp = self._tmp / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            path.parent.mkdir(exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            value = self._priority(priority)
-            os.utime(tmp, ns=(value, value))
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            return  # a full or read-only disk makes the cache a no-op, never a failure
+            inner_folder(path.parent, what=f"cache_dir {str(self.root)!r}")
+            write_file(path, data, tmp=self._tmp, mtime_ns=self._priority(priority))
+        except CacheWriteError as err:
+            self._unwritable(err)  # a full or read-only disk makes the cache a no-op, never a failure
+            return
         size = memoryview(data).nbytes
         self.stats.add(cache_bytes_written=size)
         with self._lock:
@@ -170,10 +208,7 @@ class NodeCache:
 
     def discard(self, key: str) -> None:
         """Remove ``key`` (its bytes failed their checksums)."""
-        try:
-            self.path(key).unlink()
-        except OSError:
-            pass
+        remove_entry(self.path(key))
 
     def evict(self) -> int:
         """Scan the cache and, past the limit, remove files by priority until under 90% of it; returns files removed.
@@ -216,7 +251,7 @@ class NodeCache:
             with names:
                 for entry in names:
                     try:
-                        st = entry.stat()
+                        st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
                     entries.append((st.st_mtime_ns, st.st_size, entry.path))
@@ -242,7 +277,7 @@ class NodeCache:
         for dirpath, _, files in os.walk(self._gops):
             for name in files:
                 try:
-                    total += os.stat(os.path.join(dirpath, name)).st_size
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
                 except OSError:
                     pass
         return total
@@ -250,18 +285,18 @@ class NodeCache:
     # -- one download per node -----------------------------------------------------------------
     def claim(self, key: str) -> bool:
         """True when this process should download ``key``; False when a live process already is."""
+        if not self.writable:
+            return True
         path = self._claims / f"{key}.claim"
         stamp = f"{os.getpid()} {time.time():.3f}".encode()
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except FileExistsError:
             if self._claimed_by_other(path):
                 return False
-            tmp = self._tmp / f"{key}.{os.getpid()}.claim"  # stale: take it over
             try:
-                tmp.write_bytes(stamp)
-                os.replace(tmp, path)
-            except OSError:
+                write_file(path, stamp, tmp=self._tmp)  # stale: take it over
+            except CacheWriteError:
                 pass
             return True
         except OSError:
@@ -276,26 +311,29 @@ class NodeCache:
         except OSError:
             pass
 
-    def wait_for(self, key: str, timeout: float, *, priority: float | None = None) -> bytes | None:
+    def wait_for(
+        self, key: str, timeout: float, *, size: int | None = None, priority: float | None = None
+    ) -> bytes | None:
         """The bytes of ``key`` once the process that claimed it has written them; None if it gave up or died."""
         deadline = time.monotonic() + timeout
         delay = 0.005
         claim = self._claims / f"{key}.claim"
         while time.monotonic() < deadline:
-            data = self.get(key, priority=priority)
+            data = self.get(key, size=size, priority=priority)
             if data is not None:
                 return data
             if not self._claimed_by_other(claim):
-                return self.get(key, priority=priority)
+                return self.get(key, size=size, priority=priority)
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
         return None
 
     def _claimed_by_other(self, claim: Path) -> bool:
         """True while ``claim`` exists and belongs to another live process that claimed it recently."""
+        raw = read_regular(claim)
         try:
-            pid_text, when = claim.read_text().split()
+            pid_text, when = (raw or b"").decode("ascii").split()
             owner, since = int(pid_text), float(when)
-        except (OSError, ValueError):
+        except (UnicodeDecodeError, ValueError):
             return False
         return owner != os.getpid() and _alive(owner) and time.time() - since < CLAIM_TTL_S

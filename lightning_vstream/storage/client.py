@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from lightning_vstream.errors import (
+    ConfigurationError,
     FileChangedError,
     MissingFileError,
     RemoteAccessError,
@@ -29,7 +31,7 @@ from lightning_vstream.errors import (
 from lightning_vstream.storage.local import LocalTransport
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.stats import StatsRecorder, StorageStats
-from lightning_vstream.storage.transport import Failure, ObjectInfo, RetryPolicy, Transport
+from lightning_vstream.storage.transport import REDIRECT_MARKER, Failure, ObjectInfo, RetryPolicy, Transport
 from lightning_vstream.storage.urls import OBSTORE_SCHEMES, is_url, parse
 
 __all__ = ["Expect", "Storage", "storage_for"]
@@ -122,8 +124,9 @@ class Storage:
 
             spec = store_spec(parse(url), self.config)
             return InProcessTransport(spec) if in_process_allowed() else HelperTransport(spec, self.timeout)
-        from lightning_vstream.storage.fsspec_transport import FsspecTransport
+        from lightning_vstream.storage.fsspec_transport import FsspecTransport, check_scheme
 
+        check_scheme(scheme, url)
         return FsspecTransport(scheme, container, dict(self.config.get("fsspec", {})))
 
     # -- requests ----------------------------------------------------------------------------
@@ -162,6 +165,23 @@ class Storage:
                 f"{what}: access denied ({detail}). Check the credentials: storage_options (access_key_id, "
                 "secret_access_key, anonymous...) or the provider's environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, "
                 "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY...); see docs/remote.md."
+            )
+        if failure.kind == "configuration":
+            return ConfigurationError(f"{what}: {failure.fix} ({detail}).")
+        if failure.kind == "credentials":
+            return RemoteAccessError(
+                f"{what}: no credentials were configured, and the machine's metadata service gave none ({detail}). "
+                "Pass them in storage_options (access_key_id and secret_access_key, or profile, for S3; "
+                "service_account_path for GCS; account_key or sas_token for Azure), set the provider's environment "
+                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS...), or "
+                "pass anonymous=True for a public bucket; see docs/remote.md."
+            )
+        if failure.kind == "redirect":
+            target = failure.message.split(REDIRECT_MARKER, 1)[1].lstrip(": ").split()[0].rstrip(".,;)")
+            return RemoteStorageError(
+                f"{what} was redirected to another host ({target}); the request was not sent there, so that no "
+                "credential or configured header leaves for a host nobody configured. Point "
+                "storage_options['endpoint'] (or the URL) at the host that serves the data."
             )
         if failure.kind == "timeout":
             return RemoteTimeoutError(
@@ -248,8 +268,14 @@ class Storage:
 
 
 def _join_key(prefix_url: str, prefix_key: str, key: str) -> str:
-    """The URL of ``key``, listed under ``prefix_key`` of the folder URL ``prefix_url``."""
-    return prefix_url + key[len(prefix_key) :] if key.startswith(prefix_key) else prefix_url + key
+    """The URL of ``key``, listed under ``prefix_key`` of the folder URL ``prefix_url``.
+
+    A ``file://`` URL holds the listed names percent-encoded (see :mod:`~lightning_vstream.storage.urls`).
+    """
+    rest = key[len(prefix_key) :] if key.startswith(prefix_key) else key
+    if prefix_url.startswith("file:"):
+        rest = "/".join(quote(part, safe="") for part in rest.split("/"))
+    return prefix_url + rest
 
 
 _STORAGES: dict[str, Storage] = {}

@@ -354,9 +354,12 @@ class Fetcher:
     def _make_room(self, need: int, due: float) -> bool:
         """Drop units fetched ahead for later reads than ``due`` until ``need`` more bytes fit."""
         later = sorted(
-            (e.due, u)
-            for u, e in self._entries.items()
-            if e.prefetched and e.pins == 0 and e.due > due and e.future.done()
+            (
+                (e.due, u)
+                for u, e in self._entries.items()
+                if e.prefetched and e.pins == 0 and e.due > due and e.future.done()
+            ),
+            key=lambda item: item[0],  # by due only: units of one due do not order (comparing them killed the thread)
         )
         while later and self._held + need > self.budget:
             _, unit = later.pop()
@@ -393,7 +396,11 @@ class Fetcher:
                         self.cache.put(self._key(unit), piece, priority=self._entry_use(unit))
                     self._settle(unit, piece)
             for unit in waiting:  # another process on this machine is downloading it
-                data = self.cache.wait_for(self._key(unit), self.storage.policy.deadline_s) if self.cache else None
+                data = (
+                    self.cache.wait_for(self._key(unit), self.storage.policy.deadline_s, size=unit.size)
+                    if self.cache
+                    else None
+                )
                 if data is None:
                     data, _ = self.storage.read(unit.url, unit.start, unit.end, expect=unit.expect)
                 else:
@@ -411,8 +418,8 @@ class Fetcher:
     def _from_cache(self, unit: Unit) -> bytes | None:
         if self.cache is None:
             return None
-        data = self.cache.get(self._key(unit), priority=self._entry_use(unit))
-        if data is not None and len(data) == unit.size:
+        data = self.cache.get(self._key(unit), size=unit.size, priority=self._entry_use(unit))
+        if data is not None:
             self.recorder.add(cache_hits=1)
             return data
         self.recorder.add(cache_misses=1)

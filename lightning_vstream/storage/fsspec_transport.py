@@ -10,10 +10,30 @@ import os
 import threading
 from typing import Any
 
-from lightning_vstream.errors import MissingDependencyError
+from lightning_vstream.errors import ConfigurationError, MissingDependencyError
 from lightning_vstream.storage.transport import Failure, ObjectInfo
 
-__all__ = ["FsspecTransport"]
+__all__ = ["FsspecTransport", "check_scheme"]
+
+
+def check_scheme(scheme: str, url: str) -> None:
+    """Refuse a scheme neither obstore nor fsspec knows, naming the URL (a typo, not a fault to retry).
+
+    Raises:
+        ConfigurationError: fsspec knows no file system for ``scheme``.
+        MissingDependencyError: fsspec is not installed.
+    """
+    try:
+        import fsspec
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"reading {url!r} needs fsspec and its {scheme!r} file system ({err}); `pip install fsspec`."
+        ) from None
+    if scheme not in fsspec.available_protocols():
+        raise ConfigurationError(
+            f"{url!r} has an unknown URL scheme {scheme!r}; use s3://, gs://, az://, http(s)://, file:// or a "
+            "protocol fsspec knows (hf://, sftp://, webdav://...)."
+        )
 
 
 def _info(entry: dict[str, Any]) -> ObjectInfo:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream.storage.private import write_file
 from lightning_vstream.storage.transport import Failure, ObjectInfo
 
 __all__ = ["LocalTransport"]
@@ -32,14 +33,24 @@ class LocalTransport:
         self._pid = os.getpid()
 
     def _fd(self, key: str) -> int:
+        """A descriptor of the file at ``key``, kept open, and reopened once the path names another file.
+
+        A file replaced in place (a dataset rebuilt, an index rewritten) is a new file: a descriptor
+        kept open on the old one would go on reading the old bytes.
+        """
+        current = os.stat("/" + key)
         with self._lock:
             if self._pid != os.getpid():  # inherited through fork: the descriptors are shared, start afresh
                 self._files = OrderedDict()
                 self._pid = os.getpid()
             fd = self._files.get(key)
             if fd is not None:
-                self._files.move_to_end(key)
-                return fd
+                kept = os.fstat(fd)
+                if (kept.st_dev, kept.st_ino) == (current.st_dev, current.st_ino):
+                    self._files.move_to_end(key)
+                    return fd
+                del self._files[key]
+                os.close(fd)
             fd = os.open("/" + key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             self._files[key] = fd
             while len(self._files) > OPEN_FILES:
@@ -58,7 +69,8 @@ class LocalTransport:
             fd = self._fd(key)
             info = self._info(fd)
             lo = start or 0
-            hi = info.size if end is None else end
+            # Never past the file's end: a range from damaged tables is a short read, not a huge allocation.
+            hi = info.size if end is None else min(end, info.size)
             data = os.pread(fd, max(hi - lo, 0), lo)
         except OSError as err:
             raise _failure(err, key) from None
@@ -73,11 +85,9 @@ class LocalTransport:
 
     def put(self, key: str, data: bytes) -> ObjectInfo:
         path = Path("/" + key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            tmp.replace(path)
+            write_file(path, data, tmp=path.parent)
         except OSError as err:
             raise _failure(err, key) from None
         return self.head(key)

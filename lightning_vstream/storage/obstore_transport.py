@@ -24,9 +24,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.errors import MissingDependencyError
-from lightning_vstream.storage import _obstore_calls
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.errors import ConfigurationError, MissingDependencyError
+from lightning_vstream.storage import _egress, _obstore_calls
+from lightning_vstream.storage.options import StorageConfig, check_endpoint
 from lightning_vstream.storage.transport import Failure, ObjectInfo, classify_message
 from lightning_vstream.storage.urls import Location
 
@@ -60,6 +60,74 @@ def in_process_allowed() -> bool:
 
 #: The environment variable each provider reads for ``allow_http``.
 _ALLOW_HTTP_ENV = {"s3": "AWS_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
+#: The environment variables each provider reads for its endpoint, in the order it reads them.
+_ENDPOINT_ENV = {
+    "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+
+
+def _endpoint(location: Location, opts: Any) -> tuple[str, str] | None:
+    """``(where it comes from, URL)`` of the endpoint requests go to, when it is not the provider's default.
+
+    Raises:
+        ConfigurationError: An endpoint from the environment is not a valid URL.
+    """
+    if location.scheme in ("http", "https"):
+        return repr(location.url), location.root
+    if opts.get("endpoint"):
+        return "storage_options['endpoint']", str(opts["endpoint"])
+    for name in _ENDPOINT_ENV.get(location.scheme, ()):
+        value = os.environ.get(name, "").strip()
+        if value:
+            check_endpoint(value, name)
+            return name, value
+    return None
+
+
+#: Proxy settings in the environment: requests go through that proxy, which then decides about redirects.
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _egress_allowed(location: Location, opts: Any) -> list[str]:
+    """The hosts (``host:port``) a store at a configured endpoint may reach: its own; empty for no guard.
+
+    Stores at a provider's own endpoints (AWS, GCS, Azure) are not guarded: they redirect within the
+    provider, if at all. Neither are requests that go through a proxy from the environment.
+    """
+    found = _endpoint(location, opts)
+    if found is None or any(os.environ.get(name) for name in _PROXY_ENV):
+        return []
+    allowed = {_egress.authority_of(found[1])}
+    if location.scheme == "s3" and opts.get("virtual_hosted_style"):
+        allowed.add(f"{location.container}.{_egress.authority_of(found[1])}")
+    return sorted(allowed)
+
+
+def _refuse_plain_http(location: Location, opts: Any, allow_http: bool) -> None:
+    """A plain ``http://`` endpoint the configuration refuses is a mistake to name now, not a fault to retry.
+
+    Raises:
+        ConfigurationError: Naming the endpoint, where it comes from, and the option that allows it.
+    """
+    found = _endpoint(location, opts)
+    if allow_http or found is None or not found[1].lower().startswith("http://"):
+        return
+    source, url = found
+    env = _ALLOW_HTTP_ENV.get(location.scheme)
+    if source.startswith("'"):  # the URL itself
+        raise ConfigurationError(
+            f"{url!r} is a plain http:// URL, which is refused unless allowed: pass storage_options={{'allow_http': "
+            "True}, or use https://."
+        )
+    allow = (
+        f"pass storage_options={{'allow_http': True}}{f' (or set {env}=true)' if env else ''}"
+        if source.startswith("storage_options")
+        else f"set {env}=true (or pass storage_options={{'allow_http': True}})"
+    )
+    raise ConfigurationError(
+        f"{source}={url!r} is a plain http:// endpoint, which is refused unless allowed: {allow}, or use https://."
+    )
 
 
 def _seconds(value: float) -> str:
@@ -81,7 +149,8 @@ def store_spec(location: Location, config: StorageConfig) -> dict[str, Any]:
         value = os.environ.get(_ALLOW_HTTP_ENV[scheme], "")
         if value.strip().lower() in ("1", "true", "yes", "on"):
             client["allow_http"] = True
-    spec: dict[str, Any] = {"client_options": client}
+    _refuse_plain_http(location, opts, bool(client.get("allow_http")))
+    spec: dict[str, Any] = {"client_options": client, "egress": _egress_allowed(location, opts)}
     if scheme == "s3":
         config_: dict[str, Any] = {}
         for ours, theirs in (
@@ -229,6 +298,7 @@ class _Helper:
                 else:
                     future.set_result((payload, header["meta"]))
         finally:
+            out.close()  # the helper is gone: its pipe would otherwise be left for the garbage collector
             failed = Failure("transient", "the obstore helper process exited")
             for number in list(self._pending):
                 future = self._pending.pop(number, None)

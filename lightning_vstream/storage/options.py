@@ -24,7 +24,7 @@ from typing import Any
 
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 
-__all__ = ["OPTION_KEYS", "SECRET_KEYS", "StorageConfig", "parse_size"]
+__all__ = ["OPTION_KEYS", "SECRET_KEYS", "StorageConfig", "check_endpoint", "parse_size"]
 
 # key -> (accepted types, what it means); the documentation in docs/remote.md lists the same keys.
 OPTION_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -110,6 +110,32 @@ def parse_size(value: int | str, name: str = "size") -> int:
     )
 
 
+def check_endpoint(value: str, name: str) -> None:
+    """Refuse an endpoint that is not an ``http(s)://host[:port][/path]`` URL (the transport would crash on it).
+
+    Raises:
+        ConfigurationError: Naming ``name`` (the option or environment variable) and the value.
+    """
+    from urllib.parse import urlsplit
+
+    problem = ""
+    try:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            problem = "it must start with http:// or https://"
+        elif not parts.hostname or any(c.isspace() for c in value) or "@" in parts.netloc:
+            problem = "it names no host"
+        else:
+            parts.port  # noqa: B018  # raises ValueError for a port that is not a number
+    except ValueError as err:
+        problem = str(err)
+    if problem:
+        raise ConfigurationError(
+            f"{name}={value!r} is not a valid URL ({problem}); pass the service's URL, such as "
+            "'https://minio.internal:9000' or 'http://127.0.0.1:9000' (with allow_http)."
+        )
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """How to reach remote storage and where to cache it: checked options, plus the node cache's place and size.
@@ -161,6 +187,8 @@ class StorageConfig:
                     f"storage_options[{key!r}]={'<redacted>' if key in SECRET_KEYS else repr(value)} must be {accepted} "
                     f"({meaning})."
                 )
+        if options.get("endpoint") is not None:
+            check_endpoint(options["endpoint"], "storage_options['endpoint']")
         for key in ("timeout", "connect_timeout", "retry_deadline", "backoff_initial", "backoff_max"):
             if key in options and options[key] is not None and options[key] <= 0:
                 raise ConfigurationError(f"storage_options[{key!r}]={options[key]!r} must be > 0 seconds.")

@@ -12,9 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["Failure", "FailureKind", "ObjectInfo", "RetryPolicy", "Transport", "classify_message"]
+from lightning_vstream.storage import _egress
 
-FailureKind = Literal["not_found", "precondition", "access", "transient", "timeout", "invalid"]
+__all__ = ["REDIRECT_MARKER", "Failure", "FailureKind", "ObjectInfo", "RetryPolicy", "Transport", "classify_message"]
+
+FailureKind = Literal[
+    "not_found", "precondition", "access", "credentials", "configuration", "redirect", "transient", "timeout", "invalid"
+]
 
 
 @dataclass(frozen=True)
@@ -27,13 +31,17 @@ class ObjectInfo:
 
 
 class Failure(Exception):
-    """One failed attempt: its kind (retry or not), the transport's message and the HTTP status if any."""
+    """One failed attempt: its kind (retry or not), the transport's message, the HTTP status if any, and the fix.
 
-    def __init__(self, kind: FailureKind, message: str, status: int | None = None) -> None:
+    ``fix`` says what to change (an option, an environment variable) when the kind is ``"configuration"``.
+    """
+
+    def __init__(self, kind: FailureKind, message: str, status: int | None = None, fix: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
+        self.fix = fix
 
     @property
     def retryable(self) -> bool:
@@ -62,22 +70,42 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-_STATUS = re.compile(r"(?:status code|status|code)[:= ]+(\d{3})\b", re.IGNORECASE)
+# Only an HTTP status as obstore words it ("status code: 503", "with status 416"): never a number found
+# elsewhere in its debug text (an OS error's "code: 111" is ECONNREFUSED, not an HTTP status).
+_STATUS = re.compile(r"(?:status code|with status|status)[:= ]+(\d{3})\b", re.IGNORECASE)
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline", re.IGNORECASE)
+# A timeout as obstore's debug text names it (its HTTP error kind, or Rust's std::io::ErrorKind).
+_TIMEOUT_KIND = re.compile(r"\bkind: Timeout\b|\bTimedOut\b")
+_UNKNOWN_HOST = re.compile(
+    r"Name or service not known|nodename nor servname|No address associated with hostname|no such host", re.IGNORECASE
+)
+#: Where the cloud SDKs look for credentials nobody configured: reaching them means none were given.
+_CREDENTIAL_SERVICES = ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "metadata.google.internal")
+#: Marker of a redirect to another host refused by :mod:`~lightning_vstream.storage._egress`.
+REDIRECT_MARKER = _egress.MARKER
 
 
 def classify_message(error_type: str, message: str) -> Failure:
-    """Sort a transport error (its class name and message) into a :class:`Failure` kind.
+    """Sort a transport error (its class name and message) into a :class:`Failure` kind, by what went wrong.
 
-    Throttling (429, 503), other 5xx, 408, connection resets, truncated or undecodable bodies and
-    timeouts are retried; 404 is ``not_found``; 412 ``precondition`` (the object changed); 401/403
-    ``access``; other 4xx ``invalid``.
+    Throttling (429, 503), other 5xx, 408, refused or reset connections, truncated or undecodable
+    bodies and timeouts are retried; 404 is ``not_found``; 412 ``precondition`` (the object
+    changed); 401/403 ``access``; other 4xx ``invalid``. Mistakes no retry can cure fail at once:
+    a plain ``http://`` URL refused by configuration, a host name that does not resolve
+    (``configuration``), a request that had to ask a machine's metadata service for credentials
+    (``credentials``: none were configured), a redirect to another host (``redirect``).
 
     Example::
 
         >>> classify_message("GenericError", "Server returned non-2xx status code: 503 Service Unavailable").kind
         'transient'
+        >>> classify_message("GenericError", "error sending request ... Os { code: 111, kind: ConnectionRefused }").kind
+        'transient'
     """
+    if REDIRECT_MARKER in message:
+        return Failure("redirect", message)
+    if any(service in message for service in _CREDENTIAL_SERVICES):
+        return Failure("credentials", message)
     match = _STATUS.search(message)
     status = int(match.group(1)) if match else None
     if error_type == "NotFoundError" or status == 404:
@@ -92,9 +120,26 @@ def classify_message(error_type: str, message: str) -> Failure:
         return Failure("invalid", message, status)
     if error_type in ("InvalidPathError", "NotSupportedError", "UnknownConfigurationKeyError", "AlreadyExistsError"):
         return Failure("invalid", message)
-    if _TIMEOUT.search(message):
+    if "kind: Builder" in message or "builder error" in message:
+        fix = (
+            "plain http:// URLs are refused unless allowed: pass storage_options={'allow_http': True} (or set "
+            "AWS_ALLOW_HTTP=true), or use https://"
+            if "BadScheme" in message or "URL scheme is not allowed" in message
+            else "check storage_options['endpoint'] (or AWS_ENDPOINT_URL) and the URL"
+        )
+        return Failure("configuration", message, fix=fix)
+    if _UNKNOWN_HOST.search(message):
+        return Failure(
+            "configuration",
+            message,
+            fix="the host name does not resolve: check storage_options['endpoint'] (or AWS_ENDPOINT_URL) and the URL",
+        )
+    # The words before obstore's debug text (which holds a "retry_timeout" setting whatever the error).
+    head = message.split("Debug source", 1)[0]
+    if _TIMEOUT_KIND.search(message) or _TIMEOUT.search(head):
         return Failure("timeout", message)
-    # Connection refused or reset, a body cut short, a TLS hiccup: nothing says retrying is useless.
+    # Connection refused or reset, a body cut short, a TLS hiccup, a name server that did not answer:
+    # a later attempt may succeed.
     return Failure("transient", message)
 
 

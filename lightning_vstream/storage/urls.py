@@ -4,6 +4,12 @@ A location is either a local path or a URL (``s3://bucket/key``, ``gs://``, ``az
 ``http(s)://``, ``file://``, or any scheme fsspec knows). URLs stay strings from end to end:
 ``Path("s3://bucket/key")`` would collapse the ``//`` into ``s3:/bucket/key``.
 
+Paths joined to a URL (from an index, a listing, frame tables) are paths, never URL syntax: in a
+``file://`` URL every name is percent-encoded as :meth:`pathlib.Path.as_uri` does, so ``%2e%2e`` in an
+index names a folder called ``%2e%2e``, never the parent folder. ``.`` and ``..`` are resolved in the
+text of every URL (:func:`normalise`) before anything is read, so that a URL that stays inside a
+folder by its text does on the disk too (a symbolic link is never followed back out by ``..``).
+
 Example::
 
     >>> is_url("s3://bucket/ds/index.json"), is_url("data/index.json"), is_url("C:/data")
@@ -18,7 +24,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from lightning_vstream.errors import ConfigurationError
 
@@ -33,6 +39,7 @@ __all__ = [
     "is_url",
     "join",
     "local_path",
+    "normalise",
     "parse",
     "scheme_of",
     "with_name",
@@ -127,15 +134,64 @@ def local_path(location: str | Path) -> Path:
 
 
 def _split(url: str) -> tuple[str, str]:
-    """``(prefix up to and including the container, key)``."""
+    """``(prefix up to and including the container, key)``; a ``file://`` key as written (percent-encoded)."""
     loc = parse(url)
     if loc.scheme == "file":
-        return "file:///", loc.key
+        return "file:///", url.split("://", 1)[1].lstrip("/")
     return loc.root + "/", loc.key
 
 
+def _name(scheme_is_file: bool, part: str) -> str:
+    """A path component as it is written in a URL: percent-encoded in a ``file://`` URL."""
+    return quote(part, safe="") if scheme_is_file else part
+
+
+def _resolve(
+    url: str, parts: list[str], relative: list[str], *, encoded: bool, is_file: bool, climbing: str = ""
+) -> list[str]:
+    """``parts`` (URL components) with the components ``relative`` appended, ``.`` and ``..`` resolved.
+
+    ``encoded``: ``relative`` is URL text (its ``file://`` components are decoded to be recognised).
+    ``climbing``: the message for a ``..`` above the root.
+    """
+    for part in relative:
+        plain = unquote(part) if (encoded and is_file) else part
+        if plain in ("", "."):
+            continue
+        if plain == "..":
+            if not parts:
+                raise ConfigurationError(
+                    climbing or f"{url!r} climbs above the root of its {'file system' if is_file else 'bucket'}."
+                )
+            parts.pop()
+        elif is_file and ("/" in plain or "\0" in plain):
+            raise ConfigurationError(f"{url!r} holds an encoded '/' or NUL in the name {plain!r}.")
+        else:
+            parts.append(part if encoded else _name(is_file, part))
+    return parts
+
+
+def normalise(url: str) -> str:
+    """``url`` with its ``.`` and ``..`` components resolved (in ``file://`` URLs, also when percent-encoded).
+
+    Raises:
+        ConfigurationError: ``url`` climbs above its root (bucket, host, file system).
+
+    Example::
+
+        >>> normalise("file:///data/ds/videos/%2e%2e/x.mp4")
+        'file:///data/ds/x.mp4'
+    """
+    prefix, key = _split(url)
+    is_file = prefix == "file:///"
+    return prefix + "/".join(_resolve(url, [], key.split("/"), encoded=True, is_file=is_file))
+
+
 def join(base: str, relative: str) -> str:
-    """``relative`` (``/``-separated, may hold ``..``) resolved against the folder URL ``base``.
+    """``relative`` (a ``/``-separated path, may hold ``..``) resolved against the folder URL ``base``.
+
+    ``relative`` is a path, not URL text: in a ``file://`` URL its names are percent-encoded. A
+    ``relative`` that is a URL itself is returned normalised (see :func:`normalise`).
 
     Raises:
         ConfigurationError: ``relative`` climbs above the bucket (or container, or host).
@@ -144,21 +200,17 @@ def join(base: str, relative: str) -> str:
 
         >>> join("s3://b/ds", "videos/scene-0000/CAM_FRONT.mp4")
         's3://b/ds/videos/scene-0000/CAM_FRONT.mp4'
+        >>> join("file:///data/ds", "videos/%2e%2e")
+        'file:///data/ds/videos/%252e%252e'
     """
     if is_url(relative):
-        return relative
+        return normalise(relative)
     prefix, key = _split(base)
+    is_file = prefix == "file:///"
     parts = [p for p in key.split("/") if p]
-    for part in relative.replace("\\", "/").split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not parts:
-                raise ConfigurationError(f"{relative!r} climbs above the root of {base!r}.")
-            parts.pop()
-        else:
-            parts.append(part)
-    return prefix + "/".join(parts)
+    climbing = f"{relative!r} climbs above the root of {base!r}."
+    components = relative.replace("\\", "/").split("/")
+    return prefix + "/".join(_resolve(base, parts, components, encoded=False, is_file=is_file, climbing=climbing))
 
 
 def dirname(url: str) -> str:
@@ -168,13 +220,18 @@ def dirname(url: str) -> str:
 
 
 def basename(url: str) -> str:
-    """The last path component of ``url``."""
-    return posixpath.basename(_split(url)[1].rstrip("/"))
+    """The last path component of ``url`` (a name: decoded from a ``file://`` URL)."""
+    prefix, key = _split(url)
+    name = posixpath.basename(key.rstrip("/"))
+    return unquote(name) if prefix == "file:///" else name
 
 
 def child(folder: str, name: str) -> str:
-    """The URL of ``name`` inside the folder URL ``folder`` (``s3://b/ds`` + ``a.mp4``; ``s3://b/`` + ``a.mp4``)."""
-    return folder + ("" if folder.endswith("/") else "/") + name
+    """The URL of the file or folder ``name`` inside the folder URL ``folder`` (``s3://b/ds`` + ``a.mp4``).
+
+    In a ``file://`` URL the name is percent-encoded (``a b.mp4`` -> ``a%20b.mp4``).
+    """
+    return folder + ("" if folder.endswith("/") else "/") + _name(scheme_of(folder) == "file", name)
 
 
 def with_name(url: str, name: str) -> str:

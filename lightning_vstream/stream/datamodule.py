@@ -13,11 +13,14 @@ import torch
 
 from lightning_vstream._datamodule import (
     DEFAULT_GPU_OPTIONS,
+    DEFAULT_NUM_WORKERS,
     EvalLoader,
     GpuOptions,
     MultiprocessingContext,
     check_arguments,
+    check_excluded_clips,
     gpu_options,
+    ignore_lightning_leafspec_warning,
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
@@ -27,10 +30,12 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
+from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
 from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.reset_check import warn_without_temporal_reset
@@ -74,8 +79,11 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes (``engine="workers"``); each serves fixed camera streams.
+        num_workers: Decoding worker processes of ``engine="workers"``, each serving fixed camera streams
+            (None: 2; 0: the training process decodes). 1 or more chooses workers under ``engine="auto"`` on the CPU.
         cameras: Cameras to load, in this order; all (sorted) when None.
+        exclude_clips: Clip ids left out of every index loaded, unchecked and never read (a camera file gone
+            since indexing); an id none of the indexes lists is an error.
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
         shuffle: Shuffle clip order per training epoch.
@@ -131,8 +139,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
             ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
             its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
-            on the CPU, workers when ``persistent_workers`` or ``multiprocessing_context`` ask for
-            processes (:meth:`engine_choice` says which and why). Choose ``"workers"``
+            on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
+            ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why; an
+            option the chosen engine does not use is warned about once, naming the one it uses). Choose ``"workers"``
             when your training step holds the GIL for long stretches (much Python per step, a
             CPU-bound model in Python): decode threads then wait for it, worker processes do not.
             Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
@@ -173,8 +182,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
         test_index_file: Path | str | None = None,
         predict_index_file: Path | str | None = None,
         batch_size: int = 4,
-        num_workers: int = 2,
+        num_workers: int | None = None,
         cameras: list[str] | None = None,
+        exclude_clips: list[str] | None = None,
         decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
         seed: int = 0,
         shuffle: bool = True,
@@ -215,7 +225,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         checks = {
             "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
-            "num_workers": (num_workers, num_workers >= 0, "an integer >= 0"),
+            "num_workers": (num_workers, num_workers is None or num_workers >= 0, "None or an integer >= 0"),
             "frame_stride": (frame_stride, frame_stride >= 1, "an integer >= 1"),
             "segment_length": (
                 segment_length,
@@ -261,6 +271,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cameras = list(cameras) if cameras is not None else None
+        self.exclude_clips = sorted(check_exclude_clips(exclude_clips))
         self.decode_device = decode_device
         self.seed = seed
         self.shuffle = shuffle
@@ -293,6 +304,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.engine_threads = engine_threads
         self.gpu = gpu_options("StreamVideoDataModule", gpu)
         self._warned_reset = False
+        self._warned_unused = False
         self._resolved_device: str | None = None
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, Any] = {}
@@ -320,11 +332,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
             None: ("train", "val", "test", "predict"),
         }
         self._device()
+        ignore_lightning_leafspec_warning()
         for split in wanted.get(stage, ("train", "val", "test", "predict")):
             if self.index_files[split] is not None:
                 self.index(split)
         if stage == "fit" and self.index_files["train"] is None:
             raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
+        check_excluded_clips("StreamVideoDataModule", self.exclude_clips, self.index_files, self._indexes)
         if stage == "fit":
             self._check_temporal_reset()
 
@@ -339,8 +353,9 @@ class StreamVideoDataModule(pl.LightningDataModule):
             path = self.index_files[split]
             if path is None:
                 raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
+            storage = self.storage_arguments()
             self._indexes[split] = load_index(
-                path, cameras=self.cameras, check=self.index_check, **self.storage_arguments()
+                path, cameras=self.cameras, check=self.index_check, exclude_clips=self.exclude_clips, **storage
             )
         return self._indexes[split]
 
@@ -358,21 +373,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
         """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
-        if self.engine != "auto":
-            return ("threads" if self.engine == "threads" else "workers"), f"engine={self.engine!r}"
-        if self._device() != "cpu":
-            return "threads", f"engine='auto' decoding on {self._device()}: decode threads in the training process"
-        if self.persistent_workers:
-            return "workers", "engine='auto' with persistent_workers=True, which only worker processes have"
-        if self.multiprocessing_context is not None:
-            return "workers", (
-                f"engine='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only worker "
-                "processes have"
-            )
-        return "threads", "engine='auto': decode threads in the training process"
+        options = (self.num_workers, self.persistent_workers, self.multiprocessing_context)
+        return choose_engine(self.engine, self._device(), *options)
+
+    def workers(self) -> int:
+        """Worker processes of ``engine="workers"``: ``num_workers``, or 2 when it is None."""
+        return DEFAULT_NUM_WORKERS if self.num_workers is None else self.num_workers
+
+    def _warn_unused_options(self) -> None:
+        """Warn once about options the chosen engine ignores, naming what it uses instead."""
+        if not self._warned_unused:
+            self._warned_unused = True
+            warn_unused_engine_options(self.engine, self._device(), self.hparams, workers=self.workers())
 
     def _loader(self, split: Stage) -> Any:
         index = self.index(split)
+        self._warn_unused_options()
         rank, world = self._placement()
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
@@ -387,7 +403,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             segment_length=self.segment_length,
             frame_stride=self.frame_stride,
             remainder=remainder,
-            num_parts=1 if self.uses_engine() else max(1, self.num_workers),
+            num_parts=1 if self.uses_engine() else max(1, self.workers()),
         )
         device = self._device()
         augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
@@ -435,12 +451,12 @@ class StreamVideoDataModule(pl.LightningDataModule):
         loader = StreamDataLoader(
             dataset,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=self.workers(),
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent_workers,
             multiprocessing_context=worker_context(
-                "StreamVideoDataModule", self.multiprocessing_context, device, self.num_workers
+                "StreamVideoDataModule", self.multiprocessing_context, device, self.workers()
             ),
             timeout=self.timeout,
         )

@@ -257,7 +257,7 @@ class StreamEngine(EngineThreads):
         for clip in self.index.clips:
             stream = clip.cameras[camera]
             try:
-                info = stream.info if stream.info is not None else probe_video(stream.path)
+                info = stream.info if stream.info is not None else probe_video(stream.path, storage=self.index.storage)
             except FILE_ERRORS as err:
                 problems.append(str(err))
                 continue

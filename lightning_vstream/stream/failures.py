@@ -24,6 +24,7 @@ from lightning_vstream.errors import (
     VStreamError,
 )
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.storage.stats import StorageStats
 
 __all__ = ["FILE_ERRORS", "DecodeStats", "SkipLedger", "describe_streams", "failed_read", "frame_size_error", "place"]
@@ -146,6 +147,8 @@ def failed_read(err: BaseException, index: VideoIndex, clip: int, camera: int, f
     Both loaders call this for whatever opening a decoder, decoding, or checking the frame's size
     raised, and raise the result (``on_error="raise"``) or count it and skip the clip (``"skip"``).
 
+    - A file that does not exist (one gone since indexing) is a :class:`MissingFileError` that says how to
+      leave its clip out (``exclude_clips``).
     - Our errors about a file (:class:`VideoDecodeError` and its subclasses :class:`FileChangedError`
       and :class:`FrameSizeError`, :class:`MissingFileError`, :class:`DecoderCapabilityError`,
       :class:`DataFormatError`) keep their class, so ``except FileChangedError`` works. Their
@@ -170,6 +173,8 @@ def failed_read(err: BaseException, index: VideoIndex, clip: int, camera: int, f
         return fatal
     if isinstance(err, VStreamError) and not isinstance(err, FILE_ERRORS):
         return None
+    if isinstance(err, FileNotFoundError):
+        return _missing_file(err, index, clip, camera, frame)
     if isinstance(err, FILE_ERRORS):
         record = index.clips[clip]
         first = str(err).split("\n", 1)[0]
@@ -182,6 +187,14 @@ def failed_read(err: BaseException, index: VideoIndex, clip: int, camera: int, f
     if isinstance(err, _FOREIGN_READ_ERRORS) or _is_ffmpeg_error(err):
         return VideoDecodeError(f"{place(index, clip, camera, frame)}: {type(err).__name__}: {err}")
     return None
+
+
+def _missing_file(err: FileNotFoundError, index: VideoIndex, clip: int, camera: int, frame: int) -> MissingFileError:
+    """A camera file gone since the index was built, with the way to go on without its clip."""
+    clip_id = index.clips[clip].clip_id
+    first = str(err).split("\n", 1)[0]
+    where = "" if repr(clip_id) in first else f"{place(index, clip, camera, frame)}: "
+    return MissingFileError(f"{where}{first} {leave_out_hint(clip_id)}")
 
 
 def frame_size_error(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from lightning_vstream.errors import VStreamWarning
+from lightning_vstream.errors import VStreamWarning, user_stacklevel
 
 __all__ = ["warn_without_temporal_reset"]
 
@@ -51,6 +51,6 @@ def warn_without_temporal_reset(trainer: Any) -> bool:
         f"{name} reads batch['is_first'] itself, or keeps no state from one step to the next, set the class "
         "attribute `handles_is_first = True` on it to say so (see docs/temporal_models.md).",
         VStreamWarning,
-        stacklevel=4,  # the DataModule's setup(), as when it warned itself
+        stacklevel=user_stacklevel(),  # the user's trainer.fit(...), not a line of Lightning's
     )
     return True

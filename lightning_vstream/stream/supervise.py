@@ -137,6 +137,21 @@ def stop_workers(parts_iter: Any) -> None:
             # torch's SIGCHLD handler may report the dying worker before its pid is forgotten.
             if attempt == 2 or not TORCH_WORKER_FAILURE.search(str(err)):
                 raise
+    # Ask first, as torch's own shutdown does: a worker that is receiving an item is handed its shared
+    # buffers' file descriptors by this process's resource sharer, and one killed in that handshake
+    # makes the sharer's thread print a ConnectionResetError traceback here. Told that the workers are
+    # done, a worker finishes the item it is on without decoding the next and leaves at the end marker.
+    done = getattr(parts_iter, "_workers_done_event", None)
+    if done is not None and any(worker.is_alive() for worker in workers):
+        done.set()
+        for queue in getattr(parts_iter, "_index_queues", ()):
+            try:
+                queue.put(None)
+            except (OSError, ValueError):  # a queue already closed
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in workers:
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
     for worker in workers:
         if worker.is_alive():
             worker.terminate()
