@@ -87,7 +87,7 @@ def _environment(gpu: int, host: bool) -> dict[str, Any]:
         env["gpu"] = props.name
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
     try:
-        from lightning_vstream.decode.nv12_kernel import triton_available
+        from lightning_vstream.decode.nv12 import triton_available
 
         env["triton"] = triton_available()
     except Exception:  # pragma: no cover - informational only
@@ -257,10 +257,12 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
     first = files[0].info
     assert first is not None
     key = DecoderKey(gpu, "hevc", first.width, first.height)
-    sessions = [create_session(nvc, key, frame_memory()) for _ in range(decoders)]
+    memory = frame_memory()
+    sessions = [create_session(nvc, key, memory) for _ in range(decoders)]
     counts = [0] * decoders
 
     def work(slot: int) -> None:
+        memory.set_device(gpu)  # every thread that touches the GPU sets its device first
         decoder = sessions[slot].decoder
         for packets in demuxed[slot::decoders]:
             for packet, pts in packets:

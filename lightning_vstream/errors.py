@@ -32,6 +32,8 @@ __all__ = [
     "EncodeError",
     "FileChangedError",
     "FrameSizeError",
+    "GpuError",
+    "GpuMemoryError",
     "IndexValidationError",
     "MissingDependencyError",
     "MissingFileError",
@@ -218,6 +220,24 @@ class ChecksumError(VideoDecodeError):
 
     The message names the file, the frame and the byte range. Under ``on_error="skip"`` the clip is
     skipped and counted like any other unreadable file.
+    """
+
+
+class GpuError(VStreamError, RuntimeError):
+    """The GPU failed while decoding or converting: a CUDA error, GPU memory exhausted, or a Triton kernel failure.
+
+    Never a property of the file being read: it is raised whatever ``on_error`` says (a skip would
+    skip every clip after it), and the decoder that met it is dropped without being flushed (its
+    CUDA context may be unusable). The message names the file and frame, the original error and what
+    to check.
+    """
+
+
+class GpuMemoryError(GpuError, MemoryError):
+    """The GPU has too little free memory for what NVDEC must allocate outside torch's allocator.
+
+    Raised before the first step (NVDEC running out of memory inside its parser ends the process
+    instead of raising); the message gives the numbers and what to lower.
     """
 
 

@@ -8,7 +8,8 @@ hold real pictures, and is no kinder than the library where the code relies on i
 - one output buffer per position in the list ``Decode`` returns, overwritten by the next ``Decode``
   (the library reuses its buffer the same way);
 - ``__dlpack__(stream=0)`` is refused, as the library refuses it;
-- ``fail_decode`` makes ``Decode`` raise as a CUDA error inside NVDEC would;
+- ``fail_decode`` (a message) makes ``Decode`` of a packet raise as the library does when a CUDA or NVDEC
+  call fails;
 - capabilities come from a probe child's report (:func:`caps_runner`), as on a GPU.
 """
 
@@ -34,6 +35,9 @@ class FakeFrame:
     def getPTS(self) -> int:
         return self._pts
 
+    def GetPtrToPlane(self, plane: int) -> int:
+        return int(self._surface.data_ptr())  # the buffer reused at this list position, as the library's
+
     def __dlpack__(self, stream: Any = None) -> Any:
         if stream == 0:
             raise BufferError("stream 0 is not a valid CUDA stream")
@@ -52,8 +56,8 @@ class FakeDecoder:
         self.flags: list[Any] = []
 
     def Decode(self, packet: Any) -> list[FakeFrame]:
-        if self.module.fail_decode:
-            raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+        if self.module.fail_decode and packet.bsl:  # a failed CUDA call decoding a picture (pybind11: RuntimeError)
+            raise RuntimeError(self.module.fail_decode)
         if self.context is None:
             self.context = av.CodecContext.create(self.codec, "r")
         if packet.bsl == 0:
@@ -82,7 +86,7 @@ def fake_module(*, version: str = "2.2.4") -> types.ModuleType:
     module = types.ModuleType("PyNvVideoCodec")
     module.__version__ = version
     module.created = []  # type: ignore[attr-defined]
-    module.fail_decode = False  # type: ignore[attr-defined]
+    module.fail_decode = ""  # type: ignore[attr-defined]
     module.cudaVideoCodec = types.SimpleNamespace(H264="H264", HEVC="HEVC")  # type: ignore[attr-defined]
     module.OutputColorType = types.SimpleNamespace(NATIVE="NATIVE", RGB="RGB", RGBP="RGBP")  # type: ignore[attr-defined]
     module.DisplayDecodeLatencyType = types.SimpleNamespace(NATIVE="NATIVE", LOW="LOW", ZERO="ZERO")  # type: ignore[attr-defined]
@@ -128,6 +132,24 @@ class StandInMemory:
 
     def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
         return host_view(frame.__dlpack__(stream=stream.cuda_stream))
+
+    def set_device(self, gpu: int) -> None:
+        pass
+
+    def mem_get_info(self, gpu: int) -> tuple[int, int]:
+        return 64 << 30, 80 << 30
+
+    def new_event(self) -> None:
+        return None
+
+    def record(self, event: Any, stream: Any) -> None:
+        pass
+
+    def wait(self, stream: Any, event: Any) -> None:
+        pass
+
+    def synchronize(self, event: Any) -> None:
+        pass
 
 
 CAPS = {

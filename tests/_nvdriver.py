@@ -11,6 +11,7 @@ the next ``Decode``, so a frame converted too late carries another frame's stamp
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -127,11 +128,16 @@ def pattern_nv12(height: int, width: int, *, sixteen: bool = False) -> torch.Ten
 
 @dataclass
 class Marker:
-    """Wraps the decoders the project creates; stamps each decoded frame's buffer by its timestamp."""
+    """Wraps the decoders the project creates; stamps each decoded frame's buffer by its timestamp.
+
+    ``devices`` holds, per ``Decode`` call, the device the calling thread had set
+    (:meth:`HostMemory.thread_device <lightning_vstream.decode.device.HostMemory.thread_device>`).
+    """
 
     stamps: dict[int, Stamp] = field(default_factory=dict)  # pts -> stamp
     decoders: list[Any] = field(default_factory=list)
     decode_calls: int = 0
+    devices: list[tuple[str, int | None]] = field(default_factory=list)  # (thread name, its device) per Decode
 
     def add(self, info: VideoInfo, clip: int, camera: int) -> None:
         for index, pts in enumerate(info.pts):
@@ -151,8 +157,13 @@ class _MarkingDecoder:
         self.pointers: set[int] = set()
 
     def Decode(self, data: Any) -> list[Any]:
-        from lightning_vstream.decode.device import host_view
+        import threading
 
+        from lightning_vstream.decode.device import frame_memory, host_view
+
+        memory = frame_memory()
+        device = memory.thread_device() if hasattr(memory, "thread_device") else None
+        self.marker.devices.append((threading.current_thread().name, device))
         frames = self.real.Decode(data)
         self.marker.decode_calls += 1
         for frame in frames:
@@ -197,3 +208,36 @@ class FakeLog:
 
     def calls(self, name: str) -> Iterator[str]:
         return (line for line in self.lines() if line.startswith(name))
+
+
+def decode_stream_waits(lines: list[str]) -> tuple[list[str], dict[str, int]]:
+    """The ``cuStreamWaitEvent`` calls of a fake-driver log that make a decode stream wait for another stream's event.
+
+    Decode streams are those NVDEC copies frames out on (``cuvidMapVideoFrame64 ... output_stream=``). An
+    event counts as the stream it was last recorded on before the wait. Returns the offending lines and
+    counts of what the log holds (decode streams, waits, host waits), so a caller can check that the log
+    is not empty of what it looks for.
+    """
+    decode = {
+        m.group(1) for m in (re.search(r"cuvidMapVideoFrame64 .*output_stream=(\S+)", line) for line in lines) if m
+    }
+    last_record: dict[str, str] = {}
+    bad: list[str] = []
+    counts = {"decode_streams": len(decode), "records": 0, "waits": 0, "waits_on_decode_events": 0, "host_waits": 0}
+    for line in lines:
+        if line.startswith("cuEventRecord "):
+            found = re.match(r"cuEventRecord ev=(\S+) stream=(\S+)", line)
+            if found:
+                last_record[found.group(1)] = found.group(2)
+                counts["records"] += 1
+        elif line.startswith("cuStreamWaitEvent "):
+            found = re.match(r"cuStreamWaitEvent stream=(\S+) ev=(\S+)", line)
+            if found:
+                counts["waits"] += 1
+                stream, source = found.group(1), last_record.get(found.group(2))
+                counts["waits_on_decode_events"] += source in decode
+                if stream in decode and source != stream:
+                    bad.append(line)
+        elif line.startswith("cuEventSynchronize"):
+            counts["host_waits"] += 1
+    return bad, counts

@@ -170,6 +170,46 @@ def pytest_configure(config: pytest.Config) -> None:
     _CONFIG.append(config)
 
 
+@pytest.fixture
+def kernel_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], Any]]:
+    """``fresh(interpret)``: the NV12 kernel module imported afresh, under Triton's interpreter or not.
+
+    Triton reads ``TRITON_INTERPRET`` when a kernel is defined, i.e. when the module is imported, so
+    the module is imported again for the test, and the one imported before is put back after it.
+    """
+    from lightning_vstream.decode import nv12
+
+    if not nv12.triton_available():
+        pytest.skip("Triton is not installed")
+    import lightning_vstream.decode as decode
+
+    name = "lightning_vstream.decode.nv12_kernel"
+    before = sys.modules.get(name)
+
+    def fresh(interpret: bool) -> Any:
+        if interpret:
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+        else:
+            monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(nv12, "_checked", {})
+    yield fresh
+    if before is None:
+        sys.modules.pop(name, None)
+        decode.__dict__.pop("nv12_kernel", None)
+    else:
+        sys.modules[name] = before
+        decode.nv12_kernel = before  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def triton_interpreter(kernel_module: Callable[[bool], Any]) -> Any:
+    """The NV12 kernel module imported afresh under Triton's interpreter (its kernel runs on CPU tensors)."""
+    return kernel_module(True)
+
+
 @pytest.fixture(scope="session")
 def make_dataset(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory writing a stamped dataset (cached per parameter set); returns the index path."""

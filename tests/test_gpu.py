@@ -41,7 +41,7 @@ from lightning_vstream.decode.nvdec import child_env
 from lightning_vstream.decode.nvdec_sources import PacketSource
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, GpuError, GpuMemoryError
 from lightning_vstream.transforms import FrameTransform
 
 FRAMES = 25
@@ -293,16 +293,11 @@ def test_sequential_read_matches_the_cpu_decoder(
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_hwc_frames_written_into_batch_rows_match_the_cpu_decoder(
-    fake_nvc: types.ModuleType, videos: dict[str, Path], backend: str, monkeypatch: pytest.MonkeyPatch
+    fake_nvc: types.ModuleType, videos: dict[str, Path], backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Both conversions on real pictures, written straight into rows of a channels-last batch."""
     if backend == "triton":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton's interpreter runs the kernel on CPU tensors
-        from lightning_vstream.decode import nv12_kernel
-
-        monkeypatch.setattr(nv12_kernel, "_kernel", None)  # build it under the interpreter
-        if not nv12_kernel.triton_available():
-            pytest.skip("Triton is not installed")
+        request.getfixturevalue("triton_interpreter")  # Triton's interpreter runs the kernel on CPU tensors
     batch = torch.zeros(3, *SIZE[::-1], 3, dtype=torch.uint8)
     with (
         _decoder(videos["h264_bframes"], layout="hwc", backend=backend) as dec,
@@ -315,13 +310,63 @@ def test_hwc_frames_written_into_batch_rows_match_the_cpu_decoder(
     assert batch[0].count_nonzero() == 0 and batch[2].count_nonzero() == 0
 
 
-def test_nvdec_failure_is_a_decode_error(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
-    fake_nvc.fail_decode = True
+@pytest.mark.parametrize(
+    ("message", "error", "match"),
+    [
+        # A CUDA error inside NVDEC: the GPU's, fatal whatever on_error says.
+        ("CUDA driver API error CUDA_ERROR_LAUNCH_FAILED", GpuError, r"frame 1: the GPU failed .*CUDA_ERROR_LAUNCH"),
+        ("cuvidDecodePicture(m_hDecoder, pPicParams) returned error 700", GpuError, r"the GPU failed"),
+        ("cuvidMapVideoFrame(m_hDecoder) returned error 2", GpuMemoryError, r"ran out of memory.*lower"),
+        # NVDEC refusing the data: the file's.
+        ("cuvidParseVideoData(m_hParser, &packet) returned error 1", VideoDecodeError, r"NVDEC decoding failed"),
+    ],
+)
+def test_nvdec_failures_are_the_gpus_or_the_files_and_the_decoder_is_never_flushed_after_one(
+    fake_nvc: types.ModuleType, videos: dict[str, Path], message: str, error: type[Exception], match: str
+) -> None:
     pool = DecoderPool()
     dec = _decoder(videos["hevc"], pool=pool)
-    with pytest.raises(VideoDecodeError, match="NVDEC decoding failed: CUDA_ERROR_LAUNCH_FAILED"):
+    dec.read()
+    fake_nvc.fail_decode = message
+    with pytest.raises(error, match=match) as raised:
         dec.read()
-    assert pool.idle() == 0  # a decoder that failed is never reused
+    assert isinstance(raised.value, GpuError) == (error is not VideoDecodeError)
+    fake_nvc.fail_decode = ""
+    dec.close()
+    (decoder,) = fake_nvc.created
+    assert decoder.flushes == 0 and pool.idle() == 0  # dropped: no Decode after the failure, never reused
+
+
+def test_a_failed_conversion_drops_the_decoder_unflushed_and_a_cuda_error_there_is_the_gpus(
+    fake_nvc: types.ModuleType, videos: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.decode import nv12
+
+    pool = DecoderPool()
+    dec = _decoder(videos["hevc"], pool=pool, stream="current")
+    dec.read()
+
+    def broken(self: Any, surface: Any, out: Any = None) -> Any:
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    monkeypatch.setattr(nv12.Nv12Converter, "__call__", broken)
+    with pytest.raises(GpuError, match=r"hevc.mp4' frame 1: the GPU failed \(RuntimeError: Triton Error"):
+        dec.read()
+    dec.close()
+    (decoder,) = fake_nvc.created
+    assert decoder.flushes == 0 and pool.idle() == 0
+
+
+def test_a_surface_on_another_device_than_the_decoders_is_refused(
+    fake_nvc: types.ModuleType, videos: dict[str, Path]
+) -> None:
+    class ElsewhereMemory(StandInMemory):
+        def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
+            return super().import_surface(frame, stream).to("meta")  # anywhere but where the decoder decodes
+
+    dec = NvDecoder(videos["hevc"], memory=ElsewhereMemory(), pool=DecoderPool(), stream="current")
+    with pytest.raises(GpuError, match=r"frames live on meta, but this decoder was made for cpu.*set its device"):
+        dec.read()
 
 
 @pytest.mark.parametrize("index", [-1, FRAMES])

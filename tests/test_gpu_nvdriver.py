@@ -19,9 +19,18 @@ from typing import Any
 import av
 import pytest
 import torch
-from _nvdriver import FakeLog, Marker, encode, fake_format, install_marker, pattern_nv12, stamped_rgb
+from _nvdriver import (
+    FakeLog,
+    Marker,
+    decode_stream_waits,
+    encode,
+    fake_format,
+    install_marker,
+    pattern_nv12,
+    stamped_rgb,
+)
 
-from lightning_vstream.decode import nvdec, nvdec_packets, nvdec_sources
+from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.decoder_pool import DecoderPool
 from lightning_vstream.decode.device import frame_memory, host_view, import_pynvvideocodec, pynvvideocodec_version
 from lightning_vstream.decode.gpu import NvDecoder
@@ -51,10 +60,12 @@ def marker(monkeypatch: pytest.MonkeyPatch) -> Marker:
     return install_marker(monkeypatch)
 
 
-@pytest.fixture(params=["from_the_file", "through_the_demuxer"])
+@pytest.fixture(params=["from_the_tables_places", "through_the_demuxer"])
 def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways NvDecoder gets its packets: from the file's bytes with a learnt layout, or from PyAV's demuxer."""
-    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", request.param == "from_the_file")
+    """Both ways NvDecoder gets its packets: from the file's bytes at the places the frame tables record, or
+    from PyAV's demuxer (tables that record none, or a format the codec configuration does not give)."""
+    if request.param == "through_the_demuxer":
+        monkeypatch.setattr(nvdec_sources, "config_format", lambda info: None)
     return str(request.param)
 
 
@@ -237,6 +248,9 @@ def test_a_p016_export_with_8_bit_strides_is_refused(tmp_path: Path, monkeypatch
 
         def getPTS(self) -> int:
             return int(self.frame.getPTS())
+
+        def GetPtrToPlane(self, plane: int) -> int:
+            return int(self.frame.GetPtrToPlane(plane))
 
         def __dlpack__(self, stream: Any = None) -> Any:
             rows, width = host_view(self.frame.__dlpack__(stream=stream)).shape
@@ -451,6 +465,147 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
     assert not list(fake_log.calls("cuStreamSynchronize"))
 
 
+def _engine_loader(index: Any, **kwargs: Any) -> Any:
+    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.sampler import StreamSampler
+
+    sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
+    return build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, **kwargs)
+
+
+def _batch_errors(batch: dict[str, Any], clips: dict[str, int], spec: Any) -> list[str]:
+    """Rows of a 2 x 2 camera batch that do not hold their own stamped frame."""
+    wrong = []
+    for slot in range(2):
+        if not batch["valid"][slot]:
+            continue
+        clip, frame = clips[batch["clip_id"][slot]], int(batch["frame_index"][slot])
+        for camera in range(2):
+            if not torch.equal(batch["frames"][slot, camera], stamped_rgb((clip, camera, frame), 256, 256, spec)):
+                wrong.append(f"step {batch['step']} slot {slot} camera {camera} (clip {clip}, frame {frame})")
+    return wrong
+
+
+def test_no_decode_stream_ever_waits_for_an_event_of_the_consumers_stream(
+    dataset: Path, files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVDEC copies each frame out on its decoder's stream; a decode stream made to wait for the consumer's
+    work could leave that copy queued behind a slow training step. Over two epochs of the engine (the second
+    starts by releasing the ring) and a random-access batch, the consumer's stream waits for the decode
+    streams (and decode threads wait for released batches on the host), never a decode stream for another."""
+    from lightning_vstream.clips.batched import BatchReader, PlannedSample
+    from lightning_vstream.indexing import load_index
+    from lightning_vstream.stream.devices import HostNvdecDevice
+
+    index = load_index(dataset)
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    clips = _mark_dataset(marker, index)
+    spec = _spec(index.clips[0].cameras[0].path)
+    log = FakeLog()
+    loader = _engine_loader(index)
+    for epoch in range(2):
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            assert not _batch_errors(batch, clips, spec)
+    info = _table(files["hevc"])[0]
+    marker.add(info, 7, 0)
+    reader = BatchReader(gpu=0, device="cpu", threads=2, pool=DecoderPool())
+    try:
+        out = reader.read([PlannedSample("c", ("CAM",), (files["hevc"],), (info,), ("clip c",), (3, 14))])
+    finally:
+        reader.close()
+    assert torch.equal(out[0]["frames"][1, 0], stamped_rgb((7, 0, 14), 256, 256, _spec(files["hevc"])))
+    bad, counts = decode_stream_waits(log.lines())
+    assert bad == []
+    assert counts["decode_streams"] >= 4 and counts["waits_on_decode_events"] > 0 and counts["host_waits"] > 0
+    # Every thread that decoded had set its device first (engine threads and GOP threads alike).
+    assert marker.devices and {device for _, device in marker.devices} == {0}
+    # The check catches a decode stream that waits for a batch's release on the device, as the engine once did.
+    log = FakeLog()
+    monkeypatch.setattr(
+        HostNvdecDevice,
+        "synchronize",
+        lambda self, event: self.memory.wait(self.memory.current_stream(self.gpu), event),
+    )
+    for _ in _engine_loader(index):
+        pass
+    bad, _ = decode_stream_waits(log.lines())
+    assert bad and all(line.startswith("cuStreamWaitEvent") for line in bad)
+
+
+def test_a_consumer_that_takes_20_ms_per_step_gets_every_stamp_and_keeps_the_batches_it_holds(
+    dataset: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow training step: the decode threads run ahead to the ring's end and wait there; every batch holds its
+    own frames, and the batch before the current one (held, as Lightning holds one) is intact after the step."""
+    import time
+
+    from lightning_vstream.indexing import load_index
+
+    index = load_index(dataset)
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    clips = _mark_dataset(marker, index)
+    spec = _spec(index.clips[0].cameras[0].path)
+    loader = _engine_loader(index)
+    assert loader.engine.hold == 2
+    previous: dict[str, Any] | None = None
+    steps = 0
+    for batch in loader:
+        time.sleep(0.02)  # the training step
+        assert not _batch_errors(batch, clips, spec)
+        if previous is not None:
+            assert not _batch_errors(previous, clips, spec), "a held batch was overwritten"
+        previous = batch
+        steps += 1
+    assert steps == len(loader.engine.sampler.schedule()) and loader.stats.amplification == 1.0
+
+
+def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random_access(
+    dataset: Path, files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
+) -> None:
+    from lightning_vstream.clips.batched import make_reader
+    from lightning_vstream.decode.device import HostMemory
+    from lightning_vstream.errors import GpuMemoryError
+    from lightning_vstream.indexing import load_index
+
+    index = load_index(dataset)
+    fake_format(monkeypatch, index.clips[0].cameras[0].info)
+    monkeypatch.setattr(HostMemory, "mem_get_info", lambda self, gpu: (16 << 20, 1 << 30))
+    with pytest.raises(
+        GpuMemoryError,
+        match=r"GPU 0 has 0.02 GiB free of 1.00 GiB, but NVDEC needs about 0.03 GiB for 4 decoders "
+        r"\(4 x hevc 256x256 \(\d+ MiB each\)\).*Lower engine_threads, batch_size or the cameras per step",
+    ):
+        _engine_loader(index)
+    info = _table(files["hevc"])[0]
+    with pytest.raises(GpuMemoryError, match=r"for 16 decoders \(8 x hevc 256x256.*Lower gop_threads or max_open"):
+        make_reader("cuda:0", 2, 4, 1, formats=[(files["hevc"], info)])
+    assert not marker.decoders and not list(fake_log.calls("cuvidCreateDecoder"))  # refused before any existed
+
+
+def test_the_memory_estimate_covers_what_a_decoder_asks_nvdec_and_the_driver_for(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
+) -> None:
+    import re
+
+    from lightning_vstream.decode.nvdec_memory import nvdec_bytes
+
+    for name in ("hevc", "h264_bframes"):
+        path = files[name]
+        info = probe_video(path)
+        fake_format(monkeypatch, info)
+        log = FakeLog()
+        with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
+            _read_all(dec, info.frame_count)
+        lines = log.lines()
+        created = [re.search(r"coded=\d+x(\d+) .*surfaces=(\d+) outSurfaces=(\d+) .*pitch=(\d+)", x) for x in lines]
+        (found,) = [m for m in created if m]
+        rows, surfaces, outputs, pitch = (int(v) for v in found.groups())
+        allocated = (surfaces + outputs) * pitch * rows * 3 // 2
+        allocated += sum(int(m.group(1)) for m in (re.match(r"cuMemAlloc (\d+)", x) for x in lines) if m)
+        assert 0 < allocated <= nvdec_bytes(info.codec, info.width, info.height, 8), name
+
+
 def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
     dataset: Path, tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -618,19 +773,14 @@ def test_a_demuxer_landing_past_the_keyframe_steps_back_one_gop(
     marker.add(info, 9, 0)
     # A seek target for keyframe 1 that lands on keyframe 2, as some demuxers do.
     overshooting = replace(info, key_seek=(info.key_seek[0], info.pts[20], info.key_seek[2]))
-    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", False)  # through PyAV's demuxer
-    with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
+    with NvDecoder(path, info=replace(overshooting, layout=None), pool=DecoderPool()) as dec:  # PyAV's demuxer
         frame = dec.get(12)
         assert dec.seeks == 2
     _assert_stamped({12: frame}, 9, path)
-    # Read from the file's bytes (once a reading has gone through it), the keyframe's packet is found by its
-    # timestamp: one jump.
-    monkeypatch.setattr(nvdec_packets, "READ_FROM_LAYOUT", True)
-    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
-        _read_all(dec, info.frame_count)
+    # Read at the tables' places, the keyframe's packet is the frame table's own: one jump.
     with NvDecoder(path, info=overshooting, pool=DecoderPool()) as dec:
         frame = dec.get(12)
-        assert dec.seeks == 1 and isinstance(dec._source, nvdec_sources.LayoutSource)
+        assert dec.seeks == 1 and isinstance(dec._source, nvdec_sources.TableSource)
     _assert_stamped({12: frame}, 9, path)
 
 
@@ -687,8 +837,9 @@ def test_a_corrupt_packet_met_while_streaming_is_caught_and_its_decoder_dropped(
 
 
 def test_packets_read_from_the_file_are_pynvvideocodecs_own_demuxers_byte_for_byte(files: dict[str, Path]) -> None:
-    """What NVDEC is fed from a file's bytes is what PyNvVideoCodec's demuxer (FFmpeg's, with its Annex-B filters)
-    hands out for the same file: the same bytes and timestamps, packet by packet."""
+    """What NVDEC is fed, from a file's bytes at the tables' places (or, for VP9 and MPEG-2, from PyAV's
+    demuxer), is what PyNvVideoCodec's demuxer (FFmpeg's, with its Annex-B filters) hands out for the same
+    file: the same bytes and timestamps, packet by packet."""
     import ctypes
     from types import SimpleNamespace
 
@@ -699,19 +850,16 @@ def test_packets_read_from_the_file_are_pynvvideocodecs_own_demuxers_byte_for_by
         demuxer = nvc.CreateDemuxer(str(path))
         while (packet := demuxer.Demux()).bsl:
             theirs.append((packet.pts, ctypes.string_at(packet.bsl_data, packet.bsl)))
-        source = PacketSource(path, info)
-        layout = source.learn_layout(path)
-        source.close()
-        assert layout is not None, name
         ours, data = [], SimpleNamespace()
-        reader = nvdec_sources.LayoutSource(path, info, name, layout)
+        reader = nvdec_sources.packet_source(path, info, name)
+        assert isinstance(reader, nvdec_sources.TableSource) == (name not in ("vp9", "mpeg2_bframes")), name
         while reader.fill(data):
             ours.append((data.pts, ctypes.string_at(data.bsl_data, data.bsl)))
         reader.close()
         assert ours == theirs, name
 
 
-def test_a_file_is_read_through_the_demuxer_until_every_gop_was_then_from_its_bytes(
+def test_a_file_is_read_at_its_tables_places_from_the_first_reading_on_and_a_replaced_file_is_refused(
     files: dict[str, Path], tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lightning_vstream.errors import FileChangedError
@@ -726,23 +874,14 @@ def test_a_file_is_read_through_the_demuxer_until_every_gop_was_then_from_its_by
     real_open = nvdec_sources._open_input
     monkeypatch.setattr(nvdec_sources, "_open_input", lambda p: opened.append(p) or real_open(p))
     read = []
-    # Readings through PyAV's demuxer learn the file's layout GOP by GOP; one that jumps or stops inside a
-    # GOP learns nothing of that GOP.
-    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
-        read.append({i: dec.get(i).clone() for i in (0, 1, 2, 15, 16)})
-    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
-        read.append({i: dec.get(i).clone() for i in range(10)})  # GOP 0, whole
-    assert not isinstance(nvdec_packets.cached_layout(path)[1], nvdec_packets.FileLayout)
-    with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
-        read.append({i: dec.get(i).clone() for i in range(10, 20)})  # GOP 1, to the end of the file
-    assert len(opened) == 3 and isinstance(nvdec_packets.cached_layout(path)[1], nvdec_packets.FileLayout)
-    for _ in range(2):  # from the file's bytes now: no demuxer
+    for wanted in ((0, 1, 2, 15, 16), range(10), range(10, 20), (0, 1, 2, 15, 16)):
         with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
-            read.append({i: dec.get(i).clone() for i in (0, 1, 2, 15, 16)})
-    assert len(opened) == 3
+            read.append({i: dec.get(i).clone() for i in wanted})
+            assert isinstance(dec._source, nvdec_sources.TableSource)
+    assert opened == []  # no demuxer, from the first reading on
     for frames in read:
         _assert_stamped(frames, 14, path)
-    # Another file under the indexed name is caught at its next opening, not read with the old layout.
+    # Another file under the indexed name is caught when it is opened, not read at the old places.
     path.write_bytes(files["h264"].read_bytes())
     with pytest.raises(FileChangedError, match="CAM_FRONT.mp4"):
         NvDecoder(path, info=info, pool=DecoderPool()).get(0)
@@ -771,7 +910,9 @@ def test_wrong_timestamps_fail_and_drop_the_decoder(files: dict[str, Path], monk
     path = files["hevc"]
     info = probe_video(path)
     fake_format(monkeypatch, info)
-    stale = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None)
+    # Timestamps that are not the file's, read through the demuxer (at the tables' places a packet carries the
+    # table's own timestamp, and its checksum proves it is the frame's packet).
+    stale = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None, layout=None)
     pool = DecoderPool()
     dec = NvDecoder(path, info=stale, pool=pool, label="clip 'x', camera 'CAM'")
     with pytest.raises(VideoDecodeError, match=r"\(clip 'x', camera 'CAM'\) frame 0: .*timestamp 0, which is not in"):
@@ -881,7 +1022,9 @@ def test_gop_decoder_latency_reuse_and_refusals(
     assert pool.stats["created"] == 2 and pool.stats["reused"] == 2
     info = probe_video(files["h264"])
     fake_format(monkeypatch, info)
-    stale = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None)
+    # Timestamps that are not the file's, read through the demuxer (at the tables' places a packet carries the
+    # table's own timestamp, and its checksum proves it is the frame's packet).
+    stale = replace(info, pts=tuple(p + 1 for p in info.pts), crc32=None, layout=None)
     with pytest.raises(VideoDecodeError, match=r"h264\.mp4.*produced a frame with timestamp \d+, which is not in"):
         collect(NvGopDecoder(files["h264"], info=stale, gpu=0, pool=DecoderPool()), [3])
     assert info.crc32 is not None
@@ -912,7 +1055,12 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
         assert result[key] > 0 or key == "torch_ops_per_frame", key
     assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
     assert result["conversion"]["calls"] > 0 and result["profile"]
-    assert result["first_pass"]["engine_us_per_frame"] > 0
+    contended = result["contended"]
+    assert set(contended["rows"]) == set(result["rows"]) and contended["ratio"] > 0
+    assert contended["ratio"] == (
+        contended["rows"]["engine"]["wall_us_per_frame"]["median"]
+        / contended["rows"]["bare"]["wall_us_per_frame"]["median"]
+    )
     imports = result["dlpack_import"]
     assert imports["seam_extra_us_per_frame"] == imports["seam_us"] - imports["gpu_us"]
 
@@ -920,7 +1068,7 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
 def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_vstream.decode import gpu as gpu_module
+    from lightning_vstream.decode import nvdec_memory
     from lightning_vstream.indexing import load_index
     from lightning_vstream.indexing.build import build_index
     from lightning_vstream.stream.engine_factory import build_engine_loader
@@ -945,8 +1093,8 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     assert [clips[b["clip_id"][0]] for b in seen] == [0] * 8 + [1] * 8 + [2] * 8
     # A second epoch's threads use the first's streams: no decoder is created, none is prepared again.
     prepared = []
-    real_prepare = gpu_module.prepare_decoders
-    monkeypatch.setattr(gpu_module, "prepare_decoders", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
+    real_prepare = nvdec_memory.prepare_decoders
+    monkeypatch.setattr(nvdec_memory, "prepare_decoders", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     sampler.set_epoch(1)
     assert len(list(loader)) == 24
     assert len(marker.decoders) == before_first_step and not prepared
@@ -1003,3 +1151,55 @@ def test_doctor_runs_every_check_it_can_and_says_what_it_cannot(
     throughput = report["throughput"]
     assert throughput["raw_nvdec_1"]["frames"] == throughput["engine"]["frames"] == 2 * 6 * 12
     assert throughput["workers"]["status"] == "skipped"
+
+
+# -- the GPU first run, end to end over the test driver -------------------------------------------------
+@pytest.mark.slow
+def test_the_gpu_first_run_suite_runs_every_section_over_the_test_driver(tmp_path: Path) -> None:
+    """``benchmarks/gpu_first_run.py`` as a lent GPU runs it: every section in a process of its own, the JSON
+    written after each; pixels and timings are "not checked" here. One section's abort loses only that section."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = str(root / "benchmarks" / "gpu_first_run.py")
+    env = {**os.environ, "FAKE_LOG": os.devnull}
+    out = tmp_path / "out"
+    command = [sys.executable, script, "--budget", "110", "--out", str(out), "--data-dir", str(tmp_path / "data")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    report = json.loads((out / "gpu_first_run.json").read_text())
+    sections = report["sections"]
+    names = ["environment", "data", "kernel", "stamps", "raw_nvdec", "engine", "slow_consumer", "random_access"]
+    assert report["mode"] == "test-driver" and list(sections) == names
+    assert {name: s["status"] for name, s in sections.items()} == {
+        name: "ok" if name == "data" else "limited" for name in names
+    }
+    not_checked = "not checked: the test driver decodes no pixels and times no GPU work"
+    assert sections["environment"]["pynvvideocodec"] == "2.2.4" and sections["environment"]["nvdec"]["engines"] == 7
+    assert sections["data"]["files"] == 5 + 12 and "sm_90" in sections["kernel"]["compiled"]
+    files = sections["stamps"]["files"]
+    assert [f["file"] for f in files][-1] == "hevc 10-bit, B-frames" and sections["stamps"]["stamps"] == not_checked
+    assert all(f["in_order"]["stamps"] == f["shuffled"]["stamps"] == not_checked for f in files)
+    assert all(f["shuffled_seeks"] > 0 for f in files)  # the shuffled order jumps between GOPs
+    assert sorted(int(n) for n in sections["raw_nvdec"]["rows"]) == [1, 7, 14, 28]
+    assert all(r["frames"] > 0 and r["frames_per_s"] == not_checked for r in sections["raw_nvdec"]["rows"].values())
+    engine = sections["engine"]
+    assert engine["light"]["camera_frames"] > 0 and engine["heavy"]["python_ms_per_step"] == 2.0
+    assert engine["over_raw"] == engine["light_camera_frames_per_s"] == not_checked
+    assert sections["slow_consumer"]["steps"] > 0 and sections["random_access"]["samples"] > 0
+    summary = report["summary"]
+    assert summary["every_stamp_exact"] == summary["colour_within_tolerance"] == not_checked
+    assert summary["stream_camera_frames_per_s"]["met"] == not_checked
+    # A section that aborts (as a CUDA fault inside the library ends its process) loses only itself.
+    crashed = tmp_path / "crashed"
+    command = [sys.executable, script, "--budget", "60", "--out", str(crashed), "--only", "environment,kernel"]
+    env["VSTREAM_FIRST_RUN_ABORT"] = "kernel"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    report = json.loads((crashed / "gpu_first_run.json").read_text())
+    assert done.returncode == 1 and report["sections"]["environment"]["status"] == "limited"
+    assert (
+        report["sections"]["kernel"]["status"] == "crashed" and "exit code -6" in report["sections"]["kernel"]["reason"]
+    )

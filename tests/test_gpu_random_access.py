@@ -118,11 +118,25 @@ def test_gop_decoder_returns_exact_frames(fake_nvc: types.ModuleType, videos: di
     decoder.close()
 
 
-def test_nvdec_failure_is_a_decode_error(fake_nvc: types.ModuleType, videos: dict[str, Path]) -> None:
-    fake_nvc.fail_decode = True
-    decoder = _gop_decoder(videos["hevc"], pool=DecoderPool())
-    with pytest.raises(VideoDecodeError, match=r"hevc\.mp4.* frame 4: decoding failed: CUDA_ERROR_LAUNCH_FAILED"):
-        _collect(decoder, [4])
+def test_nvdec_failures_are_the_gpus_or_the_files_and_the_decoder_is_dropped_unflushed(
+    fake_nvc: types.ModuleType, videos: dict[str, Path]
+) -> None:
+    from lightning_vstream.errors import GpuError
+
+    for message, error, match in (
+        ("CUDA driver API error CUDA_ERROR_LAUNCH_FAILED", GpuError, r"hevc\.mp4.* frame 4: the GPU failed"),
+        ("cuvidParseVideoData(m_hParser, &packet) returned error 1", VideoDecodeError, r"frame 4: decoding failed"),
+    ):
+        pool = DecoderPool()
+        decoder = _gop_decoder(videos["hevc"], pool=pool)
+        _collect(decoder, [1])
+        fake_nvc.fail_decode = message
+        with pytest.raises(error, match=match) as raised:
+            _collect(decoder, [4])
+        assert isinstance(raised.value, GpuError) == (error is GpuError)
+        fake_nvc.fail_decode = ""
+        decoder.close()
+        assert fake_nvc.created[-1].flushes == 1 and pool.idle() == 0  # flushed before GOP 0's read, never after
 
 
 def test_unsupported_formats_are_refused_clearly(

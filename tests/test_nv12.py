@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -125,14 +126,8 @@ def test_rejects_an_out_of_the_wrong_shape() -> None:
 
 # -- the fused Triton kernel, in Triton's interpreter on CPU tensors -------------------------------------
 @pytest.fixture
-def triton_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Build the kernel under ``TRITON_INTERPRET=1``, so it runs on CPU tensors."""
-    from lightning_vstream.decode import nv12_kernel
-
-    if not nv12_kernel.triton_available():
-        pytest.skip("Triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(nv12_kernel, "_kernel", None)
+def triton_kernel(triton_interpreter: Any) -> None:
+    """The kernel module imported under ``TRITON_INTERPRET=1``, so the kernel runs on CPU tensors."""
 
 
 def _random_surface(height: int, width: int, *, sixteen: bool, seed: int) -> torch.Tensor:
@@ -189,11 +184,108 @@ def test_triton_kernel_converts_ten_bit_frames_like_ffmpeg(triton_kernel: None) 
 
 
 def test_backend_choice() -> None:
-    from lightning_vstream.decode import nv12_kernel
+    from lightning_vstream.decode import nv12
 
     assert Nv12Converter(ColorSpec(), 4, 4, device=torch.device("cpu")).backend == "torch"  # "auto" on the CPU
     with pytest.raises(ValueError, match="backend='cuda' is not supported"):
         Nv12Converter(ColorSpec(), 4, 4, backend="cuda")  # type: ignore[arg-type]
-    if not nv12_kernel.triton_available():
+    if not nv12.triton_available():
         with pytest.raises(ImportError, match="backend='triton' needs Triton"):
             Nv12Converter(ColorSpec(), 4, 4, backend="triton")
+
+
+# -- the check at setup: compiled once, compared with torch, torch when it fails --------------------------
+def test_the_kernel_is_defined_at_module_level_and_specialised_on_no_argument(triton_interpreter: Any) -> None:
+    """One compilation per sample width, made at setup: no argument is specialised on its value or alignment,
+    and the block width is fixed, so no later launch (from a decode thread) compiles again."""
+    import inspect
+
+    import triton
+
+    kernel = triton_interpreter.nv12_to_rgb_kernel
+    source = inspect.getsource(triton_interpreter)
+    assert "\n@triton.jit(do_not_specialize=PARAMETERS)\ndef nv12_to_rgb_kernel(" in source  # not in a closure
+    params = list(inspect.signature(kernel.fn).parameters)
+    assert tuple(params[:-2]) == triton_interpreter.PARAMETERS and params[-2:] == ["SIXTEEN", "BLOCK"]
+    assert triton_interpreter.BLOCK & (triton_interpreter.BLOCK - 1) == 0
+    assert triton.__version__
+
+
+@pytest.mark.slow
+def test_the_kernel_compiles_for_a_gpu_here_without_one(kernel_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's whole compiler, Python to cubin for sm_90, runs without a GPU: both variants (NV12, P016)
+    compile with the Triton installed here (the oldest pyproject accepts, 3.2, compiles them too)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # the default; set, so Triton does not warn about it
+    module = kernel_module(False)
+    BLOCK, PARAMETERS, nv12_to_rgb_kernel = module.BLOCK, module.PARAMETERS, module.nv12_to_rgb_kernel
+
+    for sixteen, sample in ((False, "*u8"), (True, "*i16")):
+        types = {"src": sample, "dst": "*u8", **dict.fromkeys(PARAMETERS[2:8], "i32")}
+        signature = {**types, **dict.fromkeys(PARAMETERS[8:], "fp32"), "SIXTEEN": "constexpr", "BLOCK": "constexpr"}
+        constants = {"SIXTEEN": sixteen, "BLOCK": BLOCK}
+        try:
+            source = ASTSource(fn=nv12_to_rgb_kernel, signature=signature, constexprs=constants)
+        except TypeError:  # Triton before 3.3 names them constants
+            source = ASTSource(fn=nv12_to_rgb_kernel, signature=signature, constants=constants)  # type: ignore[call-arg]
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        assert len(compiled.asm["cubin"]) > 1000
+
+
+def test_prepare_conversion_checks_the_kernel_once_per_device(triton_interpreter: Any) -> None:
+    from lightning_vstream.decode import nv12
+
+    launches: list[int] = []
+    real = triton_interpreter.launch_nv12_to_rgb
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        launches.append(1)
+        real(*args, **kwargs)
+
+    triton_interpreter.launch_nv12_to_rgb = counting
+    try:
+        assert nv12._check_kernel(torch.device("cpu")) == "triton"  # the interpreter runs it on the CPU
+    finally:
+        triton_interpreter.launch_nv12_to_rgb = real
+    # NV12 and P016, widths past one block and not a multiple of it, padded rows, both layouts, batch rows.
+    assert len(launches) == 2 * len(nv12._CHECK_CASES)
+    assert {c[1] for c in nv12._CHECK_CASES} == {8, 10} and any(c[4] for c in nv12._CHECK_CASES)
+    assert all(c[2] > triton_interpreter.BLOCK and c[2] % triton_interpreter.BLOCK for c in nv12._CHECK_CASES)
+    assert nv12.prepare_conversion("cpu") == "torch"  # not a GPU: no check
+
+
+@pytest.mark.parametrize("failure", ["wrong pixels", "launch fails", "no triton"])
+def test_a_kernel_that_fails_its_check_falls_back_to_torch_with_one_warning(
+    triton_interpreter: Any, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    from lightning_vstream.decode import nv12
+    from lightning_vstream.errors import VStreamWarning
+
+    real = triton_interpreter.launch_nv12_to_rgb
+
+    def wrong(surface: Any, out: Any, *args: Any, **kwargs: Any) -> None:
+        real(surface, out, *args, **kwargs)
+        out[0, 0] = out[0, 0] ^ 64  # one row (or pixel) of one channel, 64 levels off
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_120")
+
+    if failure == "wrong pixels":
+        monkeypatch.setattr(triton_interpreter, "launch_nv12_to_rgb", wrong)
+        message = r"differs from the torch conversion by up to 64 levels"
+    elif failure == "launch fails":
+        monkeypatch.setattr(triton_interpreter, "launch_nv12_to_rgb", broken)
+        message = r"failed to compile or run \(RuntimeError: PTX .version 8.7"
+    else:
+        monkeypatch.setattr(nv12, "triton_available", lambda: False)
+        message = r"Triton is not installed"
+    checked: dict[str, str] = {}
+    monkeypatch.setattr(nv12, "_checked", checked)
+    monkeypatch.setattr(nv12, "_check_kernel", lambda device, real=nv12._check_kernel: real(torch.device("cpu")))
+    cuda = torch.device("cuda", 3)
+    with pytest.warns(VStreamWarning, match=rf"kernel is not used on cpu: .*{message}.*converted with torch"):
+        assert nv12.prepare_conversion(cuda) == "torch"
+    assert nv12.prepare_conversion(cuda) == "torch" and checked == {"cuda:3": "torch"}  # once: no second warning

@@ -1,4 +1,5 @@
-"""NVDEC's packets read from their file's bytes (decode/nvdec_packets.py), against PyAV and FFmpeg's own filters.
+"""NVDEC's packets read from their file's bytes at the places the frame tables record (decode/nvdec_packets.py,
+decode/nvdec_sources.py), against PyAV's demuxer and FFmpeg's own filters.
 
 No driver is needed: a source fills any object with ``bsl_data`` / ``bsl`` / ``pts`` attributes as it fills
 PyNvVideoCodec's ``PacketData``, and the bytes it points at are read back with ctypes. The `nvdriver` tests
@@ -19,17 +20,16 @@ import pytest
 from _nvdriver import encode
 from av.bitstream import BitStreamFilterContext
 
-from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.nvdec_packets import (
     IN_PLACE,
     REWRITTEN,
     annexb_mode,
-    cached_layout,
-    keep_layout,
+    config_format,
+    packet_kind,
     to_annexb,
 )
-from lightning_vstream.decode.nvdec_sources import LayoutSource, PacketSource
+from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.errors import DataFormatError
 
@@ -59,12 +59,15 @@ def _read(source: Any) -> list[tuple[int, bytes]]:
     return out
 
 
-def _layout(path: Path) -> Any:
-    source = PacketSource(path, probe_video(path))
-    try:
-        return source.learn_layout(path)
-    finally:
-        source.close()
+#: The kinds whose codec configuration gives their format: read from the file at the tables' places.
+FROM_THE_TABLES = ["hevc", "hevc_open_gop_bframes", "h264", "h264_bframes", "av1"]
+
+
+def _table_source(path: Path, info: Any = None) -> TableSource:
+    info = info if info is not None else probe_video(path)
+    source = packet_source(path, info, "x")
+    assert isinstance(source, TableSource), type(source)
+    return source
 
 
 @pytest.mark.parametrize("name", ["hevc", "hevc_open_gop_bframes", "h264", "h264_bframes"])
@@ -79,7 +82,7 @@ def test_annexb_conversion_is_ffmpegs_filter_byte_for_byte(files: dict[str, Path
         for packet in container.demux(stream):
             if packet.size:
                 raw = bytes(packet)
-                kinds.add(nvdec_packets._kind(raw, mode))
+                kinds.add(packet_kind(raw, mode))
                 assert to_annexb(raw, mode, prefix) == b"".join(bytes(p) for p in annexb.filter(packet)), packet.pts
     # Keyframes get the parameter sets; one-slice pictures a start code in place of their length. x264 here
     # writes two slices per picture, and FFmpeg's filter a 3-byte start code before the second: written anew.
@@ -89,17 +92,16 @@ def test_annexb_conversion_is_ffmpegs_filter_byte_for_byte(files: dict[str, Path
     assert annexb_mode("hevc", b"\x01" + bytes(20) + b"\x01") is None  # 2-byte NAL lengths: read through PyAV
 
 
-@pytest.mark.parametrize("name", list(KINDS))
-def test_packets_read_from_the_file_are_the_demuxers_from_the_start_and_after_every_seek(
+@pytest.mark.parametrize("name", FROM_THE_TABLES)
+def test_packets_read_at_the_tables_places_are_the_demuxers_from_the_start_and_after_every_seek(
     files: dict[str, Path], name: str
 ) -> None:
     path = files[name]
     info = probe_video(path)
-    layout = _layout(path)
-    assert layout is not None and len(layout) == info.frame_count
-    ours = LayoutSource(path, info, "x", layout)
+    ours = _table_source(path, info)
     theirs = PacketSource(path, info)
     try:
+        assert ours.format == theirs.format
         assert _read(ours) == _read(theirs)
         for key in reversed(range(len(info.key_indices))):
             ours.seek_key(key)
@@ -110,75 +112,90 @@ def test_packets_read_from_the_file_are_the_demuxers_from_the_start_and_after_ev
         theirs.close()
 
 
-def test_a_stream_whose_packets_are_not_whole_in_the_file_is_read_through_the_demuxer(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict(codec="hevc", pix_fmt="yuv420p10le"),
+        dict(codec="h264", pix_fmt="yuv420p10le"),
+        dict(codec="h264", pix_fmt="yuvj420p"),
+        dict(codec="hevc", pix_fmt="yuv444p"),
+        dict(codec="h264", pix_fmt="yuv422p"),
+        dict(codec="av1", pix_fmt="yuv420p10le"),
+    ],
+    ids=lambda kind: f"{kind['codec']}-{kind['pix_fmt']}",
+)
+def test_the_format_from_the_codec_configuration_is_the_demuxers(tmp_path: Path, kind: dict[str, str]) -> None:
+    """Bit depth, chroma and colour read from the hvcC / avcC / av1C record and the tags equal PyAV's view."""
+    path = encode(tmp_path / "f.mp4", frames=4, gop=2, **kind)  # type: ignore[arg-type]
+    info = probe_video(path)
+    theirs = PacketSource(path, info)
+    try:
+        assert config_format(info) == theirs.format
+    finally:
+        theirs.close()
+
+
+@pytest.mark.parametrize("name", ["vp9", "mpeg2_bframes"])
+def test_streams_whose_configuration_does_not_give_their_format_are_demuxed(files: dict[str, Path], name: str) -> None:
+    info = probe_video(files[name])
+    assert info.layout is not None and config_format(info) is None
+    source = packet_source(files[name], info, "x")
+    assert isinstance(source, PacketSource)
+    source.close()
+
+
+def test_files_whose_tables_hold_no_places_are_demuxed(tmp_path: Path, files: dict[str, Path]) -> None:
     path = encode(tmp_path / "cut.ts", "hevc", frames=12, gop=6)  # MPEG-TS cuts packets into 188-byte pieces
-    assert _layout(path) is None
+    for where, info in ((path, probe_video(path)), (files["hevc"], replace(probe_video(files["hevc"]), layout=None))):
+        assert info.layout is None  # MPEG-TS; tables written before places were recorded (version 1)
+        source = packet_source(where, info, "x")
+        assert isinstance(source, PacketSource)
+        source.close()
 
 
-def test_a_damaged_or_shortened_file_read_with_its_layout_says_which_frame(
+def test_a_damaged_or_shortened_file_read_at_the_tables_places_says_which_frame(
     tmp_path: Path, files: dict[str, Path]
 ) -> None:
     path = tmp_path / "clip.mp4"
     path.write_bytes(files["hevc"].read_bytes())
     info = probe_video(path)
-    layout = _layout(path)
-    assert info.crc32 is not None and layout is not None
+    assert info.crc32 is not None and info.layout is not None
     wrong = replace(info, crc32=tuple(c ^ 1 if i == 13 else c for i, c in enumerate(info.crc32)))
-    source = LayoutSource(path, wrong, "'clip.mp4' (clip 'x', camera 'CAM')", layout)
+    source = packet_source(path, wrong, "'clip.mp4' (clip 'x', camera 'CAM')")
     with pytest.raises(
         VideoDecodeError, match=r"camera 'CAM'\) frame 13: the compressed data differs from the checksum"
     ):
         _read(source)
     source.close()
-    os.truncate(path, layout.pos[12])
-    source = LayoutSource(path, info, "'clip.mp4'", layout)
+    os.truncate(path, info.layout.pos[12])
+    source = _table_source(path, info)
     with pytest.raises(
         VideoDecodeError, match=r"the file ends at byte \d+, before its packets do \(truncated file\?\)"
     ):
         _read(source)
     source.close()
     with pytest.raises(VideoDecodeError, match=r"codec configuration \(SPS/PPS\) differs from the checksum"):
-        LayoutSource(path, replace(info, config_crc32=1), "'clip.mp4'", layout)
+        packet_source(path, replace(info, config_crc32=1), "'clip.mp4'")
 
 
-def test_layouts_are_kept_for_a_file_only_while_it_is_unchanged(tmp_path: Path, files: dict[str, Path]) -> None:
-    path = tmp_path / "kept.mp4"
-    path.write_bytes(files["hevc"].read_bytes())
-    assert cached_layout(path) == (False, None)
-    layout = _layout(path)
-    keep_layout(path, layout)
-    assert cached_layout(path) == (True, layout)
-    path.write_bytes(files["h264"].read_bytes())  # another file under the same name
-    assert cached_layout(path) == (False, None)
-    keep_layout(path, None)  # a file read through the demuxer is remembered as such
-    assert cached_layout(path) == (True, None)
+def test_checksums_are_computed_in_pieces_and_read_buffers_are_reused(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checksums of large packets in pieces that keep the GIL give zlib's value; a file opened again reads into
+    the buffer the last one gave back."""
+    import zlib
 
+    from lightning_vstream.decode import nvdec_sources
 
-def test_a_layout_is_learnt_gop_by_gop_across_readings_and_equals_one_full_pass(files: dict[str, Path]) -> None:
-    path = files["hevc"]  # two GOPs of 10 frames
-    info = probe_video(path)
-    whole = _layout(path)
-    found: list[Any] = []
-    partial = PacketSource(path, info).partial_layout()
+    monkeypatch.setattr(nvdec_sources, "_BUFFERS", nvdec_sources._BufferPool())  # empty, whatever ran before
 
-    def reading(first_key: int | None, packets: int) -> None:
-        """One reading through the demuxer: from the start or a keyframe, ``packets`` packets, then closed."""
-        source = PacketSource(path, info)
-        source.record_layout(nvdec_packets.LayoutRecorder(path, info, partial, found.append))
-        if first_key is not None:
-            source.seek_key(first_key)
-        data = SimpleNamespace()
-        for _ in range(packets):
-            assert source.fill(data)
-        source.close()
-
-    reading(None, 4)  # stops inside GOP 0: nothing learnt
-    reading(1, 9)  # jumps to GOP 1, stops one packet short of its end: nothing learnt
-    assert partial.packets == 0 and not found
-    reading(None, 10)  # GOP 0 whole, stopped before GOP 1's keyframe showed where it ends
-    assert partial.packets == 10 and not found
-    reading(1, 10)  # GOP 1 whole: every packet is known
-    assert len(found) == 1 and isinstance(found[0], nvdec_packets.FileLayout)
-    learnt = found[0]
-    for name in ("pos", "size", "pts", "kind", "chunks", "spans", "mode", "prefix", "config_crc32"):
-        assert getattr(learnt, name) == getattr(whole, name), name
+    data = bytes(range(256)) * 100  # 25.6 KB: past the size zlib releases the GIL for
+    assert nvdec_sources._crc32(memoryview(data), len(data)) == zlib.crc32(data)
+    assert nvdec_sources._crc32(memoryview(data[:100]), 100) == zlib.crc32(data[:100])
+    first = _table_source(files["hevc"])
+    packets = _read(first)
+    block = first._block
+    first.close()
+    again = _table_source(files["hevc"])
+    assert _read(again) == packets and again._block is block
+    again.close()

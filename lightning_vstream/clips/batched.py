@@ -7,8 +7,11 @@ decoding threads (:class:`~lightning_vstream.clips.executor.GopExecutor`), and e
 is written once, straight into its slot of one preallocated batch tensor. On the GPU the threads
 decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
 one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
-the batch (no host synchronisation, no event per frame). On the CPU the same plan runs with PyAV
-decoders. A batch that does not finish within ``timeout`` seconds raises
+the batch (no host synchronisation, no event per frame). No decoding stream ever waits for the
+caller's: the batch is allocated on a stream of the reader's own that runs no work, so no earlier
+work can still use its memory, and it is marked as used by the caller's stream
+(``record_stream``), so its memory is not handed out again before the caller's work on it is done.
+On the CPU the same plan runs with PyAV decoders. A batch that does not finish within ``timeout`` seconds raises
 :class:`~lightning_vstream.errors.WorkerError` (a hung decoder never hangs training), as the stream
 engine does.
 """
@@ -82,6 +85,9 @@ class BatchReader:
         self.timeout = timeout
         self._labels: dict[Hashable, str] = {}
         self._lock = threading.Lock()
+        self._memory: Any = None  # FrameMemory of the GPU path (set on first use)
+        self._alloc_stream: Any = None  # the stream batches are allocated on (runs no work)
+        self._events: dict[int, Any] = {}  # decoding stream -> the event the caller's stream waits for
         self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
 
     def _open(self, task: GopTask) -> GopDecoder:
@@ -110,18 +116,21 @@ class BatchReader:
             and all((i.height, i.width) == (height, width) for i in s.infos)
             for s in samples
         )
-        if uniform:
-            batch = torch.empty((len(samples), steps, cameras, 3, height, width), dtype=torch.uint8, device=self.device)
-            outs = list(batch.unbind(0))
-        else:  # samples of different shapes: one tensor each (collate_clips will say why they cannot stack)
-            outs = [
-                torch.empty(
-                    (len(s.indices), len(s.paths), 3, s.infos[0].height, s.infos[0].width),
-                    dtype=torch.uint8,
-                    device=self.device,
+        with self._allocating():
+            if uniform:
+                batch = torch.empty(
+                    (len(samples), steps, cameras, 3, height, width), dtype=torch.uint8, device=self.device
                 )
-                for s in samples
-            ]
+                tensors, outs = [batch], list(batch.unbind(0))
+            else:  # samples of different shapes: one tensor each (collate_clips will say why they cannot stack)
+                outs = tensors = [
+                    torch.empty(
+                        (len(s.indices), len(s.paths), 3, s.infos[0].height, s.infos[0].width),
+                        dtype=torch.uint8,
+                        device=self.device,
+                    )
+                    for s in samples
+                ]
         planner = GopPlanner()
         images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]] = []
         for b, sample in enumerate(samples):
@@ -132,7 +141,7 @@ class BatchReader:
                         images.append((path, info, index, (b, t, c)))
                     else:
                         planner.add(str(path), info, index, (b, t, c))
-        self._decode(planner.tasks(), images, outs)
+        self._decode(planner.tasks(), images, outs, tensors)
         return [
             {
                 "frames": out,
@@ -144,33 +153,36 @@ class BatchReader:
             for s, out in zip(samples, outs)
         ]
 
+    def _allocating(self) -> Any:
+        """The block in which batches are allocated: on the reader's own stream on a GPU (see the module docs)."""
+        import contextlib
+
+        import torch
+
+        if torch.device(self.device).type != "cuda":
+            return contextlib.nullcontext()
+        if self._alloc_stream is None:
+            self._alloc_stream = torch.cuda.Stream(device=self.device)
+        return torch.cuda.stream(self._alloc_stream)
+
     def _decode(
         self,
         tasks: list[GopTask],
         images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]],
         outs: list[torch.Tensor],
+        tensors: list[torch.Tensor],
     ) -> None:
-        import torch
-
         from lightning_vstream.clips.gpu import Nv12Frame
 
-        cuda = outs[0].is_cuda
-        start = None
-        if cuda:
-            start = torch.cuda.Event()
-            start.record(torch.cuda.current_stream(outs[0].device))  # the batch tensor is ready for writing
-        # The decoding streams that wrote into the batch. Each waits for `start` once, before its first
-        # write; the caller's stream waits for each once, after every conversion has been queued.
+        # The decoding streams that wrote into the batch; the caller's stream waits for each once, after every
+        # conversion has been queued (also when a task failed: nothing may write into memory handed out again).
         streams: dict[int, Any] = {}
 
         def deliver(task: GopTask, index: int, frame: Any, target: Any) -> None:
             b, t, c = target
             slot = outs[b][t, c]
             if isinstance(frame, Nv12Frame):
-                stream = frame.stream
-                if stream is not None and id(stream) not in streams:
-                    stream.wait_event(start)
-                    streams[id(stream)] = stream  # one decoder stream is used by one thread at a time
+                streams.setdefault(id(frame.stream), frame.stream)  # a stream is used by one thread at a time
                 frame.write_into(slot)
             elif slot.is_cuda:
                 slot.copy_(frame, non_blocking=True)
@@ -179,11 +191,30 @@ class BatchReader:
 
         if images:
             self._decode_images(images, outs)
-        self.executor.run(tasks, deliver, timeout=self.timeout or None)
-        if cuda:
-            consumer = torch.cuda.current_stream(outs[0].device)
-            for stream in streams.values():
-                consumer.wait_stream(stream)
+        try:
+            self.executor.run(tasks, deliver, timeout=self.timeout or None)
+        finally:
+            self._wait_for(streams, tensors)
+
+    def _wait_for(self, streams: dict[int, Any], tensors: list[torch.Tensor]) -> None:
+        """Make the caller's stream wait for each decoding stream, and mark the batch as used by the caller's stream."""
+        if self.gpu is None:
+            return
+        if self._memory is None:
+            from lightning_vstream.decode.device import frame_memory
+
+            self._memory = frame_memory()
+        memory = self._memory
+        consumer = memory.current_stream(self.gpu)
+        for key, stream in streams.items():
+            event = self._events.get(key)
+            if event is None:
+                event = self._events[key] = memory.new_event()
+            memory.record(event, stream)
+            memory.wait(consumer, event)
+        if tensors[0].is_cuda:
+            for tensor in tensors:
+                tensor.record_stream(consumer)
 
     def _decode_images(self, images: list[tuple[Path, VideoInfo, int, tuple[int, int, int]]], outs: list[Any]) -> None:
         from lightning_vstream.decode.images import decode_images, image_files
@@ -218,12 +249,23 @@ class BatchReader:
 
 
 def make_reader(
-    decode_device: str, gop_threads: int | None, max_open: int, decoder_threads: int, *, timeout: float = 300.0
+    decode_device: str,
+    gop_threads: int | None,
+    max_open: int,
+    decoder_threads: int,
+    *,
+    timeout: float = 300.0,
+    formats: Sequence[tuple[Path, VideoInfo]] = (),
 ) -> BatchReader:
     """The reader for a dataset's settings: PyAV threads on the CPU, NVDEC threads on a CUDA device.
 
     On the GPU ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
-    is this process's first GPU (see :func:`~lightning_vstream.decode.gpu.resolve_decode_device`).
+    is the calling thread's current GPU (the rank's, once Lightning or the user set it). Before the
+    reader exists, the decoders it may hold at once (``gop_threads x max_open`` open, and the pool's
+    idle ones for each of ``formats``) are checked against the GPU's free memory
+    (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`) and the colour kernel is
+    compiled and checked (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), on the calling
+    thread.
     """
     if decode_device == "cpu":
         return BatchReader(
@@ -236,14 +278,31 @@ def make_reader(
         )
     import torch
 
+    from lightning_vstream.decode.decoder_pool import shared_decoder_pool
+    from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.gpu import resolve_decode_device
+    from lightning_vstream.decode.nv12 import prepare_conversion
+    from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
 
     device = torch.device(decode_device)
-    if device.index is None:
-        device = resolve_decode_device("cuda", 0)
+    if device.index is None:  # the rank's GPU, as the caller's thread has it
+        device = resolve_decode_device("cuda", 0, root_device=torch.device("cuda", torch.cuda.current_device()))
     gpu = device.index or 0
     if gop_threads is None:
         from lightning_vstream.clips.gpu import decode_engine_count
 
         gop_threads = 2 * decode_engine_count(gpu)
+    infos = [info for _, info in formats if info is not None]
+    if infos:
+        largest = max(infos, key=lambda i: i.width * i.height)
+        idle = shared_decoder_pool().max_idle_per_key
+        memory = frame_memory()
+        check_nvdec_memory(
+            gpu,
+            [(largest, max(1, gop_threads) * max_open), *((info, idle) for info in infos)],
+            memory=memory,
+            lower="gop_threads or max_open_decoders",
+            headroom=0 if memory.host else DEFAULT_HEADROOM,
+        )
+    prepare_conversion(device)
     return BatchReader(gpu=gpu, device=device, threads=gop_threads, max_open_per_thread=max_open, timeout=timeout)

@@ -38,6 +38,7 @@ from lightning_vstream.clips.requests import RequestResolver
 from lightning_vstream.clips.selection import ClipRequest, camera_names
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
+from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
@@ -337,6 +338,11 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
                 self._announce([(job.decoders[0], job.indices) for job in jobs])
                 self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
+            fatal = gpu_failure(err, f"clip {clip.clip_id!r}, frames {indices}")
+            if fatal is err:
+                raise
+            if fatal is not None:  # the GPU's own error: never skipped as a bad file
+                raise fatal from err
             if isinstance(err, FileNotFoundError):  # a camera file gone since indexing: say how to go on without it
                 first = str(err).split("\n", 1)[0]
                 err = MissingFileError(
@@ -467,9 +473,11 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
         """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
         if self._reader is None:
             from lightning_vstream.clips.batched import make_reader
+            from lightning_vstream.decode.nvdec_memory import one_file_per_format
 
+            formats = one_file_per_format(self.index) if self.decode_device != "cpu" else []
             self._reader = make_reader(
-                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads
+                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads, formats=formats
             )
         return self._reader
 

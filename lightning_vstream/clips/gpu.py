@@ -1,11 +1,15 @@
 """GOP decoding on NVIDIA GPUs for explicit frame selection (``decode_device="cuda"``).
 
 :class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.clips.executor.GopDecoder`
-with PyNvVideoCodec: packets are demuxed with PyAV (their checksums checked against the frame
-table before the Annex-B filter), decoded on NVDEC with ``NATIVE`` output (NV12), and only the
-wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into their place
-in the batch; every other frame of the GOP is decoded (the codec needs it) but never converted.
-Each frame's timestamp is checked against the frame table, so a frame is never mislabelled.
+with PyNvVideoCodec: packets come from the file's bytes at the places the frame tables record (or
+from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec_sources.packet_source`),
+each checked against the frame table's CRC-32, are decoded on NVDEC with ``NATIVE`` output (NV12),
+and only the wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into
+their place in the batch; every other frame of the GOP is decoded (the codec needs it) but never
+converted. Each frame's timestamp is checked against the frame table, so a frame is never
+mislabelled. The thread that decodes sets its device first; a decoder that raised is dropped
+without being flushed, and a CUDA error, a GPU out of memory or a failed kernel launch raises
+:class:`~lightning_vstream.errors.GpuError`.
 
 Decoders: one NVDEC decoder per planner worker thread and open file, each created with its own
 CUDA stream (``cudastream``; the NULL stream would synchronise after every frame) in the primary
@@ -30,7 +34,7 @@ stream's matrix and range are honoured, and formats NVDEC or the conversion cann
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -40,7 +44,7 @@ from lightning_vstream.clips.executor import Emit, GopDecoder
 from lightning_vstream.clips.planner import GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
-from lightning_vstream.decode.device import FrameMemory, frame_memory
+from lightning_vstream.decode.device import FrameMemory, frame_memory, gpu_failure
 from lightning_vstream.decode.nv12 import Nv12Converter
 from lightning_vstream.decode.nvdec import (
     DecoderKey,
@@ -50,7 +54,7 @@ from lightning_vstream.decode.nvdec import (
     create_session,
     num_decoder_engines,
 )
-from lightning_vstream.decode.nvdec_sources import PacketSource, packet_data
+from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
 from lightning_vstream.errors import DecoderCapabilityError
 
 if TYPE_CHECKING:
@@ -65,16 +69,17 @@ class Nv12Frame:
 
     surface: Any  # torch.Tensor [1.5 H, W] uint8 (NV12) or 16-bit (P016)
     convert: Nv12Converter
-    stream: Any  # the decoder's stream; None when nothing needs ordering (host memory)
+    stream: Any  # the decoder's stream, which the caller's stream waits for once per batch
     index: int
+    on_stream: bool = True  # convert on ``stream`` (False: host memory, where nothing needs ordering)
 
     def write_into(self, out: torch.Tensor) -> None:
         """Convert into ``out`` (``[3, H, W]``) on the decoder's stream.
 
-        The caller makes the stream wait for whatever ``out`` was used for before (once per batch,
-        not per frame) and waits for the stream before reading ``out``.
+        ``out`` must be memory no earlier work still uses (the decoder's stream never waits for the
+        caller's); the caller waits for the stream before reading ``out``.
         """
-        if self.stream is None:
+        if not self.on_stream:
             self.convert(self.surface, out)
             return
         import torch
@@ -122,7 +127,8 @@ class NvGopDecoder:
         self._pool = pool
         self._memory = memory
         self._nvc: ModuleType | None = None
-        self._packets: PacketSource | None = None
+        self._packets: PacketSource | TableSource | None = None
+        self._data: Any = None  # the PacketData every packet is sent in
         self._convert: Nv12Converter | None = None
         self._key: DecoderKey | None = None
         self._session: Session | None = None
@@ -154,7 +160,7 @@ class NvGopDecoder:
 
         nvc = import_pynvvideocodec()
         memory = self.memory
-        packets = PacketSource(self.path, self.info, self._where())
+        packets = packet_source(self.path, self.info, self._where())
         try:
             fmt = packets.format
             check_decodable(self.gpu, fmt, self._where())
@@ -172,6 +178,9 @@ class NvGopDecoder:
         self._nvc, self._packets, self._key, self._session = nvc, packets, key, session
         self._convert = convert
         self._surface_layout = ((fmt.height * 3 // 2, fmt.width), (fmt.width, 1), 1 if fmt.bit_depth <= 8 else 2)
+        self._data = nvc.PacketData()
+        if latency == "LOW":  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
+            self._data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
         self._dirty = False
 
     def _flush(self) -> None:
@@ -196,7 +205,23 @@ class NvGopDecoder:
         return surface
 
     def decode_gop(self, task: GopTask, emit: Emit) -> None:
-        """Decode ``task`` from its keyframe; ``emit(index, Nv12Frame)`` for each wanted frame, ascending."""
+        """Decode ``task`` from its keyframe; ``emit(index, Nv12Frame)`` for each wanted frame, ascending.
+
+        Raises:
+            GpuError: The GPU failed (a CUDA error, out of memory, a failed kernel launch).
+            VideoDecodeError: The file does not decode as its frame table says.
+        """
+        self.memory.set_device(self.gpu)  # this thread's device, before anything touches the GPU
+        try:
+            self._decode_gop(task, emit)
+        except BaseException as err:
+            self._drop()  # never flushed: a Decode after a CUDA error can end the process
+            failure = gpu_failure(err, self._where(task.frames[0]))
+            if failure is None or failure is err:
+                raise
+            raise failure from err
+
+    def _decode_gop(self, task: GopTask, emit: Emit) -> None:
         if self._session is None:
             self._open()
         session, packets = self._session, self._packets
@@ -205,11 +230,10 @@ class NvGopDecoder:
         remaining = list(task.frames)
         gop = task.gop
         self._flush()
-        packets.seek(info.key_seek[gop])
-        source = packets.packets()
+        packets.seek_key(gop)
         first = True  # the next frame out is the first since the last seek
         while remaining:
-            packet, frames = self._step(source, remaining[0])
+            more, frames = self._step(remaining[0])
             restart = False
             for frame in frames:
                 self.frames_decoded += 1
@@ -235,39 +259,50 @@ class NvGopDecoder:
                 remaining.pop(0)
                 self.frames_converted += 1
                 assert self._convert is not None
-                stream = None if self.memory.host else session.stream
-                emit(index, Nv12Frame(self._surface(frame, index), self._convert, stream, index))
+                surface = self._surface(frame, index)
+                emit(index, Nv12Frame(surface, self._convert, session.stream, index, on_stream=not self.memory.host))
             if restart:
                 self._flush()
                 gop -= 1
-                packets.seek(info.key_seek[gop])
-                source = packets.packets()
+                packets.seek_key(gop)
                 first = True
-            elif packet is None and remaining:
+            elif not more and remaining:
                 raise VideoDecodeError(
                     f"{self._where(remaining[0])}: the file ended before this frame although its frame table lists "
                     f"{info.frame_count} frames (truncated file?)."
                 )
 
-    def _step(self, source: Iterator[Any], due: int) -> tuple[Any, list[Any]]:
-        """Feed the next packet (or the end of the stream) to the decoder; the packet and the frames out."""
-        nvc, session = self._nvc, self._session
-        assert nvc is not None and session is not None
+    def _step(self, due: int) -> tuple[bool, list[Any]]:
+        """Feed the next packet (or the end of the stream) to the decoder; whether there was one, and the frames out."""
+        nvc, session, packets = self._nvc, self._session, self._packets
+        assert nvc is not None and session is not None and packets is not None
         try:
-            packet = next(source, None)
-            if packet is None:
+            more = packets.fill(self._data)  # the source keeps the bytes until its next fill
+            if more:
+                self._dirty = True
+                frames = list(session.decoder.Decode(self._data))
+            else:
                 frames = list(session.decoder.Decode(nvc.PacketData()))
                 self._dirty = False
-            else:
-                low = self._key is not None and self._key.latency == "LOW"
-                data = packet_data(nvc, packet, self._where(due), end_of_picture=low)
-                self._dirty = True
-                frames = list(session.decoder.Decode(data))  # `packet` owns the bytes until it returns
         except VideoDecodeError:
             raise
         except Exception as err:  # PyAV and PyNvVideoCodec raise their own types
+            if gpu_failure(err) is not None:
+                raise
             raise VideoDecodeError(f"{self._where(due)}: decoding failed: {err}") from err
-        return packet, frames
+        return more, frames
+
+    def _drop(self) -> None:
+        """Close the file and drop the NVDEC decoder (not flushed, not returned to the pool)."""
+        self._session = None
+        self._key = None
+        if self._packets is not None:
+            try:
+                self._packets.close()
+            except Exception:
+                pass
+            self._packets = None
+        self._dirty = False
 
     def close(self) -> None:
         """Close the file and return the NVDEC decoder to the pool (flushed)."""

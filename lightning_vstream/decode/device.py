@@ -1,32 +1,40 @@
-"""Which device decodes, and how NVDEC's frames reach torch.
+"""Which device decodes, and which errors are the GPU's own.
 
 - :func:`import_pynvvideocodec` / :func:`nvdec_available`: PyNvVideoCodec is imported only when
   asked for (on machines without an NVIDIA driver its import fails, and the CPU path never touches
   it), and only a version that exports every frame layout correctly is accepted.
 - :func:`resolve_decode_device`: the per-rank choice of GPU.
-- :class:`FrameMemory`: where decoded surfaces live and how they become tensors. On a GPU
-  (:class:`CudaMemory`) a ``DecodedFrame``'s DLPack capsule is imported on a CUDA stream. Under a
-  driver whose device memory *is* host memory (the fake NVIDIA driver the test suite runs the real
-  PyNvVideoCodec over, see ``docs/gpu.md``), :class:`HostMemory` views the same CUDA-labelled
-  capsules as CPU tensors, so everything from packet to batch runs without a GPU; only the colour
-  kernels then run on CPU tensors. :func:`frame_memory` picks one (``VSTREAM_NVDEC_HOST_MEMORY=1``
-  selects host memory, for tests).
+- :func:`gpu_failure`: whether an error is the GPU's own (a CUDA error, GPU memory exhausted, a
+  Triton failure), which stops a run whatever its error policy says, rather than a file's.
+
+How decoded frames reach torch, and the device operations GPU threads need, are
+:mod:`lightning_vstream.decode.surfaces`' (:class:`FrameMemory`, :func:`frame_memory`; importable
+from here too).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
-import os
 import re
-import threading
 import warnings
-from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, MissingDependencyError, VStreamWarning
+from lightning_vstream.decode.surfaces import (
+    HOST_MEMORY_ENV,
+    CudaMemory,
+    FrameMemory,
+    HostMemory,
+    frame_memory,
+    host_view,
+)
+from lightning_vstream.errors import (
+    ConfigurationError,
+    DecoderCapabilityError,
+    GpuError,
+    GpuMemoryError,
+    MissingDependencyError,
+    VStreamWarning,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +48,7 @@ __all__ = [
     "FrameMemory",
     "HostMemory",
     "frame_memory",
+    "gpu_failure",
     "host_view",
     "import_pynvvideocodec",
     "nvdec_available",
@@ -57,8 +66,6 @@ GPU_INSTALL_HINT = (
 #: Oldest PyNvVideoCodec accepted: 2.0.0 to 2.2.3 export 10-bit (P016) frames with the strides of
 #: an 8-bit surface, a wrong view of the buffer that decodes silently into wrong pixels.
 MIN_PYNVVIDEOCODEC = (2, 2, 4)
-#: Set to 1 to view NVDEC frames as host memory (:class:`HostMemory`); only for a test driver.
-HOST_MEMORY_ENV = "VSTREAM_NVDEC_HOST_MEMORY"
 
 
 # -- availability and device choice ------------------------------------------------------------
@@ -197,226 +204,64 @@ def resolve_decode_device(
     return torch.device("cuda", local_rank)
 
 
-# -- how decoded frames reach torch ------------------------------------------------------------
-class FrameMemory(Protocol):
-    """Where NVDEC's decoded surfaces live, the streams decoders run on, and how a frame becomes a tensor."""
-
-    #: True when "device" memory is host memory (tensors are on the CPU; nothing needs ordering).
-    host: bool
-
-    def device(self, gpu: int) -> torch.device:
-        """The torch device frames of GPU ``gpu`` are on."""
-        ...
-
-    def new_stream(self, gpu: int) -> Any:
-        """A new stream of GPU ``gpu`` (an object with a ``cuda_stream`` handle)."""
-        ...
-
-    def current_stream(self, gpu: int) -> Any:
-        """The calling thread's current stream of GPU ``gpu``."""
-        ...
-
-    def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        """The surface of a ``DecodedFrame`` as a tensor (no copy), ready for work queued on ``stream``."""
-        ...
+# -- errors of the GPU itself -----------------------------------------------------------------
+#: CUresult codes after which a context cannot be trusted (or memory ran out), as NVIDIA's decoder reports
+#: them ("cuvidDecodePicture(...) returned error 700"): out of memory, no or a lost device, a destroyed or
+#: invalid context, uncorrectable ECC, and the launch faults 700-719; 999 is CUDA_ERROR_UNKNOWN. Other codes
+#: (an invalid value, an invalid bitstream) belong to the data.
+_FATAL_CUDA_CODES = frozenset({2, 3, 4, 46, 100, 101, 201, 202, 214, 215, 999, *range(700, 720)})
+_MEMORY_CUDA_CODES = frozenset({2})
+_GPU_MESSAGE = re.compile(
+    r"CUDA_ERROR_(?P<name>\w+)|CUDA driver API error|CUDA error|cudaError\w*|illegal memory access|"
+    r"Triton Error|out of memory|returned error (?P<code>\d+)",
+    re.IGNORECASE,
+)
 
 
-class CudaMemory:
-    """Frames in GPU memory: DLPack import on a CUDA stream.
+def gpu_failure(err: BaseException, where: str = "") -> GpuError | None:
+    """The :class:`~lightning_vstream.errors.GpuError` that ``err`` stands for, or None when it is not the GPU's.
 
-    ``DecodedFrame.__dlpack__(stream=s)`` makes ``s`` wait for the decoder's work on the frame.
-    The capsule is imported directly: ``torch.from_dlpack(frame)`` would first try a newer
-    protocol version that PyNvVideoCodec refuses, paying an exception per frame.
+    The GPU's own errors: torch's CUDA errors (``torch.cuda.OutOfMemoryError``,
+    ``torch.AcceleratorError``), Triton's, and messages of PyNvVideoCodec, torch or Triton that name
+    a CUDA error (``CUDA_ERROR_...``, ``CUDA error: ...``, a CUresult such as 700 that leaves the
+    context unusable, ``out of memory``). They stop a run whatever ``on_error`` says: skipping would
+    skip every clip after them. Out of memory gives a
+    :class:`~lightning_vstream.errors.GpuMemoryError`. ``where`` (file and frame) starts the message.
 
     Example::
 
-        >>> CudaMemory().device(1)
-        device(type='cuda', index=1)
+        >>> type(gpu_failure(RuntimeError("CUDA driver API error CUDA_ERROR_ILLEGAL_ADDRESS"))).__name__
+        'GpuError'
+        >>> gpu_failure(ValueError("moov atom not found")) is None
+        True
     """
-
-    host = False
-
-    def device(self, gpu: int) -> torch.device:
-        import torch
-
-        return torch.device("cuda", gpu)
-
-    def new_stream(self, gpu: int) -> torch.cuda.Stream:
-        import torch
-
-        return torch.cuda.Stream(device=gpu)
-
-    def current_stream(self, gpu: int) -> torch.cuda.Stream:
-        import torch
-
-        return torch.cuda.current_stream(gpu)
-
-    def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        return _torch_from_dlpack()(frame.__dlpack__(stream=stream.cuda_stream))
-
-
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-#: DLPack's ``DLDevice`` of the CPU (device type 1, id 0), written over a capsule's device at byte 8 of its
-#: ``DLManagedTensor`` (after the data pointer).
-_CPU_DEVICE = (ctypes.c_int32 * 2)(1, 0)
-_DEVICE_OFFSET = 8
-
-
-@functools.cache
-def _frame_dtypes() -> frozenset[Any]:
-    """Sample types a decoded frame can have (NV12: 8-bit; P016: 16-bit words)."""
-    import torch
-
-    return frozenset((torch.uint8, torch.int8, torch.uint16, torch.int16, torch.float32))
-
-
-@functools.cache
-def _torch_from_dlpack() -> Callable[[Any], torch.Tensor]:
-    """torch's import of a DLPack capsule, looked up once rather than per frame.
-
-    For a capsule, ``torch.utils.dlpack.from_dlpack`` checks its keyword arguments and calls
-    ``torch._C._from_dlpack``; this takes that call directly where it exists, once per frame.
-    """
-    import torch
-    from torch.utils.dlpack import from_dlpack
-
-    return getattr(torch._C, "_from_dlpack", None) or from_dlpack
-
-
-def host_view(capsule: Any) -> torch.Tensor:
-    """A CPU tensor viewing the memory of a DLPack capsule whatever device the capsule names.
-
-    Only correct where that memory is host memory, as under the fake NVIDIA driver (its "device"
-    allocations are host allocations). The capsule's device is relabelled as the CPU and the
-    capsule is imported by torch's own ``from_dlpack``, the call that imports it on a GPU: shape,
-    strides and dtype are the capsule's own, so a wrong layout exported by the library shows here
-    exactly as it would on a GPU, and the import costs the host what it costs there (plus the
-    relabelling, one ``memmove``). The tensor owns the capsule's memory as torch's import does: the
-    exporter's deleter runs when the tensor is freed.
-
-    Raises:
-        DecoderCapabilityError: The capsule's dtype is not one a decoded frame can have.
-
-    Example::
-
-        >>> host_view(torch.zeros(2, 3, dtype=torch.uint8).__dlpack__()).shape
-        torch.Size([2, 3])
-    """
-    ctypes.memmove(_capsule_pointer(capsule, b"dltensor") + _DEVICE_OFFSET, _CPU_DEVICE, 8)
-    view = _torch_from_dlpack()(capsule)
-    if view.dtype not in _frame_dtypes():
-        raise DecoderCapabilityError(f"a decoded frame exported DLPack dtype {view.dtype} (shape {tuple(view.shape)})")
-    return view
-
-
-class _HostStream:
-    """A stream handle of the loaded driver, for decoders whose frames live in host memory."""
-
-    __slots__ = ("cuda_stream",)
-
-    def __init__(self, handle: int) -> None:
-        self.cuda_stream = handle
-
-    def __repr__(self) -> str:
-        return f"_HostStream({self.cuda_stream:#x})"
-
-
-class HostMemory:
-    """Frames whose "device" memory is host memory: the CUDA-labelled capsules are viewed as CPU tensors.
-
-    For the test driver (``shared/tools/fake-nvdriver`` builds it) under which the real
-    PyNvVideoCodec runs on a machine without a GPU. Streams are real streams of that driver
-    (``cuStreamCreate``), so decoders get the same ``cudastream`` handling as on a GPU; frames
-    need no ordering since the driver finishes every copy before returning.
-
-    Raises:
-        ConfigurationError: The loaded ``libcuda.so.1`` is a real NVIDIA driver, whose device
-            memory must never be read as host memory.
-
-    Example::
-
-        >>> HostMemory().device(0)  # doctest: +SKIP
-        device(type='cpu')
-    """
-
-    host = True
-
-    def __init__(self) -> None:
-        try:
-            self._driver = ctypes.CDLL("libcuda.so.1")
-        except OSError as err:
-            raise ConfigurationError(f"{HOST_MEMORY_ENV}=1 needs a libcuda.so.1 to load: {err}") from err
-        if hasattr(self._driver, "cuLaunchKernel"):
-            raise ConfigurationError(
-                f"{HOST_MEMORY_ENV}=1 views NVDEC frames as host memory, which is only right under a test driver; "
-                "the libcuda.so.1 loaded here launches kernels, so it is a real NVIDIA driver. Unset "
-                f"{HOST_MEMORY_ENV}."
-            )
-        self._local = threading.local()
-
-    def device(self, gpu: int) -> torch.device:
-        import torch
-
-        return torch.device("cpu")
-
-    def new_stream(self, gpu: int) -> _HostStream:
-        handle = ctypes.c_void_p()
-        self._driver.cuStreamCreate(ctypes.byref(handle), 0)
-        return _HostStream(int(handle.value or 0))
-
-    def current_stream(self, gpu: int) -> _HostStream:
-        """The calling thread's stream of GPU ``gpu``: the one :meth:`using` set, or one of the thread's own."""
-        streams = self._streams()
-        stream = streams.get(gpu)
-        if stream is None:
-            stream = streams[gpu] = self.new_stream(gpu)
-        return stream
-
-    @contextlib.contextmanager
-    def using(self, gpu: int, stream: Any) -> Iterator[None]:
-        """Make ``stream`` the calling thread's current stream of GPU ``gpu`` in the block (``torch.cuda.stream``'s part)."""
-        streams = self._streams()
-        previous = streams.get(gpu)
-        streams[gpu] = stream
-        try:
-            yield
-        finally:
-            if previous is None:
-                streams.pop(gpu, None)
-            else:
-                streams[gpu] = previous
-
-    def _streams(self) -> dict[int, Any]:
-        streams: dict[int, Any] | None = getattr(self._local, "streams", None)
-        if streams is None:
-            streams = self._local.streams = {}
-        return streams
-
-    def import_surface(self, frame: Any, stream: Any) -> torch.Tensor:
-        # host_view without its dtype check (the decoder checks every frame's layout): once per frame.
-        capsule = frame.__dlpack__(stream=stream.cuda_stream)
-        ctypes.memmove(_capsule_pointer(capsule, b"dltensor") + _DEVICE_OFFSET, _CPU_DEVICE, 8)
-        return _torch_from_dlpack()(capsule)
-
-
-_host_memory: HostMemory | None = None
-_host_memory_lock = threading.Lock()
-
-
-def frame_memory() -> FrameMemory:
-    """The :class:`FrameMemory` of this process: :class:`CudaMemory` unless ``VSTREAM_NVDEC_HOST_MEMORY=1``.
-
-    Example::
-
-        >>> frame_memory().host  # doctest: +SKIP
-        False
-    """
-    global _host_memory
-    if os.environ.get(HOST_MEMORY_ENV, "") in ("", "0"):
-        return CudaMemory()
-    with _host_memory_lock:
-        if _host_memory is None:
-            _host_memory = HostMemory()
-        return _host_memory
+    if isinstance(err, GpuError):
+        return err
+    kind = type(err)
+    names = {cls.__name__ for cls in kind.__mro__}
+    module = kind.__module__ or ""
+    text = str(err)
+    found = _GPU_MESSAGE.search(text)
+    memory = "OutOfMemoryError" in names
+    if found is not None and found["code"] is not None:
+        code = int(found["code"])
+        if code not in _FATAL_CUDA_CODES:
+            found = None
+        memory = memory or code in _MEMORY_CUDA_CODES
+    gpu = memory or "AcceleratorError" in names or module.startswith("triton") or found is not None
+    if not gpu:
+        return None
+    memory = memory or re.search(r"out[ _]of[ _]memory", text, re.IGNORECASE) is not None
+    place = f"{where}: " if where else ""
+    first = (text.strip().splitlines() or [""])[0][:500]
+    if memory:
+        return GpuMemoryError(
+            f"{place}the GPU ran out of memory ({kind.__name__}: {first}). This is not a problem of the file: lower "
+            "the batch size, cameras per step, engine_threads / gop_threads or prefetch_factor, or free GPU memory "
+            "before fitting; the run stops (a skip would skip every later clip)."
+        )
+    return GpuError(
+        f"{place}the GPU failed ({kind.__name__}: {first}). This is not a problem of the file and the CUDA context may "
+        "be unusable, so the run stops (a skip would skip every later clip). Check the GPU (`nvidia-smi`, "
+        "`vstream doctor`); set CUDA_LAUNCH_BLOCKING=1 to find the call that failed."
+    )

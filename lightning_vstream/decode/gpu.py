@@ -16,13 +16,21 @@ How a frame travels:
    surface without a copy, and one fused kernel
    (:class:`~lightning_vstream.decode.nv12.Nv12Converter`) converts it with the stream's own matrix
    and range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
-   The surface is the decoder's single output buffer, which its next ``Decode`` overwrites: the
-   conversion is queued on the decoder's stream before that call, so the stream orders them.
+   The surface is one of the decoder's few output buffers, which its next ``Decode`` overwrites:
+   the conversion is queued on the decoder's stream before that call, so the stream orders them.
 
-Per frame the host does one ``Decode`` call, one DLPack import and one kernel launch: no NVTX
-range, no stream wait and no host synchronisation. With ``stream="current"`` (the stream engine's
-decode threads) a decoder runs on the calling thread's stream and nothing at all needs ordering;
-with its own stream (the default) the caller's stream waits for the decoder's, one event per frame.
+Per frame the host does one ``Decode`` call and one kernel launch: no NVTX range, no stream wait
+and no host synchronisation. With ``stream="current"`` (the stream engine's decode threads) a
+decoder runs on the calling thread's stream and nothing at all needs ordering: each output buffer
+is imported once per file (its shape, strides and device checked then) and found again by its
+address. With its own stream (the default) each frame is imported on that stream and the caller's
+stream waits for it, one event per frame; the decoder's stream never waits for the caller's (a
+slow consumer would hold NVDEC's copies back), so a frame written into the caller's ``out`` is
+converted on the decoder's stream into memory of its own and copied on the caller's stream.
+
+A CUDA error, a GPU out of memory or a failed kernel launch raises
+:class:`~lightning_vstream.errors.GpuError` (never skipped as a bad file), and the decoder that met
+it is dropped without another ``Decode`` call (a flush on a broken context can end the process).
 
 Decoders are expensive to create (tens of milliseconds), so closed :class:`NvDecoder` s hand theirs
 back to a :class:`~lightning_vstream.decode.decoder_pool.DecoderPool`, and the next file with the same GPU,
@@ -34,23 +42,22 @@ driver its import fails, and the CPU path never touches it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
-    FrameMemory,
+    gpu_failure,
     import_pynvvideocodec,
     nvdec_available,
     resolve_decode_device,
 )
 from lightning_vstream.decode.nvdec import DecoderKey, check_decodable, create_session
-from lightning_vstream.decode.nvdec_file import LatencyChoice, NvFile, converter_for, verified
+from lightning_vstream.decode.nvdec_file import NvFile, converter_for, verified
 from lightning_vstream.decode.nvdec_sources import packet_source
-from lightning_vstream.errors import DecoderCapabilityError, UsageError
+from lightning_vstream.errors import DecoderCapabilityError, GpuError, UsageError
 from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
 
 if TYPE_CHECKING:
@@ -64,7 +71,6 @@ __all__ = [
     "NvDecoder",
     "import_pynvvideocodec",
     "nvdec_available",
-    "prepare_decoders",
     "resolve_decode_device",
     "shared_decoder_pool",
 ]
@@ -158,6 +164,8 @@ class NvDecoder(NvFile):
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
         self._convert = convert
         self._import = memory.import_surface
+        self._surfaces = session.surfaces
+        self._surfaces.clear()  # imported again (and checked) for each file
         self._count = info.frame_count
         self._pts_lookup = info.pts_index.get
         self._decode = session.decoder.Decode
@@ -235,10 +243,16 @@ class NvDecoder(NvFile):
             taken, frame = self._catch_up(index, taken, frame, -1)
         self._last = taken
         if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
-            surface = self._import(frame, self._stream)
-            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
-                raise self._surface_error(surface, taken)
-            tensor = self._convert(surface, out)
+            surface = self._surfaces.get(frame.GetPtrToPlane(0))
+            if surface is None:
+                surface = self._surface(frame, taken)
+            try:
+                tensor = self._convert(surface, out)
+            except BaseException as err:
+                failure = self._failed(err, taken)
+                if failure is err:
+                    raise
+                raise failure from err
         else:
             tensor = self._to_tensor(frame, taken, out)
         self._target = taken + 1
@@ -345,9 +359,13 @@ class NvDecoder(NvFile):
             self._reset(reusable=False)
             raise
         except Exception as err:
-            target = self._target
-            self._reset(reusable=False)
-            raise VideoDecodeError(f"{self._where(target)}: NVDEC decoding failed: {err}") from err
+            failure = self._failed(err, self._target)
+            if failure is err:
+                failure = VideoDecodeError(f"{self._where(self._target)}: NVDEC decoding failed: {err}")
+            raise failure from err
+        except BaseException:
+            self._reset(reusable=False)  # interrupted inside Decode: its state is unknown
+            raise
         if not frames:
             return
         lookup = self._pts_lookup
@@ -368,6 +386,40 @@ class NvDecoder(NvFile):
             else:
                 self._last = index
 
+    def _failed(self, err: BaseException, index: int) -> BaseException:
+        """Drop the decoder after ``err`` (never flushed: a flush after a CUDA error can end the process); the
+        :class:`~lightning_vstream.errors.GpuError` ``err`` stands for, or ``err`` itself."""
+        where = self._where(index)
+        self._reset(reusable=False)
+        failure = gpu_failure(err, where)
+        return failure if failure is not None else err
+
+    def _surface(self, frame: Any, index: int, *, keep: bool = True) -> torch.Tensor:
+        """Import an output buffer of the decoder (on its stream) and check it: the layout every frame of the file
+        must have, and its device. Kept (``keep``) and found again by its address; decoders on a stream of their
+        own import every frame, so that the import orders the caller's stream after the decoder's work."""
+        try:
+            surface = self._import(frame, self._stream)
+        except BaseException as err:
+            failure = self._failed(err, index)
+            if failure is err:
+                raise
+            raise failure from err
+        if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
+            raise self._surface_error(surface, index)
+        if surface.device != self.device:
+            expected, target = self.device, self._target
+            self._reset(reusable=False)
+            raise GpuError(
+                f"{self._where(target)}: the decoder's frames live on {surface.device}, but this decoder was made for "
+                f"{expected}: decoding and training would run on different GPUs. Every thread that decodes must "
+                "set its device first (torch.cuda.set_device); check CUDA_VISIBLE_DEVICES and the device each rank "
+                "was given."
+            )
+        if keep:
+            self._surfaces[frame.GetPtrToPlane(0)] = surface
+        return surface
+
     def _surface_error(self, surface: torch.Tensor, index: int) -> DecoderCapabilityError:
         shape, strides, itemsize = self._surface_layout
         version = getattr(self._nvc, "__version__", "unknown")
@@ -385,80 +437,39 @@ class NvDecoder(NvFile):
         if session is None or convert is None:  # pragma: no cover - read() opens first
             raise UsageError("internal error: converting on a closed NvDecoder")
         if self._ordered:  # the decoder runs on the caller's stream: the conversion follows its work
-            surface = self._import(frame, session.stream)
-            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
-                raise self._surface_error(surface, index)
-            return convert(surface, out)
+            surface = self._surfaces.get(frame.GetPtrToPlane(0))
+            if surface is None:
+                surface = self._surface(frame, index)
+            try:
+                return convert(surface, out)
+            except BaseException as err:
+                failure = self._failed(err, index)
+                if failure is err:
+                    raise
+                raise failure from err
         import torch
 
+        # The decoder's stream never waits for the caller's: converted there into memory of its own (kept from
+        # reuse until the caller's work on it is done), then copied into `out` on the caller's stream.
         stream = session.stream
         consumer = self.memory.current_stream(self.gpu)
-        if out is not None:
-            stream.wait_stream(consumer)  # the caller's earlier use of `out` comes first
-        with torch.cuda.stream(stream):
-            surface = self._import(frame, stream)
-            if (surface.shape, surface.stride(), surface.element_size()) != self._surface_layout:
-                raise self._surface_error(surface, index)
-            result = convert(surface, out)
-        consumer.wait_stream(stream)
-        if out is None:
+        try:
+            with torch.cuda.stream(stream):
+                result = convert(self._surface(frame, index, keep=False))
+            consumer.wait_stream(stream)
             result.record_stream(consumer)
-        return result
+            if out is not None:
+                out.copy_(result)
+                return out
+            return result
+        except (DecoderCapabilityError, GpuError):
+            raise
+        except BaseException as err:
+            failure = self._failed(err, index)
+            if failure is err:
+                raise
+            raise failure from err
 
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
-
-
-def prepare_decoders(
-    files: list[tuple[Path, VideoInfo | None]],
-    count: int,
-    *,
-    gpu: int,
-    pool: DecoderPool | None = None,
-    memory: FrameMemory | None = None,
-    latency: LatencyChoice = "native",
-) -> int:
-    """Create ``count`` decoders per format of ``files`` on the calling thread's stream, ready in ``pool``.
-
-    NVDEC allocates a decoder's surfaces outside torch's allocator when the decoder meets its first
-    sequence header, and running out of GPU memory there ends the process instead of raising. So
-    the decoders a decode thread will need are created here, before training starts: for each file
-    (one per format: codec, size, bit depth), ``count`` decoders each decode the file's first frame
-    and go back to the pool (flushed), where the thread's later files find them. Files that cannot
-    be decoded are skipped here: they fail, or fall back to the CPU, when they are read.
-
-    Args:
-        files: One ``(path, frame table)`` per format to prepare for.
-        count: Decoders per format (the streams the calling thread decodes at once).
-        gpu: GPU ordinal.
-        pool: Where the decoders go (:func:`shared_decoder_pool` when None); it keeps at least
-            ``count`` idle decoders per format.
-        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
-        latency: The latency mode the thread's decoders will ask for (part of a decoder's key).
-
-    Returns:
-        The number of decoders created.
-
-    Example::
-
-        >>> prepare_decoders([(Path("clip/CAM_FRONT.mp4"), None)], 6, gpu=0)  # doctest: +SKIP
-        6
-    """
-    pool = pool if pool is not None else shared_decoder_pool()
-    pool.max_idle_per_key = max(pool.max_idle_per_key, count)
-    created = pool.stats["created"]
-    for path, info in files:
-        opened = [
-            NvDecoder(path, info=info, device=gpu, pool=pool, stream="current", memory=memory, latency=latency)
-            for _ in range(count)
-        ]
-        try:
-            for decoder in opened:
-                decoder.get(0)
-        except (DecoderCapabilityError, VideoDecodeError, OSError):
-            pass  # the file fails (or falls back to the CPU) when it is read, under the loader's error policy
-        finally:
-            for decoder in opened:
-                decoder.close()
-    return pool.stats["created"] - created

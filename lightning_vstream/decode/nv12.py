@@ -12,9 +12,14 @@ do; FFmpeg's swscale interpolates, so GPU and CPU frames differ by a few levels 
 
 Two implementations compute the same thing: one fused Triton kernel
 (:mod:`lightning_vstream.decode.nv12_kernel`: one launch per frame, written straight into the
-batch row), used on CUDA tensors when Triton imports, and a torch one (:func:`torch_nv12_to_rgb`),
-the fallback and the reference. Decoders build a :class:`Nv12Converter` once per file, so a frame
-costs one call.
+batch row), used on a GPU once it has passed :func:`prepare_conversion`, and a torch one
+(:func:`torch_nv12_to_rgb`), the fallback and the reference. :func:`prepare_conversion` compiles the
+kernel once per GPU and process, at setup on the main thread, and compares it there with the torch
+conversion (NV12 and P016, rows wider than one block and not a multiple of it, channels first and
+last, rows of a batch, a surface with padded rows); where Triton is missing, the kernel does not
+compile, or its frames differ, every later conversion on that GPU uses torch, after one
+:class:`~lightning_vstream.errors.VStreamWarning` that says why. Decoders build a
+:class:`Nv12Converter` once per file, so a frame costs one call.
 
 Example::
 
@@ -27,11 +32,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError
+from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, VStreamWarning
 
 if TYPE_CHECKING:
     import torch
@@ -44,11 +52,13 @@ __all__ = [
     "coefficients",
     "color_spec_from_stream",
     "nv12_to_rgb",
+    "prepare_conversion",
     "torch_nv12_to_rgb",
+    "triton_available",
 ]
 
 Matrix = Literal["bt601", "bt709", "bt2020"]
-#: ``"auto"``: the Triton kernel on CUDA tensors when Triton imports, torch otherwise.
+#: ``"auto"``: the Triton kernel on a GPU where it passed :func:`prepare_conversion`, torch otherwise.
 Backend = Literal["auto", "triton", "torch"]
 
 #: (Kr, Kb) luma weights of each matrix.
@@ -174,6 +184,133 @@ def torch_nv12_to_rgb(
     out.copy_(rgb if chw else rgb.permute(1, 2, 0))
 
 
+_available: bool | None = None
+
+
+def triton_available() -> bool:
+    """True when Triton imports (it compiles for CUDA devices, or interprets with ``TRITON_INTERPRET=1``).
+
+    Example::
+
+        >>> isinstance(triton_available(), bool)
+        True
+    """
+    global _available
+    if _available is None:
+        try:
+            import triton
+            import triton.language  # noqa: F401
+        except Exception:
+            _available = False
+        else:
+            _available = True
+    return _available
+
+
+#: Spec, bit depth, width, height and padding of each frame the check converts with both conversions.
+_CHECK_CASES = (
+    (ColorSpec("bt709"), 8, 262, 6, 0),
+    (ColorSpec("bt601", full_range=True), 8, 518, 4, 64),
+    (ColorSpec("bt2020", full_range=True), 10, 262, 6, 0),
+    (ColorSpec("bt709"), 10, 390, 4, 32),
+)
+#: Largest difference (levels) the check accepts between the kernel and torch: float contraction on a GPU.
+CHECK_TOLERANCE = 1
+_checked: dict[str, Literal["triton", "torch"]] = {}
+_check_lock = threading.Lock()
+
+
+def prepare_conversion(device: Any) -> Literal["triton", "torch"]:
+    """Compile the Triton kernel for ``device`` and check it against the torch conversion there; the backend
+    ``"auto"`` then uses on it (``"triton"`` or ``"torch"``).
+
+    Runs once per device and process, under a lock (later calls return the first answer): call it
+    at setup, on the main thread, so the kernel never compiles in a decode thread. The kernel
+    converts random NV12 and P016 surfaces (rows wider than one block and not a multiple of it, one
+    with padded rows) into rows of channels-first and channels-last batches; each must agree with
+    the torch conversion within :data:`CHECK_TOLERANCE` levels. When Triton is missing, the kernel
+    does not compile or launch, or a frame differs, the answer is ``"torch"`` and one
+    :class:`~lightning_vstream.errors.VStreamWarning` says why. A device that is not a GPU answers
+    ``"torch"`` without a check.
+
+    Example::
+
+        >>> prepare_conversion("cpu")
+        'torch'
+    """
+    import torch
+
+    target = torch.device(device)
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    if target.type != "cuda":
+        return "torch"
+    key = str(target)
+    with _check_lock:
+        backend = _checked.get(key)
+        if backend is None:
+            backend = _checked[key] = _check_kernel(target)
+    return backend
+
+
+def _check_kernel(device: Any) -> Literal["triton", "torch"]:
+    """``"triton"`` when the kernel compiles on ``device`` and agrees with torch there; else ``"torch"``, warned."""
+    why = _kernel_mismatch(device) if triton_available() else "Triton is not installed (`pip install triton`)"
+    if why is None:
+        return "triton"
+    warnings.warn(
+        f"the fused NV12 -> RGB kernel is not used on {device}: {why}. Frames are converted with torch instead "
+        "(same result, several kernel launches per frame).",
+        VStreamWarning,
+        stacklevel=3,
+    )
+    return "torch"
+
+
+def _kernel_mismatch(device: Any) -> str | None:
+    """Why the kernel cannot be used on ``device`` (None: it agrees with torch on every case)."""
+    import torch
+
+    try:
+        from lightning_vstream.decode.nv12_kernel import launch_nv12_to_rgb
+
+        generator = torch.Generator().manual_seed(0)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            for spec, depth, width, height, padding in _CHECK_CASES:
+                if depth > 8:  # P016: 16-bit words, samples in the high bits, stored as int16
+                    words = torch.randint(0, 1 << depth, (height * 3 // 2, width + padding), generator=generator) << (
+                        16 - depth
+                    )
+                    padded = torch.where(words >= 32768, words - 65536, words).to(torch.int16)
+                else:
+                    padded = torch.randint(0, 256, (height * 3 // 2, width + padding), generator=generator).to(
+                        torch.uint8
+                    )
+                surface = padded.to(device)[:, :width]
+                coeffs = coefficients(spec)
+                reference = torch.empty((3, height, width), dtype=torch.uint8, device=device)
+                torch_nv12_to_rgb(surface, coeffs, reference, chw=True)
+                for chw in (True, False):
+                    shape = (3, height, width) if chw else (height, width, 3)
+                    batch = torch.zeros((3, *shape), dtype=torch.uint8, device=device)
+                    launch_nv12_to_rgb(surface, batch[1], coeffs, height=height, width=width, chw=chw)
+                    got = batch[1] if chw else batch[1].permute(2, 0, 1)
+                    worst = int((got.int() - reference.int()).abs().max())
+                    if worst > CHECK_TOLERANCE or batch[0].any() or batch[2].any():
+                        layout = "channels-first" if chw else "channels-last"
+                        return (
+                            f"on a {depth}-bit {width}x{height} frame ({spec.matrix}, {layout} batch row) it differs "
+                            f"from the torch conversion by up to {worst} levels"
+                            + (" and writes outside its row" if batch[0].any() or batch[2].any() else "")
+                        )
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    except Exception as err:  # any failure to compile or launch means: not this kernel
+        first = (str(err).strip().splitlines() or [""])[0]
+        return f"it failed to compile or run ({type(err).__name__}: {first[:300]})"
+    return None
+
+
 class Nv12Converter:
     """Converts every frame of one stream (one size, bit depth, matrix and range) with one call per frame.
 
@@ -186,7 +323,8 @@ class Nv12Converter:
         width: Frame width.
         layout: ``"chw"`` or ``"hwc"`` for the RGB frames.
         device: Where the frames are (a CUDA device selects the Triton kernel under ``"auto"``).
-        backend: ``"auto"``, ``"triton"`` or ``"torch"``. ``"triton"`` on CPU tensors needs
+        backend: ``"auto"`` (the Triton kernel on a GPU where :func:`prepare_conversion` passed it,
+            torch otherwise), ``"triton"`` or ``"torch"``. ``"triton"`` on CPU tensors needs
             ``TRITON_INTERPRET=1`` (Triton's interpreter).
 
     Raises:
@@ -212,15 +350,13 @@ class Nv12Converter:
     ) -> None:
         import torch
 
-        from lightning_vstream.decode.nv12_kernel import triton_available
-
         if backend not in ("auto", "triton", "torch"):
             raise ConfigurationError(f"backend={backend!r} is not supported; use 'auto', 'triton' or 'torch'.")
         if layout not in ("chw", "hwc"):
             raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+            backend = prepare_conversion(self.device)
         elif backend == "triton" and not triton_available():
             from lightning_vstream.errors import MissingDependencyError
 
@@ -280,8 +416,8 @@ def nv12_to_rgb(
         out: Where to write the result (``[3, H, W]`` or ``[H, W, 3]`` uint8, any strides), so
             a frame can land straight in its row of a batch; a new tensor when None.
         layout: ``"chw"`` or ``"hwc"`` for the result.
-        backend: ``"auto"`` (the Triton kernel on CUDA tensors when Triton imports, else torch),
-            ``"triton"`` or ``"torch"``.
+        backend: ``"auto"`` (the Triton kernel on a GPU where :func:`prepare_conversion` passed it,
+            else torch), ``"triton"`` or ``"torch"``.
 
     Returns:
         The RGB frame (``out`` when given).

@@ -365,6 +365,9 @@ class Session:
     decoder: Any
     stream: Any  # torch.cuda.Stream, or a stream of FrameMemory.new_stream (anything with cuda_stream)
     key: DecoderKey | None = None
+    #: The decoder's output buffers imported as tensors, by address (``DecodedFrame.GetPtrToPlane(0)``): the
+    #: library hands every frame out in one of the same few buffers, so each is imported once per file.
+    surfaces: dict[int, Any] = field(default_factory=dict)
 
 
 def create_session(nvc: ModuleType, key: DecoderKey, memory: FrameMemory, stream: Any = None) -> Session:

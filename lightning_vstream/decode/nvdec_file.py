@@ -22,7 +22,7 @@ from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_po
 from lightning_vstream.decode.device import FrameMemory, frame_memory
 from lightning_vstream.decode.nv12 import Backend, Nv12Converter
 from lightning_vstream.decode.nvdec import DecoderKey, Latency, Session
-from lightning_vstream.decode.nvdec_sources import LayoutSource, PacketSource
+from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 
 if TYPE_CHECKING:
@@ -96,9 +96,10 @@ class NvFile(DecoderBase):
         self._nvc: ModuleType | None = None
         self._key: DecoderKey | None = None
         self._session: Session | None = None
-        self._source: PacketSource | LayoutSource | None = None
+        self._source: PacketSource | TableSource | None = None
         self._convert: Any = None  # the open file's Nv12Converter
         self._import: Any = None  # FrameMemory.import_surface of the open file's memory
+        self._surfaces: dict[int, Any] = {}  # the session's output buffers imported for this file, by address
         self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
         self._low = False  # LOW latency: every packet ends its picture
         self._surface_layout: tuple[Any, ...] = ()
@@ -209,6 +210,7 @@ class NvFile(DecoderBase):
         self._key = None
         self._source = None
         self._convert = None
+        self._surfaces = {}
         self._count = 0
         self._decode = self._stream = self._data = None
         self._queue.clear()

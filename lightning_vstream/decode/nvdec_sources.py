@@ -1,10 +1,12 @@
-"""Where NVDEC's packets come from: PyAV's demuxer, or the file's own bytes once their layout is known.
+"""Where NVDEC's packets come from: the file's bytes at the places the frame tables record, or PyAV's demuxer.
 
-:class:`PacketSource` demuxes a video stream with PyAV and turns H.264/H.265 into the Annex-B form
-NVDEC's parser needs with FFmpeg's bitstream filters, checking every packet against the frame
-table's CRC-32. :class:`LayoutSource` gives NVDEC the same packets read straight from the file, one
-GOP per read, with a layout learnt while the demuxer read the file
-(:mod:`lightning_vstream.decode.nvdec_packets`). :func:`packet_source` picks one for a file.
+:class:`TableSource` gives NVDEC every packet read straight from the file at the place the
+version-2 frame table records for it, one GOP per read, checked against the table's CRC-32 and
+converted to Annex-B (:mod:`lightning_vstream.decode.nvdec_packets`). :class:`PacketSource` demuxes
+a video stream with PyAV and turns H.264/H.265 into Annex-B with FFmpeg's bitstream filters,
+checking every packet against the frame table's CRC-32: for files whose tables hold no places
+(version 1, MPEG-TS) or whose format their codec configuration does not give.
+:func:`packet_source` picks one for a file.
 """
 
 from __future__ import annotations
@@ -12,20 +14,26 @@ from __future__ import annotations
 import bisect
 import ctypes
 import os
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_vstream.decode import nvdec_packets
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.nvdec import stream_format
-from lightning_vstream.decode.nvdec_packets import CHECKSUM_FIX, IN_PLACE, REWRITTEN, START4, to_annexb
+from lightning_vstream.decode.nvdec import StreamFormat, stream_format
+from lightning_vstream.decode.nvdec_packets import (
+    CHECKSUM_FIX,
+    START4,
+    annexb_mode,
+    config_format,
+    to_annexb,
+)
 from lightning_vstream.decode.probe import video_stream
 from lightning_vstream.errors import MissingFileError
 
-__all__ = ["LayoutSource", "PacketSource", "frame_pts", "packet_data", "packet_source"]
+__all__ = ["PacketSource", "TableSource", "frame_pts", "packet_data", "packet_source"]
 
 _ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
 
@@ -64,7 +72,6 @@ class PacketSource:
         self._bsf = self._make_filter()
         self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
         self._held: Any = None  # the packet fill() last pointed at
-        self._recorder: Any = None  # a LayoutRecorder, while one learns where the packets lie
 
     def _make_filter(self) -> Any:
         if self._filter_name is None:
@@ -79,8 +86,6 @@ class PacketSource:
         # The filter inserts parameter sets in front of keyframes; start it fresh after a jump.
         self._bsf = self._make_filter()
         self._iter = None
-        if self._recorder is not None:  # the chunk it was recording is cut short
-            self._recorder.jump()
 
     def seek_key(self, key_ordinal: int) -> None:
         """Move to keyframe ``key_ordinal`` of the frame table (the demuxer may land on a later one)."""
@@ -110,38 +115,6 @@ class PacketSource:
         self._held = packet
         return True
 
-    def partial_layout(self) -> Any:
-        """An empty :class:`~lightning_vstream.decode.nvdec_packets.PartialLayout` of this stream, or None when
-        its packets' Annex-B conversion is not one read from the file's bytes (see
-        :func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`)."""
-        extradata = bytes(self._stream.codec_context.extradata or b"")
-        conversion = (
-            nvdec_packets.annexb_mode(self.format.codec, extradata) if self._filter_name is not None else ("none", b"")
-        )
-        if conversion is None:
-            return None
-        return nvdec_packets.PartialLayout(conversion[0], conversion[1], self.format, zlib.crc32(extradata))
-
-    def record_layout(self, recorder: Any) -> None:
-        """Hand every packet read from now on to ``recorder`` (a
-        :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), before and after the Annex-B filter."""
-        self._recorder = recorder
-        self._iter = None
-
-    def learn_layout(self, path: Path) -> Any:
-        """Read the rest of the stream to work out where its packets lie in ``path``: its
-        :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, or None. Call it on a new source."""
-        partial = self.partial_layout()
-        if partial is None:
-            return None
-        found: list[Any] = [None]
-        self.record_layout(
-            nvdec_packets.LayoutRecorder(path, self.info, partial, lambda layout: found.__setitem__(0, layout))
-        )
-        for _ in self.packets():
-            pass
-        return found[0]
-
     def packets(self) -> Iterator[Any]:
         """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
 
@@ -152,7 +125,6 @@ class PacketSource:
         lookup = self.info.pts_index.get
         crc32 = zlib.crc32
         bsf = self._bsf
-        recorder = self._recorder  # a LayoutRecorder learning where the packets lie, if any
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
@@ -164,22 +136,13 @@ class PacketSource:
                         f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {CHECKSUM_FIX}"
                     )
-            raw = recorder.packet(packet) if recorder is not None else None
             if bsf is None:
                 yield packet
             else:
-                out = bsf.filter(packet)
-                if raw is not None:
-                    recorder.filtered(raw, out)
-                yield from out
-        if recorder is not None:
-            recorder.end_of_stream()
+                yield from bsf.filter(packet)
 
     def close(self) -> None:
         self._held = self._iter = None
-        if self._recorder is not None:
-            self._recorder.close()
-            self._recorder = None
         self._container.close()
 
 
@@ -237,45 +200,63 @@ def frame_pts(frame: Any) -> int:
     return int(frame.getPTS())
 
 
-class LayoutSource:
-    """A video stream's packets read from its file with a :class:`~lightning_vstream.decode.nvdec_packets.FileLayout`, ready for NVDEC.
+class TableSource:
+    """A video stream's packets read from its file at the places its frame table records, ready for NVDEC.
 
-    What :class:`PacketSource` hands NVDEC, without a demuxer: the
-    same packets in the same order with the same timestamps, each checked against the frame
-    table's CRC-32 before it is converted to Annex-B. The file is read one chunk (a GOP) at a time.
+    What :class:`PacketSource` hands NVDEC, without a demuxer: the same packets in the same (decode)
+    order with the same timestamps, each checked against the frame table's CRC-32 before it is
+    converted to Annex-B. Decode order is the packets' byte order, as the tables record places only
+    for files where it is (:func:`~lightning_vstream.decode.remote.gop_runs`); the file is read one
+    GOP at a time.
 
     Args:
         path: Video file.
-        info: Its frame table.
+        info: Its frame table, with packet places.
         where: File, clip and camera for error messages.
-        layout: Where its packets lie (from :class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`).
+        fmt: The stream's format (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
+        conversion: ``(mode, parameter sets)`` of its Annex-B conversion
+            (:func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`).
 
     Raises:
         MissingFileError: The file does not exist.
         VideoDecodeError: Its codec configuration differs from the frame table's checksum.
     """
 
-    def __init__(self, path: Path, info: VideoInfo, where: str, layout: nvdec_packets.FileLayout) -> None:
+    def __init__(
+        self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]
+    ) -> None:
+        from lightning_vstream.decode.remote import gop_runs
+
+        layout = info.layout
+        if layout is None:  # pragma: no cover - packet_source checks
+            raise VideoDecodeError(f"{where}: its frame table records no packet places.")
         self.info = info
         self.where = where
-        self.layout = layout
-        self.format = layout.format_for(info)
-        if info.config_crc32 is not None and layout.config_crc32 != info.config_crc32:
+        self.format = fmt
+        self._mode, self._prefix = conversion
+        if info.config_crc32 is not None and zlib.crc32(layout.extradata) != info.config_crc32:
             raise VideoDecodeError(
                 f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
                 f"was built {CHECKSUM_FIX}"
             )
+        runs = gop_runs(str(path), info)
+        order = runs.order  # frame indices in decode order
+        pos, size, pts, crcs = layout.pos, layout.size, info.pts, info.crc32
+        self._pos = [pos[f] for f in order]
+        self._size = [size[f] for f in order]
+        self._pts = [pts[f] for f in order]
+        self._crcs = [crcs[f] for f in order] if crcs is not None else None
+        self._frames = order
+        self._chunks = runs.run_start  # decode positions where each GOP's read starts
+        self._spans = [(units[0].start, max(u.end for u in units)) for units in runs.units]
+        self._rank = runs.rank
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise MissingFileError(f"video file {str(path)!r} does not exist.") from None
         except OSError as err:
             raise VideoDecodeError(f"{where}: the file cannot be read ({err.strerror or err}).") from err
-        self._count = len(layout)
-        self._pos, self._size, self._pts = layout.pos, layout.size, layout.pts
-        self._lookup = info.pts_index.get
-        self._crcs = info.crc32
-        self._kind = layout.kind
+        self._count = len(order)
         self._next = 0  # decode-order index of the next packet
         self._stop = 0  # end of the chunk in memory (0: none)
         self._base = 0  # file offset of the chunk's first byte
@@ -288,15 +269,7 @@ class LayoutSource:
 
     def seek_key(self, key_ordinal: int) -> None:
         """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
-        info = self.info
-        target = info.pts[info.key_indices[key_ordinal]]
-        index = self.layout.packet_of(target)
-        if index is None:
-            raise VideoDecodeError(
-                f"{self.where}: the frame table's keyframe {key_ordinal} (timestamp {target}) is no packet of the "
-                f"file {CHECKSUM_FIX}"
-            )
-        self._next = index
+        self._next = self._rank[self.info.key_indices[key_ordinal]]
         self._stop = 0  # a chunk converted in place is read again from the file
 
     def fill(self, data: Any) -> bool:
@@ -317,32 +290,35 @@ class LayoutSource:
         offset = self._pos[i] - self._base
         view = self._view[offset : offset + size]  # type: ignore[index]
         crcs = self._crcs
-        if crcs is not None:
-            index = self._lookup(pts)
-            if index is not None and zlib.crc32(view) != crcs[index]:
-                raise VideoDecodeError(
-                    f"{self.where} frame {index}: the compressed data differs from the checksum recorded when the "
-                    f"index was built {CHECKSUM_FIX}"
-                )
+        if crcs is not None and _crc32(view, size) != crcs[i]:
+            raise VideoDecodeError(
+                f"{self.where} frame {self._frames[i]}: the compressed data differs from the checksum recorded when "
+                f"the index was built {CHECKSUM_FIX}"
+            )
         address = self._address + offset
-        kind = self._kind[i]  # what the packet was when the layout was learnt: its checksum says it still is
-        if kind == IN_PLACE:
-            view[:4] = START4
-        elif kind == REWRITTEN:
-            address, size = self._convert(view, pts)
+        mode = self._mode
+        if mode != "none":  # packet_kind, inlined: once per frame
+            header = view[4] if size > 4 else 0
+            if (
+                size > 4
+                and int.from_bytes(view[:4], "big") + 4 == size
+                and not (16 <= (header >> 1) & 0x3F <= 23 if mode == "hevc" else header & 0x1F in (5, 7, 8))
+            ):
+                view[:4] = START4  # IN_PLACE: one NAL unit that gets nothing in front
+            else:
+                address, size = self._convert(view, i)  # REWRITTEN
         data.bsl_data = address
         data.bsl = size
         data.pts = pts
         self._next = i + 1
         return True
 
-    def _convert(self, view: memoryview, pts: int) -> tuple[int, int]:
+    def _convert(self, view: memoryview, i: int) -> tuple[int, int]:
         try:
-            packet = to_annexb(view, self.layout.mode, self.layout.prefix)
+            packet = to_annexb(view, self._mode, self._prefix)
         except ValueError as err:
-            index = self._lookup(pts)
             raise VideoDecodeError(
-                f"{self.where} frame {index}: its packet is not H.264/H.265 as stored in MP4: {err}."
+                f"{self.where} frame {self._frames[i]}: its packet is not H.264/H.265 as stored in MP4: {err}."
             ) from err
         buffer = (ctypes.c_char * len(packet)).from_buffer(packet)
         self._held = (packet, buffer)
@@ -351,21 +327,24 @@ class LayoutSource:
     def _load(self, i: int) -> None:
         """Read the chunk that holds packet ``i`` (one starts at 0 and at every keyframe) into memory.
 
-        One buffer serves every chunk of the file (grown when a chunk is larger): NVDEC's parser has
-        copied the last packet of a chunk before the next chunk is read, and a buffer written again
-        costs no page faults.
+        One buffer serves every chunk of the file (a larger one is taken when a chunk does not fit):
+        NVDEC's parser has copied the last packet of a chunk before the next chunk is read. Buffers
+        come from a pool shared by the files a process reads, so opening a file allocates nothing
+        once the pool holds buffers of the sizes its GOPs need, and a buffer written again costs no
+        page faults.
         """
-        chunks = self.layout.chunks
+        chunks = self._chunks
         ordinal = bisect.bisect_right(chunks, i) - 1
-        start, end = self.layout.spans[ordinal]
+        start, end = self._spans[ordinal]
         stop = chunks[ordinal + 1] if ordinal + 1 < len(chunks) else self._count
         size = end - start
         whole = self._whole
         if whole is None or len(whole) < size:
             self._view = None  # released before the buffer it views is replaced
-            self._block = bytearray(size)
+            if self._block is not None:
+                _BUFFERS.give_back(self._block, self._origin)
+            self._block, self._origin = _BUFFERS.take(size)
             whole = self._whole = memoryview(self._block)
-            self._origin = ctypes.addressof((ctypes.c_char * size).from_buffer(self._block))
         view = whole[:size]
         try:
             got = os.preadv(self._fd, [view], start)
@@ -382,35 +361,77 @@ class LayoutSource:
         self._stop = stop
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (its buffer goes back to the pool)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._view = self._whole = None
+        if self._block is not None:
+            _BUFFERS.give_back(self._block, self._origin)
         self._block = None
         self._held = None
 
 
-def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | LayoutSource:
-    """Where the file's packets come from: its own bytes once their layout is known, else PyAV's demuxer.
+#: zlib.crc32 releases the GIL for buffers larger than this; pieces of this size keep it.
+_GIL_FREE_CRC = 5 * 1024
 
-    ``nvdec_packets.READ_FROM_LAYOUT`` False keeps every file with the demuxer. A file's layout is worked out while PyAV demuxes it, chunk by chunk as readings of the file go through
-    them (:class:`~lightning_vstream.decode.nvdec_packets.LayoutRecorder`), and kept for the process;
-    files whose packets cannot be read from their bytes exactly as the demuxer gives them stay with it.
+
+def _crc32(view: memoryview, size: int) -> int:
+    """CRC-32 of a packet, computed holding the GIL.
+
+    ``zlib.crc32`` releases the GIL for more than 5 KiB; taking it back costs a thread up to the
+    interpreter's switch interval (5 ms) when a Python-heavy training step holds it, which per
+    frame would dwarf the 10-30 microseconds the checksum takes. In pieces, it never lets go.
     """
-    if not nvdec_packets.READ_FROM_LAYOUT:
-        return PacketSource(path, info, where)
-    known, layout = nvdec_packets.cached_layout(path)
-    if isinstance(layout, nvdec_packets.FileLayout):
-        return LayoutSource(path, info, where, layout)
-    source = PacketSource(path, info, where)
-    if known and layout is None:
-        return source  # its packets cannot be read from its bytes
-    partial = layout if layout is not None else source.partial_layout()
-    if not known:
-        nvdec_packets.keep_layout(path, partial)
-    if partial is not None:
-        source.record_layout(
-            nvdec_packets.LayoutRecorder(path, info, partial, lambda found: nvdec_packets.keep_layout(path, found))
-        )
-    return source
+    if size <= _GIL_FREE_CRC:
+        return zlib.crc32(view)
+    crc = 0
+    for at in range(0, size, _GIL_FREE_CRC):
+        crc = zlib.crc32(view[at : at + _GIL_FREE_CRC], crc)
+    return crc
+
+
+class _BufferPool:
+    """Read buffers for :class:`TableSource`, with their addresses, kept for reuse (at most ``limit`` bytes idle).
+
+    Sizes are powers of two (64 KiB at least), so a few sizes serve every GOP.
+    """
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self.limit = limit
+        self._idle: list[tuple[bytearray, int]] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> tuple[bytearray, int]:
+        with self._lock:
+            fitting = [k for k, (block, _) in enumerate(self._idle) if len(block) >= size]
+            if fitting:
+                best = min(fitting, key=lambda k: len(self._idle[k][0]))
+                return self._idle.pop(best)
+        rounded = max(1 << 16, 1 << (size - 1).bit_length())
+        block = bytearray(rounded)
+        return block, ctypes.addressof((ctypes.c_char * rounded).from_buffer(block))
+
+    def give_back(self, block: bytearray, address: int) -> None:
+        with self._lock:
+            if sum(len(b) for b, _ in self._idle) + len(block) <= self.limit:
+                self._idle.append((block, address))
+
+
+_BUFFERS = _BufferPool()
+
+
+def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | TableSource:
+    """Where the file's packets come from: its own bytes at the places its frame table records, else PyAV's demuxer.
+
+    The demuxer reads files whose tables hold no packet places (version 1, MPEG-TS) and streams whose
+    format or Annex-B conversion their codec configuration does not give
+    (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
+    """
+    layout = info.layout
+    if layout is not None:
+        fmt = config_format(info)
+        conversion = annexb_mode(fmt.codec, layout.extradata) if fmt is not None else None
+        if fmt is not None and conversion is not None:
+            return TableSource(path, info, where, fmt, conversion)
+    return PacketSource(path, info, where)

@@ -4,29 +4,30 @@ The engine (:mod:`lightning_vstream.stream.engine`) talks to a small :class:`Eng
 interface, so the same threading, ring and ordering code runs on a GPU with CUDA streams and
 events and on the CPU (tests, CPU decoding) where every operation completes before it returns.
 
-On CUDA nothing here blocks the host: :meth:`EngineDevice.record` enqueues an event on a stream
-and :meth:`EngineDevice.wait` makes a stream wait for one (``cudaStreamWaitEvent``).
+On CUDA :meth:`EngineDevice.record` enqueues an event on a stream and :meth:`EngineDevice.wait`
+makes a stream wait for one (``cudaStreamWaitEvent``): the consumer's stream waits for the decode
+threads' events. The decode threads' own streams, on which NVDEC copies its frames out, never wait
+for an event of the consumer's: a thread that reuses a batch waits for its release on the host
+(:meth:`EngineDevice.synchronize`, which releases the GIL), so a slow training step can delay
+decoding but never leave NVDEC's copies queued behind it.
 
 A device can carry a ``prepare`` hook that each decode thread runs once, on its own stream, when it
-starts (:meth:`EngineDevice.use`): NVDEC decoders are created there, before the first step, and the
-GPU's free memory is checked against a headroom (see :func:`nvdec_engine_device`).
+starts (:meth:`EngineDevice.use`): NVDEC decoders are created there, before the first step (see
+:func:`nvdec_engine_device`). Every decode thread sets its device before anything else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "HostNvdecDevice", "nvdec_engine_device", "one_file_per_format"]
+from lightning_vstream.decode.nvdec_memory import one_file_per_format
 
-log = logging.getLogger("lightning_vstream")
-#: GPU memory left free after the decoders are created, below which a warning says what to change.
-DEFAULT_HEADROOM = 2 << 30
+__all__ = ["CudaDevice", "EngineDevice", "HostDevice", "HostNvdecDevice", "nvdec_engine_device", "one_file_per_format"]
 
 
 class _Prepared:
@@ -84,6 +85,10 @@ class EngineDevice(Protocol):
         """Make ``stream`` (the current stream when None) wait for ``event`` without blocking the host."""
         ...
 
+    def synchronize(self, event: Any) -> None:
+        """Wait on the host until ``event`` has completed (the GIL released meanwhile)."""
+        ...
+
     def default_threads(self) -> int:
         """Decode threads to use when the user does not say."""
         ...
@@ -124,6 +129,9 @@ class HostDevice:
         return None
 
     def wait(self, event: Any, stream: Any | None = None) -> None:
+        return None
+
+    def synchronize(self, event: Any) -> None:
         return None
 
     def default_threads(self) -> int:
@@ -168,13 +176,17 @@ class CudaDevice:
             yield
 
     def new_event(self) -> torch.cuda.Event:
-        return torch.cuda.Event()
+        return torch.cuda.Event(blocking=True)  # a host wait sleeps instead of spinning a core
 
     def record(self, event: Any, stream: Any | None = None) -> None:
         event.record(stream if stream is not None else torch.cuda.current_stream(self.index))
 
     def wait(self, event: Any, stream: Any | None = None) -> None:
         (stream if stream is not None else torch.cuda.current_stream(self.index)).wait_event(event)
+
+    def synchronize(self, event: Any) -> None:
+        if not event.query():  # most often done already: no call that sleeps
+            event.synchronize()
 
     def default_threads(self) -> int:
         return 2 * max(1, self.engines)
@@ -185,7 +197,9 @@ class HostNvdecDevice(HostDevice):
 
     As on a GPU, each decode thread gets a stream of the driver of its own, kept for the engine's
     life and made the thread's current stream while it decodes, so its decoders are created on it
-    and reused from one epoch to the next (see :class:`~lightning_vstream.decode.device.HostMemory`).
+    and reused from one epoch to the next, and sets its device; events are the driver's, recorded,
+    waited for and synchronised through it, so the driver's call log shows every wait the engine
+    asks for (see :class:`~lightning_vstream.decode.device.HostMemory`). Batches are host memory.
 
     Example::
 
@@ -204,9 +218,22 @@ class HostNvdecDevice(HostDevice):
 
     @contextlib.contextmanager
     def use(self, stream: Any) -> Iterator[None]:
+        self.memory.set_device(self.gpu)
         with self.memory.using(self.gpu, stream):
             self._prepare(stream)
             yield
+
+    def new_event(self) -> Any:
+        return self.memory.new_event()
+
+    def record(self, event: Any, stream: Any | None = None) -> None:
+        self.memory.record(event, stream if stream is not None else self.memory.current_stream(self.gpu))
+
+    def wait(self, event: Any, stream: Any | None = None) -> None:
+        self.memory.wait(stream if stream is not None else self.memory.current_stream(self.gpu), event)
+
+    def synchronize(self, event: Any) -> None:
+        self.memory.synchronize(event)
 
 
 def nvdec_engine_device(
@@ -215,17 +242,16 @@ def nvdec_engine_device(
     engines: int = 1,
     prepare: list[tuple[Any, Any]] | None = None,
     streams_per_thread: int = 1,
-    headroom: int = DEFAULT_HEADROOM,
 ) -> EngineDevice:
     """The engine device for NVDEC decoding on GPU ``gpu``, with its decoders created before the first step.
 
-    :class:`CudaDevice`, or :class:`HostDevice` when NVDEC's frames live in host memory (a test
+    :class:`CudaDevice`, or :class:`HostNvdecDevice` when NVDEC's frames live in host memory (a test
     driver, see :class:`~lightning_vstream.decode.device.HostMemory`), with as many threads as on
     the GPU. With ``prepare`` (one ``(path, frame table)`` per format the rank reads), each decode
     thread creates ``streams_per_thread`` decoders per format on its own stream when it starts
-    (:func:`~lightning_vstream.decode.gpu.prepare_decoders`), so NVDEC allocates its surfaces before
-    training does, not at a clip switch hours later; then, on a GPU, a warning names what to change
-    when less than ``headroom`` bytes of GPU memory are left free.
+    (:func:`~lightning_vstream.decode.nvdec_memory.prepare_decoders`), so NVDEC allocates its surfaces before
+    training does, not at a clip switch hours later (whether they fit is checked before, see
+    :func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`).
 
     Example::
 
@@ -241,39 +267,10 @@ def nvdec_engine_device(
         files = list(prepare)
 
         def hook() -> None:
-            from lightning_vstream.decode.gpu import prepare_decoders
+            from lightning_vstream.decode.nvdec_memory import prepare_decoders
 
-            created = prepare_decoders(files, streams_per_thread, gpu=gpu)
-            if not host:
-                _check_headroom(gpu, headroom, created)
+            prepare_decoders(files, streams_per_thread, gpu=gpu)
 
     if host:
         return HostNvdecDevice(memory, gpu, threads=2 * max(1, engines), prepare=hook)
     return CudaDevice(gpu, engines=engines, prepare=hook)
-
-
-def _check_headroom(gpu: int, headroom: int, created: int) -> None:
-    free, total = torch.cuda.mem_get_info(gpu)
-    if free < headroom:
-        log.warning(
-            "GPU %d has %.1f GiB of %.1f GiB free after creating %d NVDEC decoders (wanted at least %.1f GiB): "
-            "NVDEC allocates outside torch's allocator and running out there ends the process. Use fewer "
-            "engine_threads or cameras per step, a smaller prefetch_factor, or free memory before fitting.",
-            gpu,
-            free / 2**30,
-            total / 2**30,
-            created,
-            headroom / 2**30,
-        )
-
-
-def one_file_per_format(index: Any) -> list[tuple[Any, Any]]:
-    """One camera file, with its frame table, per (codec, width, height) among an index's clips."""
-    seen: dict[tuple[str, int, int], tuple[Any, Any]] = {}
-    for clip in index.clips:
-        for camera in clip.cameras:
-            info = camera.info
-            if info is None or getattr(camera.path, "is_dir", lambda: False)():
-                continue
-            seen.setdefault((info.codec, info.width, info.height), (camera.path, info))
-    return list(seen.values())

@@ -21,11 +21,12 @@ How a step flows:
   each, or one from the pool each per step), and the thread that decodes a frame writes every
   output of it, on its own stream (:meth:`ThreadDecoders.write
   <lightning_vstream.stream.engine_reads.ThreadDecoders.write>`).
-- **Events, not host syncs.** Each thread records an event on its own stream when it has queued a
-  step; the consumer makes its current stream wait on those events. When the consumer asks for
-  step ``k`` it releases step ``k - hold`` by recording a release event on its stream, which the
-  thread that next writes that batch waits for. The host only waits for threads to have *queued*
-  their work.
+- **Events, and no decode stream waits for the consumer.** Each thread records an event on its own
+  stream when it has queued a step; the consumer makes its current stream wait on those events.
+  When the consumer asks for step ``k`` it releases step ``k - hold`` by recording a release event
+  on its stream; the thread that next writes that batch waits for it on the host (the GIL released),
+  never on its stream, on which NVDEC copies frames out. A run starts by releasing every batch of
+  the ring the same way, so a new epoch never overwrites batches the training step still reads.
 
 Errors are handled as the worker loader handles them (:mod:`lightning_vstream.stream.failures`):
 under ``on_error="raise"`` the batches before the failing step are delivered, then the error of
@@ -306,6 +307,9 @@ class StreamEngine(EngineThreads):
             abandoned={pair: -1 for pair in skips[2]},
         )
         self._run = run
+        # Every batch handed out so far is released once the consumer's work queued up to now is done.
+        for event in self._release_events:
+            self.device.record(event)
         if not _exit_hook:
             atexit.register(_stop_running_engines)
             _exit_hook.append(True)

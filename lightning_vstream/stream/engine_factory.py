@@ -68,9 +68,12 @@ def build_engine_loader(
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
     On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
-    from the GPU's NVDEC engine count (``GetDecoderCaps``) and has each decode thread create its
-    decoders for every format of the index before the first step; batches are views of a ring in
-    GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
+    from the GPU's NVDEC engine count (``GetDecoderCaps``), checks that the decoders fit in the GPU's
+    free memory (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`: a
+    :class:`~lightning_vstream.errors.GpuMemoryError` names what to lower), compiles and checks the
+    colour kernel (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), all on the calling
+    thread, and has each decode thread create its decoders for every format of the index before the
+    first step; batches are views of a ring in GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
     (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
     (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
     transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
@@ -91,7 +94,10 @@ def build_engine_loader(
             "decode_device='cpu'."
         )
     if target.type == "cuda":
+        from lightning_vstream.decode.device import frame_memory
+        from lightning_vstream.decode.nv12 import prepare_conversion
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
+        from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
 
         gpu = target.index if target.index is not None else 0
         if probe:
@@ -100,10 +106,19 @@ def build_engine_loader(
         codec = first.codec if first is not None else "hevc"
         engines = num_decoder_engines(gpu, codec)
         rows = sampler.batch_size * sampler.num_cameras
-        per_thread = -(-rows // max(1, min(threads or 2 * engines, rows)))
-        backend = nvdec_engine_device(
-            gpu, engines=engines, prepare=one_file_per_format(index), streams_per_thread=per_thread
+        workers = max(1, min(threads or 2 * engines, rows))
+        per_thread = -(-rows // workers)
+        formats = one_file_per_format(index)
+        memory = frame_memory()
+        check_nvdec_memory(
+            gpu,
+            [(info, workers * per_thread) for _, info in formats],
+            memory=memory,
+            lower="engine_threads, batch_size or the cameras per step",
+            headroom=0 if memory.host else DEFAULT_HEADROOM,
         )
+        prepare_conversion(memory.device(gpu))
+        backend = nvdec_engine_device(gpu, engines=engines, prepare=formats, streams_per_thread=per_thread)
         factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())

@@ -3,8 +3,8 @@
 :class:`EngineThreads` is the thread half of :class:`~lightning_vstream.stream.engine.StreamEngine`
 (which adds the consumer half and the setup): each thread plans the steps it reaches in order
 (:meth:`EngineThreads._plan`, once per step, under the run's lock), waits until the consumer lets
-it write a step (at most ``prefetch`` ahead, into a batch the consumer released), decodes its camera
-streams into their rows (:class:`~lightning_vstream.stream.engine_reads.ThreadDecoders`) and records
+it write a step (at most ``prefetch`` ahead, into a batch the consumer released, whose release it
+waits for on the host), decodes its camera streams into their rows (:class:`~lightning_vstream.stream.engine_reads.ThreadDecoders`) and records
 an event on its own stream. A failed read is raised through the consumer (``on_error="raise"``) or
 gives up the slot's clip segment (``"skip"``), as in the worker loader
 (:mod:`lightning_vstream.stream.failures`).
@@ -152,7 +152,9 @@ class EngineThreads:
                         if run.stopping:
                             return
                         planned = self._plan(run, step)
-                    self.device.wait(self._release_events[step % self.ring_size], stream)
+                    # The batch's release, waited for on the host: NVDEC copies frames out on this thread's stream,
+                    # which must never wait behind the consumer's work (a stalled copy could give stale frames).
+                    self.device.synchronize(self._release_events[step % self.ring_size])
                     with _STEP_RANGE:
                         if plain:
                             self._decode_plain(run, step, planned, decoders, mine, at)

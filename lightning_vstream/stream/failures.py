@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.errors import (
     DataFormatError,
     DecoderCapabilityError,
@@ -158,12 +159,18 @@ def failed_read(err: BaseException, index: VideoIndex, clip: int, camera: int, f
       :class:`VideoDecodeError` that names the place and the original error.
     - Anything else (a configuration error, a bug, ``KeyboardInterrupt``) is not a read failure:
       None, and the caller re-raises it as it is.
+    - The GPU's own errors (a CUDA error, GPU memory exhausted, a Triton failure; see
+      :func:`~lightning_vstream.decode.device.gpu_failure`) are no read failure either: they become
+      a :class:`~lightning_vstream.errors.GpuError`, which no loader skips.
 
     Example::
 
         >>> failed_read(OSError("I/O error"), index, clip=0, camera=1, frame=7)  # doctest: +SKIP
         VideoDecodeError("clip 'scene-0000', camera 'CAM_BACK', frame 7 ('/data/.../CAM_BACK.mp4'): OSError: I/O error")
     """
+    fatal = gpu_failure(err, place(index, clip, camera, frame))
+    if fatal is not None:
+        return fatal
     if isinstance(err, VStreamError) and not isinstance(err, FILE_ERRORS):
         return None
     if isinstance(err, FileNotFoundError):
