@@ -79,9 +79,9 @@ def environment(gpu: int) -> dict[str, Any]:
         import PyNvVideoCodec
 
         env["pynvvideocodec"] = getattr(PyNvVideoCodec, "__version__", "unknown")
-        from lightning_vstream.clips.gpu import decode_engine_count
+        from lightning_vstream.decode.nvdec import num_decoder_engines
 
-        env["nvdec_engines"] = decode_engine_count(gpu)
+        env["nvdec_engines"] = num_decoder_engines(gpu, "hevc")
     return env
 
 

@@ -579,7 +579,7 @@ def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random
         _engine_loader(index)
     info = _table(files["hevc"])[0]
     with pytest.raises(GpuMemoryError, match=r"for 16 decoders \(8 x hevc 256x256.*Lower gop_threads or max_open"):
-        make_reader("cuda:0", 2, 4, 1, formats=[(files["hevc"], info)])
+        make_reader("cuda:0", 2, 4, formats=[(files["hevc"], info)])
     assert not marker.decoders and not list(fake_log.calls("cuvidCreateDecoder"))  # refused before any existed
 
 

@@ -156,7 +156,7 @@ def test_unsupported_formats_are_refused_clearly(
 
 
 def test_engine_count_comes_from_the_capabilities(fake_nvc: types.ModuleType) -> None:
-    assert clips_gpu.decode_engine_count(0) == 3
+    assert nvdec.num_decoder_engines(0, "hevc") == 3
 
 
 def test_a_hung_decoder_times_out_instead_of_hanging_the_batch() -> None:

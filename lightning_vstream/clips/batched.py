@@ -1,17 +1,17 @@
-"""Reading a whole batch of clip samples at once: GOP-planned, decoded on parallel threads.
+"""Reading a whole batch of clip samples at once on a GPU: GOP-planned, decoded on parallel threads.
 
-:class:`BatchReader` is what :class:`~lightning_vstream.clips.VideoClipDataset` uses when it decodes
-on the GPU (or on the CPU with ``gop_threads > 0``): the frames every sample of a batch needs are
-planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP tasks spread over
-decoding threads (:class:`~lightning_vstream.clips.executor.GopExecutor`), and each wanted frame
-is written once, straight into its slot of one preallocated batch tensor. On the GPU the threads
+:class:`BatchReader` is what :class:`~lightning_vstream.clips.dataset.VideoClipDataset` uses when it
+decodes on a GPU (the DataLoader's batched fetch, ``__getitems__``): the frames every sample of a
+batch needs are planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP tasks
+spread over decoding threads (:class:`~lightning_vstream.clips.executor.GopExecutor`), and each
+wanted frame is written once, straight into its slot of one preallocated batch tensor. The threads
 decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
 one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
 the batch (no host synchronisation, no event per frame). No decoding stream ever waits for the
 caller's: the batch is allocated on a stream of the reader's own that runs no work, so no earlier
 work can still use its memory, and it is marked as used by the caller's stream
 (``record_stream``), so its memory is not handed out again before the caller's work on it is done.
-On the CPU the same plan runs with PyAV decoders. A batch that does not finish within ``timeout`` seconds raises
+A batch that does not finish within ``timeout`` seconds raises
 :class:`~lightning_vstream.errors.WorkerError` (a hung decoder never hangs training), as the stream
 engine does.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.executor import GopDecoder, GopExecutor, frames_decoder_gops
+from lightning_vstream.clips.executor import GopDecoder, GopExecutor
 from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.decode.base import VideoInfo
 
@@ -52,35 +52,33 @@ class BatchReader:
     """Decodes batches of :class:`PlannedSample` s into sample dicts (see the module docs).
 
     Args:
-        gpu: GPU ordinal to decode videos on with NVDEC; None decodes with PyAV on the CPU.
-        device: Where the frames tensor is allocated (``cuda:<gpu>`` on the GPU path).
+        gpu: GPU ordinal to decode videos on with NVDEC.
+        device: Where the frames tensor is allocated (``cuda:<gpu>``; the CPU under a test driver's
+            host memory).
         threads: Decoding threads (0 decodes in the calling thread).
         max_open_per_thread: Open decoders each thread keeps (LRU per file).
-        decoder_threads: FFmpeg threads per CPU decoder.
         pool: NVDEC decoder pool (the process-wide one when None).
         timeout: Seconds a batch may take before :class:`~lightning_vstream.errors.WorkerError`
             is raised (0: no limit); the stream engine's default.
 
     Example::
 
-        >>> reader = BatchReader(gpu=None, device="cpu", threads=2)
+        >>> reader = BatchReader(gpu=0, device="cuda:0", threads=2)  # doctest: +SKIP
         >>> samples = reader.read(planned)  # doctest: +SKIP
     """
 
     def __init__(
         self,
         *,
-        gpu: int | None,
+        gpu: int,
         device: torch.device | str,
         threads: int,
         max_open_per_thread: int = 4,
-        decoder_threads: int = 1,
         pool: DecoderPool | None = None,
         timeout: float = 300.0,
     ) -> None:
         self.gpu = gpu
         self.device = device
-        self.decoder_threads = decoder_threads
         self.pool = pool
         self.timeout = timeout
         self._labels: dict[Hashable, str] = {}
@@ -91,15 +89,10 @@ class BatchReader:
         self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
 
     def _open(self, task: GopTask) -> GopDecoder:
-        path = Path(str(task.source))
+        from lightning_vstream.clips.gpu import NvGopDecoder
+
         label = self._labels.get(task.source, "")
-        if self.gpu is not None and not path.is_dir():
-            from lightning_vstream.clips.gpu import NvGopDecoder
-
-            return NvGopDecoder(path, info=task.info, gpu=self.gpu, pool=self.pool, label=label)
-        from lightning_vstream.decode import make_decoder
-
-        return frames_decoder_gops(make_decoder(path, info=task.info, threads=self.decoder_threads, label=label))
+        return NvGopDecoder(Path(str(task.source)), info=task.info, gpu=self.gpu, pool=self.pool, label=label)
 
     def read(self, samples: Sequence[PlannedSample]) -> list[dict[str, Any]]:
         """Decode every sample's frames; the samples' ``frames`` are views of one batch tensor."""
@@ -137,7 +130,7 @@ class BatchReader:
             for c, (path, info, label) in enumerate(zip(sample.paths, sample.infos, sample.labels)):
                 self._labels.setdefault(str(path), label)
                 for t, index in enumerate(sample.indices):
-                    if self.gpu is not None and path.is_dir():
+                    if path.is_dir():  # image folders: decoded with nvJPEG in one batched call
                         images.append((path, info, index, (b, t, c)))
                     else:
                         planner.add(str(path), info, index, (b, t, c))
@@ -178,16 +171,10 @@ class BatchReader:
         # conversion has been queued (also when a task failed: nothing may write into memory handed out again).
         streams: dict[int, Any] = {}
 
-        def deliver(task: GopTask, index: int, frame: Any, target: Any) -> None:
+        def deliver(task: GopTask, index: int, frame: Nv12Frame, target: Any) -> None:
             b, t, c = target
-            slot = outs[b][t, c]
-            if isinstance(frame, Nv12Frame):
-                streams.setdefault(id(frame.stream), frame.stream)  # a stream is used by one thread at a time
-                frame.write_into(slot)
-            elif slot.is_cuda:
-                slot.copy_(frame, non_blocking=True)
-            else:
-                slot.numpy()[:] = frame.numpy()  # numpy copies stay off torch's thread pool, which FFmpeg uses
+            streams.setdefault(id(frame.stream), frame.stream)  # a stream is used by one thread at a time
+            frame.write_into(outs[b][t, c])
 
         if images:
             self._decode_images(images, outs)
@@ -198,8 +185,6 @@ class BatchReader:
 
     def _wait_for(self, streams: dict[int, Any], tensors: list[torch.Tensor]) -> None:
         """Make the caller's stream wait for each decoding stream, and mark the batch as used by the caller's stream."""
-        if self.gpu is None:
-            return
         if self._memory is None:
             from lightning_vstream.decode.device import frame_memory
 
@@ -252,14 +237,13 @@ def make_reader(
     decode_device: str,
     gop_threads: int | None,
     max_open: int,
-    decoder_threads: int,
     *,
     timeout: float = 300.0,
     formats: Sequence[tuple[Path, VideoInfo]] = (),
 ) -> BatchReader:
-    """The reader for a dataset's settings: PyAV threads on the CPU, NVDEC threads on a CUDA device.
+    """The reader for a dataset that decodes on ``decode_device``, a CUDA device: NVDEC threads.
 
-    On the GPU ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
+    ``gop_threads=None`` means twice the GPU's NVDEC engines; ``"cuda"`` without an index
     is the calling thread's current GPU (the rank's, once Lightning or the user set it). Before the
     reader exists, the decoders it may hold at once (``gop_threads x max_open`` open, and the pool's
     idle ones for each of ``formats``) are checked against the GPU's free memory
@@ -267,15 +251,6 @@ def make_reader(
     compiled and checked (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), on the calling
     thread.
     """
-    if decode_device == "cpu":
-        return BatchReader(
-            gpu=None,
-            device="cpu",
-            threads=gop_threads or 0,
-            max_open_per_thread=max_open,
-            decoder_threads=decoder_threads or 1,
-            timeout=timeout,
-        )
     import torch
 
     from lightning_vstream.decode.decoder_pool import shared_decoder_pool
@@ -289,9 +264,9 @@ def make_reader(
         device = resolve_decode_device("cuda", 0, root_device=torch.device("cuda", torch.cuda.current_device()))
     gpu = device.index or 0
     if gop_threads is None:
-        from lightning_vstream.clips.gpu import decode_engine_count
+        from lightning_vstream.decode.nvdec import num_decoder_engines
 
-        gop_threads = 2 * decode_engine_count(gpu)
+        gop_threads = 2 * num_decoder_engines(gpu, "hevc")
     infos = [info for _, info in formats if info is not None]
     if infos:
         largest = max(infos, key=lambda i: i.width * i.height)

@@ -58,7 +58,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
     """Clip samples from an index: which clips (``selection``) and in which order (``shuffle``).
 
     Each sample holds a window of frames of one clip, all cameras (batch layout of
-    :func:`~lightning_vstream.clips.collate_clips`: ``frames`` uint8 ``[B, T, cameras, 3, H, W]``,
+    :func:`~lightning_vstream.collate_clips`: ``frames`` uint8 ``[B, T, cameras, 3, H, W]``,
     ``frame_index`` and ``timestamp`` ``[B, T]``, ``valid`` ``[B]``, ``clip_id``,
     ``camera_names``). The window is ``clip_frames`` frames ``frame_stride`` apart, or, with
     ``segments``, multi-rate segments in seconds (``[(1.0, 8), (2.0, 8)]``: 8 frames at 1 fps,
@@ -287,11 +287,6 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def train_index(self) -> VideoIndex | None:
         """The parsed training index (after :meth:`setup`)."""
         return self._indexes.get("train")
-
-    @property
-    def val_index(self) -> VideoIndex | None:
-        """The parsed validation index (after :meth:`setup`)."""
-        return self._indexes.get("val")
 
     def setup(self, stage: str | None = None) -> None:
         """Load the index files the stage needs and take rank and world size from the Trainer (unless given)."""

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.clips.decoders import DecoderCache, decode_on_device
+from lightning_vstream.clips.decoders import DecoderCache
 from lightning_vstream.clips.executor import GopJob, GopPool
 from lightning_vstream.clips.outputs import (
     make_output,
@@ -323,20 +323,14 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             ]
         valid = True
         try:
-            if self.decode_device != "cpu":  # NVDEC: one decoder per file, frames arrive as device tensors
-                for c, (cam, info) in enumerate(zip(streams, infos)):
-                    label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
-                    decoder = self.decoders.get(cam.path, info=info, label=label)
-                    decode_on_device(decoder, indices, targets[c])
-            else:
-                jobs = []
-                for c, (cam, info) in enumerate(zip(streams, infos)):
-                    count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
-                    label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
-                    decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
-                    jobs.append(GopJob(decoders, info, indices, targets[c]))
-                self._announce([(job.decoders[0], job.indices) for job in jobs])
-                self._gops.run(jobs)
+            jobs = []
+            for c, (cam, info) in enumerate(zip(streams, infos)):
+                count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
+                label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+                decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
+                jobs.append(GopJob(decoders, info, indices, targets[c]))
+            self._announce([(job.decoders[0], job.indices) for job in jobs])
+            self._gops.run(jobs)
         except (VideoDecodeError, OSError, RuntimeError) as err:
             fatal = gpu_failure(err, f"clip {clip.clip_id!r}, frames {indices}")
             if fatal is err:
@@ -435,10 +429,10 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
         return self.decode_device != "cpu"
 
     def __getitems__(self, items: Sequence[int | ClipRequest]) -> list[dict[str, Any]]:
-        """The samples of ``items`` read together: GOP-planned and decoded on parallel threads.
+        """The samples of ``items``; on a GPU read together, GOP-planned and decoded on parallel threads.
 
-        The DataLoader calls this for a whole batch. On the CPU without ``gop_threads`` it reads
-        the samples one by one, as ``__getitem__`` does.
+        The DataLoader calls this for a whole batch. On the CPU it reads the samples one by one, as
+        ``__getitem__`` does.
         """
         if not self._batched():
             return [self[item] for item in items]
@@ -475,10 +469,8 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             from lightning_vstream.clips.batched import make_reader
             from lightning_vstream.decode.nvdec_memory import one_file_per_format
 
-            formats = one_file_per_format(self.index) if self.decode_device != "cpu" else []
-            self._reader = make_reader(
-                self.decode_device, self.gop_threads, self.max_open_decoders, self.decoder_threads, formats=formats
-            )
+            formats = one_file_per_format(self.index)
+            self._reader = make_reader(self.decode_device, self.gop_threads, self.max_open_decoders, formats=formats)
         return self._reader
 
     def close(self) -> None:

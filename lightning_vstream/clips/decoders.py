@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,11 +12,9 @@ from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
-    import torch
-
     from lightning_vstream.storage.options import StorageConfig
 
-__all__ = ["DecoderCache", "decode_on_device"]
+__all__ = ["DecoderCache"]
 
 
 def _location(path: Path | str) -> Path | str:
@@ -155,18 +152,3 @@ class DecoderCache:
             for decoder in extra:
                 self._retire(decoder)
         self._extra.clear()
-
-
-def decode_on_device(decoder: FrameDecoder, indices: Sequence[int], out: torch.Tensor) -> None:
-    """Decode ``indices`` into ``out[t]`` on a device decoder, in ascending frame order.
-
-    Ascending order is what keeps each GOP decoded at most once (see the module docs); a frame
-    requested twice is decoded once and copied.
-    """
-    first_slot: dict[int, int] = {}
-    for t, index in sorted(enumerate(indices), key=lambda pair: pair[1]):
-        if index in first_slot:
-            out[t].copy_(out[first_slot[index]])
-        else:
-            first_slot[index] = t
-            out[t].copy_(decoder.get(index))

@@ -1,13 +1,13 @@
 """Running GOP tasks (see :mod:`lightning_vstream.clips.planner`) on decoding threads, on any device.
 
 :class:`GopExecutor` runs the tasks of a batch on worker threads, each owning its decoders (one
-decoder is only ever used by one thread): the GPU path and the batched CPU path. Tasks are
+decoder is only ever used by one thread). Tasks are
 assigned up front (:func:`~lightning_vstream.clips.planner.assign_tasks`: longest first, to the
 least-loaded worker, preferring one that already has the stream open), so a run is deterministic;
 each worker keeps a small LRU of open decoders per stream between runs. The first failure cancels
 the tasks not yet started and is raised in the caller once every worker has stopped; no thread is
-left running. Decoders are made by a caller-supplied factory, so the same executor drives PyAV on
-the CPU and NVDEC on the GPU (see :mod:`lightning_vstream.clips.gpu`).
+left running. Decoders are made by a caller-supplied factory: NVDEC decoders for the GPU's batch
+reader (:mod:`lightning_vstream.clips.batched`), any frame decoder through :func:`frames_decoder_gops`.
 
 :class:`GopPool` decodes one sample on the CPU with decoders the caller lends it (the dataset's
 :class:`~lightning_vstream.clips.decoders.DecoderCache`): with ``threads > 1`` the tasks of all cameras

@@ -34,13 +34,12 @@ stream's matrix and range are honoured, and formats NVDEC or the conversion cann
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.executor import Emit, GopDecoder
+from lightning_vstream.clips.executor import Emit
 from lightning_vstream.clips.planner import GopTask
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
@@ -52,7 +51,6 @@ from lightning_vstream.decode.nvdec import (
     Session,
     check_decodable,
     create_session,
-    num_decoder_engines,
 )
 from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
 from lightning_vstream.errors import DecoderCapabilityError
@@ -60,7 +58,7 @@ from lightning_vstream.errors import DecoderCapabilityError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Nv12Frame", "NvGopDecoder", "decode_engine_count", "nvdec_gop_factory"]
+__all__ = ["Nv12Frame", "NvGopDecoder"]
 
 
 @dataclass
@@ -86,11 +84,6 @@ class Nv12Frame:
 
         with torch.cuda.stream(self.stream):
             self.convert(self.surface, out)
-
-
-def decode_engine_count(gpu: int = 0, *, codec: str = "hevc") -> int:
-    """NVDEC engines on ``gpu`` (``GetDecoderCaps``' ``num_decoder_engines``; at least 1)."""
-    return num_decoder_engines(gpu, codec)
 
 
 class NvGopDecoder:
@@ -319,15 +312,3 @@ class NvGopDecoder:
             self._packets.close()
             self._packets = None
         self._dirty = False
-
-
-def nvdec_gop_factory(
-    gpu: int, *, pool: DecoderPool | None = None, labels: dict[Hashable, str] | None = None
-) -> Callable[[GopTask], GopDecoder]:
-    """``open_decoder`` for :class:`~lightning_vstream.clips.executor.GopExecutor`: an :class:`NvGopDecoder` per file."""
-
-    def open_decoder(task: GopTask) -> GopDecoder:
-        label = (labels or {}).get(task.source, "")
-        return NvGopDecoder(Path(str(task.source)), info=task.info, gpu=gpu, pool=pool, label=label)
-
-    return open_decoder

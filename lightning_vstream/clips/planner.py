@@ -7,7 +7,7 @@ keyframe and stops at its last wanted frame, so every GOP is decoded at most onc
 so once per request), whatever order or repeats the requests use; frames between wanted ones
 are decoded (the codec needs them) but never converted to RGB.
 
-:class:`GopPlanner` plans a batch of many streams (the GPU path and the batched CPU path);
+:class:`GopPlanner` plans a batch of many streams (the GPU's batch reader);
 :func:`plan_gops` plans one stream of one sample (the per-sample CPU path). Both group frames the
 same way (:func:`_tasks_of`). :func:`assign_tasks` spreads tasks over decoding threads. Running the
 tasks is :mod:`lightning_vstream.clips.executor`'s. :func:`plan_feed` decides, within the packets a

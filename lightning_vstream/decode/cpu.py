@@ -71,7 +71,7 @@ class PyAVDecoder(RGBOutputDecoder):
         interpolation: Resampling filter when ``size`` differs from the stream's size
             (``"bilinear"``, ``"area"``, ``"bicubic"`` or ``"nearest"``).
         source: Opens a file object to demux instead of ``path`` (a remote file without packet
-            layout, read through its container: :class:`~lightning_vstream.decode.remote.RangeFile`);
+            layout, read through its container: :class:`~lightning_vstream.decode.range_file.RangeFile`);
             ``path`` is then only its name (a URL, kept a string).
 
     Example::

@@ -169,7 +169,7 @@ def probe_image_folder(path: Path | str, *, fps: float = DEFAULT_IMAGE_FPS) -> V
 class ImageFolderDecoder(DecoderBase):
     """Frame-exact decoder for an image-folder camera (see the module docs for the layout).
 
-    Implements :class:`~lightning_vstream.FrameDecoder`: the folder is listed lazily on first
+    Implements :class:`~lightning_vstream.decode.FrameDecoder`: the folder is listed lazily on first
     use, every :meth:`read` decodes one image, and :attr:`frames_decoded` counts them.
 
     Args:

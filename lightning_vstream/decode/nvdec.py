@@ -64,7 +64,6 @@ Latency = Literal["NATIVE", "LOW"]
 #: FFmpeg codec name -> ``PyNvVideoCodec.cudaVideoCodec`` member, for codecs whose packets NVDEC
 #: takes as PyAV demuxes them (after the Annex-B filter for H.264/H.265).
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2"}
-_CHROMA_NAMES = {"400": "Monochrome", "420": "420", "422": "422", "444": "444"}
 #: Prefix of the JSON line a probe child prints (see :mod:`lightning_vstream.decode.nvdec_probe`).
 PROBE_REPORT = "NVDEC_PROBE "
 
@@ -88,11 +87,6 @@ class StreamFormat:
     color: ColorSpec = field(default_factory=ColorSpec)
     #: Frames decoding runs ahead of presentation (0: no B-frame reordering); None when unknown.
     reorder_depth: int | None = None
-
-    @property
-    def reorders(self) -> bool:
-        """Whether frames may leave the decoder out of decode order (True when unknown)."""
-        return self.reorder_depth != 0
 
 
 def _pix_fmt_layout(pix_fmt: str) -> tuple[int, str]:

@@ -33,7 +33,7 @@ from lightning_vstream.decode.nvdec_packets import (
 from lightning_vstream.decode.probe import video_stream
 from lightning_vstream.errors import MissingFileError
 
-__all__ = ["PacketSource", "TableSource", "frame_pts", "packet_data", "packet_source"]
+__all__ = ["PacketSource", "TableSource", "packet_data", "packet_source"]
 
 _ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
 
@@ -193,11 +193,6 @@ def _no_timestamp(where: str) -> VideoDecodeError:
         f"{where}: a packet has neither a presentation nor a decode timestamp, so its frame could not be "
         "matched to the frame table; remux the file (`ffmpeg -i in.mp4 -c copy out.mp4`) and rebuild the index."
     )
-
-
-def frame_pts(frame: Any) -> int:
-    """The presentation timestamp PyNvVideoCodec attached to a decoded frame."""
-    return int(frame.getPTS())
 
 
 class TableSource:

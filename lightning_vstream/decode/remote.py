@@ -81,10 +81,6 @@ class GopRuns:
         runs = sorted({g for f in frames if 0 <= f < count for g in self.runs_for(info, f)})
         return [u for g in runs for u in self.units[g]]
 
-    def last_rank(self, run: int) -> int:
-        """Decode position of the last packet of ``run``."""
-        return (self.run_start[run + 1] if run + 1 < len(self.run_start) else len(self.order)) - 1
-
 
 _RUNS: OrderedDict[tuple[str, int, Expect], tuple[Any, GopRuns]] = OrderedDict()
 _RUNS_LOCK = threading.Lock()

@@ -60,8 +60,6 @@ class FileIdentity:
 
     Example::
 
-        >>> FileIdentity(10, 0, 1, 2).matches_stat(FileIdentity(10, 0, 5, 6))
-        True
         >>> FileIdentity(10, 0, 1, 2).matches(FileIdentity(10, 0, 5, 6))
         False
     """
@@ -76,10 +74,6 @@ class FileIdentity:
     def size_only(self) -> bool:
         """True for identities read from older sidecars, which recorded the size alone (the rest is -1)."""
         return self.mtime_ns < 0
-
-    def matches_stat(self, other: FileIdentity) -> bool:
-        """Same size and modification time (the fingerprint is not compared)."""
-        return self.size == other.size and (self.size_only or self.mtime_ns == other.mtime_ns)
 
     def matches(self, other: FileIdentity) -> bool:
         """Same size, modification time and fingerprint (the size alone for :attr:`size_only` identities)."""

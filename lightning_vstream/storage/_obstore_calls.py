@@ -15,9 +15,6 @@ if __package__:  # imported as lightning_vstream.storage._obstore_calls
 else:  # in the helper process, as a sibling of its script (which imports nothing of the package)
     import _egress  # type: ignore[no-redef,import-not-found]
 
-#: What a request spec may ask for.
-OPS = ("get", "head", "put", "list")
-
 
 class CallError(Exception):
     """A request spec this module cannot serve (a bug in the caller, reported back as a message)."""

@@ -216,7 +216,7 @@ class EngineLoader:
 
     # -- resumable state (the format of StreamDataLoader's) --------------------------------
     def mark_consumed(self, batch: dict[str, Any]) -> None:
-        """Record that the training loop used ``batch`` (the DataModule calls this)."""
+        """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not)."""
         self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
 
     def state_dict(self) -> dict[str, Any]:

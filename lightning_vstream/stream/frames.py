@@ -157,10 +157,6 @@ class FrameSteps:
             shapes[name] = (tuple(out.shape[1:]), out.dtype)
         return shapes
 
-    def finish(self, image: torch.Tensor, epoch: int, clip: int, segment_start: int) -> torch.Tensor:
-        """Augment, then transform one decoded ``[3, H, W]`` frame."""
-        return self.transformed(self.augmented(image, epoch, clip, segment_start))
-
     def augmented(self, image: torch.Tensor, epoch: int, clip: int, segment_start: int) -> torch.Tensor:
         """One decoded ``[3, H, W]`` frame with the segment's augmentation applied (itself without one)."""
         if self.augment is not None:

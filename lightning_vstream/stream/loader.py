@@ -33,13 +33,7 @@ from lightning_vstream.stream.collate import Template, finish_buffer, frame_rows
 from lightning_vstream.stream.failures import DecodeStats, SkipLedger, describe_streams, frame_size_error
 from lightning_vstream.stream.frames import attach_annotations
 from lightning_vstream.stream.parts import StreamPart
-from lightning_vstream.stream.resume import (
-    STATE_VERSION,
-    SkipHistory,
-    checked_resume_state,
-    no_skips,
-    resume_config,
-)
+from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import Buffers, StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
 from lightning_vstream.stream.supervise import (
@@ -51,7 +45,7 @@ from lightning_vstream.stream.supervise import (
 )
 from lightning_vstream.stream.worker import StreamDataset
 
-__all__ = ["STATE_VERSION", "StreamDataLoader", "checked_resume_state", "resume_config"]
+__all__ = ["StreamDataLoader"]
 
 
 def _identity(item: Any) -> Any:
