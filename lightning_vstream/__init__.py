@@ -18,7 +18,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_vstream._datamodule import GpuOptions
     from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
     from lightning_vstream.clips.collate import collate_clips
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
     from lightning_vstream.indexing import build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
+    from lightning_vstream.options import GpuOptions
     from lightning_vstream.preview import Preview, draw_batches, preview_batches
     from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.schedule import StreamSchedule
@@ -46,7 +46,7 @@ _EXPORTS = {
     "FrameTransform": "lightning_vstream.transforms",
     "FrameWindow": "lightning_vstream.clips.windows",
     "GeometryAugment": "lightning_vstream.annotations",
-    "GpuOptions": "lightning_vstream._datamodule",
+    "GpuOptions": "lightning_vstream.options",
     "IndexValidationError": "lightning_vstream.errors",
     "Preview": "lightning_vstream.preview",
     "StreamSchedule": "lightning_vstream.stream.schedule",

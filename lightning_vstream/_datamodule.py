@@ -1,6 +1,6 @@
-"""What both DataModules share: argument checks, worker start methods, per-instance evaluation loaders,
-the warning for options the chosen way of decoding does not use, and the GPU-only options grouped in
-:class:`GpuOptions`.
+"""What both DataModules share beyond their options (:mod:`lightning_vstream.options`): worker start
+methods, per-instance evaluation loaders, hyperparameters that load anywhere, the warning for options
+the chosen way of decoding does not use, and the check of ``exclude_clips``.
 
 Imported only by the DataModule modules (it imports lightning); DataLoader workers never load it.
 """
@@ -14,26 +14,22 @@ import multiprocessing
 import multiprocessing.context
 import warnings
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import lightning.pytorch as pl
 
 from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
+from lightning_vstream.options import GpuOptions
 
 if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
 
 __all__ = [
-    "DEFAULT_GPU_OPTIONS",
     "DEFAULT_NUM_WORKERS",
     "EvalLoader",
-    "GpuOptions",
     "MultiprocessingContext",
-    "check_arguments",
     "check_excluded_clips",
-    "gpu_options",
     "ignore_lightning_leafspec_warning",
     "plain_hparams",
     "save_init_hyperparameters",
@@ -121,79 +117,6 @@ def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, 
     verb = "is" if len(unused) == 1 else "are"
     warnings.warn(
         f"{owner}: {named} {verb} not used: {because}. {instead}", VStreamWarning, stacklevel=user_stacklevel()
-    )
-
-
-def check_arguments(owner: str, checks: Mapping[str, tuple[Any, bool, str]]) -> None:
-    """Raise a :class:`ConfigurationError` for the first ``name: (value, ok, accepted)`` whose ``ok`` is False."""
-    for name, (value, ok, accepted) in checks.items():
-        if not ok:
-            raise ConfigurationError(f"{owner}: {name}={value!r} is invalid; expected {accepted}.")
-
-
-@dataclass(frozen=True)
-class GpuOptions:
-    """Options that apply only when frames are decoded on an NVIDIA GPU (``decode_device="cuda"``, or
-    ``"auto"`` on a machine with one); a CPU run ignores them.
-
-    In a LightningCLI config they form one section::
-
-        data:
-          decode_device: cuda
-          gpu:
-            fallback: cpu     # decode files NVDEC cannot take with PyAV
-            probe: true
-
-    Args:
-        fallback: ``"none"`` raises :class:`~lightning_vstream.errors.DecoderCapabilityError` for a
-            file NVDEC cannot decode (size, chroma, bit depth); ``"cpu"`` decodes such files with PyAV
-            and copies their frames to the GPU.
-        probe: Decode one frame in a child process at setup (once per GPU), so a broken driver or
-            CUDA fault is an error at once rather than the end of a long run.
-
-    Raises:
-        ValueError: ``fallback`` is not ``"none"`` or ``"cpu"``, or ``probe`` is not a bool.
-
-    Example::
-
-        >>> GpuOptions(fallback="cpu")
-        GpuOptions(fallback='cpu', probe=True)
-    """
-
-    fallback: Literal["none", "cpu"] = "none"
-    probe: bool = True
-
-    def __post_init__(self) -> None:
-        check_arguments(
-            "GpuOptions",
-            {
-                "fallback": (self.fallback, self.fallback in ("none", "cpu"), "'none' or 'cpu'"),
-                "probe": (self.probe, isinstance(self.probe, bool), "True or False"),
-            },
-        )
-
-
-#: The defaults, shared (the options are frozen).
-DEFAULT_GPU_OPTIONS = GpuOptions()
-
-
-def gpu_options(owner: str, value: GpuOptions | Mapping[str, Any] | None) -> GpuOptions:
-    """``value`` as :class:`GpuOptions`: None gives the defaults, and a mapping (as a checkpoint's
-    hyperparameters hold it) its fields."""
-    if value is None:
-        return GpuOptions()
-    if isinstance(value, GpuOptions):
-        return value
-    if isinstance(value, Mapping):
-        names = {f.name for f in dataclasses.fields(GpuOptions)}
-        unknown = sorted(set(value) - names)
-        if unknown:
-            raise ConfigurationError(
-                f"{owner}: gpu={dict(value)!r} has unknown option(s) {unknown}; use {sorted(names)}."
-            )
-        return GpuOptions(**value)
-    raise ConfigurationError(
-        f"{owner}: gpu={value!r} is invalid; expected GpuOptions(fallback=..., probe=...), a dict of those, or None."
     )
 
 

@@ -12,9 +12,9 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.demos.models import TinyStreamPETR
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
-from lightning_vstream.stream.worker import DecodeStats
 
 if TYPE_CHECKING:
     from tests._ddp import DdpSession

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.factory import pyav_factory
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
@@ -23,7 +24,7 @@ from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_factory import build_engine_loader
-from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
+from lightning_vstream.stream.engine_loader import EngineLoader
 from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset

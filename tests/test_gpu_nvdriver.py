@@ -947,8 +947,8 @@ def test_corrupt_packets_and_replaced_files_are_refused_before_decoding(
 def test_formats_nvdec_or_the_conversion_cannot_take_are_refused_or_fall_back_to_the_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from lightning_vstream.decode.factory import nvdec_factory
     from lightning_vstream.demos.synth import read_stamp, write_stamped_video
-    from lightning_vstream.stream.engine_loader import nvdec_factory
 
     small = write_stamped_video(tmp_path / "small.mp4", clip=1, camera=0, frames=4, gop=2, codec="hevc", size=(64, 48))
     with pytest.raises(

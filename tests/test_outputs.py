@@ -21,6 +21,7 @@ from _output_checks import stamp_of
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.factory import pyav_factory
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
@@ -28,7 +29,7 @@ from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
-from lightning_vstream.stream.engine_loader import EngineLoader, pyav_factory
+from lightning_vstream.stream.engine_loader import EngineLoader
 from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.transforms import FrameTransform

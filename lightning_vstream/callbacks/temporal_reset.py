@@ -13,19 +13,25 @@ The model opts in by defining::
 ``mask`` is on the batch's device. ``None`` is passed at epoch and stage boundaries (train,
 validation, test and predict loops), where the next batch may have another batch size and no
 slot continues: the model should drop its state entirely and re-create it at the next batch.
+
+Fitting on streaming batches with neither this callback nor a model that says it handles
+``is_first`` itself (``handles_is_first = True``) warns once (:func:`warn_without_temporal_reset`,
+called by :class:`~lightning_vstream.StreamVideoDataModule`): memory would carry over from one clip
+into the next.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, VStreamWarning, user_stacklevel
 
-__all__ = ["ResetFn", "TemporalStateReset"]
+__all__ = ["ResetFn", "TemporalStateReset", "warn_without_temporal_reset"]
 
 #: Signature of a user-given reset function: ``fn(model, mask)``; ``mask`` is None to reset all.
 ResetFn = Callable[[pl.LightningModule, torch.Tensor | None], None]
@@ -177,3 +183,41 @@ class TemporalStateReset(pl.Callback):
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset_all("predict", pl_module)
+
+
+def warn_without_temporal_reset(trainer: Any) -> bool:
+    """Warn on rank 0 when ``trainer`` fits a model with nothing that resets its memory at ``is_first``.
+
+    Returns whether it warned (the DataModule warns once).
+
+    Example::
+
+        >>> warn_without_temporal_reset(None)
+        False
+    """
+    if trainer is None or trainer.global_rank != 0:
+        return False
+    model = trainer.lightning_module
+    if any(isinstance(c, TemporalStateReset) for c in getattr(trainer, "callbacks", [])) or (
+        getattr(model, "handles_is_first", False) is True
+    ):
+        return False
+    name = type(model).__name__
+    if callable(getattr(model, "reset_temporal_state", None)):
+        what = f"{name} defines reset_temporal_state(mask), but no TemporalStateReset callback calls it"
+        fix = "add TemporalStateReset() to the Trainer's callbacks"
+    else:
+        what = "the Trainer has no TemporalStateReset callback"
+        fix = (
+            f"give {name} a method reset_temporal_state(mask) that forgets the memory of the slots where "
+            "mask is True, and add TemporalStateReset() to the Trainer's callbacks"
+        )
+    warnings.warn(
+        f"StreamVideoDataModule: {what}, so nothing clears the model's memory where a batch slot starts a new "
+        f"clip (batch['is_first']), and memory carries over from one clip into the next. To fix it, {fix}. If "
+        f"{name} reads batch['is_first'] itself, or keeps no state from one step to the next, set the class "
+        "attribute `handles_is_first = True` on it to say so (see docs/temporal_models.md).",
+        VStreamWarning,
+        stacklevel=user_stacklevel(),  # the user's trainer.fit(...), not a line of Lightning's
+    )
+    return True

@@ -40,7 +40,7 @@ __all__ = ["StreamThroughputMonitor"]
 PREFIX = "train/"
 #: Per-rank figures gathered at each log, in this order.
 _FIELDS = ("frames_per_sec", "samples_per_sec", "data_wait_fraction", "frames_decoded", "frames_delivered", "has_stats")
-#: Error counters of :class:`~lightning_vstream.stream.worker.DecodeStats` (``on_error="skip"``) -> metric names.
+#: Error counters of :class:`~lightning_vstream.decode.counters.DecodeStats` (``on_error="skip"``) -> metric names.
 _COUNTERS = {
     "skipped_samples": "skipped",
     "skipped_clips": "skipped_clips",
@@ -102,7 +102,7 @@ class StreamThroughputMonitor(pl.Callback):
       (mean over ranks) and ``train/data_wait_fraction_max`` (the slowest rank);
     - ``train/decode_amplification``: frames decoded per frame delivered since the previous
       log, all ranks together (1.0 is ideal; present when the train loader reports
-      :class:`~lightning_vstream.stream.worker.DecodeStats`);
+      :class:`~lightning_vstream.decode.counters.DecodeStats`);
     - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors``, ``train/bad_files`` and
       ``train/missing_annotations``: with ``on_error="skip"``, slot-steps (or clip samples) lost to
       skipped clips (each counted once, whatever the worker count and prefetch depth), clip

@@ -45,7 +45,7 @@ from lightning_vstream.transforms import FrameTransform
 if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
     from lightning_vstream.clips.epochs import EpochClipDataset, EpochClipSampler
     from lightning_vstream.clips.loader import ClipDataLoader
-    from lightning_vstream.stream.worker import DecodeStats
+    from lightning_vstream.decode.counters import DecodeStats
 
 __all__ = ["ClipVideoDataModule"]
 
@@ -480,7 +480,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
     def decode_stats(self, split: Stage = "train") -> DecodeStats:
         """Counters of the ``split`` loader, summed over its workers: frames decoded and delivered, samples
         skipped (``valid=False``), distinct bad files (per worker), frames without annotation."""
-        from lightning_vstream.stream.worker import DecodeStats
+        from lightning_vstream.decode.counters import DecodeStats
 
         loader = self._loaders.get(split)
         if loader is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_vstream._datamodule import check_arguments
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.options import check_arguments
 
 __all__ = ["check_clip_arguments"]
 

@@ -66,7 +66,7 @@ class DecoderCache:
 
     def get(self, path: Path | str, *, info: VideoInfo | None = None, label: str = "") -> FrameDecoder:
         """The decoder for ``path``, reused if open, else created (lazily opened) and cached."""
-        from lightning_vstream.decode import make_decoder
+        from lightning_vstream.decode.factory import make_decoder
 
         path = _location(path)
         decoder = self._open.get(path)
@@ -99,7 +99,7 @@ class DecoderCache:
 
         The extra decoders share the file's frame table and close with it when it leaves the LRU.
         """
-        from lightning_vstream.decode import make_decoder
+        from lightning_vstream.decode.factory import make_decoder
 
         first = self.get(path, info=info, label=label)
         path = _location(path)

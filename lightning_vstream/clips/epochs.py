@@ -12,7 +12,7 @@ starts fetching that sample's GOPs while it decodes this one.
 
 Counters travel the other way: every process that reads (each worker, or the training process)
 adds what it decoded, delivered and skipped to its own row of a small shared-memory tensor, which
-the loader sums into :class:`~lightning_vstream.stream.worker.DecodeStats`.
+the loader sums into :class:`~lightning_vstream.decode.counters.DecodeStats`.
 
 Imported by DataLoader workers (to unpickle the dataset): no lightning here.
 """

@@ -8,8 +8,8 @@ from __future__ import annotations
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_vstream.clips.epochs import REMOTE_FIELDS, STAT_FIELDS, EpochClipDataset
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.storage.stats import StorageStats
-from lightning_vstream.stream.worker import DecodeStats
 
 __all__ = ["ClipDataLoader"]
 

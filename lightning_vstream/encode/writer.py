@@ -130,7 +130,7 @@ def _read_source(task: FileTask) -> Iterator[Any]:
     if isinstance(frames, tuple):
         yield from _read_images(frames, task.where)
         return
-    from lightning_vstream.decode import make_decoder
+    from lightning_vstream.decode.factory import make_decoder
 
     decoder = make_decoder(frames, info=task.info, layout="hwc", label=task.where)
     try:

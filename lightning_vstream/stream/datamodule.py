@@ -12,14 +12,10 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_vstream._datamodule import (
-    DEFAULT_GPU_OPTIONS,
     DEFAULT_NUM_WORKERS,
     EvalLoader,
-    GpuOptions,
     MultiprocessingContext,
-    check_arguments,
     check_excluded_clips,
-    gpu_options,
     ignore_lightning_leafspec_warning,
     plain_hparams,
     rank_decode_device,
@@ -28,17 +24,17 @@ from lightning_vstream._datamodule import (
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
+from lightning_vstream.options import DEFAULT_GPU_OPTIONS, GpuOptions, check_arguments, gpu_options
 from lightning_vstream.outputs import check_outputs
 from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
-from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.stream.loader import StreamDataLoader
-from lightning_vstream.stream.reset_check import warn_without_temporal_reset
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import StreamDataset
@@ -345,6 +341,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
     def _check_temporal_reset(self) -> None:
         """Warn (once, on rank 0) when fitting with nothing that resets the model's memory at ``is_first``."""
         if not self._warned_reset:
+            from lightning_vstream.callbacks.temporal_reset import warn_without_temporal_reset
+
             self._warned_reset = warn_without_temporal_reset(self.trainer)
 
     def index(self, split: Stage = "train") -> VideoIndex:

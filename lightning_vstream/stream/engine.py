@@ -56,22 +56,23 @@ import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
+from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.engine_batches import EngineBatches
-from lightning_vstream.stream.engine_reads import DecoderFactory
 from lightning_vstream.stream.engine_threads import EngineRun, EngineThreads, PlannedStep
-from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, SkipLedger, describe_streams
+from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger, describe_streams
 from lightning_vstream.stream.frames import FrameSteps, attach_annotations
-from lightning_vstream.stream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
 from lightning_vstream.stream.sampler import StreamSampler
 
-__all__ = ["DecoderFactory", "StreamEngine"]
+__all__ = ["StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
 Buffers = Literal["ring", "pool"]
@@ -121,7 +122,7 @@ class StreamEngine(EngineThreads):
             one each); None keeps one per camera stream.
         decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
             :func:`~lightning_vstream.stream.frames.decoder_sizes` plans: to their own size
-            (:func:`~lightning_vstream.stream.engine_loader.pyav_factory` with ``size``) and, for the
+            (:func:`~lightning_vstream.decode.factory.pyav_factory` with ``size``) and, for the
             outputs that need another one, ``get_sizes``; so a resize-only
             :class:`~lightning_vstream.FrameTransform` has nothing left to do.
         buffers: ``"ring"``: a fixed ring of ``prefetch + hold`` batches (GPU memory, ordered by

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from lightning_vstream.options import CameraFrames
 from lightning_vstream.stream.buffers import BufferPool
 from lightning_vstream.stream.devices import EngineDevice
-from lightning_vstream.stream.options import CameraFrames
 
 __all__ = ["EngineBatches", "FrameShape"]
 

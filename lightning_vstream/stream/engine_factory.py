@@ -10,16 +10,13 @@ import torch
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
+from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav_factory
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform
 from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
-from lightning_vstream.stream.engine import DecoderFactory, StreamEngine
-from lightning_vstream.stream.engine_loader import (
-    EngineLoader,
-    nvdec_factory,
-    pyav_factory,
-)
+from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_loader import EngineLoader
 from lightning_vstream.stream.frames import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
 

@@ -14,22 +14,21 @@ a :class:`~lightning_vstream.errors.FrameSizeError`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
+from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
 from lightning_vstream.stream.failures import failed_read, frame_size_error
 from lightning_vstream.stream.frames import FrameSteps
 
-__all__ = ["DecoderFactory", "ThreadDecoders"]
+__all__ = ["ThreadDecoders"]
 
 log = logging.getLogger("lightning_vstream")
-DecoderFactory = Callable[["Path | str", "VideoInfo | None", str], FrameDecoder]
 
 
 class ThreadDecoders:

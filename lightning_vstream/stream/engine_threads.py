@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_ENGINE_STEP, nvtx_range
 from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.engine_batches import EngineBatches
-from lightning_vstream.stream.engine_reads import DecoderFactory, ThreadDecoders
+from lightning_vstream.stream.engine_reads import ThreadDecoders
 from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger
 from lightning_vstream.stream.frames import FrameSteps
 from lightning_vstream.stream.resume import SkipHistory

@@ -19,10 +19,10 @@ import torch
 from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment, transform_matrix
 from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.annotations.source import AnnotationSource, annotate
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, apply_output, changes_geometry
-from lightning_vstream.stream.failures import DecodeStats
 from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["FrameSteps", "attach_annotations", "decoder_sizes"]

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import (
     ConfigurationError,
     StepMismatchError,
@@ -30,7 +31,7 @@ from lightning_vstream.errors import (
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.buffers import BufferPool
 from lightning_vstream.stream.collate import Template, finish_buffer, frame_rows, merge_cameras, merge_parts
-from lightning_vstream.stream.failures import DecodeStats, SkipLedger, describe_streams, frame_size_error
+from lightning_vstream.stream.failures import SkipLedger, describe_streams, frame_size_error
 from lightning_vstream.stream.frames import attach_annotations
 from lightning_vstream.stream.parts import StreamPart
 from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lightning_vstream.stream.failures import DecodeStats
+from lightning_vstream.decode.counters import DecodeStats
 
 __all__ = ["StreamPart", "StreamRead", "StreamTask"]
 

@@ -19,17 +19,18 @@ from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
-from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import FrameDecoder
+from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.decode.factory import make_decoder
 from lightning_vstream.index import VideoIndex
+from lightning_vstream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
-from lightning_vstream.stream.failures import FILE_ERRORS, DecodeStats, failed_read, frame_size_error
+from lightning_vstream.stream.failures import FILE_ERRORS, failed_read, frame_size_error
 from lightning_vstream.stream.frames import FrameSteps
-from lightning_vstream.stream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.stream.parts import StreamPart, StreamRead, StreamTask
 
-__all__ = ["DecodeStats", "StreamDataset", "trim_heap"]
+__all__ = ["StreamDataset", "trim_heap"]
 
 TRIM_EVERY_CLOSES = 8
 RECENT_BUFFERS = 8
