@@ -35,7 +35,7 @@ import torch
 
 from lightning_vstream.annotations import GeometryAugment
 from lightning_vstream.demos.synth import write_dataset
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 
 def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int]) -> Path:

@@ -48,10 +48,10 @@ def _child(index: str, method: str) -> None:
 
     import lightning_vstream  # noqa: F401  (the package import a user script does)
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
-    from lightning_vstream.stream.loader import StreamDataLoader
     from lightning_vstream.stream.sampler import StreamSampler
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
     from lightning_vstream.stream.worker import StreamDataset
+    from lightning_vstream.stream.worker_loader import StreamDataLoader
 
     imported = time.perf_counter()
     if "multiprocessing_context" in inspect.signature(StreamVideoDataModule).parameters:

@@ -713,7 +713,7 @@ def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any
 
 
 def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any]:
-    from lightning_vstream.clips.batched import BatchReader, PlannedSample, make_reader
+    from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample, make_reader
     from lightning_vstream.clips.windows import FrameWindow, random_clips
     from lightning_vstream.decode.nvdec_memory import one_file_per_format
     from lightning_vstream.demos.synth import clip_number

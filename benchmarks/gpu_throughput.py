@@ -489,12 +489,12 @@ def _loader_run_trainer(make_dm: Any, args: argparse.Namespace) -> tuple[int, fl
 
 def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     try:
-        from lightning_vstream.stream.datamodule import StreamVideoDataModule
+        from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
     except Exception as err:
         return {
             "config": config,
             "status": "unavailable",
-            "reason": f"lightning_vstream.stream.datamodule.StreamVideoDataModule cannot be imported "
+            "reason": f"lightning_vstream.stream.stream_datamodule.StreamVideoDataModule cannot be imported "
             f"({type(err).__name__}: {err})",
         }
     kwargs = {"index_file": str(index), "batch_size": args.batch_size, "decode_device": "cuda", **config}

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from lightning_vstream.demos.synth import write_dataset
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.transforms import FrameTransform
 
 LOADERS: dict[str, dict[str, Any]] = {

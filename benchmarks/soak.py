@@ -103,7 +103,7 @@ def _stream_batches(
     index: Path, cfg: dict[str, Any], steps: int, batch_size: int, threads: int, summary: dict[str, Any]
 ) -> Iterator[Any]:
     """Batches' frames from the DataModule's train loader, epoch after epoch; fills ``summary`` at the end."""
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(
         index_file=index,

@@ -3,7 +3,7 @@
 For stamped synthetic datasets of a few sizes, measures (median of ``--repeats``):
 
 - ``probe``: building every file's frame table with packet CRCs and identity
-  (:func:`lightning_vstream.indexing.probe.probe_with_identity`, what ``vstream index`` does per file);
+  (:func:`lightning_vstream.indexing.camera_tables.probe_with_identity`, what ``vstream index`` does per file);
 - ``decode``: decoding every frame of every file once with :class:`PyAVDecoder` (one epoch of
   sequential reading, RGB output, FFmpeg's automatic threads), the baseline.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.indexing import load_index
-from lightning_vstream.indexing.probe import probe_with_identity
+from lightning_vstream.indexing.camera_tables import probe_with_identity
 
 SIZES = [((160, 96), 8, 40), ((640, 360), 2, 60), ((1600, 900), 1, 30)]  # (size, clips, frames); 6 cameras
 

@@ -8,7 +8,7 @@ The public API is the names here, plus the ``__all__`` of these namespaces:
 ``lightning_vstream.callbacks`` (Lightning callbacks), ``.errors`` (every exception),
 ``.index``, ``.decode``, ``.annotations``, ``.encode``, ``.importers`` (index files, decoders,
 training targets, dataset tools), ``.demos`` (stamped synthetic data and the demo model) and
-``.cli`` (``main``, the ``vstream`` command). Modules below those (``lightning_vstream.stream.loader``,
+``.cli`` (``main``, the ``vstream`` command). Modules below those (``lightning_vstream.stream.worker_loader``,
 ``lightning_vstream.clips.selection``, ...) are internal and may change between releases.
 """
 
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.options import GpuOptions
     from lightning_vstream.preview import Preview, draw_batches, preview_batches
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.schedule import StreamSchedule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
     from lightning_vstream.transforms import FrameTransform
 
     __version__: str
@@ -50,7 +50,7 @@ _EXPORTS = {
     "IndexValidationError": "lightning_vstream.errors",
     "Preview": "lightning_vstream.preview",
     "StreamSchedule": "lightning_vstream.stream.schedule",
-    "StreamVideoDataModule": "lightning_vstream.stream.datamodule",
+    "StreamVideoDataModule": "lightning_vstream.stream.stream_datamodule",
     "TimeWindow": "lightning_vstream.clips.windows",
     "VStreamCLI": "lightning_vstream.lightning_cli",
     "VStreamError": "lightning_vstream.errors",

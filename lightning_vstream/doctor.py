@@ -300,7 +300,7 @@ def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
 
 
 def _workers(index_path: Path, gpu: int, batches: int = 12) -> dict[str, Any]:
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(
         index_file=index_path, batch_size=2, decode_device="cuda", engine="workers", num_workers=2, seed=0

@@ -175,7 +175,7 @@ def redact_config(config: Any) -> Any:
         >>> redact_config(config).data.storage_options
         {'region': 'eu', 'secret_access_key': None}
     """
-    from lightning_vstream.storage.options import SECRET_KEYS
+    from lightning_vstream.storage.config import SECRET_KEYS
 
     redacted = config.clone()
     for key, value in config.items():

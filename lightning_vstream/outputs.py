@@ -19,7 +19,7 @@ to a resized default output (an identity: no work beyond filling its batch).
 Where the work happens: the transforms run where frames are decoded (DataLoader workers, engine
 threads, on the decode device). On the CPU, an output whose ``FrameTransform`` starts with a
 resize takes its frame from one more swscale conversion of the decoded frame at that size
-(:func:`~lightning_vstream.stream.frames.decoder_sizes`) on the streaming DataModule; the clip
+(:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`) on the streaming DataModule; the clip
 DataModule resizes in torch. Slots or samples that deliver nothing are zero in every output.
 
 Example::

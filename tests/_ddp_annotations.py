@@ -19,7 +19,7 @@ from _ddp import ddp_trainer
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 
 class CheckingModel(pl.LightningModule):

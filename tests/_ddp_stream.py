@@ -15,7 +15,7 @@ import torch
 from _ddp import ddp_trainer
 from _stream_models import RecordingModel
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from _ddp import ddp_trainer
 
 from lightning_vstream.callbacks import StreamThroughputMonitor
 from lightning_vstream.demos.models import TinyStreamPETR
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 
 class Clock:

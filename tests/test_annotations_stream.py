@@ -21,7 +21,7 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import AnnotationError, FrameSizeError
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
     from tests._ddp import DdpSession

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.demos.models import TinyStreamPETR
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
     from tests._ddp import DdpSession

@@ -17,7 +17,7 @@ import yaml
 
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
 from lightning_vstream.demos.models import TinyStreamPETR
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "configs" / "stream.yaml"

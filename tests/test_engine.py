@@ -21,13 +21,13 @@ from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.indexing import load_index
-from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_factory import build_engine_loader
 from lightning_vstream.stream.engine_loader import EngineLoader
-from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.transforms import FrameTransform
 from tests.conftest import batch_stamp_errors
 
@@ -355,7 +355,7 @@ def _same(a: Any, b: Any, where: str = "batch") -> None:
 
 def _both(index_file: Path, split: str = "train", **options: Any) -> tuple[Any, Any]:
     """The engine's and the worker loader's loaders of one DataModule configuration."""
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     loaders = []
     for engine in ("threads", "workers"):
@@ -439,8 +439,8 @@ def test_cpu_batches_stay_intact_while_referenced(index: Any) -> None:
 def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotated: Path) -> None:
     import os
 
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.engine_factory import cpu_threads
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(index_file=annotated, batch_size=4)
     assert dm.engine_choice() == ("threads", "engine='auto': decode threads in the training process")
@@ -465,7 +465,7 @@ def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated
     import warnings
 
     from lightning_vstream.errors import VStreamWarning
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     # engine="auto" on the CPU: worker processes asked for by their count are worker processes.
     dm = StreamVideoDataModule(index_file=annotated, num_workers=3)

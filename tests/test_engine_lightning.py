@@ -12,8 +12,8 @@ import pytest
 from _stream_models import RecordingModel
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_loader import EngineLoader
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
     from tests._ddp import DdpSession

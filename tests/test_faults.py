@@ -36,7 +36,7 @@ from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FileChangedError, FrameSizeError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from tests.conftest import batch_stamp_errors
 
 LENGTHS = [14, 10, 18, 12]

@@ -11,8 +11,8 @@ import torch
 
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.gop_reads import GopDecoder, gop_runs
 from lightning_vstream.decode.probe import probe_video
-from lightning_vstream.decode.remote import GopDecoder, gop_runs
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ChecksumError, FileChangedError
 from lightning_vstream.index import FileIdentity

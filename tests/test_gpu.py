@@ -517,7 +517,7 @@ def test_benchmark_without_gpu_exits_cleanly(tmp_path: Path, capsys: pytest.Capt
 
 def test_benchmark_reports_a_missing_datamodule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     bench = _load_benchmark()
-    monkeypatch.setitem(sys.modules, "lightning_vstream.stream.datamodule", None)
+    monkeypatch.setitem(sys.modules, "lightning_vstream.stream.stream_datamodule", None)
     row = bench.measure_loader(tmp_path / "index.json", {"num_workers": 2}, bench.parse_args([]))
     assert row["status"] == "unavailable" and "StreamVideoDataModule cannot be imported" in row["reason"]
 
@@ -535,7 +535,9 @@ def test_benchmark_reports_a_failing_loader_and_goes_on(monkeypatch: pytest.Monk
         raise RuntimeError("decode_device='cuda' needs the GPU backend")
 
     monkeypatch.setitem(
-        sys.modules, "lightning_vstream.stream.datamodule", types.SimpleNamespace(StreamVideoDataModule=DataModule)
+        sys.modules,
+        "lightning_vstream.stream.stream_datamodule",
+        types.SimpleNamespace(StreamVideoDataModule=DataModule),
     )
     monkeypatch.setattr(bench, "_loader_run_trainer", broken_run)
     args = bench.parse_args([])
@@ -654,8 +656,8 @@ def test_stream_engine_trains_on_gpu_batches(make_dataset: Any, tmp_path: Path) 
     import lightning.pytorch as pl
     from _stream_models import RecordingModel
 
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
     from lightning_vstream.stream.engine_loader import EngineLoader
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     index = make_dataset(clips=4, cameras=3, frames=[16, 12, 20, 14], size=(256, 256), codec="hevc", gop=8)
     dm = StreamVideoDataModule(index_file=index, batch_size=2, decode_device="cuda", seed=1)

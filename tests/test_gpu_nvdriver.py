@@ -493,9 +493,9 @@ def test_no_decode_stream_ever_waits_for_an_event_of_the_consumers_stream(
     work could leave that copy queued behind a slow training step. Over two epochs of the engine (the second
     starts by releasing the ring) and a random-access batch, the consumer's stream waits for the decode
     streams (and decode threads wait for released batches on the host), never a decode stream for another."""
-    from lightning_vstream.clips.batched import BatchReader, PlannedSample
+    from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.devices import HostNvdecDevice
+    from lightning_vstream.stream.engine_device import HostNvdecDevice
 
     index = load_index(dataset)
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
@@ -563,7 +563,7 @@ def test_a_consumer_that_takes_20_ms_per_step_gets_every_stamp_and_keeps_the_bat
 def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random_access(
     dataset: Path, files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
-    from lightning_vstream.clips.batched import make_reader
+    from lightning_vstream.clips.gpu_reader import make_reader
     from lightning_vstream.decode.device import HostMemory
     from lightning_vstream.errors import GpuMemoryError
     from lightning_vstream.indexing import load_index
@@ -713,7 +713,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
 def test_random_access_batches_over_the_real_library(
     files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_vstream.clips.batched import BatchReader, PlannedSample
+    from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
 
     names = ["hevc_open_gop_bframes", "h264_bframes"]
     infos = [_table(files[n])[0] for n in names]

@@ -22,11 +22,11 @@ import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
 from lightning_vstream.clips import gpu as clips_gpu
-from lightning_vstream.clips.batched import BatchReader, PlannedSample
 from lightning_vstream.clips.collate import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.executor import GopExecutor
 from lightning_vstream.clips.gpu import NvGopDecoder
+from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
 from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.decode import nvdec

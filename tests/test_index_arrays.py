@@ -26,7 +26,7 @@ from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.arrays import ClipArrays, tables_list_files
-from lightning_vstream.index.load import _WARNED_NO_TABLES
+from lightning_vstream.index.local_index import _WARNED_NO_TABLES
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.table_write import write_table_arrays, write_tables
 from lightning_vstream.indexing import load_index

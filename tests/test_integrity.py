@@ -28,7 +28,7 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.index import metadata_path
 from lightning_vstream.index.identity import file_identity
-from lightning_vstream.index.load import _WARNED_NO_TABLES
+from lightning_vstream.index.local_index import _WARNED_NO_TABLES
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.indexing import build_index, load_index

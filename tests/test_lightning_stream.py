@@ -14,7 +14,7 @@ import pytest
 from _stream_models import RecordingModel
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
     from tests._ddp import DdpSession
@@ -320,7 +320,7 @@ def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
 
 def test_package_import_does_not_import_lightning() -> None:
     code = (
-        "import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.loader, "
+        "import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.worker_loader, "
         "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu, lightning_vstream.index, "
         "lightning_vstream.transforms; "
         "assert 'lightning' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lightning.'))[:5]; "

@@ -26,12 +26,12 @@ from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
 from lightning_vstream.indexing import load_index
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
-from lightning_vstream.stream.devices import HostDevice
 from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader
-from lightning_vstream.stream.frames import decoder_sizes
+from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.transforms import FrameTransform
 
 HERE = Path(__file__).parent

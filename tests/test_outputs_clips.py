@@ -356,7 +356,7 @@ def nvdec_index(make_dataset: Any) -> Path:
 
 def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, nvdec_index: Path) -> None:
     """The path NVDEC takes (a whole batch planned by GOP), run on the CPU with a stand-in PyNvVideoCodec."""
-    from lightning_vstream.clips.batched import BatchReader
+    from lightning_vstream.clips.gpu_reader import BatchReader
     from lightning_vstream.decode.decoder_pool import DecoderPool
 
     requests = [at_indices("scene-0000", [1, 4, 8]), at_indices("scene-0002", [0, 11, 5])]

@@ -20,12 +20,12 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.stream.datamodule import StreamVideoDataModule
 from lightning_vstream.stream.engine_factory import build_engine_loader
-from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.parts import StreamTask
 from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames
@@ -313,7 +313,7 @@ _STALL_AND_EXIT = r"""
 import signal, sys, threading
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.index import load_index
-from lightning_vstream.stream.loader import StreamDataLoader
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
 

@@ -13,9 +13,9 @@ import torch
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.transforms import FrameTransform
 
 

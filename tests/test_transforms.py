@@ -236,9 +236,9 @@ def test_decoder_size_moves_only_a_leading_antialiased_resize() -> None:
 
 def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.loader import StreamDataLoader
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.stream.worker import StreamDataset
+    from lightning_vstream.stream.worker_loader import StreamDataLoader
 
     index = load_index(index_path)
     sampler = StreamSampler(

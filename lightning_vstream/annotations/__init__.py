@@ -2,13 +2,13 @@
 
 - :mod:`~lightning_vstream.annotations.source`: the :class:`AnnotationSource` protocol.
 - :mod:`~lightning_vstream.annotations.files`: the file format (``<clip_id>.npz`` per clip) and its reader.
-- :mod:`~lightning_vstream.annotations.collate`: how annotations are batched.
+- :mod:`~lightning_vstream.annotations.batch`: how annotations and augmentation geometry are batched.
 - :mod:`~lightning_vstream.annotations.augment`: :class:`GeometryAugment`, one resize / crop / flip /
   rotation per clip, and its ``img_aug_matrix``.
 """
 
 from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment
-from lightning_vstream.annotations.collate import collate_annotations, pad_ragged
+from lightning_vstream.annotations.batch import collate_annotations, pad_ragged
 from lightning_vstream.annotations.files import (
     AnnotationFiles,
     ClipAnnotations,

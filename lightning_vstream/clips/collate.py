@@ -20,7 +20,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
     with annotations, ``annotations`` (clip fields ``[B, ...]``, frame fields ``[B, T, ...]``,
     ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with ``<name>_mask`` when
     ``pad_annotations``) and ``has_annotations`` ``[B, T]``; with augmentation ``img_aug_matrix``
-    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.collate`).
+    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.batch`).
 
     Raises:
         ValueError: Samples differ in cameras, frame count ``T`` or frame size.
@@ -59,7 +59,7 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
         "camera_names": list(first["camera_names"]),
     }
     if "annotations" in first:
-        from lightning_vstream.annotations.collate import collate_annotations
+        from lightning_vstream.annotations.batch import collate_annotations
 
         items = [s["annotations"] for s in samples]
         ragged = {

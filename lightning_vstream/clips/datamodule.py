@@ -38,7 +38,7 @@ from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import check_outputs
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.transforms import FrameTransform
 

@@ -438,7 +438,7 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             return [self[item] for item in items]
         import torch
 
-        from lightning_vstream.clips.batched import PlannedSample
+        from lightning_vstream.clips.gpu_reader import PlannedSample
 
         planned = []
         for item in items:
@@ -464,9 +464,9 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
 
     @property
     def reader(self) -> Any:
-        """This process's :class:`~lightning_vstream.clips.batched.BatchReader` (created on first use)."""
+        """This process's :class:`~lightning_vstream.clips.gpu_reader.BatchReader` (created on first use)."""
         if self._reader is None:
-            from lightning_vstream.clips.batched import make_reader
+            from lightning_vstream.clips.gpu_reader import make_reader
             from lightning_vstream.decode.nvdec_memory import one_file_per_format
 
             formats = one_file_per_format(self.index)

@@ -12,7 +12,7 @@ from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["DecoderCache"]
 

@@ -7,7 +7,7 @@ least-loaded worker, preferring one that already has the stream open), so a run 
 each worker keeps a small LRU of open decoders per stream between runs. The first failure cancels
 the tasks not yet started and is raised in the caller once every worker has stopped; no thread is
 left running. Decoders are made by a caller-supplied factory: NVDEC decoders for the GPU's batch
-reader (:mod:`lightning_vstream.clips.batched`), any frame decoder through :func:`frames_decoder_gops`.
+reader (:mod:`lightning_vstream.clips.gpu_reader`), any frame decoder through :func:`frames_decoder_gops`.
 
 :class:`GopPool` decodes one sample on the CPU with decoders the caller lends it (the dataset's
 :class:`~lightning_vstream.clips.decoders.DecoderCache`): with ``threads > 1`` the tasks of all cameras

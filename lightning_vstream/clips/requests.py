@@ -175,7 +175,7 @@ class RequestResolver:
         The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
         not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
         """
-        from lightning_vstream.decode.remote import GopDecoder
+        from lightning_vstream.decode.gop_reads import GopDecoder
 
         for decoder, indices in reads:
             if isinstance(decoder, GopDecoder):
@@ -191,7 +191,7 @@ class RequestResolver:
         """
         if self.index.storage is None or self.decode_device != "cpu":
             return
-        from lightning_vstream.decode.remote import gop_runs
+        from lightning_vstream.decode.gop_reads import gop_runs
         from lightning_vstream.storage.fetcher import fetcher_for
 
         fetcher = fetcher_for(self.index.storage)

@@ -37,7 +37,7 @@ from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import CameraStream
 
 if TYPE_CHECKING:
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
     "TIME_POLICIES",

@@ -231,9 +231,9 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
 
     from lightning_vstream.indexing import load_index
     from lightning_vstream.indexing.build import incomplete_path
-    from lightning_vstream.indexing.remote import build_remote_index, write_remote_index_tables
+    from lightning_vstream.indexing.remote_build import build_remote_index, write_remote_index_tables
     from lightning_vstream.indexing.verify import verify_remote_index
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
     options = _storage_options(args.storage_option)
     config = StorageConfig.make(options)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from lightning_vstream.decode.nvdec_file import LatencyChoice
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["DecoderFactory", "GpuFallback", "make_decoder", "nvdec_factory", "pyav_factory"]
 
@@ -64,7 +64,7 @@ def make_decoder(
             the frames' shape, or resize them afterwards).
         storage: How to reach a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...):
             options, node cache. A URL whose frame table records packet byte ranges is read GOP by
-            GOP (:class:`~lightning_vstream.decode.remote.GopDecoder`); any other through its
+            GOP (:class:`~lightning_vstream.decode.gop_reads.GopDecoder`); any other through its
             container. Plain paths are opened with PyAV as they are (faster on a local disk).
 
     Example::
@@ -101,11 +101,11 @@ def _url_decoder(
     storage: StorageConfig | None,
 ) -> FrameDecoder:
     from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.gop_reads import GopDecoder
     from lightning_vstream.decode.range_file import RangeFile, expect_of
-    from lightning_vstream.decode.remote import GopDecoder
     from lightning_vstream.storage.client import Expect, storage_for
+    from lightning_vstream.storage.config import StorageConfig
     from lightning_vstream.storage.fetcher import fetcher_for
-    from lightning_vstream.storage.options import StorageConfig
 
     if device != "cpu":
         raise ConfigurationError(

@@ -201,7 +201,7 @@ class TableSource:
     What :class:`PacketSource` hands NVDEC, without a demuxer: the same packets in the same (decode)
     order with the same timestamps, each checked against the frame table's CRC-32 before it is
     converted to Annex-B. Decode order is the packets' byte order, as the tables record places only
-    for files where it is (:func:`~lightning_vstream.decode.remote.gop_runs`); the file is read one
+    for files where it is (:func:`~lightning_vstream.decode.gop_reads.gop_runs`); the file is read one
     GOP at a time.
 
     Args:
@@ -220,7 +220,7 @@ class TableSource:
     def __init__(
         self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]
     ) -> None:
-        from lightning_vstream.decode.remote import gop_runs
+        from lightning_vstream.decode.gop_reads import gop_runs
 
         layout = info.layout
         if layout is None:  # pragma: no cover - packet_source checks

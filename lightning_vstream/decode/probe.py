@@ -28,7 +28,7 @@ from lightning_vstream.storage.urls import is_url
 if TYPE_CHECKING:
     import av
 
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["check_stream", "open_container", "probe_video", "probe_video_bytes", "probe_video_file", "video_stream"]
 
@@ -99,7 +99,7 @@ def probe_video(path: Path | str, *, stream: int | None = None, storage: Storage
         stream: Which video stream: its position among the file's video streams (0 for the
             first), or None for the one FFmpeg picks as best (a default-disposition stream, then
             a moving one, then the highest bitrate), which decoders also use by default.
-        storage: How to reach a URL (see :class:`~lightning_vstream.storage.options.StorageConfig`).
+        storage: How to reach a URL (see :class:`~lightning_vstream.storage.config.StorageConfig`).
 
     Returns:
         The stream's :class:`VideoInfo`.

@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.storage.client import Expect, Storage, storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["RangeFile", "expect_of", "probe_url"]
 

@@ -1,7 +1,7 @@
 """What both PyAV decoders share: a decoded FFmpeg frame converted to RGB at the decoder's size, and at more.
 
 :class:`~lightning_vstream.decode.cpu.PyAVDecoder` (a file read through its container) and
-:class:`~lightning_vstream.decode.remote.GopDecoder` (GOP byte ranges) decode with the same FFmpeg
+:class:`~lightning_vstream.decode.gop_reads.GopDecoder` (GOP byte ranges) decode with the same FFmpeg
 decoder and hand out frames the same way: one swscale conversion per frame to RGB (resized on the
 way when ``size`` is given, :class:`~lightning_vstream.decode.colour.RGBConverter`), more sizes of
 the same decoded frame for one more conversion each (:meth:`RGBOutputDecoder.get_sizes`), and

@@ -350,7 +350,7 @@ def run_demo(
 
     from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
     from lightning_vstream.demos.models import TinyStreamPETR
-    from lightning_vstream.stream.datamodule import StreamVideoDataModule
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")

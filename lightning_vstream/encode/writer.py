@@ -54,7 +54,7 @@ def plan_file(source: CameraSource, path: Path) -> FileTask:
     if source.pts is not None:
         pts, time_base = source.pts, source.time_base
     else:
-        from lightning_vstream.indexing.probe import probe
+        from lightning_vstream.indexing.camera_tables import probe
 
         assert isinstance(source.frames, Path)  # CameraSource requires pts for explicit image lists
         info = probe(source.frames)

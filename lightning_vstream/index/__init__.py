@@ -1,7 +1,7 @@
 """Index files -> frozen, validated records of clips, cameras and frame counts (no torch, no decoder here).
 
-- :mod:`~lightning_vstream.index.load`: parsing and validating a local index file.
-- :mod:`~lightning_vstream.index.remote`: the same for an index at a URL, and its frame tables.
+- :mod:`~lightning_vstream.index.local_index`: parsing and validating a local index file.
+- :mod:`~lightning_vstream.index.remote_index`: the same for an index at a URL, and its frame tables.
 - :mod:`~lightning_vstream.index.listing`: what both collect per clip before it becomes arrays.
 - :mod:`~lightning_vstream.index.records`: the records (:class:`VideoIndex`, :class:`Clip`, :class:`CameraStream`).
 - :mod:`~lightning_vstream.index.arrays`: a loaded index's clips as arrays, each record built when used.

@@ -36,7 +36,7 @@ from lightning_vstream.storage.urls import child, is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["CACHED_CLIPS", "ClipArrays", "fingerprint", "tables_list_files"]
 
@@ -353,7 +353,7 @@ def _restore(
     excluded: frozenset[str] = frozenset(),
 ) -> ClipArrays:
     """Rebuild the arrays in another process from the index file they were loaded from."""
-    from lightning_vstream.index.load import read_index_bytes
+    from lightning_vstream.index.local_index import read_index_bytes
 
     raw = read_index_bytes(source, storage=storage)
     if fingerprint(raw) != tuple(recorded):

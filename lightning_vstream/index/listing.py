@@ -18,7 +18,7 @@ from lightning_vstream.index.files import VIDEO_EXTENSIONS
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
     "ClipLists",

@@ -15,7 +15,7 @@ from lightning_vstream.storage.urls import child, is_url
 
 if TYPE_CHECKING:
     from lightning_vstream.index.table_file import FrameTables
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["CameraStream", "Clip", "ClipSequence", "VideoIndex"]
 

@@ -24,7 +24,7 @@ from lightning_vstream.errors import (
     VStreamWarning,
 )
 from lightning_vstream.index.files import discover_cameras, image_files, natural_key
-from lightning_vstream.index.load import read_index_layout
+from lightning_vstream.index.local_index import read_index_layout
 from lightning_vstream.index.table_file import tables_path
 from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import (
@@ -35,7 +35,7 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-from lightning_vstream.indexing.probe import probe_with_identity
+from lightning_vstream.indexing.camera_tables import probe_with_identity
 
 __all__ = [
     "Incomplete",

@@ -16,12 +16,12 @@ from typing import Any, Literal
 from lightning_vstream.errors import DataFormatError, FileChangedError, IndexValidationError, MissingFileError
 from lightning_vstream.index.identity import reverify
 from lightning_vstream.index.listing import leave_out_hint
-from lightning_vstream.index.load import load_local_index
+from lightning_vstream.index.local_index import load_local_index
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
-from lightning_vstream.index.remote import load_remote_index
-from lightning_vstream.indexing.probe import probe, probe_clip
+from lightning_vstream.index.remote_index import load_remote_index
+from lightning_vstream.indexing.camera_tables import probe, probe_clip
 from lightning_vstream.storage.client import storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import is_url
 
 __all__ = ["Check", "check_files", "check_remote_files", "load_index"]
@@ -59,7 +59,7 @@ def load_index(
             checks frame counts, frame sizes and codecs. For a URL, ``"thorough"`` compares every
             file's size and ETag with the frame tables (one HEAD each).
         storage_options: How to reach a URL (endpoint, credentials, retries...; see
-            :class:`~lightning_vstream.storage.options.StorageConfig`); the provider's standard
+            :class:`~lightning_vstream.storage.config.StorageConfig`); the provider's standard
             environment otherwise.
         cache_dir: Node-local folder caching the frame tables and every GOP read (shared by the
             ranks and workers of a machine); None: GOPs are only held in memory while needed.
@@ -104,7 +104,7 @@ def load_index(
 
 
 def check_files(clips: list[Clip], where: str, problems: list[str], changed: list[str]) -> list[Clip]:
-    """The thorough check of a local index (see :data:`~lightning_vstream.index.load.FileCheck`).
+    """The thorough check of a local index (see :data:`~lightning_vstream.index.local_index.FileCheck`).
 
     Unless the index already has problems, every video file's size and modification time is compared
     with the index and a file that differs is re-verified in full; unless a file changed, files without
@@ -160,7 +160,7 @@ def _check_identities(clip: Clip, where: str, changed: list[str]) -> Clip:
 
 def check_remote_files(clips: list[Clip], where: str, config: StorageConfig) -> list[Clip]:
     """The thorough check of a remote index: every file's size and ETag compared with its frame table (one
-    HEAD each), files without one probed (see :data:`~lightning_vstream.index.remote.RemoteFileCheck`)."""
+    HEAD each), files without one probed (see :data:`~lightning_vstream.index.remote_index.RemoteFileCheck`)."""
     client = storage_for(config)
     cams = [cam for clip in clips for cam in clip.cameras if cam.info is not None]
 

@@ -17,13 +17,13 @@ from typing import Any
 
 from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.identity import file_identity
-from lightning_vstream.index.load import _load_tables, _read_json, read_index_layout
+from lightning_vstream.index.local_index import _load_tables, _read_json, read_index_layout
 from lightning_vstream.index.records import CameraStream, Clip
-from lightning_vstream.index.remote import load_remote_index
+from lightning_vstream.index.remote_index import load_remote_index
 from lightning_vstream.index.tables import VideoInfo, cached_info
-from lightning_vstream.indexing.probe import PROBE_THREADS, probe, probe_object
+from lightning_vstream.indexing.camera_tables import PROBE_THREADS, probe, probe_object
 from lightning_vstream.storage.client import Expect, storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["VerifyReport", "verify_index", "verify_remote_index"]
 

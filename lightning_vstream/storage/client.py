@@ -28,8 +28,8 @@ from lightning_vstream.errors import (
     RemoteStorageError,
     RemoteTimeoutError,
 )
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.local import LocalTransport
-from lightning_vstream.storage.options import StorageConfig
 from lightning_vstream.storage.stats import StatsRecorder, StorageStats
 from lightning_vstream.storage.transport import REDIRECT_MARKER, Failure, ObjectInfo, RetryPolicy, Transport
 from lightning_vstream.storage.urls import OBSTORE_SCHEMES, is_url, parse

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from lightning_vstream.storage.cache import NodeCache
 from lightning_vstream.storage.client import Expect, Storage, storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.stats import StatsRecorder, StorageStats
 
 __all__ = ["DEFAULT_BUDGET", "MERGE_GAP", "MERGE_LIMIT", "Fetcher", "Unit", "fetcher_for", "group_units"]

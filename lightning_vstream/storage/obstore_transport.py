@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning_vstream.errors import ConfigurationError, MissingDependencyError
 from lightning_vstream.storage import _egress, _obstore_calls
-from lightning_vstream.storage.options import StorageConfig, check_endpoint
+from lightning_vstream.storage.config import StorageConfig, check_endpoint
 from lightning_vstream.storage.transport import Failure, ObjectInfo, classify_message
 from lightning_vstream.storage.urls import Location
 

@@ -1,7 +1,7 @@
 """Putting the frames of a step's parts into the batch (the worker loader's side of a step).
 
 Workers return their frames in one of three ways, and the loader
-(:class:`~lightning_vstream.stream.loader.StreamDataLoader`) collates each its own way:
+(:class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`) collates each its own way:
 
 - written into the step's shared batch buffer (the CPU once frame sizes are known):
   :func:`finish_buffer` only zeroes the rows of invalid slots;

@@ -64,11 +64,11 @@ from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import CameraFrames, OnError, check_stream_options
 from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_WAIT, nvtx_range
-from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.engine_batches import EngineBatches
+from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_threads import EngineRun, EngineThreads, PlannedStep
 from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger, describe_streams
-from lightning_vstream.stream.frames import FrameSteps, attach_annotations
+from lightning_vstream.stream.frame_steps import FrameSteps, attach_annotations
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
 from lightning_vstream.stream.sampler import StreamSampler
 
@@ -100,8 +100,8 @@ class StreamEngine(EngineThreads):
     Args:
         index: The clips to read.
         sampler: The stream plan (its ``num_parts`` must be 1).
-        device: Where batches live and how work is ordered (:class:`~lightning_vstream.stream.devices.CudaDevice`
-            or :class:`~lightning_vstream.stream.devices.HostDevice`).
+        device: Where batches live and how work is ordered (:class:`~lightning_vstream.stream.engine_device.CudaDevice`
+            or :class:`~lightning_vstream.stream.engine_device.HostDevice`).
         decoder_factory: ``(path, info, label) -> decoder`` for one camera stream; its ``get(index, out=None)``
             returns the frame as ``[3, H, W]`` uint8 on ``device``, ordered on the current stream.
         num_threads: Decode threads; ``device.default_threads()`` when None.
@@ -121,7 +121,7 @@ class StreamEngine(EngineThreads):
         max_open_decoders: Open decoders of the whole engine (shared out among the threads, at least
             one each); None keeps one per camera stream.
         decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
-            :func:`~lightning_vstream.stream.frames.decoder_sizes` plans: to their own size
+            :func:`~lightning_vstream.stream.frame_steps.decoder_sizes` plans: to their own size
             (:func:`~lightning_vstream.decode.factory.pyav_factory` with ``size``) and, for the
             outputs that need another one, ``get_sizes``; so a resize-only
             :class:`~lightning_vstream.FrameTransform` has nothing left to do.

@@ -14,7 +14,7 @@ import torch
 
 from lightning_vstream.options import CameraFrames
 from lightning_vstream.stream.buffers import BufferPool
-from lightning_vstream.stream.devices import EngineDevice
+from lightning_vstream.stream.engine_device import EngineDevice
 
 __all__ = ["EngineBatches", "FrameShape"]
 

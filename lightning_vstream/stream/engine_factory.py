@@ -14,10 +14,10 @@ from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform
-from lightning_vstream.stream.devices import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.engine_loader import EngineLoader
-from lightning_vstream.stream.frames import decoder_sizes
+from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["CPU_DECODER_THREADS", "build_engine_loader", "cpu_threads"]
@@ -74,7 +74,7 @@ def build_engine_loader(
     (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
     (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
     transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
-    :func:`~lightning_vstream.stream.frames.decoder_sizes`), and every batch is memory of its own
+    :func:`~lightning_vstream.stream.frame_steps.decoder_sizes`), and every batch is memory of its own
     until the caller drops it.
 
     Example::

@@ -1,7 +1,7 @@
 """The loader face of the stream engine: what StreamVideoDataModule returns with decode threads.
 
 :class:`EngineLoader` is a plain iterable (no DataLoader workers) with the same batches and the same
-resumable state as :class:`~lightning_vstream.stream.loader.StreamDataLoader`; Lightning calls
+resumable state as :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`; Lightning calls
 ``set_epoch`` on its ``sampler``.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["EngineLoader"]
 class EngineLoader:
     """Streaming batches from a :class:`~lightning_vstream.stream.engine.StreamEngine`, resumable mid-epoch.
 
-    Batches are the dicts :class:`~lightning_vstream.stream.loader.StreamDataLoader` yields, with
+    Batches are the dicts :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader` yields, with
     ``frames`` on the engine's device (with the engine's ``buffers="ring"``, views of its ring:
     see its docs). Its state has the format of the worker loader's, skips included, so a run
     resumed from any step delivers the batches the interrupted run would have delivered.
@@ -80,7 +80,7 @@ class EngineLoader:
     def state_dict(self) -> dict[str, Any]:
         """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
 
-        The format of :meth:`StreamDataLoader.state_dict <lightning_vstream.stream.loader.StreamDataLoader.state_dict>`.
+        The format of :meth:`StreamDataLoader.state_dict <lightning_vstream.stream.worker_loader.StreamDataLoader.state_dict>`.
         """
         sampler = self.sampler
         position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)

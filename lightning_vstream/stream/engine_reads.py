@@ -3,7 +3,7 @@
 Each engine thread owns a :class:`ThreadDecoders`: the decoders of the camera streams it serves
 (kept while a slot stays on a clip), the counters of the decoders it closed, and
 :meth:`ThreadDecoders.write`, which decodes one frame straight into its batch row, or decodes it,
-augments and transforms it (:class:`~lightning_vstream.stream.frames.FrameSteps`) and copies it
+augments and transforms it (:class:`~lightning_vstream.stream.frame_steps.FrameSteps`) and copies it
 there; then makes every named output of that one decoded frame
 (:mod:`lightning_vstream.outputs`) and copies each into its own batch's row, on the same thread
 (and, on a GPU, the same stream). What a decoder raises becomes the same named error as in the
@@ -24,7 +24,7 @@ from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
 from lightning_vstream.stream.failures import failed_read, frame_size_error
-from lightning_vstream.stream.frames import FrameSteps
+from lightning_vstream.stream.frame_steps import FrameSteps
 
 __all__ = ["ThreadDecoders"]
 
@@ -85,7 +85,7 @@ class ThreadDecoders:
 
         The frame is decoded (and augmented) once; the named outputs (``steps.outputs``) are made
         from that frame, or from the decoder's conversion of it at their size
-        (:attr:`FrameSteps.extra_sizes <lightning_vstream.stream.frames.FrameSteps.extra_sizes>`).
+        (:attr:`FrameSteps.extra_sizes <lightning_vstream.stream.frame_steps.FrameSteps.extra_sizes>`).
 
         Args:
             position: The stream (``slot * cameras + camera``).

@@ -23,11 +23,11 @@ import torch
 from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_ENGINE_STEP, nvtx_range
-from lightning_vstream.stream.devices import EngineDevice
 from lightning_vstream.stream.engine_batches import EngineBatches
+from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_reads import ThreadDecoders
 from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger
-from lightning_vstream.stream.frames import FrameSteps
+from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.resume import SkipHistory
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import SlotRead

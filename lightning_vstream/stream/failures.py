@@ -1,6 +1,6 @@
 """Failed camera reads and skips, handled one way by both stream loaders.
 
-The worker loader (:mod:`lightning_vstream.stream.loader`, reads in DataLoader workers) and the
+The worker loader (:mod:`lightning_vstream.stream.worker_loader`, reads in DataLoader workers) and the
 thread engine (:mod:`lightning_vstream.stream.engine`) share what a failed read becomes
 (:func:`failed_read`), the error for a frame of the wrong size (:func:`frame_size_error`), and how
 ``on_error="skip"`` is counted (:class:`SkipLedger`), so a damaged file raises the same error and

@@ -4,7 +4,7 @@ Why a ``DistributedSampler`` subclass: Lightning leaves a loader whose ``sampler
 ``DistributedSampler`` alone under DDP (whether or not ``use_distributed_sampler`` is set) and
 calls ``set_epoch`` on it at every epoch start. Our sampler shards by rank itself.
 
-Both stream loaders follow its plan: the worker loader (:mod:`lightning_vstream.stream.loader`)
+Both stream loaders follow its plan: the worker loader (:mod:`lightning_vstream.stream.worker_loader`)
 iterates it for the parts of each step, the stream engine (:mod:`lightning_vstream.stream.engine`)
 issues whole steps with :meth:`StreamSampler.issue`.
 """

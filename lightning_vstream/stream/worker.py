@@ -2,7 +2,7 @@
 
 A *stream* is one (slot, camera) pair of the batch; the loader splits each step's streams
 into ``num_parts`` parts and always sends part ``p`` to worker ``p``, so every worker keeps
-decoding the same streams sequentially, without seeking (see :mod:`lightning_vstream.stream.loader`).
+decoding the same streams sequentially, without seeking (see :mod:`lightning_vstream.stream.worker_loader`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from lightning_vstream.options import CameraFrames, OnError, check_stream_option
 from lightning_vstream.outputs import OutputTransform, check_outputs
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.stream.failures import FILE_ERRORS, failed_read, frame_size_error
-from lightning_vstream.stream.frames import FrameSteps
+from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.parts import StreamPart, StreamRead, StreamTask
 
 __all__ = ["StreamDataset", "trim_heap"]
@@ -89,7 +89,7 @@ class StreamDataset(Dataset):
         outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
             ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); on the CPU, an output whose
             transform starts with a resize takes its frame from the decoder's conversion at that size
-            (:func:`~lightning_vstream.stream.frames.decoder_sizes`).
+            (:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`).
 
     Example::
 

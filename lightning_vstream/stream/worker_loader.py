@@ -32,7 +32,7 @@ from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.buffers import BufferPool
 from lightning_vstream.stream.collate import Template, finish_buffer, frame_rows, merge_cameras, merge_parts
 from lightning_vstream.stream.failures import SkipLedger, describe_streams, frame_size_error
-from lightning_vstream.stream.frames import attach_annotations
+from lightning_vstream.stream.frame_steps import attach_annotations
 from lightning_vstream.stream.parts import StreamPart
 from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import Buffers, StreamSampler

@@ -19,7 +19,7 @@ from lightning_vstream.index.identity import BLOCK, FileIdentity, file_identity
 from lightning_vstream.index.records import CameraStream, Clip
 from lightning_vstream.index.tables import VideoInfo
 from lightning_vstream.storage.client import Expect, Storage
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import basename, is_url
 
 __all__ = ["PROBE_THREADS", "probe", "probe_clip", "probe_object", "probe_objects", "probe_with_identity"]

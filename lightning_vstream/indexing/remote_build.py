@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 from lightning_vstream.index.files import VIDEO_EXTENSIONS, natural_key
-from lightning_vstream.index.remote import load_remote_index, remote_key, tables_url
+from lightning_vstream.index.remote_index import load_remote_index, remote_key, tables_url
 from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import VideoInfo
 from lightning_vstream.indexing.build import (
@@ -27,9 +27,9 @@ from lightning_vstream.indexing.build import (
     warn_incomplete,
     whole_clips,
 )
-from lightning_vstream.indexing.probe import probe_objects
+from lightning_vstream.indexing.camera_tables import probe_objects
 from lightning_vstream.storage.client import Storage, storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import basename, dirname, is_url
 
 __all__ = ["build_remote_index", "write_remote_index_tables"]

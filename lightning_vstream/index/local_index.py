@@ -48,7 +48,7 @@ from lightning_vstream.index.tables import (
 from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
-    from lightning_vstream.storage.options import StorageConfig
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["MAX_FRAMES", "FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
 
@@ -101,7 +101,7 @@ def read_index_bytes(path: Path | str, *, storage: StorageConfig | None = None) 
     where = repr(str(path))
     if is_url(path):
         from lightning_vstream.storage.client import storage_for
-        from lightning_vstream.storage.options import StorageConfig
+        from lightning_vstream.storage.config import StorageConfig
 
         try:
             raw, _ = storage_for(storage or StorageConfig()).read(str(path), label="index")

@@ -31,13 +31,13 @@ from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.options import DEFAULT_GPU_OPTIONS, GpuOptions, check_arguments, gpu_options
 from lightning_vstream.outputs import check_outputs
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
-from lightning_vstream.stream.loader import StreamDataLoader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import Remainder
 from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]

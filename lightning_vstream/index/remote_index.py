@@ -7,7 +7,7 @@ memory-mapped from there, so every rank and worker on the machine shares one cop
 replaced copy is never used (see :func:`fetch_tables`). Camera files are found in the frame tables
 (no listing); an index without tables is listed once per video folder. Video paths resolve relative
 to the index's URL and must stay below its folder (:func:`remote_key`).
-Building and checking an index there probes files: see :mod:`lightning_vstream.indexing.remote`.
+Building and checking an index there probes files: see :mod:`lightning_vstream.indexing.remote_build`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,19 @@ from lightning_vstream.index.listing import (
     match_cameras,
     table_cameras,
 )
-from lightning_vstream.index.load import MAX_FRAMES, _bad_clip_id, _parse_json, _warn_if_unchecked, read_index_bytes
+from lightning_vstream.index.local_index import (
+    MAX_FRAMES,
+    _bad_clip_id,
+    _parse_json,
+    _warn_if_unchecked,
+    read_index_bytes,
+)
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import DigestMismatchError, FrameTables
 from lightning_vstream.index.tables import cached_info
 from lightning_vstream.storage.cache import warn_unwritable
 from lightning_vstream.storage.client import Expect, Storage, storage_for
-from lightning_vstream.storage.options import StorageConfig
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.private import (
     CacheWriteError,
     inner_folder,
