@@ -626,7 +626,7 @@ def _engine_run(
 def section_engine(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     if host:
@@ -671,7 +671,7 @@ def _read_section(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
 def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.demos.synth import clip_number
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     if host:

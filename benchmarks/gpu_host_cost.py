@@ -14,7 +14,7 @@ on the same files:
 - **decoder**: :class:`~lightning_vstream.decode.gpu.NvDecoder` reading every frame into a batch
   row: opening each file, reading its packets, CRC-32 and timestamp checks, the export's layout
   check, the DLPack import, the conversion's launch.
-- **engine**: the stream engine (:func:`~lightning_vstream.stream.engine_factory.build_engine_loader`,
+- **engine**: the stream engine (:func:`~lightning_vstream.stream.engine_loader.build_engine_loader`,
   one decode thread) delivering batches; host time per delivered frame in both threads, batch
   assembly and the hand-over between the decode thread and the consumer included.
 
@@ -291,7 +291,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     ``wrap_use`` wraps the engine device's ``use`` (each decode thread's block on its stream).
     """
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(index_path)

@@ -252,7 +252,7 @@ def measure_cpu_loader(
     """Ours on the CPU at its best: a DataLoader with worker processes, one FFmpeg thread per decoder."""
     from torch.utils.data import DataLoader
 
-    from lightning_vstream.clips.collate import collate_clips
+    from lightning_vstream.clips.batch import collate_clips
     from lightning_vstream.clips.dataset import VideoClipDataset
     from lightning_vstream.clips.selection import ClipRequest
     from lightning_vstream.indexing import load_index

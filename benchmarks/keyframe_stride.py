@@ -9,7 +9,7 @@ baseline; the stride layout at 6; the same for H.264) and measures, per encode:
 - **size**: bytes over the baseline's;
 - **stride N** (1, 2, 3, 6): CPU time per delivered frame reading every N-th frame of each file
   from frame 0, decoding what the readers decode today (every packet up to the last wanted one)
-  and what :func:`~lightning_vstream.clips.planner.plan_feed` plans from the frame tables'
+  and what :func:`~lightning_vstream.decode.gops.plan_feed` plans from the frame tables'
   reference codes (wanted pictures and their references only), with decoded / delivered;
 - **random access**: ``--samples`` single frames at random places, each decoded from its GOP's
   keyframe with a fresh decoder, today and planned: CPU time and frames decoded per frame.
@@ -105,7 +105,7 @@ class Stream:
         self.start = [self.rank[k] for k in self.info.key_indices]
 
     def feed(self, wanted: Sequence[int], *, planned: bool, gop: int = 0) -> tuple[int, ...]:
-        from lightning_vstream.clips.planner import plan_feed
+        from lightning_vstream.decode.gops import plan_feed
 
         references = self.info.references if planned else None
         return plan_feed(order=self.order[self.start[gop] :], wanted=wanted, references=references)

@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.indexing import load_index
-from lightning_vstream.stream.engine_factory import CPU_DECODER_THREADS
+from lightning_vstream.stream.engine_loader import CPU_DECODER_THREADS
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.transforms import FrameTransform
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
-    from lightning_vstream.clips.collate import collate_clips
+    from lightning_vstream.clips.batch import collate_clips
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
     from lightning_vstream.clips.dataset import VideoClipDataset
     from lightning_vstream.clips.from_files import index_from_files
@@ -61,7 +61,7 @@ _EXPORTS = {
     "at_indices": "lightning_vstream.clips.selection",
     "at_times": "lightning_vstream.clips.selection",
     "build_index": "lightning_vstream.indexing",
-    "collate_clips": "lightning_vstream.clips.collate",
+    "collate_clips": "lightning_vstream.clips.batch",
     "draw_batches": "lightning_vstream.preview",
     "index_from_files": "lightning_vstream.clips.from_files",
     "load_index": "lightning_vstream.indexing",

@@ -284,7 +284,7 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
 
 def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(index_path)

@@ -177,7 +177,6 @@ class _MarkingDecoder:
 
 def install_marker(monkeypatch: pytest.MonkeyPatch) -> Marker:
     """Wrap every decoder the GPU readers create with a new :class:`Marker`."""
-    from lightning_vstream.clips import gpu as clips_gpu
     from lightning_vstream.decode import gpu as decode_gpu
     from lightning_vstream.decode import nvdec
 
@@ -188,7 +187,6 @@ def install_marker(monkeypatch: pytest.MonkeyPatch) -> Marker:
         return mark.wrap(real(*args, **kwargs))
 
     monkeypatch.setattr(decode_gpu, "create_session", create)
-    monkeypatch.setattr(clips_gpu, "create_session", create)
     return mark
 
 

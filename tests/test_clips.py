@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
-from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.decoders import DecoderCache

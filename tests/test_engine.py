@@ -23,8 +23,7 @@ from lightning_vstream.index.records import CameraStream
 from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
-from lightning_vstream.stream.engine_factory import build_engine_loader
-from lightning_vstream.stream.engine_loader import EngineLoader
+from lightning_vstream.stream.engine_loader import EngineLoader, build_engine_loader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
@@ -439,7 +438,7 @@ def test_cpu_batches_stay_intact_while_referenced(index: Any) -> None:
 def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotated: Path) -> None:
     import os
 
-    from lightning_vstream.stream.engine_factory import cpu_threads
+    from lightning_vstream.stream.engine_loader import cpu_threads
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(index_file=annotated, batch_size=4)

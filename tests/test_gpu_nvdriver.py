@@ -435,7 +435,7 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
     dataset: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(dataset)
@@ -466,7 +466,7 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
 
 
 def _engine_loader(index: Any, **kwargs: Any) -> Any:
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
@@ -613,7 +613,7 @@ def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
     delivers its intact frames exactly, then its slot moves on, and the skip is counted once."""
     from lightning_vstream.index import CameraStream
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(dataset)
@@ -663,7 +663,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     outputs are made from that row; with one, every output is made from the decoded frame.
     """
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.transforms import FrameTransform
 
@@ -994,8 +994,8 @@ def test_reading_frames_emits_no_nvtx_range_per_frame(files: dict[str, Path], mo
 def test_gop_decoder_latency_reuse_and_refusals(
     files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
-    from lightning_vstream.clips.gpu import NvGopDecoder
-    from lightning_vstream.clips.planner import GopPlanner
+    from lightning_vstream.decode.gops import GopPlanner
+    from lightning_vstream.decode.gpu import NvGopDecoder
 
     def collect(decoder: NvGopDecoder, wanted: list[int]) -> dict[int, torch.Tensor]:
         planner = GopPlanner()
@@ -1071,7 +1071,7 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     from lightning_vstream.decode import nvdec_memory
     from lightning_vstream.indexing import load_index
     from lightning_vstream.indexing.build import build_index
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     for clip, codec in enumerate(("hevc", "h264", "hevc")):  # two formats: the H.264 clip comes second

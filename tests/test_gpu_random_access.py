@@ -21,21 +21,21 @@ import pytest
 import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
-from lightning_vstream.clips import gpu as clips_gpu
-from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.executor import GopExecutor
-from lightning_vstream.clips.gpu import NvGopDecoder
 from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
-from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.decode import gpu as decode_gpu
 from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.decoder_pool import DecoderPool
+from lightning_vstream.decode.gops import GopPlanner, GopTask
+from lightning_vstream.decode.gpu import NvGopDecoder
 from lightning_vstream.decode.images import decode_images
 from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
 from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.threads import GopExecutor
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError, WorkerError
 from lightning_vstream.indexing import load_index
@@ -210,7 +210,7 @@ def test_batch_reader_gpu_path_is_frame_exact(
     import lightning_vstream.decode.device as device_module
 
     monkeypatch.setattr(device_module, "frame_memory", StandInMemory)
-    monkeypatch.setattr(clips_gpu, "frame_memory", StandInMemory)
+    monkeypatch.setattr(decode_gpu, "frame_memory", StandInMemory)
     try:
         out = reader.read(samples)
         for sample, got in zip(samples, out):

@@ -15,7 +15,7 @@ from _annotation_checks import MIXED_SIZES, projection_errors, write_mixed_rig
 from _output_checks import as_uint8_chw, stamp_of
 
 from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.clips.collate import collate_clips
+from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices
@@ -333,7 +333,7 @@ def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     from _fake_nvc import StandInMemory, caps_runner, fake_module
 
     import lightning_vstream.decode.device as device_module
-    from lightning_vstream.clips import gpu as clips_gpu
+    from lightning_vstream.decode import gpu as decode_gpu
     from lightning_vstream.decode import nvdec
 
     module = fake_module()
@@ -341,7 +341,7 @@ def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setattr(nvdec, "_caps_tables", {})
     nvdec.gpu_caps(0, runner=caps_runner())
     monkeypatch.setattr(device_module, "frame_memory", StandInMemory)
-    monkeypatch.setattr(clips_gpu, "frame_memory", StandInMemory)
+    monkeypatch.setattr(decode_gpu, "frame_memory", StandInMemory)
     return module
 
 

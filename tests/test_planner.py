@@ -13,21 +13,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_vstream.clips.collate import collate_clips
-from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.executor import GopExecutor, GopJob, GopPool, frames_decoder_gops
-from lightning_vstream.clips.planner import (
-    GopPlanner,
-    GopTask,
-    assign_tasks,
-    plan_feed,
-    plan_gops,
-    snap_to_keyframes,
-)
-from lightning_vstream.clips.selection import at_indices
+from lightning_vstream.clips.batch import collate_clips
+from lightning_vstream.clips.dataset import GopJob, GopPool, VideoClipDataset
+from lightning_vstream.clips.selection import at_indices, snap_to_keyframes
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.gops import GopPlanner, GopTask, assign_tasks, plan_feed, plan_gops
 from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.threads import GopExecutor, frames_decoder_tasks
 from lightning_vstream.demos.synth import Stamp, clip_number, read_stamp
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, is_reference, reference_code, temporal_id
@@ -112,7 +105,9 @@ def test_assign_prefers_a_worker_that_has_the_stream_open() -> None:
 # -- the executor with PyAV decoders -----------------------------------------------------------
 def _pyav_executor(workers: int, **kwargs: Any) -> GopExecutor:
     return GopExecutor(
-        lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info, threads=1)), workers=workers, **kwargs
+        lambda task: frames_decoder_tasks(PyAVDecoder(task.source, info=task.info, threads=1)),
+        workers=workers,
+        **kwargs,
     )
 
 
@@ -159,7 +154,7 @@ def test_gop_is_decoded_once_from_its_keyframe(index_path: Path) -> None:
 
     def open_decoder(task: GopTask) -> Any:
         decoders.append(PyAVDecoder(task.source, info=task.info, threads=1))
-        return frames_decoder_gops(decoders[-1])
+        return frames_decoder_tasks(decoders[-1])
 
     planner = GopPlanner()
     planner.add_many(str(cam.path), cam.info, [17, 12, 13, 35, 12], range(5))
@@ -488,7 +483,7 @@ def _full_and_planned(path: Path) -> tuple[VideoInfo, list[int], dict[int, tuple
 
 
 def _decode(info: VideoInfo, packets: dict[int, tuple[bytes, int]], feed: Sequence[int]) -> dict[int, bytes]:
-    """Every frame a bare codec context outputs when fed the packets of ``feed`` (as GopDecoder feeds them),
+    """Every frame a bare codec context outputs when fed the packets of ``feed`` (as the remote GOP decoder feeds them),
     as its raw picture planes."""
     import av
 

@@ -20,7 +20,7 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.stream.engine_factory import build_engine_loader
+from lightning_vstream.stream.engine_loader import build_engine_loader
 from lightning_vstream.stream.parts import StreamTask
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule

@@ -262,7 +262,7 @@ def test_lightning_cli_configures_remote_storage(
 
 def test_decoding_a_remote_index_on_the_gpu_is_refused_clearly(s3: S3TestServer, remote_url: str) -> None:
     from lightning_vstream.decode import make_decoder
-    from lightning_vstream.stream.engine_factory import build_engine_loader
+    from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(remote_url, storage_options=s3.storage_options())

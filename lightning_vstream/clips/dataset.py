@@ -11,39 +11,51 @@ the nearest keyframe at or before each one, and every GOP is decoded at most onc
 positions and timestamps come from the index metadata (written by ``vstream index``), so no
 file is scanned; without metadata each file is probed once per worker. Open decoders are kept
 in a bounded LRU per worker (:class:`~lightning_vstream.clips.decoders.DecoderCache`), so repeated
-requests to a file do not reopen it. Samples batch with :func:`~lightning_vstream.clips.collate.collate_clips`.
+requests to a file do not reopen it. Samples batch with :func:`~lightning_vstream.clips.batch.collate_clips`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.clips.decoders import DecoderCache
-from lightning_vstream.clips.executor import GopJob, GopPool
-from lightning_vstream.clips.outputs import (
+from lightning_vstream.clips.batch import (
     make_output,
     output_matrices,
     resize_matrix,
     unreadable_sample,
 )
-from lightning_vstream.clips.planner import FRAME_POLICIES, FramePolicy, plan_gops
-from lightning_vstream.clips.requests import RequestResolver
-from lightning_vstream.clips.selection import ClipRequest, camera_names
-from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.clips.decoders import DecoderCache
+from lightning_vstream.clips.selection import (
+    FRAME_POLICIES,
+    ClipRequest,
+    FramePolicy,
+    camera_names,
+    frame_table,
+    resolve_times,
+    snap_to_keyframes,
+)
+from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.decode.device import gpu_failure
+from lightning_vstream.decode.gops import GopTask, plan_gops
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
-from lightning_vstream.index import VideoIndex
+from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
+from lightning_vstream.index.records import ClipSequence
 from lightning_vstream.indexing import load_index
 from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
+from lightning_vstream.storage.urls import basename
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +69,7 @@ DEFAULT_GOP_THREADS = 2
 log = logging.getLogger("lightning_vstream")
 
 
-class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
+class VideoClipDataset(Dataset[dict[str, Any]]):
     """Map-style dataset of explicit clip samples, for any ``Sampler`` and ``DataLoader``.
 
     ``dataset[i]`` returns the sample for ``requests[i]``; ``dataset[request]`` serves any
@@ -114,7 +126,7 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
-            by up to this many decoders (see :mod:`lightning_vstream.clips.executor`; None: 2; 1 decodes
+            by up to this many decoders (:class:`GopPool`; None: 2; 1 decodes
             them in turn). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
@@ -262,6 +274,172 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
         self.missing_annotations = 0
         self._reader: Any = None
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
+
+    @property
+    def bad_files(self) -> int:
+        """Distinct files this process could not read (``on_error="skip"``)."""
+        return len(self._bad_files)
+
+    # -- requests: checking and resolving -------------------------------------------------------
+    def _where(self) -> str:
+        source = self.index.source
+        return repr(basename(source) if isinstance(source, str) else source.name)
+
+    def _position(self, request: ClipRequest, origin: str) -> int:
+        try:
+            return self.index.position(request.clip_id)
+        except KeyError:
+            known = ", ".join(repr(self.index.clip_id(i)) for i in range(min(5, len(self.index))))
+            raise ConfigurationError(
+                f"{origin}: clip {request.clip_id!r} is not in the index {self._where()} (clips include {known}); "
+                "check the clip id, or rebuild the index with `vstream index`."
+            ) from None
+
+    def _check_names(self, request: ClipRequest, has: Sequence[str], origin: str) -> list[str]:
+        names = list(request.cameras if request.cameras is not None else self.cameras)
+        missing = [n for n in names if n not in has]
+        if missing:
+            raise ConfigurationError(
+                f"{origin}: clip {request.clip_id!r} has no camera(s) {missing} (it has {list(has)}); "
+                "request cameras that the index lists, or load the index with those cameras."
+            )
+        return names
+
+    def _check_frames(self, request: ClipRequest, frame_count: int, origin: str) -> None:
+        for f in request.frames:
+            if not 0 <= f < frame_count:
+                raise IndexError(
+                    f"{origin}: frame {f} is out of range for clip {request.clip_id!r}, which has "
+                    f"{frame_count} frames (valid: 0..{frame_count - 1}) in {self._where()}."
+                )
+
+    def _check_request(self, request: ClipRequest, origin: str) -> None:
+        """:meth:`_check` without building the clip where the index holds its clips as arrays."""
+        clips = self.index.clips
+        if not isinstance(clips, ClipSequence):
+            self._check(request, origin)
+            return
+        position = self._position(request, origin)
+        self._check_names(request, clips.camera_names, origin)
+        self._check_frames(request, int(clips.frame_counts[position]), origin)
+
+    def _check(self, request: ClipRequest, origin: str) -> tuple[Clip, list[CameraStream]]:
+        clip = self.index.clips[self._position(request, origin)]
+        by_name = {cam.name: cam for cam in clip.cameras}
+        names = self._check_names(request, list(by_name), origin)
+        self._check_frames(request, clip.frame_count, origin)
+        return clip, [by_name[n] for n in names]
+
+    def _info(self, cam: CameraStream) -> VideoInfo:
+        info = self._infos.get(cam.path)
+        if info is None:
+            info = cam.info
+        if info is None:
+            # Only probed tables are kept here: the index's frame tables keep the recently used
+            # ones, so reading every file of a large index does not keep every table in memory.
+            info = self._infos[cam.path] = frame_table(cam, self.index.storage)
+        return info
+
+    def _resolve(
+        self, item: int | ClipRequest, *, ahead: bool = False
+    ) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int], ClipRequest, str]:
+        """The clip, camera streams, their frame tables, the frame indices ``item`` returns, the request and
+        where it came from (for errors). Frame tables are empty when the first camera cannot be probed, or
+        a file does not hold the frames asked for, under ``on_error="skip"`` (``ahead``: raise, a sample
+        announced ahead is skipped when it is read)."""
+        if isinstance(item, ClipRequest):
+            request, origin = item, "request"
+        else:
+            if isinstance(item, bool) or not hasattr(item, "__index__"):
+                hint = (
+                    f"; to read clip {item!r}, pass a request such as dataset[at_indices({item!r}, [0, 1, 2])]"
+                    if isinstance(item, str)
+                    else ""
+                )
+                raise ConfigurationTypeError(
+                    f"VideoClipDataset is indexed by request position (an int in 0..{len(self.requests) - 1}) or "
+                    f"by a ClipRequest, not by a {type(item).__name__} ({item!r}){hint}."
+                )
+            item = item.__index__()
+            if not -len(self.requests) <= item < len(self.requests):
+                raise IndexError(f"request {item} is out of range: the dataset holds {len(self.requests)} requests.")
+            request, origin = self.requests[item], f"requests[{item}]"
+        clip, streams = self._check(request, origin)
+        try:
+            reference = self._info(streams[0])
+        except (VideoDecodeError, OSError) as err:  # the file cannot even be probed
+            if self.on_error == "raise":
+                raise
+            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
+            self._skip(streams[0].path, label, err)
+            return clip, streams, [], [], request, origin
+        if request.times:
+            label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
+            indices = resolve_times(
+                reference, request.times, policy=request.policy, frame_count=clip.frame_count, where=label
+            )
+        else:
+            indices = list(request.frames)
+        if self.frame_policy == "nearest_keyframe":
+            indices = snap_to_keyframes(indices, reference)
+        infos = [self._info(cam) for cam in streams]
+        for cam, info in zip(streams, infos):
+            if indices and max(indices) >= info.frame_count:  # a data fault (skippable), not a request out of range
+                label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+                fault = VideoDecodeError(
+                    f"{label} ({str(cam.path)!r}): the index lists {clip.frame_count} frames, but the file holds "
+                    f"{info.frame_count}, so frame {max(indices)} cannot be read. Re-run `vstream index` to rebuild "
+                    "the index."
+                )
+                if self.on_error == "raise" or ahead:
+                    raise fault
+                self._skip(cam.path, label, fault)
+                return clip, streams, [], [], request, origin
+        return clip, streams, infos, indices, request, origin
+
+    def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
+        """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
+        (merged where adjacent).
+
+        The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
+        not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
+        """
+        from lightning_vstream.decode.gop_reads import GopDecoder
+
+        for decoder, indices in reads:
+            if isinstance(decoder, GopDecoder):
+                decoder.fetcher.prefetch(decoder.units_for(indices), due=self._clock + ahead)
+        self._clock += 1 if ahead == 0 else 0
+
+    def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
+        """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
+
+        Nothing is decoded and no decoder is opened; the bytes wait in this process's bounded
+        prefetch memory (or the node cache) for the decoders. Local files are left alone. Samples
+        that cannot be resolved are skipped here (they raise, or are skipped, when read).
+        """
+        if self.index.storage is None or self.decode_device != "cpu":
+            return
+        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.storage.fetcher import fetcher_for
+
+        fetcher = fetcher_for(self.index.storage)
+        for ahead, item in enumerate(items, start=1):
+            try:
+                _, streams, infos, indices, _, _ = self._resolve(item, ahead=True)
+            except (VideoDecodeError, ConfigurationError, IndexError, OSError):
+                continue
+            for cam, info in zip(streams, infos):
+                if info.layout is not None and isinstance(cam.path, str):
+                    fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
+
+    def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
+        self.skipped += count
+        if self._cache is not None and path in self._cache:
+            self._cache.drop(path)
+        if str(path) not in self._bad_files:
+            self._bad_files.add(str(path))
+            log.warning("skipping samples of %s (%s): %s", label, str(path), err)
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -493,3 +671,126 @@ class VideoClipDataset(RequestResolver, Dataset[dict[str, Any]]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
+
+
+@dataclass
+class GopJob:
+    """One camera of a sample: decode ``indices`` of one file into ``out[t]`` (``[T, 3, H, W]``).
+
+    ``decoders`` are decoders of the same file; a parallel run uses up to all of them at once.
+    """
+
+    decoders: Sequence[FrameDecoder]
+    info: VideoInfo
+    indices: Sequence[int]
+    out: torch.Tensor
+
+
+def _decode_group(decoder: FrameDecoder, task: GopTask, out: torch.Tensor) -> None:
+    """Decode ``task`` (planned by :func:`plan_gops`: its targets are slots of ``out``) into ``out``: each
+    wanted frame into its first slot, copied to the others."""
+    takes_out = _accepts_out(decoder)
+    for index, targets in zip(task.frames, task.targets):
+        slots = cast("tuple[int, ...]", targets)
+        first = out[slots[0]]
+        if takes_out:
+            decoder.get(index, out=first)  # type: ignore[call-arg]
+        else:
+            image = decoder.get(index)
+            if image.shape != first.shape:  # an image folder at its own size, in a resized sample
+                from lightning_vstream.transforms import FrameTransform
+
+                image = FrameTransform(resize=(first.shape[-2], first.shape[-1]))(image[None])[0]
+            first.numpy()[:] = image.numpy()  # numpy copies stay off torch's thread pool
+        for t in slots[1:]:
+            out[t].numpy()[:] = first.numpy()
+
+
+#: Whether each decoder class's ``get`` takes ``out`` (looked up once per class, not per decode group).
+_TAKES_OUT: dict[type, bool] = {}
+
+
+def _accepts_out(decoder: FrameDecoder) -> bool:
+    cls = type(decoder)
+    known = _TAKES_OUT.get(cls)
+    if known is None:
+        import inspect
+
+        try:
+            known = "out" in inspect.signature(cls.get).parameters
+        except (TypeError, ValueError):
+            known = False
+        _TAKES_OUT[cls] = known
+    return known
+
+
+class GopPool:
+    """Runs :class:`GopJob` lists, sequentially or on a thread pool (created lazily, per process).
+
+    Args:
+        threads: GOPs decoded at once; 1 decodes one GOP after another on one decoder per file.
+
+    Example::
+
+        >>> pool = GopPool(threads=2)
+        >>> pool.decoders_wanted(groups=5)
+        2
+    """
+
+    def __init__(self, *, threads: int = 1) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigurationError(f"gop_threads={threads!r} must be a positive integer (1 decodes GOPs in turn).")
+        self.threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def decoders_wanted(self, groups: int) -> int:
+        """Decoders of one file worth opening for a job of ``groups`` GOPs."""
+        return max(1, min(self.threads, groups))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # A pool inherited through fork has no threads in the child: start a new one there.
+        if self._executor is None or self._pid != os.getpid():
+            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="vstream-gop")
+            self._pid = os.getpid()
+        return self._executor
+
+    def run(self, jobs: Sequence[GopJob]) -> None:
+        """Decode every job's frames into its ``out``; after all work ends, the first failure is raised."""
+        plans = [plan_gops(job.info, job.indices) for job in jobs]
+        if self.threads == 1 or sum(len(p) for p in plans) <= 1:
+            for job, plan in zip(jobs, plans):
+                for group in plan:
+                    _decode_group(job.decoders[0], group, job.out)
+            return
+        free: list[queue.SimpleQueue[FrameDecoder]] = []
+        for job in jobs:
+            q: queue.SimpleQueue[FrameDecoder] = queue.SimpleQueue()
+            for decoder in job.decoders:
+                q.put(decoder)
+            free.append(q)
+
+        def work(k: int, group: GopTask) -> None:
+            decoder = free[k].get()  # every holder finishes without waiting, so this never blocks forever
+            try:
+                _decode_group(decoder, group, jobs[k].out)
+            finally:
+                free[k].put(decoder)
+
+        pool = self._pool()
+        # Interleave cameras so that every file's decoders get work from the start.
+        order = sorted(((g, k) for k, plan in enumerate(plans) for g in range(len(plan))))
+        futures: list[Future[None]] = [pool.submit(work, k, plans[k][g]) for g, k in order]
+        errors = [f.exception() for f in futures]  # waits for all: no decoder is left mid-GOP in use
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Stop the thread pool (a new one starts if used again)."""
+        if self._executor is not None and self._pid == os.getpid():
+            self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"threads": self.threads, "_executor": None, "_pid": 0}

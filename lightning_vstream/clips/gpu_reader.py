@@ -2,10 +2,10 @@
 
 :class:`BatchReader` is what :class:`~lightning_vstream.clips.dataset.VideoClipDataset` uses when it
 decodes on a GPU (the DataLoader's batched fetch, ``__getitems__``): the frames every sample of a
-batch needs are planned by GOP (:class:`~lightning_vstream.clips.planner.GopPlanner`), the GOP tasks
-spread over decoding threads (:class:`~lightning_vstream.clips.executor.GopExecutor`), and each
+batch needs are planned by GOP (:class:`~lightning_vstream.decode.gops.GopPlanner`), the GOP tasks
+spread over decoding threads (:class:`~lightning_vstream.decode.threads.GopExecutor`), and each
 wanted frame is written once, straight into its slot of one preallocated batch tensor. The threads
-decode with NVDEC (:mod:`lightning_vstream.clips.gpu`), image-folder cameras decode with nvJPEG in
+decode with NVDEC (:class:`~lightning_vstream.decode.gpu.NvGopDecoder`), image-folder cameras decode with nvJPEG in
 one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
 the batch (no host synchronisation, no event per frame). No decoding stream ever waits for the
 caller's: the batch is allocated on a stream of the reader's own that runs no work, so no earlier
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.clips.executor import GopDecoder, GopExecutor
-from lightning_vstream.clips.planner import GopPlanner, GopTask
 from lightning_vstream.decode.base import VideoInfo
+from lightning_vstream.decode.gops import GopPlanner, GopTask
+from lightning_vstream.decode.threads import GopExecutor, TaskDecoder
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +88,8 @@ class BatchReader:
         self._events: dict[int, Any] = {}  # decoding stream -> the event the caller's stream waits for
         self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
 
-    def _open(self, task: GopTask) -> GopDecoder:
-        from lightning_vstream.clips.gpu import NvGopDecoder
+    def _open(self, task: GopTask) -> TaskDecoder:
+        from lightning_vstream.decode.gpu import NvGopDecoder
 
         label = self._labels.get(task.source, "")
         return NvGopDecoder(Path(str(task.source)), info=task.info, gpu=self.gpu, pool=self.pool, label=label)
@@ -165,7 +165,7 @@ class BatchReader:
         outs: list[torch.Tensor],
         tensors: list[torch.Tensor],
     ) -> None:
-        from lightning_vstream.clips.gpu import Nv12Frame
+        from lightning_vstream.decode.gpu import Nv12Frame
 
         # The decoding streams that wrote into the batch; the caller's stream waits for each once, after every
         # conversion has been queued (also when a task failed: nothing may write into memory handed out again).

@@ -16,6 +16,9 @@ timestamp can be requested again. A time more than one average frame interval af
 frame is out of range (``IndexError``), and so is a time before the first frame by more than
 that interval (``"nearest"``) or at all (``"at_or_before"``, which has no frame to show then).
 
+The frame policy (:data:`FramePolicy`) says whether a sample holds exactly the frames it asks
+for or, approximately, the keyframes nearest them (:func:`snap_to_keyframes`).
+
 A *segment* is ``(rate in frames per second, number of frames)``. Windows over many clips
 (:func:`~lightning_vstream.clips.windows.random_clips`, ...) are :mod:`lightning_vstream.clips.windows`'.
 
@@ -40,9 +43,11 @@ if TYPE_CHECKING:
     from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
+    "FRAME_POLICIES",
     "TIME_POLICIES",
     "TIME_TOLERANCE",
     "ClipRequest",
+    "FramePolicy",
     "TimePolicy",
     "at_indices",
     "at_times",
@@ -52,6 +57,7 @@ __all__ = [
     "multi_rate",
     "resolve_times",
     "segment_times",
+    "snap_to_keyframes",
 ]
 
 TimePolicy = Literal["nearest", "at_or_before"]
@@ -363,4 +369,31 @@ def frame_table(camera: CameraStream, storage: StorageConfig | None = None) -> V
     return probe(camera.path, storage)
 
 
-# -- windows and clip sampling ------------------------------------------------------------------
+# -- the frame policy ----------------------------------------------------------------------------
+#: ``"exact"``: the requested frames. ``"nearest_keyframe"``: APPROXIMATE, each requested frame
+#: replaced by the keyframe nearest to it (labelled with that keyframe's real index and time).
+FramePolicy = Literal["exact", "nearest_keyframe"]
+FRAME_POLICIES: tuple[str, ...] = ("exact", "nearest_keyframe")
+
+
+def snap_to_keyframes(indices: Sequence[int], info: VideoInfo) -> list[int]:
+    """Replace each frame index by the index of the keyframe nearest to it (ties: the earlier one).
+
+    This is the ``"nearest_keyframe"`` policy: approximate by design (a returned frame can be up to
+    half a GOP away from the requested one), but never mislabelled, since the returned indices are
+    the keyframes' own. Decoding a keyframe needs no other frame, so each costs one frame decode.
+
+    Example::
+
+        >>> info = VideoInfo("hevc", 256, 256, (1, 30), tuple(range(40)), (0, 30), (0, 30), 30.0)
+        >>> snap_to_keyframes([3, 14, 15, 16, 29, 39], info)
+        [0, 0, 0, 30, 30, 30]
+    """
+    keys = info.key_indices
+    out = []
+    for index in indices:
+        pos = bisect.bisect_right(keys, index) - 1
+        before = keys[max(pos, 0)]
+        after = keys[pos + 1] if pos + 1 < len(keys) else None
+        out.append(after if after is not None and after - index < index - before else before)
+    return out

@@ -21,7 +21,7 @@ from lightning_vstream.storage.urls import is_url
 if TYPE_CHECKING:
     import torch
 
-    from lightning_vstream.decode.nvdec_file import LatencyChoice
+    from lightning_vstream.decode.gpu import LatencyChoice
     from lightning_vstream.storage.config import StorageConfig
 
 __all__ = ["DecoderFactory", "GpuFallback", "make_decoder", "nvdec_factory", "pyav_factory"]

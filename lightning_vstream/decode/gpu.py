@@ -38,26 +38,74 @@ codec, size, bit depth and chroma format takes it instead of creating one. A poo
 
 PyNvVideoCodec is imported only when a decoder first opens a file: on machines without an NVIDIA
 driver its import fails, and the CPU path never touches it.
+
+**GOP decoding for explicit frame selection** (``decode_device="cuda"`` in random access):
+:class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.decode.threads.TaskDecoder`
+with PyNvVideoCodec: packets come from the file's bytes at the places the frame tables record (or
+from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec_sources.packet_source`),
+each checked against the frame table's CRC-32, are decoded on NVDEC with ``NATIVE`` output (NV12),
+and only the wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into
+their place in the batch; every other frame of the GOP is decoded (the codec needs it) but never
+converted. Each frame's timestamp is checked against the frame table, so a frame is never
+mislabelled. The thread that decodes sets its device first; a decoder that raised is dropped
+without being flushed, and a CUDA error, a GPU out of memory or a failed kernel launch raises
+:class:`~lightning_vstream.errors.GpuError`.
+
+Decoders: one NVDEC decoder per planner worker thread and open file, each created with its own
+CUDA stream (``cudastream``; the NULL stream would synchronise after every frame) in the primary
+context torch uses (``cudacontext=0``). A closed decoder goes back to a
+:class:`~lightning_vstream.decode.gpu.DecoderPool` keyed by GPU, codec, coded size, bit depth,
+chroma format and latency mode, so the next file of the same format reuses it (PyNvVideoCodec
+refuses to reconfigure across a bit-depth change). Latency is ``LOW`` (each packet flagged
+``ENDOFPICTURE``, so a frame comes out as soon as it is decoded) only when the frame table records
+no reordering (``reorder_depth == 0``); ``NATIVE`` otherwise, as NVIDIA requires.
+
+A decoded frame stays valid only until the decoder's next ``Decode`` call, which writes the next
+frame into the same buffer, on the decoder's stream. The conversion of a wanted frame is queued on
+that stream before the next ``Decode`` is called, so the stream orders the two: the host never
+waits for a frame.
+
+The NVDEC building blocks (stream format, capabilities, decoder keys and pool, sessions, packets)
+come from :mod:`lightning_vstream.decode.nvdec` and the colour conversion from
+:class:`lightning_vstream.decode.nv12.Nv12Converter`, shared with the GPU stream engine: the
+stream's matrix and range are honoured, and formats NVDEC or the conversion cannot take raise
+:class:`~lightning_vstream.errors.DecoderCapabilityError` naming the fix.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import collections
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.decode.base import VideoDecodeError
+from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
+    FrameMemory,
+    frame_memory,
     gpu_failure,
     import_pynvvideocodec,
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.decode.nvdec import DecoderKey, check_decodable, create_session
-from lightning_vstream.decode.nvdec_file import NvFile, converter_for, verified
-from lightning_vstream.decode.nvdec_sources import packet_source
-from lightning_vstream.errors import DecoderCapabilityError, GpuError, UsageError
+from lightning_vstream.decode.gops import GopTask
+from lightning_vstream.decode.nv12 import Backend, Nv12Converter
+from lightning_vstream.decode.nvdec import DecoderKey, Latency, Session, check_decodable, create_session
+from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
+from lightning_vstream.decode.threads import Emit
+from lightning_vstream.errors import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    DecoderCapabilityError,
+    GpuError,
+    UsageError,
+)
 from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
 
 if TYPE_CHECKING:
@@ -68,16 +116,44 @@ __all__ = [
     "DecodeDevice",
     "DecoderKey",
     "DecoderPool",
+    "LatencyChoice",
+    "Nv12Frame",
     "NvDecoder",
+    "NvGopDecoder",
+    "StreamChoice",
+    "converter_for",
     "import_pynvvideocodec",
     "nvdec_available",
     "resolve_decode_device",
     "shared_decoder_pool",
+    "verified",
 ]
 
+LatencyChoice = Literal["auto", "native", "low"]
+StreamChoice = Literal["own", "current"]
 
-# -- the decoder -------------------------------------------------------------------------------
-class NvDecoder(NvFile):
+
+def _gpu_ordinal(device: Any) -> int:
+    if isinstance(device, bool):
+        raise ConfigurationTypeError(f"device={device!r} must be a CUDA device or GPU ordinal.")
+    if isinstance(device, int):
+        index = device
+    else:
+        import torch
+
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise ConfigurationError(
+                f"NvDecoder decodes on an NVIDIA GPU, but device={str(dev)!r}; use PyAVDecoder "
+                "(decode_device='cpu') for CPU decoding."
+            )
+        index = dev.index if dev.index is not None else 0
+    if index < 0:
+        raise ConfigurationError(f"device={device!r}: the GPU ordinal must be >= 0.")
+    return index
+
+
+class NvDecoder(DecoderBase):
     """Frame-exact decoder for one video file on an NVIDIA GPU (NVDEC via PyNvVideoCodec).
 
     Behaves like :class:`~lightning_vstream.decode.cpu.PyAVDecoder`, with frames returned as
@@ -120,6 +196,172 @@ class NvDecoder(NvFile):
         >>> dec.get(17).shape, dec.get(17).device  # doctest: +SKIP
         (torch.Size([3, 900, 1600]), device(type='cuda', index=0))
     """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        info: VideoInfo | None = None,
+        device: torch.device | str | int = 0,
+        layout: Layout = "chw",
+        label: str = "",
+        pool: DecoderPool | None = None,
+        latency: LatencyChoice = "auto",
+        stream: StreamChoice = "own",
+        memory: FrameMemory | None = None,
+        backend: Backend = "auto",
+    ) -> None:
+        if layout not in ("chw", "hwc"):
+            raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
+        if latency not in ("auto", "native", "low"):
+            raise ConfigurationError(f"latency={latency!r} is not supported; use 'auto', 'native' or 'low'.")
+        if stream not in ("own", "current"):
+            raise ConfigurationError(f"stream={stream!r} is not supported; use 'own' or 'current'.")
+        if backend not in ("auto", "triton", "torch"):
+            raise ConfigurationError(f"backend={backend!r} is not supported; use 'auto', 'triton' or 'torch'.")
+        self.path = path if isinstance(path, Path) else Path(path)
+        self.gpu = _gpu_ordinal(device)
+        self.layout = layout
+        self.label = label
+        self.latency = latency
+        self.stream = stream
+        self.backend = backend
+        self._memory = memory
+        self._pool = pool
+        self._info = info
+        self._nvc: ModuleType | None = None
+        self._key: DecoderKey | None = None
+        self._session: Session | None = None
+        self._source: PacketSource | TableSource | None = None
+        self._convert: Any = None  # the open file's Nv12Converter
+        self._import: Any = None  # FrameMemory.import_surface of the open file's memory
+        self._surfaces: dict[int, Any] = {}  # the session's output buffers imported for this file, by address
+        self._ordered = False  # frames need no stream ordering (decoder on the caller's stream, or host memory)
+        self._low = False  # LOW latency: every packet ends its picture
+        self._surface_layout: tuple[Any, ...] = ()
+        # Of the open file, looked up once per file rather than per frame: its frame count, its
+        # pts -> frame index lookup, the decoder's Decode, its stream, and the one PacketData every
+        # packet is sent in (the parser copies the bytes during Decode, so it can be refilled).
+        self._count = 0
+        self._pts_lookup: Any = None
+        self._decode: Any = None
+        self._stream: Any = None
+        self._data: Any = None
+        # Frames out of the decoder, not yet returned: (index, DecodedFrame). A DecodedFrame stays
+        # valid until the next Decode call, and Decode is called only when this queue is empty.
+        self._queue: collections.deque[tuple[int, Any]] = collections.deque()
+        self._dirty = False  # packets were fed since the decoder last flushed
+        self._ended = False  # the end of the file has been fed to the decoder
+        self._last = -1  # index of the last frame taken out of the decoder; -1 when unknown
+        self._target = 0
+        self._needs_seek = False
+        self._frames_decoded = 0
+        self._seeks = 0
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def info(self) -> VideoInfo:
+        if self._info is None:
+            from lightning_vstream.decode.probe import probe_video
+
+            self._info = probe_video(self.path)
+        return self._info
+
+    @property
+    def memory(self) -> FrameMemory:
+        """Where frames live and how they reach torch."""
+        if self._memory is None:
+            self._memory = frame_memory()
+        return self._memory
+
+    @property
+    def device(self) -> torch.device:
+        """The device frames are returned on (the GPU; the CPU only under a test driver's host memory)."""
+        return self.memory.device(self.gpu)
+
+    @property
+    def seeks(self) -> int:
+        """Number of demuxer seeks performed."""
+        return self._seeks
+
+    @property
+    def pool(self) -> DecoderPool:
+        """The pool decoders come from and go back to."""
+        if self._pool is None:
+            self._pool = shared_decoder_pool()
+        return self._pool
+
+    @property
+    def key(self) -> DecoderKey | None:
+        """The key of the decoder in use (None while closed)."""
+        return self._key
+
+    @property
+    def _next(self) -> int:
+        """Index of the next frame the decoder pipeline yields (-1 when unknown)."""
+        if self._queue:
+            return self._queue[0][0]
+        return self._last + 1 if self._last >= 0 else -1
+
+    def _latency_for(self, reorder_depth: int | None) -> Latency:
+        if self.latency == "native":
+            return "NATIVE"
+        if self.latency == "low":
+            if reorder_depth is None:
+                raise ConfigurationError(
+                    f"{self._where()}: latency='low' needs to know that the stream has no B-frames, and its frame "
+                    "table does not record it; rebuild the index with `vstream index`, or use latency='auto'."
+                )
+            if reorder_depth:
+                raise ConfigurationError(
+                    f"{self._where()} reorders frames (B-frames), so latency='low' would return frames out of "
+                    "order; use latency='auto' or 'native'."
+                )
+            return "LOW"
+        return "LOW" if reorder_depth == 0 else "NATIVE"
+
+    def _flush(self) -> None:
+        """Send the end of stream so the decoder drops its state; discard the frames it returns."""
+        self._queue.clear()  # their surfaces die with the next Decode
+        if self._dirty and self._session is not None and self._nvc is not None:
+            self._session.decoder.Decode(self._nvc.PacketData())
+        self._dirty = False
+
+    def _reset(self, *, reusable: bool = True) -> None:
+        """Close the file; flush the decoder and return it to the pool (or drop it after a failure)."""
+        session, key = self._session, self._key
+        if session is not None and key is not None and reusable:
+            try:
+                self._flush()
+            except Exception:
+                reusable = False
+            if reusable:
+                self.pool.release(key, session)
+        if self._source is not None:
+            try:
+                self._source.close()
+            except Exception:
+                pass
+        self._session = None
+        self._key = None
+        self._source = None
+        self._convert = None
+        self._surfaces = {}
+        self._count = 0
+        self._decode = self._stream = self._data = None
+        self._queue.clear()
+        self._needs_seek = True
+
+    def close(self) -> None:
+        target = self._target
+        self._reset()
+        self._target = target
+
+    def __enter__(self) -> NvDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- opening and closing ----------------------------------------------------------------
     def _open(self) -> None:
@@ -473,3 +715,288 @@ class NvDecoder(NvFile):
     def __repr__(self) -> str:
         state = "open" if self._session is not None else "closed"
         return f"NvDecoder({str(self.path)!r}, gpu={self.gpu}, position={self._target}, {state})"
+
+
+@functools.lru_cache(maxsize=64)
+def converter_for(spec: Any, height: int, width: int, layout: Layout, device: Any, backend: Backend) -> Nv12Converter:
+    """The converter of a stream format (it holds no state of its own, so files of one format share it)."""
+    return Nv12Converter(spec, height, width, layout=layout, device=device, backend=backend)
+
+
+#: (path, identity recorded in the index) -> the file's stat (size, modification and change times, inode,
+#: device) when it last matched that identity. A file not written since (any write changes its change time)
+#: still matches, so later openings in this process skip reading its fingerprint again.
+_MATCHED: dict[tuple[str, Any], tuple[int, ...]] = {}
+_MATCHED_KEPT = 65536
+
+
+def verified(path: Path, info: VideoInfo, where: str) -> VideoInfo:
+    """:func:`~lightning_vstream.index.identity.verify_identity`, skipped for a file unchanged since it matched."""
+    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.index.identity import verify_identity
+
+    key = (str(path), info.identity)
+    try:
+        st = os.stat(path)
+        stamp: tuple[int, ...] | None = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    except OSError:
+        stamp = None
+    if stamp is not None and _MATCHED.get(key) == stamp:
+        return info
+    checked = verify_identity(path, info, where, probe=probe_video)
+    if stamp is not None and checked is info:
+        if len(_MATCHED) >= _MATCHED_KEPT:
+            _MATCHED.clear()
+        _MATCHED[key] = stamp
+    return checked
+
+
+@dataclass
+class Nv12Frame:
+    """A decoded NV12 surface, valid until the next decode on its decoder; :meth:`write_into` converts it."""
+
+    surface: Any  # torch.Tensor [1.5 H, W] uint8 (NV12) or 16-bit (P016)
+    convert: Nv12Converter
+    stream: Any  # the decoder's stream, which the caller's stream waits for once per batch
+    index: int
+    on_stream: bool = True  # convert on ``stream`` (False: host memory, where nothing needs ordering)
+
+    def write_into(self, out: torch.Tensor) -> None:
+        """Convert into ``out`` (``[3, H, W]``) on the decoder's stream.
+
+        ``out`` must be memory no earlier work still uses (the decoder's stream never waits for the
+        caller's); the caller waits for the stream before reading ``out``.
+        """
+        if not self.on_stream:
+            self.convert(self.surface, out)
+            return
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            self.convert(self.surface, out)
+
+
+class NvGopDecoder:
+    """Decodes GOP tasks of one video file on NVDEC (see the module docs).
+
+    Args:
+        path: Video file.
+        info: Its frame table.
+        gpu: GPU ordinal.
+        pool: Decoder pool; :func:`~lightning_vstream.decode.gpu.shared_decoder_pool` when None.
+        label: Clip and camera, for error messages.
+        memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
+
+    Example::
+
+        >>> dec = NvGopDecoder("clip/CAM_FRONT.mp4", info=info, gpu=0)  # doctest: +SKIP
+        >>> dec.decode_gop(task, lambda index, frame: frame.write_into(out[index]))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        info: VideoInfo,
+        gpu: int = 0,
+        pool: DecoderPool | None = None,
+        label: str = "",
+        memory: FrameMemory | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.info = info
+        self.gpu = gpu
+        self.label = label
+        self._pool = pool
+        self._memory = memory
+        self._nvc: ModuleType | None = None
+        self._packets: PacketSource | TableSource | None = None
+        self._data: Any = None  # the PacketData every packet is sent in
+        self._convert: Nv12Converter | None = None
+        self._key: DecoderKey | None = None
+        self._session: Session | None = None
+        self._surface_layout: tuple[Any, ...] = ()
+        self._dirty = False
+        self.frames_decoded = 0
+        self.frames_converted = 0
+
+    def _where(self, index: int | None = None) -> str:
+        where = repr(str(self.path)) + (f" ({self.label})" if self.label else "")
+        return where if index is None else f"{where} frame {index}"
+
+    @property
+    def pool(self) -> DecoderPool:
+        """The pool NVDEC decoders come from and go back to."""
+        if self._pool is None:
+            self._pool = shared_decoder_pool()
+        return self._pool
+
+    @property
+    def memory(self) -> FrameMemory:
+        """Where frames live and how they reach torch."""
+        if self._memory is None:
+            self._memory = frame_memory()
+        return self._memory
+
+    def _open(self) -> None:
+        nvc = import_pynvvideocodec()
+        memory = self.memory
+        packets = packet_source(self.path, self.info, self._where())
+        try:
+            fmt = packets.format
+            check_decodable(self.gpu, fmt, self._where())
+            # LOW only where the frame table records no reordering, as NVIDIA requires.
+            latency: Latency = "LOW" if fmt.reorder_depth == 0 else "NATIVE"
+            key = DecoderKey(self.gpu, fmt.codec, fmt.width, fmt.height, fmt.bit_depth, fmt.chroma, "NATIVE", latency)
+            convert = Nv12Converter(fmt.color, fmt.height, fmt.width, device=memory.device(self.gpu))
+            try:
+                session = self.pool.acquire(key, lambda: create_session(nvc, key, memory))
+            except Exception as err:
+                raise VideoDecodeError(f"{self._where()}: creating the NVDEC decoder failed: {err}") from err
+        except BaseException:
+            packets.close()
+            raise
+        self._nvc, self._packets, self._key, self._session = nvc, packets, key, session
+        self._convert = convert
+        self._surface_layout = ((fmt.height * 3 // 2, fmt.width), (fmt.width, 1), 1 if fmt.bit_depth <= 8 else 2)
+        self._data = nvc.PacketData()
+        if latency == "LOW":  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
+            self._data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+        self._dirty = False
+
+    def _flush(self) -> None:
+        if self._dirty and self._session is not None and self._nvc is not None:
+            self._session.decoder.Decode(self._nvc.PacketData())  # end of stream; frames discarded
+        self._dirty = False
+
+    def _surface(self, frame: Any, index: int) -> Any:
+        """The frame's surface as a tensor, checked against the layout every frame of the file must have."""
+        session = self._session
+        assert session is not None
+        surface = self.memory.import_surface(frame, session.stream)
+        shape, strides, itemsize = self._surface_layout
+        if surface.shape != shape or surface.stride() != strides or surface.element_size() != itemsize:
+            version = getattr(self._nvc, "__version__", "unknown")
+            raise DecoderCapabilityError(
+                f"{self._where(index)}: PyNvVideoCodec {version} exported a {surface.dtype} surface of shape "
+                f"{tuple(surface.shape)} with strides {tuple(surface.stride())}; expected {shape} with strides "
+                f"{strides}. Reading it would give wrong pixels; install pynvvideocodec>=2.2.4, or use "
+                "decode_device='cpu'."
+            )
+        return surface
+
+    def decode_gop(self, task: GopTask, emit: Emit) -> None:
+        """Decode ``task`` from its keyframe; ``emit(index, Nv12Frame)`` for each wanted frame, ascending.
+
+        Raises:
+            GpuError: The GPU failed (a CUDA error, out of memory, a failed kernel launch).
+            VideoDecodeError: The file does not decode as its frame table says.
+        """
+        self.memory.set_device(self.gpu)  # this thread's device, before anything touches the GPU
+        try:
+            self._decode_gop(task, emit)
+        except BaseException as err:
+            self._drop()  # never flushed: a Decode after a CUDA error can end the process
+            failure = gpu_failure(err, self._where(task.frames[0]))
+            if failure is None or failure is err:
+                raise
+            raise failure from err
+
+    def _decode_gop(self, task: GopTask, emit: Emit) -> None:
+        if self._session is None:
+            self._open()
+        session, packets = self._session, self._packets
+        assert session is not None and packets is not None
+        info = self.info
+        remaining = list(task.frames)
+        gop = task.gop
+        self._flush()
+        packets.seek_key(gop)
+        first = True  # the next frame out is the first since the last seek
+        while remaining:
+            more, frames = self._step(remaining[0])
+            restart = False
+            for frame in frames:
+                self.frames_decoded += 1
+                pts = frame.getPTS()
+                index = info.index_of_pts(pts) if pts is not None else None
+                if index is None:
+                    raise VideoDecodeError(
+                        f"{self._where(remaining[0])}: the decoder produced a frame with timestamp {pts}, which is "
+                        "not in the file's frame table (corrupt file, or a stale index: rebuild it with "
+                        "`vstream index`)."
+                    )
+                if first and index > remaining[0] and gop > 0:
+                    restart = True  # the demuxer landed past the keyframe
+                    break
+                first = False
+                if not remaining or index < remaining[0]:
+                    continue  # decoded only to reach a wanted frame: never converted
+                if index > remaining[0]:
+                    raise VideoDecodeError(
+                        f"{self._where(remaining[0])}: the decoder produced frame {index} where frame {remaining[0]} "
+                        "was due; the frames between are missing or corrupt."
+                    )
+                remaining.pop(0)
+                self.frames_converted += 1
+                assert self._convert is not None
+                surface = self._surface(frame, index)
+                emit(index, Nv12Frame(surface, self._convert, session.stream, index, on_stream=not self.memory.host))
+            if restart:
+                self._flush()
+                gop -= 1
+                packets.seek_key(gop)
+                first = True
+            elif not more and remaining:
+                raise VideoDecodeError(
+                    f"{self._where(remaining[0])}: the file ended before this frame although its frame table lists "
+                    f"{info.frame_count} frames (truncated file?)."
+                )
+
+    def _step(self, due: int) -> tuple[bool, list[Any]]:
+        """Feed the next packet (or the end of the stream) to the decoder; whether there was one, and the frames out."""
+        nvc, session, packets = self._nvc, self._session, self._packets
+        assert nvc is not None and session is not None and packets is not None
+        try:
+            more = packets.fill(self._data)  # the source keeps the bytes until its next fill
+            if more:
+                self._dirty = True
+                frames = list(session.decoder.Decode(self._data))
+            else:
+                frames = list(session.decoder.Decode(nvc.PacketData()))
+                self._dirty = False
+        except VideoDecodeError:
+            raise
+        except Exception as err:  # PyAV and PyNvVideoCodec raise their own types
+            if gpu_failure(err) is not None:
+                raise
+            raise VideoDecodeError(f"{self._where(due)}: decoding failed: {err}") from err
+        return more, frames
+
+    def _drop(self) -> None:
+        """Close the file and drop the NVDEC decoder (not flushed, not returned to the pool)."""
+        self._session = None
+        self._key = None
+        if self._packets is not None:
+            try:
+                self._packets.close()
+            except Exception:
+                pass
+            self._packets = None
+        self._dirty = False
+
+    def close(self) -> None:
+        """Close the file and return the NVDEC decoder to the pool (flushed)."""
+        session, key = self._session, self._key
+        if session is not None and key is not None:
+            try:
+                self._flush()
+            except Exception:
+                session = None
+            if session is not None:
+                self.pool.release(key, session)
+        self._session = None
+        if self._packets is not None:
+            self._packets.close()
+            self._packets = None
+        self._dirty = False

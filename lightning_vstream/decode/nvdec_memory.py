@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import FrameMemory
-from lightning_vstream.decode.nvdec_file import LatencyChoice
 from lightning_vstream.errors import DecoderCapabilityError, GpuMemoryError
+
+if TYPE_CHECKING:
+    from lightning_vstream.decode.gpu import LatencyChoice
 
 __all__ = ["DEFAULT_HEADROOM", "check_nvdec_memory", "nvdec_bytes", "one_file_per_format", "prepare_decoders"]
 

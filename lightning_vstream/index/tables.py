@@ -188,7 +188,7 @@ class VideoInfo:
             whether its picture is a reference and its temporal sub-layer, read from the packets
             when the index was built (:class:`~lightning_vstream.decode.bitstream.ReferenceReader`);
             :data:`REFERENCE_UNKNOWN` where the bitstream does not say. Readers leave out pictures
-            no wanted picture depends on (:func:`~lightning_vstream.clips.planner.plan_feed`). None
+            no wanted picture depends on (:func:`~lightning_vstream.decode.gops.plan_feed`). None
             when unknown for the whole file (tables written before it was recorded: nothing is
             left out). Not part of equality.
 

@@ -1,23 +1,34 @@
-"""The loader face of the stream engine: what StreamVideoDataModule returns with decode threads.
+"""The stream engine as a loader: what StreamVideoDataModule returns with decode threads, and how it is built.
 
 :class:`EngineLoader` is a plain iterable (no DataLoader workers) with the same batches and the same
 resumable state as :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`; Lightning calls
-``set_epoch`` on its ``sampler``.
+``set_epoch`` on its ``sampler``. :func:`build_engine_loader` assembles one for a decode device: the
+device backend (:mod:`lightning_vstream.stream.engine_device`), the decoder factory
+(:mod:`lightning_vstream.decode.factory`) and the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal
 
+import torch
+
+from lightning_vstream.annotations.augment import GeometryAugment
+from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav_factory
+from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.index import VideoIndex
+from lightning_vstream.outputs import OutputTransform
 from lightning_vstream.stream.engine import StreamEngine
+from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
+from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.resume import Skips, checked_resume_state, no_skips
+from lightning_vstream.stream.sampler import StreamSampler
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["EngineLoader"]
+__all__ = ["CPU_DECODER_THREADS", "EngineLoader", "build_engine_loader", "cpu_threads"]
 
 
 class EngineLoader:
@@ -94,3 +105,133 @@ class EngineLoader:
         self.engine.history.begin(epoch, skips)
         self._consumed = self._yielded = None
         self.sampler.set_epoch(epoch)
+
+
+#: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
+CPU_DECODER_THREADS = 1
+
+
+def cpu_threads() -> int:
+    """Decode threads for the engine on the CPU: one per core this process may run on (``os.sched_getaffinity``).
+
+    Example::
+
+        >>> cpu_threads() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def build_engine_loader(
+    index: VideoIndex,
+    sampler: StreamSampler,
+    device: str,
+    *,
+    threads: int | None = None,
+    prefetch: int = 2,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    timeout: float = 300.0,
+    decoder_threads: int = 0,
+    gpu_fallback: Literal["none", "cpu"] = "none",
+    probe: bool = True,
+    augment: GeometryAugment | None = None,
+    seed: int = 0,
+    annotations: AnnotationSource | None = None,
+    pad_annotations: bool = False,
+    camera_frames: Literal["stacked", "per_camera"] = "stacked",
+    max_open_decoders: int | None = None,
+    pin_memory: bool = False,
+    outputs: Mapping[str, OutputTransform] | None = None,
+) -> EngineLoader:
+    """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
+
+    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
+    from the GPU's NVDEC engine count (``GetDecoderCaps``), checks that the decoders fit in the GPU's
+    free memory (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`: a
+    :class:`~lightning_vstream.errors.GpuMemoryError` names what to lower), compiles and checks the
+    colour kernel (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), all on the calling
+    thread, and has each decode thread create its decoders for every format of the index before the
+    first step; batches are views of a ring in GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
+    (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
+    (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
+    transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
+    :func:`~lightning_vstream.stream.frame_steps.decoder_sizes`), and every batch is memory of its own
+    until the caller drops it.
+
+    Example::
+
+        >>> loader = build_engine_loader(index, sampler, "cuda:0")  # doctest: +SKIP
+    """
+    target = torch.device(device)
+    backend: EngineDevice
+    factory: DecoderFactory
+    resize = None
+    if target.type == "cuda" and index.storage is not None:
+        raise ConfigurationError(
+            f"index {index.source!r} is remote: decoding remote files on the GPU is not supported yet; use "
+            "decode_device='cpu'."
+        )
+    if target.type == "cuda":
+        from lightning_vstream.decode.device import frame_memory
+        from lightning_vstream.decode.nv12 import prepare_conversion
+        from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
+        from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
+
+        gpu = target.index if target.index is not None else 0
+        if probe:
+            probe_nvdec(gpu)
+        first = index.clips[0].cameras[0].info
+        codec = first.codec if first is not None else "hevc"
+        engines = num_decoder_engines(gpu, codec)
+        rows = sampler.batch_size * sampler.num_cameras
+        workers = max(1, min(threads or 2 * engines, rows))
+        per_thread = -(-rows // workers)
+        formats = one_file_per_format(index)
+        memory = frame_memory()
+        check_nvdec_memory(
+            gpu,
+            [(info, workers * per_thread) for _, info in formats],
+            memory=memory,
+            lower="engine_threads, batch_size or the cameras per step",
+            headroom=0 if memory.host else DEFAULT_HEADROOM,
+        )
+        prepare_conversion(memory.device(gpu))
+        backend = nvdec_engine_device(gpu, engines=engines, prepare=formats, streams_per_thread=per_thread)
+        factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
+    else:
+        backend = HostDevice(threads=cpu_threads())
+        resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
+        # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
+        # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
+        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage)
+    engine = StreamEngine(
+        index=index,
+        sampler=sampler,
+        device=backend,
+        decoder_factory=factory,
+        num_threads=threads,
+        prefetch=prefetch,
+        transform=transform,
+        on_error=on_error,
+        timeout=timeout,
+        augment=augment,
+        seed=seed,
+        annotations=annotations,
+        pad_annotations=pad_annotations,
+        camera_frames=camera_frames,
+        max_open_decoders=max_open_decoders,
+        decoder_resizes=target.type == "cpu",
+        buffers="ring" if target.type == "cuda" else "pool",
+        pin_memory=pin_memory,
+        outputs=outputs,
+    )
+    if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
+        from lightning_vstream.stream.prefetch import StreamPrefetcher
+        from lightning_vstream.stream.schedule import PlanSpec
+
+        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
+    return EngineLoader(engine)

@@ -1,9 +1,19 @@
-"""What travels between the stream sampler and a worker: the reads of one part of a step, and what comes back.
+"""The parts of a step: what travels between the stream sampler and a worker, and how parts become a batch's frames.
 
 A step's camera streams are split into parts (:class:`~lightning_vstream.stream.sampler.StreamSampler`);
 each part is one :class:`StreamTask` of :class:`StreamRead` s, decoded by one worker
-(:class:`~lightning_vstream.stream.worker.StreamDataset`) into a :class:`StreamPart`, which the loader
-assembles into the batch.
+(:class:`~lightning_vstream.stream.worker.StreamDataset`) into a :class:`StreamPart`, which the worker
+loader (:class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`) puts into the batch.
+
+Workers return their frames in one of three ways, each put into the batch its own way:
+
+- written into the step's shared batch buffer (the CPU once frame sizes are known): the buffer is
+  the batch (:func:`finish_buffer` pins it when asked);
+- in a tensor per part (the first steps, GPU decoding): :func:`frame_rows` finds every delivered
+  frame by position and :func:`merge_parts` copies them into one batch tensor (or hands the single
+  part's tensor on when nothing needs copying);
+- one frame at a time (``camera_frames="per_camera"``): :func:`merge_cameras` builds one tensor per
+  camera.
 """
 
 from __future__ import annotations
@@ -15,8 +25,18 @@ from typing import Any, NamedTuple
 import torch
 
 from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.errors import VideoDecodeError
 
-__all__ = ["StreamPart", "StreamRead", "StreamTask"]
+__all__ = [
+    "StreamPart",
+    "StreamRead",
+    "StreamTask",
+    "Template",
+    "finish_buffer",
+    "frame_rows",
+    "merge_cameras",
+    "merge_parts",
+]
 
 
 class StreamRead(NamedTuple):
@@ -95,3 +115,108 @@ class StreamPart:
             geometry=self.output_geometry.get(name, {}),
             images=self.output_images.get(name, {}),
         )
+
+
+#: Shape, dtype and device of an output's frames.
+Template = tuple[tuple[int, ...], torch.dtype, torch.device]
+
+
+def frame_rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
+    """Each delivered frame of a step by its position (no buffer: frames came in per-part tensors)."""
+    rows: dict[int, torch.Tensor] = {}
+    for part in parts:
+        if part.frames is None:
+            continue
+        bad = {position for position, _, _ in part.failed}
+        for row, pos in enumerate(part.positions):
+            frame = part.frames[row]
+            if pos not in bad and frame is not None:
+                rows[pos] = frame
+    return rows
+
+
+def finish_buffer(buffer: torch.Tensor, valid: list[bool], cams: int, *, pin: bool) -> torch.Tensor:
+    """A batch the workers wrote into: rows of invalid slots zeroed, pinned when ``pin`` (and CUDA is available)."""
+    rows = buffer.view(len(valid), cams, *buffer.shape[1:])
+    for slot, ok in enumerate(valid):
+        if not ok:
+            rows[slot].zero_()  # padding and failed slots hold zeros, not stale memory
+    if pin and torch.cuda.is_available():
+        return buffer.pin_memory()
+    return buffer
+
+
+def merge_parts(
+    step: int,
+    parts: list[StreamPart],
+    rows: dict[int, torch.Tensor],
+    valid: list[bool],
+    cams: int,
+    batch_size: int,
+    template: Template | None,
+    *,
+    pin: bool,
+) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """One ``[batch_size * cams, ...]`` tensor of the frames in ``rows`` (see :func:`frame_rows`), and a frame's shape.
+
+    Raises:
+        VideoDecodeError: No frame size is known yet (``template`` is None) to pad with.
+
+    Example::
+
+        >>> frames, shape = merge_parts(0, parts, frame_rows(parts), [True, True], 6, 2, template, pin=False)  # doctest: +SKIP
+    """
+    if template is None:
+        raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
+    shape, dtype, device = template
+    complete = all(valid)
+    only = parts[0].frames if len(parts) == 1 else None
+    if complete and isinstance(only, torch.Tensor) and not pin:
+        return only, shape  # one part, every read delivered at the batch's size: no copy
+    pinned = pin and device.type == "cpu" and torch.cuda.is_available()
+    alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
+    frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pinned)
+    for pos, row in rows.items():
+        if valid[pos // cams]:
+            if device.type == "cpu":
+                frames[pos].numpy()[...] = row.numpy()  # single-threaded memcpy
+            else:
+                frames[pos].copy_(row)
+    return frames, shape
+
+
+def merge_cameras(
+    step: int,
+    parts: list[StreamPart],
+    valid: list[bool],
+    cams: int,
+    batch_size: int,
+    templates: dict[int, Template],
+    *,
+    pin: bool,
+) -> list[torch.Tensor]:
+    """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera.
+
+    ``templates`` holds each camera's frame shape, dtype and device as last seen (updated here), to pad
+    a step where every read of a camera failed.
+    """
+    images = {pos: image for part in parts for pos, image in part.images.items()}
+    out = []
+    for cam in range(cams):
+        sample = next((image for pos, image in images.items() if pos % cams == cam), None)
+        if sample is not None:
+            templates[cam] = (tuple(sample.shape), sample.dtype, sample.device)
+        template = templates.get(cam)
+        if template is None:
+            raise VideoDecodeError(
+                f"every read of camera {cam} failed at step {step}; no frame size is known yet to pad with."
+            )
+        shape, dtype, device = template
+        pinned = pin and device.type == "cpu" and torch.cuda.is_available()
+        frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pinned)
+        for slot in range(batch_size):
+            image = images.get(slot * cams + cam)
+            if image is not None and valid[slot]:
+                frames[slot].copy_(image)
+        out.append(frames)
+    return out

@@ -408,7 +408,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         if training:
             log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
         if self.uses_engine():
-            from lightning_vstream.stream.engine_factory import build_engine_loader
+            from lightning_vstream.stream.engine_loader import build_engine_loader
 
             engine_loader = build_engine_loader(
                 index,

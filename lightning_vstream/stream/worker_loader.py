@@ -6,7 +6,7 @@ each worker must decode through the frames the other workers delivered. Here eve
 split into ``num_workers`` parts by camera stream; the sampler emits the parts of each step in
 order and PyTorch dispatches indices to workers round-robin, so part ``p`` always reaches
 worker ``p``, which keeps decoding the same streams frame after frame. The loader reassembles
-the parts into the full batch (:mod:`lightning_vstream.stream.collate`). The plan and its parts
+the parts into the full batch (:mod:`lightning_vstream.stream.parts`). The plan and its parts
 come from :class:`~lightning_vstream.stream.sampler.StreamSampler`.
 """
 
@@ -29,11 +29,10 @@ from lightning_vstream.errors import (
     WorkerError,
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
-from lightning_vstream.stream.buffers import BufferPool
-from lightning_vstream.stream.collate import Template, finish_buffer, frame_rows, merge_cameras, merge_parts
 from lightning_vstream.stream.failures import SkipLedger, describe_streams, frame_size_error
 from lightning_vstream.stream.frame_steps import attach_annotations
-from lightning_vstream.stream.parts import StreamPart
+from lightning_vstream.stream.memory import BufferPool
+from lightning_vstream.stream.parts import StreamPart, Template, finish_buffer, frame_rows, merge_cameras, merge_parts
 from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import Buffers, StreamSampler
 from lightning_vstream.stream.schedule import SlotRead

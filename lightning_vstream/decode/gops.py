@@ -1,4 +1,4 @@
-"""GOP planning for explicit frame selection, on any device: the one planner of the CPU and GPU paths.
+"""The one GOP scheduler: which GOPs of which streams to decode for a set of wanted frames, on which thread.
 
 A request (or a batch of them) asks for frames of camera streams. The planner turns it into
 *GOP tasks*: one per (stream, GOP) that holds a wanted frame, listing the wanted frames of that
@@ -9,8 +9,8 @@ are decoded (the codec needs them) but never converted to RGB.
 
 :class:`GopPlanner` plans a batch of many streams (the GPU's batch reader);
 :func:`plan_gops` plans one stream of one sample (the per-sample CPU path). Both group frames the
-same way (:func:`_tasks_of`). :func:`assign_tasks` spreads tasks over decoding threads. Running the
-tasks is :mod:`lightning_vstream.clips.executor`'s. :func:`plan_feed` decides, within the packets a
+same way (:func:`_tasks_of`, the one place a task's frames are decided). :func:`assign_tasks`
+spreads tasks over decoding threads. Running the tasks is :mod:`lightning_vstream.decode.threads`'. :func:`plan_feed` decides, within the packets a
 task's decode runs through, which ones the decoder must be fed at all: the wanted pictures and the
 pictures some wanted picture depends on, never a non-reference picture nobody wants. The module
 imports neither torch nor a decoder library.
@@ -24,52 +24,13 @@ later pictures may be predicted from (its *reference code*:
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo
 
-__all__ = [
-    "FRAME_POLICIES",
-    "FramePolicy",
-    "GopPlanner",
-    "GopTask",
-    "assign_tasks",
-    "plan_feed",
-    "plan_gops",
-    "snap_to_keyframes",
-]
-
-#: ``"exact"``: the requested frames. ``"nearest_keyframe"``: APPROXIMATE, each requested frame
-#: replaced by the keyframe nearest to it (labelled with that keyframe's real index and time).
-FramePolicy = Literal["exact", "nearest_keyframe"]
-FRAME_POLICIES: tuple[str, ...] = ("exact", "nearest_keyframe")
-
-
-def snap_to_keyframes(indices: Sequence[int], info: VideoInfo) -> list[int]:
-    """Replace each frame index by the index of the keyframe nearest to it (ties: the earlier one).
-
-    This is the ``"nearest_keyframe"`` policy: approximate by design (a returned frame can be up to
-    half a GOP away from the requested one), but never mislabelled, since the returned indices are
-    the keyframes' own. Decoding a keyframe needs no other frame, so each costs one frame decode.
-
-    Example::
-
-        >>> info = VideoInfo("hevc", 256, 256, (1, 30), tuple(range(40)), (0, 30), (0, 30), 30.0)
-        >>> snap_to_keyframes([3, 14, 15, 16, 29, 39], info)
-        [0, 0, 0, 30, 30, 30]
-    """
-    keys = info.key_indices
-    out = []
-    for index in indices:
-        pos = bisect.bisect_right(keys, index) - 1
-        before = keys[max(pos, 0)]
-        after = keys[pos + 1] if pos + 1 < len(keys) else None
-        out.append(after if after is not None and after - index < index - before else before)
-    return out
+__all__ = ["GopPlanner", "GopTask", "assign_tasks", "plan_feed", "plan_gops"]
 
 
 @dataclass(frozen=True)

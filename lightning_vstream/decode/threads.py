@@ -1,21 +1,13 @@
-"""Running GOP tasks (see :mod:`lightning_vstream.clips.planner`) on decoding threads, on any device.
+"""Running GOP tasks (see :mod:`lightning_vstream.decode.gops`) on decoding threads, on any device.
 
 :class:`GopExecutor` runs the tasks of a batch on worker threads, each owning its decoders (one
 decoder is only ever used by one thread). Tasks are
-assigned up front (:func:`~lightning_vstream.clips.planner.assign_tasks`: longest first, to the
+assigned up front (:func:`~lightning_vstream.decode.gops.assign_tasks`: longest first, to the
 least-loaded worker, preferring one that already has the stream open), so a run is deterministic;
 each worker keeps a small LRU of open decoders per stream between runs. The first failure cancels
 the tasks not yet started and is raised in the caller once every worker has stopped; no thread is
 left running. Decoders are made by a caller-supplied factory: NVDEC decoders for the GPU's batch
-reader (:mod:`lightning_vstream.clips.gpu_reader`), any frame decoder through :func:`frames_decoder_gops`.
-
-:class:`GopPool` decodes one sample on the CPU with decoders the caller lends it (the dataset's
-:class:`~lightning_vstream.clips.decoders.DecoderCache`): with ``threads > 1`` the tasks of all cameras
-are spread over a thread pool, each file read by up to ``threads`` decoders of its own (FFmpeg
-releases the GIL while it decodes and converts), so a sample whose frames lie in several GOPs
-decodes them at once instead of one after another. Every decoder still checks each frame's
-timestamp against the frame table, so the parallel path returns exactly the frames the sequential
-one does.
+reader (:mod:`lightning_vstream.clips.gpu_reader`), any frame decoder through :func:`frames_decoder_tasks`.
 """
 
 from __future__ import annotations
@@ -23,30 +15,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import queue
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
-from lightning_vstream.clips.planner import GopTask, assign_tasks, plan_gops
+from lightning_vstream.decode.gops import GopTask, assign_tasks
 from lightning_vstream.errors import ConfigurationError, WorkerError
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-    from lightning_vstream.decode.base import FrameDecoder, VideoInfo
-
-__all__ = ["Emit", "GopDecoder", "GopExecutor", "GopJob", "GopPool", "frames_decoder_gops"]
+__all__ = ["Emit", "GopExecutor", "TaskDecoder", "frames_decoder_tasks"]
 
 #: Called by a decoder for every wanted frame of a task: ``emit(frame_index, frame)``.
 Emit = Callable[[int, Any], None]
 
 
-class GopDecoder(Protocol):
+class TaskDecoder(Protocol):
     """What the executor needs from a decoder of one stream."""
 
     def decode_gop(self, task: GopTask, emit: Emit) -> None:
@@ -58,8 +46,8 @@ class GopDecoder(Protocol):
         ...
 
 
-class _FrameDecoderGops:
-    """Adapts a :class:`~lightning_vstream.decode.base.FrameDecoder` (PyAV, images) to :class:`GopDecoder`.
+class _FrameDecoderTasks:
+    """Adapts a :class:`~lightning_vstream.decode.base.FrameDecoder` (PyAV, images) to :class:`TaskDecoder`.
 
     ``get`` decodes forward within a GOP and jumps to the keyframe otherwise, and converts only
     the frame it returns, so a task costs one pass over its GOP prefix.
@@ -80,9 +68,9 @@ class _FrameDecoderGops:
         self.decoder.close()
 
 
-def frames_decoder_gops(decoder: Any) -> GopDecoder:
-    """Wrap a frame decoder (``get(index)`` / ``close()``) as a :class:`GopDecoder`."""
-    return _FrameDecoderGops(decoder)
+def frames_decoder_tasks(decoder: Any) -> TaskDecoder:
+    """Wrap a frame decoder (``get(index)`` / ``close()``) as a :class:`TaskDecoder`."""
+    return _FrameDecoderTasks(decoder)
 
 
 @dataclass
@@ -100,7 +88,7 @@ class _Worker:
 
     def __init__(self, number: int, name: str, *, thread: bool = True) -> None:
         self.number = number
-        self.decoders: OrderedDict[Hashable, GopDecoder] = OrderedDict()
+        self.decoders: OrderedDict[Hashable, TaskDecoder] = OrderedDict()
         self.jobs: list[Callable[[], None]] = []
         self.wake = threading.Condition()
         self.stop = False
@@ -159,7 +147,7 @@ class GopExecutor:
     calling thread (one decoder cache), for use inside DataLoader worker processes.
 
     Args:
-        open_decoder: ``open_decoder(task)`` returns a :class:`GopDecoder` for ``task.source``
+        open_decoder: ``open_decoder(task)`` returns a :class:`TaskDecoder` for ``task.source``
             (called in the worker thread that will use it).
         workers: Decoding threads; 0 runs in the caller.
         max_open_per_worker: Open decoders each worker keeps.
@@ -168,7 +156,7 @@ class GopExecutor:
     Example::
 
         >>> from lightning_vstream.decode.cpu import PyAVDecoder
-        >>> executor = GopExecutor(lambda task: frames_decoder_gops(PyAVDecoder(task.source, info=task.info)),
+        >>> executor = GopExecutor(lambda task: frames_decoder_tasks(PyAVDecoder(task.source, info=task.info)),
         ...                        workers=4)
         >>> frames = {}
         >>> executor.run(planner.tasks(), lambda task, index, frame, target: frames.__setitem__(target, frame))
@@ -178,7 +166,7 @@ class GopExecutor:
 
     def __init__(
         self,
-        open_decoder: Callable[[GopTask], GopDecoder],
+        open_decoder: Callable[[GopTask], TaskDecoder],
         *,
         workers: int = 4,
         max_open_per_worker: int = 4,
@@ -291,7 +279,7 @@ class GopExecutor:
                 run.pending -= 1
                 run.done.notify_all()
 
-    def _decoder(self, worker: _Worker, task: GopTask) -> GopDecoder:
+    def _decoder(self, worker: _Worker, task: GopTask) -> TaskDecoder:
         decoder = worker.decoders.get(task.source)
         if decoder is not None:
             worker.decoders.move_to_end(task.source)
@@ -340,126 +328,3 @@ class GopExecutor:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-
-@dataclass
-class GopJob:
-    """One camera of a sample: decode ``indices`` of one file into ``out[t]`` (``[T, 3, H, W]``).
-
-    ``decoders`` are decoders of the same file; a parallel run uses up to all of them at once.
-    """
-
-    decoders: Sequence[FrameDecoder]
-    info: VideoInfo
-    indices: Sequence[int]
-    out: torch.Tensor
-
-
-def _decode_group(decoder: FrameDecoder, task: GopTask, out: torch.Tensor) -> None:
-    """Decode ``task`` (planned by :func:`plan_gops`: its targets are slots of ``out``) into ``out``: each
-    wanted frame into its first slot, copied to the others."""
-    takes_out = _accepts_out(decoder)
-    for index, targets in zip(task.frames, task.targets):
-        slots = cast("tuple[int, ...]", targets)
-        first = out[slots[0]]
-        if takes_out:
-            decoder.get(index, out=first)  # type: ignore[call-arg]
-        else:
-            image = decoder.get(index)
-            if image.shape != first.shape:  # an image folder at its own size, in a resized sample
-                from lightning_vstream.transforms import FrameTransform
-
-                image = FrameTransform(resize=(first.shape[-2], first.shape[-1]))(image[None])[0]
-            first.numpy()[:] = image.numpy()  # numpy copies stay off torch's thread pool
-        for t in slots[1:]:
-            out[t].numpy()[:] = first.numpy()
-
-
-#: Whether each decoder class's ``get`` takes ``out`` (looked up once per class, not per decode group).
-_TAKES_OUT: dict[type, bool] = {}
-
-
-def _accepts_out(decoder: FrameDecoder) -> bool:
-    cls = type(decoder)
-    known = _TAKES_OUT.get(cls)
-    if known is None:
-        import inspect
-
-        try:
-            known = "out" in inspect.signature(cls.get).parameters
-        except (TypeError, ValueError):
-            known = False
-        _TAKES_OUT[cls] = known
-    return known
-
-
-class GopPool:
-    """Runs :class:`GopJob` lists, sequentially or on a thread pool (created lazily, per process).
-
-    Args:
-        threads: GOPs decoded at once; 1 decodes one GOP after another on one decoder per file.
-
-    Example::
-
-        >>> pool = GopPool(threads=2)
-        >>> pool.decoders_wanted(groups=5)
-        2
-    """
-
-    def __init__(self, *, threads: int = 1) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigurationError(f"gop_threads={threads!r} must be a positive integer (1 decodes GOPs in turn).")
-        self.threads = threads
-        self._executor: ThreadPoolExecutor | None = None
-        self._pid = 0
-
-    def decoders_wanted(self, groups: int) -> int:
-        """Decoders of one file worth opening for a job of ``groups`` GOPs."""
-        return max(1, min(self.threads, groups))
-
-    def _pool(self) -> ThreadPoolExecutor:
-        # A pool inherited through fork has no threads in the child: start a new one there.
-        if self._executor is None or self._pid != os.getpid():
-            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="vstream-gop")
-            self._pid = os.getpid()
-        return self._executor
-
-    def run(self, jobs: Sequence[GopJob]) -> None:
-        """Decode every job's frames into its ``out``; after all work ends, the first failure is raised."""
-        plans = [plan_gops(job.info, job.indices) for job in jobs]
-        if self.threads == 1 or sum(len(p) for p in plans) <= 1:
-            for job, plan in zip(jobs, plans):
-                for group in plan:
-                    _decode_group(job.decoders[0], group, job.out)
-            return
-        free: list[queue.SimpleQueue[FrameDecoder]] = []
-        for job in jobs:
-            q: queue.SimpleQueue[FrameDecoder] = queue.SimpleQueue()
-            for decoder in job.decoders:
-                q.put(decoder)
-            free.append(q)
-
-        def work(k: int, group: GopTask) -> None:
-            decoder = free[k].get()  # every holder finishes without waiting, so this never blocks forever
-            try:
-                _decode_group(decoder, group, jobs[k].out)
-            finally:
-                free[k].put(decoder)
-
-        pool = self._pool()
-        # Interleave cameras so that every file's decoders get work from the start.
-        order = sorted(((g, k) for k, plan in enumerate(plans) for g in range(len(plan))))
-        futures: list[Future[None]] = [pool.submit(work, k, plans[k][g]) for g, k in order]
-        errors = [f.exception() for f in futures]  # waits for all: no decoder is left mid-GOP in use
-        for error in errors:
-            if error is not None:
-                raise error
-
-    def close(self) -> None:
-        """Stop the thread pool (a new one starts if used again)."""
-        if self._executor is not None and self._pid == os.getpid():
-            self._executor.shutdown(wait=True)
-        self._executor = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"threads": self.threads, "_executor": None, "_pid": 0}
