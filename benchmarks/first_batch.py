@@ -48,6 +48,7 @@ def _child(index: str, method: str) -> None:
 
     import lightning_vstream  # noqa: F401  (the package import a user script does)
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import DecodeOptions
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
     from lightning_vstream.stream.worker import StreamDataset
@@ -75,7 +76,7 @@ def _child(index: str, method: str) -> None:
             num_parts=2,
         )
         loader = StreamDataLoader(
-            StreamDataset(index=loaded, decoder_threads=1),
+            StreamDataset(index=loaded, decode=DecodeOptions(decoder_threads=1)),
             sampler=sampler,
             num_workers=2,
             multiprocessing_context=method,

@@ -626,6 +626,7 @@ def _engine_run(
 def section_engine(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import GpuOptions
     from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -640,7 +641,7 @@ def section_engine(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=_CAMERAS, batch_size=2, seed=0)
         if name == "light":
             _probe_size(host)
-        loader = build_engine_loader(index, sampler, f"cuda:{args.gpu}", probe=name == "light")
+        loader = build_engine_loader(index, sampler, f"cuda:{args.gpu}", gpu=GpuOptions(probe=name == "light"))
         if host:
             _fake_format(8, 0)
         run = _engine_run(args, host, loader, python_step=python_step, seconds=seconds)
@@ -671,6 +672,7 @@ def _read_section(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
 def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.demos.synth import clip_number
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import GpuOptions
     from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -678,7 +680,7 @@ def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any
         _fake_format(8, 0)
     index = load_index(_engine_index(args.data_dir))
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=_CAMERAS, batch_size=2, seed=1)
-    loader = build_engine_loader(index, sampler, f"cuda:{args.gpu}", probe=False)
+    loader = build_engine_loader(index, sampler, f"cuda:{args.gpu}", gpu=GpuOptions(probe=False))
 
     def wrong(batch: dict[str, Any]) -> list[str]:
         bad = []

@@ -291,6 +291,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     ``wrap_use`` wraps the engine device's ``use`` (each decode thread's block on its stream).
     """
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import GpuOptions
     from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -298,7 +299,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=args.cameras, batch_size=args.batch_size, shuffle=False
     )
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=1, probe=False)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=1, gpu=GpuOptions(probe=False))
     if wrap_use is not None:
         device = loader.engine.device
         device.use = wrap_use(device.use)

@@ -15,12 +15,12 @@ import multiprocessing.context
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import lightning.pytorch as pl
 
 from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
-from lightning_vstream.options import GpuOptions
+from lightning_vstream.options import MultiprocessingContext
 
 if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_NUM_WORKERS",
     "EvalLoader",
-    "MultiprocessingContext",
     "check_excluded_clips",
     "ignore_lightning_leafspec_warning",
     "plain_hparams",
@@ -38,7 +37,6 @@ __all__ = [
     "worker_context",
 ]
 
-MultiprocessingContext = Literal["fork", "forkserver", "spawn"]
 T = TypeVar("T")
 
 #: Worker processes when ``num_workers`` is None, where the DataModule decodes in worker processes.
@@ -154,7 +152,7 @@ def plain_hparams(module: pl.LightningDataModule) -> None:
     ``repr``); pass them again when rebuilding the DataModule from a checkpoint.
     """
     for key, value in list(module.hparams.items()):
-        if isinstance(value, GpuOptions):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # an option group such as GpuOptions
             module.hparams[key] = dataclasses.asdict(value)
         elif isinstance(value, PurePath):
             module.hparams[key] = str(value)

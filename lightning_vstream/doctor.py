@@ -284,12 +284,13 @@ def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[st
 
 def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import GpuOptions
     from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
     index = load_index(index_path)
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2)
-    loader = build_engine_loader(index, sampler, f"cuda:{gpu}", probe=False)
+    loader = build_engine_loader(index, sampler, f"cuda:{gpu}", gpu=GpuOptions(probe=False))
     frames = 0
     start = time.perf_counter()
     for batch in loader:

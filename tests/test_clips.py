@@ -564,7 +564,7 @@ def test_parallel_gops_return_exactly_the_sequential_frames(bframe_index: Path) 
 def test_forked_workers_start_their_own_gop_threads(small_index: Path) -> None:
     index = load_index(small_index)
     reqs = [at_indices("scene-0002", [1, 20, 8, 14]), at_indices("scene-0000", [19, 2, 13])]
-    with pytest.raises(ValueError, match="gop_threads=0 must be an integer >= 1"):
+    with pytest.raises(ValueError, match="gop_threads=0 is invalid; expected None or an integer >= 1"):
         VideoClipDataset(index=index, gop_threads=0)
     ds = VideoClipDataset(index=index, requests=reqs, gop_threads=2)
     check_stamps(ds[0])  # the parent's GOP pool and decoders now exist

@@ -225,3 +225,161 @@ def test_gpu_options_from_a_yaml_section(index: Path, tmp_path: Path, monkeypatc
     args = ["--config", str(config), "--trainer.logger", "false", "--seed_everything", "0"]
     cli = LightningCLI(TinyStreamPETR, StreamVideoDataModule, run=False, args=args)
     assert cli.datamodule.gpu == GpuOptions(fallback="cpu", probe=False)
+
+
+# -- options: the public signatures stay, every shared option is refused in one wording ------------
+#: Every public constructor's parameters as the earlier release had them: name, default (repr) and annotation.
+#: YAML configs, saved hyperparameters and checkpoints name these; they change only on purpose.
+SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
+    "StreamVideoDataModule": [
+        ("index_file", "None", "Path | str | None"),
+        ("val_index_file", "None", "Path | str | None"),
+        ("test_index_file", "None", "Path | str | None"),
+        ("predict_index_file", "None", "Path | str | None"),
+        ("batch_size", "4", "int"),
+        ("num_workers", "None", "int | None"),
+        ("cameras", "None", "list[str] | None"),
+        ("exclude_clips", "None", "list[str] | None"),
+        ("decode_device", "'cpu'", "Literal['cpu', 'cuda', 'auto']"),
+        ("seed", "0", "int"),
+        ("shuffle", "True", "bool"),
+        ("segment_length", "None", "int | None"),
+        ("frame_stride", "1", "int"),
+        ("pin_memory", "False", "bool"),
+        ("prefetch_factor", "2", "int"),
+        ("persistent_workers", "False", "bool"),
+        ("max_open_decoders", "None", "int | None"),
+        ("decoder_threads", "0", "int"),
+        ("index_check", "'fast'", "Literal['fast', 'thorough']"),
+        ("transform", "None", "FrameTransform | Callable[[torch.Tensor], Any] | None"),
+        ("on_error", "'raise'", "Literal['raise', 'skip']"),
+        ("outputs", "None", "dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None"),
+        ("multiprocessing_context", "None", "MultiprocessingContext | None"),
+        ("timeout", "300.0", "float"),
+        ("rank", "None", "int | None"),
+        ("world_size", "None", "int | None"),
+        ("annotations", "None", "AnnotationSource | Path | str | None"),
+        ("augment", "None", "GeometryAugment | None"),
+        ("pad_annotations", "False", "bool"),
+        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
+        ("engine", "'auto'", "Literal['auto', 'threads', 'workers']"),
+        ("engine_threads", "None", "int | None"),
+        ("gpu", "GpuOptions(fallback='none', probe=True)", "GpuOptions"),
+        ("storage_options", "None", "dict[str, Any] | None"),
+        ("cache_dir", "None", "str | None"),
+        ("cache_limit", "None", "int | str | None"),
+    ],
+    "ClipVideoDataModule": [
+        ("index_file", "None", "Path | str | None"),
+        ("val_index_file", "None", "Path | str | None"),
+        ("test_index_file", "None", "Path | str | None"),
+        ("predict_index_file", "None", "Path | str | None"),
+        ("batch_size", "4", "int"),
+        ("num_workers", "None", "int | None"),
+        ("cameras", "None", "Sequence[str] | None"),
+        ("exclude_clips", "None", "Sequence[str] | None"),
+        ("decode_device", "'cpu'", "Literal['cpu', 'cuda', 'auto']"),
+        ("decoder_threads", "0", "int"),
+        ("max_open_decoders", "8", "int"),
+        ("seed", "0", "int"),
+        ("shuffle", "True", "bool"),
+        ("clip_frames", "None", "int | None"),
+        ("frame_stride", "1", "int"),
+        ("segments", "None", "Sequence[tuple[float, int]] | None"),
+        ("time_policy", "'nearest'", "TimePolicy"),
+        ("selection", "'regular'", "Selection"),
+        ("hop", "None", "float | None"),
+        ("clips_per_epoch", "None", "int | None"),
+        ("weighting", "'frames'", "Weighting"),
+        ("sampler", "None", "Callable[[VideoClipDataset], Sampler[Any]] | None"),
+        ("pin_memory", "False", "bool"),
+        ("prefetch_factor", "2", "int"),
+        ("persistent_workers", "False", "bool"),
+        ("multiprocessing_context", "None", "MultiprocessingContext | None"),
+        ("index_check", "'fast'", "Literal['fast', 'thorough']"),
+        ("transform", "None", "FrameTransform | Callable[[torch.Tensor], Any] | None"),
+        ("on_error", "'raise'", "Literal['raise', 'skip']"),
+        ("outputs", "None", "dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None"),
+        ("timeout", "300.0", "float"),
+        ("drop_last", "False", "bool"),
+        ("rank", "None", "int | None"),
+        ("world_size", "None", "int | None"),
+        ("annotations", "None", "AnnotationSource | Path | str | None"),
+        ("augment", "None", "GeometryAugment | None"),
+        ("pad_annotations", "False", "bool"),
+        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
+        ("frame_policy", "'exact'", "FramePolicy"),
+        ("gop_threads", "None", "int | None"),
+        ("storage_options", "None", "dict[str, Any] | None"),
+        ("cache_dir", "None", "str | None"),
+        ("cache_limit", "None", "int | str | None"),
+    ],
+    "VideoClipDataset": [
+        ("index", None, "VideoIndex | Path | str"),
+        ("requests", "()", "Sequence[ClipRequest]"),
+        ("cameras", "None", "Sequence[str] | None"),
+        ("max_open_decoders", "8", "int"),
+        ("decoder_threads", "0", "int"),
+        ("transform", "None", "Callable[[torch.Tensor], torch.Tensor] | None"),
+        ("decode_device", "'cpu'", "str"),
+        ("on_error", "'raise'", "Literal['raise', 'skip']"),
+        ("size", "None", "tuple[int, int] | None"),
+        ("gop_threads", "None", "int | None"),
+        ("annotations", "None", "AnnotationSource | Path | str | None"),
+        ("augment", "None", "GeometryAugment | None"),
+        ("seed", "0", "int"),
+        ("epoch", "0", "int"),
+        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
+        ("frame_policy", "'exact'", "FramePolicy"),
+        ("outputs", "None", "Mapping[str, OutputTransform] | None"),
+        ("storage_options", "None", "dict[str, Any] | None"),
+        ("cache_dir", "None", "str | None"),
+        ("cache_limit", "None", "int | str | None"),
+    ],
+}
+
+
+@pytest.mark.parametrize("owner", sorted(SIGNATURES))
+def test_public_signatures_are_unchanged(owner: str) -> None:
+    import inspect
+
+    import lightning_vstream
+
+    parameters = inspect.signature(getattr(lightning_vstream, owner).__init__).parameters
+    now = [
+        (name, None if p.default is inspect.Parameter.empty else repr(p.default), str(p.annotation))
+        for name, p in parameters.items()
+        if name != "self"
+    ]
+    assert now == SIGNATURES[owner]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "accepted"),
+    [
+        ("camera_frames", "sideways", "'stacked' or 'per_camera'"),
+        ("on_error", "ignore", "'raise' or 'skip'"),
+        ("decoder_threads", -1, "an integer >= 0"),
+        ("max_open_decoders", 0, "an integer >= 1"),
+        ("transform", 3, "None or a callable on frame tensors"),
+    ],
+)
+def test_shared_options_are_refused_in_one_wording(index: Path, option: str, value: Any, accepted: str) -> None:
+    from lightning_vstream import VideoClipDataset
+    from lightning_vstream.errors import ConfigurationTypeError
+
+    owners = {
+        "StreamVideoDataModule": lambda **kwargs: StreamVideoDataModule(index_file=index, **kwargs),
+        "ClipVideoDataModule": lambda **kwargs: ClipVideoDataModule(index_file=index, **kwargs),
+        "VideoClipDataset": lambda **kwargs: VideoClipDataset(index=index, **kwargs),
+    }
+    kind = ConfigurationTypeError if option == "transform" else ConfigurationError
+    for owner, make in owners.items():
+        with pytest.raises(kind, match=rf"^{owner}: {option}={value!r} is invalid; expected .*{accepted}"):
+            make(**{option: value})
+
+
+@pytest.mark.parametrize("module", [StreamVideoDataModule, ClipVideoDataModule])
+def test_a_bool_is_no_batch_size(module: type[pl.LightningDataModule]) -> None:
+    with pytest.raises(ConfigurationError, match=r"batch_size=True is invalid; expected an integer >= 1"):
+        module(index_file="x.json", batch_size=True)  # type: ignore[call-arg]

@@ -21,6 +21,7 @@ from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.indexing import load_index
+from lightning_vstream.options import ErrorOptions, OutputOptions
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader, build_engine_loader
@@ -40,17 +41,27 @@ def _sampler(index: Any, batch_size: int = 2, **kwargs: Any) -> StreamSampler:
 
 
 def _loader(
-    index: Any, *, threads: int = 3, prefetch: int = 2, device: Any = None, factory: Any = None, **kwargs: Any
+    index: Any,
+    *,
+    threads: int = 3,
+    prefetch: int = 2,
+    hold: int = 2,
+    device: Any = None,
+    factory: Any = None,
+    transform: Any = None,
+    **kwargs: Any,
 ) -> EngineLoader:
-    engine_kwargs = {k: kwargs.pop(k) for k in ("transform", "on_error", "timeout", "hold") if k in kwargs}
+    errors = {k: kwargs.pop(k) for k in ("on_error", "timeout") if k in kwargs}
     engine = StreamEngine(
         index=index,
         sampler=_sampler(index, **kwargs),
         device=device or HostDevice(),
         decoder_factory=factory or pyav_factory(threads=1),
+        output=OutputOptions.of("StreamEngine", transform=transform, outputs=None),
+        errors=ErrorOptions.of("StreamEngine", **errors),
         num_threads=threads,
         prefetch=prefetch,
-        **engine_kwargs,
+        hold=hold,
     )
     return EngineLoader(engine)
 

@@ -38,6 +38,7 @@ from lightning_vstream.decode.nv12 import Nv12Converter
 from lightning_vstream.decode.nvdec_sources import PacketSource, packet_data
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, VideoDecodeError
+from lightning_vstream.options import ErrorOptions, GpuOptions, OutputOptions
 
 pytestmark = pytest.mark.nvdriver
 
@@ -470,7 +471,7 @@ def _engine_loader(index: Any, **kwargs: Any) -> Any:
     from lightning_vstream.stream.sampler import StreamSampler
 
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    return build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, **kwargs)
+    return build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), **kwargs)
 
 
 def _batch_errors(batch: dict[str, Any], clips: dict[str, int], spec: Any) -> list[str]:
@@ -633,7 +634,9 @@ def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
     cameras = (bad.cameras[0], CameraStream(camera.name, damaged, camera.info))
     index = replace(index, clips=(*list(index.clips)[:2], replace(bad, cameras=cameras)))
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, on_error="skip")
+    loader = build_engine_loader(
+        index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), errors=ErrorOptions(on_error="skip")
+    )
     spec = _spec(index.clips[0].cameras[0].path)
     delivered = []
     for batch in loader:
@@ -676,7 +679,8 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
         "normalized": FrameTransform(dtype="float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
     }
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False, transform=default, outputs=outputs)
+    output = OutputOptions.of("StreamVideoDataModule", transform=default, outputs=outputs)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), output=output)
     assert loader.engine.steps.direct == (default is None)
     spec = _spec(index.clips[0].cameras[0].path)
     steps = 0
@@ -1083,7 +1087,7 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
     clips = _mark_dataset(marker, index)
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=1, shuffle=False)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, probe=False)
+    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False))
     batches = iter(loader)
     first = next(batches)
     before_first_step = len(marker.decoders)

@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "preview": {"errors"},
     "callbacks": {"errors", "preview"},
     "index": {"errors", "storage"},
-    "options": {"errors"},
+    "options": {"errors", "outputs"},
     "decode": {"errors", "profiling", "storage", "index"},
     "indexing": {"errors", "storage", "index", "decode"},
     "transforms": {"errors", "profiling", "decode"},  # decode.base.Layout only

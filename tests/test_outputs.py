@@ -26,6 +26,7 @@ from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
 from lightning_vstream.indexing import load_index
+from lightning_vstream.options import OutputOptions
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader
@@ -341,11 +342,14 @@ def test_resume_mid_epoch_repeats_every_output(ann_index: Path, loader: str) -> 
 
 
 # -- the engine's ring ------------------------------------------------------------------------------
-def _engine(index: Any, **kwargs: Any) -> EngineLoader:
+def _engine(index: Any, *, outputs: Any, **kwargs: Any) -> EngineLoader:
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2, shuffle=False
     )
-    return EngineLoader(StreamEngine(index=index, sampler=sampler, device=HostDevice(), num_threads=3, **kwargs))
+    output = OutputOptions.of("StreamEngine", transform=None, outputs=outputs)
+    return EngineLoader(
+        StreamEngine(index=index, sampler=sampler, device=HostDevice(), output=output, num_threads=3, **kwargs)
+    )
 
 
 def test_the_engine_ring_holds_every_output_until_the_hold(ann_index: Path) -> None:

@@ -313,12 +313,13 @@ def test_nearest_keyframe_decodes_only_keyframes(index_path: Path) -> None:
 
 def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> None:
     with pytest.raises(
-        ValueError, match=r"frame_policy='keyframe' is not supported; use 'exact' or 'nearest_keyframe'"
+        ValueError,
+        match=r"VideoClipDataset: frame_policy='keyframe' is invalid; expected 'exact' or 'nearest_keyframe'",
     ):
         VideoClipDataset(index=index_path, frame_policy="keyframe")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"decode_device='gpu' is not supported; use 'cpu', 'cuda'"):
+    with pytest.raises(ValueError, match=r"VideoClipDataset: decode_device='gpu' is invalid; expected 'cpu', 'cuda'"):
         VideoClipDataset(index=index_path, decode_device="gpu")
-    with pytest.raises(ValueError, match=r"gop_threads=-1 must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"VideoClipDataset: gop_threads=-1 is invalid; expected None or an integer >= 1"):
         VideoClipDataset(index=index_path, gop_threads=-1)
 
 
@@ -380,7 +381,7 @@ def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
         dm.train_dataloader()
     with pytest.raises(ValueError, match=r"decode_device='gpu' is invalid; expected 'cpu', 'cuda' or 'auto'"):
         ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"frame_policy='fast' is not supported"):
+    with pytest.raises(ValueError, match=r"ClipVideoDataModule: frame_policy='fast' is invalid; expected 'exact'"):
         ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]
 
 

@@ -20,6 +20,7 @@ from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.options import DecodeOptions, ErrorOptions
 from lightning_vstream.stream.engine_loader import build_engine_loader
 from lightning_vstream.stream.parts import StreamTask
 from lightning_vstream.stream.sampler import StreamSampler
@@ -204,10 +205,16 @@ def _skip_loader(
     )
     if engine_threads:
         return build_engine_loader(
-            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, on_error="skip", decoder_threads=1
+            index,
+            sampler,
+            "cpu",
+            threads=engine_threads,
+            prefetch=prefetch,
+            errors=ErrorOptions(on_error="skip"),
+            decode=DecodeOptions(decoder_threads=1),
         )
     return StreamDataLoader(
-        StreamDataset(index=index, on_error="skip", decoder_threads=1),
+        StreamDataset(index=index, errors=ErrorOptions(on_error="skip"), decode=DecodeOptions(decoder_threads=1)),
         sampler=sampler,
         num_workers=num_workers,
         prefetch_factor=prefetch if num_workers else None,

@@ -13,6 +13,7 @@ import torch
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FrameSizeError
 from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
@@ -50,7 +51,12 @@ def _loader(
         num_parts=max(1, num_workers),
         **kw,  # type: ignore[arg-type]
     )
-    dataset = StreamDataset(index=index, max_open_decoders=max_open_decoders, transform=transform, on_error=on_error)  # type: ignore[arg-type]
+    dataset = StreamDataset(
+        index=index,
+        decode=DecodeOptions(max_open_decoders=max_open_decoders),
+        output=OutputOptions(transform=transform),
+        errors=ErrorOptions(on_error=on_error),  # type: ignore[arg-type]
+    )
     return StreamDataLoader(dataset, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory)
 
 

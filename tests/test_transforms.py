@@ -236,6 +236,7 @@ def test_decoder_size_moves_only_a_leading_antialiased_resize() -> None:
 
 def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.options import OutputOptions
     from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.stream.worker import StreamDataset
     from lightning_vstream.stream.worker_loader import StreamDataLoader
@@ -248,7 +249,9 @@ def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
         seed=0,
         num_parts=max(1, num_workers),
     )
-    return StreamDataLoader(StreamDataset(index=index, transform=transform), sampler=sampler, num_workers=num_workers)
+    return StreamDataLoader(
+        StreamDataset(index=index, output=OutputOptions(transform=transform)), sampler=sampler, num_workers=num_workers
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,7 +15,6 @@ from torch.utils.data import Sampler
 from lightning_vstream._datamodule import (
     DEFAULT_NUM_WORKERS,
     EvalLoader,
-    MultiprocessingContext,
     check_excluded_clips,
     ignore_lightning_leafspec_warning,
     plain_hparams,
@@ -29,14 +28,21 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.selection import ClipRequest, FramePolicy, TimePolicy
+from lightning_vstream.clips.selection import FRAME_POLICIES, ClipRequest, FramePolicy, TimePolicy
 from lightning_vstream.clips.windows import FrameWindow, TimeWindow, Weighting, random_clips, regular_clips
 from lightning_vstream.errors import ConfigurationError, UsageError, VStreamWarning
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
-from lightning_vstream.options import check_arguments
-from lightning_vstream.outputs import check_outputs
+from lightning_vstream.options import (
+    DecodeOptions,
+    ErrorOptions,
+    MultiprocessingContext,
+    OutputOptions,
+    WorkerOptions,
+    check_arguments,
+    is_count,
+)
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.transforms import FrameTransform
@@ -227,7 +233,51 @@ class ClipVideoDataModule(pl.LightningDataModule):
         # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
-        check_clip_arguments({name: value for name, value in locals().items() if name != "self"})
+        owner = "ClipVideoDataModule"
+        self.decode_options = DecodeOptions.of(
+            owner,
+            decode_device=decode_device,
+            decoder_threads=decoder_threads,
+            max_open_decoders=max_open_decoders,
+            camera_frames=camera_frames,
+            unbounded=False,
+        )
+        self.output_options = OutputOptions.of(owner, transform=transform, outputs=outputs)
+        self.error_options = ErrorOptions.of(owner, on_error=on_error, timeout=timeout)
+        self.worker_options = WorkerOptions.of(
+            owner,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            multiprocessing_context=multiprocessing_context,
+            pin_memory=pin_memory,
+        )
+        check_arguments(
+            owner,
+            {
+                "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
+                "clips_per_epoch": (
+                    clips_per_epoch,
+                    clips_per_epoch is None or is_count(clips_per_epoch),
+                    "None or an integer >= 1",
+                ),
+                "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+                "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
+                "sampler": (
+                    sampler,
+                    sampler is None or callable(sampler),
+                    "None or a callable that takes the dataset and returns a torch Sampler",
+                ),
+                "frame_policy": (
+                    frame_policy,
+                    frame_policy in FRAME_POLICIES,
+                    "'exact' or 'nearest_keyframe' (approximate)",
+                ),
+                "world_size": (world_size, world_size is None or is_count(world_size), "None or an integer >= 1"),
+                "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
+            },
+        )
+        self.window = _window(clip_frames, frame_stride, segments, time_policy)
         self.frame_policy: FramePolicy = frame_policy
         self.gop_threads = gop_threads
         self.index_files: dict[Stage, Path | str | None] = {  # a URL stays a string
@@ -241,11 +291,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
                 "ClipVideoDataModule needs at least one of index_file, val_index_file, "
                 "test_index_file or predict_index_file."
             )
-        self.window: FrameWindow | TimeWindow = (
-            TimeWindow(tuple(segments), time_policy)
-            if segments is not None
-            else FrameWindow(_DEFAULT_CLIP_FRAMES if clip_frames is None else clip_frames, frame_stride)
-        )
+        # The options as given (checked above), for reading; loaders take the groups.
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cameras = None if cameras is None else tuple(cameras)
@@ -266,7 +312,7 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.index_check = index_check
         self.transform = transform
-        self.outputs = check_outputs("ClipVideoDataModule", outputs)
+        self.outputs = self.output_options.outputs
         self.on_error = on_error
         self.timeout = timeout
         self.drop_last = drop_last
@@ -494,44 +540,10 @@ class ClipVideoDataModule(pl.LightningDataModule):
             loader.close()
 
 
-def check_clip_arguments(args: Mapping[str, Any]) -> None:
-    """Check the DataModule's keyword arguments (``args``, by name): each error names the argument, the value
-    received and what is accepted.
-
-    Raises:
-        ValueError: An argument is out of range or two arguments contradict each other.
-        TypeError: An argument has the wrong type.
-    """
-    camera_frames = args["camera_frames"]
-    frame_policy = args["frame_policy"]
-    segments = args["segments"]
-    clip_frames = args["clip_frames"]
-    frame_stride = args["frame_stride"]
-    batch_size = args["batch_size"]
-    num_workers = args["num_workers"]
-    clips_per_epoch = args["clips_per_epoch"]
-    prefetch_factor = args["prefetch_factor"]
-    decoder_threads = args["decoder_threads"]
-    max_open_decoders = args["max_open_decoders"]
-    timeout = args["timeout"]
-    decode_device = args["decode_device"]
-    index_check = args["index_check"]
-    on_error = args["on_error"]
-    selection = args["selection"]
-    sampler = args["sampler"]
-    multiprocessing_context = args["multiprocessing_context"]
-    transform = args["transform"]
-    world_size = args["world_size"]
-    rank = args["rank"]
-    if camera_frames not in ("stacked", "per_camera"):
-        raise ConfigurationError(
-            f"ClipVideoDataModule: camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
-        )
-    if frame_policy not in ("exact", "nearest_keyframe"):
-        raise ConfigurationError(
-            f"ClipVideoDataModule: frame_policy={frame_policy!r} is not supported; use 'exact' or "
-            "'nearest_keyframe' (approximate)."
-        )
+def _window(
+    clip_frames: int | None, frame_stride: int, segments: Sequence[tuple[float, int]] | None, time_policy: TimePolicy
+) -> FrameWindow | TimeWindow:
+    """Each sample's window: ``segments`` (multi-rate, in seconds), or ``clip_frames`` frames ``frame_stride`` apart."""
     if segments is not None and clip_frames is not None:
         raise ConfigurationError(
             f"pass either segments={list(segments)!r} (a multi-rate window) or clip_frames={clip_frames!r} "
@@ -541,44 +553,6 @@ def check_clip_arguments(args: Mapping[str, Any]) -> None:
         raise ConfigurationError(
             f"frame_stride={frame_stride!r} applies to frame windows; segments set their own spacing."
         )
-
-    def positive(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-    check_arguments(
-        "ClipVideoDataModule",
-        {
-            "batch_size": (batch_size, positive(batch_size), "an integer >= 1"),
-            "num_workers": (num_workers, num_workers is None or num_workers >= 0, "None or an integer >= 0"),
-            "clips_per_epoch": (
-                clips_per_epoch,
-                clips_per_epoch is None or positive(clips_per_epoch),
-                "None or an integer >= 1",
-            ),
-            "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
-            "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_decoders": (max_open_decoders, positive(max_open_decoders), "an integer >= 1"),
-            "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
-            "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
-            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-            "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
-            "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
-            "sampler": (
-                sampler,
-                sampler is None or callable(sampler),
-                "None or a callable that takes the dataset and returns a torch Sampler",
-            ),
-            "multiprocessing_context": (
-                multiprocessing_context,
-                multiprocessing_context in (None, "fork", "forkserver", "spawn"),
-                "None, 'fork', 'forkserver' or 'spawn'",
-            ),
-            "transform": (
-                transform,
-                transform is None or callable(transform),
-                "None or a callable on frame tensors",
-            ),
-            "world_size": (world_size, world_size is None or positive(world_size), "None or an integer >= 1"),
-            "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
-        },
-    )
+    if segments is not None:
+        return TimeWindow(tuple(segments), time_policy)
+    return FrameWindow(_DEFAULT_CLIP_FRAMES if clip_frames is None else clip_frames, frame_stride)

@@ -54,7 +54,8 @@ from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.index.records import ClipSequence
 from lightning_vstream.indexing import load_index
-from lightning_vstream.outputs import OutputTransform, changes_geometry, check_outputs
+from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
+from lightning_vstream.outputs import OutputTransform, changes_geometry
 from lightning_vstream.storage.urls import basename
 
 if TYPE_CHECKING:
@@ -188,67 +189,86 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
     ) -> None:
-        if camera_frames not in ("stacked", "per_camera"):
-            raise ConfigurationError(
-                f"camera_frames={camera_frames!r} is not supported; use 'stacked' or 'per_camera'."
-            )
-        if on_error not in ("raise", "skip"):
-            raise ConfigurationError(f"on_error={on_error!r} is not supported; use 'raise' or 'skip'.")
-        if transform is not None and not callable(transform):
-            raise ConfigurationTypeError(
-                f"transform={transform!r} is not callable; pass a callable on frame tensors or None."
-            )
-        if frame_policy not in FRAME_POLICIES:
-            raise ConfigurationError(
-                f"frame_policy={frame_policy!r} is not supported; use 'exact' or 'nearest_keyframe' (approximate: "
-                "the keyframe nearest each requested frame)."
-            )
-        if gop_threads is not None and (
-            isinstance(gop_threads, bool) or not isinstance(gop_threads, int) or gop_threads < 1
-        ):
-            raise ConfigurationError(f"gop_threads={gop_threads!r} must be an integer >= 1, or None for the default.")
-        if not isinstance(decode_device, str) or not (decode_device == "cpu" or decode_device.startswith("cuda")):
-            raise ConfigurationError(
-                f"decode_device={decode_device!r} is not supported; use 'cpu', 'cuda' or 'cuda:<index>' "
-                "(the DataModule also takes 'auto')."
-            )
+        owner = "VideoClipDataset"
+        decode = DecodeOptions.of(
+            owner,
+            decode_device=decode_device,
+            decoder_threads=decoder_threads,
+            max_open_decoders=max_open_decoders,
+            camera_frames=camera_frames,
+            ranked=False,
+            unbounded=False,
+        )
+        output = OutputOptions.of(owner, transform=transform, outputs=outputs)
+        errors = ErrorOptions.of(owner, on_error=on_error)
+        check_arguments(
+            owner,
+            {
+                "frame_policy": (
+                    frame_policy,
+                    frame_policy in FRAME_POLICIES,
+                    "'exact' or 'nearest_keyframe' (approximate: the keyframe nearest each requested frame)",
+                ),
+                "gop_threads": (gop_threads, gop_threads is None or is_count(gop_threads), "None or an integer >= 1"),
+            },
+        )
         if decode_device != "cpu" and (
             annotations is not None or augment is not None or size is not None or camera_frames != "stacked"
         ):
             raise ConfigurationError(
-                f"decode_device={decode_device!r} delivers frames and labels only; annotations, augment, size and "
-                "camera_frames='per_camera' need decode_device='cpu'."
+                f"{owner}: decode_device={decode_device!r} delivers frames and labels only; annotations, augment, "
+                "size and camera_frames='per_camera' need decode_device='cpu'."
             )
-        self.decode_device = decode_device
-        self.frame_policy: FramePolicy = frame_policy
-        if isinstance(max_open_decoders, bool) or not isinstance(max_open_decoders, int) or max_open_decoders < 1:
-            raise ConfigurationError(f"max_open_decoders={max_open_decoders!r} must be a positive integer.")
-        if isinstance(decoder_threads, bool) or not isinstance(decoder_threads, int) or decoder_threads < 0:
-            raise ConfigurationError(f"decoder_threads={decoder_threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.index = (
-            index
-            if isinstance(index, VideoIndex)
-            else load_index(index, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
-        )
-        if decode_device != "cpu" and self.index.storage is not None:
-            raise ConfigurationError(
-                f"index {self.index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
-                "yet; use decode_device='cpu'."
-            )
+        self.index = self._load(index, storage_options, cache_dir, cache_limit, decode_device)
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
-        self.max_open_decoders = max_open_decoders
-        self.decoder_threads = decoder_threads
-        self.transform = transform
-        self.outputs = check_outputs("VideoClipDataset", outputs)
-        self.on_error = on_error
+        self.decode_device = decode.decode_device
+        self.max_open_decoders = max_open_decoders  # checked: an integer >= 1
+        self.decoder_threads = decode.decoder_threads
+        self.camera_frames = decode.camera_frames
+        self.transform = output.transform
+        self.outputs = output.outputs
+        self.on_error = errors.on_error
+        self.frame_policy: FramePolicy = frame_policy
+        self.gop_threads = gop_threads
+        self.size = check_size(size)
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
         self._bad_files: set[str] = set()
-        self.size = check_size(size)
         self._gops = GopPool(threads=gop_threads if gop_threads is not None else DEFAULT_GOP_THREADS)
-        self.gop_threads = gop_threads
         self.requests: list[ClipRequest] = list(requests)
+        self._check_requests()
+        self._infos: dict[Path | str, VideoInfo] = {}
+        self._cache: DecoderCache | None = None
+        self.annotations = resolve_annotations(annotations)
+        self.augment = augment
+        self.seed = seed
+        self.epoch = epoch
+        #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
+        self.missing_annotations = 0
+        self._reader: Any = None
+        self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
+
+    @staticmethod
+    def _load(
+        index: VideoIndex | Path | str,
+        storage_options: dict[str, Any] | None,
+        cache_dir: str | None,
+        cache_limit: int | str | None,
+        decode_device: str,
+    ) -> VideoIndex:
+        """The index given, or loaded from its path or URL (a remote one decodes on the CPU only)."""
+        if not isinstance(index, VideoIndex):
+            index = load_index(index, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        if decode_device != "cpu" and index.storage is not None:
+            raise ConfigurationError(
+                f"index {index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
+                "yet; use decode_device='cpu'."
+            )
+        return index
+
+    def _check_requests(self) -> None:
+        """Every request names a clip, cameras and frames of the index; the dataset's cameras are the index's."""
         for pos, request in enumerate(self.requests):
             if not isinstance(request, ClipRequest):
                 raise ConfigurationTypeError(
@@ -262,18 +282,6 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                 f"cameras={list(self.cameras)!r}: {unknown or 'no cameras'} not in the index {self._where()}, "
                 f"whose cameras are {list(self.index.camera_names)}."
             )
-        self._infos: dict[Path | str, VideoInfo] = {}
-        self._cache: DecoderCache | None = None
-        self.annotations = resolve_annotations(annotations)
-        self.augment = augment
-        self.seed = seed
-        self.epoch = epoch
-        self.on_error = on_error
-        self.camera_frames = camera_frames
-        #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
-        self.missing_annotations = 0
-        self._reader: Any = None
-        self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
 
     @property
     def bad_files(self) -> int:

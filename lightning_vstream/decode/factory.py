@@ -171,6 +171,8 @@ def nvdec_factory(
 ) -> DecoderFactory:
     """Decoders on NVDEC of GPU ``gpu``; with ``fallback="cpu"`` files NVDEC cannot decode use PyAV.
 
+    ``fallback`` is :attr:`GpuOptions.fallback <lightning_vstream.GpuOptions>`, checked there.
+
     Streaming reads every frame in order, so decoders keep NVDEC's ``NATIVE`` latency mode, which
     pipelines pictures (``LOW`` returns each frame sooner but stalls the engine between packets).
     Each decoder runs on the stream of the engine thread that opens it (``stream="current"``), so
@@ -181,8 +183,6 @@ def nvdec_factory(
 
         >>> make = nvdec_factory(0, fallback="cpu")  # doctest: +SKIP
     """
-    if fallback not in ("none", "cpu"):
-        raise ConfigurationError(f"gpu_fallback={fallback!r} is not supported; use 'none' or 'cpu'.")
     from lightning_vstream.decode.cpu import PyAVDecoder
     from lightning_vstream.decode.device import frame_memory
     from lightning_vstream.decode.gpu import NvDecoder

@@ -48,7 +48,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,10 +60,9 @@ from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.decode.probe import probe_video
-from lightning_vstream.errors import ConfigurationError, VideoDecodeError, WorkerError
+from lightning_vstream.errors import VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.options import CameraFrames, OnError, check_stream_options
-from lightning_vstream.outputs import OutputTransform, check_outputs
+from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_reads import ThreadDecoders
@@ -147,22 +146,27 @@ class StreamEngine:
             or :class:`~lightning_vstream.stream.engine_device.HostDevice`).
         decoder_factory: ``(path, info, label) -> decoder`` for one camera stream; its ``get(index, out=None)``
             returns the frame as ``[3, H, W]`` uint8 on ``device``, ordered on the current stream.
-        num_threads: Decode threads; ``device.default_threads()`` when None.
-        prefetch: Steps decoded ahead of the one the consumer asks for.
-        hold: Batches the consumer may hold after asking for them (``buffers="ring"``: their memory is not reused).
-        transform: Applied to each ``[1, 3, H, W]`` frame on its thread's stream, right after decoding.
-        on_error: ``"raise"`` re-raises the first failed read's error after the batches before it;
-            ``"skip"`` moves the slot to its next clip and marks the batches in between invalid.
-        timeout: Seconds the consumer waits for a step before raising :class:`WorkerError` (0: forever).
+        decode: ``camera_frames`` (``"stacked"``: one ``[slots, cameras, 3, H, W]`` tensor;
+            ``"per_camera"``: one ``[slots, 3, H_c, W_c]`` tensor per camera) and
+            ``max_open_decoders`` (open decoders of the whole engine, shared out among the threads, at
+            least one each; None keeps one per camera stream).
+        output: ``transform`` is applied to each ``[1, 3, H, W]`` frame on its thread's stream, right
+            after decoding; ``outputs`` are named outputs made from each decoded (and augmented) frame
+            besides the default one (see :mod:`lightning_vstream.outputs`): each has batches of its own
+            (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
+            default output.
+        errors: ``on_error="raise"`` re-raises the first failed read's error after the batches before
+            it; ``"skip"`` moves the slot to its next clip and marks the batches in between invalid.
+            ``timeout``: seconds the consumer waits for a step before raising :class:`WorkerError`
+            (0: forever).
+        annotations: Delivered next to the frames (see :mod:`lightning_vstream.annotations`); None: none.
         augment: Geometry augmentation, applied before ``transform``, drawn once per segment from
             ``(seed, epoch, clip, segment start)``.
         seed: Seed of the augmentation draws.
-        annotations: Delivered next to the frames (see :mod:`lightning_vstream.annotations`); None: none.
         pad_annotations: Pad ragged annotation fields with a mask instead of delivering lists.
-        camera_frames: ``"stacked"``: one ``[slots, cameras, 3, H, W]`` tensor; ``"per_camera"``: one
-            ``[slots, 3, H_c, W_c]`` tensor per camera.
-        max_open_decoders: Open decoders of the whole engine (shared out among the threads, at least
-            one each); None keeps one per camera stream.
+        num_threads: Decode threads; ``device.default_threads()`` when None.
+        prefetch: Steps decoded ahead of the one the consumer asks for.
+        hold: Batches the consumer may hold after asking for them (``buffers="ring"``: their memory is not reused).
         decoder_resizes: The factory's decoders are PyAV decoders that resize while converting to RGB as
             :func:`~lightning_vstream.stream.frame_steps.decoder_sizes` plans: to their own size
             (:func:`~lightning_vstream.decode.factory.pyav_factory` with ``size``) and, for the
@@ -172,10 +176,6 @@ class StreamEngine:
             events); ``"pool"``: a batch per step whose memory is reused only once nothing
             references it (CPU memory, safe to keep).
         pin_memory: Allocate pool batches in pinned memory (when CUDA is available).
-        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
-            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`): each has batches of its own
-            (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
-            default output.
 
     Example::
 
@@ -192,52 +192,53 @@ class StreamEngine:
         sampler: StreamSampler,
         device: EngineDevice,
         decoder_factory: DecoderFactory,
+        decode: DecodeOptions | None = None,
+        output: OutputOptions | None = None,
+        errors: ErrorOptions | None = None,
+        annotations: AnnotationSource | None = None,
+        augment: GeometryAugment | None = None,
+        seed: int = 0,
+        pad_annotations: bool = False,
         num_threads: int | None = None,
         prefetch: int = 2,
         hold: int = 2,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        on_error: OnError = "raise",
-        timeout: float = 300.0,
-        augment: GeometryAugment | None = None,
-        seed: int = 0,
-        annotations: AnnotationSource | None = None,
-        pad_annotations: bool = False,
-        camera_frames: CameraFrames = "stacked",
-        max_open_decoders: int | None = None,
         decoder_resizes: bool = False,
         buffers: Buffers = "ring",
         pin_memory: bool = False,
-        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
-        if sampler.num_parts != 1:
-            raise ConfigurationError(f"StreamEngine needs a sampler with num_parts=1, got {sampler.num_parts}.")
-        if prefetch < 1 or hold < 1:
-            raise ConfigurationError(f"prefetch={prefetch!r} and hold={hold!r} must both be >= 1.")
-        if num_threads is not None and num_threads < 1:
-            raise ConfigurationError(f"num_threads={num_threads!r} must be >= 1 or None.")
-        check_stream_options(on_error=on_error, camera_frames=camera_frames, max_open_decoders=max_open_decoders)
-        if buffers not in ("ring", "pool"):
-            raise ConfigurationError(f"buffers={buffers!r} is not supported; use 'ring' or 'pool'.")
+        decode = decode or DecodeOptions()
+        output = output or OutputOptions()
+        errors = errors or ErrorOptions()
+        check_arguments(
+            "StreamEngine",
+            {
+                "sampler.num_parts": (sampler.num_parts, sampler.num_parts == 1, "1 (the engine plans whole steps)"),
+                "prefetch": (prefetch, is_count(prefetch), "an integer >= 1"),
+                "hold": (hold, is_count(hold), "an integer >= 1"),
+                "num_threads": (num_threads, num_threads is None or is_count(num_threads), "None or an integer >= 1"),
+                "buffers": (buffers, buffers in ("ring", "pool"), "'ring' or 'pool'"),
+            },
+        )
         self.index = index
         self.sampler = sampler
         self.device = device
         self.decoder_factory = decoder_factory
         self.prefetch = prefetch
         self.hold = hold
-        self.transform = transform
-        self.on_error = on_error
-        self.timeout = timeout
+        self.transform = output.transform
+        self.on_error = errors.on_error
+        self.timeout = errors.timeout
         self.pad_annotations = pad_annotations
-        self.camera_frames = camera_frames
+        self.camera_frames = decode.camera_frames
         self.buffers = buffers
-        self.outputs = check_outputs("StreamEngine", outputs)
+        self.outputs = output.outputs
         self.steps = FrameSteps(
             index=index,
-            transform=transform,
+            transform=output.transform,
             augment=augment,
             seed=seed,
             annotations=annotations,
-            on_error=on_error,
+            on_error=errors.on_error,
             decode_device="cpu" if decoder_resizes else "cuda",
             outputs=self.outputs,
         )
@@ -248,12 +249,13 @@ class StreamEngine:
         self._plain = (
             self.steps.direct and not self.outputs and not self.steps.has_geometry and self.steps.annotations is None
         )
-        self._decoders_per_thread = None if max_open_decoders is None else max(1, max_open_decoders // self.num_threads)
+        max_open = decode.max_open_decoders
+        self._decoders_per_thread = None if max_open is None else max(1, max_open // self.num_threads)
         self.batches = EngineBatches(
             device=device,
             slots=sampler.batch_size,
             cameras=sampler.num_cameras,
-            camera_frames=camera_frames,
+            camera_frames=decode.camera_frames,
             buffers=buffers,
             ring_size=self.ring_size,
             pin_memory=pin_memory,

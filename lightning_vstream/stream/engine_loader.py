@@ -10,8 +10,8 @@ device backend (:mod:`lightning_vstream.stream.engine_device`), the decoder fact
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -21,7 +21,7 @@ from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav_factory
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.outputs import OutputTransform
+from lightning_vstream.options import DEFAULT_GPU_OPTIONS, DecodeOptions, ErrorOptions, GpuOptions, OutputOptions
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
@@ -130,33 +130,28 @@ def build_engine_loader(
     sampler: StreamSampler,
     device: str,
     *,
+    decode: DecodeOptions | None = None,
+    output: OutputOptions | None = None,
+    errors: ErrorOptions | None = None,
+    gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
     threads: int | None = None,
     prefetch: int = 2,
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    on_error: Literal["raise", "skip"] = "raise",
-    timeout: float = 300.0,
-    decoder_threads: int = 0,
-    gpu_fallback: Literal["none", "cpu"] = "none",
-    probe: bool = True,
+    annotations: AnnotationSource | None = None,
     augment: GeometryAugment | None = None,
     seed: int = 0,
-    annotations: AnnotationSource | None = None,
     pad_annotations: bool = False,
-    camera_frames: Literal["stacked", "per_camera"] = "stacked",
-    max_open_decoders: int | None = None,
     pin_memory: bool = False,
-    outputs: Mapping[str, OutputTransform] | None = None,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
-    On a GPU this runs the one-time NVDEC probe (unless ``probe=False``), sizes the thread pool
+    On a GPU this runs the one-time NVDEC probe (unless ``gpu.probe`` is False), sizes the thread pool
     from the GPU's NVDEC engine count (``GetDecoderCaps``), checks that the decoders fit in the GPU's
     free memory (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`: a
     :class:`~lightning_vstream.errors.GpuMemoryError` names what to lower), compiles and checks the
     colour kernel (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), all on the calling
     thread, and has each decode thread create its decoders for every format of the index before the
     first step; batches are views of a ring in GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
-    (:func:`cpu_threads`), each PyAV decoder uses ``decoder_threads`` FFmpeg threads
+    (:func:`cpu_threads`), each PyAV decoder uses ``decode.decoder_threads`` FFmpeg threads
     (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
     transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
     :func:`~lightning_vstream.stream.frame_steps.decoder_sizes`), and every batch is memory of its own
@@ -166,6 +161,8 @@ def build_engine_loader(
 
         >>> loader = build_engine_loader(index, sampler, "cuda:0")  # doctest: +SKIP
     """
+    decode = decode or DecodeOptions()
+    output = output or OutputOptions()
     target = torch.device(device)
     backend: EngineDevice
     factory: DecoderFactory
@@ -181,53 +178,52 @@ def build_engine_loader(
         from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
         from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
 
-        gpu = target.index if target.index is not None else 0
-        if probe:
-            probe_nvdec(gpu)
+        ordinal = target.index if target.index is not None else 0
+        if gpu.probe:
+            probe_nvdec(ordinal)
         first = index.clips[0].cameras[0].info
         codec = first.codec if first is not None else "hevc"
-        engines = num_decoder_engines(gpu, codec)
+        engines = num_decoder_engines(ordinal, codec)
         rows = sampler.batch_size * sampler.num_cameras
         workers = max(1, min(threads or 2 * engines, rows))
         per_thread = -(-rows // workers)
         formats = one_file_per_format(index)
         memory = frame_memory()
         check_nvdec_memory(
-            gpu,
+            ordinal,
             [(info, workers * per_thread) for _, info in formats],
             memory=memory,
             lower="engine_threads, batch_size or the cameras per step",
             headroom=0 if memory.host else DEFAULT_HEADROOM,
         )
-        prepare_conversion(memory.device(gpu))
-        backend = nvdec_engine_device(gpu, engines=engines, prepare=formats, streams_per_thread=per_thread)
-        factory = nvdec_factory(gpu, fallback=gpu_fallback, cpu_threads=decoder_threads)
+        prepare_conversion(memory.device(ordinal))
+        backend = nvdec_engine_device(ordinal, engines=engines, prepare=formats, streams_per_thread=per_thread)
+        factory = nvdec_factory(ordinal, fallback=gpu.fallback, cpu_threads=decode.decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
-        resize, _ = decoder_sizes(transform, outputs, augment)  # swscale resizes while it converts to RGB
+        resize, _ = decoder_sizes(output.transform, output.outputs, augment)  # swscale resizes while it converts to RGB
         # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
         # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
-        factory = pyav_factory(threads=decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage)
+        factory = pyav_factory(
+            threads=decode.decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage
+        )
     engine = StreamEngine(
         index=index,
         sampler=sampler,
         device=backend,
         decoder_factory=factory,
-        num_threads=threads,
-        prefetch=prefetch,
-        transform=transform,
-        on_error=on_error,
-        timeout=timeout,
+        decode=decode,
+        output=output,
+        errors=errors,
+        annotations=annotations,
         augment=augment,
         seed=seed,
-        annotations=annotations,
         pad_annotations=pad_annotations,
-        camera_frames=camera_frames,
-        max_open_decoders=max_open_decoders,
+        num_threads=threads,
+        prefetch=prefetch,
         decoder_resizes=target.type == "cpu",
         buffers="ring" if target.type == "cuda" else "pool",
         pin_memory=pin_memory,
-        outputs=outputs,
     )
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import StreamPrefetcher

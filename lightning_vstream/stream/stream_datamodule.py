@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable
@@ -14,7 +15,6 @@ import torch
 from lightning_vstream._datamodule import (
     DEFAULT_NUM_WORKERS,
     EvalLoader,
-    MultiprocessingContext,
     check_excluded_clips,
     ignore_lightning_leafspec_warning,
     plain_hparams,
@@ -29,8 +29,18 @@ from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
-from lightning_vstream.options import DEFAULT_GPU_OPTIONS, GpuOptions, check_arguments, gpu_options
-from lightning_vstream.outputs import check_outputs
+from lightning_vstream.options import (
+    DEFAULT_GPU_OPTIONS,
+    DecodeOptions,
+    ErrorOptions,
+    GpuOptions,
+    MultiprocessingContext,
+    OutputOptions,
+    WorkerOptions,
+    check_arguments,
+    gpu_options,
+    is_count,
+)
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
@@ -219,40 +229,44 @@ class StreamVideoDataModule(pl.LightningDataModule):
         # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
-        checks = {
-            "batch_size": (batch_size, batch_size >= 1, "an integer >= 1"),
-            "num_workers": (num_workers, num_workers is None or num_workers >= 0, "None or an integer >= 0"),
-            "frame_stride": (frame_stride, frame_stride >= 1, "an integer >= 1"),
-            "segment_length": (
-                segment_length,
-                segment_length is None or segment_length >= 1,
-                "None or an integer >= 1",
-            ),
-            "prefetch_factor": (prefetch_factor, prefetch_factor >= 1, "an integer >= 1"),
-            "decoder_threads": (decoder_threads, decoder_threads >= 0, "an integer >= 0"),
-            "max_open_decoders": (
-                max_open_decoders,
-                max_open_decoders is None or max_open_decoders >= 1,
-                "None or an integer >= 1",
-            ),
-            "timeout": (timeout, timeout >= 0, "a number of seconds >= 0"),
-            "decode_device": (decode_device, decode_device in ("cpu", "cuda", "auto"), "'cpu', 'cuda' or 'auto'"),
-            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-            "on_error": (on_error, on_error in ("raise", "skip"), "'raise' or 'skip'"),
-            "multiprocessing_context": (
-                multiprocessing_context,
-                multiprocessing_context in (None, "fork", "forkserver", "spawn"),
-                "None, 'fork', 'forkserver' or 'spawn'",
-            ),
-            "transform": (transform, transform is None or callable(transform), "None or a callable on frame tensors"),
-            "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
-            "engine_threads": (
-                engine_threads,
-                engine_threads is None or engine_threads >= 1,
-                "None or an integer >= 1",
-            ),
-        }
-        check_arguments("StreamVideoDataModule", checks)
+        owner = "StreamVideoDataModule"
+        self.decode_options = DecodeOptions.of(
+            owner,
+            decode_device=decode_device,
+            decoder_threads=decoder_threads,
+            max_open_decoders=max_open_decoders,
+            camera_frames=camera_frames,
+        )
+        self.output_options = OutputOptions.of(owner, transform=transform, outputs=outputs)
+        self.error_options = ErrorOptions.of(owner, on_error=on_error, timeout=timeout)
+        self.worker_options = WorkerOptions.of(
+            owner,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            multiprocessing_context=multiprocessing_context,
+            pin_memory=pin_memory,
+        )
+        self.gpu = gpu_options(owner, gpu)
+        check_arguments(
+            owner,
+            {
+                "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
+                "frame_stride": (frame_stride, is_count(frame_stride), "an integer >= 1"),
+                "segment_length": (
+                    segment_length,
+                    segment_length is None or is_count(segment_length),
+                    "None or an integer >= 1",
+                ),
+                "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+                "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
+                "engine_threads": (
+                    engine_threads,
+                    engine_threads is None or is_count(engine_threads),
+                    "None or an integer >= 1",
+                ),
+            },
+        )
         if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
             raise ConfigurationError(
                 "StreamVideoDataModule needs at least one of index_file, val_index_file, "
@@ -264,6 +278,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
             "test": index_location(test_index_file),
             "predict": index_location(predict_index_file),
         }
+        # The options as given (checked above), for reading; loaders take the groups.
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cameras = list(cameras) if cameras is not None else None
@@ -281,7 +296,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.index_check = index_check
         self.transform = transform
         self.on_error = on_error
-        self.outputs = check_outputs("StreamVideoDataModule", outputs)
+        self.outputs = self.output_options.outputs
         self.multiprocessing_context = multiprocessing_context
         self.timeout = timeout
         self.rank = rank
@@ -289,16 +304,10 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.annotations = annotations
         self.augment = augment
         self.pad_annotations = pad_annotations
-        if camera_frames not in ("stacked", "per_camera"):
-            raise ConfigurationError(
-                f"StreamVideoDataModule: camera_frames={camera_frames!r} is invalid; expected 'stacked' "
-                "or 'per_camera'."
-            )
         self.camera_frames = camera_frames
-        self._annotation_source: AnnotationSource | None = None
         self.engine = engine
         self.engine_threads = engine_threads
-        self.gpu = gpu_options("StreamVideoDataModule", gpu)
+        self._annotation_source: AnnotationSource | None = None
         self._warned_reset = False
         self._warned_unused = False
         self._resolved_device: str | None = None
@@ -385,12 +394,22 @@ class StreamVideoDataModule(pl.LightningDataModule):
             warn_unused_engine_options(self.engine, self._device(), self.hparams, workers=self.workers())
 
     def _loader(self, split: Stage) -> Any:
-        index = self.index(split)
         self._warn_unused_options()
+        training = split == "train"
+        if training:
+            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
+        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
+        if self.uses_engine():
+            return self._keep_loader(split, self._engine_loader(split, augment))
+        return self._keep_loader(split, self._worker_loader(split, augment))
+
+    def _sampler(self, split: Stage) -> StreamSampler:
+        """The stream plan of ``split`` for this rank: shuffled and dropping the remainder when training."""
+        index = self.index(split)
         rank, world = self._placement()
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
-        sampler = StreamSampler(
+        return StreamSampler(
             index.frame_counts.tolist(),
             num_cameras=len(index.camera_names),
             batch_size=self.batch_size,
@@ -403,52 +422,44 @@ class StreamVideoDataModule(pl.LightningDataModule):
             remainder=remainder,
             num_parts=1 if self.uses_engine() else max(1, self.workers()),
         )
-        device = self._device()
-        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
-        if training:
-            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
-        if self.uses_engine():
-            from lightning_vstream.stream.engine_loader import build_engine_loader
 
-            engine_loader = build_engine_loader(
-                index,
-                sampler,
-                device,
-                threads=self.engine_threads,
-                prefetch=self.prefetch_factor,
-                transform=self.transform,
-                on_error=self.on_error,
-                timeout=self.timeout,
-                decoder_threads=self.decoder_threads,
-                gpu_fallback=self.gpu.fallback,
-                probe=self.gpu.probe,
-                augment=augment,
-                seed=self.seed,
-                annotations=self._source(),
-                pad_annotations=self.pad_annotations,
-                camera_frames=self.camera_frames,
-                max_open_decoders=self.max_open_decoders,
-                pin_memory=self.pin_memory,
-                outputs=self.outputs,
-            )
-            return self._keep_loader(split, engine_loader)
-        dataset = StreamDataset(
-            index=index,
-            max_open_decoders=self.max_open_decoders,
-            decoder_threads=self.decoder_threads,
-            transform=self.transform,
-            device=device,
-            on_error=self.on_error,
+    def _engine_loader(self, split: Stage, augment: GeometryAugment | None) -> Any:
+        """The thread engine's loader of ``split`` (``engine="threads"``)."""
+        from lightning_vstream.stream.engine_loader import build_engine_loader
+
+        return build_engine_loader(
+            self.index(split),
+            self._sampler(split),
+            self._device(),
+            decode=dataclasses.replace(self.decode_options, decode_device=self._device()),
+            output=self.output_options,
+            errors=self.error_options,
+            gpu=self.gpu,
+            threads=self.engine_threads,
+            prefetch=self.prefetch_factor,
             annotations=self._source(),
             augment=augment,
             seed=self.seed,
             pad_annotations=self.pad_annotations,
-            camera_frames=self.camera_frames,
-            outputs=self.outputs,
+            pin_memory=self.pin_memory,
         )
-        loader = StreamDataLoader(
+
+    def _worker_loader(self, split: Stage, augment: GeometryAugment | None) -> StreamDataLoader:
+        """The worker loader of ``split`` (``engine="workers"``): a stream dataset decoded in worker processes."""
+        device = self._device()
+        dataset = StreamDataset(
+            index=self.index(split),
+            decode=dataclasses.replace(self.decode_options, decode_device=device),
+            output=self.output_options,
+            errors=self.error_options,
+            annotations=self._source(),
+            augment=augment,
+            seed=self.seed,
+            pad_annotations=self.pad_annotations,
+        )
+        return StreamDataLoader(
             dataset,
-            sampler=sampler,
+            sampler=self._sampler(split),
             num_workers=self.workers(),
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor,
@@ -458,7 +469,6 @@ class StreamVideoDataModule(pl.LightningDataModule):
             ),
             timeout=self.timeout,
         )
-        return self._keep_loader(split, loader)
 
     def _keep_loader(self, split: Stage, loader: Any) -> Any:
         """Make ``loader`` the ``split`` loader, closing the one it replaces."""

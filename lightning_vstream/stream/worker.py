@@ -11,7 +11,7 @@ import ctypes
 import functools
 import os
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,8 +23,7 @@ from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.factory import make_decoder
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.options import CameraFrames, OnError, check_stream_options
-from lightning_vstream.outputs import OutputTransform, check_outputs
+from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.stream.failures import FILE_ERRORS, failed_read, frame_size_error
 from lightning_vstream.stream.frame_steps import FrameSteps
@@ -66,30 +65,27 @@ class StreamDataset(Dataset):
 
     Args:
         index: The clips to read.
-        max_open_decoders: Open decoders kept per process (least recently used are closed);
-            None keeps one per stream.
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose).
-        transform: Applied to every camera frame (as ``[1, 3, H, W]`` uint8) in the worker, on
-            the device it was decoded on, before the frame is written into the batch; so a
-            resizing transform makes cameras of different sizes stackable. A
-            :class:`~lightning_vstream.FrameTransform`'s resize happens inside CPU video decoders
-            (see :meth:`FrameTransform.decoder_size`).
-        device: ``"cpu"`` (PyAV) or a CUDA device (NVDEC) to decode video files on.
-        on_error: ``"raise"`` stops at the first unreadable frame (or frame of the wrong size)
-            with an error naming file, clip, camera and frame; ``"skip"`` reports the failed reads
-            in the part, and the loader moves the slot on to its next clip.
+        decode: Where frames are decoded (``decode_device``: ``"cpu"`` for PyAV, a CUDA device for
+            NVDEC), with how many FFmpeg threads, how many decoders each process keeps open (least
+            recently used are closed; None keeps one per stream), and ``camera_frames``:
+            ``"stacked"`` returns one frame tensor per part, ``"per_camera"`` every frame on its own
+            (``StreamPart.images``), so cameras may differ in size.
+        output: ``transform`` is applied to every camera frame (as ``[1, 3, H, W]`` uint8) in the
+            worker, on the device it was decoded on, before the frame is written into the batch; a
+            :class:`~lightning_vstream.FrameTransform`'s resize happens inside CPU video decoders (see
+            :meth:`FrameTransform.decoder_size`). ``outputs`` are named outputs made from each decoded
+            (and augmented) frame (see :mod:`lightning_vstream.outputs`); on the CPU an output whose
+            transform starts with a resize takes its frame from the decoder's conversion at that size
+            (:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`).
+        errors: ``on_error="raise"`` stops at the first unreadable frame (or frame of the wrong size)
+            with an error naming file, clip, camera and frame; ``"skip"`` reports the failed reads in
+            the part, and the loader moves the slot on to its next clip.
         annotations: Looked up for every slot's frame by the part that reads the slot's first
             camera (see :mod:`lightning_vstream.annotations`); None delivers frames only.
         augment: Geometry augmentation applied to every frame before ``transform``, drawn once
             per segment from ``(seed, epoch, clip, segment start)``.
         seed: Seed of the augmentation draws.
         pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
-        camera_frames: ``"stacked"``: one frame tensor per part; ``"per_camera"``: every frame is
-            returned on its own (``StreamPart.images``), so cameras may differ in size.
-        outputs: Named outputs made from each decoded (and augmented) frame besides the default one,
-            ``{name: transform}`` (see :mod:`lightning_vstream.outputs`); on the CPU, an output whose
-            transform starts with a resize takes its frame from the decoder's conversion at that size
-            (:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`).
 
     Example::
 
@@ -101,41 +97,39 @@ class StreamDataset(Dataset):
         self,
         *,
         index: VideoIndex,
-        max_open_decoders: int | None = None,
-        decoder_threads: int = 0,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        device: str = "cpu",
-        on_error: OnError = "raise",
+        decode: DecodeOptions | None = None,
+        output: OutputOptions | None = None,
+        errors: ErrorOptions | None = None,
         annotations: AnnotationSource | None = None,
         augment: GeometryAugment | None = None,
         seed: int = 0,
         pad_annotations: bool = False,
-        camera_frames: CameraFrames = "stacked",
-        outputs: Mapping[str, OutputTransform] | None = None,
     ) -> None:
-        check_stream_options(on_error=on_error, camera_frames=camera_frames, max_open_decoders=max_open_decoders)
+        decode = decode or DecodeOptions()
+        output = output or OutputOptions()
+        errors = errors or ErrorOptions()
         self.index = index
-        self.max_open_decoders = max_open_decoders
-        self.decoder_threads = decoder_threads
-        self.transform = transform
-        self.device = device
-        self.on_error = on_error
+        self.max_open_decoders = decode.max_open_decoders
+        self.decoder_threads = decode.decoder_threads
+        self.device = decode.decode_device
+        self.camera_frames = decode.camera_frames
+        self.transform = output.transform
+        self.outputs = output.outputs
+        self.on_error = errors.on_error
         self.annotations = annotations
         self.augment = augment
         self.seed = seed
         self.pad_annotations = pad_annotations
-        self.camera_frames = camera_frames
-        self.outputs = check_outputs("StreamDataset", outputs)
         # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
         self.steps = FrameSteps(
             index=index,
-            transform=transform,
+            transform=output.transform,
             augment=augment,
             seed=seed,
             annotations=annotations,
-            on_error=on_error,
-            decode_device=device,
-            outputs=self.outputs,
+            on_error=errors.on_error,
+            decode_device=decode.decode_device,
+            outputs=output.outputs,
         )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
