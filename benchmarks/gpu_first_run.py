@@ -743,7 +743,7 @@ def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any
     if host:  # the test driver's frames are host memory: a reader of CPU batches
         reader = BatchReader(gpu=args.gpu, device="cpu", threads=4)
     else:
-        reader = make_reader(f"cuda:{args.gpu}", None, 8, 1, formats=one_file_per_format(index))
+        reader = make_reader(f"cuda:{args.gpu}", None, 8, formats=one_file_per_format(index))
     per_batch = 8
     errors: list[str] = []
     samples = frames = 0
@@ -752,16 +752,17 @@ def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any
         _synchronize(args.gpu, host)
         began = time.perf_counter()
         for start in range(per_batch, len(planned), per_batch):
-            batch = reader.read(planned[start : start + per_batch])
+            asked = planned[start : start + per_batch]
+            batch = reader.read(asked)
             samples += len(batch)
-            for sample in batch:
-                frames += sample["frames"].shape[0] * sample["frames"].shape[1]
+            for plan, sample in zip(asked, batch):
+                frames += sample.shape[0] * sample.shape[1]
                 if host:
                     continue
-                clip = clip_number(sample["clip_id"])
-                for t, index_ in enumerate(sample["frame_index"].tolist()):
-                    for camera in range(sample["frames"].shape[1]):
-                        if _stamp(sample["frames"][t, camera]) != (clip, camera, index_):
+                clip = clip_number(plan.clip_id)
+                for t, index_ in enumerate(plan.indices):
+                    for camera in range(sample.shape[1]):
+                        if _stamp(sample[t, camera]) != (clip, camera, index_):
                             errors.append(f"clip {clip} camera {camera} frame {index_}")
         _synchronize(args.gpu, host)
         elapsed = time.perf_counter() - began

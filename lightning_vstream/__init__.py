@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
-    from lightning_vstream.clips.batch import collate_clips
+    from lightning_vstream.clips.batch import ClipBatch, ClipSample, collate_clips
     from lightning_vstream.clips.datamodule import ClipVideoDataModule
     from lightning_vstream.clips.dataset import VideoClipDataset
     from lightning_vstream.clips.from_files import index_from_files
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from lightning_vstream.lightning_cli import VStreamCLI
     from lightning_vstream.options import GpuOptions
     from lightning_vstream.preview import Preview, draw_batches, preview_batches
+    from lightning_vstream.stream.batch import StreamBatch
     from lightning_vstream.stream.schedule import StreamSchedule
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
     from lightning_vstream.transforms import FrameTransform
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AnnotationFiles": "lightning_vstream.annotations",
     "AnnotationSource": "lightning_vstream.annotations",
+    "ClipBatch": "lightning_vstream.clips.batch",
     "ClipRequest": "lightning_vstream.clips.selection",
+    "ClipSample": "lightning_vstream.clips.batch",
     "ClipVideoDataModule": "lightning_vstream.clips.datamodule",
     "FrameTransform": "lightning_vstream.transforms",
     "FrameWindow": "lightning_vstream.clips.windows",
@@ -49,6 +52,7 @@ _EXPORTS = {
     "GpuOptions": "lightning_vstream.options",
     "IndexValidationError": "lightning_vstream.errors",
     "Preview": "lightning_vstream.preview",
+    "StreamBatch": "lightning_vstream.stream.batch",
     "StreamSchedule": "lightning_vstream.stream.schedule",
     "StreamVideoDataModule": "lightning_vstream.stream.stream_datamodule",
     "TimeWindow": "lightning_vstream.clips.windows",
@@ -101,7 +105,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "AnnotationFiles",
     "AnnotationSource",
+    "ClipBatch",
     "ClipRequest",
+    "ClipSample",
     "ClipVideoDataModule",
     "FrameTransform",
     "FrameWindow",
@@ -109,6 +115,7 @@ __all__ = [
     "GpuOptions",
     "IndexValidationError",
     "Preview",
+    "StreamBatch",
     "StreamSchedule",
     "StreamVideoDataModule",
     "TimeWindow",

@@ -294,7 +294,7 @@ def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
     frames = 0
     start = time.perf_counter()
     for batch in loader:
-        frames += int(batch["valid"].sum()) * batch["frames"].shape[1]
+        frames += int(batch["valid"].sum()) * len(batch["camera_names"])
     _synchronize(gpu, loader.engine.device.torch_device.type == "cpu")
     elapsed = time.perf_counter() - start
     return {"threads": loader.engine.num_threads, "frames": frames, "frames_per_s": round(frames / elapsed, 1)}
@@ -310,7 +310,7 @@ def _workers(index_path: Path, gpu: int, batches: int = 12) -> dict[str, Any]:
     frames = 0
     start = time.perf_counter()
     for n, batch in enumerate(dm.train_dataloader()):
-        frames += int(batch["frames"].shape[0] * batch["frames"].shape[1])
+        frames += int(batch["valid"].shape[0]) * len(batch["camera_names"])
         if n + 1 >= batches:
             break
     _synchronize(gpu, False)

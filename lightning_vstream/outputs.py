@@ -33,17 +33,30 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["OutputTransform", "apply_output", "changes_geometry", "check_outputs"]
+__all__ = ["OutputFrames", "OutputTransform", "apply_output", "changes_geometry", "check_outputs"]
 
 #: What an output is made with: a callable on uint8 frames ``[n, 3, H, W]``.
 OutputTransform = Callable[["torch.Tensor"], Any]
+
+
+class _OutputFramesKeys(TypedDict):
+    frames: torch.Tensor | list[torch.Tensor]
+
+
+class OutputFrames(_OutputFramesKeys, total=False):
+    """One named output of a batch or sample (``batch["outputs"][name]``): its frames, laid out like
+    ``batch["frames"]``, and the geometry of its own pixels (``img_aug_matrix``, ``intrinsics``) where
+    there is any."""
+
+    img_aug_matrix: torch.Tensor
+    intrinsics: torch.Tensor
 
 
 def check_outputs(owner: str, outputs: Mapping[str, OutputTransform] | None) -> dict[str, OutputTransform]:

@@ -207,7 +207,6 @@ def test_clip_datamodule_batches_have_the_documented_keys(small_index: Path) -> 
 
 
 def test_the_batch_types_name_the_keys_they_document() -> None:
-    pytest.importorskip("lightning_vstream.stream.batch")
     from lightning_vstream import ClipBatch, ClipSample, StreamBatch
 
     assert list(typing.get_type_hints(StreamBatch)) == STREAM_KEYS + STREAM_EXTRA_KEYS

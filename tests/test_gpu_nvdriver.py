@@ -515,7 +515,7 @@ def test_no_decode_stream_ever_waits_for_an_event_of_the_consumers_stream(
         out = reader.read([PlannedSample("c", ("CAM",), (files["hevc"],), (info,), ("clip c",), (3, 14))])
     finally:
         reader.close()
-    assert torch.equal(out[0]["frames"][1, 0], stamped_rgb((7, 0, 14), 256, 256, _spec(files["hevc"])))
+    assert torch.equal(out[0][1, 0], stamped_rgb((7, 0, 14), 256, 256, _spec(files["hevc"])))
     bad, counts = decode_stream_waits(log.lines())
     assert bad == []
     assert counts["decode_streams"] >= 4 and counts["waits_on_decode_events"] > 0 and counts["host_waits"] > 0
@@ -737,7 +737,7 @@ def test_random_access_batches_over_the_real_library(
     for n, sample in enumerate(out):
         for t, index in enumerate((17, 3, 9, 10)):
             expected = stamped_rgb((n, 0, index), 256, 256, _spec(files[names[n]]))
-            assert torch.equal(sample["frames"][t, 0], expected), (names[n], index)
+            assert torch.equal(sample[t, 0], expected), (names[n], index)
     assert len(marker.decoders) == 2
 
 

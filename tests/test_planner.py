@@ -319,7 +319,9 @@ def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> 
         VideoClipDataset(index=index_path, frame_policy="keyframe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"VideoClipDataset: decode_device='gpu' is invalid; expected 'cpu', 'cuda'"):
         VideoClipDataset(index=index_path, decode_device="gpu")
-    with pytest.raises(ValueError, match=r"VideoClipDataset: gop_threads=-1 is invalid; expected None or an integer >= 1"):
+    with pytest.raises(
+        ValueError, match=r"VideoClipDataset: gop_threads=-1 is invalid; expected None or an integer >= 1"
+    ):
         VideoClipDataset(index=index_path, gop_threads=-1)
 
 

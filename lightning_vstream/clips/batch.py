@@ -1,22 +1,28 @@
-"""Clip samples and batches: a sample's outputs and their geometry, and how samples are batched.
+"""Clip samples and batches: their keys (:class:`ClipSample`, :class:`ClipBatch`) and the one builder of each.
 
-Used by :class:`~lightning_vstream.clips.dataset.VideoClipDataset` (a sample's outputs and their
-``img_aug_matrix``; see :mod:`lightning_vstream.outputs`) and by :func:`collate_clips`, which stacks
-samples into a batch (``DataLoader(..., collate_fn=collate_clips)``).
+Every sample :class:`~lightning_vstream.clips.dataset.VideoClipDataset` delivers is built by
+:func:`clip_sample`, whether it was read on the CPU, read with a batch on a GPU, or could not be
+read at all (:func:`unreadable_sample`); :func:`collate_clips` stacks samples into a batch
+(``DataLoader(..., collate_fn=collate_clips)``). A sample's named outputs and their geometry are
+made here too (:func:`make_output`, :func:`output_matrices`; see :mod:`lightning_vstream.outputs`).
+The keys are documented once, in ``docs/concepts.md`` ("The batch"); both are plain dicts at run
+time (``TypedDict``), so DataLoaders, Lightning and models treat them as any dict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict, cast
+
+import torch
 
 from lightning_vstream.errors import ConfigurationError
-from lightning_vstream.outputs import OutputTransform, apply_output
-
-if TYPE_CHECKING:
-    import torch
+from lightning_vstream.outputs import OutputFrames, OutputTransform, apply_output
 
 __all__ = [
+    "ClipBatch",
+    "ClipSample",
+    "clip_sample",
     "collate_clips",
     "frame_shapes",
     "make_output",
@@ -27,6 +33,110 @@ __all__ = [
     "stack_geometry",
     "unreadable_sample",
 ]
+
+
+class _ClipSampleKeys(TypedDict):
+    frames: torch.Tensor | list[torch.Tensor]
+    clip_id: str
+    frame_index: torch.Tensor
+    timestamp: torch.Tensor
+    camera_names: list[str]
+    valid: bool
+
+
+class ClipSample(_ClipSampleKeys, total=False):
+    """One sample of :class:`~lightning_vstream.VideoClipDataset`: ``T`` frames of one clip, every camera asked for.
+
+    Keys (see ``docs/concepts.md``):
+
+    - ``frames``: uint8 ``[T, cameras, 3, H, W]`` (the ``transform`` may change dtype and size), or with
+      ``camera_frames="per_camera"`` a list of ``[T, 3, H_c, W_c]``, one per camera;
+    - ``clip_id``: the clip; ``frame_index``: int64 ``[T]``; ``timestamp``: float64 ``[T]`` seconds (the
+      first camera's; NaN where the sample could not be read);
+    - ``camera_names``: the order of the ``cameras`` dimension;
+    - ``valid``: False for a sample that could not be read (``on_error="skip"``): its frames are zeros.
+
+    With annotations, ``annotations`` and ``has_annotations`` bool ``[T]``; with named outputs,
+    ``outputs``; where frames change geometry, ``img_aug_matrix`` float32 ``[cameras, 3, 3]``.
+    """
+
+    annotations: dict[str, Any]
+    has_annotations: torch.Tensor
+    outputs: dict[str, OutputFrames]
+    img_aug_matrix: torch.Tensor
+
+
+class _ClipBatchKeys(TypedDict):
+    frames: torch.Tensor | list[torch.Tensor]
+    clip_id: list[str]
+    frame_index: torch.Tensor
+    timestamp: torch.Tensor
+    valid: torch.Tensor
+    camera_names: list[str]
+
+
+class ClipBatch(_ClipBatchKeys, total=False):
+    """A batch of :class:`ClipSample` s (:func:`collate_clips`): each key of the samples stacked along a first
+    dimension ``B`` (``frames`` ``[B, T, cameras, 3, H, W]``, ``frame_index`` and ``timestamp`` ``[B, T]``,
+    ``valid`` bool ``[B]``, ``img_aug_matrix`` ``[B, cameras, 3, 3]``); ``clip_id`` is a list, and
+    ``camera_names`` the samples' one list. See ``docs/concepts.md``.
+    """
+
+    annotations: dict[str, Any]
+    has_annotations: torch.Tensor
+    img_aug_matrix: torch.Tensor
+    outputs: dict[str, OutputFrames]
+
+
+def clip_sample(
+    *,
+    clip_id: str,
+    camera_names: Sequence[str],
+    frame_index: Sequence[int],
+    timestamps: Sequence[float],
+    valid: bool,
+    frames: torch.Tensor | list[torch.Tensor],
+    outputs: Mapping[str, torch.Tensor | list[torch.Tensor]] | None = None,
+    annotations: tuple[dict[str, Any], torch.Tensor] | None = None,
+    geometry: tuple[torch.Tensor, Mapping[str, torch.Tensor]] | None = None,
+) -> ClipSample:
+    """One sample, its keys in the documented order.
+
+    Args:
+        clip_id: The clip.
+        camera_names: The order of the cameras dimension.
+        frame_index: The frames returned (-1 where unknown).
+        timestamps: Their presentation times in seconds.
+        valid: False for a sample that could not be read.
+        frames: The default output's frames.
+        outputs: Each named output's frames.
+        annotations: The sample's annotations and ``has_annotations`` (see
+            :func:`~lightning_vstream.annotations.batch.sample_annotations`); None: none.
+        geometry: ``img_aug_matrix`` of the default output and of each named output, where frames change
+            geometry; None where nothing crops or resizes (each output's ``intrinsics`` are then the
+            annotations').
+    """
+    from lightning_vstream.annotations.batch import add_output_geometry, update_intrinsics
+
+    sample: dict[str, Any] = {
+        "frames": frames,
+        "clip_id": clip_id,
+        "frame_index": torch.tensor(list(frame_index), dtype=torch.int64),
+        "timestamp": torch.tensor(list(timestamps), dtype=torch.float64),
+        "camera_names": list(camera_names),
+        "valid": valid,
+    }
+    if annotations is not None:
+        sample["annotations"], sample["has_annotations"] = annotations
+    if outputs:
+        sample["outputs"] = {name: {"frames": output} for name, output in outputs.items()}
+    if geometry is None:
+        add_output_geometry(sample, None)
+    else:
+        add_output_geometry(sample, geometry[1])
+        sample["img_aug_matrix"] = geometry[0]
+        update_intrinsics(sample)
+    return cast(ClipSample, sample)
 
 
 def make_output(transform: OutputTransform | None, base: torch.Tensor | list[torch.Tensor], valid: bool) -> Any:
@@ -46,8 +156,6 @@ def make_output(transform: OutputTransform | None, base: torch.Tensor | list[tor
 
 def resize_matrix(height: int, width: int, new_height: int, new_width: int) -> torch.Tensor:
     """The float64 ``[3, 3]`` matrix of resizing ``height x width`` pixels to ``new_height x new_width``."""
-    import torch
-
     return torch.diag(torch.tensor([new_width / width, new_height / height, 1.0], dtype=torch.float64))
 
 
@@ -56,8 +164,6 @@ def output_matrices(
 ) -> torch.Tensor:
     """``img_aug_matrix`` ``[cameras, 3, 3]`` of one output: ``before`` (file to decoded and augmented pixels),
     then the transform's crop and resize for each camera's ``(height, width)`` in ``sizes``."""
-    import torch
-
     from lightning_vstream.annotations.augment import transform_matrix
 
     out = []
@@ -69,8 +175,6 @@ def output_matrices(
 
 def stack_frames(frames: Sequence[Any]) -> Any:
     """Stack the samples' frames of one output: one tensor, or one per camera (``camera_frames="per_camera"``)."""
-    import torch
-
     if isinstance(frames[0], torch.Tensor):
         return torch.stack(list(frames))
     return [torch.stack([f[c] for f in frames]) for c in range(len(frames[0]))]
@@ -78,8 +182,6 @@ def stack_frames(frames: Sequence[Any]) -> Any:
 
 def stack_geometry(values: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """Stack per-sample ``[cameras, 3, 3]`` matrices; a sample that could not be decoded has none (identity)."""
-    import torch
-
     like = next(v for v in values if v is not None)
     eye = torch.eye(3, dtype=like.dtype).expand_as(like)
     return torch.stack([v if v is not None else eye for v in values])
@@ -87,7 +189,6 @@ def stack_geometry(values: Sequence[torch.Tensor | None]) -> torch.Tensor:
 
 def sized_like(sample: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]:
     """An invalid sample with zero frames of the size (after transform) of a decoded sample ``like``, every output."""
-    import torch
 
     def zeros(frames: Any, reference: Any) -> Any:
         if frame_shapes(frames) == frame_shapes(reference):
@@ -110,35 +211,28 @@ def frame_shapes(frames: Any) -> Any:
     return tuple(frames.shape) if hasattr(frames, "shape") else [tuple(f.shape) for f in frames]
 
 
-def unreadable_sample(clip_id: str, camera_names: list[str], count: int, outputs: Mapping[str, Any]) -> dict[str, Any]:
+def unreadable_sample(clip_id: str, camera_names: list[str], count: int, outputs: Mapping[str, Any]) -> ClipSample:
     """A ``valid=False`` sample of ``count`` frames whose frame size is unknown (``collate_clips`` sizes it
     like the others)."""
-    import torch
-
     frames = torch.zeros((count, len(camera_names), 3, 0, 0), dtype=torch.uint8)
-    sample: dict[str, Any] = {
-        "frames": frames,
-        "clip_id": clip_id,
-        "frame_index": torch.full((count,), -1, dtype=torch.int64),
-        "timestamp": torch.full((count,), float("nan"), dtype=torch.float64),
-        "camera_names": camera_names,
-        "valid": False,
-    }
-    if outputs:
-        sample["outputs"] = {name: {"frames": frames} for name in outputs}
-    return sample
+    return clip_sample(
+        clip_id=clip_id,
+        camera_names=camera_names,
+        frame_index=[-1] * count,
+        timestamps=[float("nan")] * count,
+        valid=False,
+        frames=frames,
+        outputs={name: frames for name in outputs},
+    )
 
 
-def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool = False) -> dict[str, Any]:
-    """Stack clip samples into a batch (use as ``DataLoader(..., collate_fn=collate_clips)``).
+def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool = False) -> ClipBatch:
+    """Stack clip samples into a :class:`ClipBatch` (use as ``DataLoader(..., collate_fn=collate_clips)``).
 
-    Returns ``frames`` uint8 ``[B, T, cameras, 3, H, W]``, ``frame_index`` int64 ``[B, T]``,
-    ``timestamp`` float64 ``[B, T]``, ``valid`` bool ``[B]`` (False for samples that could not be
-    decoded under ``on_error="skip"``), ``clip_id`` list of str and ``camera_names`` list of str;
-    with annotations, ``annotations`` (clip fields ``[B, ...]``, frame fields ``[B, T, ...]``,
-    ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with ``<name>_mask`` when
-    ``pad_annotations``) and ``has_annotations`` ``[B, T]``; with augmentation ``img_aug_matrix``
-    ``[B, cameras, 3, 3]`` (see :mod:`lightning_vstream.annotations.batch`).
+    A sample that could not be read (``valid=False``) takes the frame size of the others. Annotations
+    batch by the rule of :mod:`lightning_vstream.annotations.batch` (clip fields ``[B, ...]``, frame
+    fields ``[B, T, ...]``, ragged fields as ``[B][T]`` lists, or padded ``[B, T, N_max, ...]`` with
+    ``<name>_mask`` when ``pad_annotations``).
 
     Raises:
         ValueError: Samples differ in cameras, frame count ``T`` or frame size.
@@ -147,8 +241,6 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
 
         >>> loader = DataLoader(dataset, batch_size=8, collate_fn=collate_clips)  # doctest: +SKIP
     """
-    import torch
-
     if not samples:
         raise ConfigurationError("collate_clips got an empty list of samples.")
     valid = [s for s in samples if s.get("valid", True)]
@@ -197,4 +289,4 @@ def collate_clips(samples: Sequence[Mapping[str, Any]], *, pad_annotations: bool
                 if any(key in o for o in outputs):
                     output[key] = stack_geometry([o.get(key) for o in outputs])
             batch["outputs"][name] = output
-    return batch
+    return cast(ClipBatch, batch)

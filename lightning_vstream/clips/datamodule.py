@@ -62,10 +62,10 @@ _DEFAULT_CLIP_FRAMES = 8
 class ClipVideoDataModule(pl.LightningDataModule):
     """Clip samples from an index: which clips (``selection``) and in which order (``shuffle``).
 
-    Each sample holds a window of frames of one clip, all cameras (batch layout of
-    :func:`~lightning_vstream.collate_clips`: ``frames`` uint8 ``[B, T, cameras, 3, H, W]``,
-    ``frame_index`` and ``timestamp`` ``[B, T]``, ``valid`` ``[B]``, ``clip_id``,
-    ``camera_names``). The window is ``clip_frames`` frames ``frame_stride`` apart, or, with
+    Each sample holds a window of frames of one clip, all cameras (batches are
+    :class:`~lightning_vstream.ClipBatch` es: ``frames`` uint8 ``[B, T, cameras, 3, H, W]``,
+    ``frame_index`` and ``timestamp`` ``[B, T]``, ``valid`` ``[B]``, ``clip_id``, ``camera_names``;
+    see ``docs/concepts.md``). The window is ``clip_frames`` frames ``frame_stride`` apart, or, with
     ``segments``, multi-rate segments in seconds (``[(1.0, 8), (2.0, 8)]``: 8 frames at 1 fps,
     then 8 at 2 fps).
 

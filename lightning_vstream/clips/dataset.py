@@ -17,6 +17,7 @@ requests to a file do not reopen it. Samples batch with :func:`~lightning_vstrea
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,8 @@ from torch.utils.data import Dataset
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.clips.batch import (
+    ClipSample,
+    clip_sample,
     make_output,
     output_matrices,
     resize_matrix,
@@ -70,7 +73,7 @@ DEFAULT_GOP_THREADS = 2
 log = logging.getLogger("lightning_vstream")
 
 
-class VideoClipDataset(Dataset[dict[str, Any]]):
+class VideoClipDataset(Dataset[ClipSample]):
     """Map-style dataset of explicit clip samples, for any ``Sampler`` and ``DataLoader``.
 
     ``dataset[i]`` returns the sample for ``requests[i]``; ``dataset[request]`` serves any
@@ -78,25 +81,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     requests. Decoders are created lazily in the process that reads (each DataLoader worker),
     never in ``__init__``, and the dataset pickles without them (spawn-safe).
 
-    A sample is a dict:
+    A sample is a :class:`~lightning_vstream.ClipSample` (a dict; its keys are documented in
+    ``docs/concepts.md``, "The batch"): ``frames`` ``[T, cameras, 3, H, W]``, ``clip_id``,
+    ``frame_index``, ``timestamp``, ``camera_names`` and ``valid`` (False for a sample that could not be
+    decoded under ``on_error="skip"``: its frames are zeros and its timestamps NaN, so batches keep
+    their size and DDP ranks their step count), with ``annotations``, ``outputs`` and
+    ``img_aug_matrix`` where they apply.
 
-    - ``frames``: uint8 tensor ``[T, cameras, 3, H, W]`` (RGB);
-    - ``clip_id``: str;
-    - ``frame_index``: int64 tensor ``[T]``, the frames returned;
-    - ``timestamp``: float64 tensor ``[T]``, their real presentation times in seconds (of the
-      first returned camera);
-    - ``camera_names``: list of str, the order of the ``cameras`` dimension;
-    - ``valid``: bool, False for a sample that could not be decoded (``on_error="skip"``): its
-      frames are zeros and its timestamps NaN, so batches keep their size (and DDP ranks their
-      step count); count them with ``(~batch["valid"]).sum()``.
-    - with ``annotations``: ``annotations`` (clip fields as given, frame fields ``[T, ...]``,
-      ragged ones as lists of ``T`` tensors) and ``has_annotations`` bool ``[T]``;
-    - with ``augment``, ``size``, or a transform that crops or resizes: ``img_aug_matrix`` float32
-      ``[cameras, 3, 3]``, from the file's pixels to the delivered ones (and ``intrinsics`` updated);
-    - with ``outputs``: ``outputs``, ``{name: {"frames", "img_aug_matrix", "intrinsics"}}`` (see
-      :mod:`lightning_vstream.outputs`), each laid out like ``frames``.
-
-    Batch samples with :func:`collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
+    Batch samples with :func:`~lightning_vstream.collate_clips` (``DataLoader(..., collate_fn=collate_clips)``).
 
     Args:
         index: The video index, or the path or URL of an index file (loaded here, with
@@ -470,7 +462,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __getitem__(self, item: int | ClipRequest) -> dict[str, Any]:
+    def __getitem__(self, item: int | ClipRequest) -> ClipSample:
         import torch
 
         if self._batched():
@@ -554,26 +546,7 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
         base: torch.Tensor | list[torch.Tensor] = (
             frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
         )
-        nan = float("nan")
-        timestamps = [reference.timestamp(i) if valid else nan for i in indices]
-        camera_names = [cam.name for cam in streams]
-        sample: dict[str, Any] = {
-            "frames": make_output(self.transform, base, valid),
-            "clip_id": clip.clip_id,
-            "frame_index": torch.tensor(indices, dtype=torch.int64),
-            "timestamp": torch.tensor(timestamps, dtype=torch.float64),
-            "camera_names": camera_names,
-            "valid": valid,
-        }
-        if self.annotations is not None:
-            from lightning_vstream.annotations.batch import sample_annotations
-
-            sample["annotations"], sample["has_annotations"], missing = sample_annotations(
-                self.annotations, clip.clip_id, indices, timestamps, camera_names, on_error=self.on_error
-            )
-            self.missing_annotations += missing
-        self._add_outputs(sample, base, valid, decoded, before)
-        return sample
+        return self._sample(clip.clip_id, streams, indices, reference, base, valid, decoded, before)
 
     @property
     def has_geometry(self) -> bool:
@@ -585,36 +558,53 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
             or any(changes_geometry(t) for t in self.outputs.values())
         )
 
-    def _add_outputs(
+    def _sample(
         self,
-        sample: dict[str, Any],
+        clip_id: str,
+        streams: Sequence[CameraStream],
+        indices: Sequence[int],
+        reference: VideoInfo,
         base: torch.Tensor | list[torch.Tensor],
         valid: bool,
         sizes: Sequence[tuple[int, int]],
         before: Sequence[torch.Tensor],
-    ) -> None:
-        """Add the named outputs of ``base`` (frames decoded and augmented) and every output's geometry to ``sample``.
+    ) -> ClipSample:
+        """The sample of ``base`` (the frames decoded and augmented): every output, the annotations and the geometry.
 
-        ``sizes`` is each camera's ``(height, width)`` in ``base``, ``before`` the matrix from the file's
-        pixels to them; ``sample["frames"]`` already holds the default output.
+        ``reference`` is the first camera's frame table (the sample's timestamps), ``sizes`` each camera's
+        ``(height, width)`` in ``base`` and ``before`` the matrix from the file's pixels to them.
         """
-        from lightning_vstream.annotations.batch import add_output_geometry, update_intrinsics
+        timestamps = [reference.timestamp(i) if valid else math.nan for i in indices]
+        camera_names = [cam.name for cam in streams]
+        annotations = None
+        if self.annotations is not None:
+            from lightning_vstream.annotations.batch import sample_annotations
 
-        if self.outputs:
-            sample["outputs"] = {
-                name: {"frames": make_output(transform, base, valid)} for name, transform in self.outputs.items()
-            }
-        if not self.has_geometry:
-            add_output_geometry(sample, None)
-            return
-        add_output_geometry(sample, {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()})
-        sample["img_aug_matrix"] = output_matrices(self.transform, sizes, before)
-        update_intrinsics(sample)
+            fields, has, missing = sample_annotations(
+                self.annotations, clip_id, indices, timestamps, camera_names, on_error=self.on_error
+            )
+            self.missing_annotations += missing
+            annotations = (fields, has)
+        geometry = None
+        if self.has_geometry:
+            named = {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()}
+            geometry = (output_matrices(self.transform, sizes, before), named)
+        return clip_sample(
+            clip_id=clip_id,
+            camera_names=camera_names,
+            frame_index=indices,
+            timestamps=timestamps,
+            valid=valid,
+            frames=make_output(self.transform, base, valid),
+            outputs={name: make_output(transform, base, valid) for name, transform in self.outputs.items()},
+            annotations=annotations,
+            geometry=geometry,
+        )
 
     def _batched(self) -> bool:
         return self.decode_device != "cpu"
 
-    def __getitems__(self, items: Sequence[int | ClipRequest]) -> list[dict[str, Any]]:
+    def __getitems__(self, items: Sequence[int | ClipRequest]) -> list[ClipSample]:
         """The samples of ``items``; on a GPU read together, GOP-planned and decoded on parallel threads.
 
         The DataLoader calls this for a whole batch. On the CPU it reads the samples one by one, as
@@ -626,9 +616,10 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
 
         from lightning_vstream.clips.gpu_reader import PlannedSample
 
-        planned = []
+        planned, resolved = [], []
         for item in items:
             clip, streams, infos, indices, _, _ = self._resolve(item)
+            resolved.append((clip, streams, infos))
             planned.append(
                 PlannedSample(
                     clip_id=clip.clip_id,
@@ -639,13 +630,14 @@ class VideoClipDataset(Dataset[dict[str, Any]]):
                     indices=tuple(indices),
                 )
             )
-        samples: list[dict[str, Any]] = self.reader.read(planned)
-        for sample, plan in zip(samples, planned):
-            valid = bool(sample.setdefault("valid", True))
-            base = sample["frames"]
-            sample["frames"] = make_output(self.transform, base, valid)
-            sizes = [(info.height, info.width) for info in plan.infos]
-            self._add_outputs(sample, base, valid, sizes, [torch.eye(3, dtype=torch.float64) for _ in sizes])
+        frames = self.reader.read(planned)
+        eye = torch.eye(3, dtype=torch.float64)
+        samples = []
+        for base, plan, (clip, streams, infos) in zip(frames, planned, resolved):
+            sizes = [(info.height, info.width) for info in infos]
+            samples.append(
+                self._sample(clip.clip_id, streams, plan.indices, infos[0], base, True, sizes, [eye] * len(sizes))
+            )
         return samples
 
     @property

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch.utils.data import Dataset, DistributedSampler, get_worker_info
 
+from lightning_vstream.clips.batch import ClipSample
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import ClipRequest
 from lightning_vstream.storage.stats import StorageStats
@@ -63,7 +64,7 @@ def new_counters(num_workers: int) -> torch.Tensor:
     return torch.zeros(num_workers + 1, len(STAT_FIELDS) + len(REMOTE_FIELDS), dtype=torch.int64).share_memory_()
 
 
-class EpochClipDataset(Dataset[dict[str, Any]]):
+class EpochClipDataset(Dataset[ClipSample]):
     """A :class:`VideoClipDataset` that reads each item at the epoch it was drawn for and counts its work.
 
     Args:
@@ -81,10 +82,10 @@ class EpochClipDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: EpochItem | ClipRequest | int) -> dict[str, Any]:
+    def __getitem__(self, item: EpochItem | ClipRequest | int) -> ClipSample:
         return self.__getitems__([item])[0]
 
-    def __getitems__(self, items: Sequence[EpochItem | ClipRequest | int]) -> list[dict[str, Any]]:
+    def __getitems__(self, items: Sequence[EpochItem | ClipRequest | int]) -> list[ClipSample]:
         epochs = {item.epoch for item in items if isinstance(item, EpochItem)}
         if epochs:
             self.dataset.epoch = max(epochs)  # one sampler epoch per batch

@@ -49,7 +49,7 @@ class PlannedSample:
 
 
 class BatchReader:
-    """Decodes batches of :class:`PlannedSample` s into sample dicts (see the module docs).
+    """Decodes batches of :class:`PlannedSample` s into their frames (see the module docs).
 
     Args:
         gpu: GPU ordinal to decode videos on with NVDEC.
@@ -94,8 +94,9 @@ class BatchReader:
         label = self._labels.get(task.source, "")
         return NvGopDecoder(Path(str(task.source)), info=task.info, gpu=self.gpu, pool=self.pool, label=label)
 
-    def read(self, samples: Sequence[PlannedSample]) -> list[dict[str, Any]]:
-        """Decode every sample's frames; the samples' ``frames`` are views of one batch tensor."""
+    def read(self, samples: Sequence[PlannedSample]) -> list[torch.Tensor]:
+        """Decode every sample's frames, ``[T, cameras, 3, H, W]`` each: views of one batch tensor when the samples
+        have one shape (the dataset makes its samples of them, :func:`~lightning_vstream.clips.batch.clip_sample`)."""
         import torch
 
         if not samples:
@@ -135,16 +136,7 @@ class BatchReader:
                     else:
                         planner.add(str(path), info, index, (b, t, c))
         self._decode(planner.tasks(), images, outs, tensors)
-        return [
-            {
-                "frames": out,
-                "clip_id": s.clip_id,
-                "frame_index": torch.tensor(s.indices, dtype=torch.int64),
-                "timestamp": torch.tensor([s.infos[0].timestamp(i) for i in s.indices], dtype=torch.float64),
-                "camera_names": list(s.camera_names),
-            }
-            for s, out in zip(samples, outs)
-        ]
+        return outs
 
     def _allocating(self) -> Any:
         """The block in which batches are allocated: on the reader's own stream on a GPU (see the module docs)."""

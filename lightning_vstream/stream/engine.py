@@ -64,10 +64,11 @@ from lightning_vstream.errors import VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
+from lightning_vstream.stream.batch import StreamBatch, stream_batch
 from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_reads import ThreadDecoders
 from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger, describe_streams
-from lightning_vstream.stream.frame_steps import FrameSteps, attach_annotations
+from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.memory import EngineBatches
 from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
 from lightning_vstream.stream.sampler import StreamSampler
@@ -326,7 +327,7 @@ class StreamEngine:
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
 
     # -- the consumer ----------------------------------------------------------------------
-    def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[dict[str, Any]]:
+    def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[StreamBatch]:
         """Yield the batches of the sampler's current epoch from step ``start``, with ``skips`` in force there."""
         self._allocate()
         if self._run is not None:  # an earlier run whose iterator was left unfinished
@@ -378,7 +379,7 @@ class StreamEngine:
             done >= step or (t in run.errors and run.errors[t][0] <= step) for t, done in enumerate(run.progress)
         )
 
-    def _next_batch(self, run: EngineRun, step: int) -> dict[str, Any]:
+    def _next_batch(self, run: EngineRun, step: int) -> StreamBatch:
         with run.cond:
             run.requested = step
             if step - self.hold >= run.released:
@@ -427,33 +428,12 @@ class StreamEngine:
         ]
         return describe_streams(self.index, streams) or "no camera stream at this step"
 
-    def _assemble(self, step: int, planned: PlannedStep, abandoned: dict[tuple[int, int], int]) -> dict[str, Any]:
-        cams = self.sampler.num_cameras
-        batch_size = self.sampler.batch_size
+    def _assemble(self, step: int, planned: PlannedStep, abandoned: dict[tuple[int, int], int]) -> StreamBatch:
         reads = planned.reads
         if abandoned:
             valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
         else:
             valid = [r is not None for r in reads]
-        frames = self.batches.finish(planned.frames, valid)
-        camera_ts = np.array(planned.timestamps, dtype=np.float64).reshape(batch_size, cams)
-        for slot, ok in enumerate(valid):
-            if not ok:
-                camera_ts[slot] = math.nan
-        ids = self._clip_ids
-        clip_ids, frame_index, is_first = [], [], []
-        for r, ok in zip(reads, valid):
-            if ok and r is not None:
-                clip_id = ids.get(r.clip)
-                if clip_id is None:
-                    clip_id = ids[r.clip] = self.index.clips[r.clip].clip_id
-                clip_ids.append(clip_id)
-                frame_index.append(r.frame)
-                is_first.append(r.is_first)
-            else:
-                clip_ids.append("")
-                frame_index.append(-1)
-                is_first.append(False)
         with self._stats_lock:
             self._this_run.update(planned.counts)
             self._ledger.count_step(
@@ -462,40 +442,27 @@ class StreamEngine:
                 shifts=planned.shifts,
                 step=step,
                 num_steps=self.sampler.schedule().num_steps,
-                cameras=cams,
+                cameras=self.sampler.num_cameras,
             )
-        batch: dict[str, Any] = {
-            "frames": frames,
-            "clip_id": clip_ids,
-            # Small label tensors through numpy: a third of what torch.tensor(list) costs the host.
-            "frame_index": torch.from_numpy(np.array(frame_index, dtype=np.int64)),
-            "is_first": torch.from_numpy(np.array(is_first, dtype=np.bool_)),
-            "valid": torch.from_numpy(np.array(valid, dtype=np.bool_)),
-            "timestamp": torch.from_numpy(camera_ts[:, 0].copy()),
-            "camera_timestamp": torch.from_numpy(camera_ts),
-            "camera_names": list(self.index.camera_names),
-            "epoch": self.sampler.epoch,
-            "step": step,
-        }
-        if self.outputs:
-            batch["outputs"] = {
-                name: {"frames": self.batches.finish(planned.outputs[name], valid)} for name in self.outputs
-            }
-        if self.steps.annotations is not None or self.steps.has_geometry:
-            with self._stats_lock:
-                attach_annotations(
-                    batch,
-                    self.steps,
-                    valid=valid,
-                    cameras=cams,
-                    found=planned.annotations.items(),
-                    missing=planned.missing,
-                    geometry=planned.geometry.items(),
-                    pad=self.pad_annotations,
-                    stats=self._stats,
-                    output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
-                )
-        return batch
+            frames = {"": self.batches.layout(planned.frames)}
+            frames.update((name, self.batches.layout(planned.outputs[name])) for name in self.outputs)
+            return stream_batch(
+                index=self.index,
+                epoch=self.sampler.epoch,
+                step=step,
+                reads=reads,
+                valid=valid,
+                frames=frames,
+                camera_timestamps=np.array(planned.timestamps, dtype=np.float64).reshape(len(reads), -1),
+                steps=self.steps,
+                pad_annotations=self.pad_annotations,
+                stats=self._stats,
+                clip_ids=self._clip_ids,
+                annotations=planned.annotations.items(),
+                missing=planned.missing,
+                geometry=planned.geometry.items(),
+                output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
+            )
 
     # -- the decode threads ----------------------------------------------------------------
     def _plan(self, run: EngineRun, step: int) -> PlannedStep:

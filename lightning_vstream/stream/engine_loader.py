@@ -22,6 +22,7 @@ from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DEFAULT_GPU_OPTIONS, DecodeOptions, ErrorOptions, GpuOptions, OutputOptions
+from lightning_vstream.stream.batch import StreamBatch
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
@@ -61,7 +62,7 @@ class EngineLoader:
     def __len__(self) -> int:
         return len(self.sampler.schedule())
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[StreamBatch]:
         sampler = self.sampler
         start, skips = 0, no_skips(sampler.batch_size)
         if self._resume is not None and self._resume[0] == sampler.epoch:

@@ -10,22 +10,19 @@ frame: the geometry augmentation (drawn once per clip segment), the transform, t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from lightning_vstream.annotations.augment import AugmentParams, GeometryAugment, transform_matrix
-from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.annotations.source import AnnotationSource, annotate
-from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import AnnotationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputTransform, apply_output, changes_geometry
 from lightning_vstream.transforms import FrameTransform
 
-__all__ = ["FrameSteps", "attach_annotations", "decoder_sizes"]
+__all__ = ["FrameSteps", "decoder_sizes"]
 
 log = logging.getLogger("lightning_vstream")
 
@@ -257,63 +254,3 @@ class FrameSteps:
             k: v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for k, v in found.items()
         }
         return converted, None
-
-
-def attach_annotations(
-    batch: dict[str, Any],
-    steps: FrameSteps,
-    *,
-    valid: list[bool],
-    cameras: int,
-    found: Iterable[tuple[int, Mapping[str, Any]]],
-    missing: Iterable[tuple[int, str]],
-    geometry: Iterable[tuple[int, Any]],
-    pad: bool,
-    stats: DecodeStats,
-    output_geometry: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
-) -> None:
-    """Add ``annotations``, ``has_annotations`` and ``img_aug_matrix`` to a batch (see :mod:`lightning_vstream.annotations`).
-
-    With named outputs (``batch["outputs"]``) each gets its own ``img_aug_matrix`` and ``intrinsics``.
-
-    Args:
-        batch: The batch, changed in place.
-        steps: What was applied to its frames.
-        valid: Which slots deliver a frame.
-        cameras: Cameras per slot.
-        found: ``(slot, annotations)`` of the slots whose annotation was found (numpy arrays or tensors).
-        missing: ``(slot, why)`` of the slots whose annotation is missing (``on_error="skip"``).
-        geometry: ``(slot * cameras + camera, img_aug_matrix)`` of the frames delivered.
-        pad: Pad ragged fields with a mask instead of delivering lists.
-        stats: Counts the valid slots delivered without their annotation (``missing_annotations``).
-        output_geometry: Per named output, ``(slot * cameras + camera, img_aug_matrix)`` of its frames.
-    """
-    slots = len(valid)
-    items: list[dict[str, Any] | None] = [None] * slots
-
-    def by_position(pairs: Iterable[tuple[int, Any]]) -> list[torch.Tensor | None]:
-        matrices: list[torch.Tensor | None] = [None] * (slots * cameras)
-        for position, matrix in pairs:
-            if valid[position // cameras]:
-                matrices[position] = torch.from_numpy(matrix) if isinstance(matrix, np.ndarray) else matrix
-        return matrices
-
-    for slot, values in found:
-        if valid[slot]:
-            items[slot] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
-    for slot, why in missing:
-        if valid[slot]:
-            stats.missing_annotations += 1
-            if stats.missing_annotations <= 3:
-                log.warning("delivering a frame without annotations (has_annotations=False): %s", why)
-    add_annotations(
-        batch,
-        items if steps.annotations is not None else None,
-        ragged=getattr(steps.annotations, "ragged", ()),
-        pad=pad,
-        matrices=by_position(geometry) if steps.has_geometry else None,
-        cameras=cameras,
-        output_matrices={name: by_position(pairs) for name, pairs in (output_geometry or {}).items()}
-        if steps.has_geometry
-        else None,
-    )

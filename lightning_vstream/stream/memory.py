@@ -169,17 +169,9 @@ class EngineBatches:
         cams = self.cameras
         return [per_camera[position % cams][position // cams] for position in range(self.slots * cams)]
 
-    def finish(self, tensors: list[torch.Tensor], valid: list[bool]) -> torch.Tensor | list[torch.Tensor]:
-        """A batch's frames of one output, as delivered: invalid slots zeroed, cameras stacked or listed."""
+    def layout(self, tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        """A batch's frames of one output as delivered: ``[slots, cameras, ...]`` stacked, or one tensor per camera."""
         if self.camera_frames == "stacked":
             first = tensors[0]
-            stacked = first.view((self.slots, self.cameras, *first.shape[1:]))
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    stacked[slot].zero_()  # padding and failed slots hold zeros, not stale frames
-            return stacked
-        for camera_frames in tensors:
-            for slot, ok in enumerate(valid):
-                if not ok:
-                    camera_frames[slot].zero_()
+            return first.view((self.slots, self.cameras, *first.shape[1:]))
         return list(tensors)

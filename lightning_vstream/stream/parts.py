@@ -28,6 +28,8 @@ from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import VideoDecodeError
 
 __all__ = [
+    "PartFrames",
+    "ReadFailure",
     "StreamPart",
     "StreamRead",
     "StreamTask",
@@ -76,71 +78,83 @@ class StreamTask(NamedTuple):
     output_shapes: Mapping[str, tuple[int, ...]] | None = None
 
 
+class ReadFailure(NamedTuple):
+    """A camera read of a part that failed (``on_error="skip"``): the stream, its file and the error."""
+
+    position: int
+    path: str
+    error: str
+
+
+@dataclass
+class PartFrames:
+    """One output's frames of a part (``""``: the default output, else a named one).
+
+    Attributes:
+        stacked: The part's frames in the order of its reads, one tensor (a list only when frame
+            sizes differ; None where a read failed); None when the frames were written into the
+            step's shared buffer, or are returned one by one.
+        images: Position -> frame, one by one (``camera_frames="per_camera"``).
+        geometry: Position -> ``img_aug_matrix`` ``[3, 3]`` (numpy) of the frame.
+    """
+
+    stacked: torch.Tensor | list[torch.Tensor | None] | None = None
+    images: dict[int, torch.Tensor] = field(default_factory=dict)
+    geometry: dict[int, Any] = field(default_factory=dict)
+
+
 @dataclass
 class StreamPart:
-    """What a worker returns for one :class:`StreamTask`."""
+    """What a worker returns for one :class:`StreamTask`.
+
+    Attributes:
+        epoch: The task's epoch.
+        step: The task's step.
+        part: The task's part of the step.
+        worker: ``(process id, worker id)`` of the process that decoded it (counters are per process).
+        positions: The streams read, in the order of the task's reads.
+        timestamps: Presentation time of each frame read (NaN where a read failed).
+        stats: The counters of the process that decoded it, as they were then.
+        failed: The reads that failed (``on_error="skip"``).
+        annotations: Slot -> the annotations of its frame (looked up by the part reading camera 0).
+        missing: ``(slot, why)`` of the slots whose annotation is missing.
+        frames: Per output, the frames.
+    """
 
     epoch: int
     step: int
     part: int
-    worker_key: tuple[int, int]
+    worker: tuple[int, int]
     positions: list[int]
-    frames: torch.Tensor | list[torch.Tensor | None] | None  # a list only when frame sizes differ
     timestamps: list[float]
     stats: DecodeStats = field(default_factory=DecodeStats)
-    failed: list[tuple[int, str, str]] = field(default_factory=list)  # (position, file, error)
-    annotations: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> its frame's annotations
-    missing: list[tuple[int, str]] = field(default_factory=list)  # (slot, why its annotation is missing)
-    geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix [3, 3] (numpy)
-    images: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame (camera_frames="per_camera")
-    # Per named output: what ``frames``, ``images`` and ``geometry`` hold for the default output.
-    outputs: dict[str, torch.Tensor | list[torch.Tensor | None] | None] = field(default_factory=dict)
-    output_images: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
-    output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)
-
-    def output(self, name: str) -> StreamPart:
-        """This part as seen by one output: its frames, images and geometry in the default output's fields."""
-        if not name:
-            return self
-        return StreamPart(
-            self.epoch,
-            self.step,
-            self.part,
-            self.worker_key,
-            self.positions,
-            self.outputs.get(name),
-            self.timestamps,
-            self.stats,
-            self.failed,
-            geometry=self.output_geometry.get(name, {}),
-            images=self.output_images.get(name, {}),
-        )
+    failed: list[ReadFailure] = field(default_factory=list)
+    annotations: dict[int, dict[str, Any]] = field(default_factory=dict)
+    missing: list[tuple[int, str]] = field(default_factory=list)
+    frames: dict[str, PartFrames] = field(default_factory=dict)
 
 
 #: Shape, dtype and device of an output's frames.
 Template = tuple[tuple[int, ...], torch.dtype, torch.device]
 
 
-def frame_rows(parts: list[StreamPart]) -> dict[int, torch.Tensor]:
-    """Each delivered frame of a step by its position (no buffer: frames came in per-part tensors)."""
+def frame_rows(parts: list[StreamPart], key: str) -> dict[int, torch.Tensor]:
+    """Each delivered frame of output ``key`` by its position (no buffer: frames came in per-part tensors)."""
     rows: dict[int, torch.Tensor] = {}
     for part in parts:
-        if part.frames is None:
+        stacked = part.frames[key].stacked
+        if stacked is None:
             continue
-        bad = {position for position, _, _ in part.failed}
+        bad = {failure.position for failure in part.failed}
         for row, pos in enumerate(part.positions):
-            frame = part.frames[row]
+            frame = stacked[row]
             if pos not in bad and frame is not None:
                 rows[pos] = frame
     return rows
 
 
-def finish_buffer(buffer: torch.Tensor, valid: list[bool], cams: int, *, pin: bool) -> torch.Tensor:
-    """A batch the workers wrote into: rows of invalid slots zeroed, pinned when ``pin`` (and CUDA is available)."""
-    rows = buffer.view(len(valid), cams, *buffer.shape[1:])
-    for slot, ok in enumerate(valid):
-        if not ok:
-            rows[slot].zero_()  # padding and failed slots hold zeros, not stale memory
+def finish_buffer(buffer: torch.Tensor, *, pin: bool) -> torch.Tensor:
+    """A batch the workers wrote into, pinned when ``pin`` (and CUDA is available)."""
     if pin and torch.cuda.is_available():
         return buffer.pin_memory()
     return buffer
@@ -149,6 +163,7 @@ def finish_buffer(buffer: torch.Tensor, valid: list[bool], cams: int, *, pin: bo
 def merge_parts(
     step: int,
     parts: list[StreamPart],
+    key: str,
     rows: dict[int, torch.Tensor],
     valid: list[bool],
     cams: int,
@@ -157,25 +172,24 @@ def merge_parts(
     *,
     pin: bool,
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """One ``[batch_size * cams, ...]`` tensor of the frames in ``rows`` (see :func:`frame_rows`), and a frame's shape.
+    """One ``[batch_size * cams, ...]`` tensor of output ``key``'s frames in ``rows`` (see :func:`frame_rows`),
+    and a frame's shape. Rows of slots that are not valid are left for the batch to zero.
 
     Raises:
         VideoDecodeError: No frame size is known yet (``template`` is None) to pad with.
 
     Example::
 
-        >>> frames, shape = merge_parts(0, parts, frame_rows(parts), [True, True], 6, 2, template, pin=False)  # doctest: +SKIP
+        >>> frames, shape = merge_parts(0, parts, "", frame_rows(parts, ""), [True, True], 6, 2, template, pin=False)  # doctest: +SKIP
     """
     if template is None:
         raise VideoDecodeError(f"every camera read of step {step} failed; no frame size is known yet to pad with.")
     shape, dtype, device = template
-    complete = all(valid)
-    only = parts[0].frames if len(parts) == 1 else None
-    if complete and isinstance(only, torch.Tensor) and not pin:
+    only = parts[0].frames[key].stacked if len(parts) == 1 else None
+    if all(valid) and isinstance(only, torch.Tensor) and not pin:
         return only, shape  # one part, every read delivered at the batch's size: no copy
     pinned = pin and device.type == "cpu" and torch.cuda.is_available()
-    alloc = torch.empty if complete else torch.zeros  # padding and failed slots stay zero
-    frames = alloc((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pinned)
+    frames = torch.empty((batch_size * cams, *shape), dtype=dtype, device=device, pin_memory=pinned)
     for pos, row in rows.items():
         if valid[pos // cams]:
             if device.type == "cpu":
@@ -188,6 +202,7 @@ def merge_parts(
 def merge_cameras(
     step: int,
     parts: list[StreamPart],
+    key: str,
     valid: list[bool],
     cams: int,
     batch_size: int,
@@ -195,12 +210,13 @@ def merge_cameras(
     *,
     pin: bool,
 ) -> list[torch.Tensor]:
-    """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor per camera.
+    """``camera_frames="per_camera"``: one ``[batch_size, 3, H_c, W_c]`` tensor of output ``key`` per camera.
 
     ``templates`` holds each camera's frame shape, dtype and device as last seen (updated here), to pad
-    a step where every read of a camera failed.
+    a step where every read of a camera failed. Rows of slots that are not valid are left for the
+    batch to zero.
     """
-    images = {pos: image for part in parts for pos, image in part.images.items()}
+    images = {pos: image for part in parts for pos, image in part.frames[key].images.items()}
     out = []
     for cam in range(cams):
         sample = next((image for pos, image in images.items() if pos % cams == cam), None)
@@ -213,7 +229,7 @@ def merge_cameras(
             )
         shape, dtype, device = template
         pinned = pin and device.type == "cpu" and torch.cuda.is_available()
-        frames = torch.zeros((batch_size, *shape), dtype=dtype, device=device, pin_memory=pinned)
+        frames = torch.empty((batch_size, *shape), dtype=dtype, device=device, pin_memory=pinned)
         for slot in range(batch_size):
             image = images.get(slot * cams + cam)
             if image is not None and valid[slot]:

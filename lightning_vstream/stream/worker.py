@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
 from lightning_vstream.stream.failures import FILE_ERRORS, failed_read, frame_size_error
 from lightning_vstream.stream.frame_steps import FrameSteps
-from lightning_vstream.stream.parts import StreamPart, StreamRead, StreamTask
+from lightning_vstream.stream.parts import PartFrames, ReadFailure, StreamPart, StreamRead, StreamTask
 
 __all__ = ["StreamDataset", "trim_heap"]
 
@@ -264,26 +265,21 @@ class StreamDataset(Dataset):
         )
 
     def _deliver(
-        self,
-        read: StreamRead,
-        out: torch.Tensor | None,
-        epoch: int,
-        geometry: dict[int, Any],
-        output_geometry: dict[str, dict[int, Any]],
+        self, read: StreamRead, out: torch.Tensor | None, epoch: int, frames: dict[str, PartFrames]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Decode one camera frame (into ``out`` when given), augment it, and make every output of it.
 
         ``out`` is given only when nothing follows the decoder (see ``direct`` in
-        :meth:`__getitem__`), so a frame decoded into it is delivered as it is. Returns the
-        default output and the named ones.
+        :meth:`__getitem__`), so a frame decoded into it is delivered as it is. The frame's geometry
+        goes into ``frames`` (per output). Returns the default output and the named ones.
         """
         image, converted = self._read(read, out)
         if self.has_geometry:
             info = self._decoders[read.position][1].info
             size = (info.height, info.width, epoch, read.clip, read.segment_start)
-            geometry[read.position] = self.steps.geometry(*size)
+            frames[""].geometry[read.position] = self.steps.geometry(*size)
             for name, matrix in self.steps.output_geometry(*size).items():
-                output_geometry[name][read.position] = matrix
+                frames[name].geometry[read.position] = matrix
         if out is not None and image.data_ptr() == out.data_ptr():
             return image, self.steps.extra_outputs(image, converted)
         augmented = self.steps.augmented(image, epoch, read.clip, read.segment_start)
@@ -291,106 +287,55 @@ class StreamDataset(Dataset):
 
     def __getitem__(self, task: StreamTask) -> StreamPart:
         worker = torch.utils.data.get_worker_info()
-        worker_key = (os.getpid(), worker.id if worker is not None else -1)
-        buffer = task.buffer
-        if buffer is not None and worker is not None:
-            self._recent_buffers.append(buffer)
-        per_camera = self.camera_frames == "per_camera"
-        expected = None if per_camera else tuple(buffer.shape[1:]) if buffer is not None else task.frame_shape
-        out_buffers = dict(task.output_buffers or {})
-        if worker is not None:
-            self._recent_buffers.extend(out_buffers.values())
-        out_expected = {
-            name: None
-            if per_camera
-            else tuple(out_buffers[name].shape[1:])
-            if name in out_buffers
-            else (task.output_shapes or {}).get(name)
-            for name in self.outputs
-        }
-        out_stacked: dict[str, list[torch.Tensor | None]] = {name: [None] * len(task.reads) for name in self.outputs}
-        out_images: dict[str, dict[int, torch.Tensor]] = {name: {} for name in self.outputs}
-        out_geometry: dict[str, dict[int, Any]] = {name: {} for name in self.outputs}
-        stacked: list[torch.Tensor | None] = [None] * len(task.reads)
-        timestamps = [float("nan")] * len(task.reads)
-        failed: list[tuple[int, str, str]] = []
-        # Decode straight into the batch when nothing is left to do after the decoder.
-        direct = buffer is not None and self.steps.direct
-        annotations: dict[int, dict[str, Any]] = {}
-        missing: list[tuple[int, str]] = []
-        geometry: dict[int, Any] = {}
-        images: dict[int, torch.Tensor] = {}
+        in_worker = worker is not None
         if task.epoch != self._epoch:
             self._epoch = task.epoch
             self._given_up.clear()  # segment numbers belong to one epoch's plan
             self.steps.forget_draws()
         if self.plan is not None and self.index.storage is not None:
             self._prefetch(task)
+        part = _PartBuilder(task, ["", *self.outputs], per_camera=self.camera_frames == "per_camera")
+        if in_worker:
+            self._recent_buffers.extend(part.buffers.values())
+        # Decode straight into the batch when nothing is left to do after the decoder.
+        direct = task.buffer is not None and self.steps.direct
         for i, read in enumerate(task.reads):
-            path = str(self.index.clips[read.clip].cameras[read.camera].path)
-            if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
-                # Prefetched before the loader learnt of the failure; it marks the slot invalid.
-                failed.append((read.position, path, "clip given up after an earlier error"))
-                continue
-            try:
-                row = buffer[read.position] if buffer is not None else None
-                image, extras = self._deliver(read, row if direct else None, task.epoch, geometry, out_geometry)
-                self._place(read, image, row, expected)
-                for name, extra in extras.items():
-                    out_row = out_buffers[name][read.position] if name in out_buffers else None
-                    self._place(read, extra, out_row, out_expected[name])
-            except FILE_ERRORS as err:
-                if self.on_error == "raise":
-                    raise
-                # The loader decides what the failure means for the slot; here the decoder goes
-                # and the rest of this stream's segment fails without decoding.
-                self._read_errors += 1
-                self._given_up.add((read.position, read.clip, read.segment))
-                if read.position in self._decoders:
-                    self._close(read.position)
-                geometry.pop(read.position, None)
-                for matrices in out_geometry.values():
-                    matrices.pop(read.position, None)
-                failed.append((read.position, path, str(err)))
-                continue
-            if per_camera:
-                images[read.position] = _own(image, worker is not None)
-                for name, extra in extras.items():
-                    out_images[name][read.position] = _own(extra, worker is not None)
-            elif buffer is None:
-                stacked[i] = image
-                for name, extra in extras.items():
-                    out_stacked[name][i] = extra
-            timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
-            if self.annotations is not None and read.camera == 0:
-                self._annotate(read, timestamps[i], annotations, missing)
-        frames = _stack(stacked) if buffer is None and not per_camera else None
-        out_frames = {
-            name: _stack(out_stacked[name]) if buffer is None and not per_camera else None for name in self.outputs
-        }
-        if worker is not None:
-            for stack in (frames, *out_frames.values()):
-                for tensor in [stack] if isinstance(stack, torch.Tensor) else stack or []:
-                    if tensor is not None and tensor.device.type == "cpu":
-                        tensor.share_memory_()
-        return StreamPart(
-            task.epoch,
-            task.step,
-            task.part,
-            worker_key,
-            [r.position for r in task.reads],
-            frames,
-            timestamps,
-            self.stats,
-            failed,
-            annotations,
-            missing,
-            geometry,
-            images,
-            out_frames,
-            out_images,
-            out_geometry,
-        )
+            self._read_one(part, i, read, task.epoch, direct, in_worker)
+        return part.finish(worker=(os.getpid(), worker.id if worker is not None else -1), stats=self.stats)
+
+    def _read_one(
+        self, part: _PartBuilder, i: int, read: StreamRead, epoch: int, direct: bool, in_worker: bool
+    ) -> None:
+        """Decode the ``i``-th read of a part into it: every output of the frame, its timestamp, geometry and
+        annotations; or, under ``on_error="skip"``, record the failure (the loader decides what it means)."""
+        path = str(self.index.clips[read.clip].cameras[read.camera].path)
+        if read.segment >= 0 and (read.position, read.clip, read.segment) in self._given_up:
+            # Issued before the loader learnt of the failure (the worker cannot see the loader's skips): fail
+            # at once, without decoding; the loader marks the slot invalid.
+            part.failed.append(ReadFailure(read.position, path, "clip given up after an earlier error"))
+            return
+        try:
+            row = part.row("", read.position)
+            image, extras = self._deliver(read, row if direct else None, epoch, part.frames)
+            outputs = {"": image, **extras}
+            for key, frame in outputs.items():
+                self._place(read, frame, part.row(key, read.position), part.expected[key])
+        except FILE_ERRORS as err:
+            if self.on_error == "raise":
+                raise
+            # The loader decides what the failure means for the slot; here the decoder goes
+            # and the rest of this stream's segment fails without decoding.
+            self._read_errors += 1
+            self._given_up.add((read.position, read.clip, read.segment))
+            if read.position in self._decoders:
+                self._close(read.position)
+            part.forget_geometry(read.position)
+            part.failed.append(ReadFailure(read.position, path, str(err)))
+            return
+        part.add(i, read.position, outputs, in_worker)
+        part.timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
+        if self.annotations is not None and read.camera == 0:
+            self._annotate(read, part.timestamps[i], part.annotations, part.missing)
 
     def _prefetch(self, task: StreamTask) -> None:
         """Announce the GOPs this part's streams read after this step (remote indexes; see stream/prefetch.py)."""
@@ -429,6 +374,82 @@ class StreamDataset(Dataset):
             out[slot] = found
         else:
             missing.append((slot, str(why)))
+
+
+class _PartBuilder:
+    """What a worker gathers while it reads the frames of one part, then returns as a :class:`StreamPart`.
+
+    Per output (``""``: the default one), frames go to one of three places (see
+    :mod:`lightning_vstream.stream.parts`): the row of the step's shared buffer (``buffers``), a list
+    stacked into one tensor at the end, or one by one (``camera_frames="per_camera"``). ``expected``
+    is the shape every frame of an output must have, where the batch's size is known already.
+    """
+
+    def __init__(self, task: StreamTask, keys: list[str], *, per_camera: bool) -> None:
+        self.task = task
+        self.per_camera = per_camera
+        self.buffers: dict[str, torch.Tensor] = {
+            key: buffer
+            for key, buffer in [("", task.buffer), *(task.output_buffers or {}).items()]
+            if buffer is not None
+        }
+        shapes = {"": task.frame_shape, **(task.output_shapes or {})}
+        self.expected: dict[str, tuple[int, ...] | None] = {
+            key: None if per_camera else tuple(self.buffers[key].shape[1:]) if key in self.buffers else shapes.get(key)
+            for key in keys
+        }
+        count = len(task.reads)
+        self.stacked: dict[str, list[torch.Tensor | None]] = {key: [None] * count for key in keys}
+        self.frames = {key: PartFrames() for key in keys}
+        self.timestamps = [math.nan] * count
+        self.failed: list[ReadFailure] = []
+        self.annotations: dict[int, dict[str, Any]] = {}
+        self.missing: list[tuple[int, str]] = []
+
+    def row(self, key: str, position: int) -> torch.Tensor | None:
+        """The row of stream ``position`` in output ``key``'s shared buffer (None: no buffer)."""
+        buffer = self.buffers.get(key)
+        return buffer[position] if buffer is not None else None
+
+    def add(self, i: int, position: int, outputs: dict[str, torch.Tensor], in_worker: bool) -> None:
+        """The frames of the ``i``-th read, every output, where the part returns them (unless written already)."""
+        for key, frame in outputs.items():
+            if self.per_camera:
+                self.frames[key].images[position] = _own(frame, in_worker)
+            elif key not in self.buffers:
+                self.stacked[key][i] = frame
+
+    def forget_geometry(self, position: int) -> None:
+        for frames in self.frames.values():
+            frames.geometry.pop(position, None)
+
+    def finish(self, *, worker: tuple[int, int], stats: DecodeStats) -> StreamPart:
+        """The part, its stacked frames in shared memory when it leaves a worker process (``worker[1] >= 0``)."""
+        for key, frames in self.frames.items():
+            if not self.per_camera and key not in self.buffers:
+                frames.stacked = _stack(self.stacked[key])
+                if worker[1] >= 0:
+                    _share(frames.stacked)
+        return StreamPart(
+            epoch=self.task.epoch,
+            step=self.task.step,
+            part=self.task.part,
+            worker=worker,
+            positions=[read.position for read in self.task.reads],
+            timestamps=self.timestamps,
+            stats=stats,
+            failed=self.failed,
+            annotations=self.annotations,
+            missing=self.missing,
+            frames=self.frames,
+        )
+
+
+def _share(stacked: torch.Tensor | list[torch.Tensor | None] | None) -> None:
+    """Move a part's CPU frames into shared memory once, so the loader receives them without a copy."""
+    for tensor in [stacked] if isinstance(stacked, torch.Tensor) else stacked or []:
+        if tensor is not None and tensor.device.type == "cpu":
+            tensor.share_memory_()
 
 
 def _own(image: torch.Tensor, in_worker: bool) -> torch.Tensor:

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -29,10 +30,18 @@ from lightning_vstream.errors import (
     WorkerError,
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
+from lightning_vstream.stream.batch import StreamBatch, stream_batch
 from lightning_vstream.stream.failures import SkipLedger, describe_streams, frame_size_error
-from lightning_vstream.stream.frame_steps import attach_annotations
 from lightning_vstream.stream.memory import BufferPool
-from lightning_vstream.stream.parts import StreamPart, Template, finish_buffer, frame_rows, merge_cameras, merge_parts
+from lightning_vstream.stream.parts import (
+    ReadFailure,
+    StreamPart,
+    Template,
+    finish_buffer,
+    frame_rows,
+    merge_cameras,
+    merge_parts,
+)
 from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import Buffers, StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
@@ -55,19 +64,8 @@ def _identity(item: Any) -> Any:
 class StreamDataLoader(DataLoader):
     """DataLoader that assembles stream-affine parts into full streaming batches.
 
-    Each batch is a dict:
-
-    - ``frames``: ``[batch_size, cameras, 3, H, W]`` (uint8 unless a transform changes it)
-    - ``clip_id``: list of clip ids (``""`` for padding)
-    - ``frame_index``: LongTensor ``[batch_size]`` (-1 for padding)
-    - ``is_first``: BoolTensor ``[batch_size]``, True where the slot starts a clip or segment
-    - ``valid``: BoolTensor ``[batch_size]``, False for padding (``remainder="pad"``)
-    - ``timestamp``: float64 ``[batch_size]`` seconds (first camera; NaN for padding)
-    - ``camera_timestamp``: float64 ``[batch_size, cameras]``
-    - ``camera_names``: list of camera names
-    - ``epoch``, ``step``: the batch's position in the stream plan
-    - with the dataset's named outputs, ``outputs``: ``{name: {"frames": ...}}``, laid out like
-      ``frames`` (see :mod:`lightning_vstream.outputs`)
+    Each batch is a :class:`~lightning_vstream.StreamBatch` (a dict; its keys are documented in
+    ``docs/concepts.md``, "The batch"), the same the thread engine delivers.
 
     It is stateful: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch at the first batch
     not handed out yet. Lightning saves this state in every checkpoint (it does so for any loader
@@ -144,6 +142,7 @@ class StreamDataLoader(DataLoader):
         self._history.begin(sampler.epoch, self._resume_skips)
         self._ledger = SkipLedger()
         self._skips = self._ledger.stats
+        self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
         # (output, camera) with camera_frames="per_camera".
         self._templates: dict[str, Template] = {}
@@ -160,7 +159,7 @@ class StreamDataLoader(DataLoader):
     def __len__(self) -> int:
         return len(self.sampler.schedule())  # type: ignore[attr-defined]
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[StreamBatch]:  # type: ignore[override]
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         plan = sampler.schedule()
         start = 0
@@ -243,28 +242,26 @@ class StreamDataLoader(DataLoader):
         if self._iterator is parts_iter:
             self._iterator = None  # persistent workers: the next epoch starts new ones
 
-    def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> dict[str, Any]:
-        index = self.dataset.index  # type: ignore[attr-defined]
+    def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> StreamBatch:
+        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
+        index = dataset.index
         cams = sampler.num_cameras
-        batch_size = sampler.batch_size
         for p, part in enumerate(parts):
             if (part.epoch, part.step, part.part) != (sampler.epoch, step, p):
                 raise StepMismatchError(
                     f"expected part {p} of step {step} (epoch {sampler.epoch}) but received part {part.part} of "
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
-            self._worker_stats[part.worker_key] = part.stats
+            self._worker_stats[part.worker] = part.stats
         reads, shifts, buffers = sampler.issued(step)
         valid = [r is not None and (slot, r.segment) not in sampler.abandoned for slot, r in enumerate(reads)]
-        failed = [failure for part in parts for failure in part.failed]
-        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
         keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
-        views = {key: [part.output(key) for part in parts] for key in keys}
+        failed = [failure for part in parts for failure in part.failed]
         rows: dict[str, dict[int, torch.Tensor]] = {}
         if buffers is None:
             oversized: set[int] = set()
             for key in keys:
-                rows[key] = frame_rows(views[key])
+                rows[key] = frame_rows(parts, key)
                 failed += self._check_sizes(step, reads, rows[key], valid, cams, key, oversized)
         for position, path, error in failed:
             slot = position // cams
@@ -279,65 +276,54 @@ class StreamDataLoader(DataLoader):
         self._ledger.count_step(
             reads=reads, valid=valid, shifts=shifts, step=step, num_steps=sampler.schedule().num_steps, cameras=cams
         )
-        delivered: dict[str, torch.Tensor | list[torch.Tensor]] = {}
-        for key in keys:
-            if getattr(self.dataset, "camera_frames", "stacked") == "per_camera":
-                templates = self._camera_templates.setdefault(key, {})
-                delivered[key] = merge_cameras(
-                    step, views[key], valid, cams, batch_size, templates, pin=self.pin_output
-                )
-            elif buffers is not None:
-                frames = finish_buffer(buffers[key], valid, cams, pin=self.pin_output)
-                delivered[key] = frames.view(batch_size, cams, *buffers[key].shape[1:])
-            else:
-                template = self._templates.get(key)
-                frames, shape = merge_parts(
-                    step, views[key], rows[key], valid, cams, batch_size, template, pin=self.pin_output
-                )
-                delivered[key] = frames.view(batch_size, cams, *shape)
-        camera_ts = torch.full((batch_size * cams,), math.nan, dtype=torch.float64)
+        frames = {key: self._frames(step, parts, key, buffers, rows.get(key, {}), valid) for key in keys}
+        camera_timestamps = np.full((sampler.batch_size, cams), math.nan, dtype=np.float64)
+        flat = camera_timestamps.reshape(-1)
         for part in parts:
-            for pos, ts in zip(part.positions, part.timestamps):
-                if valid[pos // cams]:
-                    camera_ts[pos] = ts
-        camera_ts = camera_ts.view(batch_size, cams)
-        labels = [r if ok else None for r, ok in zip(reads, valid)]
-        batch: dict[str, Any] = {
-            "frames": delivered[""],
-            "clip_id": [index.clips[r.clip].clip_id if r is not None else "" for r in labels],
-            "frame_index": torch.tensor([r.frame if r is not None else -1 for r in labels], dtype=torch.long),
-            "is_first": torch.tensor([r is not None and r.is_first for r in labels], dtype=torch.bool),
-            "valid": torch.tensor(valid, dtype=torch.bool),
-            "timestamp": camera_ts[:, 0].clone(),
-            "camera_timestamp": camera_ts,
-            "camera_names": list(index.camera_names),
-            "epoch": sampler.epoch,
-            "step": step,
-        }
-        if dataset.outputs:
-            batch["outputs"] = {name: {"frames": delivered[name]} for name in dataset.outputs}
-        if dataset.annotations is not None or dataset.has_geometry:
-            self._add_annotations(batch, parts, valid, cams)
-        return batch
-
-    def _add_annotations(self, batch: dict[str, Any], parts: list[StreamPart], valid: list[bool], cams: int) -> None:
-        """``annotations``, ``has_annotations`` and ``img_aug_matrix`` of a batch (see :mod:`lightning_vstream.annotations`)."""
-        dataset: StreamDataset = self.dataset  # type: ignore[assignment]
-        attach_annotations(
-            batch,
-            dataset.steps,
+            flat[part.positions] = part.timestamps
+        return stream_batch(
+            index=index,
+            epoch=sampler.epoch,
+            step=step,
+            reads=reads,
             valid=valid,
-            cameras=cams,
-            found=[item for part in parts for item in part.annotations.items()],
-            missing=[item for part in parts for item in part.missing],
-            geometry=[item for part in parts for item in part.geometry.items()],
-            pad=dataset.pad_annotations,
+            frames=frames,
+            camera_timestamps=camera_timestamps,
+            steps=dataset.steps,
+            pad_annotations=dataset.pad_annotations,
             stats=self._skips,
+            clip_ids=self._clip_ids,
+            annotations=[item for part in parts for item in part.annotations.items()],
+            missing=[item for part in parts for item in part.missing],
+            geometry=[item for part in parts for item in part.frames[""].geometry.items()],
             output_geometry={
-                name: [item for part in parts for item in part.output_geometry.get(name, {}).items()]
+                name: [item for part in parts for item in part.frames[name].geometry.items()]
                 for name in dataset.outputs
             },
         )
+
+    def _frames(
+        self,
+        step: int,
+        parts: list[StreamPart],
+        key: str,
+        buffers: Buffers | None,
+        rows: dict[int, torch.Tensor],
+        valid: list[bool],
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """The step's frames of output ``key`` as the batch delivers them, from the three ways workers return them
+        (see :mod:`lightning_vstream.stream.parts`)."""
+        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        cams, batch_size = sampler.num_cameras, sampler.batch_size
+        if self.dataset.camera_frames == "per_camera":  # type: ignore[attr-defined]
+            templates = self._camera_templates.setdefault(key, {})
+            return merge_cameras(step, parts, key, valid, cams, batch_size, templates, pin=self.pin_output)
+        if buffers is not None:
+            frames = finish_buffer(buffers[key], pin=self.pin_output)
+            return frames.view(batch_size, cams, *buffers[key].shape[1:])
+        template = self._templates.get(key)
+        merged, shape = merge_parts(step, parts, key, rows, valid, cams, batch_size, template, pin=self.pin_output)
+        return merged.view(batch_size, cams, *shape)
 
     def _check_sizes(
         self,
@@ -348,7 +334,7 @@ class StreamDataLoader(DataLoader):
         cams: int,
         key: str = "",
         found: set[int] | None = None,
-    ) -> list[tuple[int, str, str]]:
+    ) -> list[ReadFailure]:
         """Frames of output ``key`` whose size differs from the batch's, as failures (or raised, under on_error="raise").
 
         Until the batch size is known (the first steps), the frame at the lowest position sets it.
@@ -385,7 +371,7 @@ class StreamDataLoader(DataLoader):
                 raise err
             self._skips.read_errors += 1
             found.add(pos)
-            failed.append((pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
+            failed.append(ReadFailure(pos, str(index.clips[read.clip].cameras[pos % cams].path), str(err)))
         return failed
 
     def _new_buffer(self) -> Buffers | None:
