@@ -1,5 +1,10 @@
 """Skipped clips and resuming around them, the same for every stream loader.
 
+A slot whose read failed gives up its clip segment and moves on to its next segment
+``prefetch_factor + 1`` steps later, whatever the loader (worker processes or none, engine threads),
+so every loader delivers the same batches, counts the same losses and resumes the same way
+(:mod:`lightning_vstream.stream.ledger`).
+
 ``tests/data/resume_before_reorganisation.json`` holds loader states (and the DataModule's
 hyperparameters) written by an earlier release of the stream loaders around a skipped clip, with
 the labels of that release's uninterrupted run: states saved by checkpoints of that release load,
@@ -16,13 +21,20 @@ from typing import Any
 import pytest
 
 from lightning_vstream import StreamVideoDataModule
-from lightning_vstream.demos.synth import clip_name, write_stamped_video
-from lightning_vstream.indexing import build_index
+from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
+from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.options import DecodeOptions, ErrorOptions
+from lightning_vstream.stream.engine_loader import build_engine_loader
+from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.stream.worker_loader import StreamDataLoader
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2
 BAD_CAMERA = "CAM_BACK_LEFT"
 SAVED = Path(__file__).parent / "data" / "resume_before_reorganisation.json"
+#: Every stream loader: (worker processes, engine threads); engine threads 0 is the worker loader.
+LOADERS = {"workers0": (0, 0), "workers1": (1, 0), "workers2": (2, 0), "engine1": (0, 1), "engine3": (0, 3)}
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +97,136 @@ def test_states_saved_by_the_earlier_release_resume(damaged: Path, tmp_path: Pat
         # From the failing step or earlier, the failure is found again and today's window applies.
         expected = saved["labels"] if int(step) > failed_at else now
         assert resumed == expected[int(step) :], f"resumed at step {step}"
+
+
+def _skip_loader(
+    index_file: Path, *, num_workers: int, engine_threads: int, prefetch: int = 2, remainder: str = "drop"
+) -> Any:
+    """The worker loader (``engine_threads=0``) or the thread engine on the same plan, under on_error="skip".
+
+    Both decode with one FFmpeg thread per decoder (the engine's CPU default), so the damaged packet
+    stops both at the same frame (frame threads read packets ahead, and stop earlier).
+    """
+    index = load_index(index_file)
+    sampler = StreamSampler(
+        LENGTHS,
+        num_cameras=2,
+        batch_size=2,
+        shuffle=False,
+        remainder=remainder,  # type: ignore[arg-type]
+        num_parts=1 if engine_threads else max(1, num_workers),
+    )
+    errors, decode = ErrorOptions(on_error="skip"), DecodeOptions(decoder_threads=1)
+    if engine_threads:
+        return build_engine_loader(
+            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, errors=errors, decode=decode
+        )
+    return StreamDataLoader(
+        StreamDataset(index=index, errors=errors, decode=decode),
+        sampler=sampler,
+        num_workers=num_workers,
+        prefetch_factor=prefetch,
+    )
+
+
+def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
+    """Everything a batch tells the model, frames as the stamps they carry."""
+    stamps = tuple(
+        tuple(_stamp(read_stamp(batch["frames"][slot, cam])) for cam in range(2)) if batch["valid"][slot] else None
+        for slot in range(2)
+    )
+    assert all(not batch["frames"][slot].any() for slot in range(2) if not batch["valid"][slot])
+    return (
+        int(batch["step"]),
+        tuple(batch["clip_id"]),
+        tuple(batch["frame_index"].tolist()),
+        tuple(batch["valid"].tolist()),
+        tuple(batch["is_first"].tolist()),
+        stamps,
+    )
+
+
+def _stamp(stamp: Any) -> tuple[int, int, int]:
+    return (stamp.clip, stamp.camera, stamp.frame)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_every_loader_keeps_a_failed_slot_invalid_for_prefetch_factor_plus_one_steps(
+    damaged: Path, prefetch: int
+) -> None:
+    runs = {
+        name: [
+            _record(b) for b in _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch)
+        ]
+        for name, (workers, threads) in LOADERS.items()
+    }
+    for name, run in runs.items():
+        assert run == runs["workers0"], f"{name} differs from workers0 (prefetch_factor={prefetch})"
+    run = runs["workers0"]
+    failed = next(step for step, _, _, valid, _, _ in run if not all(valid))
+    slot = run[failed][3].index(False)
+    window = next(n for n, record in enumerate(run[failed:]) if record[3][slot])
+    assert window == prefetch + 1  # then the slot may run past the plan's end, having jumped ahead
+    after = run[failed + prefetch + 1]
+    assert after[1][slot] != clip_name(BAD_CLIP) and after[4][slot]  # the slot's next clip starts is_first
+
+
+@pytest.mark.parametrize("loader", sorted(LOADERS))
+def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(damaged: Path, loader: str) -> None:
+    workers, threads = LOADERS[loader]
+    options = {"num_workers": workers, "engine_threads": threads}
+    full = [_record(b) for b in _skip_loader(damaged, **options)]
+    failed_at = next(i for i, b in enumerate(full) if not all(b[3]))
+    # Resume before, at and just after the failing step, inside the window (steps issued before the
+    # skip was found still read the clip given up), and after it.
+    for resume_at in range(failed_at - 1, failed_at + 5):
+        first = _skip_loader(damaged, **options)
+        it = iter(first)
+        produced = [next(it) for _ in range(resume_at + 2)]  # the loop has prefetched two more
+        first.mark_consumed(produced[resume_at - 1])
+        state = first.state_dict()
+        assert state["step"] == resume_at
+        del it, produced
+        first.close()
+        resumed = _skip_loader(damaged, **options)
+        resumed.load_state_dict(state)
+        assert [_record(b) for b in resumed] == full[resume_at:], f"resumed at step {resume_at}"
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_skip_counters_are_exact_for_every_loader(damaged: Path, prefetch: int) -> None:
+    bad = clip_name(BAD_CLIP)
+    lost = set()
+    for name, (workers, threads) in LOADERS.items():
+        setting = f"{name}, prefetch_factor={prefetch}"
+        # Evaluation order ("pad"): every frame is due once, so the loss is exact and the same in
+        # every setting: the frames of the damaged clip from the failure on.
+        loader = _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch, remainder="pad")
+        batches = list(loader)
+        valid = sum(int(b["valid"].sum()) for b in batches)
+        delivered_bad = sum(1 for b in batches for slot in range(2) if b["valid"][slot] and b["clip_id"][slot] == bad)
+        stats = loader.stats
+        assert stats.skipped_samples == LENGTHS[BAD_CLIP] - delivered_bad, setting
+        assert valid + stats.skipped_samples == sum(LENGTHS), setting
+        assert stats.frames_delivered == valid * 2, setting
+        assert (stats.skipped_clips, stats.bad_files) == (1, 1), setting
+        assert stats.read_errors >= 1, setting
+        lost.add(stats.skipped_samples)
+        # Training order ("drop"): no padding in the plan, so every invalid slot-step is a lost one.
+        loader = _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch)
+        batches = list(loader)
+        invalid = sum(int((~b["valid"]).sum()) for b in batches)
+        assert loader.stats.skipped_samples == invalid, setting
+        assert loader.stats.frames_delivered == (2 * len(batches) - invalid) * 2, setting
+    assert len(lost) == 1 and lost.pop() > 10
+
+
+def test_a_loader_that_issues_further_ahead_than_it_says_is_refused() -> None:
+    from lightning_vstream.errors import UsageError
+    from lightning_vstream.stream.ledger import SkipLedger
+
+    ledger = SkipLedger(batch_size=2, lookahead=2)
+    with pytest.raises(UsageError, match=r"a read of step 4 failed after steps up to 7 were issued.*prefetch_factor=2"):
+        ledger.failed(step=4, slot=0, segment=1, next_segment=20, issued=8)
+    ledger.failed(step=4, slot=0, segment=1, next_segment=20, issued=7)  # steps up to 6 issued: within the window
+    assert ledger.shifts_at(7) == [13, 0]

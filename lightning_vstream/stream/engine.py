@@ -67,10 +67,9 @@ from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_
 from lightning_vstream.stream.batch import StreamBatch, stream_batch
 from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_reads import ThreadDecoders
-from lightning_vstream.stream.failures import FILE_ERRORS, SkipLedger, describe_streams
+from lightning_vstream.stream.failures import FILE_ERRORS, describe_streams
 from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.memory import EngineBatches
-from lightning_vstream.stream.resume import SkipHistory, Skips, no_skips
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
 
@@ -78,8 +77,6 @@ __all__ = ["StreamEngine"]
 
 log = logging.getLogger("lightning_vstream")
 Buffers = Literal["ring", "pool"]
-#: Steps kept in the engine's shift log (the slot shifts each step was planned with).
-SHIFT_LOG_STEPS = 256
 # The consumer's NVTX ranges, one each per step (a range holds no state between its push and pop).
 _WAIT_RANGE = nvtx_range(RANGE_WAIT)
 _COLLATE_RANGE = nvtx_range(RANGE_COLLATE)
@@ -130,8 +127,6 @@ class EngineRun:
     progress: list[int] = field(default_factory=list)  # per thread: the last step it finished
     errors: dict[int, tuple[int, int, BaseException]] = field(default_factory=dict)  # thread -> (step, position, err)
     # (slot, segment) given up -> the step its first failed read belongs to (-1: before this run)
-    abandoned: dict[tuple[int, int], int] = field(default_factory=dict)
-    changes: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)  # its shift change
     stopping: bool = False
     timed_out: bool = False
     workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
@@ -267,16 +262,15 @@ class StreamEngine:
         self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
         self._run: EngineRun | None = None
         self._stats_lock = threading.Lock()
-        self._ledger = SkipLedger()
+        # Skips and their counters: the sampler's ledger; a failed slot moves on ``prefetch + 1`` steps later.
+        self._ledger = sampler.ledger
+        self._ledger.lookahead = prefetch
         self._stats = self._ledger.stats
         # Decoder counters as of the last step handed out (as the worker loader counts them, work done
         # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
         self._earlier_runs = (0, 0, 0, 0)
         self._this_run: dict[int, tuple[int, int, int, int]] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
-        self.history = SkipHistory(sampler.batch_size)
-        #: Slot shifts each step was planned with (the last :data:`SHIFT_LOG_STEPS` steps).
-        self.shift_log: dict[int, list[int]] = {}
         self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
         self.prefetcher: Any = None
@@ -327,18 +321,15 @@ class StreamEngine:
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
 
     # -- the consumer ----------------------------------------------------------------------
-    def run(self, start: int = 0, skips: Skips | None = None) -> Iterator[StreamBatch]:
-        """Yield the batches of the sampler's current epoch from step ``start``, with ``skips`` in force there."""
+    def run(self, start: int = 0) -> Iterator[StreamBatch]:
+        """Yield the batches of the sampler's current epoch from step ``start``, with the skips its ledger holds for
+        the pass (:meth:`SkipLedger.begin_pass <lightning_vstream.stream.ledger.SkipLedger.begin_pass>`)."""
         self._allocate()
         if self._run is not None:  # an earlier run whose iterator was left unfinished
             self._shutdown(self._run)
         self._join(60.0)  # threads of an earlier run that was stopped while they were stuck
         sampler = self.sampler
-        skips = skips if skips is not None else no_skips(sampler.batch_size)
-        sampler.shifts, sampler.pending_shifts = list(skips[0]), list(skips[1])
-        sampler.abandoned = set(skips[2])
         sampler.start_step = start
-        self.history.begin(sampler.epoch, skips)
         self.steps.forget_draws()
         with self._stats_lock:
             self._earlier_runs = tuple(sum(values) for values in zip(self._earlier_runs, *self._this_run.values()))
@@ -351,7 +342,6 @@ class StreamEngine:
             requested=start,
             released=start,
             progress=[start - 1] * self.num_threads,
-            abandoned={pair: -1 for pair in skips[2]},
         )
         self._run = run
         # Every batch handed out so far is released once the consumer's work queued up to now is done.
@@ -407,13 +397,10 @@ class StreamEngine:
                 if failures:
                     raise run.errors[failures[0][2]][2]
             planned = run.steps.pop(step)
-            abandoned = {pair: first for pair, first in run.abandoned.items() if first <= step} if run.abandoned else {}
-        self.shift_log[step] = planned.shifts  # the step's own list: planned is dropped after this
-        self.shift_log.pop(step - SHIFT_LOG_STEPS, None)
         for events in self._done_events:
             self.device.wait(events[step % self.ring_size])
         with _COLLATE_RANGE:
-            return self._assemble(step, planned, abandoned)
+            return self._assemble(step, planned)
 
     def _streams_of(self, run: EngineRun, step: int, t: int) -> str:
         """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
@@ -428,10 +415,10 @@ class StreamEngine:
         ]
         return describe_streams(self.index, streams) or "no camera stream at this step"
 
-    def _assemble(self, step: int, planned: PlannedStep, abandoned: dict[tuple[int, int], int]) -> StreamBatch:
+    def _assemble(self, step: int, planned: PlannedStep) -> StreamBatch:
         reads = planned.reads
-        if abandoned:
-            valid = [r is not None and (slot, r.segment) not in abandoned for slot, r in enumerate(reads)]
+        if self._ledger.any_given_up:
+            valid = [r is not None and not self._ledger.invalid(slot, r.segment, step) for slot, r in enumerate(reads)]
         else:
             valid = [r is not None for r in reads]
         with self._stats_lock:
@@ -547,9 +534,9 @@ class StreamEngine:
         read = planned.reads[slot]
         if read is None:
             return
-        # Read without the lock: a failure another thread is recording right now only costs a
-        # decode whose slot the batch marks invalid anyway.
-        if run.abandoned.get((slot, read.segment), step) < step:
+        # A failure another thread is recording right now only costs a decode whose slot the batch marks
+        # invalid anyway.
+        if self._ledger.given_up(slot, read.segment, step):
             return  # its segment failed at an earlier step: nothing to decode
         # Where the slot's segment starts keys the augmentation draw; nothing else needs it.
         segment_start = self.sampler.schedule().segments[read.segment].start if self.steps.augment is not None else 0
@@ -598,15 +585,15 @@ class StreamEngine:
         failed reads are handled as there. ``at[0]`` follows the stream being read.
         """
         reads, rows, timestamps = planned.reads, planned.rows, planned.timestamps
-        abandoned = run.abandoned
+        ledger = self._ledger
         read_into = decoders.read_into
         for position, slot, camera in mine:
             at[0] = position
             read = reads[slot]
             if read is None:
                 continue
-            # Read without the lock, as in _decode_one.
-            if abandoned and abandoned.get((slot, read.segment), step) < step:
+            # As in _decode_one.
+            if ledger.any_given_up and ledger.given_up(slot, read.segment, step):
                 continue  # its segment failed at an earlier step: nothing to decode
             try:
                 timestamps[position] = read_into(position, read.clip, camera, read.frame, rows[position])
@@ -630,26 +617,9 @@ class StreamEngine:
             decoders.close(position)
         decoders.read_errors += 1
         slot, camera = divmod(position, self.sampler.num_cameras)
-        self._abandon(run, slot, step, planned.shifts[slot], read, camera, err)
-
-    def _abandon(
-        self, run: EngineRun, slot: int, step: int, shift: int, read: SlotRead, camera: int, err: BaseException
-    ) -> None:
-        """Give up the slot's segment from ``step`` on; the slot moves on ``prefetch + 1`` steps later."""
-        key = (slot, read.segment)
-        with run.cond:
-            known = run.abandoned.get(key)
-            if known is None or step < known:
-                run.abandoned[key] = step
-                change = self.sampler.abandon_from(
-                    slot, step, shift, read, step + self.prefetch + 1, replaces=run.changes.get(key)
-                )
-                run.changes[key] = change
-                self.history.found(step, slot, read.segment, change)
-            with self._stats_lock:
-                if known is None:
-                    path = str(self.index.clips[read.clip].cameras[camera].path)
-                    self._ledger.clip_skipped(self.index.clips[read.clip].clip_id, read.frame, path, err)
+        clip = self.index.clips[read.clip]
+        path = str(clip.cameras[camera].path)
+        self.sampler.give_up(slot, step, planned.shifts[slot], read, clip_id=clip.clip_id, path=path, error=err)
 
     def _shutdown(self, run: EngineRun) -> None:
         """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""

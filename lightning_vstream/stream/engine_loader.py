@@ -10,7 +10,7 @@ device backend (:mod:`lightning_vstream.stream.engine_device`), the decoder fact
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,7 +26,6 @@ from lightning_vstream.stream.batch import StreamBatch
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
-from lightning_vstream.stream.resume import Skips, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["CPU_DECODER_THREADS", "EngineLoader", "build_engine_loader", "cpu_threads"]
@@ -54,23 +53,16 @@ class EngineLoader:
         self.sampler = engine.sampler
         #: Lightning inspects loaders' ``batch_sampler``; the sampler plans whole batches itself.
         self.batch_sampler = None
-        self._yielded: tuple[int, int] | None = None
-        self._consumed: tuple[int, int] | None = None
-        self._resume: tuple[int, int] | None = None
-        self._resume_skips: Skips = no_skips(engine.sampler.batch_size)
 
     def __len__(self) -> int:
         return len(self.sampler.schedule())
 
     def __iter__(self) -> Iterator[StreamBatch]:
-        sampler = self.sampler
-        start, skips = 0, no_skips(sampler.batch_size)
-        if self._resume is not None and self._resume[0] == sampler.epoch:
-            start, skips = self._resume[1], self._resume_skips
-        for batch in self.engine.run(start, skips):
-            self._yielded = (sampler.epoch, int(batch["step"]) + 1)
+        sampler, ledger = self.sampler, self.sampler.ledger
+        for batch in self.engine.run(ledger.begin_pass(sampler.epoch)):
+            ledger.yielded(sampler.epoch, batch["step"])
             yield batch
-        self._resume = None
+        ledger.end_pass()
 
     def close(self) -> None:
         """Stop the decode threads of a run in progress."""
@@ -84,28 +76,22 @@ class EngineLoader:
             stats.remote = self.engine.prefetcher.fetcher.stats
         return stats
 
-    # -- resumable state (the format of StreamDataLoader's) --------------------------------
-    def mark_consumed(self, batch: dict[str, Any]) -> None:
+    # -- resumable state (the one ledger's, as StreamDataLoader's) ----------------------------
+    def mark_consumed(self, batch: Mapping[str, Any]) -> None:
         """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not)."""
-        self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
+        self.sampler.ledger.mark_consumed(batch)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
 
-        The format of :meth:`StreamDataLoader.state_dict <lightning_vstream.stream.worker_loader.StreamDataLoader.state_dict>`.
+        The format of :meth:`StreamDataLoader.state_dict
+        <lightning_vstream.stream.worker_loader.StreamDataLoader.state_dict>` (see :mod:`lightning_vstream.stream.ledger`).
         """
-        sampler = self.sampler
-        position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
-        return self.engine.history.state_dict(sampler, position)
+        return self.sampler.ledger.state_dict(self.sampler)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        epoch, step, skips = checked_resume_state(state, self.sampler)
-        self._resume = (epoch, step)
-        self._resume_skips = skips
-        self.engine.history.begin(epoch, skips)
-        self._consumed = self._yielded = None
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(self.sampler.ledger.load_state_dict(state, self.sampler))
 
 
 #: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.

@@ -1,19 +1,19 @@
-"""Failed camera reads and skips, handled one way by both stream loaders.
+"""What a failed camera read becomes, the same in both stream loaders.
 
 The worker loader (:mod:`lightning_vstream.stream.worker_loader`, reads in DataLoader workers) and the
 thread engine (:mod:`lightning_vstream.stream.engine`) share what a failed read becomes
 (:func:`failed_read`), the error for a frame of the wrong size (:func:`frame_size_error`), and how
-``on_error="skip"`` is counted (:class:`SkipLedger`), so a damaged file raises the same error and
-is counted the same way whichever loader reads it.
+reads are named in messages (:func:`place`, :func:`describe_streams`), so a damaged file raises the
+same error whichever loader reads it. What ``on_error="skip"`` then does with the slot, and how it is
+counted, is the ledger's (:mod:`lightning_vstream.stream.ledger`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.errors import (
     DataFormatError,
@@ -26,7 +26,7 @@ from lightning_vstream.errors import (
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
 
-__all__ = ["FILE_ERRORS", "SkipLedger", "describe_streams", "failed_read", "frame_size_error", "place"]
+__all__ = ["FILE_ERRORS", "describe_streams", "failed_read", "frame_size_error", "place"]
 
 log = logging.getLogger("lightning_vstream")
 
@@ -149,51 +149,3 @@ def frame_size_error(
         "of one size, so pass a resize transform (transform=FrameTransform(resize=(H, W))) or re-encode the file "
         "to the size of the others. With on_error='skip' such clips are skipped."
     )
-
-
-class SkipLedger:
-    """The counters of the main process (or engine) under ``on_error="skip"``, and the once-per-file warning.
-
-    Example::
-
-        >>> ledger = SkipLedger()
-        >>> ledger.count_step(reads=[None, object()], valid=[False, True], shifts=[3, 0], step=9, num_steps=10, cameras=6)
-        >>> ledger.stats.skipped_samples, ledger.stats.frames_delivered
-        (1, 6)
-    """
-
-    def __init__(self) -> None:
-        self.stats = DecodeStats()
-        self._bad_files: set[str] = set()
-
-    def clip_skipped(self, clip_id: str, frame: int, path: str, error: object) -> None:
-        """A slot gave up a clip segment because a read of ``path`` failed (warned once per file)."""
-        self.stats.skipped_clips += 1
-        if path not in self._bad_files:
-            self._bad_files.add(path)
-            self.stats.bad_files = len(self._bad_files)
-            log.warning("skipping clip %r from frame %d on: %s", clip_id, frame, error)
-
-    def count_step(
-        self,
-        *,
-        reads: Sequence[object | None],
-        valid: Sequence[bool],
-        shifts: Sequence[int],
-        step: int,
-        num_steps: int,
-        cameras: int,
-    ) -> None:
-        """Count one assembled step: its lost slot-steps and its delivered camera frames.
-
-        A slot-step is lost to a skip when it holds no frame although it was due one: its read
-        failed or belongs to a clip given up, or (read None) the slot ran past the plan's end
-        because it jumped ahead. Padding the plan itself has is not counted.
-        """
-        if all(valid):  # the common case: nothing lost
-            self.stats.frames_delivered += len(valid) * cameras
-            return
-        self.stats.skipped_samples += sum(
-            1 for slot, r in enumerate(reads) if not valid[slot] and (r is not None or step + shifts[slot] >= num_steps)
-        )
-        self.stats.frames_delivered += sum(valid) * cameras

@@ -6,7 +6,11 @@ calls ``set_epoch`` on it at every epoch start. Our sampler shards by rank itsel
 
 Both stream loaders follow its plan: the worker loader (:mod:`lightning_vstream.stream.worker_loader`)
 iterates it for the parts of each step, the stream engine (:mod:`lightning_vstream.stream.engine`)
-issues whole steps with :meth:`StreamSampler.issue`.
+issues whole steps with :meth:`StreamSampler.issue`. Skipped clips move slots through the plan; the
+sampler holds the one :class:`~lightning_vstream.stream.ledger.SkipLedger` both loaders keep them in
+(``sampler.ledger``), since Lightning sees the sampler and starts each epoch with its ``set_epoch``.
+The rule "stream ``p`` belongs to part ``p % n``" (:meth:`StreamSampler.stream_positions`) is the one
+both loaders split a step's camera streams by: worker processes by part, engine threads likewise.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.stream.ledger import SkipLedger
 from lightning_vstream.stream.parts import StreamRead, StreamTask
 from lightning_vstream.stream.schedule import PlanSpec, Remainder, SlotRead, StreamSchedule
 
@@ -77,13 +82,10 @@ class StreamSampler(DistributedSampler):
         self.num_parts = num_parts
         self.start_step = 0
         self._cache: tuple[int, StreamSchedule] | None = None
-        # Per-slot step offsets: a slot whose clip failed (on_error="skip") jumps ahead to its
-        # next segment and pads at the end of the epoch, so all ranks keep the same length.
-        self.shifts = [0] * batch_size
-        #: Shift changes that take effect at a later step: ``(from_step, slot, shift)`` (resume).
-        self.pending_shifts: list[tuple[int, int, int]] = []
-        #: ``(slot, segment)`` pairs given up in this pass: their reads are not sent to workers.
-        self.abandoned: set[tuple[int, int]] = set()
+        #: Skipped clips and the per-slot step offsets they cause (a slot whose clip failed jumps ahead to
+        #: its next segment and pads at the end of the epoch, so all ranks keep the same length), and the
+        #: loader's resumable position.
+        self.ledger = SkipLedger(batch_size=batch_size)
         #: Shape of every frame of the batch once known, per output (``""``: the default output, ``batch["frames"]``;
         #: else a name of ``batch["outputs"]``); sent with each task so workers check it.
         self.frame_shapes: dict[str, tuple[int, ...]] = {}
@@ -103,23 +105,17 @@ class StreamSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose plan the next iteration follows."""
         if epoch != self.epoch:
-            self.reset_skips()
+            self.ledger.reset()
         self.epoch = epoch
-
-    def reset_skips(self) -> None:
-        """Forget the shifts and abandoned segments of skipped clips (a new pass from step 0)."""
-        self.shifts = [0] * self.batch_size
-        self.pending_shifts = []
-        self.abandoned = set()
 
     def __len__(self) -> int:
         return len(self.schedule()) * self.num_parts
 
-    def reads(self, step: int) -> list[SlotRead | None]:
-        """What each slot reads at ``step`` under the current shifts (None: padding)."""
+    def reads(self, step: int, shifts: list[int]) -> list[SlotRead | None]:
+        """What each slot reads at ``step`` with its shift in ``shifts`` (None: padding)."""
         plan = self.schedule()
         reads: list[SlotRead | None] = []
-        for slot, shift in enumerate(self.shifts):
+        for slot, shift in enumerate(shifts):
             position = step + shift
             reads.append(plan.read(position, slot) if position < plan.num_steps else None)
         return reads
@@ -128,50 +124,32 @@ class StreamSampler(DistributedSampler):
         """The reads, shifts and batch buffers ``step`` was issued with (the loader labels batches with them)."""
         return self._issued.pop(step)
 
-    def abandon(self, slot: int, step: int, shift: int, read: SlotRead) -> tuple[int, int] | None:
-        """Move ``slot`` past the segment of ``read`` for every step not issued yet.
-
-        ``read`` was issued at ``step`` with the slot's shift ``shift``; steps already issued
-        keep their reads (the loader marks them invalid). Returns ``(from_step, new_shift)``, or
-        None when the slot had already moved past the segment.
-        """
-        self.abandoned.add((slot, read.segment))
+    def next_segment(self, step: int, shift: int, read: SlotRead) -> int:
+        """The plan step at which the slot that read ``read`` at ``step`` (with ``shift``) reaches its next segment."""
         segment = self.schedule().segments[read.segment]
         offset = (read.frame - segment.start) // segment.stride
-        next_segment = step + shift + segment.length - offset  # plan position of the next segment
-        if self._next_step + self.shifts[slot] < next_segment:
-            self.shifts[slot] = next_segment - self._next_step
-            return self._next_step, self.shifts[slot]
-        return None
+        return step + shift + segment.length - offset
 
-    def abandon_from(
-        self, slot: int, step: int, shift: int, read: SlotRead, from_step: int, *, replaces: tuple[int, int] | None
-    ) -> tuple[int, int] | None:
-        """Give up the segment of ``read`` and move ``slot`` past it from ``from_step`` on (not issued yet).
+    def give_up(
+        self, slot: int, step: int, shift: int, read: SlotRead, *, clip_id: str, path: str, error: object
+    ) -> None:
+        """A read of ``slot`` at ``step`` failed: the ledger gives up its segment and moves the slot on (see
+        :class:`~lightning_vstream.stream.ledger.SkipLedger`)."""
+        self.ledger.failed(
+            step=step,
+            slot=slot,
+            segment=read.segment,
+            next_segment=self.next_segment(step, shift, read),
+            issued=self._next_step,
+            clip_id=clip_id,
+            frame=read.frame,
+            path=path,
+            error=error,
+        )
 
-        Unlike :meth:`abandon`, when the slot moves on does not depend on how far ahead steps were
-        issued when the failure was found (the engine's threads plan steps as they go): steps
-        before ``from_step`` keep reading the segment given up, and the loader marks them invalid.
-        ``replaces`` is the change an earlier call returned for the same segment (found again at an
-        earlier step); it is withdrawn. Returns ``(from_step, new_shift)``, or None when the slot is
-        past the segment by then anyway.
-        """
-        self.abandoned.add((slot, read.segment))
-        if replaces is not None:
-            self.pending_shifts = [
-                c for c in self.pending_shifts if (c[0], c[1], c[2]) != (replaces[0], slot, replaces[1])
-            ]
-        segment = self.schedule().segments[read.segment]
-        offset = (read.frame - segment.start) // segment.stride
-        next_segment = step + shift + segment.length - offset  # plan position of the next segment
-        current = self.shifts[slot]
-        for due, changed, value in sorted(self.pending_shifts):
-            if changed == slot and due <= from_step:
-                current = value
-        if from_step + current < next_segment:
-            self.pending_shifts.append((from_step, slot, next_segment - from_step))
-            return from_step, next_segment - from_step
-        return None
+    def stream_positions(self, part: int, parts: int) -> range:
+        """The camera streams (``slot * num_cameras + camera``) of part ``part`` of ``parts``: every ``parts``-th."""
+        return range(part, self.batch_size * self.num_cameras, parts)
 
     def issue(self, step: int) -> tuple[list[SlotRead | None], Buffers | None]:
         """Record ``step`` as issued, applying the shift changes due by then: its reads and batch buffers.
@@ -179,32 +157,30 @@ class StreamSampler(DistributedSampler):
         :meth:`tasks` issues a step and splits it into parts; the stream engine, which plans whole
         steps, issues them with this alone and takes them back with :meth:`issued`.
         """
-        if self.pending_shifts:
-            due = [change for change in self.pending_shifts if change[0] <= step]
-            for _, slot, shift in sorted(due):
-                self.shifts[slot] = shift
-            self.pending_shifts = [change for change in self.pending_shifts if change[0] > step]
-        reads = self.reads(step)
+        shifts = self.ledger.shifts_at(step)
+        reads = self.reads(step, shifts)
         factory = self.buffer_factory() if self.buffer_factory is not None else None
         buffers = factory() if factory is not None else None
-        self._issued[step] = (reads, list(self.shifts), buffers)
+        self._issued[step] = (reads, shifts, buffers)
         self._next_step = step + 1
         return reads, buffers
 
     def tasks(self, step: int) -> list[StreamTask]:
-        """The parts of ``step``: stream ``slot * num_cameras + camera`` goes to part ``position % num_parts``."""
-        parts: list[list[StreamRead]] = [[] for _ in range(self.num_parts)]
+        """The parts of ``step``: the streams of part ``p`` are :meth:`stream_positions` ``(p, num_parts)``."""
         reads, buffers = self.issue(step)
         segments = self.schedule().segments
-        for slot, read in enumerate(reads):
-            if read is None or (slot, read.segment) in self.abandoned:
-                continue  # padding, or a clip given up: nothing to decode
-            start = segments[read.segment].start
-            for camera in range(self.num_cameras):
-                position = slot * self.num_cameras + camera
-                parts[position % self.num_parts].append(
-                    StreamRead(position, read.clip, camera, read.frame, segment=read.segment, segment_start=start)
-                )
+        cams = self.num_cameras
+        parts: list[list[StreamRead]] = []
+        for p in range(self.num_parts):
+            part = []
+            for position in self.stream_positions(p, self.num_parts):
+                slot, camera = divmod(position, cams)
+                read = reads[slot]
+                if read is None or self.ledger.given_up(slot, read.segment, step):
+                    continue  # padding, or a clip given up: nothing to decode
+                start = segments[read.segment].start
+                part.append(StreamRead(position, read.clip, camera, read.frame, read.segment, start))
+            parts.append(part)
         buffer = buffers.get("") if buffers is not None else None
         output_buffers = {name: b for name, b in buffers.items() if name} if buffers is not None else None
         output_shapes = {name: shape for name, shape in self.frame_shapes.items() if name}
@@ -218,6 +194,6 @@ class StreamSampler(DistributedSampler):
     def __iter__(self) -> Iterator[StreamTask]:
         self._issued.clear()
         if self.start_step == 0:
-            self.reset_skips()
+            self.ledger.reset()
         for step in range(self.start_step, len(self.schedule())):
             yield from self.tasks(step)

@@ -150,8 +150,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             option the chosen engine does not use is warned about once, naming the one it uses). Choose ``"workers"``
             when your training step holds the GIL for long stretches (much Python per step, a
             CPU-bound model in Python): decode threads then wait for it, worker processes do not.
-            Both deliver the same batches (after a skipped clip, under ``on_error="skip"``, the slot
-            may stay invalid for a different number of steps), count alike, and save the same state.
+            Both deliver the same batches (also around a clip skipped under ``on_error="skip"``), count
+            alike, and save the same state.
         engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines, or one
             per core this process may run on (``os.sched_getaffinity``).
         gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import multiprocessing.context
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from lightning_vstream.errors import (
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.batch import StreamBatch, stream_batch
-from lightning_vstream.stream.failures import SkipLedger, describe_streams, frame_size_error
+from lightning_vstream.stream.failures import describe_streams, frame_size_error
 from lightning_vstream.stream.memory import BufferPool
 from lightning_vstream.stream.parts import (
     ReadFailure,
@@ -42,7 +42,6 @@ from lightning_vstream.stream.parts import (
     merge_cameras,
     merge_parts,
 )
-from lightning_vstream.stream.resume import SkipHistory, checked_resume_state, no_skips
 from lightning_vstream.stream.sampler import Buffers, StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
 from lightning_vstream.stream.supervise import (
@@ -131,16 +130,10 @@ class StreamDataLoader(DataLoader):
         )
         self.pin_output = pin_memory
         self._worker_stats: dict[tuple[int, int], DecodeStats] = {}
-        self._yielded: tuple[int, int] | None = None
-        self._consumed: tuple[int, int] | None = None
-        self._resume: tuple[int, int] | None = None
-        self._resume_skips = no_skips(sampler.batch_size)
-        # The skips in force when the current pass started, and those found since: enough to
-        # rebuild what was in force at any step of the pass (a resume must not see skips found
-        # in batches that were prefetched but never consumed).
-        self._history = SkipHistory(sampler.batch_size)
-        self._history.begin(sampler.epoch, self._resume_skips)
-        self._ledger = SkipLedger()
+        # Skips, the resumable position and the skip counters: the sampler's ledger. torch issues at most
+        # prefetch_factor steps beyond the one being assembled (2 when None), so a failed slot moves on then.
+        self._ledger = sampler.ledger
+        self._ledger.lookahead = prefetch_factor if prefetch_factor is not None else 2
         self._skips = self._ledger.stats
         self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
@@ -162,14 +155,7 @@ class StreamDataLoader(DataLoader):
     def __iter__(self) -> Iterator[StreamBatch]:  # type: ignore[override]
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         plan = sampler.schedule()
-        start = 0
-        skips = no_skips(sampler.batch_size)
-        if self._resume is not None and self._resume[0] == sampler.epoch:
-            start = self._resume[1]
-            skips = self._resume_skips
-        sampler.start_step = start
-        sampler.shifts, sampler.pending_shifts, sampler.abandoned = list(skips[0]), list(skips[1]), set(skips[2])
-        self._history.begin(sampler.epoch, skips)
+        start = sampler.start_step = self._ledger.begin_pass(sampler.epoch)
         parts_iter = self._start_workers()
         if self.num_workers > 0:
             self._passes.add(parts_iter)
@@ -178,7 +164,7 @@ class StreamDataLoader(DataLoader):
                 parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
                 with nvtx_range(RANGE_COLLATE):
                     batch = self._assemble(sampler, step, parts)
-                self._yielded = (sampler.epoch, step + 1)
+                self._ledger.yielded(sampler.epoch, step)
                 yield batch
         except Exception:
             # Whatever failed, end our workers now: one that stalls and ignores SIGTERM would
@@ -187,7 +173,7 @@ class StreamDataLoader(DataLoader):
             raise
         finally:
             sampler.start_step = 0
-        self._resume = None
+        self._ledger.end_pass()
 
     def _start_workers(self) -> Iterator[StreamPart]:
         """``iter()`` of the DataLoader, with its workers watched by the loader rather than torch's SIGCHLD handler."""
@@ -254,7 +240,7 @@ class StreamDataLoader(DataLoader):
                 )
             self._worker_stats[part.worker] = part.stats
         reads, shifts, buffers = sampler.issued(step)
-        valid = [r is not None and (slot, r.segment) not in sampler.abandoned for slot, r in enumerate(reads)]
+        valid = [r is not None and not self._ledger.invalid(slot, r.segment, step) for slot, r in enumerate(reads)]
         keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
         failed = [failure for part in parts for failure in part.failed]
         rows: dict[str, dict[int, torch.Tensor]] = {}
@@ -269,10 +255,8 @@ class StreamDataLoader(DataLoader):
             if read is None:
                 continue
             valid[slot] = False
-            if (slot, read.segment) in sampler.abandoned:
-                continue  # a prefetched read of a clip given up already
-            self._history.found(step, slot, read.segment, sampler.abandon(slot, step, shifts[slot], read))
-            self._ledger.clip_skipped(index.clips[read.clip].clip_id, read.frame, path, error)
+            clip_id = index.clips[read.clip].clip_id
+            sampler.give_up(slot, step, shifts[slot], read, clip_id=clip_id, path=path, error=error)
         self._ledger.count_step(
             reads=reads, valid=valid, shifts=shifts, step=step, num_steps=sampler.schedule().num_steps, cameras=cams
         )
@@ -412,33 +396,26 @@ class StreamDataLoader(DataLoader):
         return total
 
     # -- resumable state -------------------------------------------------------------------
-    def mark_consumed(self, batch: dict[str, Any]) -> None:
+    def mark_consumed(self, batch: Mapping[str, Any]) -> None:
         """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not).
 
         When a loop has taken more batches than it has used, a resume must start after the last
         batch used, not after the last one handed out; the latest mark wins until the next
         ``load_state_dict``.
         """
-        self._consumed = (int(batch["epoch"]), int(batch["step"]) + 1)
+        self._ledger.mark_consumed(batch)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
 
         Skips (``on_error="skip"``) are stored as per-slot ``shifts``, ``pending_shifts``
-        (``[from_step, slot, shift]``: steps prefetched before a skip was found still read the
-        clip given up) and ``abandoned`` (``[slot, segment]``), so that a resumed run delivers
-        exactly the batches the interrupted run would have delivered.
+        (``[from_step, slot, shift]``: steps issued before a skip was found still read the clip
+        given up) and ``abandoned`` (``[slot, segment]``), so that a resumed run delivers exactly
+        the batches the interrupted run would have delivered (see :mod:`lightning_vstream.stream.ledger`).
         """
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        position = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
-        return self._history.state_dict(sampler, position)
+        return self._ledger.state_dict(self.sampler)  # type: ignore[arg-type]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        epoch, step, skips = checked_resume_state(state, sampler)
-        self._resume = (epoch, step)
-        self._resume_skips = skips
-        self._history.begin(epoch, skips)
-        self._consumed = self._yielded = None
-        sampler.set_epoch(epoch)
+        sampler.set_epoch(self._ledger.load_state_dict(state, sampler))
