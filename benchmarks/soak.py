@@ -135,7 +135,7 @@ def _stream_batches(
             frames_delivered=stats.frames_delivered,
             amplification=stats.amplification,
             # Decoders the main process holds (num_workers=0): one per camera stream at most.
-            open_decoders_in_main_process=loader.dataset.open_files,  # type: ignore[attr-defined]
+            open_decoders_in_main_process=len(loader.dataset.decoders),  # type: ignore[attr-defined]
         )
         dm.teardown("fit")
 

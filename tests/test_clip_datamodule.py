@@ -425,9 +425,9 @@ def test_teardown_without_a_stage_stops_workers_and_closes_decoders(clip_index: 
     single.setup("fit")
     next(iter(single.train_dataloader()))
     dataset = single._loaders["train"].dataset.dataset
-    assert dataset._cache is not None and len(dataset._cache) > 0
+    assert len(dataset.decoders) > 0
     single.teardown(None)
-    assert len(dataset._cache) == 0
+    assert len(dataset.decoders) == 0
     model = ClipModel()
     _trainer(tmp_path, max_steps=2).fit(model, datamodule=single)  # usable again after teardown
     assert len(model.seen["train"]) == 2 and model.errors == []

@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.clips.dataset import VideoClipDataset
-from lightning_vstream.clips.decoders import DecoderCache
 from lightning_vstream.clips.from_files import index_from_files
 from lightning_vstream.clips.selection import ClipRequest, at_indices, at_times, multi_rate
 from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
@@ -328,27 +327,8 @@ def test_dataset_pickles_without_open_decoders(small_index: Path) -> None:
     ds[0]
     assert len(ds.decoders) == 2
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._cache is None
+    assert clone._executor is None
     check_stamps(clone[0])
-
-
-# -- the decoder cache ------------------------------------------------------------------------
-def test_decoder_cache_is_a_bounded_lru(small_index: Path) -> None:
-    index = load_index(small_index)
-    paths = [clip.cameras[0].path for clip in index]
-    cache = DecoderCache(capacity=2)
-    first = cache.get(paths[0])
-    assert cache.get(paths[0]) is first
-    first.get(3)
-    cache.get(paths[1])
-    cache.get(paths[0])  # most recent again
-    cache.get(paths[2])  # evicts paths[1]
-    assert paths[0] in cache and paths[1] not in cache and len(cache) == 2 and cache.opened == 3
-    assert cache.frames_decoded == 4
-    cache.close()
-    assert len(cache) == 0 and cache.frames_decoded == 4
-    with pytest.raises(ValueError, match="capacity=0 must be a positive integer"):
-        DecoderCache(capacity=0)
 
 
 # -- errors -----------------------------------------------------------------------------------

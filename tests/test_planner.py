@@ -1,9 +1,8 @@
-"""GOP planning and parallel GOP decoding (device-independent), checked on the CPU with PyAV and stamps."""
+"""GOP planning (device-independent), checked on the CPU with PyAV and stamps; the runner is tests/test_threads.py's."""
 
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -14,15 +13,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_vstream.clips.batch import collate_clips
-from lightning_vstream.clips.dataset import GopJob, GopPool, VideoClipDataset
+from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices, snap_to_keyframes
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.gops import GopPlanner, GopTask, assign_tasks, plan_feed, plan_gops
+from lightning_vstream.decode.gops import GopPlanner, assign_tasks, plan_feed
 from lightning_vstream.decode.probe import probe_video
-from lightning_vstream.decode.threads import GopExecutor, frames_decoder_tasks
 from lightning_vstream.demos.synth import Stamp, clip_number, read_stamp
-from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, is_reference, reference_code, temporal_id
 from lightning_vstream.indexing import load_index
 from tests._gop_shapes import SHAPES, demuxed, gop_shapes
@@ -100,155 +96,6 @@ def test_assign_prefers_a_worker_that_has_the_stream_open() -> None:
     plan = assign_tasks(planner.tasks(), 2)
     # "a" GOP 1 joins "a" GOP 0 (load 10) rather than the least-loaded worker (load 9): within half its cost.
     assert [[(t.source, t.gop) for t in w] for w in plan] == [[("a", 0), ("a", 1)], [("b", 0)]]
-
-
-# -- the executor with PyAV decoders -----------------------------------------------------------
-def _pyav_executor(workers: int, **kwargs: Any) -> GopExecutor:
-    return GopExecutor(
-        lambda task: frames_decoder_tasks(PyAVDecoder(task.source, info=task.info, threads=1)),
-        workers=workers,
-        **kwargs,
-    )
-
-
-@pytest.mark.parametrize("workers", [0, 1, 3])
-def test_executor_decodes_every_frame_exactly_once_per_gop(index_path: Path, workers: int) -> None:
-    index = load_index(index_path)
-    rng = random.Random(7)
-    planner = GopPlanner()
-    wanted: dict[tuple[int, int, int], tuple[str, int]] = {}
-    for b, clip in enumerate(index.clips):
-        for c, cam in enumerate(clip.cameras):
-            frames = [rng.randrange(FRAMES) for _ in range(6)]
-            for t, f in enumerate(frames):
-                planner.add(str(cam.path), cam.info, f, (b, t, c))
-                wanted[(b, t, c)] = (clip.clip_id, f)
-    got: dict[Any, tuple[int, torch.Tensor]] = {}
-    lock = threading.Lock()
-
-    def deliver(task: GopTask, index: int, frame: torch.Tensor, target: Any) -> None:
-        with lock:
-            assert target not in got
-            got[target] = (index, frame.clone())
-
-    decoded_before: list[int] = []
-    with _pyav_executor(workers) as executor:
-        tasks = planner.tasks()
-        executor.run(tasks, deliver)
-        assert executor.tasks_run == len(tasks)
-        for sources in executor.open_decoders().values():
-            assert len(sources) == len(set(sources))
-        decoded_before.append(executor.opened)
-    assert set(got) == set(wanted)
-    for (b, t, c), (clip_id, frame) in wanted.items():
-        index, image = got[(b, t, c)]
-        stamp = read_stamp(image)
-        assert index == frame and (stamp.clip, stamp.camera, stamp.frame) == (clip_number(clip_id), c, frame)
-    # Every decoder was opened once per worker that used its file (a GOP never decoded twice).
-    assert decoded_before[0] <= len({t.source for t in tasks}) * max(workers, 1)
-
-
-def test_gop_is_decoded_once_from_its_keyframe(index_path: Path) -> None:
-    cam = load_index(index_path).clips[0].cameras[0]
-    decoders: list[PyAVDecoder] = []
-
-    def open_decoder(task: GopTask) -> Any:
-        decoders.append(PyAVDecoder(task.source, info=task.info, threads=1))
-        return frames_decoder_tasks(decoders[-1])
-
-    planner = GopPlanner()
-    planner.add_many(str(cam.path), cam.info, [17, 12, 13, 35, 12], range(5))
-    with GopExecutor(open_decoder, workers=0) as executor:
-        executor.run(planner.tasks(), lambda *args: None)
-    # GOP 1 from keyframe 10 to 17 (8 frames) + GOP 3 from 30 to 35 (6 frames).
-    assert decoders[0].frames_decoded == 8 + 6
-
-
-def test_executor_reuses_decoders_across_runs_and_limits_them(index_path: Path) -> None:
-    index = load_index(index_path)
-    cams = [cam for clip in index.clips for cam in clip.cameras]
-    executor = _pyav_executor(1, max_open_per_worker=2)
-    try:
-        for cam in cams[:2]:
-            planner = GopPlanner()
-            planner.add(str(cam.path), cam.info, 5, 0)
-            executor.run(planner.tasks(), lambda *args: None)
-        planner = GopPlanner()
-        planner.add(str(cams[0].path), cams[0].info, 25, 0)
-        executor.run(planner.tasks(), lambda *args: None)
-        assert executor.opened == 2
-        planner = GopPlanner()
-        planner.add(str(cams[2].path), cams[2].info, 5, 0)
-        executor.run(planner.tasks(), lambda *args: None)
-        assert executor.open_decoders() == {0: [str(cams[0].path), str(cams[2].path)]}
-    finally:
-        executor.close()
-
-
-class _Boom:
-    def __init__(self, fail_on: int, log: list[int]) -> None:
-        self.fail_on, self.log = fail_on, log
-        self.closed = False
-
-    def decode_gop(self, task: GopTask, emit: Any) -> None:
-        self.log.append(task.gop)
-        if task.gop == self.fail_on:
-            raise VideoDecodeError(f"gop {task.gop} is broken")
-        for f in task.frames:
-            emit(f, f)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_first_failure_propagates_and_no_thread_is_left(workers: int) -> None:
-    info = _info(frames=100, keys=tuple(range(0, 100, 10)))
-    log: list[int] = []
-    made: list[_Boom] = []
-
-    def open_decoder(task: GopTask) -> _Boom:
-        made.append(_Boom(fail_on=3, log=log))
-        return made[-1]
-
-    planner = GopPlanner()
-    planner.add_many("a", info, [g * 10 + 9 for g in range(10)], range(10))
-    executor = GopExecutor(open_decoder, workers=workers)
-    with pytest.raises(VideoDecodeError, match=r"gop 3 is broken"):
-        executor.run(planner.tasks(), lambda *args: None)
-    threads = executor.threads
-    assert any(d.closed for d in made)  # the failing decoder was dropped
-    # The executor stays usable after a failure.
-    ok = GopPlanner()
-    ok.add("a", info, 5, 0)
-    got: list[Any] = []
-    executor.run(ok.tasks(), lambda task, index, frame, target: got.append(frame))
-    assert got == [5]
-    executor.close()
-    assert executor.threads == [] and not any(t.is_alive() for t in threads)
-
-
-def test_dropped_executor_stops_its_threads() -> None:
-    import gc
-
-    executor = GopExecutor(lambda task: _Boom(-1, []), workers=3)
-    planner = GopPlanner()
-    planner.add("a", _info(), 1, 0)
-    executor.run(planner.tasks(), lambda *args: None)
-    threads = executor.threads
-    assert len(threads) == 3
-    del executor
-    gc.collect()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert not any(t.is_alive() for t in threads)
-
-
-def test_executor_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError, match=r"workers=-1 must be an integer >= 0"):
-        GopExecutor(lambda task: _Boom(-1, []), workers=-1)
-    with pytest.raises(ValueError, match=r"max_open_per_worker=0 must be a positive integer"):
-        GopExecutor(lambda task: _Boom(-1, []), max_open_per_worker=0)
 
 
 # -- the dataset: batched GOP reads and the nearest-keyframe policy, on the CPU ----------------
@@ -385,47 +232,6 @@ def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
         ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"ClipVideoDataModule: frame_policy='fast' is invalid; expected 'exact'"):
         ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]
-
-
-# -- one sample's GOPs on decoders lent by the dataset (GopPool) ----------------------------
-class _FakeDecoder:
-    """Returns frames whose value is their index; records which frames it decoded."""
-
-    def __init__(self, name: str, fail_at: int | None = None) -> None:
-        self.name = name
-        self.fail_at = fail_at
-        self.got: list[int] = []
-
-    def get(self, index: int) -> torch.Tensor:
-        if index == self.fail_at:
-            raise RuntimeError(f"frame {index} is damaged")
-        self.got.append(index)
-        return torch.full((3, 2, 2), index, dtype=torch.uint8)
-
-
-def test_gop_pool_spreads_whole_gops_and_raises_failures() -> None:
-    info = VideoInfo("h264", 2, 2, (1, 10), tuple(range(40)), (0, 10, 20, 30), (0, 10, 20, 30), 10.0)
-    wanted = [35, 3, 12, 5, 27, 12, 21]
-    plan = [
-        [(frame, list(slots)) for frame, slots in zip(task.frames, task.targets)] for task in plan_gops(info, wanted)
-    ]
-    assert plan == [[(3, [1]), (5, [3])], [(12, [2, 5])], [(21, [6]), (27, [4])], [(35, [0])]]
-    decoders = [_FakeDecoder("a"), _FakeDecoder("b")]
-    out = torch.zeros((len(wanted), 3, 2, 2), dtype=torch.uint8)
-    pool = GopPool(threads=2)
-    pool.run([GopJob(decoders, info, wanted, out)])
-    assert out[:, 0, 0, 0].tolist() == wanted
-    assert sorted(decoders[0].got + decoders[1].got) == [3, 5, 12, 21, 27, 35]  # each frame decoded once
-    for dec in decoders:  # a decoder takes whole GOPs, in ascending order
-        assert dec.got == sorted(dec.got)
-        gops = [info.gop_of(i) for i in dec.got]
-        assert all(gops.count(g) == len([i for i in (3, 5, 12, 21, 27, 35) if info.gop_of(i) == g]) for g in set(gops))
-    broken = [_FakeDecoder("a", fail_at=21), _FakeDecoder("b", fail_at=21)]
-    with pytest.raises(RuntimeError, match="frame 21 is damaged"):
-        pool.run([GopJob(broken, info, wanted, out)])
-    pool.close()
-    with pytest.raises(ConfigurationError, match="gop_threads=0 must be a positive integer"):
-        GopPool(threads=0)
 
 
 # -- plan_feed: which packets a decoder is fed -----------------------------------------------------------

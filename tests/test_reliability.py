@@ -337,7 +337,7 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
         children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"workers still running after fit (persistent_workers={persistent}): {alive}"
-        assert dm.train_dataloader().dataset.open_files == 0
+        assert len(dm.train_dataloader().dataset.decoders) == 0
 
 
 def test_unknown_on_error_policy_is_rejected(pristine: Path) -> None:

@@ -107,22 +107,22 @@ def test_main_process_opens_no_decoder_when_workers_decode(stream_index: Path) -
     loader = _loader(stream_index, num_workers=2)
     for _ in loader:
         pass
-    assert loader.dataset.open_files == 0
+    assert len(loader.dataset.decoders) == 0
 
 
 def test_dataset_pickles_without_decoders(stream_index: Path) -> None:
     loader = _loader(stream_index)
     next(iter(loader))
-    assert loader.dataset.open_files > 0
+    assert len(loader.dataset.decoders) > 0
     clone = pickle.loads(pickle.dumps(loader.dataset))
-    assert clone.open_files == 0
+    assert len(clone.decoders) == 0
 
 
 def test_open_files_are_bounded(stream_index: Path, assert_stamps: Any) -> None:
     loader = _loader(stream_index, max_open_decoders=2)
     for batch in loader:
         assert_stamps(batch)
-        assert loader.dataset.open_files <= 2
+        assert len(loader.dataset.decoders) <= 2
     # Evicted decoders reopen and seek, so more frames are decoded than delivered.
     assert loader.stats.files_opened > 6
 

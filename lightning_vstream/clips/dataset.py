@@ -5,27 +5,28 @@ clip, all its cameras or a subset). The dataset works with any ``Sampler`` and `
 the sampler yields positions in the dataset's request list (or requests themselves, which
 ``__getitem__`` also accepts).
 
-Cost model: for each camera the needed frames are decoded in ascending order, starting from
-the nearest keyframe at or before each one, and every GOP is decoded at most once per request
-(:meth:`PyAVDecoder.get_many <lightning_vstream.decode.cpu.PyAVDecoder.get_many>`). Keyframe
-positions and timestamps come from the index metadata (written by ``vstream index``), so no
-file is scanned; without metadata each file is probed once per worker. Open decoders are kept
-in a bounded LRU per worker (:class:`~lightning_vstream.clips.decoders.DecoderCache`), so repeated
-requests to a file do not reopen it. Samples batch with :func:`~lightning_vstream.clips.batch.collate_clips`.
+Cost model: a sample's wanted frames are grouped by file and GOP (the one GOP scheduler,
+:mod:`lightning_vstream.decode.gops`) and every GOP is decoded once, from its keyframe to its last
+wanted frame, each wanted frame straight into its place in the sample; the GOPs of all cameras are
+spread over ``gop_threads`` decoding threads (the one runner, :mod:`lightning_vstream.decode.threads`).
+Keyframe positions and timestamps come from the index metadata (written by ``vstream index``), so
+no file is scanned; without metadata each file is probed once per worker. Each decoding thread keeps
+its decoders open between samples (at most ``max_open_decoders`` files per process), so repeated
+requests to a file do not reopen it. On a GPU a whole batch is read at once
+(:mod:`lightning_vstream.clips.gpu_reader`). Every sample is built by
+:func:`~lightning_vstream.clips.batch.clip_sample`; samples batch with
+:func:`~lightning_vstream.clips.batch.collate_clips`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import queue
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
+import torch
 from torch.utils.data import Dataset
 
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -38,7 +39,6 @@ from lightning_vstream.clips.batch import (
     resize_matrix,
     unreadable_sample,
 )
-from lightning_vstream.clips.decoders import DecoderCache
 from lightning_vstream.clips.selection import (
     FRAME_POLICIES,
     ClipRequest,
@@ -48,10 +48,12 @@ from lightning_vstream.clips.selection import (
     resolve_times,
     snap_to_keyframes,
 )
-from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import check_size
 from lightning_vstream.decode.device import gpu_failure
-from lightning_vstream.decode.gops import GopTask, plan_gops
+from lightning_vstream.decode.factory import make_decoder
+from lightning_vstream.decode.gops import GopPlanner, GopTask
+from lightning_vstream.decode.threads import GopExecutor, TaskDecoder, frames_decoder_tasks
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
@@ -60,10 +62,6 @@ from lightning_vstream.indexing import load_index
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
 from lightning_vstream.outputs import OutputTransform, changes_geometry
 from lightning_vstream.storage.urls import basename
-
-if TYPE_CHECKING:
-    import torch
-
 
 __all__ = ["DEFAULT_GOP_THREADS", "VideoClipDataset"]
 
@@ -97,7 +95,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
         max_open_decoders: Files each worker keeps open (LRU); each holds up to ``gop_threads``
-            decoders.
+            decoders (one per decoding thread).
         decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
         transform: Any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's
             ``T x cameras`` frames where they are decoded (see
@@ -119,8 +117,7 @@ class VideoClipDataset(Dataset[ClipSample]):
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
-            by up to this many decoders (:class:`GopPool`; None: 2; 1 decodes
-            them in turn). On the GPU, per batch (None: twice the GPU's NVDEC engines).
+            by up to this many decoders (None: 2; 1 decodes them in turn, in the reading thread). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
         augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``;
@@ -227,11 +224,11 @@ class VideoClipDataset(Dataset[ClipSample]):
         #: Samples this process delivered as ``valid=False`` (``on_error="skip"``).
         self.skipped = 0
         self._bad_files: set[str] = set()
-        self._gops = GopPool(threads=gop_threads if gop_threads is not None else DEFAULT_GOP_THREADS)
         self.requests: list[ClipRequest] = list(requests)
         self._check_requests()
         self._infos: dict[Path | str, VideoInfo] = {}
-        self._cache: DecoderCache | None = None
+        self._executor: GopExecutor | None = None
+        self._labels: dict[Hashable, str] = {}  # file -> clip and camera, for the errors of its decoder
         self.annotations = resolve_annotations(annotations)
         self.augment = augment
         self.seed = seed
@@ -397,19 +394,22 @@ class VideoClipDataset(Dataset[ClipSample]):
                 return clip, streams, [], [], request, origin
         return clip, streams, infos, indices, request, origin
 
-    def _announce(self, reads: Sequence[tuple[FrameDecoder, Sequence[int]]], *, ahead: int = 0) -> None:
-        """Have the I/O threads fetch every GOP the ``(decoder, frames)`` reads of remote files need, at once
-        (merged where adjacent).
+    def _announce(self, streams: Sequence[CameraStream], infos: Sequence[VideoInfo], indices: Sequence[int]) -> None:
+        """Have the I/O threads fetch every GOP the sample's remote files need, at once (merged where adjacent).
 
         The decoders then find each GOP fetched or on its way, so a sample waits for one round trip,
-        not one per GOP. ``ahead`` orders fetches for later samples after those of the current one.
+        not one per GOP.
         """
-        from lightning_vstream.decode.gop_reads import GopDecoder
+        if self.index.storage is None:
+            return
+        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.storage.fetcher import fetcher_for
 
-        for decoder, indices in reads:
-            if isinstance(decoder, GopDecoder):
-                decoder.fetcher.prefetch(decoder.units_for(indices), due=self._clock + ahead)
-        self._clock += 1 if ahead == 0 else 0
+        fetcher = fetcher_for(self.index.storage)
+        for cam, info in zip(streams, infos):
+            if info.layout is not None and isinstance(cam.path, str):
+                fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock)
+        self._clock += 1
 
     def prefetch(self, items: Sequence[int | ClipRequest]) -> None:
         """Start fetching the GOPs of remote files that ``items`` will need (the samples asked for next).
@@ -435,43 +435,82 @@ class VideoClipDataset(Dataset[ClipSample]):
 
     def _skip(self, path: Path | str, label: str, err: Exception, *, count: bool = True) -> None:
         self.skipped += count
-        if self._cache is not None and path in self._cache:
-            self._cache.drop(path)
+        if self._executor is not None:
+            self._executor.drop(path)
         if str(path) not in self._bad_files:
             self._bad_files.add(str(path))
             log.warning("skipping samples of %s (%s): %s", label, str(path), err)
 
     # -- reading ------------------------------------------------------------------------------
     @property
-    def decoders(self) -> DecoderCache:
-        """This process's decoder cache (created on first use).
+    def decoders(self) -> GopExecutor:
+        """This process's GOP decoding: its threads and the decoders they keep open (created on first use).
 
-        A forked worker inherits the parent's cache; PyAVDecoder drops FFmpeg state inherited
-        through fork and reopens its file lazily, so the inherited decoders stay usable.
+        ``gop_threads`` threads (1: the calling thread), each keeping up to ``max_open_decoders`` decoders;
+        after each sample at most ``max_open_decoders`` files stay open. A forked worker starts threads of
+        its own; PyAVDecoder drops FFmpeg state inherited through fork and reopens its file lazily, so the
+        inherited decoders stay usable.
         """
-        if self._cache is None:
-            self._cache = DecoderCache(
-                capacity=self.max_open_decoders,
-                decoder_threads=self.decoder_threads,
-                device=self.decode_device,
-                size=self.size,
-                storage=self.index.storage,
+        if self._executor is None:
+            threads = self.gop_threads if self.gop_threads is not None else DEFAULT_GOP_THREADS
+            self._executor = GopExecutor(
+                self._open,
+                workers=0 if threads == 1 else threads,
+                max_open_per_worker=self.max_open_decoders,
+                max_open_sources=self.max_open_decoders,
             )
-        return self._cache
+        return self._executor
+
+    def _open(self, task: GopTask) -> TaskDecoder:
+        """A decoder of ``task``'s file, for the thread that decodes it."""
+        decoder = make_decoder(
+            task.source,  # type: ignore[arg-type]
+            info=task.info,
+            threads=self.decoder_threads,
+            label=self._labels.get(task.source, ""),
+            size=self.size,
+            storage=self.index.storage,
+        )
+        return frames_decoder_tasks(decoder)
+
+    def decode_counts(self) -> tuple[int, int]:
+        """Frames decoded and files opened by this process so far (sample by sample, and in GPU batches)."""
+        decoded = opened = 0
+        if self._executor is not None:
+            decoded, _, opened = self._executor.pool.counts()
+        if self._reader is not None:
+            opened += self._reader.executor.opened
+        return decoded, opened
 
     def __len__(self) -> int:
         return len(self.requests)
 
     def __getitem__(self, item: int | ClipRequest) -> ClipSample:
-        import torch
-
         if self._batched():
             return self.__getitems__([item])[0]
         clip, streams, infos, indices, request, origin = self._resolve(item)
         if not infos:
             count = len(request.times or request.frames)
             return unreadable_sample(clip.clip_id, [cam.name for cam in streams], count, self.outputs)
-        reference = infos[0]
+        self._check_frame_sizes(origin, clip, streams, infos)
+        frames, targets = self._sample_memory(streams, infos, len(indices))
+        valid = self._read_sample(clip, streams, infos, indices, targets)
+        # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
+        decoded = [self.size or (info.height, info.width) for info in infos]
+        before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
+        if self.augment is not None:
+            frames = self._augmented(clip.clip_id, indices, targets, before)
+            decoded = [self.augment.output_size] * len(streams)
+        per_camera = self.camera_frames == "per_camera"
+        base: torch.Tensor | list[torch.Tensor] = (
+            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+        )
+        return self._sample(clip.clip_id, streams, indices, infos[0], base, valid, decoded, before)
+
+    def _check_frame_sizes(
+        self, origin: str, clip: Clip, streams: Sequence[CameraStream], infos: Sequence[VideoInfo]
+    ) -> None:
+        """Cameras of different sizes stack only when something brings them to one size."""
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
         per_camera = self.camera_frames == "per_camera"
         if self.size is None and len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
@@ -482,71 +521,103 @@ class VideoClipDataset(Dataset[ClipSample]):
                 "them while decoding, augment=GeometryAugment(output_size=...) to resize every camera with its "
                 "intrinsics, camera_frames='per_camera' for one tensor per camera, or resize the files to one size."
             )
-        stacked = not per_camera and self.augment is None
-        if stacked:
-            # Decoders write each frame straight into its slot of the sample: no stacking copies.
-            height, width = self.size if self.size is not None else (reference.height, reference.width)
-            frames = torch.empty(
-                (len(indices), len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device
+
+    def _sample_memory(
+        self, streams: Sequence[CameraStream], infos: Sequence[VideoInfo], steps: int
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Where a sample's frames are decoded: one ``[T, 3, H, W]`` target per camera, views of one stacked
+        tensor when nothing follows decoding (decoders write each frame straight into its place)."""
+        if self.camera_frames != "per_camera" and self.augment is None:
+            height, width = self.size if self.size is not None else (infos[0].height, infos[0].width)
+            frames = torch.empty((steps, len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device)
+            return frames, [frames[:, c] for c in range(len(streams))]
+        targets = [
+            torch.empty(
+                (steps, 3, *(self.size or (info.height, info.width))), dtype=torch.uint8, device=self.decode_device
             )
-            targets = [frames[:, c] for c in range(len(streams))]
-        else:
-            targets = [
-                torch.empty(
-                    (len(indices), 3, *(self.size or (info.height, info.width))),
-                    dtype=torch.uint8,
-                    device=self.decode_device,
-                )
-                for info in infos
-            ]
-        valid = True
+            for info in infos
+        ]
+        return targets[0], targets
+
+    def _read_sample(
+        self,
+        clip: Clip,
+        streams: Sequence[CameraStream],
+        infos: Sequence[VideoInfo],
+        indices: Sequence[int],
+        targets: list[torch.Tensor],
+    ) -> bool:
+        """Decode every camera's frames into ``targets``, the GOPs of all cameras spread over the decoding threads.
+
+        Returns whether the sample could be read; under ``on_error="skip"`` a failure is counted, the
+        files it names are skipped, and the targets hold zeros.
+        """
+        planner = GopPlanner()
+        for c, (cam, info) in enumerate(zip(streams, infos)):
+            self._labels[cam.path] = f"clip {clip.clip_id!r}, camera {cam.name!r}"
+            planner.add_many(cam.path, info, indices, [(c, t) for t in range(len(indices))])
+
+        def into(task: GopTask, index: int) -> torch.Tensor:
+            c, t = cast("tuple[int, int]", task.targets[task.frames.index(index)][0])
+            return targets[c][t]
+
+        def deliver(task: GopTask, index: int, frame: torch.Tensor, target: Any) -> None:
+            c, t = target
+            slot = targets[c][t]
+            if frame.data_ptr() == slot.data_ptr():
+                return  # decoded in place
+            if frame.shape != slot.shape:  # an image folder at its own size, in a resized sample
+                from lightning_vstream.transforms import FrameTransform
+
+                frame = FrameTransform(resize=(slot.shape[-2], slot.shape[-1]))(frame[None])[0]
+            slot.numpy()[:] = frame.numpy()  # numpy copies stay off torch's thread pool, which FFmpeg uses
+
         try:
-            jobs = []
-            for c, (cam, info) in enumerate(zip(streams, infos)):
-                count = self._gops.decoders_wanted(len(plan_gops(info, indices)))
-                label = f"clip {clip.clip_id!r}, camera {cam.name!r}"
-                decoders = self.decoders.get_several(cam.path, count, info=info, label=label)
-                jobs.append(GopJob(decoders, info, indices, targets[c]))
-            self._announce([(job.decoders[0], job.indices) for job in jobs])
-            self._gops.run(jobs)
+            self._announce(streams, infos, indices)
+            # Every GOP of the sample is read, also after one failed: what a sample opens and decodes
+            # (its counters) does not depend on which thread failed first.
+            self.decoders.run(planner.tasks(), deliver, into=into, cancel_on_error=False)
         except (VideoDecodeError, OSError, RuntimeError) as err:
-            fatal = gpu_failure(err, f"clip {clip.clip_id!r}, frames {indices}")
-            if fatal is err:
-                raise
-            if fatal is not None:  # the GPU's own error: never skipped as a bad file
-                raise fatal from err
-            if isinstance(err, FileNotFoundError):  # a camera file gone since indexing: say how to go on without it
-                first = str(err).split("\n", 1)[0]
-                err = MissingFileError(
-                    f"clip {clip.clip_id!r}, frames {indices}: {first} {leave_out_hint(clip.clip_id)}"
-                )
-            if self.on_error == "raise":
-                if isinstance(err, (VideoDecodeError, MissingFileError)):
-                    raise err
-                raise VideoDecodeError(f"clip {clip.clip_id!r}, frames {indices}: {err}") from err
-            valid = False
-            # The files the error names are the bad ones (the other cameras of the sample are fine).
-            failed = [cam for cam in streams if str(cam.path) in str(err)] or list(streams)
-            for cam in failed:
-                self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is failed[0])
+            self._read_failed(clip, streams, indices, err)
             for target in targets:
                 target.zero_()
-        # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
-        decoded = [self.size or (info.height, info.width) for info in infos]
-        before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
-        if self.augment is not None:
-            params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip.clip_id}:{indices[0]}")
-            frames = torch.empty(
-                (len(indices), len(streams), 3, *self.augment.output_size), dtype=torch.uint8, device=self.decode_device
+            return False
+        return True
+
+    def _read_failed(self, clip: Clip, streams: Sequence[CameraStream], indices: Sequence[int], err: Exception) -> None:
+        """A sample could not be read: raise its named error, or (``on_error="skip"``) skip the files it names."""
+        fatal = gpu_failure(err, f"clip {clip.clip_id!r}, frames {list(indices)}")
+        if fatal is err:
+            raise err
+        if fatal is not None:  # the GPU's own error: never skipped as a bad file
+            raise fatal from err
+        if isinstance(err, FileNotFoundError):  # a camera file gone since indexing: say how to go on without it
+            first = str(err).split("\n", 1)[0]
+            err = MissingFileError(
+                f"clip {clip.clip_id!r}, frames {list(indices)}: {first} {leave_out_hint(clip.clip_id)}"
             )
-            for c, native in enumerate(targets):
-                frames[:, c], matrix = self.augment.apply(native, params)
-                before[c] = matrix.double() @ before[c]
-            decoded = [self.augment.output_size] * len(streams)
-        base: torch.Tensor | list[torch.Tensor] = (
-            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+        if self.on_error == "raise":
+            if isinstance(err, (VideoDecodeError, MissingFileError)):
+                raise err
+            raise VideoDecodeError(f"clip {clip.clip_id!r}, frames {list(indices)}: {err}") from err
+        # The files the error names are the bad ones (the other cameras of the sample are fine).
+        failed = [cam for cam in streams if str(cam.path) in str(err)] or list(streams)
+        for cam in failed:
+            self._skip(cam.path, f"clip {clip.clip_id!r}, camera {cam.name!r}", err, count=cam is failed[0])
+
+    def _augmented(
+        self, clip_id: str, indices: Sequence[int], targets: list[torch.Tensor], before: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """The sample's frames augmented (one draw per sample), ``before`` updated with the augmentation."""
+        assert self.augment is not None
+        params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip_id}:{indices[0]}")
+        frames = torch.empty(
+            (len(indices), len(targets), 3, *self.augment.output_size), dtype=torch.uint8, device=self.decode_device
         )
-        return self._sample(clip.clip_id, streams, indices, reference, base, valid, decoded, before)
+        for c, native in enumerate(targets):
+            frames[:, c], matrix = self.augment.apply(native, params)
+            before[c] = matrix.double() @ before[c]
+        return frames
 
     @property
     def has_geometry(self) -> bool:
@@ -612,8 +683,6 @@ class VideoClipDataset(Dataset[ClipSample]):
         """
         if not self._batched():
             return [self[item] for item in items]
-        import torch
-
         from lightning_vstream.clips.gpu_reader import PlannedSample
 
         planned, resolved = [], []
@@ -653,16 +722,15 @@ class VideoClipDataset(Dataset[ClipSample]):
 
     def close(self) -> None:
         """Close this process's open decoders (they reopen lazily) and stop its GOP threads."""
-        if self._cache is not None:
-            self._cache.close()
-        self._gops.close()
+        if self._executor is not None:
+            self._executor.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = None  # open files stay in the process that opened them
+        state["_executor"] = None  # open files and threads stay in the process that opened them
         state["_reader"] = None  # so do decoding threads
         return state
 
@@ -671,126 +739,3 @@ class VideoClipDataset(Dataset[ClipSample]):
             f"VideoClipDataset({len(self.requests)} requests, {len(self.index)} clips, "
             f"cameras={list(self.cameras)}, index={str(self.index.source)!r})"
         )
-
-
-@dataclass
-class GopJob:
-    """One camera of a sample: decode ``indices`` of one file into ``out[t]`` (``[T, 3, H, W]``).
-
-    ``decoders`` are decoders of the same file; a parallel run uses up to all of them at once.
-    """
-
-    decoders: Sequence[FrameDecoder]
-    info: VideoInfo
-    indices: Sequence[int]
-    out: torch.Tensor
-
-
-def _decode_group(decoder: FrameDecoder, task: GopTask, out: torch.Tensor) -> None:
-    """Decode ``task`` (planned by :func:`plan_gops`: its targets are slots of ``out``) into ``out``: each
-    wanted frame into its first slot, copied to the others."""
-    takes_out = _accepts_out(decoder)
-    for index, targets in zip(task.frames, task.targets):
-        slots = cast("tuple[int, ...]", targets)
-        first = out[slots[0]]
-        if takes_out:
-            decoder.get(index, out=first)  # type: ignore[call-arg]
-        else:
-            image = decoder.get(index)
-            if image.shape != first.shape:  # an image folder at its own size, in a resized sample
-                from lightning_vstream.transforms import FrameTransform
-
-                image = FrameTransform(resize=(first.shape[-2], first.shape[-1]))(image[None])[0]
-            first.numpy()[:] = image.numpy()  # numpy copies stay off torch's thread pool
-        for t in slots[1:]:
-            out[t].numpy()[:] = first.numpy()
-
-
-#: Whether each decoder class's ``get`` takes ``out`` (looked up once per class, not per decode group).
-_TAKES_OUT: dict[type, bool] = {}
-
-
-def _accepts_out(decoder: FrameDecoder) -> bool:
-    cls = type(decoder)
-    known = _TAKES_OUT.get(cls)
-    if known is None:
-        import inspect
-
-        try:
-            known = "out" in inspect.signature(cls.get).parameters
-        except (TypeError, ValueError):
-            known = False
-        _TAKES_OUT[cls] = known
-    return known
-
-
-class GopPool:
-    """Runs :class:`GopJob` lists, sequentially or on a thread pool (created lazily, per process).
-
-    Args:
-        threads: GOPs decoded at once; 1 decodes one GOP after another on one decoder per file.
-
-    Example::
-
-        >>> pool = GopPool(threads=2)
-        >>> pool.decoders_wanted(groups=5)
-        2
-    """
-
-    def __init__(self, *, threads: int = 1) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigurationError(f"gop_threads={threads!r} must be a positive integer (1 decodes GOPs in turn).")
-        self.threads = threads
-        self._executor: ThreadPoolExecutor | None = None
-        self._pid = 0
-
-    def decoders_wanted(self, groups: int) -> int:
-        """Decoders of one file worth opening for a job of ``groups`` GOPs."""
-        return max(1, min(self.threads, groups))
-
-    def _pool(self) -> ThreadPoolExecutor:
-        # A pool inherited through fork has no threads in the child: start a new one there.
-        if self._executor is None or self._pid != os.getpid():
-            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="vstream-gop")
-            self._pid = os.getpid()
-        return self._executor
-
-    def run(self, jobs: Sequence[GopJob]) -> None:
-        """Decode every job's frames into its ``out``; after all work ends, the first failure is raised."""
-        plans = [plan_gops(job.info, job.indices) for job in jobs]
-        if self.threads == 1 or sum(len(p) for p in plans) <= 1:
-            for job, plan in zip(jobs, plans):
-                for group in plan:
-                    _decode_group(job.decoders[0], group, job.out)
-            return
-        free: list[queue.SimpleQueue[FrameDecoder]] = []
-        for job in jobs:
-            q: queue.SimpleQueue[FrameDecoder] = queue.SimpleQueue()
-            for decoder in job.decoders:
-                q.put(decoder)
-            free.append(q)
-
-        def work(k: int, group: GopTask) -> None:
-            decoder = free[k].get()  # every holder finishes without waiting, so this never blocks forever
-            try:
-                _decode_group(decoder, group, jobs[k].out)
-            finally:
-                free[k].put(decoder)
-
-        pool = self._pool()
-        # Interleave cameras so that every file's decoders get work from the start.
-        order = sorted(((g, k) for k, plan in enumerate(plans) for g in range(len(plan))))
-        futures: list[Future[None]] = [pool.submit(work, k, plans[k][g]) for g, k in order]
-        errors = [f.exception() for f in futures]  # waits for all: no decoder is left mid-GOP in use
-        for error in errors:
-            if error is not None:
-                raise error
-
-    def close(self) -> None:
-        """Stop the thread pool (a new one starts if used again)."""
-        if self._executor is not None and self._pid == os.getpid():
-            self._executor.shutdown(wait=True)
-        self._executor = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"threads": self.threads, "_executor": None, "_pid": 0}

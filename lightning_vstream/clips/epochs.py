@@ -131,12 +131,7 @@ class EpochClipDataset(Dataset[ClipSample]):
     def _totals(self) -> tuple[int, int, int, int, int]:
         """Frames decoded, samples skipped, bad files, missing annotations and files opened of this process so far."""
         data = self.dataset
-        cache = data._cache  # not data.decoders: reading a counter must not create the cache
-        reader = data._reader
-        decoded = (cache.frames_decoded if cache is not None else 0) + int(getattr(reader, "frames_decoded", 0) or 0)
-        # Per-sample reading opens files through the decoder cache, batched reading through its GOP executor.
-        executor = getattr(reader, "executor", None)
-        opened = (cache.opened if cache is not None else 0) + int(getattr(executor, "opened", 0) or 0)
+        decoded, opened = data.decode_counts()
         return decoded, data.skipped, data.bad_files, data.missing_annotations, opened
 
     def _row(self) -> int:

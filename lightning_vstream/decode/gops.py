@@ -7,10 +7,9 @@ keyframe and stops at its last wanted frame, so every GOP is decoded at most onc
 so once per request), whatever order or repeats the requests use; frames between wanted ones
 are decoded (the codec needs them) but never converted to RGB.
 
-:class:`GopPlanner` plans a batch of many streams (the GPU's batch reader);
-:func:`plan_gops` plans one stream of one sample (the per-sample CPU path). Both group frames the
-same way (:func:`_tasks_of`, the one place a task's frames are decided). :func:`assign_tasks`
-spreads tasks over decoding threads. Running the tasks is :mod:`lightning_vstream.decode.threads`'. :func:`plan_feed` decides, within the packets a
+:class:`GopPlanner` plans the frames of a sample (the per-sample CPU path) or of a whole batch (the
+GPU's batch reader) over any number of streams; :func:`_tasks_of` is the one place a task's frames
+are decided. :func:`assign_tasks` spreads tasks over decoding threads. Running the tasks is :mod:`lightning_vstream.decode.threads`'. :func:`plan_feed` decides, within the packets a
 task's decode runs through, which ones the decoder must be fed at all: the wanted pictures and the
 pictures some wanted picture depends on, never a non-reference picture nobody wants. The module
 imports neither torch nor a decoder library.
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo
 
-__all__ = ["GopPlanner", "GopTask", "assign_tasks", "plan_feed", "plan_gops"]
+__all__ = ["GopPlanner", "GopTask", "assign_tasks", "plan_feed"]
 
 
 @dataclass(frozen=True)
@@ -125,24 +124,6 @@ def _tasks_of(source: Hashable, info: VideoInfo, wanted: Mapping[int, Sequence[H
         )
         for n, (gop, frames) in enumerate(sorted(by_gop.items()))
     ]
-
-
-def plan_gops(info: VideoInfo, indices: Sequence[int], source: Hashable = None) -> list[GopTask]:
-    """The tasks of one stream of one sample: each frame's targets are its positions in ``indices``.
-
-    Unlike :meth:`GopPlanner.add`, frames are not checked against ``info`` here: the caller checked
-    them against the clip, and the decoder names a frame its file does not hold.
-
-    Example::
-
-        >>> info = VideoInfo("h264", 64, 48, (1, 10), tuple(range(30)), (0, 10, 20), (0, 10, 20), 10.0)
-        >>> [(task.frames, task.targets) for task in plan_gops(info, [25, 3, 12, 3])]
-        [((3,), ((1, 3),)), ((12,), ((2,),)), ((25,), ((0,),))]
-    """
-    slots: dict[int, list[int]] = {}
-    for t, index in enumerate(indices):
-        slots.setdefault(index, []).append(t)
-    return _tasks_of(source, info, slots, 0)
 
 
 def assign_tasks(tasks: Sequence[GopTask], workers: int) -> list[list[GopTask]]:

@@ -42,12 +42,10 @@ further batches have been requested (Lightning's loop keeps one batch in prefetc
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import math
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -60,6 +58,7 @@ from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.factory import DecoderFactory
 from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.threads import DecodeThreads, ThreadSlot
 from lightning_vstream.errors import VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
@@ -82,17 +81,6 @@ _WAIT_RANGE = nvtx_range(RANGE_WAIT)
 _COLLATE_RANGE = nvtx_range(RANGE_COLLATE)
 # The decode range, one per thread and step (a range holds no state between its push and pop).
 _STEP_RANGE = nvtx_range(RANGE_ENGINE_STEP)
-
-# Engines with decode threads, stopped at interpreter exit: a daemon thread still inside FFmpeg or
-# torch when the interpreter finalizes is ended by pthread_exit, which aborts the process if it
-# unwinds through C++ frames ("terminate called without an active exception").
-_RUNNING: weakref.WeakSet[StreamEngine] = weakref.WeakSet()
-_exit_hook: list[bool] = []
-
-
-def _stop_running_engines() -> None:
-    for engine in list(_RUNNING):
-        engine.close()
 
 
 @dataclass
@@ -129,7 +117,6 @@ class EngineRun:
     # (slot, segment) given up -> the step its first failed read belongs to (-1: before this run)
     stopping: bool = False
     timed_out: bool = False
-    workers: list[threading.Thread] = field(default_factory=list)  # its decode threads
 
 
 class StreamEngine:
@@ -260,6 +247,13 @@ class StreamEngine:
         self._release_events: list[Any] = []
         self._streams: list[Any] = []
         self._stuck: list[threading.Thread] = []  # threads of stopped runs not joined yet
+        #: The decode threads (the one runner of :mod:`lightning_vstream.decode.threads`), started for each run.
+        self.threads = DecodeThreads(
+            threads=self.num_threads,
+            name="vstream-decode",
+            decoders_per_thread=self._decoders_per_thread,
+            stop=self._stop_run,
+        )
         self._run: EngineRun | None = None
         self._stats_lock = threading.Lock()
         # Skips and their counters: the sampler's ledger; a failed slot moves on ``prefetch + 1`` steps later.
@@ -347,16 +341,7 @@ class StreamEngine:
         # Every batch handed out so far is released once the consumer's work queued up to now is done.
         for event in self._release_events:
             self.device.record(event)
-        if not _exit_hook:
-            atexit.register(_stop_running_engines)
-            _exit_hook.append(True)
-        _RUNNING.add(self)
-        run.workers = [
-            threading.Thread(target=self._thread_main, args=(run, t), name=f"vstream-decode-{t}", daemon=True)
-            for t in range(self.num_threads)
-        ]
-        for thread in run.workers:
-            thread.start()
+        self.threads.start(functools.partial(self._thread_main, run))
         try:
             for step in range(start, run.num_steps):
                 yield self._next_batch(run, step)
@@ -482,8 +467,9 @@ class StreamEngine:
         """
         return run.stopping or (step <= run.requested + self.prefetch and step < run.released + self.ring_size)
 
-    def _thread_main(self, run: EngineRun, t: int) -> None:
-        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, self._decoders_per_thread)
+    def _thread_main(self, run: EngineRun, slot: ThreadSlot) -> None:
+        t = slot.number
+        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, slot.decoders)
         stream = self._streams[t]
         step = run.start
         cams = self.sampler.num_cameras
@@ -613,8 +599,7 @@ class StreamEngine:
         """A camera read of ``step`` failed: raise (``on_error="raise"``), or give up the slot's segment."""
         if self.on_error == "raise":
             raise err
-        if position in decoders.open:
-            decoders.close(position)
+        decoders.close(position)
         decoders.read_errors += 1
         slot, camera = divmod(position, self.sampler.num_cameras)
         clip = self.index.clips[read.clip]
@@ -628,9 +613,9 @@ class StreamEngine:
             run.cond.notify_all()
         # After a timeout the threads are stuck in a decoder: do not wait for them here; close()
         # (or the next run) collects them once they return.
-        self._stuck.extend(run.workers)
-        run.workers = []
-        self._join(0.0 if run.timed_out else 60.0)
+        timeout = 0.0 if run.timed_out else 60.0
+        self._stuck.extend(self.threads.close(timeout=timeout))
+        self._join(timeout)
         if self._run is run:
             self.sampler.start_step = 0
             self._run = None
@@ -647,6 +632,14 @@ class StreamEngine:
                 "%d decode thread(s) did not stop within %g s; leaving them (daemon) behind", len(alive), timeout
             )
         self._stuck = alive
+
+    def _stop_run(self) -> None:
+        """Make the decode threads of the run in progress return (interpreter exit, or :meth:`close`)."""
+        run = self._run
+        if run is not None:
+            with run.cond:
+                run.stopping = True
+                run.cond.notify_all()
 
     def close(self) -> None:
         """Stop the threads of a run in progress (their decoders close as they exit)."""

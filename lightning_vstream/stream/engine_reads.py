@@ -1,7 +1,8 @@
 """One decode thread of the stream engine: its decoders, and the writing of one camera frame into its rows.
 
 Each engine thread owns a :class:`ThreadDecoders`: the decoders of the camera streams it serves
-(kept while a slot stays on a clip), the counters of the decoders it closed, and
+(its slot's :class:`~lightning_vstream.decode.factory.DecoderTable` of the runner,
+:class:`~lightning_vstream.decode.threads.DecodeThreads`; kept while a slot stays on a clip), and
 :meth:`ThreadDecoders.write`, which decodes one frame straight into its batch row, or decodes it,
 augments and transforms it (:class:`~lightning_vstream.stream.frame_steps.FrameSteps`) and copies it
 there; then makes every named output of that one decoded frame
@@ -13,13 +14,13 @@ a :class:`~lightning_vstream.errors.FrameSizeError`.
 
 from __future__ import annotations
 
-import logging
+import functools
 from collections.abc import Mapping
 
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
-from lightning_vstream.decode.factory import DecoderFactory
+from lightning_vstream.decode.factory import DecoderFactory, DecoderTable
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
@@ -27,8 +28,6 @@ from lightning_vstream.stream.failures import failed_read, frame_size_error
 from lightning_vstream.stream.frame_steps import FrameSteps
 
 __all__ = ["ThreadDecoders"]
-
-log = logging.getLogger("lightning_vstream")
 
 
 class ThreadDecoders:
@@ -38,36 +37,31 @@ class ThreadDecoders:
         index: The clips read.
         factory: ``(path, info, label) -> decoder`` for one camera stream.
         steps: What follows decoding (augmentation, transform).
-        limit: Open decoders this thread keeps (the least recently used is closed); None: one per stream.
+        table: The thread's decoders, by stream position (its ``limit``: open decoders this thread keeps,
+            the least recently used closed; None: one per stream).
 
     Example::
 
-        >>> decoders = ThreadDecoders(index, pyav_factory(threads=1), FrameSteps(index=index))  # doctest: +SKIP
+        >>> decoders = ThreadDecoders(index, pyav_factory(threads=1), FrameSteps(index=index), DecoderTable())  # doctest: +SKIP
         >>> info = decoders.write(position=0, clip=0, camera=0, frame=0, row=batch[0], epoch=0, segment_start=0)  # doctest: +SKIP
         >>> info = decoders.write(position=1, clip=0, camera=1, frame=0, row=batch[1], epoch=0, segment_start=0,
         ...                       outputs={"small": small_batch[1]})  # doctest: +SKIP
     """
 
-    def __init__(self, index: VideoIndex, factory: DecoderFactory, steps: FrameSteps, limit: int | None = None) -> None:
+    def __init__(self, index: VideoIndex, factory: DecoderFactory, steps: FrameSteps, table: DecoderTable) -> None:
         self.index = index
         self.factory = factory
         self.steps = steps
-        self.limit = limit
-        self.open: dict[int, tuple[int, FrameDecoder]] = {}  # position -> (clip, decoder)
-        # position -> (clip, decoder, timestamps of its frames) for read_into, whose row was checked once
+        self.table = table
+        self.limit = table.limit
+        # position -> (clip, decoder, timestamps of its frames) for read_into, whose row was checked once. Only
+        # used without a limit (no decoder leaves the table but through close()).
         self._direct: dict[int, tuple[int, FrameDecoder, list[float]]] = {}
-        self.decoded = 0  # frames decoded by the decoders closed so far
-        self.seeks = 0
-        self.opened = 0
         self.read_errors = 0
 
     def counts(self) -> tuple[int, int, int, int]:
         """Frames decoded, seeks, files opened and read errors of this thread so far."""
-        decoded, seeks = self.decoded, self.seeks
-        for _, dec in self.open.values():
-            decoded += dec.frames_decoded
-            seeks += dec.seeks if hasattr(dec, "seeks") else 0
-        return decoded, seeks, self.opened, self.read_errors
+        return (*self.table.counts(), self.read_errors)
 
     def write(
         self,
@@ -120,7 +114,7 @@ class ThreadDecoders:
             with nvtx_range(RANGE_TRANSFORM):
                 for name, extra in self.steps.extra_outputs(base, converted).items():
                     self._place(extra, outputs[name], clip, camera, frame)
-        return self.open[position][1].info
+        return self.table.peek(position).info
 
     def read_into(self, position: int, clip: int, camera: int, frame: int, row: torch.Tensor) -> float:
         """Decode ``frame`` of stream ``position`` straight into ``row`` when nothing follows the decoder; its timestamp.
@@ -226,34 +220,21 @@ class ThreadDecoders:
 
     def decoder(self, position: int, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
         """The decoder of stream ``position`` for ``clip_ordinal``, opened (and older ones closed) as needed."""
-        entry = self.open.get(position)
-        if entry is not None and entry[0] == clip_ordinal:
-            if self.limit is not None:
-                self.open[position] = self.open.pop(position)  # most recently used last
-            return entry[1]
-        if entry is not None:
-            self.close(position)
-        while self.limit is not None and len(self.open) >= self.limit:
-            self.close(next(iter(self.open)))
+        return self.table.get(
+            position, functools.partial(self._open, clip_ordinal, camera_ordinal), version=clip_ordinal
+        )
+
+    def _open(self, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
         clip = self.index.clips[clip_ordinal]
         camera = clip.cameras[camera_ordinal]
-        dec = self.factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
-        self.open[position] = (clip_ordinal, dec)
-        self.opened += 1
-        return dec
+        return self.factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
 
     def close(self, position: int) -> None:
-        """Close the decoder of stream ``position``, keeping its counters."""
-        _, dec = self.open.pop(position)
+        """Close the decoder of stream ``position`` (after a failure), keeping its counters."""
         self._direct.pop(position, None)
-        self.decoded += dec.frames_decoded
-        self.seeks += getattr(dec, "seeks", 0)
-        try:
-            dec.close()
-        except Exception:  # closing must not hide the error that ended the run
-            log.debug("closing a decoder failed", exc_info=True)
+        self.table.drop(position)
 
     def close_all(self) -> None:
         """Close every decoder of this thread."""
-        for position in list(self.open):
-            self.close(position)
+        self._direct.clear()
+        self.table.close_all()

@@ -11,7 +11,7 @@ import ctypes
 import functools
 import math
 import os
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +22,7 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.counters import DecodeStats
-from lightning_vstream.decode.factory import make_decoder
+from lightning_vstream.decode.factory import DecoderTable, make_decoder
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
@@ -134,14 +134,14 @@ class StreamDataset(Dataset):
         )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
         self._epoch = -1
-        self._closes = 0
+        self._trimmed = 0  # decoders closed when the heap was last trimmed
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
         # and paged in (a few MB of page faults per step otherwise).
         self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         self._read_errors = 0
-        self._decoders: OrderedDict[int, tuple[int, FrameDecoder]] = OrderedDict()
-        self._closed = DecodeStats()
+        #: This process's decoders, by stream position (each reopened when its slot moves to another clip).
+        self.decoders = DecoderTable(limit=self.max_open_decoders)
         #: The rank's stream plan (set by the loader): with a remote index, GOPs are fetched ahead by it.
         self.plan: Any = None
         self._prefetcher: Any = None
@@ -151,7 +151,7 @@ class StreamDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_decoders"] = OrderedDict()  # decoders never travel between processes
+        state["decoders"] = DecoderTable(limit=self.max_open_decoders)  # decoders never travel between processes
         state["_prefetcher"] = None  # nor I/O threads
         state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
         return state
@@ -159,49 +159,35 @@ class StreamDataset(Dataset):
     @property
     def stats(self) -> DecodeStats:
         """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
-        live = DecodeStats()
-        for _, dec in self._decoders.values():
-            live.frames_decoded += dec.frames_decoded
-            live.seeks += getattr(dec, "seeks", 0)
-        live.read_errors = self._read_errors
+        decoded, seeks, opened = self.decoders.counts()
+        stats = DecodeStats(frames_decoded=decoded, seeks=seeks, files_opened=opened, read_errors=self._read_errors)
         if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
             from lightning_vstream.storage.fetcher import fetcher_for
 
-            live.remote = fetcher_for(self.index.storage).stats
-        return self._closed + live
+            stats.remote = fetcher_for(self.index.storage).stats
+        return stats
 
-    @property
-    def open_files(self) -> int:
-        """Decoders currently open in this process."""
-        return len(self._decoders)
-
-    def _close(self, position: int) -> None:
-        _, dec = self._decoders.pop(position)
-        self._closed.frames_decoded += dec.frames_decoded
-        self._closed.seeks += getattr(dec, "seeks", 0)
-        dec.close()
-        self._closes += 1
-        if self._closes % TRIM_EVERY_CLOSES == 0:
+    def _trim_now_and_then(self) -> None:
+        """Give freed decoder memory back to the OS every :data:`TRIM_EVERY_CLOSES` decoders closed."""
+        if self.decoders.closed - self._trimmed >= TRIM_EVERY_CLOSES:
+            self._trimmed = self.decoders.closed
             trim_heap()
 
     def close(self) -> None:
         """Close every decoder of this process."""
-        for position in list(self._decoders):
-            self._close(position)
+        self.decoders.close_all()
+        self._trim_now_and_then()
 
     def _decoder(self, read: StreamRead) -> FrameDecoder:
-        entry = self._decoders.get(read.position)
-        if entry is not None and entry[0] == read.clip:
-            self._decoders.move_to_end(read.position)
-            return entry[1]
-        if entry is not None:
-            self._close(read.position)
-        limit = self.max_open_decoders
-        while limit is not None and len(self._decoders) >= limit:
-            self._close(next(iter(self._decoders)))
+        """The decoder of ``read``'s stream for its clip, opened (and older ones closed) as needed."""
+        decoder: FrameDecoder = self.decoders.get(read.position, functools.partial(self._open, read), version=read.clip)
+        self._trim_now_and_then()
+        return decoder
+
+    def _open(self, read: StreamRead) -> FrameDecoder:
         clip = self.index.clips[read.clip]
         camera = clip.cameras[read.camera]
-        dec = make_decoder(
+        return make_decoder(
             camera.path,
             info=camera.info,
             threads=self.decoder_threads,
@@ -210,9 +196,6 @@ class StreamDataset(Dataset):
             size=self.steps.decode_size,
             storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
-        self._decoders[read.position] = (read.clip, dec)
-        self._closed.files_opened += 1
-        return dec
 
     def _read(
         self, read: StreamRead, out: torch.Tensor | None = None
@@ -275,7 +258,7 @@ class StreamDataset(Dataset):
         """
         image, converted = self._read(read, out)
         if self.has_geometry:
-            info = self._decoders[read.position][1].info
+            info = self.decoders.peek(read.position).info
             size = (info.height, info.width, epoch, read.clip, read.segment_start)
             frames[""].geometry[read.position] = self.steps.geometry(*size)
             for name, matrix in self.steps.output_geometry(*size).items():
@@ -327,13 +310,13 @@ class StreamDataset(Dataset):
             # and the rest of this stream's segment fails without decoding.
             self._read_errors += 1
             self._given_up.add((read.position, read.clip, read.segment))
-            if read.position in self._decoders:
-                self._close(read.position)
+            self.decoders.drop(read.position)
+            self._trim_now_and_then()
             part.forget_geometry(read.position)
             part.failed.append(ReadFailure(read.position, path, str(err)))
             return
         part.add(i, read.position, outputs, in_worker)
-        part.timestamps[i] = self._decoders[read.position][1].info.timestamp(read.frame)
+        part.timestamps[i] = self.decoders.peek(read.position).info.timestamp(read.frame)
         if self.annotations is not None and read.camera == 0:
             self._annotate(read, part.timestamps[i], part.annotations, part.missing)
 
