@@ -42,7 +42,8 @@ from lightning_vstream.demos.synth import (
     write_stamped_video,
 )
 from lightning_vstream.index import IndexValidationError, VideoIndex, metadata_path
-from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.indexing import load_index
+from tests._tables import build_index_with_json_tables
 
 CLIP, CAMERA, FRAMES, GOP = 9, 2, 24, 6
 HANG_SECONDS = 240  # a whole test, not one example: far above any sane run time
@@ -83,7 +84,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     """Two clips x two cameras with an index and sidecar, so fuzzed entries can resolve to real files."""
     root = tmp_path_factory.mktemp("fuzz-index")
     index = write_dataset(root, clips=2, cameras=2, frames=8, size=(64, 48), gop=4)
-    build_index(root, output=index, video_dirs=["videos"], progress=False, table_format="json")
+    build_index_with_json_tables(root, output=index, video_dirs=["videos"], progress=False)
     return Dataset(root, index.read_text(), json.loads(metadata_path(index).read_text()))
 
 

@@ -43,6 +43,7 @@ from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, GpuError, GpuMemoryError
 from lightning_vstream.transforms import FrameTransform
+from tests._tables import write_json_sidecar
 
 FRAMES = 25
 GOP = 10
@@ -744,9 +745,10 @@ def test_reorder_depth_is_recorded_in_both_table_formats(tmp_path: Path) -> None
     for name, bframes in (("scene-0000", 0), ("scene-0001", 3)):
         write_stamped_video(tmp_path / "videos" / name / "CAM_FRONT.mp4", clip=0, camera=0, frames=12, bframes=bframes)
     for table_format in ("binary", "json"):
-        index = load_index(
-            build_index(tmp_path, output=tmp_path / f"{table_format}.json", progress=False, table_format=table_format)
-        )  # type: ignore[arg-type]
+        path = build_index(tmp_path, output=tmp_path / f"{table_format}.json", progress=False)
+        if table_format == "json":
+            write_json_sidecar(path)  # as earlier releases wrote them: still read
+        index = load_index(path)
         depths = [clip.cameras[0].info.reorder_depth for clip in index.clips]  # type: ignore[union-attr]
         assert depths[0] == 0 and depths[1] is not None and depths[1] > 0, (table_format, depths)
 

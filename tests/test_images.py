@@ -22,7 +22,8 @@ from lightning_vstream.decode.images import (
 )
 from lightning_vstream.demos.synth import Stamp, draw_stamp, read_stamp, write_stamped_video
 from lightning_vstream.index import metadata_path
-from lightning_vstream.indexing import build_index, load_index
+from lightning_vstream.indexing import load_index
+from tests._tables import build_index_with_json_tables
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -156,8 +157,8 @@ def test_index_building_understands_image_folders(tmp_path: Path) -> None:
     write_image_folder(videos / "scene-0001" / "CAM_A", clip=1, camera=0, frames=8)
     write_image_folder(videos / "scene-0001" / "CAM_B", clip=1, camera=1, frames=8)
     write_timestamps(videos / "scene-0001" / "CAM_B", [i * 0.1 for i in range(8)])
-    index_path = build_index(
-        tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False, table_format="json"
+    index_path = build_index_with_json_tables(
+        tmp_path, output=tmp_path / "index.json", video_dirs=["videos"], progress=False
     )
     assert json.loads(index_path.read_text()) == {"videos": {"scene-0000": 10, "scene-0001": 8}}
     meta = json.loads(metadata_path(index_path).read_text())["files"]

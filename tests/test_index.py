@@ -18,6 +18,7 @@ from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.index import CameraStream, IndexValidationError, metadata_path
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.indexing import build_index, load_index
+from tests._tables import write_json_sidecar
 
 
 def _touch_clip(video_dir: Path, clip: str, cameras: tuple[str, ...] = ("CAM_A", "CAM_B")) -> Path:
@@ -360,18 +361,31 @@ def test_build_index_writes_plain_index_and_binary_tables(small_index: Path) -> 
     assert info == probe_video(file)
 
 
-def test_build_index_writes_a_json_sidecar_on_request(tmp_path: Path, small_index: Path) -> None:
+def test_json_frame_tables_are_read_but_no_longer_written(tmp_path: Path, small_index: Path) -> None:
+    from lightning_vstream.errors import ConfigurationError
+    from lightning_vstream.indexing import write_index_tables
+
     copy = tmp_path / "data"
     shutil.copytree(small_index.parent, copy)
-    build_index(copy, output=copy / "index.json", progress=False, table_format="json")
-    assert not tables_path(copy / "index.json").exists()
-    meta = json.loads(metadata_path(copy / "index.json").read_text())
+    for write in (
+        lambda: build_index(copy, output=copy / "index.json", progress=False, table_format="json"),  # type: ignore[arg-type]
+        lambda: write_index_tables(copy / "index.json", table_format="json", progress=False),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(
+            ConfigurationError, match=r"table_format='json': .*index.meta.json\) of earlier releases are still read"
+        ):
+            write()
+    sidecar = write_json_sidecar(copy / "index.json")  # as an earlier release wrote it
+    meta = json.loads(sidecar.read_text())
     assert meta["format"] == "lightning_vstream.meta" and meta["version"] == 1
-    entry = meta["files"]["videos/scene-0002/CAM_BACK_LEFT.mp4"]
-    assert entry["size"] == entry["identity"]["size"] == (copy / "videos/scene-0002/CAM_BACK_LEFT.mp4").stat().st_size
-    assert VideoInfo.from_dict(entry["info"]).frame_count == 27
+    assert not tables_path(copy / "index.json").exists()
     index = load_index(copy / "index.json")
-    assert all(cam.info is not None and cam.info.identity is not None for clip in index for cam in clip.cameras)
+    expected = FrameTables(tables_path(small_index)).get("videos/scene-0002/CAM_BACK_LEFT.mp4")
+    info = index.clips[2].cameras[1].info
+    assert info is not None and expected is not None
+    assert (info.pts, info.key_indices, info.identity) == (expected.pts, expected.key_indices, expected.identity)
+    build_index(copy, output=copy / "index.json", progress=False)  # binary tables again: the sidecar goes
+    assert tables_path(copy / "index.json").is_file() and not sidecar.exists()
 
 
 def test_load_attaches_sidecar_info(small_index: Path) -> None:

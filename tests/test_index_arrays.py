@@ -30,6 +30,7 @@ from lightning_vstream.index.local_index import _WARNED_NO_TABLES
 from lightning_vstream.index.table_file import FrameTables, tables_path
 from lightning_vstream.index.table_write import write_table_arrays, write_tables
 from lightning_vstream.indexing import load_index
+from tests._tables import build_index_with_json_tables
 
 CAMERAS = ("CAM_B", "CAM_F")
 
@@ -310,9 +311,8 @@ def test_thorough_check_keeps_arrays_and_holds_only_reverified_clips_as_records(
 
 
 def test_json_sidecar_index_holds_records(data: Path) -> None:
-    from lightning_vstream.indexing import build_index
 
-    build_index(data.parent, output=data, progress=False, table_format="json", video_dirs=["videos"])
+    build_index_with_json_tables(data.parent, output=data, progress=False, video_dirs=["videos"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         index = load_index(data)

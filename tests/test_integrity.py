@@ -34,6 +34,7 @@ from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.indexing import build_index, load_index
 from lightning_vstream.indexing.build import write_index_tables
 from lightning_vstream.indexing.verify import verify_index
+from tests._tables import build_index_with_json_tables
 
 CHANGED = r"changed since the index was built.*Re-run `vstream index`"
 
@@ -247,7 +248,7 @@ def test_tables_of_a_curated_index_keep_its_clips(data: Path) -> None:
 
 
 def test_json_sidecar_is_still_read_and_checked(data: Path) -> None:
-    build_index(data.parent, output=data, progress=False, table_format="json", video_dirs=["videos"])
+    build_index_with_json_tables(data.parent, output=data, progress=False, video_dirs=["videos"])
     assert metadata_path(data).is_file() and not tables_path(data).exists()
     shutil.copyfile(_cam(data, 1, "CAM_BACK"), _cam(data, 0, "CAM_BACK"))
     with pytest.raises(FileChangedError, match=r"clip 'scene-0000', camera 'CAM_BACK'"):
@@ -255,7 +256,7 @@ def test_json_sidecar_is_still_read_and_checked(data: Path) -> None:
 
 
 def test_older_sidecar_with_size_only_is_reverified_on_size_change(data: Path) -> None:
-    build_index(data.parent, output=data, progress=False, table_format="json", video_dirs=["videos"])
+    build_index_with_json_tables(data.parent, output=data, progress=False, video_dirs=["videos"])
     meta = json.loads(metadata_path(data).read_text())
     for entry in meta["files"].values():
         del entry["identity"]
@@ -363,7 +364,7 @@ def test_unreadable_clip_folder(data: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_unreadable_sidecar(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    build_index(data.parent, output=data, progress=False, table_format="json", video_dirs=["videos"])
+    build_index_with_json_tables(data.parent, output=data, progress=False, video_dirs=["videos"])
     real = Path.read_bytes
 
     def read_bytes(self: Path) -> bytes:

@@ -19,9 +19,10 @@ from lightning_vstream.demos.synth import clip_number, read_stamp, write_stamped
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index import FileIdentity, FrameTables, tables_path
 from lightning_vstream.index.table_write import write_table_arrays, write_tables
-from lightning_vstream.index.tables import VideoInfo, cached_info, metadata_entry
+from lightning_vstream.index.tables import VideoInfo, cached_info
 from lightning_vstream.indexing import load_index
 from tests._remux import remux
+from tests._tables import metadata_entry
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
+from tests._tables import build_index_with_json_tables
 
 LENGTHS = [20, 13, 27, 16, 22]
 BAD_CLIP = 2  # scene-0002, 27 frames
@@ -349,10 +350,9 @@ def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path:
     import json
 
     from lightning_vstream.index import IndexValidationError, metadata_path
-    from lightning_vstream.indexing import build_index
 
     root = _copy(pristine, tmp_path)
-    build_index(root, output=root / "index.json", video_dirs=["videos"], progress=False, table_format="json")
+    build_index_with_json_tables(root, output=root / "index.json", video_dirs=["videos"], progress=False)
     meta_file = metadata_path(root / "index.json")
     meta = json.loads(meta_file.read_text())
     meta["files"]["videos/scene-0001/CAM_BACK.mp4"]["info"]["codec"] = "not-a-codec"

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--table-format",
         choices=["binary", "json"],
         default="binary",
-        help="frame tables as index.tables.bin (memory-mapped, default) or index.meta.json",
+        help="frame tables as index.tables.bin (memory-mapped, the one format written; 'json' is refused: "
+        "index.meta.json files of earlier releases are still read)",
     )
     parser.add_argument(
         "--check",

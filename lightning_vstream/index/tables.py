@@ -35,7 +35,6 @@ __all__ = [
     "cached_info",
     "is_reference",
     "load_metadata",
-    "metadata_entry",
     "metadata_path",
     "reference_code",
     "table_key",
@@ -407,16 +406,6 @@ def load_metadata(index_path: Path) -> dict[str, dict[str, Any]]:
         )
     files = data.get("files", {})
     return files if isinstance(files, dict) else {}
-
-
-def metadata_entry(info: VideoInfo) -> dict[str, Any]:
-    """The JSON sidecar entry of one file: its identity and frame table."""
-    ident = info.identity
-    entry: dict[str, Any] = {"size": ident.size if ident is not None else None}
-    if ident is not None:
-        entry["identity"] = ident.to_dict()
-    entry["info"] = info.to_dict()
-    return entry
 
 
 def cached_info(meta: Mapping[str, dict[str, Any]], key: str) -> VideoInfo | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from lightning_vstream.errors import (
+    ConfigurationError,
     DataFormatError,
     IndexValidationError,
     MissingFileError,
@@ -28,10 +29,7 @@ from lightning_vstream.index.local_index import read_index_layout
 from lightning_vstream.index.table_file import tables_path
 from lightning_vstream.index.table_write import write_tables
 from lightning_vstream.index.tables import (
-    META_FORMAT,
-    META_VERSION,
     VideoInfo,
-    metadata_entry,
     metadata_path,
     table_key,
 )
@@ -49,7 +47,9 @@ __all__ = [
     "write_index_tables",
 ]
 
-TableFormat = Literal["binary", "json"]
+#: The frame-table format written: version-2 binary tables (``index.tables.bin``). JSON sidecars
+#: (``index.meta.json``) of earlier releases are still read, never written.
+TableFormat = Literal["binary"]
 #: What building an index does with a clip that is not whole: leave it out (and list it) or refuse the dataset.
 Incomplete = Literal["skip", "raise"]
 K = TypeVar("K", bound=Hashable)
@@ -192,7 +192,8 @@ def build_index(
         progress: Show a progress bar while probing.
         metadata: Also write every file's frame table and identity next to the index.
         table_format: ``"binary"`` writes ``index.tables.bin`` (memory-mapped, see
-            :mod:`~lightning_vstream.index.table_file`); ``"json"`` the older ``index.meta.json``.
+            :mod:`~lightning_vstream.index.table_file`), the one format written (``index.meta.json``
+            files of earlier releases are still read).
         incomplete: ``"skip"`` leaves incomplete clips out and lists them; ``"raise"`` refuses them.
 
     Returns:
@@ -209,8 +210,7 @@ def build_index(
     """
     from tqdm import tqdm
 
-    if table_format not in ("binary", "json"):
-        raise DataFormatError(f"table_format={table_format!r} is not supported; use 'binary' or 'json'.")
+    check_table_format(table_format)
     if incomplete not in ("skip", "raise"):
         raise DataFormatError(f"incomplete={incomplete!r} is not supported; use 'skip' or 'raise'.")
     # Absolute but not resolved: keys stay relative to the folders as the user sees them, even
@@ -280,7 +280,7 @@ def build_index(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     if metadata:
-        write_frame_tables(output, files, table_format=table_format)
+        write_frame_tables(output, files)
     if left_out:
         listed: dict[str, dict[str, list[str]]] = {}
         for (video_dir, clip_id), reasons in named.items():
@@ -297,23 +297,30 @@ def _clip_key(video_dir: Path, folder: Path, output: Path) -> tuple[str, str]:
     return os.path.relpath(video_dir, output.parent).replace(os.sep, "/"), folder.name
 
 
-def write_frame_tables(
-    index_path: Path, infos: Mapping[str, VideoInfo], *, table_format: TableFormat = "binary"
-) -> Path:
-    """Write frame tables next to ``index_path`` and remove the other format's stale file.
+def check_table_format(table_format: str) -> None:
+    """Refuse a frame-table format that is not written (JSON sidecars are read, no longer written).
+
+    Raises:
+        ConfigurationError: ``table_format`` is not ``"binary"``.
+    """
+    if table_format != "binary":
+        raise ConfigurationError(
+            f"table_format={table_format!r}: frame tables are written as binary tables (index.tables.bin) only; "
+            "JSON frame tables (index.meta.json) of earlier releases are still read, but no longer written. "
+            "Pass table_format='binary' (the default)."
+        )
+
+
+def write_frame_tables(index_path: Path, infos: Mapping[str, VideoInfo]) -> Path:
+    """Write the version-2 binary frame tables next to ``index_path`` and remove a stale JSON sidecar.
 
     Returns:
-        The file written: ``index.tables.bin`` (binary) or ``index.meta.json`` (JSON).
+        The file written (``index.tables.bin``).
     """
-    binary, sidecar = tables_path(index_path), metadata_path(index_path)
-    if table_format == "binary":
-        write_tables(binary, infos)
-        sidecar.unlink(missing_ok=True)
-        return binary
-    meta = {"format": META_FORMAT, "version": META_VERSION, "files": {k: metadata_entry(v) for k, v in infos.items()}}
-    sidecar.write_text(json.dumps(meta, separators=(",", ":")) + "\n", encoding="utf-8")
-    binary.unlink(missing_ok=True)
-    return sidecar
+    binary = tables_path(index_path)
+    write_tables(binary, infos)
+    metadata_path(index_path).unlink(missing_ok=True)
+    return binary
 
 
 def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "binary", progress: bool = True) -> Path:
@@ -324,7 +331,7 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
 
     Args:
         index_path: The index file.
-        table_format: ``"binary"`` (``index.tables.bin``) or ``"json"`` (``index.meta.json``).
+        table_format: ``"binary"`` (``index.tables.bin``), the one format written.
         progress: Show a progress bar while probing.
 
     Returns:
@@ -339,6 +346,7 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
     """
     from tqdm import tqdm
 
+    check_table_format(table_format)
     index_path = Path(index_path).resolve()
     layout = read_index_layout(index_path)
     infos: dict[str, VideoInfo] = {}
@@ -352,4 +360,4 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
             problems.append(f"clip {clip_id!r}, camera {camera!r}: {err}")
     if problems:
         raise IndexValidationError(repr(str(index_path)), problems)
-    return write_frame_tables(index_path, infos, table_format=table_format)
+    return write_frame_tables(index_path, infos)
