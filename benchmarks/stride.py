@@ -83,7 +83,7 @@ parameters; the JSON to ``--json``.
 Usage::
 
     python benchmarks/stride.py --quick                      # 1 clip x 6 cameras x 24 frames, 1 repeat: a smoke run
-    python benchmarks/stride.py                              # 2 clips x 6 cameras x 48 frames, 3 repeats
+    python benchmarks/stride.py                              # 2 clips x 6 cameras x 48 frames, 3 repeats (15 min)
     python benchmarks/stride.py --ours-baseline /tmp/vstream-before  # and the package of another commit
 
 where ``/tmp/vstream-before`` holds ``lightning_vstream`` as of that commit
@@ -152,7 +152,7 @@ class Checked:
             self.means[f"{case}|{clip}|{camera}|{frame}"] = means
 
 
-def _timed(run: Callable[[], int]) -> dict[str, float]:
+def _timed(run: Callable[[], int]) -> dict[str, Any]:
     wall, cpu = time.perf_counter(), time.process_time()
     delivered = run()
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "delivered": delivered}
@@ -295,7 +295,7 @@ class SpdlPeer(Peer):
     def stream(self, path: str, frames: int, stride: int, chunk: int) -> Iterable[Any]:
         import spdl.io
 
-        demuxer = spdl.io.Demuxer(path)
+        demuxer: Any = spdl.io.Demuxer(path)
         codec = demuxer.video_codec
         keep = f"select='not(mod(n\\,{stride}))'," if stride > 1 else ""
         decoder = spdl.io.Decoder(codec, filter_desc=f"{keep}format=pix_fmts=rgb24", decode_config=self._config())
@@ -602,8 +602,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     encodes = {}
     for name in encode_settings(args):
         index = load_index(root / name / "index.json")
-        files = [
-            {"path": str(camera.path), "clip": clip.clip_id, "camera": camera.name, "frames": camera.info.frame_count}
+        files: list[dict[str, Any]] = [
+            {"path": str(camera.path), "clip": clip.clip_id, "camera": camera.name, "frames": clip.frame_count}
             for clip in index
             for camera in clip.cameras
         ]
@@ -686,11 +686,14 @@ def readers(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, s
 
     env = dict(os.environ)
     here = str(Path(lightning_vstream.__file__).resolve().parent.parent)  # the copy this process imports
-    ours = [{"name": OURS, "python": sys.executable, "env": {**env, "PYTHONPATH": here}, "settings": [{}]}]
+    ours: list[dict[str, Any]] = [
+        {"name": OURS, "python": sys.executable, "env": {**env, "PYTHONPATH": here}, "settings": [{}]}
+    ]
     if args.ours_baseline is not None:
         tree = str(args.ours_baseline.resolve())
         ours.append({"name": BASELINE, "python": sys.executable, "env": {**env, "PYTHONPATH": tree}, "settings": [{}]})
-    found, missing = [], {}
+    found: list[dict[str, Any]] = []
+    missing: dict[str, str] = {}
     for reader in ours:
         answer = _ask(reader["python"], ["--probe", reader["name"]], reader["env"], 300)
         if "version" not in answer:
