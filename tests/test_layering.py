@@ -148,16 +148,3 @@ def test_importing_index_loads_no_decoder_and_its_documented_names_still_work() 
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-
-
-#: The most lines a module of the package may have; a longer one is split along its seams.
-MODULE_LINES = 500
-
-
-def test_every_module_is_at_most_500_lines() -> None:
-    long = {
-        str(path.relative_to(PACKAGE)): lines
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES
-    }
-    assert not long, f"split these modules along their seams (at most {MODULE_LINES} lines): {long}"
