@@ -60,8 +60,11 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": list(values)}
 
 
-def write_sources(root: Path, cameras: int, frames: int, size: tuple[int, int]) -> list[Path]:
-    """Lossless camera videos (x264 qp 0) of the camera-like content ``benchmarks/encode.py`` draws."""
+def write_sources(root: Path, cameras: int, frames: int, size: tuple[int, int], *, seed: int = 0) -> list[Path]:
+    """Lossless camera videos (x264 qp 0) of the camera-like content ``benchmarks/encode.py`` draws.
+
+    Camera ``k`` draws from seed ``seed + k``, so clips written with seeds ``cameras`` apart differ.
+    """
     import av
     from encode import _frame, _texture  # benchmarks/encode.py, beside this script
 
@@ -70,8 +73,8 @@ def write_sources(root: Path, cameras: int, frames: int, size: tuple[int, int]) 
     paths = []
     for k in range(cameras):
         path = root / f"CAM_{k}.mkv"
-        rng = np.random.default_rng(k)
-        texture = _texture(width, height, k)
+        rng = np.random.default_rng(seed + k)
+        texture = _texture(width, height, seed + k)
         with av.open(str(path), mode="w") as out:
             stream = out.add_stream("libx264", rate=12, options={"qp": "0", "preset": "ultrafast"})
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv444p"

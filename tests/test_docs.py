@@ -277,7 +277,7 @@ def smaller(argv: list[str]) -> list[str]:
         else:
             out.extend([option, value])
 
-    if "--size" in out:
+    if "--size" in out or out[:2] == ["vstream", "synth"]:
         force("--size", "64x48")
     if "--jobs" in out:
         force("--jobs", "1")

@@ -232,25 +232,29 @@ def test_closing_mid_gop_with_frame_threads_never_hangs(tmp_path: Path) -> None:
     """Packets own FFmpeg memory: freeing a codec whose frame threads still hold packets needs no GIL.
 
     (Packets made from Python bytes are freed by a callback that takes the GIL; a frame thread doing
-    that while this thread frees the codec, holding the GIL, deadlocked.)
+    that while this thread frees the codec, holding the GIL, deadlocked: with such packets this script
+    hung within the first 7 of its 30 decoders in every try, so small frames and a short switch
+    interval, which make the GIL change hands often, keep it quick without losing the race.)
     """
     import subprocess
     import sys
     import textwrap
 
-    path = write_stamped_video(tmp_path / "big.mp4", clip=1, camera=0, frames=24, gop=12, codec="hevc", size=(640, 352))
+    path = write_stamped_video(tmp_path / "v.mp4", clip=1, camera=0, frames=24, gop=12, codec="hevc", size=(160, 96))
     script = textwrap.dedent(
         f"""
+        import sys
         import threading
         from lightning_vstream.decode import make_decoder
         from lightning_vstream.decode.probe import probe_video
         info = probe_video({str(path)!r})
+        sys.setswitchinterval(0.0005)
         busy = threading.Event()
         def spin():  # another Python thread, as I/O threads are: the GIL changes hands
             while not busy.is_set():
                 sum(range(1000))
         threading.Thread(target=spin, daemon=True).start()
-        for k in range(60):
+        for k in range(30):
             dec = make_decoder("file://" + {str(path)!r}, info=info, threads=4)
             dec.get(k % 3)
             dec.close()

@@ -723,6 +723,45 @@ def test_http_headers_never_follow_a_redirect_to_another_host(redirecting: _Serv
     assert bytes(data) == b"abcdefghij"
 
 
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_a_redirect_carrying_no_secret_but_authorization_is_followed_unguarded(
+    redirecting: _Servers, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the only secret is the ``Authorization`` header (a static S3 key, an HTTP store without
+    configured headers), the client drops it on a redirect to another host: no guard relays those bytes,
+    and nothing secret reaches the other host."""
+    from lightning_vstream.storage.client import Storage
+    from lightning_vstream.storage.obstore_transport import store_spec
+    from lightning_vstream.storage.urls import parse as parse_location
+
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    options: dict[str, Any] = {"allow_http": True, "max_retries": 2, "backoff_initial": 0.01}
+    if scheme == "s3":
+        options.update(
+            endpoint=redirecting.endpoint,
+            access_key_id="AKIDTRUST",
+            secret_access_key="secret-key-value",
+            region="us-east-1",
+        )
+        url = "s3://bucket/ds/index.json"
+    else:
+        url = f"{redirecting.endpoint}/ds/index.json"
+    config = StorageConfig.make(options)
+    assert store_spec(parse_location(url), config)["egress"] == []
+    data, _ = Storage(config).read(url)
+    assert bytes(data) == b"0123456789"  # the other host's answer, reached without credentials
+    assert len(redirecting.captured) >= 1
+    assert [h for h in redirecting.captured if any(v in json.dumps(h) for v in ("AKIDTRUST", "secret-key"))] == []
+    assert all("authorization" not in h for h in redirecting.captured)
+    # A session token (S3) or a configured header (HTTP) is a secret outside that header: the guard is back.
+    if scheme == "s3":
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-value")
+    else:
+        config = StorageConfig.make({**options, "headers": {"X-Api-Key": "api-key-value"}})
+    assert store_spec(parse_location(url), config)["egress"] != []
+
+
 def _certificates(tmp_path: Path) -> tuple[Path, Path, bytes]:
     """A certificate for 127.0.0.1 and its key (files), signed by a test authority (its certificate in PEM)."""
     import datetime

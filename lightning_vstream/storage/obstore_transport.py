@@ -89,14 +89,41 @@ def _endpoint(location: Location, opts: Any) -> tuple[str, str] | None:
 _PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
+#: Variables from which obstore's S3 client takes a session token (sent as ``x-amz-security-token``).
+_S3_SESSION_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def _only_authorization_is_secret(location: Location, opts: Any) -> bool:
+    """Whether every secret a request carries is in its ``Authorization`` header (or none is).
+
+    obstore's client drops that header on a redirect to another host, so such a store needs no guard.
+    S3 qualifies when it is anonymous or signs with a static key and no session token: credentials from
+    a profile or a provider (SSO, web identity, the instance's role) come with a session token. An HTTP
+    store qualifies when no header is configured. Others are guarded.
+    """
+    if location.scheme == "s3":
+        if opts.get("anonymous"):
+            return True
+        static_key = "access_key_id" in opts or ("AWS_ACCESS_KEY_ID" in os.environ and not opts.get("profile"))
+        session = "session_token" in opts or any(os.environ.get(name) for name in _S3_SESSION_ENV)
+        return static_key and not session and not opts.get("profile")
+    if location.scheme in ("http", "https"):
+        return not opts.get("headers")
+    return False
+
+
 def _egress_allowed(location: Location, opts: Any) -> list[str]:
     """The hosts (``host:port``) a store at a configured endpoint may reach: its own; empty for no guard.
 
     Stores at a provider's own endpoints (AWS, GCS, Azure) are not guarded: they redirect within the
-    provider, if at all. Neither are requests that go through a proxy from the environment.
+    provider, if at all. Neither are requests that go through a proxy from the environment, nor those
+    whose only secret is the ``Authorization`` header, which the client drops on a redirect to another
+    host: the guard relays every byte in Python, a cost paid only where it protects something.
     """
     found = _endpoint(location, opts)
     if found is None or any(os.environ.get(name) for name in _PROXY_ENV):
+        return []
+    if _only_authorization_is_secret(location, opts):
         return []
     allowed = {_egress.authority_of(found[1])}
     if location.scheme == "s3" and opts.get("virtual_hosted_style"):
