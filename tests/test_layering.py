@@ -33,7 +33,14 @@ ALLOWED: dict[str, set[str]] = {
     "decode": {"errors", "profiling", "storage", "index"},
     "indexing": {"errors", "storage", "index", "decode"},
     "transforms": {"errors", "profiling", "decode"},  # decode.base.Layout only
-    "_datamodule": {"errors", "options", "index", "decode"},  # decode: resolve_decode_device, lazily
+    "_datamodule": {
+        "errors",
+        "outputs",
+        "options",
+        "storage",
+        "index",
+        "decode",
+    },  # decode: resolve_decode_device, lazily
     # The two ways of reading are siblings: neither imports the other.
     "stream": {
         "errors",

@@ -1,7 +1,8 @@
-"""What loading an index (local or remote) collects per clip before it becomes :class:`ClipArrays`.
+"""What loading an index (local or remote) checks and collects per clip before it becomes :class:`ClipArrays`.
 
-Both loaders validate the index JSON clip by clip and note, per clip, its id, frame count, video
-folder and layout (its camera file names). With frame tables, clips after the first are checked
+Both loaders validate the index JSON clip by clip, with the same checks and words
+(:func:`index_object`, :func:`folder_entries_problem`, :func:`entry_problem`), and note, per clip, its
+id, frame count, video folder and layout (its camera file names). With frame tables, clips after the first are checked
 together in one vectorised search of the tables (:meth:`ClipLists.resolve_deferred`) instead of
 one folder listing each.
 """
@@ -12,7 +13,7 @@ import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.errors import ConfigurationTypeError, DataFormatError
+from lightning_vstream.errors import ConfigurationTypeError, DataFormatError, IndexValidationError
 from lightning_vstream.index.arrays import ClipArrays, fingerprint, tables_list_files
 from lightning_vstream.index.files import VIDEO_EXTENSIONS
 
@@ -21,14 +22,22 @@ if TYPE_CHECKING:
     from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
+    "MAX_FRAMES",
     "ClipLists",
     "Reference",
+    "bad_clip_id",
     "camera_reference",
     "check_exclude_clips",
+    "entry_problem",
+    "folder_entries_problem",
+    "index_object",
     "leave_out_hint",
     "match_cameras",
     "table_cameras",
 ]
+
+#: Largest frame count an index may list for one clip (2**31 - 1: years of video at 30 fps).
+MAX_FRAMES = 2**31 - 1
 
 #: Where the camera order comes from (``"the cameras argument"`` or the first clip) and the camera file names.
 Reference = tuple[str, tuple[str, ...]]
@@ -36,6 +45,67 @@ Reference = tuple[str, tuple[str, ...]]
 #: ``look(clip_id, folder, key_prefix, problems)``: the clip's camera file names in camera order, or
 #: None with its problems appended.
 Look = Callable[[str, str, str, list[str]], "tuple[str, ...] | None"]
+
+
+def index_object(data: Any, where: str) -> dict[str, Any]:
+    """The parsed index JSON, which must be an object of video folders.
+
+    Raises:
+        IndexValidationError: It is not a JSON object.
+    """
+    if not isinstance(data, dict):
+        raise IndexValidationError(
+            where,
+            [
+                f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
+                f"not a {type(data).__name__}."
+            ],
+        )
+    return data
+
+
+def folder_entries_problem(where: str, video_dir_key: str, entries: Any) -> str | None:
+    """What is wrong with a video folder's entry of an index (it must map clip ids to frame counts); None: nothing."""
+    if isinstance(entries, dict):
+        return None
+    return f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts, got a {type(entries).__name__}."
+
+
+def entry_problem(where: str, video_dir_key: str, clip_id: str, count: Any, seen: dict[str, str]) -> str | None:
+    """What is wrong with one clip entry of an index; None when nothing is (then ``seen``, clip id -> its video
+    folder, holds it)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+        return f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer."
+    if count > MAX_FRAMES:
+        return (
+            f"{where}: clip {clip_id!r} has frame count {count}, more than any video holds (at most "
+            f"{MAX_FRAMES}); re-run `vstream index` to rebuild the index."
+        )
+    if bad_clip_id(clip_id):
+        return (
+            f"{where}: clip id {clip_id!r} in video folder {video_dir_key!r} is not a plain folder name; "
+            "a clip id names one folder inside its video folder (no '/', '\\', '.' or '..'), so that "
+            "no clip is read under two ids. Move the clip into a video folder and list it there."
+        )
+    if clip_id in seen:
+        return (
+            f"{where}: clip id {clip_id!r} appears in both {seen[clip_id]!r} and {video_dir_key!r}; "
+            "clip ids must be unique across the index (rename one, or use separate index files)."
+        )
+    seen[clip_id] = video_dir_key
+    return None
+
+
+def bad_clip_id(clip_id: str) -> bool:
+    """True unless ``clip_id`` names exactly one folder inside its video folder."""
+    return (
+        not clip_id
+        or clip_id in (".", "..")
+        or "/" in clip_id
+        or "\\" in clip_id
+        or "\0" in clip_id
+        or clip_id != clip_id.strip("\n\r")
+    )
 
 
 def table_cameras(tables: FrameTables, folder_key: str) -> dict[str, str]:

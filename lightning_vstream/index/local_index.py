@@ -34,6 +34,9 @@ from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
     check_exclude_clips,
+    entry_problem,
+    folder_entries_problem,
+    index_object,
     match_cameras,
     table_cameras,
 )
@@ -50,16 +53,13 @@ from lightning_vstream.storage.urls import is_url
 if TYPE_CHECKING:
     from lightning_vstream.storage.config import StorageConfig
 
-__all__ = ["MAX_FRAMES", "FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
+__all__ = ["FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
 
 #: The thorough check of an index's files (see :func:`lightning_vstream.indexing.load_index`):
 #: ``check(clips, where, problems, changed)`` returns the clips, each with what it found (frame tables
 #: probed, identities re-verified); it adds files that changed since the index was built to ``changed``
 #: and every other problem to ``problems``.
 FileCheck = Callable[[list[Clip], str, list[str], list[str]], list[Clip]]
-
-#: Largest frame count an index may list for one clip (2**31 - 1: years of video at 30 fps).
-MAX_FRAMES = 2**31 - 1
 
 _WARNED_NO_TABLES: set[str] = set()
 
@@ -177,18 +177,6 @@ def _folder_problem(folder: Path) -> str:
     return "is not a folder"
 
 
-def _bad_clip_id(clip_id: str) -> bool:
-    """True unless ``clip_id`` names exactly one folder inside its video folder."""
-    return (
-        not clip_id
-        or clip_id in (".", "..")
-        or "/" in clip_id
-        or "\\" in clip_id
-        or "\0" in clip_id
-        or clip_id != clip_id.strip("\n\r")
-    )
-
-
 def load_local_index(
     path: Path | str,
     *,
@@ -238,30 +226,96 @@ def _load(
         path = Path(path).resolve()
     except (OSError, RuntimeError):  # a symbolic link loop
         raise IndexValidationError(repr(str(path)), [f"index file {str(path)!r} is a symbolic link loop."]) from None
-    where = repr(str(path))
     raw = read_index_bytes(path)
-    data = _parse_json(raw, where)
-    if not isinstance(data, dict):
-        raise IndexValidationError(
-            where,
-            [
-                (
-                    f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}, "
-                    f"not a {type(data).__name__}."
-                )
-            ],
-        )
-    tables, meta = _load_tables(path) if with_tables else (None, {})
-    base = path.parent
-    problems: list[str] = []
-    seen: dict[str, str] = {}
-    folders_seen: dict[str, str] = {}
-    cameras, reference = camera_reference(cameras)
-    scanned: list[set[str]] = []  # the camera files of every clip folder read
+    reading = _IndexReading(path, cameras, with_tables=with_tables)
+    data = index_object(_parse_json(raw, reading.where), reading.where)
+    # The quick check with binary frame tables lists each video folder once and takes a clip's
+    # camera files from the tables, which record every file: listing 100,000 clip folders would
+    # take longer than training waits. The files themselves are checked when a decoder opens
+    # them (identity, then every packet's checksum); check="thorough" lists every clip folder.
+    quick = reading.tables is not None and check_files is None
+    reading.collect(reading.lists.leave_out(data, exclude), quick=quick)
+    # Clips whose every camera file the tables describe; the others are listed on disk after all.
+    described = reading.lists.resolve_deferred(reading.tables, reading.cameras, reading.scan, reading.problems)
+    reading.check_cameras_asked_for()
+    clips = reading.clips(raw, check_files)
+    if with_tables:
+        # Only clips listed on disk can lack a frame table: the tables described every deferred one.
+        maybe_bare = (clips[i] for i in range(len(clips)) if i not in described)
+        _warn_if_unchecked(path, clips, maybe_bare, reading.tables is not None or bool(reading.meta))
+    assert reading.reference is not None
+    return VideoIndex(path, clips, reading.reference[1], excluded=tuple(sorted(reading.lists.excluded)))
 
-    def scan(clip_id: str, folder: str, prefix: str, out: list[str]) -> tuple[str, ...] | None:
+
+class _IndexReading:
+    """One reading of a local index file: its clips checked against their folders, or the frame tables.
+
+    It collects problems (every one is reported together) and, per clip, what
+    :class:`~lightning_vstream.index.listing.ClipLists` turns into arrays. The first clip sets the
+    cameras (their order and file names) every other clip must have, unless ``cameras`` asks for some.
+    """
+
+    def __init__(self, path: Path, cameras: Sequence[str] | None, *, with_tables: bool) -> None:
+        self.path = path
+        self.where = repr(str(path))
+        self.base = path.parent
+        self.tables, self.meta = _load_tables(path) if with_tables else (None, {})
+        self.cameras, self.reference = camera_reference(cameras)
+        self.problems: list[str] = []
+        self.lists = ClipLists()
+        self.scanned: list[set[str]] = []  # the camera files of every clip folder read
+        self._seen: dict[str, str] = {}  # clip id -> its video folder
+        self._folders: dict[str, str] = {}  # real path -> the video folder key naming it
+
+    def collect(self, data: dict[str, Any], *, quick: bool) -> None:
+        """Check every video folder and clip entry of the index, noting each good clip."""
+        for video_dir_key, entries in data.items():
+            problem = folder_entries_problem(self.where, video_dir_key, entries)
+            if problem is not None:
+                self.problems.append(problem)
+                continue
+            self._video_folder(video_dir_key, entries, quick=quick)
+
+    def _video_folder(self, video_dir_key: str, entries: dict[str, Any], *, quick: bool) -> None:
+        # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
+        # video folder reached through a symbolic link still finds its frame tables.
+        video_dir = Path(os.path.normpath(self.base / video_dir_key))
+        if not is_dir(video_dir):
+            self.problems.append(
+                f"{self.where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {_folder_problem(video_dir)}."
+            )
+            return
+        real = os.path.realpath(video_dir)
+        if real in self._folders:
+            self.problems.append(
+                f"{self.where}: video folders {self._folders[real]!r} and {video_dir_key!r} are the same folder "
+                f"({real!r}); list it once, or its clips are read twice under two names."
+            )
+            return
+        self._folders[real] = video_dir_key
+        video_dir_str = str(video_dir)
+        vd_key = table_key(self.base, video_dir)
+        key_prefix = "" if vd_key == "." else vd_key + "/"
+        dir_index = self.lists.add_folder(video_dir_str, key_prefix)
+        listed = _clip_folders(video_dir_str) if quick else None
+        for clip_id, count in entries.items():
+            problem = entry_problem(self.where, video_dir_key, clip_id, count, self._seen)
+            if problem is not None:
+                self.problems.append(problem)
+                continue
+            folder = f"{video_dir_str}{os.sep}{clip_id}"
+            if self.lists.layouts and listed is not None and clip_id in listed:
+                self.lists.defer(len(self.problems), clip_id, folder, f"{key_prefix}{clip_id}/")
+                files: tuple[str, ...] | None = None
+            else:
+                files = self.scan(clip_id, folder, f"{key_prefix}{clip_id}/", self.problems)
+                if files is None:
+                    continue
+            self.lists.add(clip_id, count, dir_index, files)
+
+    def scan(self, clip_id: str, folder: str, prefix: str, out: list[str]) -> tuple[str, ...] | None:
         """The clip's camera file names (in camera order) found on disk, or None with the problems in ``out``."""
-        nonlocal reference
+        where = self.where
         if not os.path.isdir(folder):
             out.append(f"{where}: clip {clip_id!r}: folder {folder!r} {_folder_problem(Path(folder))}.")
             return None
@@ -276,127 +330,65 @@ def _load(
                 "check its permissions."
             )
             return None
-        if reference is None:
+        if self.reference is None:
             if not found:
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
                 return None
             # The first clip sets the cameras, unless a file of it is gone since the tables were written:
             # then its own problem is that file, not every other clip's "extra" camera.
-            recorded = table_cameras(tables, prefix.rstrip("/")) if tables is not None else {}
+            recorded = table_cameras(self.tables, prefix.rstrip("/")) if self.tables is not None else {}
             if set(recorded) > set(found):
-                reference = (f"clip {clip_id!r} when it was indexed", tuple(recorded))
+                self.reference = (f"clip {clip_id!r} when it was indexed", tuple(recorded))
             else:
-                reference = (f"clip {clip_id!r}", tuple(found))
-        scanned.append(set(found))
-        return match_cameras(found, reference, cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out)
+                self.reference = (f"clip {clip_id!r}", tuple(found))
+        self.scanned.append(set(found))
+        return match_cameras(
+            found, self.reference, self.cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out
+        )
 
-    # The quick check with binary frame tables lists each video folder once and takes a clip's
-    # camera files from the tables, which record every file: listing 100,000 clip folders would
-    # take longer than training waits. The files themselves are checked when a decoder opens
-    # them (identity, then every packet's checksum); check="thorough" lists every clip folder.
-    quick = tables is not None and check_files is None
-    lists = ClipLists()
-    data = lists.leave_out(data, exclude)
-    for video_dir_key, entries in data.items():
-        # Sidecar keys and folders follow the index's own strings, never a resolved path, so a
-        # video folder reached through a symbolic link still finds its frame tables.
-        video_dir = Path(os.path.normpath(base / video_dir_key))
-        if not isinstance(entries, dict):
-            problems.append(
-                f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts, "
-                f"got a {type(entries).__name__}."
-            )
-            continue
-        if not is_dir(video_dir):
-            problems.append(
-                f"{where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {_folder_problem(video_dir)}."
-            )
-            continue
-        real = os.path.realpath(video_dir)
-        video_dir_str = str(video_dir)
-        vd_key = table_key(base, video_dir)
-        key_prefix = "" if vd_key == "." else vd_key + "/"
-        if real in folders_seen:
-            problems.append(
-                f"{where}: video folders {folders_seen[real]!r} and {video_dir_key!r} are the same folder "
-                f"({real!r}); list it once, or its clips are read twice under two names."
-            )
-            continue
-        folders_seen[real] = video_dir_key
-        dir_index = lists.add_folder(video_dir_str, key_prefix)
-        listed = _clip_folders(video_dir_str) if quick else None
-        for clip_id, count in entries.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-                problems.append(f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer.")
-                continue
-            if count > MAX_FRAMES:
-                problems.append(
-                    f"{where}: clip {clip_id!r} has frame count {count}, more than any video holds (at most "
-                    f"{MAX_FRAMES}); re-run `vstream index` to rebuild the index."
-                )
-                continue
-            if _bad_clip_id(clip_id):
-                problems.append(
-                    f"{where}: clip id {clip_id!r} in video folder {video_dir_key!r} is not a plain folder name; "
-                    "a clip id names one folder inside its video folder (no '/', '\\', '.' or '..'), so that "
-                    "no clip is read under two ids. Move the clip into a video folder and list it there."
-                )
-                continue
-            if clip_id in seen:
-                problems.append(
-                    f"{where}: clip id {clip_id!r} appears in both {seen[clip_id]!r} and {video_dir_key!r}; "
-                    "clip ids must be unique across the index (rename one, or use separate index files)."
-                )
-                continue
-            seen[clip_id] = video_dir_key
-            folder = f"{video_dir_str}{os.sep}{clip_id}"
-            if lists.layouts and listed is not None and clip_id in listed:
-                lists.defer(len(problems), clip_id, folder, f"{key_prefix}{clip_id}/")
-                files: tuple[str, ...] | None = None
-            else:
-                files = scan(clip_id, folder, f"{key_prefix}{clip_id}/", problems)
-                if files is None:
-                    continue
-            lists.add(clip_id, count, dir_index, files)
-    # Clips whose every camera file the tables describe; the others are listed on disk after all.
-    described = lists.resolve_deferred(tables, cameras, scan, problems)
-    if cameras is not None and scanned:
-        # A camera no clip has is one mistake (a typo, another dataset's names), not one per clip.
-        nowhere = [n for n in cameras if not any(n in found for found in scanned)]
+    def check_cameras_asked_for(self) -> None:
+        """A camera asked for that no clip has is one mistake (a typo, another dataset's names), not one per clip."""
+        if self.cameras is None or not self.scanned:
+            return
+        nowhere = [n for n in self.cameras if not any(n in found for found in self.scanned)]
         if nowhere:
-            existing = sorted(set().union(*scanned))
+            existing = sorted(set().union(*self.scanned))
             raise IndexValidationError(
-                where,
+                self.where,
                 [
-                    f"{where}: cameras={cameras!r}: no clip has camera(s) {nowhere}; the index's clips have "
-                    f"cameras {existing}. Pass names from that list, or cameras=None for all of them."
+                    f"{self.where}: cameras={self.cameras!r}: no clip has camera(s) {nowhere}; the index's clips "
+                    f"have cameras {existing}. Pass names from that list, or cameras=None for all of them."
                 ],
             )
-    records = lists.arrays(str(path), raw, reference[1], tables) if lists.ids and reference is not None else None
-    # The older JSON sidecar gives every file its frame table as an object: those clips are records.
-    clips: Sequence[Clip] = () if records is None else records
-    if meta and records is not None:
-        clips = tuple(_with_sidecar_tables(clip, meta, base) for clip in records)
-    changed: list[str] = []
-    if check_files is not None:
-        originals = list(clips)
-        checked = check_files(originals, where, problems, changed)
-        if isinstance(clips, ClipArrays):
-            clips = clips.with_overrides({i: c for i, (c, o) in enumerate(zip(checked, originals)) if c is not o})
-        else:
-            clips = tuple(checked)
-    if changed:
-        raise FileChangedError(where, problems + changed)
-    if problems:
-        raise IndexValidationError(where, problems)
-    if not clips:
-        raise IndexValidationError(where, [f"index file {where} lists no clips."])
-    assert reference is not None
-    if with_tables:
-        # Only clips listed on disk can lack a frame table: the tables described every deferred one.
-        maybe_bare = (clips[i] for i in range(len(clips)) if i not in described)
-        _warn_if_unchecked(path, clips, maybe_bare, tables is not None or bool(meta))
-    return VideoIndex(path, clips, reference[1], excluded=tuple(sorted(lists.excluded)))
+
+    def clips(self, raw: bytes, check_files: FileCheck | None) -> Sequence[Clip]:
+        """The clips collected, their files checked with ``check_files`` (when given).
+
+        Raises:
+            FileChangedError: A file changed since its frame table was written.
+            IndexValidationError: Any problem found, all of them listed; or no clip at all.
+        """
+        where, lists, reference = self.where, self.lists, self.reference
+        records = lists.arrays(str(self.path), raw, reference[1], self.tables) if lists.ids and reference else None
+        # The older JSON sidecar gives every file its frame table as an object: those clips are records.
+        clips: Sequence[Clip] = () if records is None else records
+        if self.meta and records is not None:
+            clips = tuple(_with_sidecar_tables(clip, self.meta, self.base) for clip in records)
+        changed: list[str] = []
+        if check_files is not None:
+            originals = list(clips)
+            checked = check_files(originals, where, self.problems, changed)
+            if isinstance(clips, ClipArrays):
+                clips = clips.with_overrides({i: c for i, (c, o) in enumerate(zip(checked, originals)) if c is not o})
+            else:
+                clips = tuple(checked)
+        if changed:
+            raise FileChangedError(where, self.problems + changed)
+        if self.problems:
+            raise IndexValidationError(where, self.problems)
+        if not clips:
+            raise IndexValidationError(where, [f"index file {where} lists no clips."])
+        return clips
 
 
 def _clip_folders(video_dir: str) -> set[str] | None:
@@ -409,6 +401,7 @@ def _clip_folders(video_dir: str) -> set[str] | None:
 
 
 def _with_sidecar_tables(clip: Clip, meta: dict[str, Any], base: Path) -> Clip:
+    """``clip`` with each camera's frame table from the JSON sidecar (``meta``, keyed relative to ``base``)."""
     streams = tuple(
         CameraStream(cam.name, cam.path_str, cached_info(meta, table_key(base, Path(cam.path_str))))
         for cam in clip.cameras

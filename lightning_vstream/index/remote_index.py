@@ -33,12 +33,13 @@ from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
     check_exclude_clips,
+    entry_problem,
+    folder_entries_problem,
+    index_object,
     match_cameras,
     table_cameras,
 )
 from lightning_vstream.index.local_index import (
-    MAX_FRAMES,
-    _bad_clip_id,
     _parse_json,
     _warn_if_unchecked,
     read_index_bytes,
@@ -234,112 +235,134 @@ def load_remote_index(
         FileChangedError: With ``check_files``, a file's size or ETag differs from the tables.
     """
     config = storage or StorageConfig()
-    client = storage_for(config)
-    where = repr(url)
     raw = read_index_bytes(url, storage=config)
-    data = _parse_json(raw, where)
-    if not isinstance(data, dict):
-        raise IndexValidationError(
-            where, [f"index file {where} must hold a JSON object {{video_dir: {{clip_id: frame_count}}}}."]
-        )
-    tables = fetch_tables(url, config) if use_tables else None
-    meta = _sidecar(url, client) if use_tables and tables is None else {}
-    base = dirname(url)
-    problems: list[str] = []
-    seen: dict[str, str] = {}
-    listings: dict[str, dict[str, dict[str, str]]] = {}
-    cameras, reference = camera_reference(cameras)
-
-    def found_in(clip_id: str, folder_url: str, folder_key: str, out: list[str]) -> tuple[str, ...] | None:
-        """The clip's camera file names in camera order (from the tables, else a listing), or None with problems."""
-        nonlocal reference
-        if tables is not None:
-            found = table_cameras(tables, folder_key)
-            how = "its frame tables list"
-        else:
-            found = _listed_cameras(client, folder_url, listings)
-            how = "the folder holds"
-        if reference is None:
-            if not found:
-                out.append(f"{where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
-                return None
-            reference = (f"clip {clip_id!r}", tuple(found))
-        listed = f"{how} {sorted(found)}; "
-        return match_cameras(
-            found, reference, cameras, clip_id=clip_id, where=where, folder=folder_url, listed=listed, out=out
-        )
-
-    # With tables, clips after the first are checked in one vectorised search of the tables.
-    lists = ClipLists()
-    data = lists.leave_out(data, check_exclude_clips(exclude_clips))
-    for video_dir_key, entries in data.items():
-        if not isinstance(entries, dict):
-            problems.append(f"{where}: video folder {video_dir_key!r} must map clip ids to frame counts.")
-            continue
-        try:
-            video_dir = join(base, video_dir_key)
-            vd_key = "" if video_dir.rstrip("/") == base.rstrip("/") else remote_key(base, video_dir)
-        except ConfigurationError as err:
-            problems.append(f"{where}: video folder {video_dir_key!r}: {err}")
-            continue
-        dir_index = lists.add_folder(video_dir, f"{vd_key}/" if vd_key else "")
-        for clip_id, count in entries.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count <= 0 or count > MAX_FRAMES:
-                problems.append(f"{where}: clip {clip_id!r} has frame count {count!r}; expected a positive integer.")
-                continue
-            if _bad_clip_id(clip_id):
-                problems.append(
-                    f"{where}: clip id {clip_id!r} in video folder {video_dir_key!r} is not a plain folder name."
-                )
-                continue
-            if clip_id in seen:
-                problems.append(
-                    f"{where}: clip id {clip_id!r} appears in both {seen[clip_id]!r} and {video_dir_key!r}; clip ids "
-                    "must be unique across the index."
-                )
-                continue
-            seen[clip_id] = video_dir_key
-            folder_key = f"{vd_key}/{clip_id}" if vd_key else clip_id
-            folder_url = child(video_dir, clip_id)
-            if lists.layouts and tables is not None:
-                lists.defer(len(problems), clip_id, folder_url, folder_key + "/")
-                files: tuple[str, ...] | None = None
-            else:
-                files = found_in(clip_id, folder_url, folder_key, problems)
-                if files is None:
-                    continue
-            lists.add(clip_id, count, dir_index, files)
-    lists.resolve_deferred(
-        tables, cameras, lambda i, folder, prefix, out: found_in(i, folder, prefix[:-1], out), problems
-    )
-    if problems:
-        raise IndexValidationError(where, problems)
-    if not lists.ids or reference is None:
-        raise IndexValidationError(where, [f"index file {where} lists no clips."])
-    records = lists.arrays(url, raw, reference[1], tables, config)
-    clips: Sequence[Clip] = records
-    if meta:
-        # The older JSON sidecar gives every file its frame table as an object: those clips are records.
-        clips = tuple(
-            Clip(
-                clip.clip_id,
-                clip.video_dir,
-                clip.frame_count,
-                tuple(
-                    CameraStream(cam.name, cam.path_str, cached_info(meta, remote_key(base, cam.path_str)))
-                    for cam in clip.cameras
-                ),
-            )
-            for clip in records
-        )
-    if check_files is not None:
-        checked = check_files(list(clips), where, config)
-        if isinstance(clips, ClipArrays):
-            clips = clips.with_overrides({i: c for i, c in enumerate(checked)})
-        else:
-            clips = tuple(checked)
+    data = index_object(_parse_json(raw, repr(url)), repr(url))
+    reading = _RemoteIndexReading(url, cameras, config, use_tables=use_tables)
+    reading.collect(reading.lists.leave_out(data, check_exclude_clips(exclude_clips)))
+    clips = reading.clips(raw, check_files)
     if use_tables:
         # Only a remote index without tables (or with the JSON sidecar) can hold files without one.
-        candidates = clips if tables is None else ()
-        _warn_if_unchecked(url, clips, candidates, tables is not None or bool(meta))
-    return VideoIndex(url, clips, reference[1], storage=config, excluded=tuple(sorted(lists.excluded)))
+        candidates = clips if reading.tables is None else ()
+        _warn_if_unchecked(url, clips, candidates, reading.tables is not None or bool(reading.meta))
+    assert reading.reference is not None
+    return VideoIndex(url, clips, reading.reference[1], storage=config, excluded=tuple(sorted(reading.lists.excluded)))
+
+
+class _RemoteIndexReading:
+    """One reading of an index at a URL: its clips checked against the frame tables (or folder listings).
+
+    With tables, clips after the first are checked in one vectorised search of the tables. Problems
+    are collected and reported together; the first clip sets the cameras every other clip must have,
+    unless ``cameras`` asks for some.
+    """
+
+    def __init__(self, url: str, cameras: Sequence[str] | None, config: StorageConfig, *, use_tables: bool) -> None:
+        self.url = url
+        self.where = repr(url)
+        self.config = config
+        self.client = storage_for(config)
+        self.base = dirname(url)
+        self.tables = fetch_tables(url, config) if use_tables else None
+        self.meta = _sidecar(url, self.client) if use_tables and self.tables is None else {}
+        self.cameras, self.reference = camera_reference(cameras)
+        self.problems: list[str] = []
+        self.lists = ClipLists()
+        self._seen: dict[str, str] = {}  # clip id -> its video folder
+        self._listings: dict[str, dict[str, dict[str, str]]] = {}
+
+    def collect(self, data: dict[str, Any]) -> None:
+        """Check every video folder and clip entry of the index, noting each good clip."""
+        for video_dir_key, entries in data.items():
+            problem = folder_entries_problem(self.where, video_dir_key, entries)
+            if problem is not None:
+                self.problems.append(problem)
+                continue
+            self._video_folder(video_dir_key, entries)
+        self.lists.resolve_deferred(
+            self.tables,
+            self.cameras,
+            lambda i, folder, prefix, out: self.found_in(i, folder, prefix[:-1], out),
+            self.problems,
+        )
+
+    def _video_folder(self, video_dir_key: str, entries: dict[str, Any]) -> None:
+        try:
+            video_dir = join(self.base, video_dir_key)
+            vd_key = "" if video_dir.rstrip("/") == self.base.rstrip("/") else remote_key(self.base, video_dir)
+        except ConfigurationError as err:
+            self.problems.append(f"{self.where}: video folder {video_dir_key!r}: {err}")
+            return
+        dir_index = self.lists.add_folder(video_dir, f"{vd_key}/" if vd_key else "")
+        for clip_id, count in entries.items():
+            problem = entry_problem(self.where, video_dir_key, clip_id, count, self._seen)
+            if problem is not None:
+                self.problems.append(problem)
+                continue
+            folder_key = f"{vd_key}/{clip_id}" if vd_key else clip_id
+            folder_url = child(video_dir, clip_id)
+            if self.lists.layouts and self.tables is not None:
+                self.lists.defer(len(self.problems), clip_id, folder_url, folder_key + "/")
+                files: tuple[str, ...] | None = None
+            else:
+                files = self.found_in(clip_id, folder_url, folder_key, self.problems)
+                if files is None:
+                    continue
+            self.lists.add(clip_id, count, dir_index, files)
+
+    def found_in(self, clip_id: str, folder_url: str, folder_key: str, out: list[str]) -> tuple[str, ...] | None:
+        """The clip's camera file names in camera order (from the tables, else a listing), or None with problems."""
+        if self.tables is not None:
+            found = table_cameras(self.tables, folder_key)
+            how = "its frame tables list"
+        else:
+            found = _listed_cameras(self.client, folder_url, self._listings)
+            how = "the folder holds"
+        if self.reference is None:
+            if not found:
+                out.append(f"{self.where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
+                return None
+            self.reference = (f"clip {clip_id!r}", tuple(found))
+        listed = f"{how} {sorted(found)}; "
+        return match_cameras(
+            found,
+            self.reference,
+            self.cameras,
+            clip_id=clip_id,
+            where=self.where,
+            folder=folder_url,
+            listed=listed,
+            out=out,
+        )
+
+    def clips(self, raw: bytes, check_files: RemoteFileCheck | None) -> Sequence[Clip]:
+        """The clips collected, their files checked with ``check_files`` (when given).
+
+        Raises:
+            IndexValidationError: Any problem found, all of them listed; or no clip at all.
+            FileChangedError: With ``check_files``, a file's size or ETag differs from the tables.
+        """
+        where, lists = self.where, self.lists
+        if self.problems:
+            raise IndexValidationError(where, self.problems)
+        if not lists.ids or self.reference is None:
+            raise IndexValidationError(where, [f"index file {where} lists no clips."])
+        records = lists.arrays(self.url, raw, self.reference[1], self.tables, self.config)
+        clips: Sequence[Clip] = records
+        if self.meta:
+            # The older JSON sidecar gives every file its frame table as an object: those clips are records.
+            clips = tuple(self._with_sidecar_tables(clip) for clip in records)
+        if check_files is not None:
+            checked = check_files(list(clips), where, self.config)
+            if isinstance(clips, ClipArrays):
+                clips = clips.with_overrides({i: c for i, c in enumerate(checked)})
+            else:
+                clips = tuple(checked)
+        return clips
+
+    def _with_sidecar_tables(self, clip: Clip) -> Clip:
+        """``clip`` with each camera's frame table from the JSON sidecar."""
+        streams = tuple(
+            CameraStream(cam.name, cam.path_str, cached_info(self.meta, remote_key(self.base, cam.path_str)))
+            for cam in clip.cameras
+        )
+        return Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
