@@ -112,20 +112,9 @@ def write_clip_annotations(
     if not frames:
         raise AnnotationError(f"{where}: frames is empty; write at least one annotated frame.")
     out: dict[str, np.ndarray] = {"format": np.array(FORMAT), "version": np.array(VERSION)}
-    names: dict[str, str] = {}
-
-    def claim(space: str, name: str) -> str:
-        _check_name(name, where)
-        if name in names:
-            raise AnnotationError(
-                f"{where}: field {name!r} appears as {names[name]}.{name} and {space}.{name}; "
-                "names must be unique across clip, camera and frame fields."
-            )
-        names[name] = space
-        return f"{space}.{name}"
-
+    names = _FieldNames(where)
     for name, value in (clip or {}).items():
-        out[claim("clip", name)] = _array(value, f"{where}, clip field {name!r}")
+        out[names.claim("clip", name)] = _array(value, f"{where}, clip field {name!r}")
     cams = None if camera_names is None else [str(c) for c in camera_names]
     if cams is not None:
         out["camera_names"] = np.array(cams, dtype=str)
@@ -136,52 +125,19 @@ def write_clip_annotations(
                 f"{where}: camera field {name!r} has shape {array.shape}; it needs camera_names and "
                 f"a first dimension of {len(cams) if cams else 'len(camera_names)'}."
             )
-        out[claim("camera", name)] = array
+        out[names.claim("camera", name)] = array
+    out.update(_frame_axes(frames, where))
     keys = [k for k in frames[0] if k not in ("frame_index", "timestamp", "cameras")]
-    cam_keys = list(frames[0].get("cameras", {}) or {})
-    for axis in ("frame_index", "timestamp"):
-        present = [axis in f for f in frames]
-        if any(present) and not all(present):
-            raise AnnotationError(f"{where}: some frames have {axis!r} and some do not; give it to every frame.")
-        if all(present):
-            axis_values = np.array([f[axis] for f in frames], dtype=np.int64 if axis == "frame_index" else np.float64)
-            if len(axis_values) > 1 and not np.all(np.diff(axis_values) > 0):
-                raise AnnotationError(f"{where}: {axis} must be strictly increasing, got {axis_values[:8].tolist()}...")
-            out[axis] = axis_values
-    if "frame_index" not in out and "timestamp" not in out:
-        raise AnnotationError(f"{where}: every frame needs 'frame_index' or 'timestamp' to be matched to video frames.")
     unknown = [r for r in ragged if r not in keys]
     if unknown:
         raise AnnotationError(f"{where}: ragged={list(ragged)!r} names {unknown}, which are not per-frame fields.")
     for name in keys:
-        try:
-            values = [_array(f[name], f"{where}, frame {i} field {name!r}") for i, f in enumerate(frames)]
-        except KeyError:
-            raise AnnotationError(
-                f"{where}: field {name!r} is missing in some frames; every frame needs "
-                "the same fields (use empty arrays for frames without objects)."
-            ) from None
-        key = claim("frame", name)
-        if name in ragged:
-            if any(v.ndim == 0 for v in values) or len({v.shape[1:] for v in values}) > 1:
-                raise AnnotationError(
-                    f"{where}: ragged field {name!r} needs shapes [N, ...] with the same trailing "
-                    f"dimensions; got {sorted({v.shape for v in values})[:4]}."
-                )
-            out[key] = np.concatenate(values, axis=0)
-            out[key + ".lengths"] = np.array([len(v) for v in values], dtype=np.int64)
-        else:
-            if len({v.shape for v in values}) > 1:
-                raise AnnotationError(
-                    f"{where}: field {name!r} changes shape between frames "
-                    f"({sorted({v.shape for v in values})[:4]}); pass ragged=[{name!r}, ...]."
-                )
-            out[key] = np.stack(values)
-    for name in cam_keys:
+        out.update(_frame_field(names, name, frames, name in ragged, where))
+    for name in frames[0].get("cameras", {}) or {}:
         values = [_array(f["cameras"][name], f"{where}, frame {i} camera field {name!r}") for i, f in enumerate(frames)]
         if cams is None or any(v.ndim == 0 or v.shape[0] != len(cams) for v in values):
             raise AnnotationError(f"{where}: frame camera field {name!r} needs camera_names and [C, ...] values.")
-        out[claim("frame_camera", name)] = np.stack(values)
+        out[names.claim("frame_camera", name)] = np.stack(values)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{clip_id}.npz"
@@ -215,87 +171,14 @@ class ClipAnnotations:
     def load(cls, path: Path, clip_id: str) -> ClipAnnotations:
         """Parse and validate ``path``; every problem raises :class:`AnnotationError` naming it."""
         where = f"annotation file {str(path)!r} (clip {clip_id!r})"
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-        except FileNotFoundError:
-            raise AnnotationError(
-                f"clip {clip_id!r} has no annotation file {str(path)!r}; write one with write_clip_annotations(), "
-                "or drop the clip from the index."
-            ) from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            raise AnnotationError(f"{where} cannot be read ({err}); rewrite it with write_clip_annotations().") from err
-        if str(arrays.get("format", "")) != FORMAT or int(arrays.get("version", -1)) != VERSION:
-            raise AnnotationError(
-                f"{where} is not a version-{VERSION} {FORMAT} file (format={arrays.get('format')!r}, "
-                f"version={arrays.get('version')!r}); rewrite it with write_clip_annotations()."
-            )
-        spaces: dict[str, dict[str, np.ndarray]] = {s: {} for s in NAMESPACES}
-        lengths: dict[str, np.ndarray] = {}
-        for key, value in arrays.items():
-            if key in ("format", "version", "camera_names", "frame_index", "timestamp"):
-                continue
-            parts = key.split(".")
-            if len(parts) == 3 and parts[0] == "frame" and parts[2] == "lengths":
-                lengths[parts[1]] = value
-            elif len(parts) == 2 and parts[0] in spaces and parts[1].isidentifier():
-                spaces[parts[0]][parts[1]] = value
-            else:
-                raise AnnotationError(
-                    f"{where} has an unknown key {key!r}; keys are clip.<name>, camera.<name>, "
-                    "frame.<name>[.lengths] or frame_camera.<name>."
-                )
+        arrays = _read_npz(path, clip_id, where)
+        spaces, lengths = _split_keys(arrays, where)
         cams = tuple(str(c) for c in arrays["camera_names"]) if "camera_names" in arrays else None
-        index = arrays.get("frame_index")
-        times = arrays.get("timestamp")
-        if index is None and times is None:
-            raise AnnotationError(f"{where} has neither 'frame_index' nor 'timestamp'; frames cannot be matched.")
-        rows = len(index) if index is not None else len(times)  # type: ignore[arg-type]
-        for name, axis in (("frame_index", index), ("timestamp", times)):
-            if axis is not None and (
-                axis.ndim != 1 or len(axis) != rows or (rows > 1 and not np.all(np.diff(axis) > 0))
-            ):
-                raise AnnotationError(f"{where}: {name!r} must be one strictly increasing value per row ({rows} rows).")
-        for name, value in spaces["camera"].items():
-            if cams is None or value.ndim == 0 or value.shape[0] != len(cams):
-                raise AnnotationError(
-                    f"{where}: camera.{name} has shape {value.shape} but camera_names lists "
-                    f"{len(cams) if cams else 0} cameras."
-                )
-        for name, value in spaces["frame_camera"].items():
-            if cams is None or value.ndim < 2 or value.shape[:2] != (rows, len(cams)):
-                raise AnnotationError(
-                    f"{where}: frame_camera.{name} has shape {value.shape}; expected [{rows}, "
-                    f"{len(cams) if cams else 'C'}, ...]."
-                )
-        offsets = {}
-        for name, value in spaces["frame"].items():
-            if name in lengths:
-                counts = lengths.pop(name)
-                if (
-                    counts.shape != (rows,)
-                    or counts.min(initial=0) < 0
-                    or value.ndim == 0
-                    or counts.sum() != len(value)
-                ):
-                    raise AnnotationError(
-                        f"{where}: frame.{name}.lengths must hold {rows} counts summing to the "
-                        f"{value.shape[0] if value.ndim else 0} rows of frame.{name}."
-                    )
-                offsets[name] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            elif value.ndim == 0 or value.shape[0] != rows:
-                raise AnnotationError(
-                    f"{where}: frame.{name} has shape {value.shape}; expected [{rows}, ...] "
-                    "(or add frame.{name}.lengths for a ragged field)."
-                )
-        if lengths:
-            raise AnnotationError(f"{where}: {sorted(lengths)} have .lengths but no frame.<name> data.")
-        seen: dict[str, str] = {}
-        for space, fields in spaces.items():
-            for name in fields:
-                if name in seen:
-                    raise AnnotationError(f"{where}: field {name!r} appears as {seen[name]}.{name} and {space}.{name}.")
-                seen[name] = space
+        index, times = arrays.get("frame_index"), arrays.get("timestamp")
+        rows = _frame_rows(index, times, where)
+        _check_camera_fields(spaces, cams, rows, where)
+        offsets = _ragged_offsets(spaces["frame"], lengths, rows, where)
+        _check_unique_names(spaces, where)
         return cls(
             clip_id,
             path,
@@ -485,3 +368,175 @@ def _value(value: Any) -> Any:
     if array.dtype.kind == "U":
         return str(array) if array.ndim == 0 else [str(v) for v in array.reshape(-1)]
     return torch.from_numpy(array)
+
+
+def _read_npz(path: Path, clip_id: str, where: str) -> dict[str, np.ndarray]:
+    """Every array of an annotation file, after checking its format and version."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise AnnotationError(
+            f"clip {clip_id!r} has no annotation file {str(path)!r}; write one with write_clip_annotations(), "
+            "or drop the clip from the index."
+        ) from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise AnnotationError(f"{where} cannot be read ({err}); rewrite it with write_clip_annotations().") from err
+    if str(arrays.get("format", "")) != FORMAT or int(arrays.get("version", -1)) != VERSION:
+        raise AnnotationError(
+            f"{where} is not a version-{VERSION} {FORMAT} file (format={arrays.get('format')!r}, "
+            f"version={arrays.get('version')!r}); rewrite it with write_clip_annotations()."
+        )
+    return arrays
+
+
+def _split_keys(
+    arrays: Mapping[str, np.ndarray], where: str
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """The fields of each namespace (``clip.<name>``...), and the ``frame.<name>.lengths`` of ragged frame fields."""
+    spaces: dict[str, dict[str, np.ndarray]] = {s: {} for s in NAMESPACES}
+    lengths: dict[str, np.ndarray] = {}
+    for key, value in arrays.items():
+        if key in ("format", "version", "camera_names", "frame_index", "timestamp"):
+            continue
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "frame" and parts[2] == "lengths":
+            lengths[parts[1]] = value
+        elif len(parts) == 2 and parts[0] in spaces and parts[1].isidentifier():
+            spaces[parts[0]][parts[1]] = value
+        else:
+            raise AnnotationError(
+                f"{where} has an unknown key {key!r}; keys are clip.<name>, camera.<name>, "
+                "frame.<name>[.lengths] or frame_camera.<name>."
+            )
+    return spaces, lengths
+
+
+def _frame_rows(index: np.ndarray | None, times: np.ndarray | None, where: str) -> int:
+    """The file's frame count: its ``frame_index`` and ``timestamp`` axes (one at least), strictly increasing."""
+    if index is None and times is None:
+        raise AnnotationError(f"{where} has neither 'frame_index' nor 'timestamp'; frames cannot be matched.")
+    rows = len(index) if index is not None else len(times)  # type: ignore[arg-type]
+    for name, axis in (("frame_index", index), ("timestamp", times)):
+        if axis is not None and (axis.ndim != 1 or len(axis) != rows or (rows > 1 and not np.all(np.diff(axis) > 0))):
+            raise AnnotationError(f"{where}: {name!r} must be one strictly increasing value per row ({rows} rows).")
+    return rows
+
+
+def _check_camera_fields(
+    spaces: Mapping[str, Mapping[str, np.ndarray]], cams: tuple[str, ...] | None, rows: int, where: str
+) -> None:
+    """Camera fields hold a row per camera of ``camera_names``; frame-camera fields ``[rows, cameras, ...]``."""
+    for name, value in spaces["camera"].items():
+        if cams is None or value.ndim == 0 or value.shape[0] != len(cams):
+            raise AnnotationError(
+                f"{where}: camera.{name} has shape {value.shape} but camera_names lists "
+                f"{len(cams) if cams else 0} cameras."
+            )
+    for name, value in spaces["frame_camera"].items():
+        if cams is None or value.ndim < 2 or value.shape[:2] != (rows, len(cams)):
+            raise AnnotationError(
+                f"{where}: frame_camera.{name} has shape {value.shape}; expected [{rows}, "
+                f"{len(cams) if cams else 'C'}, ...]."
+            )
+
+
+def _ragged_offsets(
+    frame: Mapping[str, np.ndarray], lengths: dict[str, np.ndarray], rows: int, where: str
+) -> dict[str, np.ndarray]:
+    """Where each frame's rows of every ragged frame field start (from its ``.lengths``); other frame fields hold
+    one row per frame."""
+    offsets = {}
+    for name, value in frame.items():
+        if name in lengths:
+            counts = lengths.pop(name)
+            if counts.shape != (rows,) or counts.min(initial=0) < 0 or value.ndim == 0 or counts.sum() != len(value):
+                raise AnnotationError(
+                    f"{where}: frame.{name}.lengths must hold {rows} counts summing to the "
+                    f"{value.shape[0] if value.ndim else 0} rows of frame.{name}."
+                )
+            offsets[name] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        elif value.ndim == 0 or value.shape[0] != rows:
+            raise AnnotationError(
+                f"{where}: frame.{name} has shape {value.shape}; expected [{rows}, ...] "
+                "(or add frame.{name}.lengths for a ragged field)."
+            )
+    if lengths:
+        raise AnnotationError(f"{where}: {sorted(lengths)} have .lengths but no frame.<name> data.")
+    return offsets
+
+
+def _check_unique_names(spaces: Mapping[str, Mapping[str, np.ndarray]], where: str) -> None:
+    """A field name belongs to one namespace (a batch holds fields by name)."""
+    seen: dict[str, str] = {}
+    for space, fields in spaces.items():
+        for name in fields:
+            if name in seen:
+                raise AnnotationError(f"{where}: field {name!r} appears as {seen[name]}.{name} and {space}.{name}.")
+            seen[name] = space
+
+
+class _FieldNames:
+    """The field names of one annotation file being written: each unique across clip, camera and frame fields."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.names: dict[str, str] = {}
+
+    def claim(self, space: str, name: str) -> str:
+        """The file's key of field ``name`` of ``space`` (``"frame.boxes"``), once the name is known to be free."""
+        _check_name(name, self.where)
+        if name in self.names:
+            raise AnnotationError(
+                f"{self.where}: field {name!r} appears as {self.names[name]}.{name} and {space}.{name}; "
+                "names must be unique across clip, camera and frame fields."
+            )
+        self.names[name] = space
+        return f"{space}.{name}"
+
+
+def _frame_axes(frames: Sequence[Mapping[str, Any]], where: str) -> dict[str, np.ndarray]:
+    """The ``frame_index`` and ``timestamp`` axes of the frames (one at least, each strictly increasing)."""
+    out = {}
+    for axis in ("frame_index", "timestamp"):
+        present = [axis in f for f in frames]
+        if any(present) and not all(present):
+            raise AnnotationError(f"{where}: some frames have {axis!r} and some do not; give it to every frame.")
+        if all(present):
+            values = np.array([f[axis] for f in frames], dtype=np.int64 if axis == "frame_index" else np.float64)
+            if len(values) > 1 and not np.all(np.diff(values) > 0):
+                raise AnnotationError(f"{where}: {axis} must be strictly increasing, got {values[:8].tolist()}...")
+            out[axis] = values
+    if not out:
+        raise AnnotationError(f"{where}: every frame needs 'frame_index' or 'timestamp' to be matched to video frames.")
+    return out
+
+
+def _frame_field(
+    names: _FieldNames, name: str, frames: Sequence[Mapping[str, Any]], ragged: bool, where: str
+) -> dict[str, np.ndarray]:
+    """The arrays of one per-frame field: stacked, or (``ragged``) concatenated with the frames' ``.lengths``."""
+    try:
+        values = [_array(f[name], f"{where}, frame {i} field {name!r}") for i, f in enumerate(frames)]
+    except KeyError:
+        raise AnnotationError(
+            f"{where}: field {name!r} is missing in some frames; every frame needs "
+            "the same fields (use empty arrays for frames without objects)."
+        ) from None
+    key = names.claim("frame", name)
+    if ragged:
+        if any(v.ndim == 0 for v in values) or len({v.shape[1:] for v in values}) > 1:
+            raise AnnotationError(
+                f"{where}: ragged field {name!r} needs shapes [N, ...] with the same trailing "
+                f"dimensions; got {sorted({v.shape for v in values})[:4]}."
+            )
+        return {
+            key: np.concatenate(values, axis=0),
+            key + ".lengths": np.array([len(v) for v in values], dtype=np.int64),
+        }
+    if len({v.shape for v in values}) > 1:
+        raise AnnotationError(
+            f"{where}: field {name!r} changes shape between frames "
+            f"({sorted({v.shape for v in values})[:4]}); pass ragged=[{name!r}, ...]."
+        )
+    return {key: np.stack(values)}

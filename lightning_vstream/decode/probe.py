@@ -179,13 +179,54 @@ def probe_video_bytes(data: bytes | memoryview, *, name: str, stream: int | None
 _LOCATE_SLACK = 256
 
 
+#: One packet of a probed stream: ``(pts, dts, keyframe, crc32, byte position, size, reference code)``.
+_Record = tuple[int, int, bool, int, int, int, int]
+
+
 def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoInfo:
     """The frame table of ``container``'s video stream; ``read(start, end)`` gives the file's bytes."""
+    video = video_stream(container, Path(where), choice)
+    records, whole = _demux_records(container, video, where, read)
+    reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
+    records.sort(key=lambda r: r[0])
+    pts = tuple(r[0] for r in records)
+    _check_distinct_pts(pts, where)
+    key_indices, key_seek = _seek_targets(container, records)
+    time_base = video.time_base or Fraction(1, 1)
+    codec_ctx = video.codec_context
+    extradata = bytes(codec_ctx.extradata or b"")
+    layout = None
+    if whole and _decodes_in_position_order(records, key_indices):
+        colour = (
+            int(codec_ctx.color_range),
+            int(codec_ctx.colorspace),
+            int(codec_ctx.color_primaries),
+            int(codec_ctx.color_trc),
+        )
+        layout = PacketLayout(tuple(r[4] for r in records), tuple(r[5] for r in records), extradata, colour)
+    codes = tuple(r[6] for r in records)
+    return VideoInfo(
+        codec=str(codec_ctx.name),
+        width=int(codec_ctx.width),
+        height=int(codec_ctx.height),
+        time_base=(time_base.numerator, time_base.denominator),
+        pts=pts,
+        key_indices=tuple(key_indices),
+        key_seek=tuple(key_seek),
+        crc32=tuple(r[3] for r in records),
+        config_crc32=zlib.crc32(extradata),
+        average_fps=_frame_rate(video, pts, time_base),
+        layout=layout,
+        reorder_depth=reorder,
+        references=None if all(c == REFERENCE_UNKNOWN for c in codes) else codes,
+    )
+
+
+def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[list[_Record], bool]:
+    """Every packet of the stream in decode order, and whether every one has data, a timestamp and a place."""
     import av
 
-    path = Path(where)
-    video = video_stream(container, path, choice)
-    records: list[tuple[int, int, bool, int, int, int, int]] = []
+    records: list[_Record] = []
     # The codec's own name ("av1"), not its decoder's ("libdav1d").
     codec_name = str(video.codec_context.codec.canonical_name)
     references = ReferenceReader(codec=codec_name, extradata=bytes(video.codec_context.extradata or b""))
@@ -211,9 +252,10 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         ) from err
     if not records:
         raise VideoDecodeError(f"{where!r} holds a video stream with no frames.")
-    reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
-    records.sort(key=lambda r: r[0])
-    pts = tuple(r[0] for r in records)
+    return records, whole
+
+
+def _check_distinct_pts(pts: tuple[int, ...], where: str) -> None:
     for i in range(1, len(pts)):
         if pts[i] == pts[i - 1]:
             raise VideoDecodeError(
@@ -221,17 +263,22 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
                 "frame-exact access needs distinct presentation timestamps. Remux the file "
                 "(for example `ffmpeg -i in.mp4 -c copy -fflags +genpts out.mp4`)."
             )
+
+
+def _seek_targets(container: Any, records: list[_Record]) -> tuple[list[int], list[int]]:
+    """The keyframes (frame indices, in presentation order) and the timestamp to seek to for each."""
     key_indices = [i for i, r in enumerate(records) if r[2]]
     # MP4's demuxer matches a seek target against each keyframe's decode time shifted by the
     # edit list (the first packet's pts - dts); with B-frames that can lie before the
     # keyframe's pts (open GOPs) or after it (variable frame rates), so seeking to the pts
     # lands a GOP early or late there. Other demuxers match the pts. The decoder steps back
     # if a demuxer still overshoots.
-    if "mp4" in container.format.name.split(","):
+    formats = container.format.name.split(",")
+    if "mp4" in formats:
         first = min(records, key=lambda r: r[1])
         shift = first[0] - first[1]
         key_seek = [records[i][1] + shift for i in key_indices]
-    elif "mpegts" in container.format.name.split(","):
+    elif "mpegts" in formats:
         key_seek = [records[i][1] for i in key_indices]  # TS seeks compare decode timestamps
     else:
         key_seek = [records[i][0] for i in key_indices]
@@ -239,39 +286,15 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         # Frames before the first keyframe: seeking to the start is the only way in.
         key_indices.insert(0, 0)
         key_seek.insert(0, min(r[1] for r in records))
-    time_base = video.time_base or Fraction(1, 1)
+    return key_indices, key_seek
+
+
+def _frame_rate(video: Any, pts: tuple[int, ...], time_base: Fraction) -> float:
+    """Frames per second over the stream's span (the container's rate for a single frame)."""
     span = (pts[-1] - pts[0]) * time_base
     if len(pts) > 1 and span > 0:
-        fps = float((len(pts) - 1) / span)
-    else:
-        fps = float(video.average_rate or video.guessed_rate or 0.0)
-    codec_ctx = video.codec_context
-    extradata = bytes(codec_ctx.extradata or b"")
-    layout = None
-    if whole and _decodes_in_position_order(records, key_indices):
-        colour = (
-            int(codec_ctx.color_range),
-            int(codec_ctx.colorspace),
-            int(codec_ctx.color_primaries),
-            int(codec_ctx.color_trc),
-        )
-        layout = PacketLayout(tuple(r[4] for r in records), tuple(r[5] for r in records), extradata, colour)
-    codes = tuple(r[6] for r in records)
-    return VideoInfo(
-        codec=str(codec_ctx.name),
-        width=int(codec_ctx.width),
-        height=int(codec_ctx.height),
-        time_base=(time_base.numerator, time_base.denominator),
-        pts=pts,
-        key_indices=tuple(key_indices),
-        key_seek=tuple(key_seek),
-        crc32=tuple(r[3] for r in records),
-        config_crc32=zlib.crc32(extradata),
-        average_fps=fps,
-        layout=layout,
-        reorder_depth=reorder,
-        references=None if all(c == REFERENCE_UNKNOWN for c in codes) else codes,
-    )
+        return float((len(pts) - 1) / span)
+    return float(video.average_rate or video.guessed_rate or 0.0)
 
 
 def _locate(read: Any, reported: int | None, data: bytes) -> int:

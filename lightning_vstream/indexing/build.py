@@ -208,8 +208,6 @@ def build_index(
 
         >>> build_index("data", output="data/index.json")  # doctest: +SKIP
     """
-    from tqdm import tqdm
-
     check_table_format(table_format)
     if incomplete not in ("skip", "raise"):
         raise DataFormatError(f"incomplete={incomplete!r} is not supported; use 'skip' or 'raise'.")
@@ -217,20 +215,7 @@ def build_index(
     # when a video folder is a symbolic link.
     root = Path(os.path.abspath(root))
     output = Path(os.path.abspath(output))
-    if not root.is_dir():
-        raise MissingFileError(f"dataset folder {str(root)!r} does not exist.")
-    if video_dirs is not None:
-        missing = [d for d in video_dirs if not (root / d).is_dir()]
-        if missing:
-            raise MissingFileError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
-        groups = {
-            Path(os.path.normpath(root / d)): sorted(
-                (p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name)
-            )
-            for d in video_dirs
-        }
-    else:
-        groups = _find_clip_folders(root)
+    groups = _clip_folders(root, video_dirs)
     jobs = [
         (vd, folder, name, path)
         for vd, folders in groups.items()
@@ -241,6 +226,55 @@ def build_index(
         raise IndexValidationError(
             str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."]
         )
+    infos, cameras = _probe_files(root, jobs, progress=progress)
+    whole, left_out = whole_clips(cameras)
+    listing = Path(incomplete_path(output))
+    named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
+    if left_out and (incomplete == "raise" or not whole):
+        raise refuse_incomplete(str(root), {key[1]: reasons for key, reasons in named.items()}, whole=len(whole))
+    index, files = _whole_clips_index(jobs, set(whole), infos, output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    if metadata:
+        write_frame_tables(output, files)
+    if left_out:
+        listed: dict[str, dict[str, list[str]]] = {}
+        for (video_dir, clip_id), reasons in named.items():
+            listed.setdefault(video_dir, {})[clip_id] = reasons
+        listing.write_text(json.dumps(listed, indent=2) + "\n", encoding="utf-8")
+        warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
+    else:
+        listing.unlink(missing_ok=True)  # a list from an earlier build would name clips that are whole now
+    return output
+
+
+def _clip_folders(root: Path, video_dirs: Sequence[str] | None) -> dict[Path, list[Path]]:
+    """The clip folders of each video folder: those of ``video_dirs``, or those found anywhere below ``root``."""
+    if not root.is_dir():
+        raise MissingFileError(f"dataset folder {str(root)!r} does not exist.")
+    if video_dirs is None:
+        return _find_clip_folders(root)
+    missing = [d for d in video_dirs if not (root / d).is_dir()]
+    if missing:
+        raise MissingFileError(f"video folder(s) {missing} do not exist under {str(root)!r}.")
+    return {
+        Path(os.path.normpath(root / d)): sorted(
+            (p for p in (root / d).iterdir() if p.is_dir()), key=lambda p: natural_key(p.name)
+        )
+        for d in video_dirs
+    }
+
+
+def _probe_files(
+    root: Path, jobs: Sequence[tuple[Path, Path, str, Path]], *, progress: bool
+) -> tuple[dict[Path, VideoInfo], dict[tuple[Path, Path], dict[str, str | None]]]:
+    """The frame table of every camera file, and per clip folder each camera's problem (None: readable).
+
+    Raises:
+        IndexValidationError: Files could not be read at all (every one listed).
+    """
+    from tqdm import tqdm
+
     infos: dict[Path, VideoInfo] = {}
     problems: list[str] = []
     cameras: dict[tuple[Path, Path], dict[str, str | None]] = {}
@@ -255,12 +289,16 @@ def build_index(
             problems.append(f"clip {folder.name!r}, camera {name!r}: {err}")
     if problems:
         raise IndexValidationError(str(root), problems)
-    whole, left_out = whole_clips(cameras)
-    listing = Path(incomplete_path(output))
-    named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
-    if left_out and (incomplete == "raise" or not whole):
-        raise refuse_incomplete(str(root), {key[1]: reasons for key, reasons in named.items()}, whole=len(whole))
-    keep = set(whole)
+    return infos, cameras
+
+
+def _whole_clips_index(
+    jobs: Sequence[tuple[Path, Path, str, Path]],
+    keep: set[tuple[Path, Path]],
+    infos: Mapping[Path, VideoInfo],
+    output: Path,
+) -> tuple[dict[str, dict[str, int]], dict[str, VideoInfo]]:
+    """The index of the whole clips (a clip's frame count: its shortest camera's) and their files' frame tables."""
     index: dict[str, dict[str, int]] = {}
     files: dict[str, VideoInfo] = {}
     for vd, folder, _name, path in jobs:
@@ -277,19 +315,7 @@ def build_index(
             )
         counts[folder.name] = min(n, counts.get(folder.name, n))
         files[table_key(output.parent, path)] = infos[path]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    if metadata:
-        write_frame_tables(output, files)
-    if left_out:
-        listed: dict[str, dict[str, list[str]]] = {}
-        for (video_dir, clip_id), reasons in named.items():
-            listed.setdefault(video_dir, {})[clip_id] = reasons
-        listing.write_text(json.dumps(listed, indent=2) + "\n", encoding="utf-8")
-        warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
-    else:
-        listing.unlink(missing_ok=True)  # a list from an earlier build would name clips that are whole now
-    return output
+    return index, files
 
 
 def _clip_key(video_dir: Path, folder: Path, output: Path) -> tuple[str, str]:
