@@ -14,16 +14,26 @@ import multiprocessing
 import multiprocessing.context
 import warnings
 from collections.abc import Callable, Collection, Mapping
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import lightning.pytorch as pl
 
 from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
-from lightning_vstream.options import MultiprocessingContext
+from lightning_vstream.options import (
+    CameraFrames,
+    DecodeOptions,
+    ErrorOptions,
+    MultiprocessingContext,
+    OnError,
+    OutputOptions,
+    WorkerOptions,
+)
+from lightning_vstream.storage.urls import index_location
 
 if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
+    from lightning_vstream.outputs import OutputTransform
 
 __all__ = [
     "DEFAULT_NUM_WORKERS",
@@ -32,6 +42,8 @@ __all__ = [
     "ignore_lightning_leafspec_warning",
     "plain_hparams",
     "save_init_hyperparameters",
+    "shared_options",
+    "stage_index_files",
     "unused_options",
     "warn_unused_options",
     "worker_context",
@@ -116,6 +128,64 @@ def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, 
     warnings.warn(
         f"{owner}: {named} {verb} not used: {because}. {instead}", VStreamWarning, stacklevel=user_stacklevel()
     )
+
+
+def shared_options(
+    owner: str,
+    *,
+    decode_device: str,
+    decoder_threads: int,
+    max_open_decoders: int | None,
+    camera_frames: CameraFrames,
+    unbounded: bool,
+    transform: Callable[[Any], Any] | None,
+    outputs: Mapping[str, OutputTransform] | None,
+    on_error: OnError,
+    timeout: float,
+    num_workers: int | None,
+    prefetch_factor: int,
+    persistent_workers: bool,
+    multiprocessing_context: MultiprocessingContext | None,
+    pin_memory: bool,
+) -> tuple[DecodeOptions, OutputOptions, ErrorOptions, WorkerOptions]:
+    """The option groups both DataModules build from the flat arguments of their ``__init__``, each checked for
+    ``owner`` (``unbounded``: ``max_open_decoders=None`` is accepted)."""
+    return (
+        DecodeOptions.of(
+            owner,
+            decode_device=decode_device,
+            decoder_threads=decoder_threads,
+            max_open_decoders=max_open_decoders,
+            camera_frames=camera_frames,
+            unbounded=unbounded,
+        ),
+        OutputOptions.of(owner, transform=transform, outputs=outputs),
+        ErrorOptions.of(owner, on_error=on_error, timeout=timeout),
+        WorkerOptions.of(
+            owner,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            multiprocessing_context=multiprocessing_context,
+            pin_memory=pin_memory,
+        ),
+    )
+
+
+def stage_index_files(
+    owner: str, *, train: Path | str | None, val: Path | str | None, test: Path | str | None, predict: Path | str | None
+) -> dict[Any, Path | str | None]:
+    """Each stage's index file (``index_file``, ``val_index_file``... of a DataModule); a URL stays a string.
+
+    Raises:
+        ConfigurationError: No stage has an index.
+    """
+    files = {"train": train, "val": val, "test": test, "predict": predict}
+    if all(path is None for path in files.values()):
+        raise ConfigurationError(
+            f"{owner} needs at least one of index_file, val_index_file, test_index_file or predict_index_file."
+        )
+    return {stage: index_location(path) for stage, path in files.items()}
 
 
 def rank_decode_device(decode_device: str, trainer: pl.Trainer | None) -> str:

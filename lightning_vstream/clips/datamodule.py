@@ -20,6 +20,8 @@ from lightning_vstream._datamodule import (
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
+    shared_options,
+    stage_index_files,
     unused_options,
     warn_unused_options,
     worker_context,
@@ -35,16 +37,11 @@ from lightning_vstream.index import VideoIndex
 from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.options import (
-    DecodeOptions,
-    ErrorOptions,
     MultiprocessingContext,
-    OutputOptions,
-    WorkerOptions,
     check_arguments,
     is_count,
 )
 from lightning_vstream.storage.config import StorageConfig
-from lightning_vstream.storage.urls import index_location
 from lightning_vstream.transforms import FrameTransform
 
 if TYPE_CHECKING:  # loaded when a loader is built: constructing the DataModule needs none of them
@@ -234,63 +231,40 @@ class ClipVideoDataModule(pl.LightningDataModule):
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         owner = "ClipVideoDataModule"
-        self.decode_options = DecodeOptions.of(
+        self.decode_options, self.output_options, self.error_options, self.worker_options = shared_options(
             owner,
             decode_device=decode_device,
             decoder_threads=decoder_threads,
             max_open_decoders=max_open_decoders,
             camera_frames=camera_frames,
             unbounded=False,
-        )
-        self.output_options = OutputOptions.of(owner, transform=transform, outputs=outputs)
-        self.error_options = ErrorOptions.of(owner, on_error=on_error, timeout=timeout)
-        self.worker_options = WorkerOptions.of(
-            owner,
+            transform=transform,
+            outputs=outputs,
+            on_error=on_error,
+            timeout=timeout,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             multiprocessing_context=multiprocessing_context,
             pin_memory=pin_memory,
         )
-        check_arguments(
+        _check_clip_options(
             owner,
-            {
-                "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
-                "clips_per_epoch": (
-                    clips_per_epoch,
-                    clips_per_epoch is None or is_count(clips_per_epoch),
-                    "None or an integer >= 1",
-                ),
-                "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-                "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
-                "sampler": (
-                    sampler,
-                    sampler is None or callable(sampler),
-                    "None or a callable that takes the dataset and returns a torch Sampler",
-                ),
-                "frame_policy": (
-                    frame_policy,
-                    frame_policy in FRAME_POLICIES,
-                    "'exact' or 'nearest_keyframe' (approximate)",
-                ),
-                "world_size": (world_size, world_size is None or is_count(world_size), "None or an integer >= 1"),
-                "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
-            },
+            batch_size=batch_size,
+            clips_per_epoch=clips_per_epoch,
+            index_check=index_check,
+            selection=selection,
+            sampler=sampler,
+            frame_policy=frame_policy,
+            rank=rank,
+            world_size=world_size,
         )
         self.window = _window(clip_frames, frame_stride, segments, time_policy)
         self.frame_policy: FramePolicy = frame_policy
         self.gop_threads = gop_threads
-        self.index_files: dict[Stage, Path | str | None] = {  # a URL stays a string
-            "train": index_location(index_file),
-            "val": index_location(val_index_file),
-            "test": index_location(test_index_file),
-            "predict": index_location(predict_index_file),
-        }
-        if all(path is None for path in self.index_files.values()):
-            raise ConfigurationError(
-                "ClipVideoDataModule needs at least one of index_file, val_index_file, "
-                "test_index_file or predict_index_file."
-            )
+        self.index_files: dict[Stage, Path | str | None] = stage_index_files(
+            owner, train=index_file, val=val_index_file, test=test_index_file, predict=predict_index_file
+        )
         # The options as given (checked above), for reading; loaders take the groups.
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -538,6 +512,46 @@ class ClipVideoDataModule(pl.LightningDataModule):
         ``stage`` is None); the DataModule can be fitted again afterwards."""
         for loader in self._loaders.values():
             loader.close()
+
+
+def _check_clip_options(
+    owner: str,
+    *,
+    batch_size: int,
+    clips_per_epoch: int | None,
+    index_check: str,
+    selection: str,
+    sampler: object,
+    frame_policy: str,
+    rank: int | None,
+    world_size: int | None,
+) -> None:
+    """Check the options only the clip DataModule has (the shared ones are checked by their groups)."""
+    check_arguments(
+        owner,
+        {
+            "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
+            "clips_per_epoch": (
+                clips_per_epoch,
+                clips_per_epoch is None or is_count(clips_per_epoch),
+                "None or an integer >= 1",
+            ),
+            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+            "selection": (selection, selection in ("regular", "random"), "'regular' or 'random'"),
+            "sampler": (
+                sampler,
+                sampler is None or callable(sampler),
+                "None or a callable that takes the dataset and returns a torch Sampler",
+            ),
+            "frame_policy": (
+                frame_policy,
+                frame_policy in FRAME_POLICIES,
+                "'exact' or 'nearest_keyframe' (approximate)",
+            ),
+            "world_size": (world_size, world_size is None or is_count(world_size), "None or an integer >= 1"),
+            "rank": (rank, rank is None or 0 <= rank < (world_size or 1), "an integer in 0..world_size-1"),
+        },
+    )
 
 
 def _window(

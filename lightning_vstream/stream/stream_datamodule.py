@@ -20,6 +20,8 @@ from lightning_vstream._datamodule import (
     plain_hparams,
     rank_decode_device,
     save_init_hyperparameters,
+    shared_options,
+    stage_index_files,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
@@ -31,18 +33,13 @@ from lightning_vstream.index.listing import check_exclude_clips
 from lightning_vstream.indexing import load_index
 from lightning_vstream.options import (
     DEFAULT_GPU_OPTIONS,
-    DecodeOptions,
-    ErrorOptions,
     GpuOptions,
     MultiprocessingContext,
-    OutputOptions,
-    WorkerOptions,
     check_arguments,
     gpu_options,
     is_count,
 )
 from lightning_vstream.storage.config import StorageConfig
-from lightning_vstream.storage.urls import index_location
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import Remainder
@@ -230,17 +227,17 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
         owner = "StreamVideoDataModule"
-        self.decode_options = DecodeOptions.of(
+        self.decode_options, self.output_options, self.error_options, self.worker_options = shared_options(
             owner,
             decode_device=decode_device,
             decoder_threads=decoder_threads,
             max_open_decoders=max_open_decoders,
             camera_frames=camera_frames,
-        )
-        self.output_options = OutputOptions.of(owner, transform=transform, outputs=outputs)
-        self.error_options = ErrorOptions.of(owner, on_error=on_error, timeout=timeout)
-        self.worker_options = WorkerOptions.of(
-            owner,
+            unbounded=True,
+            transform=transform,
+            outputs=outputs,
+            on_error=on_error,
+            timeout=timeout,
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
@@ -248,36 +245,18 @@ class StreamVideoDataModule(pl.LightningDataModule):
             pin_memory=pin_memory,
         )
         self.gpu = gpu_options(owner, gpu)
-        check_arguments(
+        _check_stream_options(
             owner,
-            {
-                "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
-                "frame_stride": (frame_stride, is_count(frame_stride), "an integer >= 1"),
-                "segment_length": (
-                    segment_length,
-                    segment_length is None or is_count(segment_length),
-                    "None or an integer >= 1",
-                ),
-                "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-                "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
-                "engine_threads": (
-                    engine_threads,
-                    engine_threads is None or is_count(engine_threads),
-                    "None or an integer >= 1",
-                ),
-            },
+            batch_size=batch_size,
+            frame_stride=frame_stride,
+            segment_length=segment_length,
+            index_check=index_check,
+            engine=engine,
+            engine_threads=engine_threads,
         )
-        if all(f is None for f in (index_file, val_index_file, test_index_file, predict_index_file)):
-            raise ConfigurationError(
-                "StreamVideoDataModule needs at least one of index_file, val_index_file, "
-                "test_index_file or predict_index_file."
-            )
-        self.index_files: dict[Stage, Path | str | None] = {  # a URL stays a string
-            "train": index_location(index_file),
-            "val": index_location(val_index_file),
-            "test": index_location(test_index_file),
-            "predict": index_location(predict_index_file),
-        }
+        self.index_files: dict[Stage, Path | str | None] = stage_index_files(
+            owner, train=index_file, val=val_index_file, test=test_index_file, predict=predict_index_file
+        )
         # The options as given (checked above), for reading; loaders take the groups.
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -506,3 +485,35 @@ class StreamVideoDataModule(pl.LightningDataModule):
             warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
             return DecodeStats()
         return loader.stats
+
+
+def _check_stream_options(
+    owner: str,
+    *,
+    batch_size: int,
+    frame_stride: int,
+    segment_length: int | None,
+    index_check: str,
+    engine: str,
+    engine_threads: int | None,
+) -> None:
+    """Check the options only the stream DataModule has (the shared ones are checked by their groups)."""
+    check_arguments(
+        owner,
+        {
+            "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
+            "frame_stride": (frame_stride, is_count(frame_stride), "an integer >= 1"),
+            "segment_length": (
+                segment_length,
+                segment_length is None or is_count(segment_length),
+                "None or an integer >= 1",
+            ),
+            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
+            "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
+            "engine_threads": (
+                engine_threads,
+                engine_threads is None or is_count(engine_threads),
+                "None or an integer >= 1",
+            ),
+        },
+    )
