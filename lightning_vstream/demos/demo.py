@@ -34,12 +34,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import lightning.pytorch as pl
 import torch
 
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError
+from lightning_vstream.options import is_count
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_vstream.callbacks import StreamThroughputMonitor
+    from lightning_vstream.decode.counters import DecodeStats
+    from lightning_vstream.demos.models import TinyStreamPETR
+    from lightning_vstream.index import VideoIndex
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -352,12 +361,7 @@ def run_demo(
     from lightning_vstream.demos.models import TinyStreamPETR
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigurationError(
-            f"num_workers={num_workers!r} is invalid; expected an integer >= 0 (0 decodes in-process)."
-        )
+    _check_arguments(steps, num_workers)
     out = out if out is not None else sys.stdout
     cache_dir = Path(cache_dir).expanduser().resolve()
     print("vstream demo: multi-camera clips streamed frame by frame into a temporal model (CPU)\n", file=out)
@@ -385,30 +389,78 @@ def run_demo(
     )
     logger = CSVLogger(save_dir=cache_dir / "runs", name="demo")
     with _quiet_lightning(), _torch_threads(1):
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=steps,
-            max_epochs=-1,
-            check_val_every_n_epoch=None,
-            val_check_interval=steps,  # validate once, when training ends
-            logger=logger,
-            callbacks=[monitor, TemporalStateReset(), check],
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=sys.stderr.isatty() if progress_bar is None else progress_bar,
-            num_sanity_val_steps=0,
-            log_every_n_steps=min(10, steps),
-            default_root_dir=cache_dir / "runs",
-        )
+        trainer = _trainer(cache_dir, steps, logger, [monitor, TemporalStateReset(), check], progress_bar)
         trainer.fit(model, datamodule=dm)
         stats = dm.decode_stats("train")
+    result = _result(
+        root=root,
+        reused=reused,
+        trainer=trainer,
+        monitor=monitor,
+        check=check,
+        model=model,
+        index=dm.index("train"),
+        logger=logger,
+        stats=stats,
+    )
+    _report(result, stats, out)
+    if result.stamp_errors:
+        listed = "\n  ".join(result.stamp_errors[:10])
+        raise VideoDecodeError(f"{len(result.stamp_errors)} delivered frames carry the wrong stamp:\n  {listed}")
+    return result
 
+
+def _check_arguments(steps: int, num_workers: int) -> None:
+    """Refuse a step count below 1 or a negative worker count, worded for the command line (``vstream demo:
+    error: ...`` names the command itself)."""
+    if not is_count(steps):
+        raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
+    if not is_count(num_workers, 0):
+        raise ConfigurationError(
+            f"num_workers={num_workers!r} is invalid; expected an integer >= 0 (0 decodes in-process)."
+        )
+
+
+def _trainer(
+    cache_dir: Path, steps: int, logger: CSVLogger, callbacks: list[pl.Callback], progress_bar: bool | None
+) -> pl.Trainer:
+    """The demo's Trainer: ``steps`` training steps on the CPU, then one validation pass; metrics to ``logger``."""
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        check_val_every_n_epoch=None,
+        val_check_interval=steps,  # validate once, when training ends
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=sys.stderr.isatty() if progress_bar is None else progress_bar,
+        num_sanity_val_steps=0,
+        log_every_n_steps=min(10, steps),
+        default_root_dir=cache_dir / "runs",
+    )
+
+
+def _result(
+    *,
+    root: Path,
+    reused: bool,
+    trainer: pl.Trainer,
+    monitor: StreamThroughputMonitor,
+    check: _StampCheck,
+    model: TinyStreamPETR,
+    index: VideoIndex,
+    logger: CSVLogger,
+    stats: DecodeStats,
+) -> DemoResult:
+    """The figures of a finished demo run (the dataset at ``root``, ``reused`` from an earlier run)."""
     summary = monitor.summary()
     metrics_file = Path(logger.log_dir) / "metrics.csv"
     model_error, baseline_error, val_frames = check.box_errors()
-    lengths = {clip.clip_id: clip.frame_count for clip in dm.index("train").clips}
-    result = DemoResult(
+    lengths = {clip.clip_id: clip.frame_count for clip in index.clips}
+    return DemoResult(
         index_file=root / "train.json",
         reused=reused,
         steps=trainer.global_step,
@@ -428,11 +480,6 @@ def run_demo(
         val_frames=val_frames,
         coverage=_coverage(lengths, trainer.global_step),
     )
-    _report(result, stats, out)
-    if result.stamp_errors:
-        listed = "\n  ".join(result.stamp_errors[:10])
-        raise VideoDecodeError(f"{len(result.stamp_errors)} delivered frames carry the wrong stamp:\n  {listed}")
-    return result
 
 
 def _report(result: DemoResult, stats: Any, out: TextIO) -> None:

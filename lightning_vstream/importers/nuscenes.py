@@ -332,6 +332,49 @@ def _write_npz(folder: Path, clip_id: str, arrays: dict[str, np.ndarray]) -> Pat
     return path
 
 
+def _chosen_scenes(
+    tables: NuScenesTables, scenes: Sequence[str] | None, root: Path, version: str
+) -> list[dict[str, Any]]:
+    """The records of the scenes to import, by name: those ``scenes`` names (every scene when None).
+
+    Raises:
+        ConfigurationError: ``scenes`` names a scene the tables do not list.
+        DatasetImportError: The tables list no scene.
+    """
+    all_scenes = sorted(tables.records("scene"), key=lambda s: s["name"])
+    if scenes is not None:
+        names = {s["name"] for s in all_scenes}
+        unknown = [s for s in scenes if s not in names]
+        if unknown:
+            raise ConfigurationError(
+                f"scenes {unknown} are not in {version} under {str(root)!r}; it has "
+                f"{len(names)} scenes, e.g. {sorted(names)[:3]}."
+            )
+        all_scenes = [s for s in all_scenes if s["name"] in set(scenes)]
+    if not all_scenes:
+        raise DatasetImportError(f"{version} under {str(root)!r} lists no scenes.")
+    return all_scenes
+
+
+def _stride_settings(settings: EncodeSettings | None, cycles: Sequence[Sequence[_Cycle]]) -> EncodeSettings:
+    """``settings`` (the defaults when None) with the key frames' spacing as the keyframe stride, unless it sets one.
+
+    Raises:
+        ConfigurationError: The spacing cannot be the videos' keyframe stride (names both ways out).
+    """
+    settings = settings if settings is not None else EncodeSettings()
+    if settings.keyframe_stride is not None:
+        return settings
+    stride = key_frame_stride(cycles)
+    try:
+        return dataclasses.replace(settings, keyframe_stride=stride)
+    except ConfigurationError as err:
+        raise ConfigurationError(
+            f"the key frames of these scenes are {stride} frames apart, the keyframe stride the videos take "
+            f"unless told otherwise: {err} Or pass keyframe_stride=1 (--keyframe-stride 1) for the usual layout."
+        ) from None
+
+
 def import_nuscenes(
     dataroot: Path | str,
     out_dir: Path | str,
@@ -384,18 +427,7 @@ def import_nuscenes(
     if not cams or len(set(cams)) != len(cams):
         raise ConfigurationError(f"cameras={cameras!r} must be a non-empty list of distinct camera channels.")
     tables = NuScenesTables.load(root, version)
-    all_scenes = sorted(tables.records("scene"), key=lambda s: s["name"])
-    if scenes is not None:
-        names = {s["name"] for s in all_scenes}
-        unknown = [s for s in scenes if s not in names]
-        if unknown:
-            raise ConfigurationError(
-                f"scenes {unknown} are not in {version} under {str(root)!r}; it has "
-                f"{len(names)} scenes, e.g. {sorted(names)[:3]}."
-            )
-        all_scenes = [s for s in all_scenes if s["name"] in set(scenes)]
-    if not all_scenes:
-        raise DatasetImportError(f"{version} under {str(root)!r} lists no scenes.")
+    all_scenes = _chosen_scenes(tables, scenes, root, version)
     class_names = sorted({c["name"] for c in tables.records("category")})
     by_sample: dict[str, list[dict[str, Any]]] = {}
     for ann in tables.records("sample_annotation"):
@@ -429,16 +461,7 @@ def import_nuscenes(
             "missed (the cameras stay aligned).",
             file=sys.stderr,
         )
-    settings = settings if settings is not None else EncodeSettings()
-    if settings.keyframe_stride is None:
-        stride = key_frame_stride([cycles for _, cycles, _ in plans])
-        try:
-            settings = dataclasses.replace(settings, keyframe_stride=stride)
-        except ConfigurationError as err:
-            raise ConfigurationError(
-                f"the key frames of these scenes are {stride} frames apart, the keyframe stride the videos take "
-                f"unless told otherwise: {err} Or pass keyframe_stride=1 (--keyframe-stride 1) for the usual layout."
-            ) from None
+    settings = _stride_settings(settings, [cycles for _, cycles, _ in plans])
     summary = encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)
     folder = out_dir / "annotations"
     for scene, _, arrays in plans:
