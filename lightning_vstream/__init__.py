@@ -10,6 +10,35 @@ The public API is the names here, plus the ``__all__`` of these namespaces:
 training targets, dataset tools), ``.demos`` (stamped synthetic data and the demo model) and
 ``.cli`` (``main``, the ``vstream`` command). Modules below those (``lightning_vstream.stream.worker_loader``,
 ``lightning_vstream.clips.selection``, ...) are internal and may change between releases.
+
+Layout, data flowing down the list (a package imports only from those above it; ``stream`` and
+``clips`` are siblings that never import each other):
+
+- :mod:`~lightning_vstream.errors`, :mod:`~lightning_vstream.profiling`: every exception; NVTX ranges.
+- :mod:`~lightning_vstream.storage`: bytes from object stores, HTTP and shared file systems, the node cache.
+- :mod:`~lightning_vstream.index`: index files -> validated records and frame tables (no decoder);
+  :mod:`~lightning_vstream.indexing`: building, loading and checking them with the decoders.
+- :mod:`~lightning_vstream.decode`: the decoding backends, the GOP scheduler and the one runner of decoding
+  threads.
+- :mod:`~lightning_vstream.outputs`, :mod:`~lightning_vstream.options`, :mod:`~lightning_vstream.transforms`,
+  :mod:`~lightning_vstream.annotations`: outputs of a frame, the option groups and their checks, frame
+  transforms, what a model trains on beside the frames.
+- :mod:`~lightning_vstream.stream`: the streaming way to read (:class:`StreamVideoDataModule`);
+  :mod:`~lightning_vstream.clips`: the random-access way (:class:`VideoClipDataset`,
+  :class:`ClipVideoDataModule`); ``_datamodule``: what both DataModules share.
+- :mod:`~lightning_vstream.callbacks`, :mod:`~lightning_vstream.preview`: Lightning callbacks; batches drawn.
+- :mod:`~lightning_vstream.encode`, :mod:`~lightning_vstream.importers`, :mod:`~lightning_vstream.demos`:
+  dataset tools and the demo; :mod:`~lightning_vstream.cli` with :mod:`~lightning_vstream.commands`,
+  :mod:`~lightning_vstream.doctor` and :mod:`~lightning_vstream.lightning_cli`: the ``vstream`` command and
+  ``VStreamCLI``.
+
+Example::
+
+    >>> from lightning_vstream import StreamVideoDataModule
+    >>> dm = StreamVideoDataModule(index_file="data/index.json", batch_size=2)  # doctest: +SKIP
+    >>> dm.setup("fit")  # doctest: +SKIP
+    >>> batch = next(iter(dm.train_dataloader()))  # doctest: +SKIP
+    >>> batch["frames"].shape  # [batch_size, cameras, 3, H, W], uint8  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What a model trains on beside the frames: calibration, poses, boxes, and geometry-consistent augmentation.
 
 - :mod:`~lightning_vstream.annotations.source`: the :class:`AnnotationSource` protocol.
-- :mod:`~lightning_vstream.annotations.files`: the file format (``<clip_id>.npz`` per clip) and its reader.
-- :mod:`~lightning_vstream.annotations.batch`: how annotations and augmentation geometry are batched.
+- :mod:`~lightning_vstream.annotations.files`: the file format (``<clip_id>.npz`` per clip), its writer and reader.
+- :mod:`~lightning_vstream.annotations.batch`: annotations and augmentation geometry in a batch: how they are
+  batched, and how they join the frames.
 - :mod:`~lightning_vstream.annotations.augment`: :class:`GeometryAugment`, one resize / crop / flip /
   rotation per clip, and its ``img_aug_matrix``.
 """

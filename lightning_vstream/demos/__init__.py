@@ -5,6 +5,11 @@
 - :func:`run_demo`: ``vstream demo``;
 - :class:`TinyStreamPETR`: a stand-in for a real temporal model, with ``reset_temporal_state``.
 
+Modules: :mod:`~lightning_vstream.demos.synth` (stamped videos), :mod:`~lightning_vstream.demos.synth_images`
+(stamped image-folder cameras), :mod:`~lightning_vstream.demos.synth_annotations` (stamped annotations),
+:mod:`~lightning_vstream.demos.demo` (the demo run and its report), :mod:`~lightning_vstream.demos.models`
+(the tiny temporal model).
+
 Names load on first access (the model imports lightning; the data writers do not).
 
 Example::

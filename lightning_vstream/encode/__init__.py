@@ -6,6 +6,11 @@ importer's lists of image files with their times). Every frame keeps its source 
 exactly: irregular intervals and dropped frames stay gaps in the timestamps, never renumbered to a
 constant rate.
 
+- :mod:`~lightning_vstream.encode.settings`: what to encode and how (:class:`EncodeSettings`,
+  :class:`CameraSource`) and the summary of a run.
+- :mod:`~lightning_vstream.encode.run`: encoding a dataset: camera streams in, videos and their index out.
+- :mod:`~lightning_vstream.encode.writer`: one camera stream into one MP4 file, every frame time kept.
+
 Example::
 
     >>> from lightning_vstream.encode import encode_index

@@ -7,6 +7,7 @@
 - :mod:`~lightning_vstream.index.arrays`: a loaded index's clips as arrays, each record built when used.
 - :mod:`~lightning_vstream.index.tables`: frame tables (:class:`VideoInfo`, with every frame's reference code) and the JSON sidecar.
 - :mod:`~lightning_vstream.index.table_file`: the binary, memory-mapped frame-table file (:class:`FrameTables`).
+- :mod:`~lightning_vstream.index.table_write`: writing that file.
 - :mod:`~lightning_vstream.index.identity`: file identity (size, mtime, fingerprint) and re-verification.
 - :mod:`~lightning_vstream.index.files`: how clips and cameras lay out on disk.
 

@@ -1,9 +1,40 @@
 """The streaming way to read: each batch slot follows one clip frame by frame.
 
-- :mod:`~lightning_vstream.stream.schedule`: which clip and frame every slot reads at every step, per rank.
-- :mod:`~lightning_vstream.stream.sampler`: the rank-aware sampler: each step's reads, split into parts.
-- :mod:`~lightning_vstream.stream.worker_loader`: the stream-affine DataLoader and its resumable state.
-- :mod:`~lightning_vstream.stream.worker`: what a DataLoader worker does: decode its camera streams into the batch.
-- :mod:`~lightning_vstream.stream.engine`: the in-process engine: decode threads writing into batches on one device.
-- :mod:`~lightning_vstream.stream.stream_datamodule`: :class:`StreamVideoDataModule`.
+Modules in the order a step's data flows through them:
+
+- :mod:`~lightning_vstream.stream.schedule`: which clip and frame every slot reads at every step, per rank
+  (:class:`StreamSchedule`, :class:`Segment`, :class:`SlotRead`).
+- :mod:`~lightning_vstream.stream.sampler`: the rank-aware sampler (:class:`StreamSampler`): each step's reads,
+  split into parts; it holds the ledger.
+- :mod:`~lightning_vstream.stream.ledger`: the one skip and resume ledger of both loaders (:class:`SkipLedger`):
+  skipped clips, where each slot reads, the saved position.
+- :mod:`~lightning_vstream.stream.parts`: what travels between the sampler and a worker and back
+  (:class:`StreamTask`, :class:`StreamPart` with its :class:`PartFrames`), and parts merged into batch rows.
+- :mod:`~lightning_vstream.stream.worker`: the DataLoader worker side (:class:`StreamDataset`): decode the camera
+  streams one part asks for.
+- :mod:`~lightning_vstream.stream.frame_steps`: what follows the decoding of a camera frame, the same in workers
+  and engine threads (:class:`FrameSteps`: augment, transform, outputs, annotations).
+- :mod:`~lightning_vstream.stream.failures`: what a failed camera read becomes, the same in both loaders.
+- :mod:`~lightning_vstream.stream.worker_loader`: the main-process side of the worker loader
+  (:class:`StreamDataLoader`).
+- :mod:`~lightning_vstream.stream.supervise`: watching the worker processes: a death or a stall ends as one error.
+- :mod:`~lightning_vstream.stream.memory`: batch memory: host batches returned to a pool (:class:`BufferPool`) and
+  the engine's batches on its device (:class:`EngineBatches`).
+- :mod:`~lightning_vstream.stream.batch`: the streaming batch (:class:`StreamBatch`) and its one builder
+  (:func:`stream_batch`), used by both loaders.
+- :mod:`~lightning_vstream.stream.engine`: the in-process engine (:class:`StreamEngine`): decode threads writing
+  each frame once into the batches of a step.
+- :mod:`~lightning_vstream.stream.engine_reads`: one engine thread's decoders and the writing of a camera frame
+  into its rows (:class:`ThreadDecoders`).
+- :mod:`~lightning_vstream.stream.engine_device`: where the engine keeps its batches and orders its work (CUDA
+  streams and events, or the host).
+- :mod:`~lightning_vstream.stream.engine_loader`: the engine as a loader (:class:`EngineLoader`) and how it is
+  built (:func:`build_engine_loader`).
+- :mod:`~lightning_vstream.stream.engine_choice`: which way :class:`~lightning_vstream.StreamVideoDataModule`
+  decodes (``engine=``), and the options that way does not use.
+- :mod:`~lightning_vstream.stream.prefetch`: remote GOPs fetched ahead, driven by the schedule
+  (:class:`StreamPrefetcher`).
+- :mod:`~lightning_vstream.stream.stream_datamodule`: :class:`~lightning_vstream.StreamVideoDataModule`.
+
+This package and :mod:`lightning_vstream.clips` are siblings: neither imports the other.
 """
