@@ -1,6 +1,7 @@
-"""What both DataModules share beyond their options (:mod:`lightning_vstream.options`): worker start
-methods, per-instance evaluation loaders, hyperparameters that load anywhere, the warning for options
-the chosen way of decoding does not use, and the check of ``exclude_clips``.
+"""What both DataModules share beyond the option groups themselves (:mod:`lightning_vstream.options`): the
+groups built from their flat arguments, each stage's index file, worker start methods, per-instance
+evaluation loaders, hyperparameters that load anywhere, the warning for options the chosen way of
+decoding does not use, and the check of ``exclude_clips``.
 
 Imported only by the DataModule modules (it imports lightning); DataLoader workers never load it.
 """
