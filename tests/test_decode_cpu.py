@@ -18,6 +18,7 @@ from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import Stamp, read_stamp, write_stamped_video
+from lightning_vstream.index.tables import VideoInfo, is_reference
 from tests._remux import remux
 
 FRAMES = 36
@@ -196,8 +197,9 @@ def test_every_frame_from_a_fresh_decoder_costs_at_most_one_gop(video: tuple[Con
     for index in range(FRAMES):
         decoder = PyAVDecoder(path, info=info)
         _check_frame(decoder.get(index), config, index)
-        # Frames from the keyframe at or before the target up to the target, nothing more.
-        assert decoder.frames_decoded == index - info.keyframe_at_or_before(index) + 1
+        # Frames from the keyframe at or before the target up to the target, nothing more (non-reference
+        # pictures before the target are not decoded at all).
+        assert 1 <= decoder.frames_decoded <= index - info.keyframe_at_or_before(index) + 1
         decoder.close()
 
 
@@ -214,7 +216,9 @@ def test_far_jump_decodes_only_the_last_gop(h264_b3: Path) -> None:
         assert read_stamp(decoder.get(index)).frame == index
         # Never decoded from the file start: only the last GOP's frames up to the target.
         assert decoder.frames_decoded - before <= GOP
-        assert decoder.frames_decoded - before == index - decoder.info.keyframe_at_or_before(index) + 1
+        key = decoder.info.keyframe_at_or_before(index)
+        # Every reference picture shown before the target, and the target; non-reference ones are left out.
+        assert _references(decoder.info, key, index) + 1 <= decoder.frames_decoded - before <= index - key + 1
     assert decoder.seeks > seeks
 
 
@@ -225,7 +229,14 @@ def test_forward_get_within_a_gop_decodes_forward_without_seeking(h264_b3: Path)
     assert read_stamp(decoder.get(GOP + 2)).frame == GOP + 2
     assert read_stamp(decoder.get(2 * GOP - 1)).frame == 2 * GOP - 1
     assert decoder.seeks == seeks
-    assert decoder.frames_decoded - decoded == GOP - 1  # frames GOP+1 .. 2*GOP-1, each once
+    # Frames GOP+1 .. 2*GOP-1 at most once each; the references among them and the two read at least.
+    assert _references(decoder.info, GOP + 1, 2 * GOP - 1) + 1 <= decoder.frames_decoded - decoded <= GOP - 1
+
+
+def _references(info: VideoInfo, first: int, stop: int) -> int:
+    """Reference pictures among frames ``first .. stop - 1``."""
+    assert info.references is not None
+    return sum(is_reference(info.references[f]) for f in range(first, stop))
 
 
 def test_backward_get_within_a_gop_seeks(h264_b3: Path) -> None:

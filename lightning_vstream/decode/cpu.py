@@ -10,6 +10,7 @@ from typing import Any
 from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
 from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
+from lightning_vstream.decode.gops import FeedFilter
 from lightning_vstream.decode.probe import check_stream, open_container, probe_video, probe_video_file, video_stream
 from lightning_vstream.decode.rgb_output import RGBOutputDecoder
 from lightning_vstream.errors import ConfigurationError
@@ -23,14 +24,17 @@ _CHECKSUM_FIX = (
 )
 
 
-def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str) -> Iterator[Any]:
-    """Demux ``stream`` and yield its frames, checking packets against the recorded checksums."""
+def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str, feed: FeedFilter) -> Iterator[Any]:
+    """Demux ``stream`` and yield its frames, checking packets against the recorded checksums; packets
+    ``feed`` leaves out are neither checked nor decoded."""
     packet = None
     try:
         for packet in container.demux(stream):
-            if info.crc32 is not None and packet.size and packet.pts is not None:
+            if packet.size and packet.pts is not None:
                 index = info.index_of_pts(packet.pts)
-                if index is not None and zlib.crc32(packet) != info.crc32[index]:
+                if index is not None and not feed.feeds(index):
+                    continue
+                if info.crc32 is not None and index is not None and zlib.crc32(packet) != info.crc32[index]:
                     raise VideoDecodeError(
                         f"{where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {_CHECKSUM_FIX}"
@@ -156,6 +160,7 @@ class PyAVDecoder(RGBOutputDecoder):
         stream.codec_context.thread_count = self.threads
         self._container = container
         self._stream = stream
+        self.feed.restart()
         self._frames = self._decode_iter()
         self._next = 0
         opened(self)
@@ -163,7 +168,7 @@ class PyAVDecoder(RGBOutputDecoder):
     def _decode_iter(self) -> Iterator[Any]:
         # A plain generator that does not hold `self`: a decoder dropped without close() is then
         # freed at once, never left as cyclic garbage for a forked child to finalize.
-        return _decode_packets(self._container, self._stream, self.info, self._where())
+        return _decode_packets(self._container, self._stream, self.info, self._where(), self.feed)
 
     def seek(self, index: int) -> None:
         info = self.info
@@ -196,6 +201,7 @@ class PyAVDecoder(RGBOutputDecoder):
                 f"(truncated or corrupt file, or a stale index: rebuild it with `vstream index`): {err}"
             ) from err
         self._seeks += 1
+        self.feed.restart()
         self._frames = self._decode_iter()
         self._next = -1  # unknown until the first frame comes out
 
@@ -208,6 +214,8 @@ class PyAVDecoder(RGBOutputDecoder):
                 f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
                 f"(valid: 0..{info.frame_count - 1})."
             )
+        if self.feed.aim(target):
+            self._needs_seek = True  # the target, or what it is predicted from, was left out
         if self._container is None:
             self._open()
             self._needs_seek = target != 0

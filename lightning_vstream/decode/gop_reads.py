@@ -262,6 +262,7 @@ class GopDecoder(RGBOutputDecoder):
         self._fed = self.runs.run_start[run] - 1
         self._reset_run = run
         self._last_out = -1
+        self.feed.restart()
 
     # -- bytes -----------------------------------------------------------------------------------
     def _unit(self, position: int) -> Unit:
@@ -355,6 +356,10 @@ class GopDecoder(RGBOutputDecoder):
     def _feed(self, position: int) -> None:
         import av
 
+        if not self.feed.feeds(self.runs.order[position]):
+            self._fed = position
+            self._release_passed(position)
+            return
         packet = self._packet(position)
         try:
             frames = self._ctx.decode(packet)
@@ -363,7 +368,10 @@ class GopDecoder(RGBOutputDecoder):
             raise VideoDecodeError(f"{self._where(self.runs.order[position])}: decoding failed: {err}") from err
         self._fed = position
         self._collect(frames)
-        # Bytes no later packet of this run needs go back at once.
+        self._release_passed(position)
+
+    def _release_passed(self, position: int) -> None:
+        """Bytes no later packet of this run needs go back at once."""
         run, piece = self.runs.unit_of[position]
         nxt = position + 1
         if nxt >= len(self.runs.order) or self.runs.unit_of[nxt] != (run, piece):
@@ -420,6 +428,9 @@ class GopDecoder(RGBOutputDecoder):
             )
         for stale in [i for i in self._pending if i < target]:
             del self._pending[stale]
+        if self.feed.aim(target):
+            self._drained = True  # the target, or what it is predicted from, was left out: restart at its keyframe
+            self._pending.clear()
         frame = self._pending.pop(target, None)
         if frame is None:
             frame = self._decode_to(target)

@@ -11,8 +11,10 @@ are decoded (the codec needs them) but never converted to RGB.
 GPU's batch reader) over any number of streams; :func:`_tasks_of` is the one place a task's frames
 are decided. :func:`assign_tasks` spreads tasks over decoding threads. Running the tasks is :mod:`lightning_vstream.decode.threads`'. :func:`plan_feed` decides, within the packets a
 task's decode runs through, which ones the decoder must be fed at all: the wanted pictures and the
-pictures some wanted picture depends on, never a non-reference picture nobody wants. The module
-imports neither torch nor a decoder library.
+pictures some wanted picture depends on, never a non-reference picture nobody wants.
+:class:`FeedFilter` makes the same decision packet by packet for a decoder that reads forward
+through a file (every CPU and GPU decoder of the project). The module imports neither torch nor a
+decoder library.
 
 Glossary: *keyframe* a frame decoding can start from; *GOP* the frames from one keyframe up to
 the next; *task* the wanted frames of one GOP of one stream; *target* an opaque label of where a
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo
 
-__all__ = ["GopPlanner", "GopTask", "assign_tasks", "plan_feed"]
+__all__ = ["FeedFilter", "GopPlanner", "GopTask", "assign_tasks", "plan_feed"]
 
 
 @dataclass(frozen=True)
@@ -242,3 +244,130 @@ def plan_feed(*, order: Sequence[int], wanted: Collection[int], references: Sequ
             feed.append(frame)
     feed.reverse()
     return tuple(feed)
+
+
+class FeedFilter:
+    """Which packets a decoder reading forward through one stream is fed: :func:`plan_feed`, packet by packet.
+
+    A decoder asks :meth:`aim` before it decodes towards a frame it returns (its *target*), and
+    :meth:`feeds` for every packet it would feed on the way, in decode order. A packet is left out
+    only when its picture is known not to be a reference for anything still to come:
+
+    - a non-reference picture before the target (presentation order): a decoder reading forward
+      never returns it, and reading backwards restarts at a keyframe;
+    - a non-reference picture after the target that is not expected (:meth:`expect`, or the
+      stride the reads have kept: two reads the same number of frames apart expect that stride
+      from then on);
+    - with temporal sub-layers (H.265), only pictures no expected frame's sub-layer may be
+      predicted from, as in :func:`plan_feed`; without expected frames every sub-layer counts.
+
+    Reference pictures of the sub-layers that count, pictures of unknown code and every picture of
+    a stream without reference codes are always fed, so what is fed is closed under prediction and
+    every frame decoded from it is bit-identical to the same frame decoded from all packets. When a
+    read asks for a frame that was left out, reads backwards, or widens the sub-layers that count
+    after something was left out, :meth:`aim` says so and the decoder restarts at the frame's
+    keyframe, where :meth:`restart` forgets what was left out.
+
+    Args:
+        references: The stream's reference code of every frame (presentation order,
+            :attr:`VideoInfo.references <lightning_vstream.index.tables.VideoInfo>`); None feeds
+            every packet.
+
+    Example::
+
+        >>> # I0 P3 B1 B2 P6 B4 B5 in decode order, the B-frames not references (code 0).
+        >>> feed = FeedFilter([1, 0, 0, 1, 0, 0, 1])
+        >>> feed.aim(3)
+        False
+        >>> [f for f in (0, 3, 1, 2) if feed.feeds(f)]  # decoding towards frame 3
+        [0, 3]
+        >>> feed.aim(6), [f for f in (6, 4, 5) if feed.feeds(f)]
+        (False, [6])
+        >>> feed.aim(5)  # left out: restart at the keyframe
+        True
+        >>> feed.skipped
+        4
+    """
+
+    def __init__(self, references: Sequence[int] | None) -> None:
+        self._codes = references
+        known = [c >> 1 for c in references or () if c != REFERENCE_UNKNOWN]
+        self._top = max(known, default=0)  # the stream's highest temporal sub-layer
+        self._target = 0
+        self._expected: Collection[int] | None = None  # frames read after the target; None: unknown
+        self._above = self._top  # the highest sub-layer that counts (of an expected frame)
+        self._last_gap = 0  # frames between the last two targets
+        self._left_out: set[int] = set()  # frames after the target left out since the last restart
+        self._any_left_out = False  # since the last restart
+        self._stale = False  # sub-layers that count widened after something was left out
+        self.skipped = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any packet may be left out (the stream has reference codes)."""
+        return self._codes is not None
+
+    def expect(self, frames: Collection[int] | None) -> None:
+        """The frames the next reads ask for (ascending; a ``range`` for a stride); None when unknown.
+
+        Replaces what the filter expected before, a learnt stride included.
+        """
+        codes = self._codes
+        self._expected = frames
+        self._last_gap = 0
+        if codes is None:
+            return
+        if frames is None or isinstance(frames, range):
+            above = self._top
+        else:
+            above = max((_layer(codes[f]) for f in frames if 0 <= f < len(codes)), default=0)
+        if above > self._above and self._any_left_out:
+            self._stale = True
+        self._above = above
+
+    def aim(self, target: int) -> bool:
+        """Decode towards ``target`` next; True when the decoder must restart at its keyframe first."""
+        codes = self._codes
+        if codes is None:
+            return False
+        gap = target - self._target
+        expected = self._expected
+        if expected is not None and target not in expected:
+            self.expect(None)  # the reads left what was expected
+        elif expected is None and gap > 1 and gap == self._last_gap:
+            self._expected = range(target, len(codes), gap)  # the reads keep a stride
+        backwards = target < self._target and self._any_left_out
+        restart = self._stale or backwards or target in self._left_out
+        self._last_gap = gap
+        self._target = target
+        self._left_out = {f for f in self._left_out if f > target}
+        return restart
+
+    def restart(self) -> None:
+        """The decoder restarts at a keyframe: nothing it is fed from now on depends on a packet left out."""
+        self._left_out.clear()
+        self._any_left_out = False
+        self._stale = False
+
+    def feeds(self, frame: int) -> bool:
+        """Whether to feed the packet of ``frame`` (the next packet in decode order); counts those left out."""
+        codes = self._codes
+        if codes is None or frame == self._target:
+            return True
+        code = codes[frame]
+        if code == REFERENCE_UNKNOWN:
+            return True
+        layer = code >> 1
+        if layer < self._above or (code & 1 and layer == self._above):
+            return True
+        if frame > self._target and layer <= self._above and (self._expected is None or frame in self._expected):
+            return True
+        self.skipped += 1
+        self._any_left_out = True
+        if frame > self._target:
+            self._left_out.add(frame)
+        return False
+
+
+def _layer(code: int) -> int:
+    return 0 if code == REFERENCE_UNKNOWN else code >> 1

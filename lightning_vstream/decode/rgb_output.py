@@ -5,8 +5,10 @@
 decoder and hand out frames the same way: one swscale conversion per frame to RGB (resized on the
 way when ``size`` is given, :class:`~lightning_vstream.decode.colour.RGBConverter`), more sizes of
 the same decoded frame for one more conversion each (:meth:`RGBOutputDecoder.get_sizes`), and
-several frames in ascending order (:meth:`RGBOutputDecoder.get_many`). A subclass decodes:
-``_read_frame()`` returns the FFmpeg frame at the cursor and moves the cursor past it.
+several frames in ascending order (:meth:`RGBOutputDecoder.get_many`), and feed the decoder only
+the packets the frames asked for need (:class:`~lightning_vstream.decode.gops.FeedFilter`:
+non-reference pictures nobody reads are left out and counted in :attr:`packets_skipped`). A subclass
+decodes: ``_read_frame()`` returns the FFmpeg frame at the cursor and moves the cursor past it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lightning_vstream.decode.base import DecoderBase, VideoInfo
 from lightning_vstream.decode.colour import RGBConverter
 from lightning_vstream.decode.ffmpeg_fork import keep_forever
+from lightning_vstream.decode.gops import FeedFilter
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +37,33 @@ class RGBOutputDecoder(DecoderBase):
     _sized: dict[tuple[int, int], RGBConverter]  # more output sizes (get_sizes)
     size: tuple[int, int] | None
     _seeks: int
+    _feed_filter: FeedFilter | None = None
+
+    @property
+    def feed(self) -> FeedFilter:
+        """Which packets the decoder is fed (built from the frame table's reference codes on first use)."""
+        if self._feed_filter is None:
+            self._feed_filter = FeedFilter(self.info.references)
+        return self._feed_filter
+
+    def expect(self, frames: Sequence[int] | range | None) -> None:
+        """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
+
+        Non-reference pictures that are neither announced nor needed by an announced one are then
+        not decoded. Reading a frame that was not announced stays correct (decoding restarts at its
+        keyframe when its picture was left out) but may cost a restart.
+
+        Example::
+
+            >>> dec.expect(range(0, dec.info.frame_count, 6))  # doctest: +SKIP
+            >>> frames = [dec.get(i) for i in range(0, dec.info.frame_count, 6)]  # doctest: +SKIP
+        """
+        self.feed.expect(frames)
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets left out because no frame read needs their picture."""
+        return 0 if self._feed_filter is None else self._feed_filter.skipped
 
     @property
     def info(self) -> VideoInfo:  # pragma: no cover - every subclass defines it
@@ -123,6 +153,7 @@ class RGBOutputDecoder(DecoderBase):
         if wanted and not (wanted[0] >= 0 and wanted[-1] < self.info.frame_count):
             self.seek(wanted[0] if wanted[0] < 0 else wanted[-1])  # raises the IndexError that names the file
         self._fetch_ahead(wanted)
+        self.expect(wanted)
         decoded = {i: self.get(i) for i in wanted}
         return [decoded[i] for i in indices]
 

@@ -82,6 +82,9 @@ class _FrameDecoderTasks:
         self._takes_out = _takes_out(type(decoder))
 
     def decode_gop(self, task: GopTask, emit: Emit, into: Into | None = None) -> None:
+        expect = getattr(self.decoder, "expect", None)
+        if expect is not None:
+            expect(task.frames)  # pictures no wanted frame needs are not decoded
         get = self.decoder.get
         for index in task.frames:
             out = into(index) if into is not None and self._takes_out else None
