@@ -144,6 +144,7 @@ def test_monitor_logs_exact_windowed_figures(callback_index: Path, tmp_path: Pat
         "train/read_errors": 0.0,
         "train/bad_files": 0.0,
         "train/missing_annotations": 0.0,
+        "train/packets_skipped": 0.0,
     }
     # The second window holds batches 4-7: waits 4 + 4 + 0.25 + 0.25 = 8.5 s of 10.5 s.
     assert second["train/frames_per_sec"] == 4 * frames_per_batch / 10.5
@@ -229,6 +230,7 @@ def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> No
         read_errors=2,
         bad_files=1,
         missing_annotations=4,
+        packets_skipped=25,
     )
     clock, logger = FakeClock(), RecordingLogger()
     model = TimedModel(clock, waits=[0.5] * 3, compute=0.5)
@@ -244,7 +246,8 @@ def test_monitor_reports_skip_counters_of_the_train_loader(tmp_path: Path) -> No
         metrics["train/read_errors"],
         metrics["train/bad_files"],
         metrics["train/missing_annotations"],
-    ) == (3.0, 1.0, 2.0, 1.0, 4.0)
+        metrics["train/packets_skipped"],
+    ) == (3.0, 1.0, 2.0, 1.0, 4.0, 25.0)
 
 
 def test_monitor_without_decode_counters_logs_no_amplification(tmp_path: Path) -> None:
@@ -305,6 +308,7 @@ def test_monitor_sums_rates_over_ranks_and_averages_the_wait() -> None:
         "train/read_errors": 0.0,
         "train/bad_files": 0.0,
         "train/missing_annotations": 0.0,
+        "train/packets_skipped": 0.0,
     }
     assert module.logged == monitor.metrics
 

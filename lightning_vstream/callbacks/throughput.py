@@ -47,6 +47,7 @@ _COUNTERS = {
     "read_errors": "read_errors",
     "bad_files": "bad_files",
     "missing_annotations": "missing_annotations",
+    "packets_skipped": "packets_skipped",
     # Remote reading (a remote index), logged once a request was made.
     "remote_requests": "remote_requests",
     "remote_bytes": "remote_bytes",
@@ -101,8 +102,11 @@ class StreamThroughputMonitor(pl.Callback):
     - ``train/data_wait_fraction``: share of batch time the loop spent waiting for data
       (mean over ranks) and ``train/data_wait_fraction_max`` (the slowest rank);
     - ``train/decode_amplification``: frames decoded per frame delivered since the previous
-      log, all ranks together (1.0 is ideal; present when the train loader reports
-      :class:`~lightning_vstream.decode.counters.DecodeStats`);
+      log, all ranks together (1.0 when every picture decoded is delivered; below 1.0 when a stream
+      read at a stride leaves out the non-reference pictures between the frames read; present when
+      the train loader reports :class:`~lightning_vstream.decode.counters.DecodeStats`);
+    - ``train/packets_skipped``: compressed pictures never fed to a decoder because no frame read
+      needs them, since the loader was created, all ranks together;
     - ``train/skipped``, ``train/skipped_clips``, ``train/read_errors``, ``train/bad_files`` and
       ``train/missing_annotations``: with ``on_error="skip"``, slot-steps (or clip samples) lost to
       skipped clips (each counted once, whatever the worker count and prefetch depth), clip

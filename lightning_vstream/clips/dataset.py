@@ -473,14 +473,16 @@ class VideoClipDataset(Dataset[ClipSample]):
         )
         return frames_decoder_tasks(decoder)
 
-    def decode_counts(self) -> tuple[int, int]:
-        """Frames decoded and files opened by this process so far (sample by sample, and in GPU batches)."""
-        decoded = opened = 0
+    def decode_counts(self) -> tuple[int, int, int]:
+        """Frames decoded, files opened and packets left out by this process so far (sample by sample, and in GPU
+        batches)."""
+        decoded = opened = skipped = 0
         if self._executor is not None:
-            decoded, _, opened = self._executor.pool.counts()
+            decoded, _, opened, skipped = self._executor.pool.counts()
         if self._reader is not None:
             opened += self._reader.executor.opened
-        return decoded, opened
+            skipped += int(getattr(self._reader, "packets_skipped", 0))
+        return decoded, opened, skipped
 
     def __len__(self) -> int:
         return len(self.requests)

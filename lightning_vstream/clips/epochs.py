@@ -42,6 +42,7 @@ STAT_FIELDS = (
     "bad_files",
     "missing_annotations",
     "files_opened",
+    "packets_skipped",
 )
 #: What reading a remote index cost the process (:class:`StorageStats`), in the columns after those.
 REMOTE_FIELDS = tuple(f.name for f in dataclasses.fields(StorageStats))
@@ -128,11 +129,12 @@ class EpochClipDataset(Dataset[ClipSample]):
         _REMOTE_SEEN[storage.key] = (pid, now)
         return [now[f] - seen.get(f, 0) for f in REMOTE_FIELDS]
 
-    def _totals(self) -> tuple[int, int, int, int, int]:
-        """Frames decoded, samples skipped, bad files, missing annotations and files opened of this process so far."""
+    def _totals(self) -> tuple[int, int, int, int, int, int]:
+        """Frames decoded, samples skipped, bad files, missing annotations, files opened and packets left out of this
+        process so far."""
         data = self.dataset
-        decoded, opened = data.decode_counts()
-        return decoded, data.skipped, data.bad_files, data.missing_annotations, opened
+        decoded, opened, skipped = data.decode_counts()
+        return decoded, data.skipped, data.bad_files, data.missing_annotations, opened, skipped
 
     def _row(self) -> int:
         info = get_worker_info()

@@ -21,7 +21,10 @@ class DecodeStats:
 
     ``frames_delivered`` counts camera frames delivered in slots marked ``valid=True`` (the
     loader counts them when it assembles a batch); ``amplification`` is frames decoded per frame
-    delivered. With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
+    delivered (below 1.0 when the stream is read at a stride and the pictures between the frames read
+    are not references), and ``packets_skipped`` counts the compressed pictures the decoders were
+    never fed because no frame read needs them
+    (:class:`~lightning_vstream.decode.gops.FeedFilter`). With ``on_error="skip"``, ``read_errors`` counts failed camera reads (once per camera
     stream and clip segment: later reads of it fail without decoding), ``skipped_clips`` the clip segments
     abandoned because of them, ``skipped_samples`` the slot-steps lost to them (delivered as
     ``valid=False`` while a slot would otherwise have held a frame; each counted once, whatever
@@ -41,6 +44,7 @@ class DecodeStats:
     skipped_samples: int = 0
     bad_files: int = 0
     missing_annotations: int = 0
+    packets_skipped: int = 0
     remote: StorageStats = field(default_factory=StorageStats)
 
     @property
@@ -82,5 +86,6 @@ class DecodeStats:
             self.skipped_samples,
             self.bad_files,
             self.missing_annotations,
+            self.packets_skipped,
             self.remote,
         )

@@ -177,10 +177,14 @@ class PyAVDecoder(RGBOutputDecoder):
                 f"frame {index} is out of range for {self._where()}, which holds "
                 f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
             )
+        key = info.keyframe_at_or_before(index)
         forward_ok = (
             self._frames is not None
             and not self._needs_seek
-            and info.keyframe_at_or_before(index) <= self._next <= index
+            and 0 <= self._next <= index
+            # In the target's GOP, or only non-reference pictures (left out) before its keyframe: decoding
+            # on costs less than a restart, which would decode again what was fed on the way to the last frame.
+            and (key <= self._next or self.feed.passes_over(self._next, key))
         )
         self._target = index
         self._needs_seek = not forward_ok

@@ -287,6 +287,7 @@ class DecoderTable:
         self.closed = 0
         self._decoded = 0  # frames decoded by the decoders closed so far
         self._seeks = 0
+        self._skipped = 0  # packets the decoders closed so far were not fed
 
     def get(self, key: Hashable, make: Callable[[], Any], *, version: Hashable = None) -> Any:
         """The decoder of ``key`` (for ``version``), made with ``make()`` when none is open for it."""
@@ -317,6 +318,7 @@ class DecoderTable:
         decoder = entry[1]
         self._decoded += int(getattr(decoder, "frames_decoded", 0))
         self._seeks += int(getattr(decoder, "seeks", 0))
+        self._skipped += int(getattr(decoder, "packets_skipped", 0))
         self.closed += 1
         try:
             decoder.close()
@@ -333,10 +335,11 @@ class DecoderTable:
         """Frames decoded by every decoder of this table, open or closed."""
         return self._decoded + sum(int(getattr(d, "frames_decoded", 0)) for _, d in self._open.values())
 
-    def counts(self) -> tuple[int, int, int]:
-        """Frames decoded, seeks and decoders opened so far."""
+    def counts(self) -> tuple[int, int, int, int]:
+        """Frames decoded, seeks, decoders opened and packets left out (not fed to a decoder) so far."""
         seeks = self._seeks + sum(int(getattr(d, "seeks", 0)) for _, d in self._open.values())
-        return self.frames_decoded, seeks, self.opened
+        skipped = self._skipped + sum(int(getattr(d, "packets_skipped", 0)) for _, d in self._open.values())
+        return self.frames_decoded, seeks, self.opened, skipped
 
     def keys(self) -> list[Hashable]:
         """The keys with an open decoder, least recently used first."""

@@ -456,7 +456,11 @@ class GopDecoder(RGBOutputDecoder):
             self.prefetch([target])
         while target not in self._pending:
             nxt = self._fed + 1
-            if nxt < len(runs.order) and (nxt <= need or self._in_hand(nxt)) and not self._drained:
+            if (
+                nxt < len(runs.order)
+                and (nxt <= need or self._in_hand(nxt) or self._serves_next(nxt, target))
+                and not (self._drained)
+            ):
                 self._feed(nxt)
             elif not self._drained:
                 self._drain()
@@ -467,6 +471,21 @@ class GopDecoder(RGBOutputDecoder):
                     "is damaged or the frame tables are stale (rebuild them with `vstream index`)."
                 )
         return self._pending.pop(target)
+
+    def _serves_next(self, position: int, target: int) -> bool:
+        """Whether decoding on through the packet at ``position`` serves the frame read after ``target``.
+
+        Then the packet's run is awaited rather than the decoder drained to output ``target``: a drained
+        decoder restarts at a keyframe for the next read (an open GOP's leading pictures are stored after
+        the next keyframe), decoding its GOP again. Only a run already on its way (fetched ahead by a
+        stream's plan, or in the node cache) is awaited: one nobody asked for may never be read. Random
+        access that announced its last frame drains.
+        """
+        following = self.feed.next_read(target)
+        info = self._info
+        if following is None or not target < following < info.frame_count:
+            return False
+        return info.gop_of(following) <= self.runs.run_of_rank(position) and self.fetcher.coming(self._unit(position))
 
     def _frame_where(self, index: int) -> str:
         return self._where(index)

@@ -328,9 +328,10 @@ class FeedFilter:
     def aim(self, target: int) -> bool:
         """Decode towards ``target`` next; True when the decoder must restart at its keyframe first."""
         codes = self._codes
-        if codes is None:
-            return False
         gap = target - self._target
+        if codes is None:
+            self._last_gap, self._target = gap, target  # for next_read
+            return False
         expected = self._expected
         if expected is not None and target not in expected:
             self.expect(None)  # the reads left what was expected
@@ -342,6 +343,27 @@ class FeedFilter:
         self._target = target
         self._left_out = {f for f in self._left_out if f > target}
         return restart
+
+    def next_read(self, target: int) -> int | None:
+        """The frame read after ``target`` as far as the filter knows: the next expected one, else the learnt
+        stride's or the next frame; None when the reads announced end at ``target``."""
+        expected = self._expected
+        if expected is None:
+            return target + max(self._last_gap, 1)
+        if isinstance(expected, range):
+            step = expected.step
+            start = expected.start
+            following = start if target < start else start + ((target - start) // step + 1) * step
+            return following if following < expected.stop else None
+        return min((f for f in expected if f > target), default=None)
+
+    def passes_over(self, first: int, stop: int) -> bool:
+        """Whether decoding on through frames ``first .. stop - 1`` (all before the next target) feeds none of them:
+        none is a reference picture, so continuing costs no decoding where a restart would flush the decoder."""
+        codes = self._codes
+        if codes is None:
+            return False
+        return not any(codes[f] == REFERENCE_UNKNOWN or codes[f] & 1 for f in range(first, stop))
 
     def restart(self) -> None:
         """The decoder restarts at a keyframe: nothing it is fed from now on depends on a packet left out."""

@@ -240,7 +240,7 @@ class DecodeThreads:
         self._finalizer: weakref.finalize | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._retired = (0, 0, 0)  # counts of the decoder tables of threads stopped so far
+        self._retired = (0, 0, 0, 0)  # counts of the decoder tables of threads stopped so far
         #: Jobs that ran to the end in :meth:`run`.
         self.jobs_run = 0
 
@@ -348,8 +348,8 @@ class DecodeThreads:
                 run.done.notify_all()
 
     # -- counters and shutdown -------------------------------------------------------------
-    def counts(self) -> tuple[int, int, int]:
-        """Frames decoded, seeks and decoders opened by every thread so far (stopped ones included)."""
+    def counts(self) -> tuple[int, int, int, int]:
+        """Frames decoded, seeks, decoders opened and packets left out by every thread so far (stopped ones included)."""
         totals = [self._retired, *(slot.decoders.counts() for slot in self.slots)]
         return tuple(sum(values) for values in zip(*totals))
 

@@ -222,6 +222,16 @@ class Fetcher:
                 return entry.future.done()
         return self.cache is not None and self.cache.contains(self._key(unit))
 
+    def coming(self, unit: Unit) -> bool:
+        """True when :meth:`get` would make no request of its own: in memory, fetched ahead, in the node cache, or a
+        local file (read with ``pread``)."""
+        if unit.url.startswith("file:"):
+            return True
+        with self._cond:
+            if unit in self._entries:
+                return True
+        return self.cache is not None and self.cache.contains(self._key(unit))
+
     def release(self, *units: Unit) -> None:
         """Hand back units from :meth:`get`; a unit nobody holds leaves memory."""
         with self._cond:

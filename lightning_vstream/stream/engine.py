@@ -262,8 +262,8 @@ class StreamEngine:
         self._stats = self._ledger.stats
         # Decoder counters as of the last step handed out (as the worker loader counts them, work done
         # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
-        self._earlier_runs = (0, 0, 0, 0)
-        self._this_run: dict[int, tuple[int, int, int, int]] = {}
+        self._earlier_runs = (0, 0, 0, 0, 0)
+        self._this_run: dict[int, tuple[int, int, int, int, int]] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
         self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
@@ -654,6 +654,10 @@ class StreamEngine:
         with self._stats_lock:
             totals = [sum(values) for values in zip(self._earlier_runs, *self._this_run.values())]
             counted = DecodeStats(
-                frames_decoded=totals[0], seeks=totals[1], files_opened=totals[2], read_errors=totals[3]
+                frames_decoded=totals[0],
+                seeks=totals[1],
+                files_opened=totals[2],
+                packets_skipped=totals[3],
+                read_errors=totals[4],
             )
             return self._stats + counted

@@ -59,8 +59,8 @@ class ThreadDecoders:
         self._direct: dict[int, tuple[int, FrameDecoder, list[float]]] = {}
         self.read_errors = 0
 
-    def counts(self) -> tuple[int, int, int, int]:
-        """Frames decoded, seeks, files opened and read errors of this thread so far."""
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """Frames decoded, seeks, files opened, packets left out and read errors of this thread so far."""
         return (*self.table.counts(), self.read_errors)
 
     def write(

@@ -159,8 +159,14 @@ class StreamDataset(Dataset):
     @property
     def stats(self) -> DecodeStats:
         """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
-        decoded, seeks, opened = self.decoders.counts()
-        stats = DecodeStats(frames_decoded=decoded, seeks=seeks, files_opened=opened, read_errors=self._read_errors)
+        decoded, seeks, opened, skipped = self.decoders.counts()
+        stats = DecodeStats(
+            frames_decoded=decoded,
+            seeks=seeks,
+            files_opened=opened,
+            read_errors=self._read_errors,
+            packets_skipped=skipped,
+        )
         if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
             from lightning_vstream.storage.fetcher import fetcher_for
 
