@@ -8,11 +8,12 @@ baseline; the stride layout at 6; the same for H.264) and measures, per encode:
 
 - **size**: bytes over the baseline's;
 - **stride N** (1, 2, 3, 6): CPU time per delivered frame reading every N-th frame of each file
-  from frame 0, decoding what the readers decode today (every packet up to the last wanted one)
-  and what :func:`~lightning_vstream.decode.gops.plan_feed` plans from the frame tables'
-  reference codes (wanted pictures and their references only), with decoded / delivered;
+  from frame 0, feeding the decoder every packet up to the last wanted one (``all``: what the
+  readers fed before they left pictures out) and what :func:`~lightning_vstream.decode.gops.plan_feed`
+  plans from the frame tables' reference codes (``planned``: wanted pictures and their references
+  only, what every reader of the package now feeds), with decoded / delivered;
 - **random access**: ``--samples`` single frames at random places, each decoded from its GOP's
-  keyframe with a fresh decoder, today and planned: CPU time and frames decoded per frame.
+  keyframe with a fresh decoder, all packets and planned: CPU time and frames decoded per frame.
 
 Decoding is a bare PyAV codec context fed packets from memory in decode order (as the GOP
 readers feed it), one thread, frames converted to nothing (``thread_count=1``, CPU time of the
@@ -144,10 +145,10 @@ def _cpu(run: Any) -> float:
 
 def reads(streams: list[Stream], samples: list[list[tuple[int, int]]]) -> dict[str, tuple[list[Any], int]]:
     """Every read measured, ``name -> ([(stream, packets to feed)], frames delivered)``: each stride from frame 0
-    and the random single frames, as today's readers feed the decoder and as planned."""
+    and the random single frames, every packet fed (``all``) and as planned."""
     out: dict[str, tuple[list[Any], int]] = {}
     for planned in (False, True):
-        how = "planned" if planned else "today"
+        how = "planned" if planned else "all"
         for stride in STRIDES:
             feeds = [(s, s.feed(range(0, s.info.frame_count, stride), planned=planned)) for s in streams]
             out[f"stride {stride}/{how}"] = (feeds, sum(len(range(0, s.info.frame_count, stride)) for s in streams))
@@ -241,24 +242,24 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, size: tuple[int
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}. Median of {args.repeats} (min-max)."
     )
     print(
-        f"{'config':<40} {'size':>6} {'read at':>8} {'today ms/f':>15} {'planned ms/f':>15} "
-        f"{'dec/del today':>14} {'planned':>8} {'planned/base':>13}"
+        f"{'config':<40} {'size':>6} {'read at':>8} {'all ms/f':>15} {'planned ms/f':>15} "
+        f"{'dec/del all':>14} {'planned':>8} {'planned/base':>13}"
     )
     for row in rows:
         base = baselines.get(row["config"]["codec"], row)
         size_ratio = row["bytes"] / base["bytes"]
         m, b = row["measured"], base["measured"]
         names = [*(f"stride {s}" for s in STRIDES), "random"]
-        for i, (name, today, planned, baseline) in enumerate(
-            (name, m[f"{name}/today"], m[f"{name}/planned"], b[f"{name}/today"]) for name in names
+        for i, (name, every, planned, baseline) in enumerate(
+            (name, m[f"{name}/all"], m[f"{name}/planned"], b[f"{name}/all"]) for name in names
         ):
-            t, p = today["cpu_ms_per_frame"], planned["cpu_ms_per_frame"]
+            t, p = every["cpu_ms_per_frame"], planned["cpu_ms_per_frame"]
             label = json.dumps(row["config"]) if i == 0 else ""
             ratio = f"{p['median'] / baseline['cpu_ms_per_frame']['median']:.2f}x"
             print(
                 f"{label:<40} {(f'{size_ratio:.2f}x' if i == 0 else ''):>6} {name:>8} "
                 f"{t['median']:>6.2f} ({t['min']:.2f}-{t['max']:.2f}) {p['median']:>6.2f} ({p['min']:.2f}-{p['max']:.2f}) "
-                f"{today['decoded_per_delivered']:>14.2f} {planned['decoded_per_delivered']:>8.2f} {ratio:>13}"
+                f"{every['decoded_per_delivered']:>14.2f} {planned['decoded_per_delivered']:>8.2f} {ratio:>13}"
             )
     result = {
         "schema": SCHEMA,
