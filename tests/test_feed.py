@@ -32,6 +32,7 @@ from tests.conftest import batch_stamp_errors
 __all__ = ["gop_shapes"]  # the fixture, imported for pytest
 
 _STRIDE_LAYOUTS = ("hevc-stride6", "h264-stride6-open-gop")
+FullDecode = Callable[[str, str], tuple[Path, VideoInfo, list[torch.Tensor]]]
 
 
 def _decoder(kind: str, path: Path, info: VideoInfo) -> PyAVDecoder | GopDecoder:
@@ -45,23 +46,23 @@ def _decoder(kind: str, path: Path, info: VideoInfo) -> PyAVDecoder | GopDecoder
 
 
 @pytest.fixture(scope="module")
-def full_decodes() -> dict[tuple[str, str], tuple[VideoInfo, list[torch.Tensor]]]:
-    """Per (shape, decoder kind): the frame table and every frame decoded with every packet fed."""
-    return {}
+def full_decode(gop_shapes: Callable[[str], Path]) -> Callable[[str, str], tuple[Path, VideoInfo, list[torch.Tensor]]]:
+    """``(shape, decoder kind) -> (path, frame table, every frame decoded with every packet fed)``, once each."""
+    made: dict[tuple[str, str], tuple[Path, VideoInfo, list[torch.Tensor]]] = {}
 
+    def get(shape: str, kind: str) -> tuple[Path, VideoInfo, list[torch.Tensor]]:
+        if (shape, kind) not in made:
+            path = gop_shapes(shape)
+            info = probe_video(path)
+            assert info.references is not None
+            everything = _decoder(kind, path, dataclasses.replace(info, references=None))
+            frames = [everything.read() for _ in range(info.frame_count)]
+            assert everything.packets_skipped == 0 and everything.frames_decoded == info.frame_count
+            everything.close()
+            made[shape, kind] = (path, info, frames)
+        return made[shape, kind]
 
-def _full(
-    cache: dict[tuple[str, str], tuple[VideoInfo, list[torch.Tensor]]], path: Path, shape: str, kind: str
-) -> tuple[VideoInfo, list[torch.Tensor]]:
-    if (shape, kind) not in cache:
-        info = probe_video(path)
-        assert info.references is not None
-        everything = _decoder(kind, path, dataclasses.replace(info, references=None))
-        frames = [everything.read() for _ in range(info.frame_count)]
-        assert everything.packets_skipped == 0 and everything.frames_decoded == info.frame_count
-        everything.close()
-        cache[shape, kind] = (info, frames)
-    return cache[shape, kind]
+    return get
 
 
 def _check(got: torch.Tensor, full: list[torch.Tensor], index: int, what: str) -> None:
@@ -71,14 +72,8 @@ def _check(got: torch.Tensor, full: list[torch.Tensor], index: int, what: str) -
 
 @pytest.mark.parametrize("kind", ["container", "gop-ranges"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_every_frame_read_equals_a_full_decode(
-    gop_shapes: Callable[[str], Path],
-    full_decodes: dict[tuple[str, str], tuple[VideoInfo, list[torch.Tensor]]],
-    shape: str,
-    kind: str,
-) -> None:
-    path = gop_shapes(shape)
-    info, full = _full(full_decodes, path, shape, kind)
+def test_every_frame_read_equals_a_full_decode(full_decode: FullDecode, shape: str, kind: str) -> None:
+    path, info, full = full_decode(shape, kind)
     n = info.frame_count
     rng = random.Random(shape)
     skipped_at_stride = {}
@@ -112,13 +107,9 @@ def test_every_frame_read_equals_a_full_decode(
 @pytest.mark.parametrize("kind", ["container", "gop-ranges"])
 @pytest.mark.parametrize("shape", _STRIDE_LAYOUTS)
 def test_the_stride_layout_at_its_stride_decodes_about_the_frames_read(
-    gop_shapes: Callable[[str], Path],
-    full_decodes: dict[tuple[str, str], tuple[VideoInfo, list[torch.Tensor]]],
-    shape: str,
-    kind: str,
+    full_decode: FullDecode, shape: str, kind: str
 ) -> None:
-    path = gop_shapes(shape)
-    info, full = _full(full_decodes, path, shape, kind)
+    path, info, full = full_decode(shape, kind)
     wanted = range(0, info.frame_count, 6)
     # Announced (a GOP task, a sample): exactly the frames read are decoded.
     dec = _decoder(kind, path, info)
@@ -175,13 +166,9 @@ def test_a_stream_at_the_layout_stride_decodes_fewer_frames_than_it_delivers_of_
     assert stats.packets_skipped >= frames_in_files - stats.frames_decoded - 5 * streams
 
 
-def test_reads_in_any_order_stay_exact(
-    gop_shapes: Callable[[str], Path], full_decodes: dict[tuple[str, str], tuple[VideoInfo, list[torch.Tensor]]]
-) -> None:
+def test_reads_in_any_order_stay_exact(full_decode: FullDecode) -> None:
     """Long random walks (forward runs, strides, jumps back, repeats) over a B-pyramid with open GOPs."""
-    shape = "hevc-b3-pyramid-open-gop"
-    path = gop_shapes(shape)
-    info, full = _full(full_decodes, path, shape, "container")
+    path, info, full = full_decode("hevc-b3-pyramid-open-gop", "container")
     rng = random.Random(7)
     dec = _decoder("container", path, info)
     reads: list[int] = []
