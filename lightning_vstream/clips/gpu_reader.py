@@ -11,9 +11,10 @@ the batch (no host synchronisation, no event per frame). No decoding stream ever
 caller's: the batch is allocated on a stream of the reader's own that runs no work, so no earlier
 work can still use its memory, and it is marked as used by the caller's stream
 (``record_stream``), so its memory is not handed out again before the caller's work on it is done.
-A batch that does not finish within ``timeout`` seconds raises
-:class:`~lightning_vstream.errors.WorkerError` (a hung decoder never hangs training), as the stream
-engine does.
+NVDEC is fed only what each GOP's wanted frames need: non-reference pictures no wanted frame needs
+are never fed (:attr:`BatchReader.packets_skipped` counts them). A batch that does not finish within
+``timeout`` seconds raises :class:`~lightning_vstream.errors.WorkerError` (a hung decoder never hangs
+training), as the stream engine does.
 """
 
 from __future__ import annotations
@@ -219,6 +220,12 @@ class BatchReader:
                     f"(3, {info.height}, {info.width}); every image of a camera must have one size."
                 )
             outs[b][t, c].copy_(image)
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets its NVDEC decoders were never fed because no wanted frame needs their picture (open and closed
+        decoders; :attr:`NvGopDecoder.packets_skipped <lightning_vstream.decode.gpu.NvGopDecoder.packets_skipped>`)."""
+        return self.executor.pool.counts()[3]
 
     def close(self) -> None:
         """Stop the decoding threads and close their decoders."""

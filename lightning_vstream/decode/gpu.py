@@ -6,7 +6,10 @@ How a frame travels:
    CRC-32s and converts H.264/H.265 to the Annex-B form NVDEC's parser needs
    (:class:`~lightning_vstream.decode.nvdec_sources.PacketSource`). PyAV rather than PyNvVideoCodec's
    demuxer because seeking must use the frame table's seek targets exactly as
-   :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does.
+   :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does. Non-reference pictures no read needs
+   are never handed to NVDEC (:class:`~lightning_vstream.decode.gops.FeedFilter`, from the frame
+   table's reference codes): a stream read at a stride decodes only the frames read and the
+   references between them.
 2. **decode** (GPU): a PyNvVideoCodec decoder decodes to NV12 (P016 for 10-bit) in device memory,
    on a CUDA stream that is never the NULL stream. Each packet carries its presentation timestamp,
    and every frame that comes out is checked against the frame table, so a frame is never returned
@@ -45,8 +48,10 @@ with PyNvVideoCodec: packets come from the file's bytes at the places the frame 
 from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec_sources.packet_source`),
 each checked against the frame table's CRC-32, are decoded on NVDEC with ``NATIVE`` output (NV12),
 and only the wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into
-their place in the batch; every other frame of the GOP is decoded (the codec needs it) but never
-converted. Each frame's timestamp is checked against the frame table, so a frame is never
+their place in the batch. NVDEC is fed what :func:`~lightning_vstream.decode.gops.plan_feed` plans:
+the wanted pictures and the references before them, decoded (the codec needs them) but never
+converted; non-reference pictures no wanted frame needs, and every packet after the last wanted
+one, are never fed. Each frame's timestamp is checked against the frame table, so a frame is never
 mislabelled. The thread that decodes sets its device first; a decoder that raised is dropped
 without being flushed, and a CUDA error, a GPU out of memory or a failed kernel launch raises
 :class:`~lightning_vstream.errors.GpuError`.
@@ -77,6 +82,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -94,7 +100,7 @@ from lightning_vstream.decode.device import (
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.decode.gops import GopTask
+from lightning_vstream.decode.gops import FeedFilter, GopTask
 from lightning_vstream.decode.nv12 import Backend, Nv12Converter
 from lightning_vstream.decode.nvdec import DecoderKey, Latency, Session, check_decodable, create_session
 from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
@@ -164,6 +170,12 @@ class NvDecoder(DecoderBase):
     frame table. On a jump, frames still inside the decoder are flushed and discarded (not counted
     in :attr:`frames_decoded`). :meth:`close` flushes the decoder and returns it to ``pool`` for
     the next file of the same format.
+
+    NVDEC is fed only the packets the frames read need (:attr:`feed`): a non-reference picture
+    that no read asks for is passed over (counted in :attr:`packets_skipped`), so reading every
+    ``N``-th frame of a file in the stride layout decodes those frames only. A stride the reads keep
+    is learnt; :meth:`expect` announces the frames to come. Reading a frame that was passed over
+    restarts at its keyframe, so every read stays exact.
 
     Work is ordered on CUDA streams, never by waiting on the host. A returned frame is ready for
     whatever the stream current at the call runs next; with ``out`` it is written there, in place.
@@ -257,6 +269,8 @@ class NvDecoder(DecoderBase):
         self._needs_seek = False
         self._frames_decoded = 0
         self._seeks = 0
+        self._feed_filter: FeedFilter | None = None
+        self._packets_fed = 0
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -283,6 +297,37 @@ class NvDecoder(DecoderBase):
     def seeks(self) -> int:
         """Number of demuxer seeks performed."""
         return self._seeks
+
+    @property
+    def feed(self) -> FeedFilter:
+        """Which packets NVDEC is fed (built from the frame table's reference codes on first use)."""
+        if self._feed_filter is None:
+            self._feed_filter = FeedFilter(self.info.references)
+        return self._feed_filter
+
+    def expect(self, frames: Sequence[int] | range | None) -> None:
+        """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
+
+        Non-reference pictures that are neither announced nor needed by an announced one are then
+        not fed to NVDEC. Reading a frame that was not announced stays exact (decoding restarts at its
+        keyframe when its picture was passed over) but may cost a jump.
+
+        Example::
+
+            >>> dec.expect(range(0, dec.info.frame_count, 6))  # doctest: +SKIP
+            >>> frames = [dec.get(i) for i in range(0, dec.info.frame_count, 6)]  # doctest: +SKIP
+        """
+        self.feed.expect(frames)
+
+    @property
+    def packets_fed(self) -> int:
+        """Packets handed to NVDEC so far (the end-of-stream calls not counted)."""
+        return self._packets_fed
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets passed over because no frame read needs their picture."""
+        return 0 if self._feed_filter is None else self._feed_filter.skipped
 
     @property
     def pool(self) -> DecoderPool:
@@ -403,6 +448,9 @@ class NvDecoder(DecoderBase):
         except Exception as err:
             source.close()
             raise VideoDecodeError(f"{where}: creating the NVDEC decoder failed: {err}") from err
+        feed = self.feed
+        feed.restart()  # decoding starts at the file's first keyframe
+        source.feed = feed if feed.active else None
         self._nvc, self._key, self._session, self._source = nvc, key, session, source
         self._convert = convert
         self._import = memory.import_surface
@@ -435,10 +483,14 @@ class NvDecoder(DecoderBase):
             )
         if index == self._target and not self._needs_seek:
             return  # already there: the sequential case costs nothing
+        after, key = self._next, info.keyframe_at_or_before(index)
         forward_ok = (
             self._session is not None
             and not self._needs_seek
-            and info.keyframe_at_or_before(index) <= self._next <= index
+            and 0 <= after <= index
+            # In the target's GOP, or only non-reference pictures (passed over) before its keyframe: reading on
+            # costs no decoding, where a jump would flush what NVDEC holds and decode it again.
+            and (key <= after or self.feed.passes_over(after, key))
         )
         self._target = index
         self._needs_seek = not forward_ok
@@ -453,6 +505,7 @@ class NvDecoder(DecoderBase):
         self._flush()
         with nvtx_range(RANGE_DEMUX):
             source.seek_key(key_ordinal)
+        self.feed.restart()
         self._seeks += 1
         self._ended = False
         self._last = -1
@@ -477,6 +530,9 @@ class NvDecoder(DecoderBase):
             return self._read_positioned(out)
         # The next frame of an open file: the streaming case, once per frame. Every frame still goes
         # through the same checks as after a seek: its timestamp (in _feed), its index and its export.
+        if self.feed.aim(index):  # its picture, or one it is predicted from, was passed over
+            self._needs_seek = True
+            return self._read_positioned(out, aimed=True)
         queue = self._queue
         while not queue:
             self._feed(index)
@@ -500,8 +556,9 @@ class NvDecoder(DecoderBase):
         self._target = taken + 1
         return tensor
 
-    def _read_positioned(self, out: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`read` when the file is not open yet, a seek is pending, or the file has no frame at the position."""
+    def _read_positioned(self, out: torch.Tensor | None, *, aimed: bool = False) -> torch.Tensor:
+        """:meth:`read` when the file is not open yet, a seek is pending, or the file has no frame at the position
+        (``aimed``: the feed already knows the target)."""
         info = self._info if self._info is not None else self.info
         target = self._target
         if target >= info.frame_count:
@@ -509,6 +566,8 @@ class NvDecoder(DecoderBase):
                 f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
                 f"(valid: 0..{info.frame_count - 1})."
             )
+        if not aimed and self.feed.aim(target):
+            self._needs_seek = True  # its picture, or one it is predicted from, was passed over
         key_ordinal = -1  # the GOP jumped to; -1 when reading on from where the decoder is
         if self._session is None or self._needs_seek:
             key_ordinal = info.gop_of(target)
@@ -593,6 +652,7 @@ class NvDecoder(DecoderBase):
             if more:
                 # The source keeps the bytes data points at until its next fill, after Decode has returned.
                 self._dirty = True
+                self._packets_fed += 1
                 frames = self._decode(data)
             else:
                 frames = self._decode(nvc.PacketData())
@@ -779,6 +839,13 @@ class Nv12Frame:
 class NvGopDecoder:
     """Decodes GOP tasks of one video file on NVDEC (see the module docs).
 
+    A task's decode is fed only what :func:`~lightning_vstream.decode.gops.plan_feed` plans for its
+    wanted frames: from the keyframe, the wanted pictures and the pictures they are predicted from,
+    and no packet after the last wanted one (the end of the stream is sent instead, which brings the
+    last frames out). The source's :class:`~lightning_vstream.decode.gops.FeedFilter` decides packet
+    by packet, expecting the wanted frames whose packets are still to come. Pictures no wanted frame
+    needs are passed over and counted in :attr:`packets_skipped`.
+
     Args:
         path: Video file.
         info: Its frame table.
@@ -817,12 +884,28 @@ class NvGopDecoder:
         self._session: Session | None = None
         self._surface_layout: tuple[Any, ...] = ()
         self._dirty = False
+        self._feed_filter: FeedFilter | None = None  # built from the frame table on first use
+        self._unfed: set[int] = set()  # wanted frames of the task whose packets NVDEC has not been fed yet
         self.frames_decoded = 0
         self.frames_converted = 0
+        #: Packets handed to NVDEC so far (the end-of-stream calls not counted).
+        self.packets_fed = 0
 
     def _where(self, index: int | None = None) -> str:
         where = repr(str(self.path)) + (f" ({self.label})" if self.label else "")
         return where if index is None else f"{where} frame {index}"
+
+    @property
+    def feed(self) -> FeedFilter:
+        """Which packets NVDEC is fed (built from the frame table's reference codes on first use)."""
+        if self._feed_filter is None:
+            self._feed_filter = FeedFilter(self.info.references)
+        return self._feed_filter
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets passed over because no wanted frame needs their picture."""
+        return 0 if self._feed_filter is None else self._feed_filter.skipped
 
     @property
     def pool(self) -> DecoderPool:
@@ -856,6 +939,8 @@ class NvGopDecoder:
         except BaseException:
             packets.close()
             raise
+        feed = self.feed
+        packets.feed = feed if feed.active else None
         self._nvc, self._packets, self._key, self._session = nvc, packets, key, session
         self._convert = convert
         self._surface_layout = ((fmt.height * 3 // 2, fmt.width), (fmt.width, 1), 1 if fmt.bit_depth <= 8 else 2)
@@ -910,8 +995,7 @@ class NvGopDecoder:
         info = self.info
         remaining = list(task.frames)
         gop = task.gop
-        self._flush()
-        packets.seek_key(gop)
+        self._seek(gop, task.frames)
         first = True  # the next frame out is the first since the last seek
         while remaining:
             more, frames = self._step(remaining[0])
@@ -943,24 +1027,49 @@ class NvGopDecoder:
                 surface = self._surface(frame, index)
                 emit(index, Nv12Frame(surface, self._convert, session.stream, index, on_stream=not self.memory.host))
             if restart:
-                self._flush()
                 gop -= 1
-                packets.seek_key(gop)
+                self._seek(gop, remaining)
                 first = True
-            elif not more and remaining:
+            elif not more and remaining and self._unfed:
                 raise VideoDecodeError(
                     f"{self._where(remaining[0])}: the file ended before this frame although its frame table lists "
                     f"{info.frame_count} frames (truncated file?)."
                 )
+            elif not more and remaining:
+                raise VideoDecodeError(
+                    f"{self._where(remaining[0])}: the decoder returned no frame for this frame's packet, even at the "
+                    "end of the stream (a corrupt packet, or a stale index: rebuild it with `vstream index`)."
+                )
+
+    def _seek(self, gop: int, frames: Sequence[int]) -> None:
+        """Start decoding at keyframe ``gop`` towards ``frames`` (wanted, ascending), fed what they need."""
+        packets, feed = self._packets, self.feed
+        assert packets is not None
+        feed.expect(frames)
+        feed.aim(frames[0])
+        self._flush()
+        packets.seek_key(gop)
+        feed.restart()
+        self._unfed = set(frames)
 
     def _step(self, due: int) -> tuple[bool, list[Any]]:
-        """Feed the next packet (or the end of the stream) to the decoder; whether there was one, and the frames out."""
+        """Feed the next packet the task needs to the decoder, or the end of the stream once every wanted
+        frame's packet is in (or at the end of the file); whether a packet was fed, and the frames out."""
         nvc, session, packets = self._nvc, self._session, self._packets
         assert nvc is not None and session is not None and packets is not None
         try:
-            more = packets.fill(self._data)  # the source keeps the bytes until its next fill
+            unfed = self._unfed
+            more = bool(unfed) and packets.fill(self._data)  # the source keeps the bytes until its next fill
             if more:
+                index = self.info.pts_index.get(self._data.pts)
+                if index in unfed:
+                    unfed.discard(index)
+                    if unfed:
+                        # Only the sub-layers of the wanted frames still to come count from here on: what
+                        # plan_feed plans for the task, packet by packet.
+                        self.feed.expect(tuple(sorted(unfed)))
                 self._dirty = True
+                self.packets_fed += 1
                 frames = list(session.decoder.Decode(self._data))
             else:
                 frames = list(session.decoder.Decode(nvc.PacketData()))

@@ -7,6 +7,9 @@ a video stream with PyAV and turns H.264/H.265 into Annex-B with FFmpeg's bitstr
 checking every packet against the frame table's CRC-32: for files whose tables hold no places
 (version 1, MPEG-TS) or whose format their codec configuration does not give.
 :func:`packet_source` picks one for a file.
+
+Both pass over the packets their :attr:`feed` (a :class:`~lightning_vstream.decode.gops.FeedFilter`
+the decoder sets) leaves out: NVDEC never sees them, and they are neither checked nor converted.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.nvdec import StreamFormat, stream_format
@@ -33,6 +36,9 @@ from lightning_vstream.decode.nvdec_packets import (
 from lightning_vstream.decode.probe import video_stream
 from lightning_vstream.errors import MissingFileError
 
+if TYPE_CHECKING:
+    from lightning_vstream.decode.gops import FeedFilter
+
 __all__ = ["PacketSource", "TableSource", "packet_data", "packet_source"]
 
 _ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
@@ -42,7 +48,9 @@ class PacketSource:
     """One video stream demuxed by PyAV, as Annex-B packets with presentation timestamps.
 
     Every packet is checked against the CRC-32 recorded in the frame table (before the Annex-B
-    filter rewrites it), as the CPU decoder does.
+    filter rewrites it), as the CPU decoder does. A packet :attr:`feed` leaves out (its frame index
+    from its timestamp, :attr:`VideoInfo.pts_index <lightning_vstream.index.tables.VideoInfo>`) is
+    passed over before either.
 
     Args:
         path: Video file.
@@ -72,6 +80,8 @@ class PacketSource:
         self._bsf = self._make_filter()
         self._iter: Iterator[Any] | None = None  # packets() as fill() reads it
         self._held: Any = None  # the packet fill() last pointed at
+        #: Which packets NVDEC is fed (None: all); set before the first read after opening or seeking.
+        self.feed: FeedFilter | None = None
 
     def _make_filter(self) -> Any:
         if self._filter_name is None:
@@ -118,20 +128,24 @@ class PacketSource:
     def packets(self) -> Iterator[Any]:
         """Remaining packets (PyAV ``Packet`` objects, which expose their bytes as a buffer).
 
-        Each packet is checked against the frame table's CRC-32 (before the Annex-B filter
-        rewrites it); a mismatch raises :class:`~lightning_vstream.errors.VideoDecodeError`.
+        Packets :attr:`feed` leaves out are passed over. Each other packet is checked against the
+        frame table's CRC-32 (before the Annex-B filter rewrites it); a mismatch raises
+        :class:`~lightning_vstream.errors.VideoDecodeError`.
         """
         crcs = self.info.crc32
         lookup = self.info.pts_index.get
         crc32 = zlib.crc32
         bsf = self._bsf
+        feed = self.feed
         for packet in self._container.demux(self._stream):
             if packet.size == 0:
                 continue  # demuxer flush packet
-            if crcs is not None:
-                pts = packet.pts
-                index = lookup(pts) if pts is not None else None
-                if index is not None and crc32(packet) != crcs[index]:
+            pts = packet.pts
+            index = lookup(pts) if pts is not None else None
+            if index is not None:
+                if feed is not None and not feed.feeds(index):
+                    continue  # no frame read needs this picture: not checked, filtered or decoded
+                if crcs is not None and crc32(packet) != crcs[index]:
                     raise VideoDecodeError(
                         f"{self.where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {CHECKSUM_FIX}"
@@ -202,7 +216,7 @@ class TableSource:
     order with the same timestamps, each checked against the frame table's CRC-32 before it is
     converted to Annex-B. Decode order is the packets' byte order, as the tables record places only
     for files where it is (:func:`~lightning_vstream.decode.gop_reads.gop_runs`); the file is read one
-    GOP at a time.
+    GOP at a time. A packet :attr:`feed` leaves out is passed over: not checked, not converted.
 
     Args:
         path: Video file.
@@ -261,6 +275,8 @@ class TableSource:
         self._whole: memoryview | None = None
         self._origin = 0
         self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
+        #: Which packets NVDEC is fed (None: all).
+        self.feed: FeedFilter | None = None
 
     def seek_key(self, key_ordinal: int) -> None:
         """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
@@ -270,14 +286,20 @@ class TableSource:
     def fill(self, data: Any) -> bool:
         """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
 
-        The bytes stay valid until the next call.
+        The bytes stay valid until the next call. Packets :attr:`feed` leaves out are passed over.
 
         Raises:
             VideoDecodeError: The packet differs from the frame table's CRC-32, or cannot be read.
         """
         i = self._next
+        feed = self.feed
+        if feed is not None:
+            frames, count = self._frames, self._count
+            while i < count and not feed.feeds(frames[i]):
+                i += 1
         if i >= self._stop:
             if i >= self._count:
+                self._next = i
                 return False
             self._load(i)
         size = self._size[i]
