@@ -7,26 +7,38 @@ call cut short still brings back what finished:
 1. ``environment``: Python, torch and its CUDA, Triton, PyNvVideoCodec, the driver, the GPU, and
    NVDEC's engines and size limits per codec and bit depth (the one-time probe, in a child).
 2. ``data``: stamped files made on the machine (outside the working tree): the file kinds
-   ``vstream doctor`` compares (HEVC and H.264, with and without B-frames, 10-bit HEVC) and six
-   cameras of 1600x900 HEVC (GOP 30, no B-frames) with their index.
+   ``vstream doctor`` compares (HEVC and H.264, with and without B-frames, 10-bit HEVC), six
+   cameras of 1600x900 HEVC (GOP 30, no B-frames) with their index, and one of those cameras
+   encoded again in the stride layout (``vstream encode --keyframe-stride 6``: every 6th frame a
+   reference picture, the frames between non-reference B-frames; GOP 12).
 3. ``kernel``: the NV12 -> RGB kernel compiled and checked against the torch conversion on the
    GPU (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), the compile time, and both
    conversions' host and GPU time per 1600x900 frame.
 4. ``stamps``: every file kind decoded on NVDEC against PyAV, read in order and shuffled: every
    stamp exact (the right frame under the right index) and the colour within ``docs/gpu.md``'s
-   tolerance.
-5. ``raw_nvdec``: PyNvVideoCodec alone (packets in memory, NV12 out) with 1, 7, 14 and 28
+   tolerance; the packets NVDEC was fed and those passed over (non-reference pictures before a
+   frame read).
+5. ``stride``: NVDEC fed only the packets the frames read need. The stride-layout file and the
+   camera it was encoded from read at a stride of 6 and of 1 (``NvDecoder``, the frames announced
+   with ``expect``), and GOP-planned random access on the stride-layout file (frames 6 apart):
+   packets fed and passed over, frames decoded per frame delivered, every stamp (NVDEC decoding a
+   stream with pictures left out), frames/s, and stride 6 on the stride layout over stride 6 on
+   the usual layout.
+6. ``raw_nvdec``: PyNvVideoCodec alone (packets in memory, NV12 out) with 1, 7, 14 and 28
    decoders on threads of their own; the GPU memory one decoder takes, against the estimate the
    memory check uses.
-6. ``engine``: the stream engine (no Lightning) on the six cameras, with a light consumer and a
+7. ``engine``: the stream engine (no Lightning) on the six cameras, with a light consumer and a
    Python-heavy one (2 ms of GIL-holding Python per step): camera-frames/s, host CPU time per
-   frame, device memory (``cudaMemGetInfo``), ratio to raw NVDEC.
-7. ``slow_consumer``: the engine with a consumer that takes 20 ms per step: every stamp of every
+   frame, device memory (``cudaMemGetInfo``), ratio to raw NVDEC, frames decoded and packets
+   passed over.
+8. ``slow_consumer``: the engine with a consumer that takes 20 ms per step: every stamp of every
    batch, and of the batch held before it.
-8. ``random_access``: GOP-planned batches of random windows (samples/s, frames/s, stamps).
+9. ``random_access``: GOP-planned batches of random windows (samples/s, frames/s, stamps, frames
+   decoded and packets passed over).
 
 Then a summary against the goals (every stamp exact, colour within tolerance, stream >= 1,795
-camera-frames/s, engine / raw NVDEC >= 0.8, random access >= 600 frames/s). Each section has a
+camera-frames/s, engine / raw NVDEC >= 0.8, random access >= 600 frames/s, stride 6 on the stride
+layout >= 2.5x stride 6 on the usual layout) and the NVDEC work the stride layout saves. Each section has a
 cap and gets at most what is left of ``--budget``; one that does not fit is skipped, saying so.
 
 Under the test driver (``VSTREAM_NVDEC_HOST_MEMORY=1``, the fake NVIDIA driver CI runs the real
@@ -61,16 +73,24 @@ SECTIONS = (
     ("data", 150, 20),
     ("kernel", 60, 10),
     ("stamps", 90, 15),
+    ("stride", 60, 10),
     ("raw_nvdec", 75, 15),
     ("engine", 100, 20),
     ("slow_consumer", 50, 10),
     ("random_access", 60, 10),
 )
-GOALS = {"stream_camera_frames_per_s": 1795.0, "engine_over_raw": 0.8, "random_access_frames_per_s": 600.0}
+GOALS = {
+    "stream_camera_frames_per_s": 1795.0,
+    "engine_over_raw": 0.8,
+    "random_access_frames_per_s": 600.0,
+    "stride6_over_ippp": 2.5,
+}
 #: Set to a section's name to make its process abort (how the suite's own test shows that one section's crash
 #: loses only that section).
 ABORT_ENV = "VSTREAM_FIRST_RUN_ABORT"
 _CAMERAS = 6
+#: The keyframe stride of the stride-layout file, and the stride it is read at.
+_STRIDE = 6
 
 
 # -- the parent: sections in processes of their own ------------------------------------------------------
@@ -180,6 +200,7 @@ def _headline(name: str, result: dict[str, Any]) -> str:
         "data": ("files",),
         "kernel": ("backend", "compile_s"),
         "stamps": ("stamps", "colour"),
+        "stride": ("stride6_decoded_per_delivered", "stride6_packets_skipped", "stride6_over_ippp", "stamps"),
         "raw_nvdec": ("best_frames_per_s",),
         "engine": ("light_camera_frames_per_s", "heavy_camera_frames_per_s", "over_raw"),
         "slow_consumer": ("stamps", "steps"),
@@ -199,11 +220,13 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     sections = report["sections"]
     timed = report["mode"] == "gpu"
     stamps = sections.get("stamps", {})
+    stride = sections.get("stride", {})
     engine = sections.get("engine", {})
     slow = sections.get("slow_consumer", {})
     access = sections.get("random_access", {})
     checked = {
         "stamps": stamps.get("stamps"),
+        "stride": stride.get("stamps"),
         "slow_consumer": slow.get("stamps"),
         "random_access": access.get("stamps"),
     }
@@ -216,6 +239,11 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         ),
         "engine_over_raw": _goal(engine.get("over_raw"), GOALS["engine_over_raw"], timed),
         "random_access_frames_per_s": _goal(access.get("frames_per_s"), GOALS["random_access_frames_per_s"], timed),
+        "stride6_over_ippp": _goal(stride.get("stride6_over_ippp"), GOALS["stride6_over_ippp"], timed),
+        "nvdec_work_saved": {
+            "stride_layout_at_stride_6": stride.get("stride6_nvdec_work_saved"),
+            "stride_layout_random_access": stride.get("random_access", {}).get("nvdec_work_saved"),
+        },
         "sections": {name: result["status"] for name, result in sections.items()},
     }
     return summary
@@ -379,14 +407,41 @@ def section_data(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         files = compare.result()
     listing = [{k: str(v) for k, v in entry.items()} for entry in files]
     (data / "compare.json").write_text(json.dumps(listing))
+    stride = _stride_layout_file(index, data / "stride")
+    (data / "stride.json").write_text(json.dumps(stride))
     return {
         "status": "ok",
-        "files": len(files) + 2 * _CAMERAS,
+        "files": len(files) + 2 * _CAMERAS + 1,
         "size": "{}x{}".format(*size),
         "compare_frames": frames,
         "engine": f"2 clips x {_CAMERAS} cameras x {engine_frames} frames, HEVC, GOP 30, no B-frames",
+        "stride_layout": f"camera {stride['camera']!r} of clip {stride['clip_id']!r} again, HEVC, GOP 12, "
+        f"keyframe stride {_STRIDE}",
         "index": str(index),
         "seconds_to_make": round(time.monotonic() - began, 1),
+    }
+
+
+def _stride_layout_file(index_path: Path, root: Path) -> dict[str, Any]:
+    """The first camera of the engine data's first clip encoded again in the stride layout (its stamps kept)."""
+    from lightning_vstream.demos.synth import clip_number
+    from lightning_vstream.encode.settings import CameraSource, EncodeSettings
+    from lightning_vstream.encode.writer import encode_file, plan_file
+    from lightning_vstream.indexing import load_index
+
+    clip = load_index(index_path).clips[0]
+    camera = clip.cameras[0]
+    source = Path(camera.path)
+    path = root / f"{camera.name}.mp4"
+    # superfast: x265's ultrafast looks ahead 5 frames, fewer than the 5 B-frames in a row the layout needs.
+    settings = EncodeSettings(codec="hevc", gop=2 * _STRIDE, keyframe_stride=_STRIDE, preset="superfast")
+    encode_file(plan_file(CameraSource(clip.clip_id, camera.name, source), path), settings)
+    return {
+        "path": str(path),
+        "source": str(source),
+        "clip_id": clip.clip_id,
+        "clip": clip_number(clip.clip_id),
+        "camera": camera.name,
     }
 
 
@@ -491,8 +546,9 @@ def section_stamps(args: argparse.Namespace, host: bool) -> dict[str, Any]:
                     worst = max(worst, float((frame.int() - reference.int()).abs().float().mean()))
                 row["latency"] = nv.key.latency if nv.key is not None else None
                 row[f"{how}_seeks"] = nv.seeks
+                packets = {"packets_fed": nv.packets_fed, "packets_skipped": nv.packets_skipped}
             if host:
-                row[how] = {"stamps": NOT_CHECKED, "order": "every frame under its own timestamp"}
+                row[how] = {"stamps": NOT_CHECKED, "order": "every frame under its own timestamp", **packets}
             else:
                 tolerance = COLOUR_TOLERANCE[depth]
                 row[how] = {
@@ -500,6 +556,7 @@ def section_stamps(args: argparse.Namespace, host: bool) -> dict[str, Any]:
                     "colour_mean_abs_diff_worst": round(worst, 3),
                     "tolerance": tolerance,
                     "colour_ok": worst <= tolerance,
+                    **packets,
                 }
         rows.append(row)
     if host:
@@ -512,6 +569,139 @@ def section_stamps(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         "stamps": "exact" if exact else "wrong",
         "colour": "within tolerance" if colour else "outside tolerance",
         "files": rows,
+    }
+
+
+def section_stride(args: argparse.Namespace, host: bool) -> dict[str, Any]:
+    from lightning_vstream.decode.decoder_pool import DecoderPool
+    from lightning_vstream.decode.probe import probe_video
+
+    entry = json.loads((args.data_dir / "stride.json").read_text())
+    clip = int(entry["clip"])
+    pool = DecoderPool()
+    result: dict[str, Any] = {
+        "file": f"camera {entry['camera']!r} of clip {entry['clip_id']!r}",
+        "keyframe_stride": _STRIDE,
+        "settings": "NvDecoder, frames announced with expect(), one decoder per pass from a kept pool",
+    }
+    wrong: list[str] = []
+    infos: dict[str, Any] = {}
+    for layout, key in (("stride_layout", "path"), ("usual_layout", "source")):
+        path = Path(entry[key])
+        info = infos[layout] = probe_video(path)
+        if host:
+            _fake_format(8, info.reorder_depth or 0)
+        for step in (_STRIDE, 1):
+            row = _read_at_stride(args, host, path, info, step, clip, pool)
+            wrong += [f"{layout}, stride {step}, frame {i}" for i in row.pop("wrong")]
+            result[f"{layout}_stride_{step}"] = row
+    ours, usual = result[f"stride_layout_stride_{_STRIDE}"], result[f"usual_layout_stride_{_STRIDE}"]
+    result["stride6_decoded_per_delivered"] = ours["decoded_per_delivered"]
+    result["stride6_packets_skipped"] = ours["packets_skipped"]
+    result["stride6_nvdec_work_saved"] = ours["nvdec_work_saved"]
+    result["stride6_over_ippp"] = NOT_CHECKED if host else round(ours["frames_per_s"] / usual["frames_per_s"], 2)
+    if host:
+        _fake_format(8, infos["stride_layout"].reorder_depth or 0)
+    access = _stride_random_access(args, host, Path(entry["path"]), infos["stride_layout"], clip)
+    wrong += access.pop("wrong")
+    result["random_access"] = access
+    if host:
+        return {**result, "status": "limited", "stamps": NOT_CHECKED}
+    return {**result, "status": "ok" if not wrong else "failed", "stamps": "exact" if not wrong else wrong[:10]}
+
+
+def _work_saved(fed: int, skipped: int) -> float:
+    """The share of the packets on the way that NVDEC was never fed."""
+    return round(skipped / (fed + skipped), 3) if fed + skipped else 0.0
+
+
+def _read_at_stride(
+    args: argparse.Namespace, host: bool, path: Path, info: Any, step: int, clip: int, pool: Any
+) -> dict[str, Any]:
+    """Frames 0, ``step``, 2 ``step``, ... of one file on NVDEC: stamps (first pass), packets, frames/s."""
+    from lightning_vstream.decode.gpu import NvDecoder
+
+    wanted = range(0, info.frame_count, step)
+    wrong: list[int] = []
+    seconds: list[float] = []
+    repeats = 1 if host else 3
+    for repeat in range(repeats + 1):  # the first pass checks the stamps and fills the pool; the others are timed
+        with NvDecoder(path, info=info, device=args.gpu, pool=pool) as nv:
+            nv.expect(wanted)
+            _synchronize(args.gpu, host)
+            began = time.perf_counter()
+            for i in wanted:
+                frame = nv.get(i)
+                if repeat == 0 and not host and _stamp(frame) != (clip, 0, i):
+                    wrong.append(i)
+            _synchronize(args.gpu, host)
+            if repeat:
+                seconds.append(time.perf_counter() - began)
+            fed, skipped, decoded, seeks = nv.packets_fed, nv.packets_skipped, nv.frames_decoded, nv.seeks
+    median = sorted(seconds)[len(seconds) // 2]
+    return {
+        "frames_delivered": len(wanted),
+        "frames_decoded": decoded,
+        "decoded_per_delivered": round(decoded / len(wanted), 3),
+        "packets_fed": fed,
+        "packets_skipped": skipped,
+        "nvdec_work_saved": _work_saved(fed, skipped),
+        "seeks": seeks,
+        "frames_per_s": NOT_CHECKED if host else round(len(wanted) / median, 1),
+        "spread_s": NOT_CHECKED if host else [round(min(seconds), 4), round(max(seconds), 4)],
+        "wrong": wrong,
+    }
+
+
+def _stride_random_access(args: argparse.Namespace, host: bool, path: Path, info: Any, clip: int) -> dict[str, Any]:
+    """GOP-planned batches of windows of frames ``_STRIDE`` apart, from random places of one stride-layout file."""
+    from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample, make_reader
+
+    count = min(4, (info.frame_count - 1) // _STRIDE + 1)  # frames per window
+    span = (count - 1) * _STRIDE
+    rng = random.Random(0)
+    starts = [rng.randrange(info.frame_count - span) for _ in range(16 if host else 128)]
+    planned = [
+        PlannedSample(f"w{n}", ("CAM",), (path,), (info,), (f"window {n}",), tuple(range(s, s + span + 1, _STRIDE)))
+        for n, s in enumerate(starts)
+    ]
+    if host:
+        reader = BatchReader(gpu=args.gpu, device="cpu", threads=2)
+    else:
+        reader = make_reader(f"cuda:{args.gpu}", None, 2, formats=[(path, info)])
+    per_batch = 8
+    wrong: list[str] = []
+    delivered = 0
+    try:
+        reader.read(planned[:per_batch])  # warm: decoders created
+        delivered += per_batch * count
+        _synchronize(args.gpu, host)
+        began = time.perf_counter()
+        for start in range(per_batch, len(planned), per_batch):
+            asked = planned[start : start + per_batch]
+            for plan, sample in zip(asked, reader.read(asked)):
+                delivered += count
+                if not host:
+                    wrong += [
+                        f"random access, frame {i}"
+                        for t, i in enumerate(plan.indices)
+                        if _stamp(sample[t, 0]) != (clip, 0, i)
+                    ]
+        _synchronize(args.gpu, host)
+        elapsed = time.perf_counter() - began
+        decoded, skipped = reader.executor.frames_decoded, reader.packets_skipped
+    finally:
+        reader.close()
+    timed = delivered - per_batch * count
+    return {
+        "window": f"{count} frames {_STRIDE} apart from a random frame, {len(planned)} windows, {per_batch} a batch",
+        "frames_delivered": delivered,
+        "frames_decoded": decoded,  # every packet fed comes out of NVDEC once: the packets fed
+        "decoded_per_delivered": round(decoded / delivered, 3),
+        "packets_skipped": skipped,
+        "nvdec_work_saved": _work_saved(decoded, skipped),
+        "frames_per_s": NOT_CHECKED if host else round(timed / elapsed, 1) if timed else None,
+        "wrong": wrong,
     }
 
 
@@ -658,6 +848,9 @@ def section_engine(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         if host:
             _fake_format(8, 0)
         run = _engine_run(args, host, loader, python_step=python_step, seconds=seconds)
+        stats = loader.stats
+        run["frames_decoded"] = stats.frames_decoded
+        run["packets_skipped"] = int(getattr(stats, "packets_skipped", 0))
         free = memory.mem_get_info(args.gpu)[0]
         run["threads"] = loader.engine.num_threads
         run["gpu_memory_used_gib"] = NOT_CHECKED if host else round((free0 - free) / 2**30, 2)
@@ -695,7 +888,7 @@ def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=_CAMERAS, batch_size=2, seed=1)
     loader = build_engine_loader(index, sampler, f"cuda:{args.gpu}", gpu=GpuOptions(probe=False))
 
-    def wrong(batch: dict[str, Any]) -> list[str]:
+    def wrong(batch: Any) -> list[str]:
         bad = []
         for slot in range(batch["frames"].shape[0]):
             if not batch["valid"][slot]:
@@ -772,11 +965,11 @@ def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any
                 frames += sample.shape[0] * sample.shape[1]
                 if host:
                     continue
-                clip = clip_number(plan.clip_id)
+                number = clip_number(plan.clip_id)
                 for t, index_ in enumerate(plan.indices):
                     for camera in range(sample.shape[1]):
-                        if _stamp(sample[t, camera]) != (clip, camera, index_):
-                            errors.append(f"clip {clip} camera {camera} frame {index_}")
+                        if _stamp(sample[t, camera]) != (number, camera, index_):
+                            errors.append(f"clip {number} camera {camera} frame {index_}")
         _synchronize(args.gpu, host)
         elapsed = time.perf_counter() - began
     finally:
@@ -786,6 +979,8 @@ def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any
         "frames": frames,
         "window": "4 frames, stride 3, 6 cameras",
         "threads": reader.executor.workers,
+        "frames_decoded": reader.executor.frames_decoded,  # the warm batch's included
+        "packets_skipped": reader.packets_skipped,
         "samples_per_s": NOT_CHECKED if host else round(samples / elapsed, 1),
         "frames_per_s": NOT_CHECKED if host else round(frames / elapsed, 1),
     }
@@ -799,6 +994,7 @@ _RUN = {
     "data": section_data,
     "kernel": section_kernel,
     "stamps": section_stamps,
+    "stride": section_stride,
     "raw_nvdec": section_raw_nvdec,
     "engine": section_engine,
     "slow_consumer": section_slow_consumer,

@@ -1176,27 +1176,51 @@ def test_the_gpu_first_run_suite_runs_every_section_over_the_test_driver(tmp_pat
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     report = json.loads((out / "gpu_first_run.json").read_text())
     sections = report["sections"]
-    names = ["environment", "data", "kernel", "stamps", "raw_nvdec", "engine", "slow_consumer", "random_access"]
+    names = [
+        "environment",
+        "data",
+        "kernel",
+        "stamps",
+        "stride",
+        "raw_nvdec",
+        "engine",
+        "slow_consumer",
+        "random_access",
+    ]
     assert report["mode"] == "test-driver" and list(sections) == names
     assert {name: s["status"] for name, s in sections.items()} == {
         name: "ok" if name == "data" else "limited" for name in names
     }
     not_checked = "not checked: the test driver decodes no pixels and times no GPU work"
     assert sections["environment"]["pynvvideocodec"] == "2.2.4" and sections["environment"]["nvdec"]["engines"] == 7
-    assert sections["data"]["files"] == 5 + 12 and "sm_90" in sections["kernel"]["compiled"]
+    assert sections["data"]["files"] == 5 + 12 + 1 and "sm_90" in sections["kernel"]["compiled"]
     files = sections["stamps"]["files"]
     assert [f["file"] for f in files][-1] == "hevc 10-bit, B-frames" and sections["stamps"]["stamps"] == not_checked
     assert all(f["in_order"]["stamps"] == f["shuffled"]["stamps"] == not_checked for f in files)
     assert all(f["shuffled_seeks"] > 0 for f in files)  # the shuffled order jumps between GOPs
+    assert all(f["in_order"]["packets_skipped"] == 0 for f in files)  # every frame read: every packet fed
+    assert any(f["shuffled"]["packets_skipped"] > 0 for f in files)  # B-frames before a frame read: never fed
+    # The stride layout read at its stride: NVDEC is fed the frames read (and the stream's last reference, to bring
+    # the last one out); the usual layout read at the same stride decodes every frame up to the last one read.
+    stride = sections["stride"]
+    ours, usual = stride["stride_layout_stride_6"], stride["usual_layout_stride_6"]
+    assert ours["packets_fed"] + ours["packets_skipped"] == stride["stride_layout_stride_1"]["packets_fed"] == 12
+    assert ours["packets_skipped"] == stride["stride6_packets_skipped"] > 0 and usual["packets_skipped"] == 0
+    assert ours["frames_decoded"] < usual["frames_decoded"] and ours["seeks"] == 0
+    assert stride["stride_layout_stride_1"]["packets_skipped"] == 0 and stride["random_access"]["packets_skipped"] > 0
+    assert stride["stamps"] == stride["stride6_over_ippp"] == not_checked
     assert sorted(int(n) for n in sections["raw_nvdec"]["rows"]) == [1, 7, 14, 28]
     assert all(r["frames"] > 0 and r["frames_per_s"] == not_checked for r in sections["raw_nvdec"]["rows"].values())
     engine = sections["engine"]
     assert engine["light"]["camera_frames"] > 0 and engine["heavy"]["python_ms_per_step"] == 2.0
     assert engine["over_raw"] == engine["light_camera_frames_per_s"] == not_checked
     assert sections["slow_consumer"]["steps"] > 0 and sections["random_access"]["samples"] > 0
+    assert engine["light"]["frames_decoded"] > 0 and engine["light"]["packets_skipped"] == 0  # no B-frames
+    assert sections["random_access"]["frames_decoded"] > 0 and sections["random_access"]["packets_skipped"] == 0
     summary = report["summary"]
     assert summary["every_stamp_exact"] == summary["colour_within_tolerance"] == not_checked
-    assert summary["stream_camera_frames_per_s"]["met"] == not_checked
+    assert summary["stream_camera_frames_per_s"]["met"] == summary["stride6_over_ippp"]["met"] == not_checked
+    assert summary["nvdec_work_saved"]["stride_layout_at_stride_6"] == ours["nvdec_work_saved"] > 0.5
     # A section that aborts (as a CUDA fault inside the library ends its process) loses only itself.
     crashed = tmp_path / "crashed"
     command = [sys.executable, script, "--budget", "60", "--out", str(crashed), "--only", "environment,kernel"]
