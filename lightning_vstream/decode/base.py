@@ -5,9 +5,11 @@ This module imports neither torch nor any decoder library.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from lightning_vstream.decode.gops import FeedFilter
 from lightning_vstream.errors import VideoDecodeError
 from lightning_vstream.index.tables import VideoInfo
 
@@ -20,14 +22,47 @@ Layout = Literal["chw", "hwc"]
 
 
 class DecoderBase:
-    """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, and where
-    a frame comes from for error messages. Subclasses set ``path``, ``label``, ``_target`` and
-    ``_frames_decoded``."""
+    """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, where a frame
+    comes from for error messages, and which packets the decoder is fed
+    (:class:`~lightning_vstream.decode.gops.FeedFilter`: non-reference pictures no frame read needs
+    are left out). Subclasses set ``path``, ``label``, ``_target`` and ``_frames_decoded``, and
+    have an ``info``."""
 
     path: Path
     label: str
     _target: int
     _frames_decoded: int
+    _feed_filter: FeedFilter | None = None
+
+    @property
+    def info(self) -> VideoInfo:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    @property
+    def feed(self) -> FeedFilter:
+        """Which packets the decoder is fed (built from the frame table's reference codes on first use)."""
+        if self._feed_filter is None:
+            self._feed_filter = FeedFilter(self.info.references)
+        return self._feed_filter
+
+    def expect(self, frames: Sequence[int] | range | None) -> None:
+        """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
+
+        Non-reference pictures that are neither announced nor needed by an announced one are then
+        not decoded. Reading a frame that was not announced stays exact (decoding restarts at its
+        keyframe when its picture was left out) but may cost a restart.
+
+        Example::
+
+            >>> dec.expect(range(0, dec.info.frame_count, 6))  # doctest: +SKIP
+            >>> frames = [dec.get(i) for i in range(0, dec.info.frame_count, 6)]  # doctest: +SKIP
+        """
+        self.feed.expect(frames)
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets left out because no frame read needs their picture."""
+        return 0 if self._feed_filter is None else self._feed_filter.skipped
 
     @property
     def position(self) -> int:

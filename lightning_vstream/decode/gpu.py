@@ -299,35 +299,9 @@ class NvDecoder(DecoderBase):
         return self._seeks
 
     @property
-    def feed(self) -> FeedFilter:
-        """Which packets NVDEC is fed (built from the frame table's reference codes on first use)."""
-        if self._feed_filter is None:
-            self._feed_filter = FeedFilter(self.info.references)
-        return self._feed_filter
-
-    def expect(self, frames: Sequence[int] | range | None) -> None:
-        """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
-
-        Non-reference pictures that are neither announced nor needed by an announced one are then
-        not fed to NVDEC. Reading a frame that was not announced stays exact (decoding restarts at its
-        keyframe when its picture was passed over) but may cost a jump.
-
-        Example::
-
-            >>> dec.expect(range(0, dec.info.frame_count, 6))  # doctest: +SKIP
-            >>> frames = [dec.get(i) for i in range(0, dec.info.frame_count, 6)]  # doctest: +SKIP
-        """
-        self.feed.expect(frames)
-
-    @property
     def packets_fed(self) -> int:
         """Packets handed to NVDEC so far (the end-of-stream calls not counted)."""
         return self._packets_fed
-
-    @property
-    def packets_skipped(self) -> int:
-        """Packets passed over because no frame read needs their picture."""
-        return 0 if self._feed_filter is None else self._feed_filter.skipped
 
     @property
     def pool(self) -> DecoderPool:

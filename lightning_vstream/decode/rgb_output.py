@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lightning_vstream.decode.base import DecoderBase, VideoInfo
+from lightning_vstream.decode.base import DecoderBase
 from lightning_vstream.decode.colour import RGBConverter
 from lightning_vstream.decode.ffmpeg_fork import keep_forever
-from lightning_vstream.decode.gops import FeedFilter
 
 if TYPE_CHECKING:
     import torch
@@ -37,37 +36,6 @@ class RGBOutputDecoder(DecoderBase):
     _sized: dict[tuple[int, int], RGBConverter]  # more output sizes (get_sizes)
     size: tuple[int, int] | None
     _seeks: int
-    _feed_filter: FeedFilter | None = None
-
-    @property
-    def feed(self) -> FeedFilter:
-        """Which packets the decoder is fed (built from the frame table's reference codes on first use)."""
-        if self._feed_filter is None:
-            self._feed_filter = FeedFilter(self.info.references)
-        return self._feed_filter
-
-    def expect(self, frames: Sequence[int] | range | None) -> None:
-        """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
-
-        Non-reference pictures that are neither announced nor needed by an announced one are then
-        not decoded. Reading a frame that was not announced stays correct (decoding restarts at its
-        keyframe when its picture was left out) but may cost a restart.
-
-        Example::
-
-            >>> dec.expect(range(0, dec.info.frame_count, 6))  # doctest: +SKIP
-            >>> frames = [dec.get(i) for i in range(0, dec.info.frame_count, 6)]  # doctest: +SKIP
-        """
-        self.feed.expect(frames)
-
-    @property
-    def packets_skipped(self) -> int:
-        """Packets left out because no frame read needs their picture."""
-        return 0 if self._feed_filter is None else self._feed_filter.skipped
-
-    @property
-    def info(self) -> VideoInfo:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
 
     @property
     def output_size(self) -> tuple[int, int]:

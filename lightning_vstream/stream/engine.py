@@ -96,7 +96,7 @@ class PlannedStep:
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
     outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
     output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
-    counts: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
+    counts: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)  # thread -> its counts after it
     rows: list[torch.Tensor] = field(default_factory=list)  # position -> its row of ``frames``
 
 
