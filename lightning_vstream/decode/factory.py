@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from lightning_vstream.decode.gpu import LatencyChoice
     from lightning_vstream.storage.config import StorageConfig
 
-__all__ = ["DecoderFactory", "DecoderTable", "GpuFallback", "make_decoder", "nvdec_factory", "pyav_factory"]
+__all__ = [
+    "DecoderFactory",
+    "DecoderTable",
+    "GpuFallback",
+    "announce_stride",
+    "make_decoder",
+    "nvdec_factory",
+    "pyav_factory",
+]
 
 log = logging.getLogger("lightning_vstream")
 #: ``(path, frame table or None, label) -> decoder`` of one camera stream.
@@ -350,3 +358,21 @@ class DecoderTable:
 
     def __contains__(self, key: object) -> bool:
         return key in self._open
+
+
+def announce_stride(decoder: Any, first: int, stride: int) -> Any:
+    """Tell a stream's new ``decoder`` that its reads go every ``stride``-th frame from ``first``; returns it.
+
+    Its non-reference pictures off the stride are then left out from the first read on
+    (:meth:`~lightning_vstream.decode.base.DecoderBase.expect`), rather than from the third, when the
+    decoder would have learnt the stride from its reads. Decoders without ``expect`` are returned as
+    they are.
+
+    Example::
+
+        >>> dec = announce_stride(make_decoder("clip/CAM_FRONT.mp4"), first=0, stride=6)  # doctest: +SKIP
+    """
+    expect = getattr(decoder, "expect", None)
+    if stride > 1 and expect is not None:
+        expect(range(first, 1 << 62, stride))
+    return decoder

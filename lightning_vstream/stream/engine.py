@@ -469,7 +469,9 @@ class StreamEngine:
 
     def _thread_main(self, run: EngineRun, slot: ThreadSlot) -> None:
         t = slot.number
-        decoders = ThreadDecoders(self.index, self.decoder_factory, self.steps, slot.decoders)
+        decoders = ThreadDecoders(
+            self.index, self.decoder_factory, self.steps, slot.decoders, stride=self.sampler.frame_stride
+        )
         stream = self._streams[t]
         step = run.start
         cams = self.sampler.num_cameras

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
-from lightning_vstream.decode.factory import DecoderFactory, DecoderTable
+from lightning_vstream.decode.factory import DecoderFactory, DecoderTable, announce_stride
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
@@ -39,6 +39,8 @@ class ThreadDecoders:
         steps: What follows decoding (augmentation, transform).
         table: The thread's decoders, by stream position (its ``limit``: open decoders this thread keeps,
             the least recently used closed; None: one per stream).
+        stride: The plan's ``frame_stride``: each new decoder is told its reads go every ``stride``-th
+            frame from its first (:func:`~lightning_vstream.decode.factory.announce_stride`).
 
     Example::
 
@@ -48,11 +50,14 @@ class ThreadDecoders:
         ...                       outputs={"small": small_batch[1]})  # doctest: +SKIP
     """
 
-    def __init__(self, index: VideoIndex, factory: DecoderFactory, steps: FrameSteps, table: DecoderTable) -> None:
+    def __init__(
+        self, index: VideoIndex, factory: DecoderFactory, steps: FrameSteps, table: DecoderTable, *, stride: int = 1
+    ) -> None:
         self.index = index
         self.factory = factory
         self.steps = steps
         self.table = table
+        self.stride = stride
         self.limit = table.limit
         # position -> (clip, decoder, timestamps of its frames) for read_into, whose row was checked once. Only
         # used without a limit (no decoder leaves the table but through close()).
@@ -154,7 +159,7 @@ class ThreadDecoders:
         self, position: int, clip: int, camera: int, frame: int, row: torch.Tensor
     ) -> tuple[int, FrameDecoder, list[float]]:
         """The decoder of stream ``position`` for ``clip`` once its frames are known to fit ``row``."""
-        dec = self.decoder(position, clip, camera)
+        dec = self.decoder(position, clip, camera, frame)
         self._check_row(dec, row, clip, camera, frame)
         entry = (clip, dec, dec.info.timestamps)
         self._direct[position] = entry
@@ -199,7 +204,7 @@ class ThreadDecoders:
         What the decoder raises becomes a named error (see :func:`~lightning_vstream.stream.failures.failed_read`).
         """
         try:
-            dec = self.decoder(position, clip, camera)
+            dec = self.decoder(position, clip, camera, frame)
             # Empty unless CPU decoders convert to more sizes than their own (see decoder_sizes).
             sizes = self.steps.extra_sizes if hasattr(dec, "get_sizes") else ()
             if not self.steps.direct:
@@ -218,16 +223,18 @@ class ThreadDecoders:
                 raise
             raise failure from err
 
-    def decoder(self, position: int, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
-        """The decoder of stream ``position`` for ``clip_ordinal``, opened (and older ones closed) as needed."""
+    def decoder(self, position: int, clip_ordinal: int, camera_ordinal: int, frame: int = 0) -> FrameDecoder:
+        """The decoder of stream ``position`` for ``clip_ordinal``, opened (and older ones closed) as needed; a new
+        one is told that its reads start at ``frame`` and go on at the plan's stride."""
         return self.table.get(
-            position, functools.partial(self._open, clip_ordinal, camera_ordinal), version=clip_ordinal
+            position, functools.partial(self._open, clip_ordinal, camera_ordinal, frame), version=clip_ordinal
         )
 
-    def _open(self, clip_ordinal: int, camera_ordinal: int) -> FrameDecoder:
+    def _open(self, clip_ordinal: int, camera_ordinal: int, frame: int) -> FrameDecoder:
         clip = self.index.clips[clip_ordinal]
         camera = clip.cameras[camera_ordinal]
-        return self.factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
+        decoder = self.factory(camera.path, camera.info, f"clip {clip.clip_id!r}, camera {camera.name!r}")
+        return announce_stride(decoder, frame, self.stride)
 
     def close(self, position: int) -> None:
         """Close the decoder of stream ``position`` (after a failure), keeping its counters."""

@@ -22,7 +22,7 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.counters import DecodeStats
-from lightning_vstream.decode.factory import DecoderTable, make_decoder
+from lightning_vstream.decode.factory import DecoderTable, announce_stride, make_decoder
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
@@ -144,6 +144,8 @@ class StreamDataset(Dataset):
         self.decoders = DecoderTable(limit=self.max_open_decoders)
         #: The rank's stream plan (set by the loader): with a remote index, GOPs are fetched ahead by it.
         self.plan: Any = None
+        #: The plan's ``frame_stride`` (set by the loader): each new decoder is told its reads go at that stride.
+        self.frame_stride = 1
         self._prefetcher: Any = None
 
     def __len__(self) -> int:
@@ -193,7 +195,7 @@ class StreamDataset(Dataset):
     def _open(self, read: StreamRead) -> FrameDecoder:
         clip = self.index.clips[read.clip]
         camera = clip.cameras[read.camera]
-        return make_decoder(
+        decoder = make_decoder(
             camera.path,
             info=camera.info,
             threads=self.decoder_threads,
@@ -202,6 +204,7 @@ class StreamDataset(Dataset):
             size=self.steps.decode_size,
             storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
+        return announce_stride(decoder, read.frame, self.frame_stride)
 
     def _read(
         self, read: StreamRead, out: torch.Tensor | None = None

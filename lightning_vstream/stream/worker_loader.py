@@ -142,6 +142,7 @@ class StreamDataLoader(DataLoader):
         self._passes: weakref.WeakSet[Any] = weakref.WeakSet()  # worker iterators of passes not finished
         self._camera_templates: dict[str, dict[int, Template]] = {}
         sampler.buffer_factory = weakref.WeakMethod(self._new_buffer)  # no loader <-> sampler cycle
+        dataset.frame_stride = sampler.frame_stride
         if dataset.index.storage is not None:  # a remote index: workers fetch ahead by the plan
             from lightning_vstream.stream.schedule import PlanSpec
 
