@@ -277,11 +277,19 @@ class TableSource:
         self._held: Any = None  # a converted packet, kept until NVDEC has parsed it
         #: Which packets NVDEC is fed (None: all).
         self.feed: FeedFilter | None = None
+        self._resend = False  # the parameter sets go in front of the next packet
 
     def seek_key(self, key_ordinal: int) -> None:
-        """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read."""
+        """Go to keyframe ``key_ordinal`` of the frame table: its packet is the next one read.
+
+        An H.264 keyframe after the first may be a recovery point rather than an IDR picture (open
+        GOPs), in front of which neither the file nor FFmpeg's filter puts the parameter sets: they
+        go in front of the first packet after the jump, so the decoder never depends on what it kept
+        across the end of the stream that precedes a jump.
+        """
         self._next = self._rank[self.info.key_indices[key_ordinal]]
         self._stop = 0  # a chunk converted in place is read again from the file
+        self._resend = self._mode == "h264" and bool(self._prefix)
 
     def fill(self, data: Any) -> bool:
         """Point PyNvVideoCodec's ``data`` (a ``PacketData``) at the next packet; False at the end of the stream.
@@ -314,7 +322,10 @@ class TableSource:
             )
         address = self._address + offset
         mode = self._mode
-        if mode != "none":  # packet_kind, inlined: once per frame
+        if self._resend:
+            address, size = self._convert(view, i, parameter_sets=True)
+            self._resend = False
+        elif mode != "none":  # packet_kind, inlined: once per frame
             header = view[4] if size > 4 else 0
             if (
                 size > 4
@@ -330,9 +341,11 @@ class TableSource:
         self._next = i + 1
         return True
 
-    def _convert(self, view: memoryview, i: int) -> tuple[int, int]:
+    def _convert(self, view: memoryview, i: int, *, parameter_sets: bool = False) -> tuple[int, int]:
         try:
             packet = to_annexb(view, self._mode, self._prefix)
+            if parameter_sets and self._prefix not in packet:  # not an IDR picture, which has them in front
+                packet[:0] = self._prefix
         except ValueError as err:
             raise VideoDecodeError(
                 f"{self.where} frame {self._frames[i]}: its packet is not H.264/H.265 as stored in MP4: {err}."
