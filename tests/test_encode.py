@@ -273,6 +273,18 @@ def test_keyframe_stride_layout_keeps_every_frame_and_only_the_stride_as_referen
     )
 
 
+@pytest.mark.parametrize("preset", ["ultrafast", "superfast"])
+def test_keyframe_stride_with_the_fastest_presets(image_index: Path, tmp_path: Path, preset: str) -> None:
+    """x265's fastest presets look ahead fewer frames than the stride layout's B-frames in a row: raised, not refused."""
+    summary = encode_index(
+        image_index, tmp_path / "out", codec="hevc", gop=6, keyframe_stride=6, preset=preset, progress=False
+    )
+    check_round_trip(image_index, summary.index)
+    info = load_index(summary.index)[0].cameras[0].info
+    assert info is not None and info.references is not None
+    assert [f for f in range(6) if info.references[f] & 1] == [0]
+
+
 def test_keyframe_stride_on_the_command_line(
     image_index: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

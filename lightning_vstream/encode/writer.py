@@ -151,6 +151,21 @@ def source_bytes(source: CameraSource) -> int:
     return source.frames.stat().st_size
 
 
+#: x265's lookahead depth per preset: it must exceed the B-frames in a row, or x265 refuses to open.
+_X265_LOOKAHEAD = {
+    "ultrafast": 5,
+    "superfast": 10,
+    "veryfast": 15,
+    "faster": 15,
+    "fast": 15,
+    "medium": 20,
+    "slow": 25,
+    "slower": 40,
+    "veryslow": 40,
+    "placebo": 60,
+}
+
+
 def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
     stride = settings.stride
     bframes = stride - 1 if stride > 1 else settings.bframes
@@ -160,6 +175,8 @@ def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
         # not references (no pyramid) between references on the stride. Open GOPs let the B-frames
         # before a keyframe be predicted from it; a closed GOP would make the last of them a P-frame.
         params += f":b-adapt=0:open-gop=1:b-pyramid={'none' if settings.codec == 'h264' else '0'}"
+        if settings.codec == "hevc" and _X265_LOOKAHEAD.get(settings.preset, 20) <= bframes:
+            params += f":rc-lookahead={bframes + 1}"  # the preset's own is too short for the stride's B-frames
     options = {"preset": settings.preset}
     if settings.bitrate is None:
         options["crf"] = str(settings.crf if settings.crf is not None else DEFAULT_CRF[settings.codec])
