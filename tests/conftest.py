@@ -7,6 +7,9 @@ selected `nvdriver` test in one child pytest process started with that library p
 ``VSTREAM_NVDEC_HOST_MEMORY=1``, under which the project views the fake's "device" memory as host
 memory), and reports each test's own result here. Without the variable they are skipped, saying why.
 
+Torch ops run on one thread (``OMP_NUM_THREADS=1`` unless set outside), in this process and the ones it
+starts: on tiny frames a second thread saves nothing and spins, which costs the suite a fifth of its CPU time.
+
 The DDP tests' fits run in one two-rank DDP session (`ddp_session`, tests/_ddp.py). A test that
 leaves a DataLoader iterator with workers unfinished must end it itself (read it to the end, or
 ``close()`` a generator): one that the garbage collector finds instead has its queues closed
@@ -25,6 +28,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# Set before torch is imported (see the module docs); a value set outside wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 

@@ -9,6 +9,7 @@ importable by loading :mod:`lightning_vstream.indexing` on first access, never a
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections import defaultdict
@@ -104,8 +105,9 @@ def _imports(path: Path) -> list[tuple[int, str, bool]]:
     return [(line, name, eager) for line, name, eager in found if name.startswith("lightning_vstream.")]
 
 
+@functools.cache
 def _edges() -> dict[str, dict[str, list[str]]]:
-    """Layer -> imported layer -> the places (``file:line``) that import it."""
+    """Layer -> imported layer -> the places (``file:line``) that import it (parsed once; read, never changed)."""
     edges: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()

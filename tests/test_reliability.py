@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import re
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,8 +246,44 @@ def test_stalled_or_dead_worker_surfaces_as_an_error(
     gc.collect()  # shut the remaining worker down before the next test
 
 
-def _kill_worker(loader: StreamDataLoader, worker_id: int) -> int:
-    """SIGKILL one decoding worker and wait until it is dead (not reaped): torch's SIGCHLD has been sent then."""
+@pytest.fixture
+def worker_1_parks(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Any]:
+    """``park(after)``: decoding worker 1 (part 1 of every step) stops inside its first task of a step after
+    ``after`` and says so (the Event it sets); forked workers inherit the patched dataset.
+
+    Killed there, the worker is decoding, as when the kernel's OOM killer picks it. Killed at a random moment,
+    it may be taking a task's shared batch buffers from this process's resource sharer, whose thread then
+    prints a ConnectionResetError traceback of its own (outside the test's captured output when it runs late).
+    """
+    real = StreamDataset.__getitem__
+
+    def park(after: int) -> Any:
+        parked = multiprocessing.Event()
+
+        def getitem(self: StreamDataset, task: StreamTask) -> Any:
+            if task.part == 1 and task.step > after:
+                parked.set()
+                threading.Event().wait()  # until the test kills this worker
+            return real(self, task)
+
+        monkeypatch.setattr(StreamDataset, "__getitem__", getitem)
+        return parked
+
+    return park
+
+
+@pytest.fixture
+def excepthook_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What reached ``sys.excepthook`` during the test (the resource sharer's thread reports there)."""
+    reported: list[str] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: reported.append(f"{kind.__name__}: {value}"))
+    return reported
+
+
+def _kill_worker(loader: StreamDataLoader, worker_id: int, parked: Any) -> int:
+    """SIGKILL one decoding worker once it has parked and wait until it is dead (not reaped): torch's SIGCHLD has been
+    sent then."""
+    assert parked.wait(timeout=120), f"decoding worker {worker_id} never parked"
     pid = next(pid for pid, wid in loader._worker_stats if wid == worker_id)
     os.kill(pid, signal.SIGKILL)
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
@@ -261,37 +300,42 @@ _KILLED = (
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
 def test_a_worker_killed_during_a_plain_loop_is_a_worker_error_from_the_loader(
-    pristine: Path, persistent: bool
+    pristine: Path, persistent: bool, worker_1_parks: Callable[[int], Any], excepthook_calls: list[str]
 ) -> None:
     index = load_index(pristine / "index.json")
     sampler = StreamSampler(LENGTHS, num_cameras=2, batch_size=2, num_parts=2, shuffle=False)
+    parked = worker_1_parks(3)  # in step 4, which this loop has not asked for when it kills the worker
     loader = StreamDataLoader(StreamDataset(index=index), sampler=sampler, num_workers=2, persistent_workers=persistent)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     killed = None
     with pytest.raises(WorkerError, match=_KILLED) as caught:
         for step, _ in enumerate(loader):
             if step == 3:
-                killed = _kill_worker(loader, 1)
+                killed = _kill_worker(loader, 1, parked)
                 # The signal arrived while this loop body runs: torch's own handler would raise its
                 # RuntimeError right here. Give pending handlers bytecodes to run on.
                 assert sum(range(10_000)) > 0
     match = re.match(_KILLED, str(caught.value))
     assert match is not None and int(match["pid"]) == killed
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+    assert excepthook_calls == []
 
 
 class _KillsWorkerModel(RecordingModel):
     """Kills decoding worker 1 with SIGKILL in the middle of its fourth training step."""
 
     killed: int | None = None
+    parked: Any = None
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
         if batch_idx == 3:
-            self.killed = _kill_worker(self.trainer.train_dataloader, 1)  # type: ignore[arg-type]
+            self.killed = _kill_worker(self.trainer.train_dataloader, 1, self.parked)  # type: ignore[arg-type]
         return super().training_step(batch, batch_idx)
 
 
-def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_path: Path) -> None:
+def test_a_worker_killed_under_lightning_is_a_worker_error(
+    pristine: Path, tmp_path: Path, worker_1_parks: Callable[[int], Any], excepthook_calls: list[str]
+) -> None:
     dm = StreamVideoDataModule(
         index_file=pristine / "index.json", batch_size=2, num_workers=2, shuffle=False, engine="workers"
     )
@@ -305,6 +349,7 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_p
         default_root_dir=tmp_path,
     )
     model = _KillsWorkerModel()
+    model.parked = worker_1_parks(4)  # in step 5: Lightning has fetched batch 4 before its step 3 runs
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(WorkerError, match=_KILLED) as caught:
         trainer.fit(model, datamodule=dm)
@@ -312,6 +357,7 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(pristine: Path, tmp_p
     assert match is not None and int(match["pid"]) == model.killed
     assert model.stamp_errors == [] and len(model.seen) >= 4
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
+    assert excepthook_calls == []
 
 
 def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -150,16 +151,37 @@ def _stamp(stamp: Any) -> tuple[int, int, int]:
     return (stamp.clip, stamp.camera, stamp.frame)
 
 
+class TrainingRun(NamedTuple):
+    """A loader's whole run in training order ("drop"): what each batch told the model, and its counters."""
+
+    records: list[tuple[Any, ...]]
+    skipped_samples: int
+    frames_delivered: int
+
+
+@pytest.fixture(scope="module")
+def training_run(damaged: Path) -> Callable[[str, int], TrainingRun]:
+    """``run(loader, prefetch)``: :class:`TrainingRun` of a loader of :data:`LOADERS`, read once per module (three
+    tests check the same runs)."""
+    runs: dict[tuple[str, int], TrainingRun] = {}
+
+    def run(name: str, prefetch: int) -> TrainingRun:
+        if (name, prefetch) not in runs:
+            workers, threads = LOADERS[name]
+            loader = _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch)
+            records = [_record(b) for b in loader]
+            stats = loader.stats
+            runs[name, prefetch] = TrainingRun(records, stats.skipped_samples, stats.frames_delivered)
+        return runs[name, prefetch]
+
+    return run
+
+
 @pytest.mark.parametrize("prefetch", [1, 2, 4])
 def test_every_loader_keeps_a_failed_slot_invalid_for_prefetch_factor_plus_one_steps(
-    damaged: Path, prefetch: int
+    training_run: Callable[[str, int], TrainingRun], prefetch: int
 ) -> None:
-    runs = {
-        name: [
-            _record(b) for b in _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch)
-        ]
-        for name, (workers, threads) in LOADERS.items()
-    }
+    runs = {name: training_run(name, prefetch).records for name in LOADERS}
     for name, run in runs.items():
         assert run == runs["workers0"], f"{name} differs from workers0 (prefetch_factor={prefetch})"
     run = runs["workers0"]
@@ -172,10 +194,12 @@ def test_every_loader_keeps_a_failed_slot_invalid_for_prefetch_factor_plus_one_s
 
 
 @pytest.mark.parametrize("loader", sorted(LOADERS))
-def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(damaged: Path, loader: str) -> None:
+def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(
+    damaged: Path, training_run: Callable[[str, int], TrainingRun], loader: str
+) -> None:
     workers, threads = LOADERS[loader]
     options = {"num_workers": workers, "engine_threads": threads}
-    full = [_record(b) for b in _skip_loader(damaged, **options)]
+    full = training_run(loader, 2).records  # _skip_loader's default prefetch
     failed_at = next(i for i, b in enumerate(full) if not all(b[3]))
     # Resume before, at and just after the failing step, inside the window (steps issued before the
     # skip was found still read the clip given up), and after it.
@@ -194,7 +218,9 @@ def test_resume_around_a_skip_delivers_what_the_uninterrupted_run_did(damaged: P
 
 
 @pytest.mark.parametrize("prefetch", [1, 2, 4])
-def test_skip_counters_are_exact_for_every_loader(damaged: Path, prefetch: int) -> None:
+def test_skip_counters_are_exact_for_every_loader(
+    damaged: Path, training_run: Callable[[str, int], TrainingRun], prefetch: int
+) -> None:
     bad = clip_name(BAD_CLIP)
     lost = set()
     for name, (workers, threads) in LOADERS.items():
@@ -213,11 +239,10 @@ def test_skip_counters_are_exact_for_every_loader(damaged: Path, prefetch: int) 
         assert stats.read_errors >= 1, setting
         lost.add(stats.skipped_samples)
         # Training order ("drop"): no padding in the plan, so every invalid slot-step is a lost one.
-        loader = _skip_loader(damaged, num_workers=workers, engine_threads=threads, prefetch=prefetch)
-        batches = list(loader)
-        invalid = sum(int((~b["valid"]).sum()) for b in batches)
-        assert loader.stats.skipped_samples == invalid, setting
-        assert loader.stats.frames_delivered == (2 * len(batches) - invalid) * 2, setting
+        run = training_run(name, prefetch)
+        invalid = sum(not valid for record in run.records for valid in record[3])
+        assert run.skipped_samples == invalid, setting
+        assert run.frames_delivered == (2 * len(run.records) - invalid) * 2, setting
     assert len(lost) == 1 and lost.pop() > 10
 
 
