@@ -10,6 +10,7 @@ the next ``Decode``, so a frame converted too late carries another frame's stamp
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -78,6 +79,20 @@ def encode(
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+@functools.cache
+def probed(path: Path) -> tuple[VideoInfo, ColorSpec]:
+    """A file's frame table and colour spec, as PyAV's demuxer reads them (probed once per path)."""
+    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.probe import probe_video
+
+    info = probe_video(path)
+    source = PacketSource(path, info)
+    try:
+        return info, source.format.color
+    finally:
+        source.close()
 
 
 def fake_format(

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
-from _nvdriver import FakeLog, Marker, fake_format, install_marker, stamped_rgb
+from _nvdriver import FakeLog, Marker, fake_format, install_marker, probed, stamped_rgb
 
 from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
 from lightning_vstream.decode import gpu as decode_gpu
@@ -37,8 +37,6 @@ from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.decoder_pool import DecoderPool
 from lightning_vstream.decode.gops import GopPlanner, GopTask, plan_feed
 from lightning_vstream.decode.gpu import NvDecoder, NvGopDecoder
-from lightning_vstream.decode.nvdec_sources import PacketSource
-from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.index.tables import VideoInfo, is_reference
 from tests import _gop_shapes
 
@@ -96,17 +94,6 @@ def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return str(request.param)
 
 
-@functools.cache
-def _table(path: Path) -> tuple[VideoInfo, Any]:
-    """A file's frame table and colour spec (probed once)."""
-    info = probe_video(path)
-    source = PacketSource(path, info)
-    try:
-        return info, source.format.color
-    finally:
-        source.close()
-
-
 def _sent(log: FakeLog, info: VideoInfo) -> list[int]:
     """The frames whose packets NVDEC received, in the order it received them (end-of-stream calls left out)."""
     lines = [line for line in log.calls("cuvidParseVideoData") if " size=0 " not in line]
@@ -116,7 +103,7 @@ def _sent(log: FakeLog, info: VideoInfo) -> list[int]:
 
 
 def _assert_stamped(frames: dict[int, torch.Tensor], clip: int, path: Path) -> None:
-    info, spec = _table(path)
+    info, spec = probed(path)
     for index, frame in frames.items():
         expected = stamped_rgb((clip, 0, index), info.height, info.width, spec)
         assert torch.equal(frame, expected), f"{path.name}: frame {index} does not carry its own stamp"
@@ -161,7 +148,7 @@ def test_reading_at_the_layouts_stride_feeds_nvdec_only_the_frames_read(
     fake_log: FakeLog,
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 3, 0)
     wanted = list(range(0, FRAMES, STRIDE))
@@ -191,7 +178,7 @@ def test_a_frame_passed_over_is_read_exactly_after_a_restart(
     shapes: Callable[[str], Path], shape: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 4, 0)
     got: dict[int, torch.Tensor] = {}
@@ -218,7 +205,7 @@ def test_reading_every_frame_feeds_every_packet_once(
     shapes: Callable[[str], Path], shape: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 5, 0)
     with NvDecoder(path, info=info, pool=DecoderPool()) as dec:
@@ -238,7 +225,7 @@ def test_reads_in_any_order_return_their_own_frames(
     shapes: Callable[[str], Path], shape: str, reading: str, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 6, 0)
     order = random.Random(shape).sample(range(FRAMES), FRAMES)
@@ -255,7 +242,7 @@ def test_random_access_feeds_nvdec_what_plan_feed_plans(
     shapes: Callable[[str], Path], shape: str, marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 7, 0)
     order = _decode_order(path, info)
@@ -287,7 +274,7 @@ def test_the_batch_reader_counts_the_packets_its_decoders_pass_over(
     shapes: Callable[[str], Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     path = shapes("hevc-stride6")
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     marker.add(info, 8, 0)
     windows = [(0, 6, 12, 18), (24, 30, 36, 42), (13, 19, 25, 31)]
@@ -312,7 +299,7 @@ def test_a_wanted_frame_nvdec_never_returns_is_named(
     shapes: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = shapes("h264-ippp")
-    info, _ = _table(path)
+    info, _ = probed(path)
     fake_format(monkeypatch, info)
     lost = info.pts[5]
 
@@ -350,7 +337,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 @functools.cache
 def _every_packet(path: Path) -> dict[int, torch.Tensor]:
     """Every frame of ``path`` as the stand-in decodes it from every packet, in order (no jump)."""
-    info, _ = _table(path)
+    info, _ = probed(path)
     with NvDecoder(path, info=replace(info, references=None), memory=StandInMemory(), pool=DecoderPool()) as dec:
         return {index: dec.read().clone() for index in range(FRAMES)}
 
@@ -364,7 +351,7 @@ def test_frames_decoded_from_the_packets_fed_are_those_decoded_from_every_packet
     shapes: Callable[[str], Path], shape: str, stand_in: types.ModuleType
 ) -> None:
     path = shapes(shape)
-    info, _ = _table(path)
+    info, _ = probed(path)
     with NvDecoder(path, info=info, memory=StandInMemory(), pool=DecoderPool()) as dec:
         dec.expect(range(0, FRAMES, STRIDE))
         got = {index: dec.get(index).clone() for index in range(0, FRAMES, STRIDE)}

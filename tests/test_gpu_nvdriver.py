@@ -10,7 +10,6 @@ row pattern. Run with ``VSTREAM_FAKE_NVDRIVER=<folder of the built fake driver> 
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from _nvdriver import (
     fake_format,
     install_marker,
     pattern_nv12,
+    probed,
     stamped_rgb,
 )
 
@@ -82,19 +82,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: encode(root / f"{name}.mp4", **kind) for name, kind in KINDS.items()}
 
 
-@functools.cache
-def _table(path: Path) -> tuple[Any, Any]:
-    """A file's frame table and colour spec (probed once)."""
-    info = probe_video(path)
-    source = PacketSource(path, info)
-    try:
-        return info, source.format.color
-    finally:
-        source.close()
-
-
 def _spec(path: Path) -> Any:
-    return _table(path)[1]
+    return probed(path)[1]
 
 
 def _read_all(dec: NvDecoder, count: int) -> list[torch.Tensor]:
@@ -102,7 +91,7 @@ def _read_all(dec: NvDecoder, count: int) -> list[torch.Tensor]:
 
 
 def _assert_stamped(frames: dict[int, torch.Tensor], clip: int, path: Path, *, sixteen: bool = False) -> None:
-    info, spec = _table(path)
+    info, spec = probed(path)
     for index, frame in frames.items():
         expected = stamped_rgb((clip, 0, index), info.height, info.width, spec, sixteen=sixteen)
         assert torch.equal(frame, expected), f"{path.name}: frame {index} does not carry its own stamp"
@@ -508,7 +497,7 @@ def test_no_decode_stream_ever_waits_for_an_event_of_the_consumers_stream(
         loader.sampler.set_epoch(epoch)
         for batch in loader:
             assert not _batch_errors(batch, clips, spec)
-    info = _table(files["hevc"])[0]
+    info = probed(files["hevc"])[0]
     marker.add(info, 7, 0)
     reader = BatchReader(gpu=0, device="cpu", threads=2, pool=DecoderPool())
     try:
@@ -578,7 +567,7 @@ def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random
         r"\(4 x hevc 256x256 \(\d+ MiB each\)\).*Lower engine_threads, batch_size or the cameras per step",
     ):
         _engine_loader(index)
-    info = _table(files["hevc"])[0]
+    info = probed(files["hevc"])[0]
     with pytest.raises(GpuMemoryError, match=r"for 16 decoders \(8 x hevc 256x256.*Lower gop_threads or max_open"):
         make_reader("cuda:0", 2, 4, formats=[(files["hevc"], info)])
     assert not marker.decoders and not list(fake_log.calls("cuvidCreateDecoder"))  # refused before any existed
@@ -720,7 +709,7 @@ def test_random_access_batches_over_the_real_library(
     from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
 
     names = ["hevc_open_gop_bframes", "h264_bframes"]
-    infos = [_table(files[n])[0] for n in names]
+    infos = [probed(files[n])[0] for n in names]
     for number, info in enumerate(infos):
         marker.add(info, number, 0)
     # Both files are 256x256; the fake must reorder as deep as the deeper of them.
