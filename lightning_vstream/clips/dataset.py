@@ -481,7 +481,7 @@ class VideoClipDataset(Dataset[ClipSample]):
             decoded, _, opened, skipped = self._executor.pool.counts()
         if self._reader is not None:
             opened += self._reader.executor.opened
-            skipped += int(getattr(self._reader, "packets_skipped", 0))
+            skipped += self._reader.packets_skipped
         return decoded, opened, skipped
 
     def __len__(self) -> int:

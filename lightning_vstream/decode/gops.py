@@ -29,7 +29,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lightning_vstream.errors import ConfigurationError
-from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo
+from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo, is_reference, temporal_id
 
 __all__ = ["FeedFilter", "GopPlanner", "GopTask", "assign_tasks", "plan_feed"]
 
@@ -320,7 +320,7 @@ class FeedFilter:
         if frames is None or isinstance(frames, range):
             above = self._top
         else:
-            above = max((_layer(codes[f]) for f in frames if 0 <= f < len(codes)), default=0)
+            above = max((temporal_id(codes[f]) for f in frames if 0 <= f < len(codes)), default=0)
         if above > self._above and self._any_left_out:
             self._stale = True
         self._above = above
@@ -341,7 +341,8 @@ class FeedFilter:
         restart = self._stale or backwards or target in self._left_out
         self._last_gap = gap
         self._target = target
-        self._left_out = {f for f in self._left_out if f > target}
+        if self._left_out:
+            self._left_out = {f for f in self._left_out if f > target}
         return restart
 
     def next_read(self, target: int) -> int | None:
@@ -363,7 +364,7 @@ class FeedFilter:
         codes = self._codes
         if codes is None:
             return False
-        return not any(codes[f] == REFERENCE_UNKNOWN or codes[f] & 1 for f in range(first, stop))
+        return not any(is_reference(codes[f]) for f in range(first, stop))
 
     def restart(self) -> None:
         """The decoder restarts at a keyframe: nothing it is fed from now on depends on a packet left out."""
@@ -389,7 +390,3 @@ class FeedFilter:
         if frame > self._target:
             self._left_out.add(frame)
         return False
-
-
-def _layer(code: int) -> int:
-    return 0 if code == REFERENCE_UNKNOWN else code >> 1
