@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from lightning_vstream.storage.atomic import write_atomic
+
 __all__ = ["COLOUR_TOLERANCE", "SCHEMA", "run_doctor"]
 
 SCHEMA = "lightning_vstream.doctor/1"
@@ -448,7 +450,7 @@ def run_doctor(
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_atomic(json_path, json.dumps(result, indent=2, default=str) + "\n")
         result["json"] = str(json_path)
     _print_report(result, out)
     return 1 if result["status"] == "failed" else 0

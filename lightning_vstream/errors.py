@@ -31,6 +31,7 @@ __all__ = [
     "DecoderCapabilityError",
     "EncodeError",
     "FileChangedError",
+    "FileWriteError",
     "FrameSizeError",
     "GpuError",
     "GpuMemoryError",
@@ -188,6 +189,21 @@ class DataFormatError(VStreamError, ValueError):
 
 class MissingFileError(VStreamError, FileNotFoundError):
     """A file or folder that an index, a request or an argument names does not exist."""
+
+
+class FileWriteError(VStreamError, OSError):
+    """A file could not be written (a full disk, a quota, a file-size limit, a read-only folder).
+
+    Every file this package writes is written to a temporary name in its folder and renamed into
+    place, so the previous version of the file is intact and the temporary file is removed. The
+    message names the file and the reason; ``errno`` is set as for any ``OSError``.
+
+    Example::
+
+        >>> err = FileWriteError(28, "cannot write 'index.json': No space left on device")
+        >>> err.errno, isinstance(err, OSError)
+        (28, True)
+    """
 
 
 class MissingDependencyError(VStreamError, ImportError):

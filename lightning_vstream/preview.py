@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.errors import ConfigurationError, MissingDependencyError
+from lightning_vstream.storage.atomic import open_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -84,10 +85,27 @@ class Preview:
     tiles: tuple[PreviewTile, ...]
 
     def save(self, path: Path | str) -> Path:
-        """Write the image to ``path`` (its format from the suffix, PNG for ``.png``); returns the path."""
+        """Write the image to ``path`` (its format from the suffix, PNG for ``.png``), whole or not at all.
+
+        Returns:
+            The path.
+
+        Raises:
+            ConfigurationError: The suffix names no image format Pillow writes.
+            FileWriteError: The file could not be written (a full disk); an earlier file there is kept.
+        """
+        from PIL import Image
+
         path = Path(path)
+        image_format = Image.registered_extensions().get(path.suffix.lower())
+        if image_format is None or image_format not in Image.SAVE:
+            raise ConfigurationError(
+                f"preview path {str(path)!r}: {path.suffix or 'no suffix'!r} names no image format that can be "
+                "written; end it in .png (or .jpg)."
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.image.save(path)
+        with open_atomic(path) as f:
+            self.image.save(f, format=image_format)
         return path
 
     def _repr_png_(self) -> bytes:

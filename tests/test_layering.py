@@ -26,8 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "profiling": {"errors"},
     "storage": {"errors"},
     "outputs": {"errors"},
-    "annotations": {"errors"},
-    "preview": {"errors"},
+    "annotations": {"errors", "storage"},  # storage.atomic: annotation files are written whole
+    "preview": {"errors", "storage"},  # storage.atomic: preview images are written whole
     "callbacks": {"errors", "preview"},
     "index": {"errors", "storage"},
     "options": {"errors", "outputs"},

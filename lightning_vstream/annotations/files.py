@@ -28,7 +28,6 @@ to the cameras the loader reads. See ``docs/training_data.md`` for the recommend
 from __future__ import annotations
 
 import math
-import os
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lightning_vstream.errors import AnnotationError
+from lightning_vstream.storage.atomic import open_atomic
 
 __all__ = ["FORMAT", "VERSION", "AnnotationFiles", "ClipAnnotations", "MatchMode", "write_clip_annotations"]
 
@@ -141,9 +141,8 @@ def write_clip_annotations(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{clip_id}.npz"
-    tmp = folder / f".{clip_id}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, **out)  # type: ignore[arg-type]
-    tmp.replace(path)
+    with open_atomic(path) as f:
+        np.savez(f, **out)  # type: ignore[arg-type]
     return path
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.errors import ConfigurationError, MissingFileError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
+from lightning_vstream.storage.atomic import write_atomic
 
 __all__ = ["index_from_files"]
 
@@ -99,8 +99,6 @@ def index_from_files(
         clips.append(Clip(name, path.parent, info.frame_count, (CameraStream(camera, path, info),)))
     if cache_path is not None and changed:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_name(cache_path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, separators=(",", ":")), encoding="utf-8")
-        tmp.replace(cache_path)
+        write_atomic(cache_path, json.dumps(cache, separators=(",", ":")))
     source = cache_path.resolve() if cache_path is not None else Path.cwd()
     return VideoIndex(source, tuple(clips), (camera,))

@@ -65,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse a dataset with incomplete clips (a camera file missing or unreadable) instead of indexing "
         "the whole clips and listing the others in INDEX.incomplete.json",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing file at the output (or its tables) that is not an index written by vstream "
+        "index; an output inside a clip folder is refused even so",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--storage-option",
@@ -118,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             metadata=not args.no_metadata,
             table_format=args.table_format,
             incomplete="raise" if args.strict else "skip",
+            force=args.force,
         )
         # Asked for with --no-metadata: said once below, in words, rather than as a warning.
         index = load_index(path)

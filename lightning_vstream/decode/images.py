@@ -29,6 +29,7 @@ from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError,
 from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError, VStreamWarning
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
+from lightning_vstream.storage.atomic import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -296,7 +297,7 @@ class ImageFolderDecoder(DecoderBase):
 def write_timestamps(folder: Path | str, seconds: Sequence[float]) -> Path:
     """Write ``timestamps.txt`` for an image folder (one time in seconds per line)."""
     path = Path(folder) / TIMESTAMPS_FILE
-    path.write_text("".join(f"{t!r}\n" for t in seconds), encoding="utf-8")
+    write_atomic(path, "".join(f"{t!r}\n" for t in seconds))
     return path
 
 

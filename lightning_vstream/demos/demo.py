@@ -41,6 +41,7 @@ import torch
 
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError
 from lightning_vstream.options import is_count
+from lightning_vstream.storage.atomic import write_atomic
 
 if TYPE_CHECKING:
     from lightning.pytorch.loggers import CSVLogger
@@ -242,7 +243,7 @@ def _write_splits(root: Path) -> None:
     names = sorted(clips)
     for split, chosen in (("train", names[:-VAL_CLIPS]), ("val", names[-VAL_CLIPS:])):
         path = root / f"{split}.json"
-        path.write_text(json.dumps({video_dir: {c: clips[c] for c in chosen}}, indent=2) + "\n")
+        write_atomic(path, json.dumps({video_dir: {c: clips[c] for c in chosen}}, indent=2) + "\n")
         write_index_tables(path, progress=False)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.storage.atomic import atomic_path, write_atomic
 
 __all__ = [
     "NUSCENES_CAMERAS",
@@ -256,7 +257,11 @@ def write_stamped_video(
     rate = Fraction(fps).limit_denominator(1001)
     time_base = Fraction(1, 90000) if timestamps is not None else 1 / rate
     container_options = {"movflags": "faststart"} if faststart else {}
-    with av.open(str(path), mode="w", options=container_options) as container:
+    muxer = _muxer(path)
+    with (
+        atomic_path(path) as partial,
+        av.open(str(partial), mode="w", format=muxer, options=container_options) as container,
+    ):
         audio = container.add_stream("aac", rate=16000) if audio_first else None
         stream = container.add_stream(encoder, rate=rate, options=options)
         stream.width, stream.height = width, height
@@ -287,6 +292,36 @@ def write_stamped_video(
             "(extreme timestamp gaps with B-frames do this); use fewer B-frames or smoother timestamps."
         )
     return path
+
+
+#: FFmpeg's muxer for each video file extension (the file is written under a temporary name first).
+_MUXERS = {
+    ".mp4": "mp4",
+    ".m4v": "mp4",
+    ".mov": "mov",
+    ".mkv": "matroska",
+    ".webm": "webm",
+    ".avi": "avi",
+    ".ts": "mpegts",
+    ".h264": "h264",
+    ".h265": "hevc",
+    ".hevc": "hevc",
+}
+
+
+def _muxer(path: Path) -> str:
+    """The muxer for ``path``'s extension.
+
+    Raises:
+        ConfigurationError: The extension is not a video file's.
+    """
+    muxer = _MUXERS.get(path.suffix.lower())
+    if muxer is None:
+        raise ConfigurationError(
+            f"{str(path)!r}: {path.suffix or 'no extension'!r} is not a video file extension; use one of "
+            f"{sorted(_MUXERS)}."
+        )
+    return muxer
 
 
 def _mux_audio(container: Any, audio: Any, pts: int, *, until: float) -> int:
@@ -481,7 +516,7 @@ def write_dataset(
     if with_metadata:
         build_index(root, output=index_path, video_dirs=[video_dir], progress=False)
     else:
-        index_path.write_text(json.dumps(entries, indent=2) + "\n")
+        write_atomic(index_path, json.dumps(entries, indent=2) + "\n")
     if annotations:
         from lightning_vstream.demos.synth_annotations import write_synthetic_annotations
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lightning_vstream.demos.synth import Stamp, frame_image
 from lightning_vstream.errors import MissingDependencyError
+from lightning_vstream.storage.atomic import open_atomic
 
 __all__ = ["write_stamped_images"]
 
@@ -41,6 +42,7 @@ def write_stamped_images(
     width, height = size
     for i in range(frames):
         image = frame_image(width, height, Stamp(clip, camera, i))
-        Image.fromarray(image).save(folder / f"{i:06d}.jpg", quality=quality)
+        with open_atomic(folder / f"{i:06d}.jpg") as f:
+            Image.fromarray(image).save(f, format="JPEG", quality=quality)
     write_timestamps(folder, [i / fps for i in range(frames)])
     return folder

@@ -9,7 +9,6 @@ the source times, and only then renamed into place.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,10 +19,9 @@ from typing import Any
 from lightning_vstream.encode.settings import DEFAULT_CRF, ENCODERS, CameraSource, EncodeSettings
 from lightning_vstream.errors import EncodeError, VideoDecodeError
 from lightning_vstream.index.tables import VideoInfo
+from lightning_vstream.storage.atomic import atomic_path
 
-__all__ = ["PARTIAL_SUFFIX", "FileTask", "encode_file", "mismatch", "plan_file", "source_bytes", "stride_mismatch"]
-
-PARTIAL_SUFFIX = ".partial"  # not a video extension, so index scans never pick up an unfinished file
+__all__ = ["FileTask", "encode_file", "mismatch", "plan_file", "source_bytes", "stride_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -192,64 +190,79 @@ def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
 def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> tuple[int, int, int]:
     """Encode one camera stream to ``task.path``; returns (frames, source bytes, output bytes).
 
+    The file is written under a temporary name next to ``task.path`` (never a video extension, so
+    an index scan meanwhile skips it), checked, and renamed into place only when it keeps every
+    source frame; on any failure the temporary file is removed and an earlier file is kept.
+
     Raises:
         VideoDecodeError: A source frame could not be read.
         EncodeError: The encoder failed, or the written file does not keep the source frames and times.
+        FileWriteError: The file could not be written (a full disk).
+    """
+    import av
+
+    ticks, base = task.ticks, task.time_base
+    task.path.parent.mkdir(parents=True, exist_ok=True)
+    span = (ticks[-1] - ticks[0]) * base
+    rate = Fraction((len(ticks) - 1) / span).limit_denominator(1001) if len(ticks) > 1 and span > 0 else Fraction(10)
+    try:
+        with atomic_path(task.path) as partial:
+            count = _encode_into(partial, task, settings, threads, rate)
+    except av.FFmpegError as err:
+        raise EncodeError(f"{task.where}: encoding {str(task.path)!r} failed: {err}") from err
+    return count, source_bytes(task.source), task.path.stat().st_size
+
+
+def _encode_into(partial: Path, task: FileTask, settings: EncodeSettings, threads: int, rate: Fraction) -> int:
+    """Encode ``task``'s frames into the file ``partial`` and check it keeps them; returns the frame count.
+
+    Raises:
+        EncodeError: The source holds no frames, or more than its timestamps, or the encoded file
+            does not keep them.
     """
     import av
     from av.video.frame import PictureType
 
     ticks, base = task.ticks, task.time_base
-    partial = task.path.with_name(task.path.name + PARTIAL_SUFFIX)
-    task.path.parent.mkdir(parents=True, exist_ok=True)
-    span = (ticks[-1] - ticks[0]) * base
-    rate = Fraction((len(ticks) - 1) / span).limit_denominator(1001) if len(ticks) > 1 and span > 0 else Fraction(10)
     count = 0
-    try:
-        # movie_timescale = the track's: an edit list holding a large start time stays exact.
-        with av.open(str(partial), mode="w", format="mp4", options={"movie_timescale": str(base.denominator)}) as out:
-            stream: Any = None
-            for count, image in enumerate(_read_source(task), start=1):
-                if count > len(ticks):
-                    raise EncodeError(f"{task.where}: the source holds more frames than its {len(ticks)} timestamps.")
-                if stream is None:
-                    height, width = image.shape[:2]
-                    stream = out.add_stream(
-                        ENCODERS[settings.codec], rate=rate, options=_encoder_options(settings, threads)
-                    )
-                    stream.width, stream.height = width, height
-                    # x264/x265 need even sizes for 4:2:0; odd sizes keep full chroma instead.
-                    stream.pix_fmt = "yuv444p" if width % 2 or height % 2 else "yuv420p"
-                    stream.codec_context.time_base = base
-                    stream.time_base = base
-                    if settings.bitrate is not None:
-                        stream.codec_context.bit_rate = int(settings.bitrate)
-                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-                frame.pts = ticks[count - 1]
-                frame.time_base = base
-                if settings.stride > 1 and (count - 1) % settings.gop:
-                    # The stride layout, frame by frame: the encoders' fixed B-frame pattern alone moves a
-                    # P-frame before a keyframe on some content. Keyframes are left to keyint (a forced
-                    # I-frame would not be a random-access point).
-                    frame.pict_type = PictureType.P if (count - 1) % settings.stride == 0 else PictureType.B
-                for packet in stream.encode(frame):
-                    out.mux(packet)
+    # movie_timescale = the track's: an edit list holding a large start time stays exact.
+    with av.open(str(partial), mode="w", format="mp4", options={"movie_timescale": str(base.denominator)}) as out:
+        stream: Any = None
+        for count, image in enumerate(_read_source(task), start=1):
+            if count > len(ticks):
+                raise EncodeError(f"{task.where}: the source holds more frames than its {len(ticks)} timestamps.")
             if stream is None:
-                raise EncodeError(f"{task.where}: the source holds no frames.")
-            for packet in stream.encode():
+                height, width = image.shape[:2]
+                stream = out.add_stream(
+                    ENCODERS[settings.codec], rate=rate, options=_encoder_options(settings, threads)
+                )
+                stream.width, stream.height = width, height
+                # x264/x265 need even sizes for 4:2:0; odd sizes keep full chroma instead.
+                stream.pix_fmt = "yuv444p" if width % 2 or height % 2 else "yuv420p"
+                stream.codec_context.time_base = base
+                stream.time_base = base
+                if settings.bitrate is not None:
+                    stream.codec_context.bit_rate = int(settings.bitrate)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = ticks[count - 1]
+            frame.time_base = base
+            if settings.stride > 1 and (count - 1) % settings.gop:
+                # The stride layout, frame by frame: the encoders' fixed B-frame pattern alone moves a
+                # P-frame before a keyframe on some content. Keyframes are left to keyint (a forced
+                # I-frame would not be a random-access point).
+                frame.pict_type = PictureType.P if (count - 1) % settings.stride == 0 else PictureType.B
+            for packet in stream.encode(frame):
                 out.mux(packet)
-        problem = mismatch(task, partial, settings.codec, settings.stride)
-        if problem is not None:
-            hint = (
-                (" Use bframes=0 (--bframes 0): B-frames over large time gaps can make encoders drop or retime frames.")
-                if settings.bframes and settings.stride == 1
-                else ""
-            )
-            raise EncodeError(f"{task.where}: the encoded file does not keep the source frames: {problem}.{hint}")
-        os.replace(partial, task.path)
-    except av.FFmpegError as err:
-        raise EncodeError(f"{task.where}: encoding {str(task.path)!r} failed: {err}") from err
-    finally:
-        if partial.exists():
-            partial.unlink()
-    return count, source_bytes(task.source), task.path.stat().st_size
+        if stream is None:
+            raise EncodeError(f"{task.where}: the source holds no frames.")
+        for packet in stream.encode():
+            out.mux(packet)
+    problem = mismatch(task, partial, settings.codec, settings.stride)
+    if problem is not None:
+        hint = (
+            (" Use bframes=0 (--bframes 0): B-frames over large time gaps can make encoders drop or retime frames.")
+            if settings.bframes and settings.stride == 1
+            else ""
+        )
+        raise EncodeError(f"{task.where}: the encoded file does not keep the source frames: {problem}.{hint}")
+    return count

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from lightning_vstream.importers.nuscenes_tables import (
     transform_matrix,
     yaw_of,
 )
+from lightning_vstream.storage.atomic import open_atomic
 
 __all__ = ["NUSCENES_CAMERAS", "NuScenesImport", "import_nuscenes", "key_frame_stride", "scene_cycles"]
 
@@ -326,9 +326,8 @@ def _scene_annotations(
 def _write_npz(folder: Path, clip_id: str, arrays: dict[str, np.ndarray]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{clip_id}.npz"
-    tmp = folder / f".{clip_id}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]
-    tmp.replace(path)  # atomic: a file appears complete or not at all
+    with open_atomic(path) as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     return path
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from lightning_vstream.index.table_file import (
     _blob_dtypes,
 )
 from lightning_vstream.index.tables import MAX_REFERENCE_CODE, REFERENCE_UNKNOWN, VideoInfo
+from lightning_vstream.storage.atomic import open_atomic
 
 __all__ = ["write_table_arrays", "write_tables"]
 
@@ -223,12 +223,13 @@ def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray], extra: Mapping[s
         offset += -(-arr.nbytes // _ALIGN) * _ALIGN
     header = json.dumps({"format": TABLES_FORMAT, "version": TABLES_VERSION, **extra, "arrays": layout}).encode()
     start = -(-(_PREFIX.size + len(header)) // _ALIGN) * _ALIGN
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as f:
-        f.write(_PREFIX.pack(_MAGIC, TABLES_VERSION, len(header)) + header)
-        for name, arr in arrays.items():
-            f.seek(start + layout[name][2])
-            np.ascontiguousarray(arr).tofile(f)
-        f.truncate(start + offset)
-    tmp.replace(path)
+    # Every byte written, padding included: a file with holes is memory-mapped fine on most disks, but
+    # on a full tmpfs reading a hole through the map needs a page the disk no longer has (SIGBUS).
+    with open_atomic(path) as f:
+        head = _PREFIX.pack(_MAGIC, TABLES_VERSION, len(header)) + header
+        f.write(head + bytes(start - len(head)))
+        for arr in arrays.values():
+            data = np.ascontiguousarray(arr)
+            f.write(data.reshape(-1).view(np.uint8).data)
+            f.write(bytes(-data.nbytes % _ALIGN))

@@ -34,6 +34,8 @@ from lightning_vstream.index.tables import (
     table_key,
 )
 from lightning_vstream.indexing.camera_tables import probe_with_identity
+from lightning_vstream.indexing.output import check_output
+from lightning_vstream.storage.atomic import write_atomic
 
 __all__ = [
     "Incomplete",
@@ -171,6 +173,7 @@ def build_index(
     metadata: bool = True,
     table_format: TableFormat = "binary",
     incomplete: Incomplete = "skip",
+    force: bool = False,
 ) -> Path:
     """Scan a dataset tree and write an accvlab index (plus the metadata sidecar).
 
@@ -195,12 +198,21 @@ def build_index(
             :mod:`~lightning_vstream.index.table_file`), the one format written (``index.meta.json``
             files of earlier releases are still read).
         incomplete: ``"skip"`` leaves incomplete clips out and lists them; ``"raise"`` refuses them.
+        force: Replace files at ``output`` (and its tables and list) that are not an index of this
+            package; without it they are refused (see :func:`~lightning_vstream.indexing.output.check_output`).
+
+    Every file is written whole or not at all (a temporary name in its folder, renamed into
+    place; the frame tables before the index): a full disk, a kill or a concurrent build leaves
+    the previous index and tables as they were, and a reader sees either those or the new ones.
 
     Returns:
         The index path.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
+        ConfigurationError: ``output`` is inside a clip folder, or (without ``force``) a file there
+            is not ours.
+        FileWriteError: A file could not be written (a full disk): the message names it.
         IndexValidationError: No clip folder was found, a file could not be read (a permission, an I/O
             error), no clip is whole, or (``incomplete="raise"``) a clip is not whole.
 
@@ -216,6 +228,7 @@ def build_index(
     root = Path(os.path.abspath(root))
     output = Path(os.path.abspath(output))
     groups = _clip_folders(root, video_dirs)
+    check_output(output, (folder for folders in groups.values() for folder in folders), force=force, tables=metadata)
     jobs = [
         (vd, folder, name, path)
         for vd, folders in groups.items()
@@ -233,19 +246,36 @@ def build_index(
     if left_out and (incomplete == "raise" or not whole):
         raise refuse_incomplete(str(root), {key[1]: reasons for key, reasons in named.items()}, whole=len(whole))
     index, files = _whole_clips_index(jobs, set(whole), infos, output)
+    _write_index_files(output, index, files if metadata else None, named)
+    if left_out:
+        warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
+    return output
+
+
+def _write_index_files(
+    output: Path,
+    index: Mapping[str, Mapping[str, int]],
+    files: Mapping[str, VideoInfo] | None,
+    left_out: Mapping[tuple[str, str], Sequence[str]],
+) -> None:
+    """Write the frame tables, the index and the list of clips left out, each whole or not at all.
+
+    The tables go first and the index last but for the list: a build that fails (a full disk, a
+    kill) before the index is renamed into place leaves the previous index with the tables that
+    describe it, and a reader meanwhile sees the previous files or the new ones.
+    """
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    if metadata:
+    if files is not None:
         write_frame_tables(output, files)
+    write_atomic(output, json.dumps(index, indent=2) + "\n")
+    listing = Path(incomplete_path(output))
     if left_out:
         listed: dict[str, dict[str, list[str]]] = {}
-        for (video_dir, clip_id), reasons in named.items():
-            listed.setdefault(video_dir, {})[clip_id] = reasons
-        listing.write_text(json.dumps(listed, indent=2) + "\n", encoding="utf-8")
-        warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
+        for (video_dir, clip_id), reasons in left_out.items():
+            listed.setdefault(video_dir, {})[clip_id] = list(reasons)
+        write_atomic(listing, json.dumps(listed, indent=2) + "\n")
     else:
         listing.unlink(missing_ok=True)  # a list from an earlier build would name clips that are whole now
-    return output
 
 
 def _clip_folders(root: Path, video_dirs: Sequence[str] | None) -> dict[Path, list[Path]]:

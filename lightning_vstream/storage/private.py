@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, FileWriteError
+from lightning_vstream.storage.atomic import open_atomic
 
 __all__ = [
     "CacheWriteError",
@@ -138,30 +138,23 @@ def inner_folder(path: Path, *, what: str) -> Path:
 
 
 def write_file(path: Path, data: bytes | memoryview, *, tmp: Path, mtime_ns: int | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: a fresh file in the folder ``tmp`` (same disk), renamed into place.
+    """Write ``data`` to ``path`` atomically: a fresh file (mode 0600) in the folder ``tmp`` (same disk), renamed.
 
-    The rename replaces whatever ``path`` was (a symbolic link is replaced, never followed).
+    The temporary file is created with ``O_EXCL | O_NOFOLLOW`` (never an entry someone planted);
+    the rename replaces whatever ``path`` was (a symbolic link is replaced, never followed). Not
+    flushed to the disk: what this writes is a cache, checked when read.
 
     Raises:
         CacheWriteError: The write failed (nothing is left behind).
     """
-    temporary = tmp / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-    except OSError as err:
-        raise CacheWriteError(err.errno, f"{str(temporary)!r} cannot be created ({err.strerror or err})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with open_atomic(path, permissions=0o600, durable=False, folder=tmp) as f:
             f.write(data)
-        if mtime_ns is not None:
-            os.utime(temporary, ns=(mtime_ns, mtime_ns))
-        os.replace(temporary, path)
-    except OSError as err:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise CacheWriteError(err.errno, f"{str(path)!r} cannot be written ({err.strerror or err})") from None
+            if mtime_ns is not None:
+                f.flush()
+                os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+    except FileWriteError as err:
+        raise CacheWriteError(err.errno, str(err.strerror)) from None
 
 
 def open_regular(path: Path, *, size: int | None = None) -> int | None:
