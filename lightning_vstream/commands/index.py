@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the whole clips and listing the others in INDEX.incomplete.json",
     )
     parser.add_argument(
+        "--shorten-truncated",
+        action="store_true",
+        help="keep a clip with a camera file cut short at the frames every camera holds whole, instead of "
+        "leaving it out as incomplete",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="replace an existing file at the output (or its tables) that is not an index written by vstream "
@@ -124,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             metadata=not args.no_metadata,
             table_format=args.table_format,
             incomplete="raise" if args.strict else "skip",
+            truncated="shorten" if args.shorten_truncated else "incomplete",
             force=args.force,
         )
         # Asked for with --no-metadata: said once below, in words, rather than as a warning.
@@ -200,7 +207,8 @@ def _report(report: VerifyReport) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.")
+    decoded = f" Every one of the {report.decoded} frames the index lists decodes." if report.decoded else ""
+    print(f"{report.index}: {report.files} files, {report.frames} frames: every packet matches its checksum.{decoded}")
     return 0
 
 

@@ -15,6 +15,7 @@ import itertools
 import os
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,37 @@ if TYPE_CHECKING:
 
     from lightning_vstream.storage.config import StorageConfig
 
-__all__ = ["check_stream", "open_container", "probe_video", "probe_video_bytes", "probe_video_file", "video_stream"]
+__all__ = [
+    "Truncation",
+    "check_stream",
+    "open_container",
+    "probe_video",
+    "probe_video_bytes",
+    "probe_video_file",
+    "probe_whole_frames",
+    "video_stream",
+]
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """How a video file is cut short: what :func:`probe_whole_frames` kept of it, and what it promised.
+
+    Attributes:
+        whole: Frames kept: the first frames (in presentation order) whose packets lie whole in the file.
+        declared: Frames the container lists (an MP4's sample table), or None where it lists none.
+        cut_at: Byte position of the first packet that is cut off (None when the file ends between packets).
+    """
+
+    whole: int
+    declared: int | None
+    cut_at: int | None
+
+    def describe(self) -> str:
+        """The finding in words, e.g. ``"truncated: 14 whole frames of the 36 its container lists ..."``."""
+        of = f" of the {self.declared} its container lists" if self.declared else ""
+        where = f" (the packet at byte {self.cut_at} is cut off)" if self.cut_at is not None else ""
+        return f"truncated: {self.whole} whole frames{of}{where}"
 
 
 def open_container(path: Path, source: Callable[[], Any] | None = None) -> av.container.InputContainer:
@@ -126,7 +157,39 @@ def probe_video(path: Path | str, *, stream: int | None = None, storage: Storage
     try:
         with open(path, "rb") as f:
             fd = f.fileno()
-            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))
+            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))[0]
+    finally:
+        container.close()
+
+
+def probe_whole_frames(path: Path | str, *, stream: int | None = None) -> tuple[VideoInfo, Truncation | None]:
+    """:func:`probe_video` of a local file that keeps only the frames whose packets lie whole in it.
+
+    A file cut short (a copy that stopped, ``head -c``) can still open when its index comes first
+    (a faststart MP4): the demuxer then hands out the frames before the cut and the cut packet
+    itself, flagged as corrupt. This keeps the frames, in presentation order, up to the first
+    one whose packet (or that of any frame decoded before it) is cut, and says how the file is
+    truncated: fewer frames than its container lists, or a cut packet.
+
+    Returns:
+        The frame table of the whole frames, and the :class:`Truncation` (None for a whole file).
+
+    Raises:
+        FileNotFoundError, VideoDecodeError, ConfigurationError: As :func:`probe_video`.
+
+    Example::
+
+        >>> info, cut = probe_whole_frames("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        >>> cut.describe() if cut else "whole"  # doctest: +SKIP
+        'truncated: 14 whole frames of the 36 its container lists (the packet at byte 4307 is cut off)'
+    """
+    path = Path(path)
+    choice = check_stream(stream)
+    container = open_container(path)
+    try:
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start), trim=True)
     finally:
         container.close()
 
@@ -147,7 +210,7 @@ def probe_video_file(source: Callable[[], Any], *, name: str, stream: int | None
         return bytes(reader.read(end - start))
 
     try:
-        return _probe(container, name, choice, read)
+        return _probe(container, name, choice, read)[0]
     finally:
         container.close()
 
@@ -170,7 +233,7 @@ def probe_video_bytes(data: bytes | memoryview, *, name: str, stream: int | None
     except av.FFmpegError as err:
         raise VideoDecodeError(f"{name!r} is not a readable video file: {err}") from err
     try:
-        return _probe(container, name, choice, lambda start, end: view[start:end])
+        return _probe(container, name, choice, lambda start, end: view[start:end])[0]
     finally:
         container.close()
 
@@ -183,10 +246,21 @@ _LOCATE_SLACK = 256
 _Record = tuple[int, int, bool, int, int, int, int]
 
 
-def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoInfo:
-    """The frame table of ``container``'s video stream; ``read(start, end)`` gives the file's bytes."""
+def _probe(
+    container: Any, where: str, choice: int | None, read: Any, *, trim: bool = False
+) -> tuple[VideoInfo, Truncation | None]:
+    """The frame table of ``container``'s video stream; ``read(start, end)`` gives the file's bytes.
+
+    With ``trim``, only the frames before the first cut packet are kept and the truncation is
+    returned (see :func:`probe_whole_frames`); otherwise every packet counts and it is None.
+    """
     video = video_stream(container, Path(where), choice)
-    records, whole = _demux_records(container, video, where, read)
+    records, whole, corrupt = _demux_records(container, video, where, read)
+    truncation = None
+    if trim:
+        records, truncation = _whole_frames(records, corrupt, int(video.frames or 0), where)
+        if truncation is not None:
+            records, truncation = _decoding_frames(container, video, records, truncation, where)
     reorder = _reorder_depth([r[0] for r in records])  # records are in decode order until sorted
     records.sort(key=lambda r: r[0])
     pts = tuple(r[0] for r in records)
@@ -205,7 +279,7 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         )
         layout = PacketLayout(tuple(r[4] for r in records), tuple(r[5] for r in records), extradata, colour)
     codes = tuple(r[6] for r in records)
-    return VideoInfo(
+    info = VideoInfo(
         codec=str(codec_ctx.name),
         width=int(codec_ctx.width),
         height=int(codec_ctx.height),
@@ -220,13 +294,68 @@ def _probe(container: Any, where: str, choice: int | None, read: Any) -> VideoIn
         reorder_depth=reorder,
         references=None if all(c == REFERENCE_UNKNOWN for c in codes) else codes,
     )
+    return info, truncation
 
 
-def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[list[_Record], bool]:
-    """Every packet of the stream in decode order, and whether every one has data, a timestamp and a place."""
+def _whole_frames(
+    records: list[_Record], corrupt: Sequence[int], declared: int, where: str
+) -> tuple[list[_Record], Truncation | None]:
+    """The records (decode order) of the frames before the first cut packet, and the truncation found.
+
+    A cut packet and every packet decoded after it go, and so does every frame shown after the
+    earliest of those: what stays is a run of frames from the first, each decodable from packets
+    that lie whole in the file.
+    """
+    if not corrupt and (not declared or declared <= len(records)):
+        return records, None
+    cut_at = None
+    if corrupt:
+        first = min(corrupt)
+        cut_at = records[first][4] if records[first][4] >= 0 else None
+        shown_from = min(r[0] for r in records[first:])
+        records = [r for r in records[:first] if r[0] < shown_from]
+    if not records:
+        raise VideoDecodeError(f"{where!r} is truncated before its first whole frame.")
+    return records, Truncation(len(records), declared or None, cut_at)
+
+
+def _decoding_frames(
+    container: Any, video: Any, records: list[_Record], truncation: Truncation, where: str
+) -> tuple[list[_Record], Truncation]:
+    """``records`` (the whole frames of a truncated file) up to the first frame that does not decode from them.
+
+    A file cut short is decoded in full from its whole packets (a whole file is not: probing
+    decodes nothing), so the frames kept are ones a reader gets.
+    """
+    import av
+
+    wanted = {r[0] for r in records}
+    decoded: set[int] = set()
+    container.seek(0, stream=video)
+    try:
+        for packet in container.demux(video):
+            pts = packet.pts if packet.pts is not None else packet.dts
+            if packet.size and (packet.is_corrupt or pts not in wanted):
+                continue
+            decoded.update(frame.pts for frame in packet.decode() if frame.pts is not None)
+    except av.FFmpegError:
+        pass  # the frames decoded so far are those kept
+    shown = sorted(records, key=lambda r: r[0])
+    keep = next((i for i, r in enumerate(shown) if r[0] not in decoded), len(shown))
+    if keep == 0:
+        raise VideoDecodeError(f"{where!r} is {truncation.describe()}, and not one of them decodes.")
+    last = shown[keep - 1][0]
+    kept = [r for r in records if r[0] <= last]
+    return kept, Truncation(len(kept), truncation.declared, truncation.cut_at)
+
+
+def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[list[_Record], bool, list[int]]:
+    """Every packet of the stream in decode order, whether every one has data, a timestamp and a place, and
+    which (positions in that order) the demuxer flagged as corrupt (a packet cut short by the file's end)."""
     import av
 
     records: list[_Record] = []
+    corrupt: list[int] = []
     # The codec's own name ("av1"), not its decoder's ("libdav1d").
     codec_name = str(video.codec_context.codec.canonical_name)
     references = ReferenceReader(codec=codec_name, extradata=bytes(video.codec_context.extradata or b""))
@@ -245,6 +374,8 @@ def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[l
             pos = _locate(read, packet.pos, data)
             whole = whole and pos >= 0
             code = references.read(data)  # in decode order: AV1 carries state from packet to packet
+            if packet.is_corrupt:
+                corrupt.append(len(records))
             records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(data), pos, len(data), code))
     except av.FFmpegError as err:
         raise VideoDecodeError(
@@ -252,7 +383,7 @@ def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[l
         ) from err
     if not records:
         raise VideoDecodeError(f"{where!r} holds a video stream with no frames.")
-    return records, whole
+    return records, whole, corrupt
 
 
 def _check_distinct_pts(pts: tuple[int, ...], where: str) -> None:

@@ -33,13 +33,14 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-from lightning_vstream.indexing.camera_tables import probe_with_identity
+from lightning_vstream.indexing.camera_tables import probe_for_index, probe_with_identity
 from lightning_vstream.indexing.output import check_output
 from lightning_vstream.storage.atomic import write_atomic
 
 __all__ = [
     "Incomplete",
     "TableFormat",
+    "Truncated",
     "build_index",
     "incomplete_path",
     "refuse_incomplete",
@@ -54,6 +55,9 @@ __all__ = [
 TableFormat = Literal["binary"]
 #: What building an index does with a clip that is not whole: leave it out (and list it) or refuse the dataset.
 Incomplete = Literal["skip", "raise"]
+#: What building an index does with a clip one of whose camera files is cut short: count the clip as not
+#: whole (see :data:`Incomplete`), or keep it at the frames every camera holds whole.
+Truncated = Literal["incomplete", "shorten"]
 K = TypeVar("K", bound=Hashable)
 
 
@@ -173,6 +177,7 @@ def build_index(
     metadata: bool = True,
     table_format: TableFormat = "binary",
     incomplete: Incomplete = "skip",
+    truncated: Truncated = "incomplete",
     force: bool = False,
 ) -> Path:
     """Scan a dataset tree and write an accvlab index (plus the metadata sidecar).
@@ -188,6 +193,11 @@ def build_index(
     whole) and a :class:`~lightning_vstream.VStreamWarning` names them. ``incomplete="raise"``
     refuses the dataset instead, writing nothing.
 
+    A camera file cut short (a copy that stopped; a faststart MP4 still opens) counts only the
+    frames whose packets lie whole in it and decode, and makes its clip not whole: the reason
+    names the camera and the frames it holds against those its container lists. With
+    ``truncated="shorten"`` the clip is kept instead, at the frames every camera holds whole.
+
     Args:
         root: Dataset folder; clip folders are found anywhere below it.
         output: Index file to write; ``video_dir`` keys are relative to its folder.
@@ -198,6 +208,8 @@ def build_index(
             :mod:`~lightning_vstream.index.table_file`), the one format written (``index.meta.json``
             files of earlier releases are still read).
         incomplete: ``"skip"`` leaves incomplete clips out and lists them; ``"raise"`` refuses them.
+        truncated: ``"incomplete"`` counts a clip with a truncated camera file as not whole;
+            ``"shorten"`` keeps it at its cameras' common whole frames (named on stderr).
         force: Replace files at ``output`` (and its tables and list) that are not an index of this
             package; without it they are refused (see :func:`~lightning_vstream.indexing.output.check_output`).
 
@@ -223,6 +235,8 @@ def build_index(
     check_table_format(table_format)
     if incomplete not in ("skip", "raise"):
         raise DataFormatError(f"incomplete={incomplete!r} is not supported; use 'skip' or 'raise'.")
+    if truncated not in ("incomplete", "shorten"):
+        raise ConfigurationError(f"truncated={truncated!r} is not supported; use 'incomplete' or 'shorten'.")
     # Absolute but not resolved: keys stay relative to the folders as the user sees them, even
     # when a video folder is a symbolic link.
     root = Path(os.path.abspath(root))
@@ -239,7 +253,7 @@ def build_index(
         raise IndexValidationError(
             str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."]
         )
-    infos, cameras = _probe_files(root, jobs, progress=progress)
+    infos, cameras = _probe_files(root, jobs, progress=progress, truncated=truncated)
     whole, left_out = whole_clips(cameras)
     listing = Path(incomplete_path(output))
     named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
@@ -296,9 +310,12 @@ def _clip_folders(root: Path, video_dirs: Sequence[str] | None) -> dict[Path, li
 
 
 def _probe_files(
-    root: Path, jobs: Sequence[tuple[Path, Path, str, Path]], *, progress: bool
+    root: Path, jobs: Sequence[tuple[Path, Path, str, Path]], *, progress: bool, truncated: Truncated = "incomplete"
 ) -> tuple[dict[Path, VideoInfo], dict[tuple[Path, Path], dict[str, str | None]]]:
     """The frame table of every camera file, and per clip folder each camera's problem (None: readable).
+
+    A truncated file's table holds its whole frames; the truncation is its problem, or with
+    ``truncated="shorten"`` a notice on stderr.
 
     Raises:
         IndexValidationError: Files could not be read at all (every one listed).
@@ -312,7 +329,8 @@ def _probe_files(
         found = cameras.setdefault((vd, folder), {})
         found[name] = None
         try:
-            infos[path] = probe_with_identity(path)
+            infos[path], cut = probe_for_index(path)
+            found[name] = _truncation_problem(folder.name, name, cut, truncated)
         except (VideoDecodeError, DataFormatError) as err:
             found[name] = str(err)  # the file is there but is not a readable video: its clip is not whole
         except (OSError, ValueError) as err:
@@ -320,6 +338,23 @@ def _probe_files(
     if problems:
         raise IndexValidationError(str(root), problems)
     return infos, cameras
+
+
+def _truncation_problem(clip: str, camera: str, cut: str | None, truncated: Truncated) -> str | None:
+    """A truncated camera file's problem (its clip is not whole), or None where it is whole or shortened."""
+    if cut is None:
+        return None
+    if truncated == "incomplete":
+        return (
+            f"{cut}; restore the file, or keep the clip at the frames every camera holds whole with "
+            "truncated='shorten' (`vstream index --shorten-truncated`)"
+        )
+    print(
+        f"vstream index: clip {clip!r}, camera {camera!r}: {cut}; the clip keeps the frames every camera holds "
+        "whole (truncated='shorten').",
+        file=sys.stderr,
+    )
+    return None
 
 
 def _whole_clips_index(
@@ -331,20 +366,26 @@ def _whole_clips_index(
     """The index of the whole clips (a clip's frame count: its shortest camera's) and their files' frame tables."""
     index: dict[str, dict[str, int]] = {}
     files: dict[str, VideoInfo] = {}
-    for vd, folder, _name, path in jobs:
+    per_camera: dict[tuple[Path, Path], dict[str, int]] = {}
+    for vd, folder, name, path in jobs:
         if (vd, folder) not in keep:
             continue
         key = os.path.relpath(vd, output.parent).replace(os.sep, "/")
         counts = index.setdefault(key, {})
         n = infos[path].frame_count
-        if folder.name in counts and counts[folder.name] != n:
-            print(
-                f"vstream index: clip {folder.name!r}: cameras hold different frame counts; "
-                f"using the smallest ({min(n, counts[folder.name])}).",
-                file=sys.stderr,
-            )
+        per_camera.setdefault((vd, folder), {})[name] = n
         counts[folder.name] = min(n, counts.get(folder.name, n))
         files[table_key(output.parent, path)] = infos[path]
+    for (_, folder), held in per_camera.items():
+        if len(set(held.values())) > 1:
+            fewest = min(held.values())
+            short = [name for name, n in held.items() if n == fewest]
+            listed = ", ".join(f"{name} {n}" for name, n in held.items())
+            print(
+                f"vstream index: clip {folder.name!r}: cameras hold different frame counts; using the smallest "
+                f"({fewest}), that of camera(s) {short} ({listed}).",
+                file=sys.stderr,
+            )
     return index, files
 
 

@@ -22,7 +22,15 @@ from lightning_vstream.storage.client import Expect, Storage
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import basename, is_url
 
-__all__ = ["PROBE_THREADS", "probe", "probe_clip", "probe_object", "probe_objects", "probe_with_identity"]
+__all__ = [
+    "PROBE_THREADS",
+    "probe",
+    "probe_clip",
+    "probe_for_index",
+    "probe_object",
+    "probe_objects",
+    "probe_with_identity",
+]
 
 #: Files probed at once when building or checking an index on remote storage.
 PROBE_THREADS = 4
@@ -58,6 +66,22 @@ def probe_with_identity(path: Path) -> VideoInfo:
     identity = None if path.is_dir() else file_identity(path)
     info = probe(path)
     return dataclasses.replace(info, identity=identity) if identity is not None else info
+
+
+def probe_for_index(path: Path) -> tuple[VideoInfo, str | None]:
+    """:func:`probe_with_identity` for building an index: only the frames a file holds whole, and how it is cut.
+
+    A video file cut short keeps the frames whose packets lie whole in it and decode
+    (:func:`~lightning_vstream.decode.probe.probe_whole_frames`); the second value then says how it
+    is truncated (``"truncated: 14 whole frames of the 36 its container lists ..."``), else None.
+    """
+    if path.is_dir():
+        return probe_with_identity(path), None
+    from lightning_vstream.decode.probe import probe_whole_frames
+
+    identity = file_identity(path)
+    info, truncation = probe_whole_frames(path)
+    return dataclasses.replace(info, identity=identity), truncation.describe() if truncation is not None else None
 
 
 def probe_clip(clip: Clip, where: str, problems: list[str], *, storage: StorageConfig | None = None) -> Clip:

@@ -1,6 +1,8 @@
 """Full verification of an index against its files: every packet re-read and its CRC-32 compared.
 
-This is what ``vstream index INDEX --check`` runs. Unlike ``load_index(check="thorough")``, which
+This is what ``vstream index INDEX --check`` runs. Every frame the index lists is decoded as well, so
+a file whose packets match their checksums but do not decode (a tail cut inside a packet when the
+index was built) is found too, naming the frame. Unlike ``load_index(check="thorough")``, which
 trusts the frame tables of files whose size and modification time are unchanged, it re-reads
 every packet of every file, so a same-size in-place corruption, a swapped or a replaced file is
 found, and every problem (file, clip, camera, frames) is listed. An index at a URL is checked the
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream.decode.probe import probe_whole_frames
 from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.local_index import _load_tables, _read_json, read_index_layout
@@ -36,6 +39,7 @@ class VerifyReport:
         index: The index file.
         files: Camera files checked.
         frames: Frames (packets) whose checksums were compared.
+        decoded: Frames decoded (those the index lists for each clip; local files).
         problems: Every problem, one line each, naming file, clip, camera and frames.
         notes: Harmless findings (a file touched but unchanged).
 
@@ -49,6 +53,7 @@ class VerifyReport:
     index: Path | str  # a URL stays a string
     files: int = 0
     frames: int = 0
+    decoded: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -96,6 +101,41 @@ def _compare(stored: VideoInfo, probed: VideoInfo, frames_listed: int, label: st
     return found
 
 
+def _decode_problems(file: Path, stored: VideoInfo, listed: int, label: str) -> list[str]:
+    """Decode the first ``listed`` frames of ``file`` (those its clip reads): what does not come out, named."""
+    import av
+
+    from lightning_vstream.decode.probe import open_container, video_stream
+
+    wanted = {p: i for i, p in enumerate(stored.pts[: listed or stored.frame_count])}
+    seen: set[int] = set()
+    failure = ""
+    container = open_container(file)
+    try:
+        video = video_stream(container, file)
+        for packet in container.demux(video):
+            try:
+                seen.update(frame.pts for frame in packet.decode() if frame.pts in wanted)
+            except av.FFmpegError as err:
+                at = wanted.get(packet.pts if packet.pts is not None else packet.dts)
+                failure = f" (the decoder failed at {f'frame {at}' if at is not None else 'a packet'}: {err})"
+                break
+            if len(seen) == len(wanted):
+                break
+    except av.FFmpegError as err:
+        failure = f" (demuxing failed: {err})"
+    finally:
+        container.close()
+    missing = sorted(i for p, i in wanted.items() if p not in seen)
+    if not missing:
+        return []
+    which = f"frame {missing[0]}" if len(missing) == 1 else f"frames {_ranges(missing)}"
+    return [
+        f"{label}: {which} of the {len(wanted)} the index lists for its clip do not decode{failure}; restore "
+        "the file, or re-run `vstream index` to index only the frames it holds whole."
+    ]
+
+
 def verify_index(
     path: Path | str, *, progress: Callable[[Iterable[object]], Iterable[object]] | None = None
 ) -> VerifyReport:
@@ -103,7 +143,9 @@ def verify_index(
 
     Checks, per camera file: that it has a frame table, its fingerprint (size, first and last
     64 KiB), its codec configuration, its frame count against the table and against the clip's
-    count in the index, every frame's timestamp, and every packet's CRC-32.
+    count in the index, every frame's timestamp, every packet's CRC-32, and that every frame the
+    index lists for its clip decodes. A file cut short counts only its whole frames (and a note
+    says so).
 
     Args:
         path: The index file.
@@ -136,10 +178,12 @@ def verify_index(
         report.files += 1
         stored = tables.info(row) if tables is not None and row >= 0 else cached_info(meta, key)
         try:
-            probed = probe(file)
+            probed, cut = probe_whole_frames(file) if file.is_file() else (probe(file), None)
         except (VideoDecodeError, OSError, ValueError) as err:
             report.problems.append(f"{label}: cannot be read as a video: {err}")
             continue
+        if cut is not None:
+            report.notes.append(f"{label}: {cut.describe()}; the frames checked are its whole ones.")
         report.frames += probed.frame_count
         if stored is None:
             report.problems.append(
@@ -148,6 +192,11 @@ def verify_index(
             )
             continue
         content = _compare(stored, probed, counts.get(clip_id, 0), label)
+        if not content and file.is_file():
+            content = _decode_problems(file, stored, counts.get(clip_id, 0), label)
+            report.decoded += (
+                min(counts.get(clip_id, 0) or stored.frame_count, stored.frame_count) if not content else 0
+            )
         report.problems.extend(content)
         recorded = stored.identity
         if recorded is None or file.is_dir():
