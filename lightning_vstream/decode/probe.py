@@ -324,19 +324,17 @@ def _decoding_frames(
 ) -> tuple[list[_Record], Truncation]:
     """``records`` (the whole frames of a truncated file) up to the first frame that does not decode from them.
 
-    A file cut short is decoded in full from its whole packets (a whole file is not: probing
+    A file cut short is decoded in full, as a reader decodes it (a whole file is not: probing
     decodes nothing), so the frames kept are ones a reader gets.
     """
     import av
 
-    wanted = {r[0] for r in records}
     decoded: set[int] = set()
     container.seek(0, stream=video)
     try:
+        # Every packet as a reader's decoder gets them, the cut one included: frames still held for
+        # reordering when the decoder fails on it never come out, so they are not kept either.
         for packet in container.demux(video):
-            pts = packet.pts if packet.pts is not None else packet.dts
-            if packet.size and (packet.is_corrupt or pts not in wanted):
-                continue
             decoded.update(frame.pts for frame in packet.decode() if frame.pts is not None)
     except av.FFmpegError:
         pass  # the frames decoded so far are those kept
