@@ -348,3 +348,17 @@ def test_index_refuses_a_file_that_is_not_an_index_unless_forced(dataset: Path, 
     assert len(load_index(notes)) == 3
     # An index of ours (and its tables) is rebuilt without asking.
     assert _vstream("index", str(root), "-o", str(notes), "-q").returncode == 0
+
+
+def test_a_preview_is_written_whole_and_an_unknown_suffix_is_named(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lightning_vstream.preview import Preview
+
+    picture = Preview(Image.new("RGB", (8, 6), (200, 30, 30)), ())
+    written = picture.save(tmp_path / "out" / "preview.png")
+    with Image.open(written) as back:
+        assert back.format == "PNG" and back.getpixel((3, 3)) == (200, 30, 30)
+    with pytest.raises(ConfigurationError, match=r"preview path '.*preview\.pgnx': '\.pgnx' names no image format"):
+        picture.save(tmp_path / "preview.pgnx")
+    assert _debris(tmp_path / "out") == [] and not (tmp_path / "preview.pgnx").exists()
