@@ -130,3 +130,18 @@ def test_check_decodes_frames_whose_checksums_match(whole: Path, tmp_path: Path)
     assert problem.startswith(f"'{camera}' (clip 'scene-0000', camera 'CAM_A'): frame")
     assert f"of the {FRAMES} the index lists for its clip do not decode (the decoder failed at frame" in problem
     assert main(["index", "--check", str(root / "index.json"), "-q"]) == 1
+
+
+def test_tables_of_an_existing_index_record_a_cut_files_whole_frames(whole: Path, tmp_path: Path) -> None:
+    from lightning_vstream.indexing import write_index_tables
+
+    root = tmp_path / "ds"
+    shutil.copytree(whole, root)
+    build_index(root, output=root / "index.json", progress=False)
+    camera = root / "videos" / "scene-0002" / "CAM_B.mp4"
+    camera.write_bytes(camera.read_bytes()[: camera.stat().st_size // 2])
+    held = probe_whole_frames(camera)[0].frame_count
+    write_index_tables(root / "index.json", progress=False)
+    with pytest.raises(IndexValidationError, match=rf"clip 'scene-0002' lists {FRAMES} frames, but camera 'CAM_B' "):
+        load_index(root / "index.json", check="thorough")
+    assert held < FRAMES

@@ -33,7 +33,7 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-from lightning_vstream.indexing.camera_tables import probe_for_index, probe_with_identity
+from lightning_vstream.indexing.camera_tables import probe_for_index
 from lightning_vstream.indexing.output import check_output
 from lightning_vstream.storage.atomic import write_atomic
 
@@ -426,6 +426,9 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
     The index file itself is left as it is, so a curated index (a subset of a dataset) keeps its
     clips. Existing frame tables are replaced.
 
+    A camera file cut short is recorded with the frames it holds whole (see :func:`build_index`),
+    so an index that lists more frames for its clip fails the thorough check, naming it.
+
     Args:
         index_path: The index file.
         table_format: ``"binary"`` (``index.tables.bin``), the one format written.
@@ -452,7 +455,7 @@ def write_index_tables(index_path: Path | str, *, table_format: TableFormat = "b
         layout, desc="probing", unit="file", disable=not progress or len(layout) < 20
     ):
         try:
-            infos[key] = probe_with_identity(path)
+            infos[key] = probe_for_index(path)[0]  # a cut file: its whole frames (the load check compares counts)
         except (VideoDecodeError, OSError, ValueError) as err:
             problems.append(f"clip {clip_id!r}, camera {camera!r}: {err}")
     if problems:
