@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
-__all__ = ["Preview", "PreviewTile", "draw_batches", "preview_batches", "project"]
+__all__ = ["MAX_PREVIEW_PIXELS", "Preview", "PreviewTile", "draw_batches", "preview_batches", "project"]
+
+#: The largest picture a preview draws, in pixels (about 200 MB of RGB): a larger one is refused before drawing.
+MAX_PREVIEW_PIXELS = 64 * 1024 * 1024
 
 #: Tiles narrower than this are enlarged by a whole factor (nearest neighbour: the pixels stay the frame's).
 _MIN_TILE_WIDTH = 200
@@ -299,7 +302,8 @@ def draw_batches(
         The :class:`Preview`.
 
     Raises:
-        ConfigurationError: No batch, a batch without frames, or ``max_slots`` / ``scale`` below 1.
+        ConfigurationError: No batch, a batch without frames, ``max_slots`` / ``scale`` below 1, or a
+            picture larger than :data:`MAX_PREVIEW_PIXELS` (checked before anything is drawn).
         MissingDependencyError: Pillow is not installed.
 
     Example::
@@ -317,10 +321,25 @@ def draw_batches(
     widest = max(f.shape[-1] for row in rows for f in row.frames)
     factor = scale or max(1, math.ceil(_MIN_TILE_WIDTH / widest))
     columns = max(len(row.frames) for row in rows)
-    cell_w = [max(row.frames[c].shape[-1] for row in rows if c < len(row.frames)) * factor for c in range(columns)]
-    row_h = [max(f.shape[-2] for f in row.frames) * factor + _LABEL_HEIGHT + 2 * _PAD for row in rows]
+    frame_w = [max(row.frames[c].shape[-1] for row in rows if c < len(row.frames)) for c in range(columns)]
+    frame_h = [max(f.shape[-2] for f in row.frames) for row in rows]
+
+    def pixels(f: int) -> int:
+        return sum(w * f + 2 * _PAD for w in frame_w) * sum(h * f + _LABEL_HEIGHT + 2 * _PAD for h in frame_h)
+
+    cell_w = [w * factor for w in frame_w]
+    row_h = [h * factor + _LABEL_HEIGHT + 2 * _PAD for h in frame_h]
     width = sum(w + 2 * _PAD for w in cell_w)
     height = sum(row_h)
+    if width * height > MAX_PREVIEW_PIXELS:  # checked before any pixel is allocated
+        largest = factor
+        while largest > 1 and pixels(largest) > MAX_PREVIEW_PIXELS:
+            largest = largest * 3 // 4 if pixels(largest * 3 // 4) > MAX_PREVIEW_PIXELS else largest - 1
+        raise ConfigurationError(
+            f"preview: the picture would be {width}x{height} pixels ({width * height:,}), more than the "
+            f"{MAX_PREVIEW_PIXELS:,} a preview draws (MAX_PREVIEW_PIXELS) at scale {factor}; use a smaller "
+            f"--scale (at most about {largest}), fewer --steps or --slots."
+        )
     canvas = image_module.new("RGB", (width, height), _BACKGROUND)
     draw = draw_module.Draw(canvas)
     font = font_module.load_default()

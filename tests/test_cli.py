@@ -446,3 +446,12 @@ def test_an_error_from_a_worker_prints_without_the_workers_traceback(
     monkeypatch.setattr("lightning_vstream.commands.synth.run", fail)
     assert main(["synth", "x"]) == 1
     assert capsys.readouterr().err == "vstream synth: error: boom\n"
+
+
+def test_synth_refuses_a_too_small_frame_before_creating_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "d"
+    assert main(["synth", str(root), "--size", "16x16", "-q"]) == 2
+    assert "frames of 16x16 are too small for a stamp; use at least 32x32." in capsys.readouterr().err
+    assert not root.exists()  # "before any work": not even d/videos

@@ -218,3 +218,32 @@ def test_batch_preview_logs_an_image_to_weights_and_biases(
     _fit(annotated, tmp_path, BatchPreview(steps=1), logger, epochs=1)
     run_dir = Path(logger.experiment.dir)
     assert list(run_dir.rglob("*.png")), "no image in the offline run"
+
+
+def test_a_preview_larger_than_the_named_limit_is_refused_before_drawing(
+    annotated: Path, tmp_path: Path, capsys: Any
+) -> None:
+    from lightning_vstream.preview import MAX_PREVIEW_PIXELS
+
+    out = tmp_path / "huge.png"
+    # --scale 1000 of 64x48 frames once grew to 22.9 GB; now it is refused by the size of the picture.
+    argv = ["preview", str(annotated), "--batch-size", "2", "--steps", "1", "--scale", "1000", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vstream preview: error: preview: the picture would be ")
+    assert f"more than the {MAX_PREVIEW_PIXELS:,} a preview draws (MAX_PREVIEW_PIXELS)" in err
+    assert "use a smaller --scale (at most about " in err
+    assert not out.exists()
+    largest = int(err.split("at most about ")[1].split(")")[0])
+    assert main([*argv[:-4], "--scale", str(largest), "-o", str(out)]) == 0
+    assert out.is_file()
+
+
+def test_a_preview_of_a_missing_index_exits_2_like_index_check(tmp_path: Path, capsys: Any) -> None:
+    missing = tmp_path / "indx.json"
+    assert main(["preview", str(missing), "-o", str(tmp_path / "p.png")]) == 2
+    assert main(["index", str(missing), "--check"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"vstream preview: error: index file {str(missing)!r} does not exist. Run `vstream index")
+    assert err[1].startswith(f"vstream index: error: index file {str(missing)!r} does not exist.")
+    assert not (tmp_path / "p.png").exists()

@@ -38,9 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lightning_vstream.preview import preview_batches
+    from lightning_vstream.storage.urls import is_url
 
     source = str(args.source)
     is_config = source.lower().endswith(_CONFIG_SUFFIXES)
+    if not is_config and not is_url(source) and not Path(source).is_file():
+        # The same rule as every command: a path that does not exist is a wrong command line (exit 2).
+        raise ConfigurationError(
+            f"index file {source!r} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
+            "or `vstream synth FOLDER` for a stamped dataset."
+        )
     data = _config_data(Path(source)) if is_config else _index_data(source)
     if args.batch_size is not None:
         data["batch_size"] = args.batch_size

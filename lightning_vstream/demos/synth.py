@@ -459,6 +459,7 @@ def write_dataset(
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise ConfigurationError(f"{str(root)!r} is a file; give a folder to write the dataset into.")
+    _cell(*size)  # a frame size too small for a stamp is refused before anything is created
     if isinstance(cameras, int):
         if cameras < 1:
             raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")
