@@ -360,3 +360,45 @@ def test_videos_take_the_key_frame_spacing_as_their_keyframe_stride(
         "keyframe stride 4 (every 4th frame a reference picture; 0 of 3 key frames on the stride)"
         in capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "value", "expected"),
+    [
+        ("sample_data", "timestamp", "soon", "an integer (microseconds)"),
+        ("sample", "timestamp", 1.5, "an integer (microseconds)"),
+        ("sample_data", "is_key_frame", "yes", "true or false"),
+        ("ego_pose", "rotation", [1, 0, 0], "a list of 4 numbers"),
+        ("calibrated_sensor", "translation", None, "a list of 3 numbers"),
+        ("calibrated_sensor", "camera_intrinsic", [[1, 0], [0, 1]], "a 3x3 list of numbers"),
+        ("sample_annotation", "size", [1, 2, "3"], "a list of 3 numbers"),
+        ("sample_data", "sample_token", 7, "a string"),
+        ("sample_data", "filename", "../../../etc/passwd", "a path relative to the dataroot, inside it"),
+        ("sample_data", "filename", "/etc/passwd", "a path relative to the dataroot, inside it"),
+        ("sample_data", "filename", "samples/../../outside.jpg", "a path relative to the dataroot, inside it"),
+    ],
+)
+def test_a_field_of_the_wrong_type_or_place_is_named(
+    dataset: FixtureInfo,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    table: str,
+    field: str,
+    value: Any,
+    expected: str,
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(dataset.root / dataset.version, broken / dataset.version)
+    path = broken / dataset.version / f"{table}.json"
+    rows = json.loads(path.read_text())
+    rows[1][field] = value
+    path.write_text(json.dumps(rows))
+    where = f"{str(path)!r} record 1 (token {rows[1]['token']!r}) field {field!r} holds {value!r}; expected {expected}"
+    with pytest.raises(DatasetImportError) as caught:
+        import_nuscenes(broken, tmp_path / "out", cameras=list(dataset.cameras), progress=False)
+    assert where in str(caught.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.mp4"))
+    argv = ["import-nuscenes", str(broken), str(tmp_path / "cli"), "--cameras", *dataset.cameras, "-q"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vstream import-nuscenes: error: nuScenes table ") and where in err

@@ -3,7 +3,8 @@
 Only the tables the importer needs are read: ``scene``, ``sample``, ``sample_data``,
 ``calibrated_sensor``, ``sensor``, ``ego_pose``, ``sample_annotation``, ``instance`` and
 ``category`` (``log`` when present). Records are looked up by ``token``; every missing table,
-field or token raises :class:`~lightning_vstream.errors.DatasetImportError` naming the table,
+field, value of the wrong type (a timestamp that is not an integer, a filename outside the dataroot)
+or token raises :class:`~lightning_vstream.errors.DatasetImportError` naming the table,
 the record and the fix. Quaternions are ``[w, x, y, z]`` as nuScenes stores them.
 """
 
@@ -14,7 +15,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,48 @@ _FIELDS = {
     "category": ("token", "name"),
     "log": ("token", "location"),
 }
+
+#: What each checked field must hold, and how an error describes it; a field not named here holds a string.
+_KINDS: dict[str, tuple[Any, str]] = {
+    "timestamp": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer (microseconds)"),
+    "is_key_frame": (lambda v: isinstance(v, bool), "true or false"),
+    "translation": (lambda v: _numbers(v, 3), "a list of 3 numbers"),
+    "size": (lambda v: _numbers(v, 3), "a list of 3 numbers"),
+    "rotation": (lambda v: _numbers(v, 4), "a list of 4 numbers (a quaternion w, x, y, z)"),
+    "camera_intrinsic": (
+        lambda v: v == [] or (isinstance(v, list) and len(v) == 3 and all(_numbers(r, 3) for r in v)),
+        "a 3x3 list of numbers (or [] for a sensor that is not a camera)",
+    ),
+    "filename": (
+        lambda v: (
+            isinstance(v, str)
+            and bool(v)
+            and not PurePosixPath(v).is_absolute()
+            and not PureWindowsPath(v).drive
+            and ".." not in PurePosixPath(v.replace("\\", "/")).parts
+        ),
+        "a path relative to the dataroot, inside it (no '..', not absolute)",
+    ),
+}
+
+
+def _numbers(value: Any, count: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)
+    )
+
+
+def _field_error(path: Path, index: int, row: dict[str, Any], field: str) -> str | None:
+    """Why ``row[field]`` is not of the kind the importer reads, or None when it is."""
+    check, expected = _KINDS.get(field, (lambda v: isinstance(v, str), "a string"))
+    if check(row[field]):
+        return None
+    return (
+        f"nuScenes table {str(path)!r} record {index} (token {row.get('token')!r}) field {field!r} holds "
+        f"{row[field]!r}; expected {expected}. Extract the table again or fix the record."
+    )
 
 
 def quaternion_matrix(q: Sequence[float]) -> np.ndarray:
@@ -157,6 +200,10 @@ class NuScenesTables:
                         f"nuScenes table {str(path)!r} record {i} (token "
                         f"{row.get('token')!r}) lacks field(s) {missing}."
                     )
+                for field in _FIELDS[name]:
+                    problem = _field_error(path, i, row, field)
+                    if problem is not None:
+                        raise DatasetImportError(problem)
             tables[name] = rows
         return cls(tables, str(folder))
 
