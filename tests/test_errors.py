@@ -118,3 +118,25 @@ def test_messages_that_only_look_like_torch_rebuilt_ones_are_kept() -> None:
     text = "Caught VideoDecodeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
     assert str(errors.VideoDecodeError(text)) == text  # no "module.Class: message" line to recover
     assert str(errors.WorkerError(text)) == text  # another class's name
+
+
+def test_a_clip_dataset_on_cuda_without_a_gpu_gives_the_datamodules_error(tmp_path: Path) -> None:
+    import torch
+
+    from lightning_vstream import ClipVideoDataModule, VideoClipDataset
+    from lightning_vstream.clips.selection import at_indices
+    from lightning_vstream.demos.synth import write_dataset
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here")
+    index = write_dataset(tmp_path / "d", clips=1, cameras=2, frames=4, size=(64, 48))
+    dataset = VideoClipDataset(index=index, requests=[at_indices("scene-0000", [0, 3])], decode_device="cuda")
+    loader = DataLoader(dataset, batch_size=1, collate_fn=lambda samples: samples)
+    with pytest.raises(errors.DecoderCapabilityError) as from_dataset:
+        next(iter(loader))  # once an AssertionError ("Torch not compiled with CUDA enabled")
+    dm = ClipVideoDataModule(index_file=index, decode_device="cuda", num_workers=0)
+    with pytest.raises(errors.DecoderCapabilityError) as from_datamodule:
+        dm.setup("fit")
+        next(iter(dm.train_dataloader()))
+    assert str(from_dataset.value) == str(from_datamodule.value)
+    assert "decode_device='cuda' needs a CUDA GPU" in str(from_dataset.value)

@@ -140,6 +140,7 @@ class VideoClipDataset(Dataset[ClipSample]):
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
+        DecoderCapabilityError: ``decode_device`` is a CUDA device but torch sees no GPU (the DataModules' error).
         IndexError: A request asks for a frame index outside its clip.
 
     Example::

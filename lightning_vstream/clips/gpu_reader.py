@@ -260,6 +260,8 @@ def make_reader(
 
     device = torch.device(decode_device)
     if device.index is None:  # the rank's GPU, as the caller's thread has it
+        if not torch.cuda.is_available():  # the DataModules' DecoderCapabilityError, not torch's AssertionError
+            resolve_decode_device("cuda", 0, cuda_available=False)
         device = resolve_decode_device("cuda", 0, root_device=torch.device("cuda", torch.cuda.current_device()))
     gpu = device.index or 0
     if gop_threads is None:
