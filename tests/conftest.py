@@ -1,6 +1,6 @@
 """Shared fixtures: small stamped datasets generated once per session; the `cuda` and `nvdriver` markers.
 
-`nvdriver` tests run the real PyNvVideoCodec over the fake NVIDIA driver (``shared/tools/fake-nvdriver``
+`nvdriver` tests run the real PyNvVideoCodec over the fake NVIDIA driver (``../shared/tools/fake-nvdriver``
 builds it). The dynamic loader reads ``LD_LIBRARY_PATH`` only when a process starts, so when
 ``VSTREAM_FAKE_NVDRIVER`` names the folder holding the built libraries, this session runs every
 selected `nvdriver` test in one child pytest process started with that library path (and
@@ -70,15 +70,34 @@ _FAKE_LIBS = ("libcuda.so.1", "libnvcuvid.so.1", "libnvidia-encode.so.1")
 _CHILD_TIMEOUT = 900.0
 
 
+#: Where the fake driver's sources lie: beside the repository (never inside it), as `.ci/run` looks for them.
+FAKE_NVDRIVER_SOURCES = Path(__file__).resolve().parents[2] / "shared" / "tools" / "fake-nvdriver"
+
+
+def fake_driver_hint(sources: Path = FAKE_NVDRIVER_SOURCES) -> str:
+    """How to build the fake driver and run the `nvdriver` tests over it, from this checkout."""
+    build = "bash ../shared/tools/fake-nvdriver/build /tmp/fake-nvdriver"
+    run = f"{FAKE_NVDRIVER_ENV}=/tmp/fake-nvdriver python -m pytest -m nvdriver"
+    if (sources / "build").is_file():
+        return f"build the fake driver from the repository root with `{build}` (needs cc), then `{run}`"
+    return (
+        "the fake driver's sources are not part of the repository; with them beside it "
+        f"(../shared/tools/fake-nvdriver) build it with `{build}` (needs cc), then `{run}`; "
+        ".ci/run does both when the sources are there"
+    )
+
+
 def nvdriver_folder() -> tuple[Path | None, str]:
     """The folder of the built fake driver, or None and why the `nvdriver` tests cannot run."""
     value = os.environ.get(FAKE_NVDRIVER_ENV, "")
     if not value:
-        return None, f"{FAKE_NVDRIVER_ENV} is not set (build shared/tools/fake-nvdriver and point it at the folder)"
+        return None, f"{FAKE_NVDRIVER_ENV} is not set; {fake_driver_hint()}"
     folder = Path(value)
     missing = [lib for lib in _FAKE_LIBS if not (folder / lib).is_file()]
     if missing:
-        return None, f"{FAKE_NVDRIVER_ENV}={value!r} does not hold the built fake driver (missing {missing})"
+        return None, f"{FAKE_NVDRIVER_ENV}={value!r} does not hold the built fake driver (missing {missing}); " + (
+            fake_driver_hint()
+        )
     if importlib.util.find_spec("PyNvVideoCodec") is None:
         return None, "PyNvVideoCodec is not installed (pip install pynvvideocodec==2.2.4)"
     return folder, ""
