@@ -247,3 +247,22 @@ def test_a_preview_of_a_missing_index_exits_2_like_index_check(tmp_path: Path, c
     assert err[0].startswith(f"vstream preview: error: index file {str(missing)!r} does not exist. Run `vstream index")
     assert err[1].startswith(f"vstream index: error: index file {str(missing)!r} does not exist.")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_preview_of_a_two_clip_index_adapts_and_lands_next_to_the_index(
+    make_dataset: Callable[..., Path], capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    index = make_dataset(clips=2, cameras=2, frames=6, size=SIZE, gop=3)
+    monkeypatch.chdir(tmp_path)  # the current folder (a repository root) stays clean
+    written = index.parent / "preview.png"
+    written.unlink(missing_ok=True)
+    assert main(["preview", str(index), "--steps", "2"]) == 0  # the default batch size of 4 once failed here
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {written}: 2 step(s), 8 camera frames of scene-0000, scene-0001 (")
+    assert written.is_file() and not list(tmp_path.iterdir())
+    written.unlink()
+
+
+def test_the_repository_ignores_a_preview_written_in_its_root() -> None:
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert "/preview.png" in ignored

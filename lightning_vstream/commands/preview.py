@@ -10,6 +10,7 @@ from lightning_vstream.commands.args import positive
 from lightning_vstream.errors import ConfigurationError
 
 _CONFIG_SUFFIXES = (".yaml", ".yml")
+_DEFAULT_BATCH_SIZE = 4  # StreamVideoDataModule's default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,14 +23,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "section, exactly as training builds it)."
     )
     parser.add_argument("source", metavar="INDEX_OR_CONFIG", help="an index file (or URL), or a YAML training config")
-    parser.add_argument("-o", "--output", type=Path, default=Path("preview.png"), help="image to write")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="image to write (default: preview.png next to a local index, else in the current folder)",
+    )
     parser.add_argument(
         "--clip", default=None, help="draw this clip only, in one slot (default: the batches as trained)"
     )
     parser.add_argument("--steps", type=positive, default=4, help="batches (steps) to draw")
     parser.add_argument("--slots", type=positive, default=None, help="slots of each batch to draw (default: all)")
     parser.add_argument(
-        "--batch-size", type=positive, default=None, help="slots per batch (default: the config's, or 4)"
+        "--batch-size",
+        type=positive,
+        default=None,
+        help="slots per batch (default: the config's, or 4, or as many as an index with fewer clips has)",
     )
     parser.add_argument(
         "--scale", type=positive, default=None, help="enlarge frames by this factor (default: to 200+ px)"
@@ -51,12 +61,17 @@ def run(args: argparse.Namespace) -> int:
     data = _config_data(Path(source)) if is_config else _index_data(source)
     if args.batch_size is not None:
         data["batch_size"] = args.batch_size
+    elif not is_config and args.clip is None:
+        data["batch_size"] = _default_batch_size(source)
+    output = args.output
+    if output is None:
+        output = Path(source).parent / "preview.png" if not is_config and not is_url(source) else Path("preview.png")
     if args.clip is not None:
         _one_clip(data, args.clip)
     datamodule = _datamodule(data)
     picture = preview_batches(datamodule, steps=args.steps, max_slots=args.slots, scale=args.scale)
     datamodule.teardown()
-    path = picture.save(args.output)
+    path = picture.save(output)
     steps = len({tile.step for tile in picture.tiles})
     clips = sorted({tile.clip_id for tile in picture.tiles if tile.valid})
     shown = ", ".join(clips[:6]) + (f" and {len(clips) - 6} more" if len(clips) > 6 else "")
@@ -65,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
         f"{picture.image.height} pixels)"
     )
     return 0
+
+
+def _default_batch_size(index: str) -> int:
+    """4 slots, or one per clip for an index of fewer clips: a preview adapts to the data it is shown."""
+    from lightning_vstream.indexing import load_index
+
+    return max(1, min(_DEFAULT_BATCH_SIZE, len(load_index(index))))
 
 
 def _index_data(index: str) -> dict[str, Any]:
