@@ -133,3 +133,27 @@ def test_a_camera_file_replaced_by_a_fifo_is_refused_not_opened(
     with pytest.raises(FileChangedError, match=r"scene-0000.*CAM_BACK.*FIFO \(named pipe\); expected a regular file"):
         _epoch(index, engine, after_setup=_fifo_in_place_of(camera))
     assert time.monotonic() - start < 15
+
+
+def test_vstream_preview_draws_an_image_folder_dataset_with_the_stamped_frames(
+    make_dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from lightning_vstream.cli import main
+    from lightning_vstream.demos.synth import Stamp
+    from lightning_vstream.preview import preview_batches
+
+    index = make_dataset(**SHAPE, images=True)
+    out = tmp_path / "preview.png"
+    assert main(["preview", str(index), "--batch-size", "2", "--steps", "2", "-o", str(out)]) == 0
+    assert out.is_file()
+    picture = preview_batches(StreamVideoDataModule(index_file=index, batch_size=2, seed=3), steps=3)
+    path = picture.save(tmp_path / "tiles.png")
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert len(picture.tiles) == 3 * 2 * 2  # steps x slots x cameras
+    for tile in picture.tiles:
+        left, top, width, height = tile.box
+        stamp = read_stamp(image[top : top + height, left : left + width], layout="hwc", source_size=SHAPE["size"])
+        assert stamp == Stamp(clip_number(tile.clip_id), tile.camera_index, tile.frame_index), tile.label
