@@ -157,3 +157,21 @@ def test_vstream_preview_draws_an_image_folder_dataset_with_the_stamped_frames(
         left, top, width, height = tile.box
         stamp = read_stamp(image[top : top + height, left : left + width], layout="hwc", source_size=SHAPE["size"])
         assert stamp == Stamp(clip_number(tile.clip_id), tile.camera_index, tile.frame_index), tile.label
+
+
+def test_a_fifo_already_in_place_at_setup_is_reported_as_not_a_regular_file(
+    make_dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    from lightning_vstream.errors import IndexValidationError
+
+    index, camera = _copy(make_dataset(**SHAPE), tmp_path)
+    _fifo_in_place_of(camera)()
+    start = time.monotonic()
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, seed=3)
+    with pytest.raises(IndexValidationError) as caught:
+        dm.setup("fit")
+    message = str(caught.value)
+    assert f"{camera.name!r} is a FIFO (named pipe)" in message
+    assert "scene-0000" in message and "expected a regular video file" in message
+    assert "missing camera file" not in message
+    assert time.monotonic() - start < 10
