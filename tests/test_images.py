@@ -136,6 +136,27 @@ def test_decode_errors_name_folder_and_frame(tmp_path: Path) -> None:
         stale.get(0)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs os.mkfifo")
+def test_an_image_replaced_by_a_fifo_is_refused_not_opened(tmp_path: Path) -> None:
+    import os
+    import time
+
+    folder = write_image_folder(tmp_path / "CAM", clip=0, camera=0, frames=3)
+    dec = ImageFolderDecoder(folder, label="clip 'scene-0000', camera 'CAM'")
+    assert read_stamp(dec.get(0)) == Stamp(0, 0, 0)  # lists the folder while every image is a file
+    image = sorted(folder.iterdir(), key=lambda p: p.name)[1]
+    image.unlink()
+    os.mkfifo(image)  # no writer: an open() that blocks would wait for ever
+    start = time.monotonic()
+    with pytest.raises(
+        VideoDecodeError,
+        match=rf"frame 1 \({image.name}\): unreadable image: .*FIFO \(named pipe\); expected a regular file",
+    ):
+        dec.get(1)
+    assert time.monotonic() - start < 2
+    assert read_stamp(dec.get(2)) == Stamp(0, 0, 2)  # the other images still decode
+
+
 def test_missing_pillow_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = write_image_folder(tmp_path / "CAM", clip=0, camera=0, frames=2)
     monkeypatch.setitem(sys.modules, "PIL", None)

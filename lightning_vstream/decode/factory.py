@@ -168,6 +168,10 @@ def pyav_factory(
         dec: FrameDecoder
         if isinstance(path, str) and is_url(path):  # a remote file: GOP reads (storage: the index's)
             dec = make_decoder(path, info=info, threads=threads, label=label, size=size, storage=storage)
+        elif Path(path).is_dir():  # an image-folder camera: decoded on the CPU as make_decoder does
+            from lightning_vstream.decode.images import ImageFolderDecoder
+
+            dec = ImageFolderDecoder(Path(path), info=info, label=label)
         else:
             dec = PyAVDecoder(path, info=info, threads=threads, label=label, size=size)
         return dec if target.type == "cpu" else _CopyingDecoder(dec, target)

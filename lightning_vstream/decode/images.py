@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError, VStreamWarning
 from lightning_vstream.index.files import image_files as _list_images
+from lightning_vstream.index.identity import open_regular
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.storage.atomic import write_atomic
 
@@ -134,7 +135,7 @@ def probe_image_folder(path: Path | str, *, fps: float = DEFAULT_IMAGE_FPS) -> V
         raise ConfigurationError(f"image folder {str(folder)!r} holds no .jpg, .jpeg or .png files.")
     image_mod = _pil()
     try:
-        with image_mod.open(files[0]) as image:
+        with open_regular(files[0]) as file, image_mod.open(file) as image:
             width, height = image.size
     except OSError as err:
         raise VideoDecodeError(f"{str(files[0])!r} is not a readable image: {err}") from err
@@ -246,7 +247,7 @@ class ImageFolderDecoder(DecoderBase):
             raise IndexError(f"{self._where()} has no frame {index}: it holds {len(files)} frames.")
         image_mod = _pil()
         try:
-            with image_mod.open(files[index]) as image:
+            with open_regular(files[index]) as file, image_mod.open(file) as image:
                 array = np.array(image.convert("RGB"))  # a writable copy, as torch wants
         except OSError as err:
             raise VideoDecodeError(f"{self._where(index)} ({files[index].name}): unreadable image: {err}") from err
@@ -320,7 +321,7 @@ def _pillow_chw(path: Path) -> torch.Tensor:
 
     image_mod = _pil()
     try:
-        with image_mod.open(path) as image:
+        with open_regular(path) as file, image_mod.open(file) as image:
             array = np.array(image.convert("RGB"))
     except OSError as err:
         raise VideoDecodeError(f"{str(path)!r}: unreadable image: {err}") from err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat as stat_module
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = [
     "VIDEO_EXTENSIONS",
     "discover_cameras",
     "image_files",
+    "irregular_cameras",
     "is_dir",
     "natural_key",
     "scan_cameras",
@@ -72,6 +74,42 @@ def scan_cameras(folder: str) -> dict[str, str]:
             found.setdefault(entry.name, entry.name)
     # Order by camera name (the stem), not by file name: "CAM-2.mp4" sorts before "CAM.mp4".
     return dict(sorted(found.items()))
+
+
+_KINDS = {
+    stat_module.S_IFIFO: "a FIFO (named pipe)",
+    stat_module.S_IFSOCK: "a socket",
+    stat_module.S_IFCHR: "a character device",
+    stat_module.S_IFBLK: "a block device",
+}
+
+
+def irregular_cameras(folder: str) -> dict[str, str]:
+    """Camera name -> what its video-named entry is, for entries that are neither a file nor a folder.
+
+    :func:`scan_cameras` leaves such entries (a FIFO, a socket, a device) out; this names them, so that a
+    clip's camera can be reported as "not a regular file" rather than missing.
+
+    Example:
+        >>> irregular_cameras("/nonexistent-folder")
+        {}
+    """
+    found: dict[str, str] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return found
+    for entry in entries:
+        stem, ext = os.path.splitext(entry.name)
+        if ext.lower() not in VIDEO_EXTENSIONS:
+            continue
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: missing, as scan_cameras says
+        if not stat_module.S_ISREG(mode) and not stat_module.S_ISDIR(mode):
+            found[stem] = f"{entry.name!r} is {_KINDS.get(stat_module.S_IFMT(mode), 'not a regular file')}"
+    return found
 
 
 def discover_cameras(folder: Path) -> dict[str, Path]:

@@ -17,19 +17,30 @@ its caller passes (a decoder probes its own file; :mod:`lightning_vstream.indexi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import stat as stat_module
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 
 if TYPE_CHECKING:
     from lightning_vstream.index.tables import VideoInfo
 
-__all__ = ["BLOCK", "FileIdentity", "Probe", "file_identity", "reverify", "verify_identity"]
+__all__ = [
+    "BLOCK",
+    "FileIdentity",
+    "NotRegularFileError",
+    "Probe",
+    "file_identity",
+    "open_regular",
+    "reverify",
+    "verify_identity",
+]
 
 #: Reads a local file's frame table (every packet's timestamp and CRC-32), e.g.
 #: :func:`lightning_vstream.decode.probe.probe_video`.
@@ -117,6 +128,52 @@ class FileIdentity:
         return cls(size, mtime_ns, head, tail, etag=etag if isinstance(etag, str) and etag else None)
 
 
+def open_regular(path: Path | str) -> BinaryIO:
+    """Open a file for reading only if it is a regular file; never block on a FIFO or a device.
+
+    The file is opened without blocking (``O_NONBLOCK``, so a FIFO with no writer does not wait
+    for one) and checked with ``fstat`` on the open descriptor, so a file replaced by a FIFO, a
+    socket or a device between a check and the open is still refused.
+
+    Raises:
+        NotRegularFileError: ``path`` is not a regular file (an ``OSError``, errno ``EINVAL``).
+        OSError: The file cannot be opened.
+
+    Example::
+
+        >>> with open_regular("data/videos/scene-0000/CAM_FRONT.mp4") as f:  # doctest: +SKIP
+        ...     head = f.read(16)
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise NotRegularFileError(path, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class NotRegularFileError(OSError):
+    """A path that should hold a video or an image is a FIFO, a socket, a device or a folder."""
+
+    def __init__(self, path: Path | str, mode: int) -> None:
+        kind = _KINDS.get(stat_module.S_IFMT(mode), "not a regular file")
+        super().__init__(errno.EINVAL, f"it is {kind}; expected a regular file", str(path))
+
+
+_KINDS = {
+    stat_module.S_IFIFO: "a FIFO (named pipe)",
+    stat_module.S_IFSOCK: "a socket",
+    stat_module.S_IFCHR: "a character device",
+    stat_module.S_IFBLK: "a block device",
+    stat_module.S_IFDIR: "a folder",
+}
+
+
 def file_identity(path: Path | str, *, stat: os.stat_result | None = None) -> FileIdentity:
     """Read a file's size, modification time and fingerprint (at most 128 KiB are read).
 
@@ -128,7 +185,7 @@ def file_identity(path: Path | str, *, stat: os.stat_result | None = None) -> Fi
         >>> file_identity("data/videos/scene-0000/CAM_FRONT.mp4").size  # doctest: +SKIP
         183404
     """
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         st = stat if stat is not None else os.fstat(f.fileno())
         head = f.read(BLOCK)
         if st.st_size > BLOCK:

@@ -29,7 +29,7 @@ from lightning_vstream.errors import (
     VStreamWarning,
 )
 from lightning_vstream.index.arrays import ClipArrays
-from lightning_vstream.index.files import VIDEO_EXTENSIONS, is_dir, scan_cameras
+from lightning_vstream.index.files import VIDEO_EXTENSIONS, irregular_cameras, is_dir, scan_cameras
 from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
@@ -37,6 +37,7 @@ from lightning_vstream.index.listing import (
     entry_problem,
     folder_entries_problem,
     index_object,
+    leave_out_hint,
     match_cameras,
     table_cameras,
 )
@@ -342,6 +343,15 @@ class _IndexReading:
             else:
                 self.reference = (f"clip {clip_id!r}", tuple(found))
         self.scanned.append(set(found))
+        irregular = {name: what for name, what in irregular_cameras(folder).items() if name not in found}
+        wanted = self.cameras if self.cameras is not None else self.reference[1]
+        refused = [irregular[name] for name in wanted if name in irregular]
+        if refused:
+            out.append(
+                f"{where}: clip {clip_id!r}: camera file(s) in {folder!r} are not regular files: "
+                f"{'; '.join(refused)}; expected a regular video file. {leave_out_hint(clip_id)}"
+            )
+            return None
         return match_cameras(
             found, self.reference, self.cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out
         )
