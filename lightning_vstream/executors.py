@@ -1,0 +1,169 @@
+"""Where data-preparation work runs: this process, a local process pool, or a Ray cluster.
+
+:func:`map_ordered` applies a picklable function to every item and gives the results back in the
+order of the items, whatever ran them; results are small records, the work itself (probing,
+encoding) reads and writes files in the task. A task that raises is retried ``retries`` times and
+then named by the caller's ``describe(item)`` in an :class:`ExecutorError`.
+
+Example::
+
+    >>> map_ordered(abs, [-1, 2], executor="local", workers=1)
+    [1, 2]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from lightning_vstream.errors import ConfigurationError
+
+__all__ = ["EXECUTORS", "Executor", "ExecutorError", "map_ordered"]
+
+Executor = Literal["local", "ray"]
+EXECUTORS: tuple[str, ...] = ("local", "ray")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class ExecutorError(RuntimeError):
+    """A task failed on every try; the message names its item and the cause."""
+
+
+def _check(executor: str, workers: int) -> None:
+    if executor not in EXECUTORS:
+        raise ConfigurationError(f"executor={executor!r} is not supported; use one of {list(EXECUTORS)}.")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigurationError(f"workers={workers!r} must be a positive number of processes.")
+
+
+def map_ordered(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    executor: str = "local",
+    workers: int = 1,
+    retries: int = 2,
+    describe: Callable[[T], str] = repr,
+    on_done: Callable[[], None] | None = None,
+) -> list[R]:
+    """``[fn(item) for item in items]``, run in this process, a process pool or Ray tasks.
+
+    Args:
+        fn: A module-level (picklable) function.
+        items: Its arguments, one call each.
+        executor: ``"local"`` (``workers`` processes; 1 runs here) or ``"ray"`` (tasks on the
+            cluster at ``RAY_ADDRESS``, or a local one started for the call).
+        workers: Local processes (ignored by Ray, which uses the cluster's CPUs).
+        retries: Extra tries of a failed task before it is named.
+        describe: Names an item in the error (file, clip, camera).
+        on_done: Called once per finished item (a progress bar).
+
+    Returns:
+        The results, in the order of ``items``.
+
+    Raises:
+        ExecutorError: A task failed ``retries + 1`` times (named, with its cause).
+        KeyboardInterrupt: Interrupted; the pending tasks are cancelled first.
+
+    Example::
+
+        >>> map_ordered(abs, [-3], executor="local")
+        [3]
+    """
+    _check(executor, workers)
+    if executor == "ray":
+        return _map_ray(fn, items, retries=retries, describe=describe, on_done=on_done)
+    if workers == 1 or len(items) <= 1:
+        return [_call_retrying(fn, item, retries, describe, on_done) for item in items]
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        results: list[R] = []
+        try:
+            for item, future in zip(items, futures):
+                try:
+                    results.append(future.result())
+                except Exception as err:
+                    if retries < 1:
+                        raise ExecutorError(f"{describe(item)}: failed 1 time(s): {err}") from err
+                    results.append(_call_retrying(fn, item, retries, describe, None, tried=1))  # retried here
+                if on_done is not None:
+                    on_done()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return results
+
+
+def _call_retrying(
+    fn: Callable[[T], R], item: T, retries: int, describe: Callable[[T], str], on_done: Any, *, tried: int = 0
+) -> R:
+    """``fn(item)`` tried up to ``retries + 1`` times in all (``tried`` of them already failed elsewhere)."""
+    for attempt in range(tried, max(0, retries) + 1):
+        try:
+            result = fn(item)
+            break
+        except Exception as err:
+            if attempt >= retries:
+                raise ExecutorError(f"{describe(item)}: failed {attempt + 1} time(s): {err}") from err
+    if on_done is not None:
+        on_done()
+    return result
+
+
+def _map_ray(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    retries: int,
+    describe: Callable[[T], str],
+    on_done: Callable[[], None] | None,
+) -> list[R]:
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - depends on the installation
+        raise ConfigurationError("executor='ray' needs Ray: pip install 'lightning-vstream[ray]'.") from err
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(max_retries=retries, retry_exceptions=True)(fn)
+    refs = [remote.remote(item) for item in items]
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(items)
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=600)
+            if not ready:
+                raise ExecutorError(f"no task finished in 600 s; {len(pending)} pending.")
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as err:
+                    raise ExecutorError(f"{describe(items[i])}: failed {retries + 1} time(s): {err}") from err
+                if on_done is not None:
+                    on_done()
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    return results
+
+
+def chunks(items: Iterable[T], size: int) -> list[list[T]]:
+    """``items`` in lists of ``size`` (the last may be shorter)."""
+    out: list[list[T]] = []
+    for item in items:
+        if not out or len(out[-1]) >= size:
+            out.append([])
+        out[-1].append(item)
+    return out
