@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.executors import ExecutorError, map_ordered
 from lightning_vstream.index.table_file import tables_path
 from lightning_vstream.indexing import build_index
@@ -93,3 +94,32 @@ def test_vstream_index_probes_with_jobs_and_on_ray(make_dataset: Callable[..., P
         assert main(["index", str(root), "-o", str(out), "-q", *flags]) == 0
         outs.append((out.read_bytes(), Path(tables_path(out)).read_bytes()))
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_chunked_tasks_keep_order_and_name_the_failing_chunk() -> None:
+    items = list(range(23))
+    for executor, workers in (("ray", 1), ("local", 2), ("local", 1)):
+        done: list[int] = []
+        got = map_ordered(
+            _fail_on_negative,
+            items,
+            executor=executor,
+            workers=workers,
+            chunk_size=None,
+            on_done=lambda done=done: done.append(1),  # type: ignore[misc]
+        )
+        assert got == [x * 2 for x in items]
+        assert len(done) == len(items)
+        assert map_ordered(_fail_on_negative, items, executor=executor, workers=workers, chunk_size=5) == got
+        with pytest.raises(ExecutorError, match="item -3"):
+            map_ordered(
+                _fail_on_negative,
+                [1, 2, -3, 4],
+                executor=executor,
+                workers=workers,
+                chunk_size=2,
+                retries=1,
+                describe=lambda x: f"item {x}",
+            )
+    with pytest.raises(ConfigurationError, match="chunk_size"):
+        map_ordered(_fail_on_negative, [1, 2], chunk_size=0)

@@ -361,6 +361,7 @@ def _probe_files(
             workers=workers,
             describe=lambda p: f"clip {by_path[p][0].name!r}, camera {by_path[p][1]!r}, file {str(p)!r}",
             on_done=lambda: bar.update(1),
+            chunk_size=None,  # about four tasks per worker: probing a file is cheaper than a task
         )
     for (vd, folder, name, path), (status, info, detail) in zip(jobs, results):
         found = cameras.setdefault((vd, folder), {})
