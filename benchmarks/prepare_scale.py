@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from lightning_vstream.demos.synth import write_dataset
+from lightning_vstream.executors import start_local_ray
 from lightning_vstream.indexing import build_index
 
 
@@ -30,9 +31,7 @@ def main() -> None:
         runs = [("local-1", "local", 1), ("local-2", "local", 2), ("ray-2cpu", "ray", 1)]
         for name, executor, workers in runs:
             if executor == "ray":
-                import ray
-
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                start_local_ray(num_cpus=2)
             out = Path(tmp) / name / "index.json"
             start = time.perf_counter()
             build_index(root, output=out, video_dirs=["videos"], progress=False, executor=executor, workers=workers)

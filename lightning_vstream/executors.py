@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["EXECUTORS", "Executor", "ExecutorError", "map_ordered"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorError", "map_ordered", "start_local_ray"]
 
 Executor = Literal["local", "ray"]
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -222,14 +222,47 @@ def _ray_cpus() -> int:
 
 
 def _ray_init() -> None:
-    import ray
-
-    if not ray.is_initialized():
+    if not ray_is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         if address:
+            import ray
+
             ray.init(address=address)
         else:
-            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+            start_local_ray()
+
+
+def ray_is_initialized() -> bool:
+    """Whether this process is connected to a Ray runtime."""
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Start a Ray runtime on this machine that listens on the loopback only, without a dashboard.
+
+    Ray replaces a node address of 127.0.0.1 by the machine's outward address and then listens on
+    it (and on every interface); with its cluster mode off it keeps the loopback, so nothing of the
+    runtime is reachable from the network. Stop it with ``ray.shutdown()``.
+
+    Args:
+        num_cpus: CPUs the runtime may use (None: all of the machine's).
+
+    Example::
+
+        >>> start_local_ray(num_cpus=2)  # doctest: +SKIP
+    """
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node's address
+    ray.init(
+        num_cpus=num_cpus,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        log_to_driver=False,
+    )
 
 
 def chunks(items: Iterable[T], size: int) -> list[list[T]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightning_vstream.errors import ConfigurationError
-from lightning_vstream.executors import ExecutorError, map_ordered
+from lightning_vstream.executors import ExecutorError, map_ordered, start_local_ray
 from lightning_vstream.index.table_file import tables_path
 from lightning_vstream.indexing import build_index
 
@@ -22,7 +22,7 @@ def ray_runtime() -> Iterator[None]:
     """One local Ray runtime for the module: 2 CPUs, loopback only, no dashboard; stopped at the end."""
     # This module's task functions travel by value: workers do not have the tests folder on their path.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2)
     yield
     ray.shutdown()
 
@@ -123,3 +123,14 @@ def test_chunked_tasks_keep_order_and_name_the_failing_chunk() -> None:
             )
     with pytest.raises(ConfigurationError, match="chunk_size"):
         map_ordered(_fail_on_negative, [1, 2], chunk_size=0)
+
+
+def test_the_local_ray_runtime_listens_only_on_the_loopback() -> None:
+    import psutil
+
+    pids = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    addresses = {
+        c.laddr.ip for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids
+    }
+    assert addresses, "the Ray runtime should listen somewhere"
+    assert addresses <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, addresses
