@@ -26,13 +26,14 @@ ALLOWED: dict[str, set[str]] = {
     "profiling": {"errors"},
     "storage": {"errors"},
     "outputs": {"errors"},
+    "executors": {"errors"},  # where preparation work runs (processes or Ray); knows nothing of video
     "annotations": {"errors", "storage"},  # storage.atomic: annotation files are written whole
     "preview": {"errors", "storage"},  # storage.atomic: preview images are written whole
     "callbacks": {"errors", "preview"},
     "index": {"errors", "storage"},
     "options": {"errors", "outputs"},
     "decode": {"errors", "profiling", "storage", "index"},
-    "indexing": {"errors", "storage", "index", "decode"},
+    "indexing": {"errors", "storage", "index", "decode", "executors"},
     "transforms": {"errors", "profiling", "decode"},  # decode.base.Layout only
     "_datamodule": {
         "errors",

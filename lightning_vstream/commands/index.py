@@ -77,6 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="replace an existing file at the output (or its tables) that is not an index written by vstream "
         "index; an output inside a clip folder is refused even so",
     )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where files are probed: local processes (--jobs) or Ray tasks (the cluster at RAY_ADDRESS, or a "
+        "local one); the index is the same",
+    )
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="local probing processes (default: 1)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--storage-option",
@@ -132,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             incomplete="raise" if args.strict else "skip",
             truncated="shorten" if args.shorten_truncated else "incomplete",
             force=args.force,
+            executor=args.executor,
+            workers=args.jobs,
         )
         # Asked for with --no-metadata: said once below, in words, rather than as a warning.
         index = load_index(path)

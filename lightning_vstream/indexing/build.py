@@ -179,6 +179,8 @@ def build_index(
     incomplete: Incomplete = "skip",
     truncated: Truncated = "incomplete",
     force: bool = False,
+    executor: str = "local",
+    workers: int = 1,
 ) -> Path:
     """Scan a dataset tree and write an accvlab index (plus the metadata sidecar).
 
@@ -212,6 +214,9 @@ def build_index(
             ``"shorten"`` keeps it at its cameras' common whole frames (named on stderr).
         force: Replace files at ``output`` (and its tables and list) that are not an index of this
             package; without it they are refused (see :func:`~lightning_vstream.indexing.output.check_output`).
+        executor: Where files are probed: ``"local"`` (``workers`` processes) or ``"ray"`` (Ray tasks on
+            the cluster at ``RAY_ADDRESS`` or a local one); the index is the same either way.
+        workers: Local probing processes (1: in this process).
 
     Every file is written whole or not at all (a temporary name in its folder, renamed into
     place; the frame tables before the index): a full disk, a kill or a concurrent build leaves
@@ -253,7 +258,9 @@ def build_index(
         raise IndexValidationError(
             str(root), [f"no clip folders with video files or image folders found under {str(root)!r}."]
         )
-    infos, cameras = _probe_files(root, jobs, progress=progress, truncated=truncated)
+    infos, cameras = _probe_files(
+        root, jobs, progress=progress, truncated=truncated, executor=executor, workers=workers
+    )
     whole, left_out = whole_clips(cameras)
     listing = Path(incomplete_path(output))
     named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
@@ -309,32 +316,63 @@ def _clip_folders(root: Path, video_dirs: Sequence[str] | None) -> dict[Path, li
     }
 
 
+def _probe_one(path: Path) -> tuple[str, VideoInfo | None, str | None]:
+    """Probe one file in a worker: ``("ok", info, cut)``, ``("bad", None, why)`` or ``("error", None, why)``."""
+    try:
+        info, cut = probe_for_index(path)
+        return "ok", info, cut
+    except (VideoDecodeError, DataFormatError) as err:
+        return "bad", None, str(err)
+    except (OSError, ValueError) as err:
+        return "error", None, str(err)
+
+
 def _probe_files(
-    root: Path, jobs: Sequence[tuple[Path, Path, str, Path]], *, progress: bool, truncated: Truncated = "incomplete"
+    root: Path,
+    jobs: Sequence[tuple[Path, Path, str, Path]],
+    *,
+    progress: bool,
+    truncated: Truncated = "incomplete",
+    executor: str = "local",
+    workers: int = 1,
 ) -> tuple[dict[Path, VideoInfo], dict[tuple[Path, Path], dict[str, str | None]]]:
     """The frame table of every camera file, and per clip folder each camera's problem (None: readable).
 
     A truncated file's table holds its whole frames; the truncation is its problem, or with
-    ``truncated="shorten"`` a notice on stderr.
+    ``truncated="shorten"`` a notice on stderr. Files are probed by ``executor`` (results come back
+    in the order of ``jobs``, so the index does not depend on it).
 
     Raises:
         IndexValidationError: Files could not be read at all (every one listed).
     """
     from tqdm import tqdm
 
+    from lightning_vstream.executors import map_ordered
+
     infos: dict[Path, VideoInfo] = {}
     problems: list[str] = []
     cameras: dict[tuple[Path, Path], dict[str, str | None]] = {}
-    for vd, folder, name, path in tqdm(jobs, desc="probing", unit="file", disable=not progress or len(jobs) < 20):
+    by_path = {path: (folder, name) for _, folder, name, path in jobs}
+    with tqdm(total=len(jobs), desc="probing", unit="file", disable=not progress or len(jobs) < 20) as bar:
+        results = map_ordered(
+            _probe_one,
+            [path for *_, path in jobs],
+            executor=executor,
+            workers=workers,
+            describe=lambda p: f"clip {by_path[p][0].name!r}, camera {by_path[p][1]!r}, file {str(p)!r}",
+            on_done=lambda: bar.update(1),
+            chunk_size=None,  # about four tasks per worker: probing a file is cheaper than a task
+        )
+    for (vd, folder, name, path), (status, info, detail) in zip(jobs, results):
         found = cameras.setdefault((vd, folder), {})
         found[name] = None
-        try:
-            infos[path], cut = probe_for_index(path)
-            found[name] = _truncation_problem(folder.name, name, cut, truncated)
-        except (VideoDecodeError, DataFormatError) as err:
-            found[name] = str(err)  # the file is there but is not a readable video: its clip is not whole
-        except (OSError, ValueError) as err:
-            problems.append(f"clip {folder.name!r}, camera {name!r}: {err}")
+        if status == "ok" and info is not None:
+            infos[path] = info
+            found[name] = _truncation_problem(folder.name, name, detail, truncated)
+        elif status == "bad":
+            found[name] = detail  # the file is there but is not a readable video: its clip is not whole
+        else:
+            problems.append(f"clip {folder.name!r}, camera {name!r}: {detail}")
     if problems:
         raise IndexValidationError(str(root), problems)
     return infos, cameras
