@@ -32,3 +32,21 @@ def test_the_nvdriver_hint_gives_commands_that_build_the_driver(tmp_path: Path) 
     # The hint's command, run where it says (the repository root), builds the three libraries.
     subprocess.run([*command.split()[:2], str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
     assert sorted(p.name for p in out.iterdir()) == ["libcuda.so.1", "libnvcuvid.so.1", "libnvidia-encode.so.1"]
+
+
+def test_an_index_whose_video_folder_moved_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_vstream.cli import main
+    from lightning_vstream.demos.synth import write_dataset
+
+    index = write_dataset(tmp_path / "d", clips=2, cameras=1, frames=4, size=(64, 48))
+    (tmp_path / "d" / "videos").rename(tmp_path / "d" / "vids")
+    assert main(["index", str(index), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "video folder 'videos' (" in err and "does not exist. Its clips (scene-0000, scene-0001) are in 'vids'" in err
+    )
+    assert f"rename that folder back to 'videos', or re-index: `vstream index {str(tmp_path / 'd')!r}`" in err
+    (tmp_path / "d" / "vids").rename(tmp_path / "d" / "gone")
+    (tmp_path / "d" / "gone" / "scene-0001").rename(tmp_path / "d" / "gone" / "other")
+    assert main(["index", str(index), "--check"]) == 1
+    assert "restore 'videos' there, keep the index in the dataset's root" in capsys.readouterr().err

@@ -12,6 +12,7 @@ Frame tables come from the sidecar next to the index when it is there (see
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import sys
@@ -161,6 +162,29 @@ def _read_json(path: Path) -> Any:
     return _parse_json(read_index_bytes(path), repr(str(path)))
 
 
+def _missing_folder_fix(base: Path, video_dir_key: str, entries: dict[str, Any]) -> str:
+    """How to mend an index whose video folder is gone: the folder its clips moved to, or re-indexing."""
+    clip_ids = list(entries)[:3]
+    moved = []
+    try:
+        with os.scandir(base) as listing:
+            for entry in itertools.islice(listing, 200):  # a dataset root, not a whole disk
+                if entry.is_dir() and clip_ids and all(os.path.isdir(os.path.join(entry.path, c)) for c in clip_ids):
+                    moved.append(entry.name)
+    except OSError:
+        pass
+    reindex = f"`vstream index {str(base)!r}` writes an index of the folders that are there now"
+    if moved:
+        return (
+            f" Its clips ({', '.join(clip_ids)}) are in {moved[0]!r}: rename that folder back to "
+            f"{video_dir_key!r}, or re-index: {reindex}."
+        )
+    return (
+        f" The index lists its video folders relative to its own folder ({str(base)!r}): restore {video_dir_key!r} "
+        f"there, keep the index in the dataset's root when moving a dataset, or re-index: {reindex}."
+    )
+
+
 def _folder_problem(folder: Path) -> str:
     """Why ``folder`` is not a usable folder, in words."""
     try:
@@ -282,9 +306,9 @@ class _IndexReading:
         # video folder reached through a symbolic link still finds its frame tables.
         video_dir = Path(os.path.normpath(self.base / video_dir_key))
         if not is_dir(video_dir):
-            self.problems.append(
-                f"{self.where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {_folder_problem(video_dir)}."
-            )
+            problem = _folder_problem(video_dir)
+            fix = _missing_folder_fix(self.base, video_dir_key, entries) if problem == "does not exist" else ""
+            self.problems.append(f"{self.where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {problem}.{fix}")
             return
         real = os.path.realpath(video_dir)
         if real in self._folders:
