@@ -321,20 +321,20 @@ def draw_batches(
     widest = max(f.shape[-1] for row in rows for f in row.frames)
     factor = scale or max(1, math.ceil(_MIN_TILE_WIDTH / widest))
     columns = max(len(row.frames) for row in rows)
-    frame_w = [max(row.frames[c].shape[-1] for row in rows if c < len(row.frames)) for c in range(columns)]
-    frame_h = [max(f.shape[-2] for f in row.frames) for row in rows]
+    column_w = [max(row.frames[c].shape[-1] for row in rows if c < len(row.frames)) for c in range(columns)]
+    rows_h = [max(f.shape[-2] for f in row.frames) for row in rows]
 
-    def pixels(f: int) -> int:
-        return sum(w * f + 2 * _PAD for w in frame_w) * sum(h * f + _LABEL_HEIGHT + 2 * _PAD for h in frame_h)
+    def canvas_pixels(f: int) -> int:
+        return sum(w * f + 2 * _PAD for w in column_w) * sum(h * f + _LABEL_HEIGHT + 2 * _PAD for h in rows_h)
 
-    cell_w = [w * factor for w in frame_w]
-    row_h = [h * factor + _LABEL_HEIGHT + 2 * _PAD for h in frame_h]
+    cell_w = [w * factor for w in column_w]
+    row_h = [h * factor + _LABEL_HEIGHT + 2 * _PAD for h in rows_h]
     width = sum(w + 2 * _PAD for w in cell_w)
     height = sum(row_h)
     if width * height > MAX_PREVIEW_PIXELS:  # checked before any pixel is allocated
         largest = factor
-        while largest > 1 and pixels(largest) > MAX_PREVIEW_PIXELS:
-            largest = largest * 3 // 4 if pixels(largest * 3 // 4) > MAX_PREVIEW_PIXELS else largest - 1
+        while largest > 1 and canvas_pixels(largest) > MAX_PREVIEW_PIXELS:
+            largest = largest * 3 // 4 if canvas_pixels(largest * 3 // 4) > MAX_PREVIEW_PIXELS else largest - 1
         raise ConfigurationError(
             f"preview: the picture would be {width}x{height} pixels ({width * height:,}), more than the "
             f"{MAX_PREVIEW_PIXELS:,} a preview draws (MAX_PREVIEW_PIXELS) at scale {factor}; use a smaller "

@@ -306,9 +306,9 @@ class _IndexReading:
         # video folder reached through a symbolic link still finds its frame tables.
         video_dir = Path(os.path.normpath(self.base / video_dir_key))
         if not is_dir(video_dir):
-            problem = _folder_problem(video_dir)
-            fix = _missing_folder_fix(self.base, video_dir_key, entries) if problem == "does not exist" else ""
-            self.problems.append(f"{self.where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {problem}.{fix}")
+            why = _folder_problem(video_dir)
+            fix = _missing_folder_fix(self.base, video_dir_key, entries) if why == "does not exist" else ""
+            self.problems.append(f"{self.where}: video folder {video_dir_key!r} ({str(video_dir)!r}) {why}.{fix}")
             return
         real = os.path.realpath(video_dir)
         if real in self._folders:
