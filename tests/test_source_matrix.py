@@ -20,6 +20,7 @@ from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import FileChangedError
 from lightning_vstream.index.identity import NotRegularFileError, file_identity, open_regular
+from tests.conftest import batch_stamp_errors
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
 
@@ -38,15 +39,13 @@ def _stream_epoch(index: Path, engine: str, after_setup: Callable[[], None]) -> 
     after_setup()
     seen = []
     for batch in dm.train_dataloader():
-        frames = batch["frames"]
-        for slot in range(frames.shape[0]):
-            if "valid" in batch and not bool(batch["valid"][slot]):
-                continue
-            expected = (clip_number(batch["clip_id"][slot]), int(batch["frame_index"][slot]))
-            for camera in range(frames.shape[1]):
-                stamp = read_stamp(frames[slot, camera])
-                assert (stamp.clip, stamp.frame, stamp.camera) == (*expected, camera)
-            seen.append(expected)
+        assert batch_stamp_errors(batch) == []
+        valid = batch.get("valid", [True] * len(batch["clip_id"]))
+        seen += [
+            (clip_number(clip), int(frame))
+            for clip, frame, ok in zip(batch["clip_id"], batch["frame_index"], valid, strict=True)
+            if bool(ok)
+        ]
     return seen
 
 
