@@ -26,7 +26,10 @@ ALLOWED: dict[str, set[str]] = {
     "profiling": {"errors"},
     "storage": {"errors"},
     "outputs": {"errors"},
-    "executors": {"errors"},  # where preparation work runs (processes or Ray); knows nothing of video
+    "executors": {"errors"},
+    "worker_processes": {
+        "errors"
+    },  # watching DataLoader worker processes, for both ways of reading  # where preparation work runs (processes or Ray); knows nothing of video
     "annotations": {"errors", "storage"},  # storage.atomic: annotation files are written whole
     "preview": {"errors", "storage"},  # storage.atomic: preview images are written whole
     "callbacks": {"errors", "preview"},
@@ -57,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
         "transforms",
         "callbacks",
         "_datamodule",
+        "worker_processes",
     },
     "clips": {
         "errors",
@@ -70,6 +74,7 @@ ALLOWED: dict[str, set[str]] = {
         "options",
         "transforms",
         "_datamodule",
+        "worker_processes",
     },
 }
 

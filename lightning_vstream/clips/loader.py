@@ -25,7 +25,7 @@ from lightning_vstream.clips.epochs import REMOTE_FIELDS, STAT_FIELDS, EpochClip
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.storage.stats import StorageStats
-from lightning_vstream.stream.supervise import stop_workers
+from lightning_vstream.worker_processes import stop_workers
 
 __all__ = ["ClipDataLoader", "stopped_workers"]
 

@@ -367,9 +367,10 @@ class _IndexReading:
             else:
                 self.reference = (f"clip {clip_id!r}", tuple(found))
         self.scanned.append(set(found))
-        irregular = {name: what for name, what in irregular_cameras(folder).items() if name not in found}
         wanted = self.cameras if self.cameras is not None else self.reference[1]
-        refused = [irregular[name] for name in wanted if name in irregular]
+        # Only a clip that lacks a camera is listed again, to tell a FIFO or a device from a missing file.
+        irregular = irregular_cameras(folder) if any(name not in found for name in wanted) else {}
+        refused = [irregular[name] for name in wanted if name in irregular and name not in found]
         if refused:
             out.append(
                 f"{where}: clip {clip_id!r}: camera file(s) in {folder!r} are not regular files: "

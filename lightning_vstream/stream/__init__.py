@@ -17,7 +17,7 @@ Modules in the order a step's data flows through them:
 - :mod:`~lightning_vstream.stream.failures`: what a failed camera read becomes, the same in both loaders.
 - :mod:`~lightning_vstream.stream.worker_loader`: the main-process side of the worker loader
   (:class:`StreamDataLoader`).
-- :mod:`~lightning_vstream.stream.supervise`: watching the worker processes: a death or a stall ends as one error.
+- :mod:`~lightning_vstream.worker_processes`: watching the worker processes: a death or a stall ends as one error.
 - :mod:`~lightning_vstream.stream.memory`: batch memory: host batches returned to a pool (:class:`BufferPool`) and
   the engine's batches on its device (:class:`EngineBatches`).
 - :mod:`~lightning_vstream.stream.batch`: the streaming batch (:class:`StreamBatch`) and its one builder

@@ -44,14 +44,14 @@ from lightning_vstream.stream.parts import (
 )
 from lightning_vstream.stream.sampler import Buffers, StreamSampler
 from lightning_vstream.stream.schedule import SlotRead
-from lightning_vstream.stream.supervise import (
+from lightning_vstream.stream.worker import StreamDataset
+from lightning_vstream.worker_processes import (
     TORCH_WORKER_FAILURE,
     WorkerTimeout,
     stop_workers,
     watch_workers,
     worker_failure,
 )
-from lightning_vstream.stream.worker import StreamDataset
 
 __all__ = ["StreamDataLoader"]
 
