@@ -28,6 +28,7 @@ to the cameras the loader reads. See ``docs/training_data.md`` for the recommend
 from __future__ import annotations
 
 import math
+import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -369,10 +370,17 @@ def _value(value: Any) -> Any:
     return torch.from_numpy(array)
 
 
+# numpy parses each array's header with ``ast.literal_eval``; CPython 3.11 before 3.11.8 keeps the AST
+# validator's recursion depth in one global, so two threads parsing at once raise
+# ``SystemError: AST constructor recursion depth mismatch`` (CPython gh-106905). Decode threads load
+# annotations concurrently, so the reads take turns; a file is a few kilobytes.
+_NPZ_LOCK = threading.Lock()
+
+
 def _read_npz(path: Path, clip_id: str, where: str) -> dict[str, np.ndarray]:
     """Every array of an annotation file, after checking its format and version."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with _NPZ_LOCK, np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise AnnotationError(
