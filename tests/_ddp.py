@@ -56,6 +56,11 @@ JOBS: dict[str, DdpJob] = {
         "_ddp_annotations.py",
         {"clips": 4, "cameras": 2, "frames": [10, 7, 12, 9], "size": (96, 64), "gop": 5, "annotations": True},
     ),
+    "resume-skip": DdpJob(
+        "test_resume_plan.py",
+        "_ddp_resume.py",
+        {"clips": 6, "cameras": 2, "frames": [12, 9, 14, 10, 11, 13], "size": (64, 48), "gop": 4},
+    ),
     "throughput": DdpJob(
         "test_callbacks.py",
         "_ddp_throughput.py",

@@ -273,6 +273,27 @@ def batch_stamp_errors(batch: dict[str, Any]) -> list[str]:
     return errors
 
 
+def cut_decodes(plans: Any, gop: int, cameras: int) -> int:
+    """Frames decoded and not delivered because plan segments start mid-GOP (a cut of the training plan).
+
+    A slot that starts a segment at frame ``f`` of a clip (not where its previous segment ended) decodes
+    from the keyframe before it: ``f % gop`` frames per camera that no slot delivers. Files of a fixed GOP.
+    """
+    extra = 0
+    for plan in plans if isinstance(plans, list | tuple) else [plans]:
+        for slot in range(plan.batch_size):
+            previous = None
+            for segment in plan.slot_segments(slot):
+                contiguous = previous is not None and (previous.clip, previous.frame(previous.length)) == (
+                    segment.clip,
+                    segment.start,
+                )
+                if not contiguous:
+                    extra += segment.start % gop
+                previous = segment
+    return extra * cameras
+
+
 @pytest.fixture
 def assert_stamps() -> Callable[[dict[str, Any]], None]:
     """Asserts that every frame of a streaming batch carries the stamp its labels promise."""

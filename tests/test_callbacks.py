@@ -427,10 +427,10 @@ def test_reset_clears_exactly_the_flagged_slots(callback_index: Path, tmp_path: 
     trainer.fit(model, datamodule=dm)
     assert model.mixed == []
     train_masks = [mask for stage, mask in model.events if stage == "train" and mask is not None]
-    # In index order, slot 0 reads clip 0 (5 frames) then clip 1; slot 1 reads clip 2 (7 frames)
-    # then clip 3; the epoch runs 13 steps. Slots switch clips at different steps.
+    # 27 frames on two slots of 13 steps: slot 0 reads clip 2 (7 frames) then clip 3, slot 1 clip 0 (5 frames)
+    # then clip 1 (the plan swaps clip 2 ahead so that no cut is needed). Slots switch clips at different steps.
     expected = [[False, False]] * 13
-    expected[0], expected[5], expected[7] = [True, True], [True, False], [False, True]
+    expected[0], expected[5], expected[7] = [True, True], [False, True], [True, False]
     assert train_masks == expected
     # Whole-memory resets at the train epoch start, at each validation start and when validation
     # hands back to training.
@@ -452,12 +452,12 @@ def test_resuming_mid_epoch_resets_before_the_first_batch(callback_index: Path, 
         resumed, datamodule=_dm(callback_index), ckpt_path=str(tmp_path / "ckpt" / "step=3.ckpt")
     )
     # No epoch start in a resumed epoch: training start resets everything, then steps 3-5 follow
-    # (slot 0 starts its second clip at step 5).
+    # (slot 1 starts its second clip at step 5).
     assert resumed.events == [
         ("train", None),
         ("train", [False, False]),
         ("train", [False, False]),
-        ("train", [True, False]),
+        ("train", [False, True]),
     ]
     assert resumed.mixed == []
 

@@ -244,6 +244,8 @@ SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
         ("seed", "0", "int"),
         ("shuffle", "True", "bool"),
         ("segment_length", "None", "int | None"),
+        ("seq_split_num", "None", "int | None"),
+        ("min_segment_length", "8", "int"),
         ("frame_stride", "1", "int"),
         ("pin_memory", "False", "bool"),
         ("prefetch_factor", "2", "int"),

@@ -29,6 +29,7 @@ from _nvdriver import (
     probed,
     stamped_rgb,
 )
+from conftest import cut_decodes
 
 from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.decoder_pool import DecoderPool
@@ -447,7 +448,8 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
                 info = index.clips[stamp[0]].cameras[camera].info
                 assert float(batch["camera_timestamp"][slot, camera]) == info.timestamp(stamp[1])
             assert float(batch["timestamp"][slot]) == float(batch["camera_timestamp"][slot, 0])
-    assert steps == len(sampler.schedule()) and loader.stats.amplification == 1.0
+    assert steps == len(sampler.schedule())
+    assert loader.stats.frames_decoded == loader.stats.frames_delivered + cut_decodes(sampler.schedule(), 6, 2)
     # One decoder per (slot, camera) stream, each on its decode thread's own stream, reused across clips.
     assert len(marker.decoders) == 4
     streams = {d.stream.cuda_stream for d in marker.decoders}
@@ -547,7 +549,9 @@ def test_a_consumer_that_takes_20_ms_per_step_gets_every_stamp_and_keeps_the_bat
             assert not _batch_errors(previous, clips, spec), "a held batch was overwritten"
         previous = batch
         steps += 1
-    assert steps == len(loader.engine.sampler.schedule()) and loader.stats.amplification == 1.0
+    plan = loader.engine.sampler.schedule()
+    assert steps == len(plan)
+    assert loader.stats.frames_decoded == loader.stats.frames_delivered + cut_decodes(plan, 6, 2)
 
 
 def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random_access(
@@ -695,7 +699,8 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
                 for name, made in outputs.items():
                     got = batch["outputs"][name]["frames"][slot, camera]
                     assert torch.equal(got, made(decoded[None])[0]), (name, slot, camera, stamp)
-    assert steps == len(sampler.schedule()) and loader.stats.amplification == 1.0
+    assert steps == len(sampler.schedule())
+    assert loader.stats.frames_decoded == loader.stats.frames_delivered + cut_decodes(sampler.schedule(), 6, 2)
     assert marker.decode_calls > 0 and len(marker.decoders) == 4  # each frame decoded once, for all outputs
     # Every output has a ring of its own, reused as the default output's is.
     ring = loader.engine.ring_size

@@ -78,8 +78,13 @@ def test_the_plan_fetches_each_file_in_one_request(
     for a, b in zip(got, expected):
         assert torch.equal(a["frames"], b["frames"]) and not batch_stamp_errors(a)
     gets = _video_gets(s3)
-    # Every file the epoch reads is smaller than 8 MiB: the plan fetches its GOPs in one request, no HEAD.
-    assert len(gets) == len(_files_read(got, 2)) and s3.counts()["HEAD"] == 1
+    # Every file the epoch reads is smaller than 8 MiB: the plan fetches the GOPs of each segment it reads
+    # in one request (a clip the plan cuts between two slots: one request per part), no HEAD.
+    segments = dm._loaders["train"].sampler.schedule(0).segments
+    assert {(s.clip, cam) for s in segments for cam in range(2)} == {
+        (int(c[-4:]), cam) for c, cam in _files_read(got, 2)
+    }
+    assert len(gets) == len(segments) * 2 and s3.counts()["HEAD"] == 1
     # Every request of every decoding process is counted (the training process's own setup too when it decodes).
     stats = dm.decode_stats("train").remote
     if mode != "workers":

@@ -208,7 +208,8 @@ def test_epochs_differ_and_set_epoch_selects_the_plan(stream_index: Path) -> Non
 def _mixed_sizes(root: Path, *, odd_clips: tuple[int, ...]) -> Path:
     """Three clips (8, 6, 10 frames), two cameras; CAM_BACK_LEFT of ``odd_clips`` is 128x96, the rest 64x48.
 
-    Unshuffled with two slots, step 0 reads clip 2 (slot 0) and clip 0 (slot 1).
+    Unshuffled with two slots of 12 steps, slot 0 reads clip 1 then clip 0's frames 0-5, slot 1 clip 0's
+    frames 6-7 (step 0) then clip 2.
     """
     for clip, frames in enumerate([8, 6, 10]):
         for cam, name in enumerate(["CAM_BACK", "CAM_BACK_LEFT"]):
@@ -224,8 +225,8 @@ def _mixed_sizes(root: Path, *, odd_clips: tuple[int, ...]) -> Path:
     return build_index(root, output=root / "index.json", progress=False)
 
 
-# Clip 0 is read in step 0, before the batch's size is known (frames come in per-part tensors);
-# clip 1 later, when workers decode straight into batch buffers of the known size.
+# Clip 0 is read in step 0 (from frame 6, slot 1), before the batch's size is known (frames come in
+# per-part tensors); clip 1 too (slot 0), but then clip 0's frames are first to be checked.
 @pytest.mark.parametrize("odd", [0, 1])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_mixed_frame_sizes_name_the_file_clip_camera_and_both_sizes(tmp_path: Path, num_workers: int, odd: int) -> None:
@@ -233,7 +234,7 @@ def test_mixed_frame_sizes_name_the_file_clip_camera_and_both_sizes(tmp_path: Pa
     loader = _loader(index_path, batch_size=2, shuffle=False, num_workers=num_workers)
     with pytest.raises(
         FrameSizeError,
-        match=rf"clip 'scene-000{odd}', camera 'CAM_BACK_LEFT', frame 0 \('[^']*"
+        match=rf"clip 'scene-000{odd}', camera 'CAM_BACK_LEFT', frame {6 if odd == 0 else 0} \('[^']*"
         rf"scene-000{odd}/CAM_BACK_LEFT\.mp4'\) is \(3, 96, 128\) but the "
         r"batch's frames are \(3, 48, 64\); .*FrameTransform\(resize=",
     ):
@@ -253,7 +254,8 @@ def test_mixed_frame_sizes_are_skipped_and_counted_under_skip(
         assert_stamps(batch)
         assert clip_name(odd) not in batch["clip_id"]
     stats = loader.stats
-    assert (stats.skipped_clips, stats.bad_files) == (1, 1) and stats.read_errors >= 1
+    segments = sum(1 for s in loader.sampler.schedule().segments if s.clip == odd)  # clip 0 is cut in two
+    assert (stats.skipped_clips, stats.bad_files) == (segments, 1) and stats.read_errors >= 1
     assert stats.frames_delivered == sum(int(b["valid"].sum()) for b in batches) * 2
     assert odd != 0 or not batches[0]["valid"][1]  # clip 0 was due in slot 1 at step 0
 

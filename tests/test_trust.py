@@ -287,8 +287,16 @@ def test_an_index_listing_more_frames_than_its_tables_is_a_named_data_fault(
             assert clips.decode_stats("train").skipped_samples == sum(not ok for _, ok in valid) > 0
         stream = StreamVideoDataModule(on_error=on_error, **common)  # type: ignore[arg-type]
         stream.setup("fit")
-        for batch in stream.train_dataloader():  # the stream reads no frame past a file's end
-            assert not batch_stamp_errors(batch)
+        if on_error == "raise":  # the plan reads every frame the index lists: frame 8 is named
+            with pytest.raises(
+                VideoDecodeError, match=r"clip 'scene-0001', camera '\w+', frame 8 .*which holds 8 frames"
+            ):
+                list(stream.train_dataloader())
+        else:
+            batches = list(stream.train_dataloader())
+            for batch in batches:
+                assert not batch_stamp_errors(batch)
+            assert stream.decode_stats("train").skipped_clips >= 1
 
 
 @pytest.mark.parametrize(

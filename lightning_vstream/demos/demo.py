@@ -201,37 +201,46 @@ def _with_boxes(batch: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
 
 
 def _coverage(lengths: dict[str, int], steps: int) -> list[str]:
-    """In words: how ``steps`` training steps of epoch 0 cover the clips, and why some frames were not read."""
+    """In words: how ``steps`` training steps of epoch 0 cover the clips, and which frames wait for a later epoch."""
     from lightning_vstream.stream.schedule import StreamSchedule
 
     names = list(lengths)
     plan = StreamSchedule(list(lengths.values()), batch_size=BATCH_SIZE, seed=0, epoch=0)
     lines = [
-        f"{len(names)} training clips in {BATCH_SIZE} slots: an epoch is {plan.num_steps} steps, as long as the "
-        "shortest slot; the frames other slots hold beyond it wait for a later epoch, which deals the clips in a "
-        "new order (the drop remainder: every batch full, every DDP rank the same length)"
+        f"{len(names)} training clips in {BATCH_SIZE} slots: an epoch is {plan.num_steps} steps; the clips, shuffled, "
+        f"are laid end to end and cut into {BATCH_SIZE} equal pieces, one per slot ({plan.stats.cuts} cuts, each "
+        "starting a new segment), so every batch is full and every DDP rank runs the same steps"
     ]
     if steps > plan.num_steps:
         return [*lines, f"this run's {steps} steps went on into the next epoch, whose clip order is new"]
-    unread, rest, dropped = [], [], []
+    unread, rest = [], []
+    read: dict[int, set[int]] = {}
     for slot in range(BATCH_SIZE):
         start = 0
         for segment in plan.slot_segments(slot):
             name, end = names[segment.clip], start + segment.length
-            if end > plan.num_steps:  # the drop remainder
-                dropped.append(f"{name} frames {max(0, plan.num_steps - start)}-{segment.length - 1}")
+            read.setdefault(segment.clip, set()).update(segment.frame(i) for i in range(segment.length))
+            where = name if segment.start == 0 else f"{name} from frame {segment.start}"
             if start >= steps:
-                unread.append(f"{name} (slot {slot}, from step {start})")
-            elif min(end, plan.num_steps) > steps:
-                rest.append(f"{name} from frame {steps - start}")
+                unread.append(f"{where} (slot {slot}, from step {start})")
+            elif end > steps:
+                rest.append(f"{name} from frame {segment.frame(steps - start)}")
             start = end
     if unread or rest:
         lines.append(
             f"the run stopped at step {steps} of the {plan.num_steps}-step epoch (--steps {plan.num_steps} runs it "
             f"whole); not read yet: {', '.join(unread + rest)}"
         )
-    if dropped:
-        lines.append(f"left for a later epoch by the drop remainder: {', '.join(dropped)}")
+    left = [
+        f"{name} frames {min(missing)}-{max(missing)}"
+        for clip, name in enumerate(names)
+        if (missing := set(range(lengths[name])) - read.get(clip, set()))
+    ]
+    if left:
+        lines.append(
+            f"left for a later epoch ({plan.stats.frames_dropped} frame{'s' if plan.stats.frames_dropped != 1 else ''}, "
+            f"fewer than the slots): {', '.join(left)}"
+        )
     return lines
 
 

@@ -27,6 +27,7 @@ from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.schedule import PlanSpec
 
 __all__ = ["CPU_DECODER_THREADS", "EngineLoader", "build_engine_loader", "cpu_threads"]
 
@@ -92,6 +93,8 @@ class EngineLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
         self.sampler.set_epoch(self.sampler.ledger.load_state_dict(state, self.sampler))
+        if self.engine.prefetcher is not None:  # a resume on another world size continues on another plan
+            self.engine.prefetcher.follow(PlanSpec.of(self.sampler, self.engine.prefetcher.index))
 
 
 #: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
@@ -214,7 +217,6 @@ def build_engine_loader(
     )
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import StreamPrefetcher
-        from lightning_vstream.stream.schedule import PlanSpec
 
         engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
     return EngineLoader(engine)

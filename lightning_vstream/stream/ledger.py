@@ -30,6 +30,8 @@ and both values.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,15 +39,16 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.errors import ResumeStateError, UsageError
+from lightning_vstream.stream.schedule import Continuation, PlanSpec
 
 if TYPE_CHECKING:
     from lightning_vstream.stream.sampler import StreamSampler
 
-__all__ = ["STATE_VERSION", "SkipLedger", "Skips", "no_skips", "resume_config"]
+__all__ = ["STATE_VERSION", "SkipLedger", "Skips", "dataset_identity", "no_skips", "plan_config", "resume_config"]
 
 log = logging.getLogger("lightning_vstream")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 #: Per-slot shifts, later shift changes ``(from_step, slot, shift)`` and abandoned ``(slot, segment)`` pairs.
 Skips = tuple[list[int], list[tuple[int, int, int]], set[tuple[int, int]]]
@@ -282,32 +285,49 @@ class SkipLedger:
         return shifts, later, abandoned
 
     def state_dict(self, sampler: StreamSampler) -> dict[str, Any]:
-        """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there."""
+        """Plain-dict position: the epoch, the first step not yet consumed, and every rank's skips there.
+
+        Under DDP (a process group of the plan's world size) this is a collective call: the ranks' skips
+        are gathered, so the state rank 0 saves resumes every rank exactly (Lightning calls it on every
+        rank when it saves a checkpoint).
+        """
         epoch, step = self._consumed or self._yielded or (sampler.epoch, self._resume[1] if self._resume else 0)
         skips = no_skips(self.batch_size)
         if step >= len(sampler.schedule(epoch)):
             epoch, step = epoch + 1, 0
         else:
             skips = self.state_dict_skips(epoch, step)
-        shifts, pending, abandoned = skips
+        own = _skips_dict(skips)
+        spec = sampler.spec
+        ranks = _gather(own, spec.world_size, spec.rank)
+        continuation = spec.continuation if spec.continuation is not None and spec.continuation.epoch == epoch else None
         return {
             "version": STATE_VERSION,
             "epoch": epoch,
             "step": step,
-            "shifts": list(shifts),
-            "pending_shifts": [list(change) for change in pending],
-            "abandoned": [list(pair) for pair in sorted(abandoned)],
-            **resume_config(sampler),
+            "rank": spec.rank,
+            **own,
+            "ranks": {str(rank): value for rank, value in sorted(ranks.items())},
+            "plan": plan_config(spec),
+            "dataset": dict(sampler.identity),
+            "continuation": _continuation_dict(continuation),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], sampler: StreamSampler) -> int:
         """Resume at the position of :meth:`state_dict` (checked against ``sampler``); returns its epoch.
 
+        With the saved world size and batch size, each rank takes up its own skips and the run goes on
+        exactly as the interrupted one would have. With another world size or batch size, the rest of the
+        saved epoch (what no slot delivered yet, less the segments given up) is cut anew for this run's
+        slots (:class:`~lightning_vstream.stream.schedule.Continuation`) and the following epochs follow
+        this run's own plan.
+
         Raises:
-            ResumeStateError: Another state version, other settings (names the field and both values), or
-                skip entries that do not fit ``batch_size``.
+            ResumeStateError: Another state version, a setting that cannot change (names it, both values
+                and why), another dataset (names what differs), or skip entries that do not fit.
         """
-        epoch, step, skips = _checked(state, sampler)
+        epoch, step, skips, continuation = _checked(state, sampler)
+        sampler.continue_epoch(continuation)
         self._resume = (epoch, step)
         self._resume_skips = skips
         self._epoch = epoch
@@ -317,41 +337,223 @@ class SkipLedger:
         return epoch
 
 
-def resume_config(sampler: StreamSampler) -> dict[str, Any]:
-    """The settings a saved stream position is only valid for (stored in, and checked against, loader states)."""
+#: Plan settings a resume cannot change, and why.
+_FIXED = {
+    "seed": "the shuffle of the epoch decides which frames its first part delivered",
+    "shuffle": "the order of the epoch decides which frames its first part delivered",
+    "segment_length": "the segments decide which frames the first part of the epoch delivered",
+    "seq_split_num": "the segments decide which frames the first part of the epoch delivered",
+    "frame_stride": "the stride decides which frames are read at all",
+    "min_segment_length": "the cuts decide which frames the first part of the epoch delivered",
+    "remainder": "training and evaluation plans differ",
+}
+
+
+def plan_config(spec: PlanSpec) -> dict[str, Any]:
+    """The plan settings a saved stream position records (checked when it loads)."""
     return {
-        "seed": sampler.seed,
-        "shuffle": sampler.shuffle,
-        "batch_size": sampler.batch_size,
-        "world_size": sampler.num_replicas,
-        "num_clips": len(sampler.clip_lengths),
-        "total_frames": sum(sampler.clip_lengths),
-        "segment_length": sampler.segment_length,
-        "frame_stride": sampler.frame_stride,
+        "seed": spec.seed,
+        "shuffle": spec.shuffle,
+        "segment_length": spec.segment_length,
+        "seq_split_num": spec.seq_split_num,
+        "min_segment_length": spec.min_segment_length,
+        "frame_stride": spec.frame_stride,
+        "remainder": spec.remainder,
+        "world_size": spec.world_size,
+        "batch_size": spec.batch_size,
     }
 
 
-def _checked(state: Mapping[str, Any], sampler: StreamSampler) -> tuple[int, int, Skips]:
-    """The ``(epoch, step, skips)`` of a saved stream loader state, after checking its version and settings."""
-    if state.get("version") != STATE_VERSION:
+def resume_config(sampler: StreamSampler) -> dict[str, Any]:
+    """The settings and the dataset a saved stream position is valid for (stored in, and checked against, states)."""
+    return {**plan_config(sampler.spec), **sampler.identity}
+
+
+def dataset_identity(
+    clip_lengths: Sequence[int], clip_ids: Sequence[str] | None = None, cameras: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The dataset a plan reads, by content: clip count, frames, and digests of the clip ids and frame counts.
+
+    Example::
+
+        >>> dataset_identity([3, 5], ["a", "b"], ["CAM_FRONT"])["clips"]
+        2
+    """
+    identity: dict[str, Any] = {
+        "clips": len(clip_lengths),
+        "frames": int(sum(clip_lengths)),
+        "frame_counts": _digest(",".join(str(int(n)) for n in clip_lengths)),
+    }
+    if clip_ids is not None:
+        identity["clip_ids"] = _digest("\n".join(clip_ids))
+    if cameras is not None:
+        identity["cameras"] = list(cameras)
+    return identity
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _skips_dict(skips: Skips) -> dict[str, Any]:
+    shifts, pending, abandoned = skips
+    return {
+        "shifts": list(shifts),
+        "pending_shifts": [list(change) for change in pending],
+        "abandoned": [list(pair) for pair in sorted(abandoned)],
+    }
+
+
+def _gather(own: dict[str, Any], world_size: int, rank: int) -> dict[int, dict[str, Any]]:
+    """Every rank's skips where a process group of ``world_size`` ranks runs; else this rank's alone."""
+    import torch.distributed as dist
+
+    if world_size > 1 and dist.is_available() and dist.is_initialized() and dist.get_world_size() == world_size:
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, (rank, own))
+        return dict(gathered)
+    return {rank: own}
+
+
+def _continuation_dict(continuation: Continuation | None) -> dict[str, Any] | None:
+    if continuation is None:
+        return None
+    return {
+        "epoch": continuation.epoch,
+        "world_size": continuation.origin.world_size,
+        "batch_size": continuation.origin.batch_size,
+        "step": continuation.step,
+        "shifts": list(continuation.shifts),
+        "abandoned": [list(pair) for pair in sorted(continuation.abandoned)],
+        "continuation": _continuation_dict(continuation.origin.continuation),
+    }
+
+
+def _continuation(data: Any, spec: PlanSpec, epoch: int) -> Continuation | None:
+    """The continuation a saved state describes, its origin built from ``spec`` with the saved slots."""
+    if data is None:
+        return None
+    try:
+        world, batch, step = int(data["world_size"]), int(data["batch_size"]), int(data["step"])
+        shifts = tuple(int(v) for v in data["shifts"])
+        abandoned = frozenset((int(a), int(b)) for a, b in data["abandoned"])
+        saved_epoch = int(data["epoch"])
+    except (KeyError, TypeError, ValueError) as err:
         raise ResumeStateError(
-            f"cannot resume: loader state version {state.get('version')!r} is not supported (expected "
-            f"{STATE_VERSION}); resume from a checkpoint written by this version of lightning_vstream."
+            f"cannot resume: the checkpoint's loader state has a malformed continuation ({err!r}); it was not "
+            "written by this loader."
+        ) from None
+    if saved_epoch != epoch or len(shifts) != world * batch:
+        raise ResumeStateError(
+            f"cannot resume: the checkpoint's continuation is of epoch {saved_epoch} with {len(shifts)} slot shifts "
+            f"for {world} x {batch} slots, in a state of epoch {epoch}; it was not written by this loader."
         )
-    for key, value in resume_config(sampler).items():
-        if key in state and state[key] != value:
-            raise ResumeStateError(
-                f"cannot resume: the checkpoint's stream loader has {key}={state[key]!r} but this one has "
-                f"{key}={value!r}; resume with the same data and loader settings."
+    inner = _continuation(data.get("continuation"), spec, epoch)
+    origin = dataclasses.replace(spec, world_size=world, batch_size=batch, rank=0, continuation=inner)
+    return Continuation(epoch, origin, step, shifts, abandoned)
+
+
+def _checked(state: Mapping[str, Any], sampler: StreamSampler) -> tuple[int, int, Skips, Continuation | None]:
+    """The ``(epoch, step, skips, continuation)`` of a saved stream loader state, after checking it."""
+    version = state.get("version")
+    if version != STATE_VERSION:
+        older = isinstance(version, int) and version < STATE_VERSION
+        raise ResumeStateError(
+            f"cannot resume: loader state version {version!r} is not supported (expected {STATE_VERSION})"
+            + (
+                "; it was written by an earlier release whose training plan cut the epoch differently, so its "
+                "position names other frames. Resume from the weights alone (a fresh epoch: load the model's "
+                "state_dict from the checkpoint and call Trainer.fit without ckpt_path)."
+                if older
+                else "; resume from a checkpoint written by this version of lightning_vstream."
             )
-    shifts = [int(v) for v in state.get("shifts", [0] * sampler.batch_size)]
-    if len(shifts) != sampler.batch_size:
-        raise ResumeStateError(
-            f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={sampler.batch_size}."
         )
-    pending = [_ints(change, 3, "pending_shifts", sampler.batch_size) for change in state.get("pending_shifts", [])]
-    abandoned = {_ints(pair, 2, "abandoned", sampler.batch_size) for pair in state.get("abandoned", [])}
-    return int(state["epoch"]), int(state["step"]), (shifts, pending, abandoned)  # type: ignore[return-value]
+    spec = sampler.spec
+    saved_plan = state.get("plan")
+    if not isinstance(saved_plan, Mapping):
+        raise ResumeStateError(
+            "cannot resume: the checkpoint's loader state has no 'plan'; it was not written by this loader."
+        )
+    for key, why in _FIXED.items():
+        value = getattr(spec, key)
+        if saved_plan.get(key) != value:
+            raise ResumeStateError(
+                f"cannot resume: the checkpoint's stream plan has {key}={saved_plan.get(key)!r} but this one has "
+                f"{key}={value!r}, and {key} cannot change within an epoch ({why}); resume with {key}="
+                f"{saved_plan.get(key)!r}."
+            )
+    _check_dataset(state.get("dataset"), sampler.identity)
+    epoch, step = int(state["epoch"]), int(state["step"])
+    continuation = _continuation(state.get("continuation"), spec, epoch)
+    world, batch = int(saved_plan["world_size"]), int(saved_plan["batch_size"])
+    ranks = state.get("ranks") or {}
+    if (world, batch) == (spec.world_size, spec.batch_size):
+        if step == 0:
+            return epoch, step, no_skips(spec.batch_size), continuation
+        own = ranks.get(str(spec.rank))
+        if own is None:
+            raise ResumeStateError(
+                f"cannot resume rank {spec.rank}: the checkpoint's loader state holds the skips of rank(s) "
+                f"{sorted(ranks)} only (it was saved without a process group of {world} ranks), so where rank "
+                f"{spec.rank}'s slots stood is unknown."
+            )
+        return epoch, step, _skips(own, spec.batch_size), continuation
+    if step == 0:
+        return epoch, 0, no_skips(spec.batch_size), continuation
+    if sorted(ranks) != [str(r) for r in range(world)]:
+        raise ResumeStateError(
+            f"cannot resume on world_size={spec.world_size}, batch_size={spec.batch_size}: the checkpoint was saved "
+            f"by {world} ranks of {batch} slots but holds the skips of rank(s) {sorted(ranks)} only, so the rest of "
+            f"its epoch is unknown. Resume on world_size={world}, batch_size={batch}."
+        )
+    origin = dataclasses.replace(spec, world_size=world, batch_size=batch, rank=0, continuation=continuation)
+    shifts: list[int] = []
+    abandoned: set[tuple[int, int]] = set()
+    for rank in range(world):
+        # Pending shifts move a slot past a segment it gave up; the continuation leaves those segments out.
+        saved_shifts, _, given_up = _skips(ranks[str(rank)], batch)
+        shifts.extend(saved_shifts)
+        abandoned.update((rank * batch + slot, segment) for slot, segment in given_up)
+    return epoch, 0, no_skips(spec.batch_size), Continuation(epoch, origin, step, tuple(shifts), frozenset(abandoned))
+
+
+def _check_dataset(saved: Any, identity: Mapping[str, Any]) -> None:
+    """A saved dataset identity against this loader's: the first difference, named."""
+    if not isinstance(saved, Mapping):
+        raise ResumeStateError(
+            "cannot resume: the checkpoint's loader state names no dataset; it was not written by this loader."
+        )
+    labels = {
+        "clips": "clips",
+        "frames": "frames in all",
+        "cameras": "cameras",
+        "clip_ids": "clip ids (digest)",
+        "frame_counts": "per-clip frame counts (digest)",
+    }
+    for key, label in labels.items():
+        if key in saved and key in identity and saved[key] != identity[key]:
+            raise ResumeStateError(
+                f"cannot resume: the checkpoint was saved on another dataset: its {label} {saved[key]!r} differ from "
+                f"this dataset's {identity[key]!r}. Resume on the dataset the checkpoint was trained on (the same "
+                "index), or start the epoch over from the weights."
+            )
+
+
+def _skips(value: Any, batch_size: int) -> Skips:
+    """One rank's saved skips, checked against ``batch_size``."""
+    if not isinstance(value, Mapping):
+        raise ResumeStateError(
+            f"cannot resume: the checkpoint's loader state has rank skips {value!r}; expected a mapping with "
+            "'shifts', 'pending_shifts' and 'abandoned'. The checkpoint was not written by this loader."
+        )
+    shifts = [int(v) for v in value.get("shifts", [0] * batch_size)]
+    if len(shifts) != batch_size:
+        raise ResumeStateError(
+            f"cannot resume: the checkpoint holds {len(shifts)} slot shifts for batch_size={batch_size}."
+        )
+    pending = [_ints(change, 3, "pending_shifts", batch_size) for change in value.get("pending_shifts", [])]
+    abandoned = {_ints(pair, 2, "abandoned", batch_size) for pair in value.get("abandoned", [])}
+    return shifts, pending, abandoned  # type: ignore[return-value]
 
 
 def _ints(value: Any, length: int, field: str, batch_size: int) -> tuple[int, ...]:

@@ -86,6 +86,15 @@ class StreamPrefetcher:
         self._num_steps = 0
 
     # -- the plan ------------------------------------------------------------------------------
+    def follow(self, spec: PlanSpec) -> None:
+        """Follow another plan from now on (a resume that continues an epoch on other settings)."""
+        with self._lock:
+            self.spec = spec
+            self._plan = None
+            self._epoch = -1
+            self._streams.clear()
+            self._next_uses.clear()
+
     def _use_epoch(self, epoch: int) -> StreamSchedule:
         if self._plan is None or self._epoch != epoch:
             self._plan = self.spec.schedule(epoch, self.index)

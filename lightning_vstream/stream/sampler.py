@@ -15,18 +15,30 @@ both loaders split a step's camera streams by: worker processes by part, engine 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_vstream.errors import ConfigurationError
-from lightning_vstream.stream.ledger import SkipLedger
+from lightning_vstream.stream.ledger import SkipLedger, dataset_identity
 from lightning_vstream.stream.parts import StreamRead, StreamTask
-from lightning_vstream.stream.schedule import PlanSpec, Remainder, SlotRead, StreamSchedule
+from lightning_vstream.stream.schedule import (
+    DEFAULT_MIN_SEGMENT_LENGTH,
+    Continuation,
+    PlanSpec,
+    Remainder,
+    SlotRead,
+    StreamSchedule,
+)
 
 __all__ = ["Buffers", "StreamSampler"]
+
+log = logging.getLogger("lightning_vstream")
 
 #: A step's batch buffers, one per output: ``""`` for the default output, else the output's name.
 Buffers = dict[str, torch.Tensor]
@@ -47,12 +59,19 @@ class StreamSampler(DistributedSampler):
         frame_stride: Read every ``frame_stride``-th frame.
         remainder: ``"drop"`` or ``"pad"`` (see :mod:`lightning_vstream.stream.schedule`).
         num_parts: Parts per step (the number of workers, or 1).
+        seq_split_num: Split every clip into this many nearly equal segments (exclusive with ``segment_length``).
+        min_segment_length: Frames a cut of the training plan leaves on each side at least, where the order allows.
+        spec: The plan, whole (the DataModules pass it); the plan arguments above are then ignored.
+        identity: The dataset by content (:func:`~lightning_vstream.stream.ledger.dataset_identity`), checked
+            when a saved position loads; by default the clip lengths' own.
+
+    The plan's settings live in :attr:`spec` only (``sampler.segment_length`` and the like read it).
 
     Example::
 
         >>> sampler = StreamSampler([20, 13, 27], num_cameras=2, batch_size=2, shuffle=False)
         >>> len(sampler), next(iter(sampler)).reads[0]
-        (27, StreamRead(position=0, clip=2, camera=0, frame=0, segment=2, segment_start=0))
+        (30, StreamRead(position=0, clip=0, camera=0, frame=0, segment=0, segment_start=0))
     """
 
     def __init__(
@@ -69,23 +88,47 @@ class StreamSampler(DistributedSampler):
         frame_stride: int = 1,
         remainder: Remainder = "drop",
         num_parts: int = 1,
+        seq_split_num: int | None = None,
+        min_segment_length: int = DEFAULT_MIN_SEGMENT_LENGTH,
+        spec: PlanSpec | None = None,
+        identity: Mapping[str, Any] | None = None,
     ) -> None:
         if num_parts < 1:
             raise ConfigurationError(f"num_parts={num_parts!r} must be >= 1.")
-        super().__init__(range(len(clip_lengths)), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
+        if spec is None:
+            spec = PlanSpec(
+                None,
+                num_cameras,
+                batch_size,
+                num_replicas,
+                rank,
+                seed,
+                shuffle,
+                segment_length,
+                frame_stride,
+                remainder,
+                seq_split_num,
+                min_segment_length,
+            )
+        super().__init__(
+            range(len(clip_lengths)),  # type: ignore[arg-type]
+            num_replicas=spec.world_size,
+            rank=spec.rank,
+            shuffle=spec.shuffle,
+            seed=spec.seed,
+        )
         self.clip_lengths = list(clip_lengths)
-        self.num_cameras = num_cameras
-        self.batch_size = batch_size
-        self.segment_length = segment_length
-        self.frame_stride = frame_stride
-        self.remainder = remainder
+        #: The dataset by content, saved with the position and checked when one loads.
+        self.identity: Mapping[str, Any] = identity or dataset_identity(self.clip_lengths)
+        #: The plan: the one description the ledger, the engines and worker processes rebuild it from.
+        self.spec = spec
         self.num_parts = num_parts
         self.start_step = 0
         self._cache: tuple[int, StreamSchedule] | None = None
         #: Skipped clips and the per-slot step offsets they cause (a slot whose clip failed jumps ahead to
         #: its next segment and pads at the end of the epoch, so all ranks keep the same length), and the
         #: loader's resumable position.
-        self.ledger = SkipLedger(batch_size=batch_size)
+        self.ledger = SkipLedger(batch_size=spec.batch_size)
         #: Shape of every frame of the batch once known, per output (``""``: the default output, ``batch["frames"]``;
         #: else a name of ``batch["outputs"]``); sent with each task so workers check it.
         self.frame_shapes: dict[str, tuple[int, ...]] = {}
@@ -95,12 +138,28 @@ class StreamSampler(DistributedSampler):
         self._next_step = 0
         self.schedule()  # validate the configuration now, not in a worker
 
+    # The plan's settings, read from the spec (the one place they are kept).
+    num_cameras = property(lambda self: self.spec.num_cameras)
+    batch_size = property(lambda self: self.spec.batch_size)
+    segment_length = property(lambda self: self.spec.segment_length)
+    seq_split_num = property(lambda self: self.spec.seq_split_num)
+    min_segment_length = property(lambda self: self.spec.min_segment_length)
+    frame_stride = property(lambda self: self.spec.frame_stride)
+    remainder = property(lambda self: self.spec.remainder)
+
     def schedule(self, epoch: int | None = None) -> StreamSchedule:
         """The plan of ``epoch`` (default: the current one) for this rank."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is None or self._cache[0] != epoch:
-            self._cache = (epoch, PlanSpec.of(self).plan(self.clip_lengths, epoch))
+            plan = self.spec.plan(self.clip_lengths, epoch)
+            self._cache = (epoch, plan)
+            log.debug("stream plan of epoch %d (rank %d): %s", epoch, self.spec.rank, plan.stats.as_dict())
         return self._cache[1]
+
+    def continue_epoch(self, continuation: Continuation | None) -> None:
+        """Follow ``continuation`` in its epoch: the rest of an epoch a run with other settings began."""
+        self.spec = dataclasses.replace(self.spec, continuation=continuation)
+        self._cache = None
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose plan the next iteration follows."""

@@ -41,8 +41,9 @@ from lightning_vstream.options import (
 )
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
+from lightning_vstream.stream.ledger import dataset_identity
 from lightning_vstream.stream.sampler import StreamSampler
-from lightning_vstream.stream.schedule import Remainder
+from lightning_vstream.stream.schedule import DEFAULT_MIN_SEGMENT_LENGTH, PlanSpec, Remainder
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.transforms import FrameTransform
@@ -90,7 +91,13 @@ class StreamVideoDataModule(pl.LightningDataModule):
         decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
         seed: Shuffle seed, identical on every rank.
         shuffle: Shuffle clip order per training epoch.
-        segment_length: Split clips into segments of at most this many frames.
+        segment_length: Split clips into segments of at most this many frames (41 frames at 20: 20 + 20 + 1).
+        seq_split_num: Split every clip into this many nearly equal segments instead (StreamPETR's
+            ``seq_split_num``; its nuScenes configs use 2: 41 frames give 21 + 20). Exclusive with
+            ``segment_length``.
+        min_segment_length: The training plan cuts the epoch into one piece per global slot; a cut
+            leaves at least this many frames on each side wherever the order of the segments near it
+            allows (see docs/streaming.md). 8 keeps a StreamPETR memory of 4 frames useful.
         frame_stride: Read every ``frame_stride``-th frame.
         pin_memory: Assemble batches in pinned memory for faster host-to-GPU copies.
         prefetch_factor: Parts each worker prepares ahead.
@@ -192,6 +199,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         seed: int = 0,
         shuffle: bool = True,
         segment_length: int | None = None,
+        seq_split_num: int | None = None,
+        min_segment_length: int = DEFAULT_MIN_SEGMENT_LENGTH,
         frame_stride: int = 1,
         pin_memory: bool = False,
         prefetch_factor: int = 2,
@@ -250,6 +259,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             batch_size=batch_size,
             frame_stride=frame_stride,
             segment_length=segment_length,
+            seq_split_num=seq_split_num,
+            min_segment_length=min_segment_length,
             index_check=index_check,
             engine=engine,
             engine_threads=engine_threads,
@@ -266,6 +277,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
         self.seed = seed
         self.shuffle = shuffle
         self.segment_length = segment_length
+        self.seq_split_num = seq_split_num
+        self.min_segment_length = min_segment_length
         self.frame_stride = frame_stride
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -388,18 +401,28 @@ class StreamVideoDataModule(pl.LightningDataModule):
         rank, world = self._placement()
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
-        return StreamSampler(
-            index.frame_counts.tolist(),
+        spec = PlanSpec(
+            None,
             num_cameras=len(index.camera_names),
             batch_size=self.batch_size,
-            num_replicas=world,
+            world_size=world,
             rank=rank,
             seed=self.seed,
             shuffle=self.shuffle and training,
             segment_length=self.segment_length,
             frame_stride=self.frame_stride,
             remainder=remainder,
+            seq_split_num=self.seq_split_num,
+            min_segment_length=self.min_segment_length,
+        )
+        lengths = index.frame_counts.tolist()
+        return StreamSampler(
+            lengths,
+            num_cameras=spec.num_cameras,
+            batch_size=spec.batch_size,
             num_parts=1 if self.uses_engine() else max(1, self.workers()),
+            spec=spec,
+            identity=dataset_identity(lengths, _clip_ids(index), index.camera_names),
         )
 
     def _engine_loader(self, split: Stage, augment: GeometryAugment | None) -> Any:
@@ -487,12 +510,23 @@ class StreamVideoDataModule(pl.LightningDataModule):
         return loader.stats
 
 
+def _clip_ids(index: VideoIndex) -> list[str]:
+    """The clip ids of ``index`` in order, without building clips where the index holds arrays."""
+    clips = index.clips
+    by_position = getattr(clips, "clip_id", None)
+    if by_position is not None:
+        return [by_position(position) for position in range(len(clips))]
+    return [clip.clip_id for clip in clips]
+
+
 def _check_stream_options(
     owner: str,
     *,
     batch_size: int,
     frame_stride: int,
     segment_length: int | None,
+    seq_split_num: int | None,
+    min_segment_length: int,
     index_check: str,
     engine: str,
     engine_threads: int | None,
@@ -508,6 +542,13 @@ def _check_stream_options(
                 segment_length is None or is_count(segment_length),
                 "None or an integer >= 1",
             ),
+            "seq_split_num": (
+                seq_split_num,
+                (seq_split_num is None or is_count(seq_split_num))
+                and (seq_split_num is None or segment_length is None),
+                "None or an integer >= 1, and not with segment_length (both split clips; set one)",
+            ),
+            "min_segment_length": (min_segment_length, is_count(min_segment_length), "an integer >= 1"),
             "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
             "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
             "engine_threads": (

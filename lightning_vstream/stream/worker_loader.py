@@ -420,3 +420,8 @@ class StreamDataLoader(DataLoader):
         """Resume at the position of :meth:`state_dict`; the configuration must match."""
         sampler: StreamSampler = self.sampler  # type: ignore[assignment]
         sampler.set_epoch(self._ledger.load_state_dict(state, sampler))
+        dataset = self.dataset
+        if getattr(dataset, "plan", None) is not None:  # a resume on another world size continues on another plan
+            from lightning_vstream.stream.schedule import PlanSpec
+
+            dataset.plan = PlanSpec.of(sampler, dataset.index)  # type: ignore[attr-defined]
