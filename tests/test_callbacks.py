@@ -145,6 +145,11 @@ def test_monitor_logs_exact_windowed_figures(callback_index: Path, tmp_path: Pat
         "train/bad_files": 0.0,
         "train/missing_annotations": 0.0,
         "train/packets_skipped": 0.0,
+        # The plan of 27 frames on 2 slots of 13 steps (see test_reset_clears_exactly_the_flagged_slots).
+        "train/plan_frames_dropped": 1.0,
+        "train/plan_cuts": 0.0,
+        "train/plan_shortest_segment": 5.0,
+        "train/plan_short_segments": 0.0,
     }
     # The second window holds batches 4-7: waits 4 + 4 + 0.25 + 0.25 = 8.5 s of 10.5 s.
     assert second["train/frames_per_sec"] == 4 * frames_per_batch / 10.5

@@ -89,6 +89,25 @@ def _find_loaders(obj: Any, depth: int = 0) -> list[Any]:
     return _find_loaders(iterables, depth + 1) if iterables is not None else []
 
 
+#: Statistics of the epoch's stream plan -> metric names (the same on every rank: the plan is global).
+_PLAN = {
+    "frames_dropped": "plan_frames_dropped",
+    "cuts": "plan_cuts",
+    "shortest_segment": "plan_shortest_segment",
+    "short_segments": "plan_short_segments",
+}
+
+
+def _plan_metrics(loaders: list[Any]) -> dict[str, float]:
+    """The current epoch's plan statistics of the first stream loader among ``loaders`` (none for clip loaders)."""
+    for loader in loaders:
+        schedule = getattr(getattr(loader, "sampler", None), "schedule", None)
+        stats = getattr(schedule(), "stats", None) if callable(schedule) else None
+        if stats is not None:
+            return {PREFIX + name: float(getattr(stats, field)) for field, name in _PLAN.items()}
+    return {}
+
+
 class StreamThroughputMonitor(pl.Callback):
     """Logs delivered frames/sec, samples/sec, data-wait fraction and decode counters of training.
 
@@ -111,7 +130,11 @@ class StreamThroughputMonitor(pl.Callback):
       ``train/missing_annotations``: with ``on_error="skip"``, slot-steps (or clip samples) lost to
       skipped clips (each counted once, whatever the worker count and prefetch depth), clip
       segments abandoned, failed camera reads, distinct bad files (per worker) and frames delivered
-      without their annotation, since the loader was created, all ranks together (0 when nothing failed).
+      without their annotation, since the loader was created, all ranks together (0 when nothing failed);
+    - ``train/plan_frames_dropped``, ``train/plan_cuts``, ``train/plan_shortest_segment`` and
+      ``train/plan_short_segments``: the current epoch's stream plan (frames no slot delivers this epoch,
+      cuts inside a segment, the shortest segment read, pieces shorter than ``min_segment_length``),
+      the same on every rank; present for ``StreamVideoDataModule`` loaders.
 
     Batches of either DataModule are counted: streaming batches (``frames`` ``[slots, cameras,
     3, H, W]``) and clip batches (``[samples, T, cameras, 3, H, W]``, a camera-frame per time and
@@ -261,6 +284,7 @@ class StreamThroughputMonitor(pl.Callback):
         for name in _COUNTERS.values():
             if remote or name not in _REMOTE:
                 metrics[PREFIX + name] = float(fields[name].sum())
+        metrics.update(_plan_metrics(_find_loaders(trainer.train_dataloader)))
         self.metrics = metrics
         # Every rank holds the same, already combined figures: no further sync.
         shown = {PREFIX + "frames_per_sec", PREFIX + "data_wait_fraction"} if self.prog_bar else set()

@@ -529,6 +529,8 @@ def _cut(
                 short += taken.length < floor
                 need = 0
         pieces.append(piece)
+    if head < len(queue) and id(queue[head]) in made:
+        cuts -= 1  # the last piece ended inside a segment whose rest no slot reads: a cut that starts nothing
     return pieces, cuts, short
 
 
