@@ -500,6 +500,11 @@ def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
         f"decode   amplification {result.decode_amplification:.2f}: {stats.frames_decoded} frames decoded for "
         f"{stats.frames_delivered} delivered in training, {stats.seeks} seeks, {stats.files_opened} files opened",
     ]
+    if stats.seeks:
+        lines.append(
+            "         (a slot whose piece of the epoch starts mid-clip decodes from the keyframe before it: at most "
+            f"GOP-1 = {DATASET['gop'] - 1} frames per camera and cut, fewer cuts than slots per epoch)"
+        )
     if result.stamp_errors:
         lines.append(f"stamps   {len(result.stamp_errors)} of {result.frames_checked} frames carry the wrong stamp")
     else:
