@@ -455,3 +455,112 @@ def test_synth_refuses_a_too_small_frame_before_creating_anything(
     assert main(["synth", str(root), "--size", "16x16", "-q"]) == 2
     assert "frames of 16x16 are too small for a stamp; use at least 32x32." in capsys.readouterr().err
     assert not root.exists()  # "before any work": not even d/videos
+
+
+# -- one rule for a wrong command line: exit status 2, before any work -----------------------------
+#: Per command, mistakes on its command line, run in a folder holding a stamped dataset (``data/``) and a
+#: nuScenes-layout one (``nus/``): each exits with status 2 as docs/cli.md states, before anything is written.
+USAGE_MISTAKES: dict[str, list[list[str]]] = {
+    "demo": [
+        ["--cache-dir", "data/index.json", "--steps", "1"],
+        ["--cache-dir", "data/index.json/cache", "--steps", "1"],
+        ["--steps", "0"],
+        ["--num-workers", "-1"],
+    ],
+    "synth": [
+        ["new", "--size", "16x16", "-q"],
+        ["new", "--fps", "0", "-q"],
+        ["new", "--fps", "-3", "-q"],
+        ["new", "--preset", "quick", "-q"],
+        ["new", "--frames", "0", "-q"],
+        ["data/index.json", "-q"],
+    ],
+    "index": [
+        ["data/indx.json", "--check"],
+        ["data/indx.json", "--quick-check"],
+        ["data/indx.json", "--tables"],
+        ["nodata", "-o", "new/index.json"],
+        ["data/index.json"],
+        ["data", "--check"],
+        ["data/index.json", "--check", "--tables"],
+        ["data", "-o", "new/index.json", "-j", "0"],
+        ["data", "-o", "new/index.json", "--table-format", "json"],
+        ["data", "-o", "new/index.json", "--storage-option", "endpoint=http://127.0.0.1:9"],
+        ["data", "-o", "new/index.json", "--bogus"],
+    ],
+    "encode": [
+        ["data/indx.json", "new", "-q"],
+        ["data/index.json", "data/index.json", "-q"],
+        ["data/index.json", "new", "--cameras", "CAM_NOPE", "-q"],
+        ["data/index.json", "new", "--preset", "quick", "-q"],
+        ["data/index.json", "new", "--bitrate", "lots", "-q"],
+        ["data/index.json", "new", "--crf", "99", "-q"],
+    ],
+    "import-nuscenes": [
+        ["nodata", "new", "-q"],
+        ["nus", "new", "--dataset-version", "v9.9", "-q"],
+        ["nus", "new", "--scenes", "scene-nope", "-q"],
+        ["nus", "new", "--cameras", "CAM_NOPE", "-q"],
+        ["nus", "new", "--preset", "quick", "-q"],
+    ],
+    "preview": [
+        ["data/indx.json", "-o", "new/p.png"],
+        ["data/indx.yaml", "-o", "new/p.png"],
+        ["data/index.json", "--clip", "scene-9999", "-o", "new/p.png"],
+        ["data/index.json", "--steps", "0", "-o", "new/p.png"],
+    ],
+    "doctor": [["--size", "big", "--json", "new/d.json"], ["--gpu", "-1", "--json", "new/d.json"]],
+}
+
+
+@pytest.fixture(scope="module")
+def mistakes_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from _nuscenes_fixture import write_nuscenes
+
+    root = tmp_path_factory.mktemp("mistakes")
+    assert (
+        main(["synth", str(root / "data"), "--clips", "2", "--cameras", "2", "--frames", "4", "--size", "64x48", "-q"])
+        == 0
+    )
+    write_nuscenes(root / "nus", scenes=1, samples=2, sweeps_between=0, drop=())
+    return root
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in sorted(root.rglob("*"))}
+
+
+def _exit_status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as stop:  # argparse's own errors
+        return int(stop.code or 0)
+
+
+def test_every_command_has_its_usage_mistakes_listed() -> None:
+    from lightning_vstream.cli import COMMANDS
+
+    assert set(USAGE_MISTAKES) == set(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        pytest.param(command, argv, id=f"{command} {' '.join(argv)}")
+        for command, cases in USAGE_MISTAKES.items()
+        for argv in cases
+    ],
+)
+def test_a_wrong_command_line_exits_2_and_writes_nothing(
+    command: str,
+    argv: list[str],
+    mistakes_workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(mistakes_workspace)
+    before = _tree(mistakes_workspace)
+    assert _exit_status([command, *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"vstream {command}: error: " in err and "Traceback" not in err
+    assert _tree(mistakes_workspace) == before  # "before any work": no folder, no file, nothing rewritten

@@ -110,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     if is_url(args.root):
         return _remote_index(args, modes[0] if modes else None)
     root = Path(args.root)
+    if args.storage_option:
+        raise ConfigurationError(
+            f"--storage-option applies to URLs (s3://, gs://, https://...); {args.root!r} is a local path. Leave the "
+            "option out, or pass the dataset's URL."
+        )
     if modes:
         flag = "--" + modes[0].replace("_", "-")
         if root.is_dir():

@@ -362,9 +362,9 @@ def run_demo(
     from lightning_vstream.demos.models import TinyStreamPETR
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
-    _check_arguments(steps, num_workers)
-    out = out if out is not None else sys.stdout
     cache_dir = Path(cache_dir).expanduser().resolve()
+    _check_arguments(steps, num_workers, cache_dir)
+    out = out if out is not None else sys.stdout
     print("vstream demo: multi-camera clips streamed frame by frame into a temporal model (CPU)\n", file=out)
     root, reused = _dataset(cache_dir, out)
 
@@ -411,9 +411,17 @@ def run_demo(
     return result
 
 
-def _check_arguments(steps: int, num_workers: int) -> None:
-    """Refuse a step count below 1 or a negative worker count, worded for the command line (``vstream demo:
-    error: ...`` names the command itself)."""
+def _check_arguments(steps: int, num_workers: int, cache_dir: Path) -> None:
+    """Refuse a step count below 1, a negative worker count or a cache folder that is a file, worded for the
+    command line (``vstream demo: error: ...`` names the command itself), before anything is written."""
+    for folder in (cache_dir, *cache_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ConfigurationError(
+                    f"cache_dir={str(cache_dir)!r}: {str(folder)!r} is a file; the demo keeps its dataset and runs in "
+                    "a folder. Pass another --cache-dir."
+                )
+            break
     if not is_count(steps):
         raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
     if not is_count(num_workers, 0):

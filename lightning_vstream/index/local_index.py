@@ -66,6 +66,11 @@ FileCheck = Callable[[list[Clip], str, list[str], list[str]], list[Clip]]
 _WARNED_NO_TABLES: set[str] = set()
 
 
+class CameraChoiceError(IndexValidationError, ConfigurationError):
+    """``cameras=`` names a camera no clip of the index has: an argument is wrong, not the data (a typo,
+    another dataset's names), so ``vstream`` commands exit with status 2 for it."""
+
+
 def _pairs_without_duplicates(where: str) -> Any:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -388,7 +393,7 @@ class _IndexReading:
         nowhere = [n for n in self.cameras if not any(n in found for found in self.scanned)]
         if nowhere:
             existing = sorted(set().union(*self.scanned))
-            raise IndexValidationError(
+            raise CameraChoiceError(
                 self.where,
                 [
                     f"{self.where}: cameras={self.cameras!r}: no clip has camera(s) {nowhere}; the index's clips "
