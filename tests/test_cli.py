@@ -564,3 +564,56 @@ def test_a_wrong_command_line_exits_2_and_writes_nothing(
     err = capsys.readouterr().err
     assert f"vstream {command}: error: " in err and "Traceback" not in err
     assert _tree(mistakes_workspace) == before  # "before any work": no folder, no file, nothing rewritten
+
+
+# -- a stray camera file in one clip -----------------------------------------------------------------
+def test_a_stray_camera_file_in_one_clip_is_named_and_the_common_cameras_are_indexed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "data"
+    assert main(["synth", str(root), "--clips", "3", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]) == 0
+    stray = root / "videos" / "scene-0001" / "CAM_EXTRA.mp4"
+    shutil.copy2(root / "videos" / "scene-0001" / "CAM_BACK.mp4", stray)
+    # The index built before the file came: the quick check names it and gives the command that re-indexes.
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 1
+    err = capsys.readouterr().err
+    assert "'CAM_EXTRA.mp4' is not in the index (added since it was built?). Re-index: `vstream index " in err
+    assert f"`vstream index {str(root)!r}` indexes the cameras every clip has" in err
+
+    assert main(["index", str(root), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "3 clips, cameras ['CAM_BACK', 'CAM_BACK_LEFT']" in out and "left out" not in out
+    assert (
+        f"are not indexed: the other clips lack their camera, so the index holds the cameras every clip has: {str(stray)!r}."
+        in out
+    )
+    assert f"To index them, give every clip those cameras and run `vstream index {root}` again" in out
+    assert not (root / "index.incomplete.json").exists()
+    index = load_index(root / "index.json", check="thorough")
+    assert [clip.camera_names for clip in index] == [("CAM_BACK", "CAM_BACK_LEFT")] * 3
+    assert read_stamp(PyAVDecoder(index["scene-0001"].cameras[1].path).get(5)) == Stamp(1, 1, 5)
+    # Both checks accept the file the build named; they name it again.
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 0
+    assert "all files match the index" in (out := capsys.readouterr().out) and "CAM_EXTRA.mp4" in out
+    assert main(["index", str(root / "index.json"), "--check"]) == 0
+    # A file added after this build is still one the index does not describe.
+    shutil.copy2(stray, root / "videos" / "scene-0002" / "CAM_EXTRA.mp4")
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 1
+    assert "clip 'scene-0002' has cameras ['CAM_BACK', 'CAM_BACK_LEFT', 'CAM_EXTRA']" in capsys.readouterr().err
+
+
+def test_build_index_warns_about_a_stray_camera_file_with_the_python_fix(tmp_path: Path) -> None:
+    from lightning_vstream.demos.synth import write_dataset
+    from lightning_vstream.errors import VStreamWarning
+    from lightning_vstream.indexing import build_index
+
+    root = tmp_path / "d"
+    write_dataset(root, clips=3, cameras=2, frames=4, size=(64, 48))  # two clips of three: the common cameras
+    shutil.copy2(root / "videos" / "scene-0000" / "CAM_BACK.mp4", root / "videos" / "scene-0000" / "CAM_EXTRA.mp4")
+    with pytest.warns(
+        VStreamWarning,
+        match=r"CAM_EXTRA\.mp4'\. To index them, give every clip those cameras and call build_index\(\.\.\.\) again",
+    ):
+        build_index(root, output=root / "index.json", progress=False)
+    # The stray file is in the first clip, which sets the cameras when its folder is listed: the tables decide.
+    assert load_index(root / "index.json", check="thorough").camera_names == ("CAM_BACK", "CAM_BACK_LEFT")
