@@ -617,3 +617,27 @@ def test_build_index_warns_about_a_stray_camera_file_with_the_python_fix(tmp_pat
         build_index(root, output=root / "index.json", progress=False)
     # The stray file is in the first clip, which sets the cameras when its folder is listed: the tables decide.
     assert load_index(root / "index.json", check="thorough").camera_names == ("CAM_BACK", "CAM_BACK_LEFT")
+
+
+# -- a video with a display rotation -----------------------------------------------------------------
+@pytest.mark.parametrize("degrees", [90, 270])
+def test_a_rotated_video_is_refused_when_indexed(
+    tmp_path: Path, degrees: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _remux import rotated_copy
+
+    root = tmp_path / "data"
+    assert main(["synth", str(root), "--clips", "2", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]) == 0
+    before = (root / "index.json").read_bytes()
+    camera = root / "videos" / "scene-0001" / "CAM_BACK.mp4"
+    rotated = rotated_copy(camera, tmp_path / "rotated.mp4", degrees)
+    shutil.copy2(rotated, camera)
+    assert main(["index", str(root), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"vstream index: error: clip 'scene-0001', camera 'CAM_BACK': {str(camera)!r}: the video carries a display "
+        f"rotation of {degrees} degrees (its display matrix), which lightning_vstream does not apply" in err
+    )
+    turn = "transpose=cclock" if degrees == 90 else "transpose=clock"
+    assert "`ffmpeg -i IN.mp4 -c:v libx264 OUT.mp4`" in err and f"-vf {turn}" in err
+    assert (root / "index.json").read_bytes() == before  # nothing written

@@ -21,6 +21,7 @@ from lightning_vstream.errors import (
     DataFormatError,
     IndexValidationError,
     MissingFileError,
+    RotatedVideoError,
     VideoDecodeError,
     VStreamWarning,
 )
@@ -377,6 +378,8 @@ def _probe_one(path: Path) -> tuple[str, VideoInfo | None, str | None]:
     try:
         info, cut = probe_for_index(path)
         return "ok", info, cut
+    except RotatedVideoError as err:  # a readable video, in a form not delivered: refused, not left out
+        return "error", None, str(err)
     except (VideoDecodeError, DataFormatError) as err:
         return "bad", None, str(err)
     except (OSError, ValueError) as err:
