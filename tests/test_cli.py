@@ -641,3 +641,42 @@ def test_a_rotated_video_is_refused_when_indexed(
     turn = "transpose=cclock" if degrees == 90 else "transpose=clock"
     assert "`ffmpeg -i IN.mp4 -c:v libx264 OUT.mp4`" in err and f"-vf {turn}" in err
     assert (root / "index.json").read_bytes() == before  # nothing written
+
+
+# -- frame tables of another dataset ------------------------------------------------------------------
+def test_quick_check_reports_frame_tables_copied_from_another_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    from lightning_vstream.errors import VStreamWarning
+
+    small = ["--clips", "2", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]
+    assert main(["synth", str(tmp_path / "a"), *small]) == 0
+    assert main(["synth", str(tmp_path / "other"), *small]) == 0
+    (tmp_path / "other" / "videos").rename(tmp_path / "other" / "cams")
+    assert main(["index", str(tmp_path / "other"), "-q"]) == 0
+    index = tmp_path / "a" / "index.json"
+    shutil.copy2(tables_path(tmp_path / "other" / "index.json"), tables_path(index))
+    capsys.readouterr()
+    with pytest.warns(VStreamWarning, match="has no frame table for 4 of its 4 video files"):
+        load_index(index)
+    # The quick check says what load_index warns about, names the tables file and fails, as --check does.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["index", str(index), "--quick-check"]) == 1
+    captured = capsys.readouterr()
+    assert "all files match" not in captured.out
+    assert (
+        f"1. the frame tables next to the index ({str(tables_path(index))!r}) describe none of its video files; "
+        "they list other files ('cams/scene-0000/CAM_BACK.mp4'," in captured.err
+    )
+    assert (
+        f"'{index.parent / 'videos' / 'scene-0000' / 'CAM_BACK.mp4'}' (clip 'scene-0000', camera 'CAM_BACK'): "
+        in captured.err
+    )
+    assert main(["index", str(index), "--check"]) == 1
+    # Its own tables written, both checks pass.
+    assert main(["index", str(index), "--tables", "-q"]) == 0
+    assert main(["index", str(index), "--quick-check"]) == 0
+    assert "all files match the index" in capsys.readouterr().out

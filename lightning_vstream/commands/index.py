@@ -214,8 +214,21 @@ def print_incomplete(listing: str, *, read: Callable[[str], bytes | None] | None
 
 def _quick_check(args: argparse.Namespace) -> int:
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.verify import files_without_tables
 
-    index = load_index(args.root, check="thorough")
+    with warnings.catch_warnings():
+        # Files without frame tables are said below, in words, with the exit status of a failed check.
+        warnings.simplefilter("ignore", VStreamWarning)
+        index = load_index(args.root, check="thorough")
+    problems = files_without_tables(index.source)
+    if problems:
+        listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(problems))
+        print(
+            f"vstream index --quick-check: {index.source}: {len(problems)} problem(s):\n{listed}\n"
+            "Integrity checks are off for these files until the index has their frame tables.",
+            file=sys.stderr,
+        )
+        return 1
     print(
         f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
         f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
