@@ -204,8 +204,10 @@ def frame_rotation(path: Path | str, *, stream: int | None = None) -> int:
     container = open_container(Path(path))
     try:
         video = video_stream(container, Path(path), check_stream(stream))
-        for frame in container.decode(video):
-            return round(float(frame.rotation or 0)) % 360
+        video.codec_context.thread_count = 1  # one frame: starting FFmpeg's thread pool costs more than it
+        for packet in container.demux(video):
+            for frame in packet.decode():
+                return round(float(frame.rotation or 0)) % 360
         return 0
     finally:
         container.close()
