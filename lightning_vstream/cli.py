@@ -146,7 +146,7 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         if name == chosen:  # only the command that runs imports its module
             module = importlib.import_module(command.module)
             module.add_arguments(child)
-            child.set_defaults(run=module.run)
+            child.set_defaults(run=module.run, command_parser=child)
     return parser
 
 
@@ -169,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lightning_vstream.errors import ConfigurationError, VStreamError, debug_requested, user_message
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser(argv).parse_args(argv)
+    args, unknown = _parser(argv).parse_known_args(argv)
+    if unknown:  # said by the command's own parser: `vstream index: error: ...`, with its usage line
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     name = f"vstream {args.command}"
     try:
         return int(args.run(args))

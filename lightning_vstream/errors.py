@@ -42,6 +42,7 @@ __all__ = [
     "RemoteStorageError",
     "RemoteTimeoutError",
     "ResumeStateError",
+    "RotatedVideoError",
     "StepMismatchError",
     "UsageError",
     "VStreamError",
@@ -170,6 +171,16 @@ class FrameSizeError(VideoDecodeError):
 
     The message names the file, clip, camera and frame, and both sizes. Under ``on_error="skip"``
     the clip is skipped and counted like any other unreadable file.
+    """
+
+
+class RotatedVideoError(VideoDecodeError):
+    """A video carries a display rotation (a display matrix of 90, 180 or 270 degrees), which is not applied.
+
+    Frames would come out in their coded orientation, not as a player shows them, so such a file is
+    refused where it is met: when its index is built, and when a decoder reads its first frame. The
+    message names the file (with its clip and camera), the rotation in degrees and how to re-encode the
+    file upright.
     """
 
 

@@ -455,3 +455,228 @@ def test_synth_refuses_a_too_small_frame_before_creating_anything(
     assert main(["synth", str(root), "--size", "16x16", "-q"]) == 2
     assert "frames of 16x16 are too small for a stamp; use at least 32x32." in capsys.readouterr().err
     assert not root.exists()  # "before any work": not even d/videos
+
+
+# -- one rule for a wrong command line: exit status 2, before any work -----------------------------
+#: Per command, mistakes on its command line, run in a folder holding a stamped dataset (``data/``) and a
+#: nuScenes-layout one (``nus/``): each exits with status 2 as docs/cli.md states, before anything is written.
+USAGE_MISTAKES: dict[str, list[list[str]]] = {
+    "demo": [
+        ["--cache-dir", "data/index.json", "--steps", "1"],
+        ["--cache-dir", "data/index.json/cache", "--steps", "1"],
+        ["--steps", "0"],
+        ["--num-workers", "-1"],
+    ],
+    "synth": [
+        ["new", "--size", "16x16", "-q"],
+        ["new", "--fps", "0", "-q"],
+        ["new", "--fps", "-3", "-q"],
+        ["new", "--preset", "quick", "-q"],
+        ["new", "--frames", "0", "-q"],
+        ["data/index.json", "-q"],
+    ],
+    "index": [
+        ["data/indx.json", "--check"],
+        ["data/indx.json", "--quick-check"],
+        ["data/indx.json", "--tables"],
+        ["nodata", "-o", "new/index.json"],
+        ["data/index.json"],
+        ["data", "--check"],
+        ["data/index.json", "--check", "--tables"],
+        ["data", "-o", "new/index.json", "-j", "0"],
+        ["data", "-o", "new/index.json", "--table-format", "json"],
+        ["data", "-o", "new/index.json", "--storage-option", "endpoint=http://127.0.0.1:9"],
+        ["data", "-o", "new/index.json", "--bogus"],
+    ],
+    "encode": [
+        ["data/indx.json", "new", "-q"],
+        ["data/index.json", "data/index.json", "-q"],
+        ["data/index.json", "new", "--cameras", "CAM_NOPE", "-q"],
+        ["data/index.json", "new", "--preset", "quick", "-q"],
+        ["data/index.json", "new", "--bitrate", "lots", "-q"],
+        ["data/index.json", "new", "--crf", "99", "-q"],
+    ],
+    "import-nuscenes": [
+        ["nodata", "new", "-q"],
+        ["nus", "new", "--dataset-version", "v9.9", "-q"],
+        ["nus", "new", "--scenes", "scene-nope", "-q"],
+        ["nus", "new", "--cameras", "CAM_NOPE", "-q"],
+        ["nus", "new", "--preset", "quick", "-q"],
+    ],
+    "preview": [
+        ["data/indx.json", "-o", "new/p.png"],
+        ["data/indx.yaml", "-o", "new/p.png"],
+        ["data/index.json", "--clip", "scene-9999", "-o", "new/p.png"],
+        ["data/index.json", "--steps", "0", "-o", "new/p.png"],
+    ],
+    "doctor": [["--size", "big", "--json", "new/d.json"], ["--gpu", "-1", "--json", "new/d.json"]],
+}
+
+
+@pytest.fixture(scope="module")
+def mistakes_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from _nuscenes_fixture import write_nuscenes
+
+    root = tmp_path_factory.mktemp("mistakes")
+    assert (
+        main(["synth", str(root / "data"), "--clips", "2", "--cameras", "2", "--frames", "4", "--size", "64x48", "-q"])
+        == 0
+    )
+    write_nuscenes(root / "nus", scenes=1, samples=2, sweeps_between=0, drop=())
+    return root
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in sorted(root.rglob("*"))}
+
+
+def _exit_status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as stop:  # argparse's own errors
+        return int(stop.code or 0)
+
+
+def test_every_command_has_its_usage_mistakes_listed() -> None:
+    from lightning_vstream.cli import COMMANDS
+
+    assert set(USAGE_MISTAKES) == set(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        pytest.param(command, argv, id=f"{command} {' '.join(argv)}")
+        for command, cases in USAGE_MISTAKES.items()
+        for argv in cases
+    ],
+)
+def test_a_wrong_command_line_exits_2_and_writes_nothing(
+    command: str,
+    argv: list[str],
+    mistakes_workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(mistakes_workspace)
+    before = _tree(mistakes_workspace)
+    assert _exit_status([command, *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"vstream {command}: error: " in err and "Traceback" not in err
+    assert _tree(mistakes_workspace) == before  # "before any work": no folder, no file, nothing rewritten
+
+
+# -- a stray camera file in one clip -----------------------------------------------------------------
+def test_a_stray_camera_file_in_one_clip_is_named_and_the_common_cameras_are_indexed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "data"
+    assert main(["synth", str(root), "--clips", "3", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]) == 0
+    stray = root / "videos" / "scene-0001" / "CAM_EXTRA.mp4"
+    shutil.copy2(root / "videos" / "scene-0001" / "CAM_BACK.mp4", stray)
+    # The index built before the file came: the quick check names it and gives the command that re-indexes.
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 1
+    err = capsys.readouterr().err
+    assert "'CAM_EXTRA.mp4' is not in the index (added since it was built?). Re-index: `vstream index " in err
+    assert f"`vstream index {str(root)!r}` indexes the cameras every clip has" in err
+
+    assert main(["index", str(root), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "3 clips, cameras ['CAM_BACK', 'CAM_BACK_LEFT']" in out and "left out" not in out
+    assert (
+        f"are not indexed: the other clips lack their camera, so the index holds the cameras every clip has: {str(stray)!r}."
+        in out
+    )
+    assert f"To index them, give every clip those cameras and run `vstream index {root}` again" in out
+    assert not (root / "index.incomplete.json").exists()
+    index = load_index(root / "index.json", check="thorough")
+    assert [clip.camera_names for clip in index] == [("CAM_BACK", "CAM_BACK_LEFT")] * 3
+    assert read_stamp(PyAVDecoder(index["scene-0001"].cameras[1].path).get(5)) == Stamp(1, 1, 5)
+    # Both checks accept the file the build named; they name it again.
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 0
+    assert "all files match the index" in (out := capsys.readouterr().out) and "CAM_EXTRA.mp4" in out
+    assert main(["index", str(root / "index.json"), "--check"]) == 0
+    # A file added after this build is still one the index does not describe.
+    shutil.copy2(stray, root / "videos" / "scene-0002" / "CAM_EXTRA.mp4")
+    assert main(["index", str(root / "index.json"), "--quick-check"]) == 1
+    assert "clip 'scene-0002' has cameras ['CAM_BACK', 'CAM_BACK_LEFT', 'CAM_EXTRA']" in capsys.readouterr().err
+
+
+def test_build_index_warns_about_a_stray_camera_file_with_the_python_fix(tmp_path: Path) -> None:
+    from lightning_vstream.demos.synth import write_dataset
+    from lightning_vstream.errors import VStreamWarning
+    from lightning_vstream.indexing import build_index
+
+    root = tmp_path / "d"
+    write_dataset(root, clips=3, cameras=2, frames=4, size=(64, 48))  # two clips of three: the common cameras
+    shutil.copy2(root / "videos" / "scene-0000" / "CAM_BACK.mp4", root / "videos" / "scene-0000" / "CAM_EXTRA.mp4")
+    with pytest.warns(
+        VStreamWarning,
+        match=r"CAM_EXTRA\.mp4'\. To index them, give every clip those cameras and call build_index\(\.\.\.\) again",
+    ):
+        build_index(root, output=root / "index.json", progress=False)
+    # The stray file is in the first clip, which sets the cameras when its folder is listed: the tables decide.
+    assert load_index(root / "index.json", check="thorough").camera_names == ("CAM_BACK", "CAM_BACK_LEFT")
+
+
+# -- a video with a display rotation -----------------------------------------------------------------
+@pytest.mark.parametrize("degrees", [90, 270])
+def test_a_rotated_video_is_refused_when_indexed(
+    tmp_path: Path, degrees: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _remux import rotated_copy
+
+    root = tmp_path / "data"
+    assert main(["synth", str(root), "--clips", "2", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]) == 0
+    before = (root / "index.json").read_bytes()
+    camera = root / "videos" / "scene-0001" / "CAM_BACK.mp4"
+    rotated = rotated_copy(camera, tmp_path / "rotated.mp4", degrees)
+    shutil.copy2(rotated, camera)
+    assert main(["index", str(root), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"vstream index: error: clip 'scene-0001', camera 'CAM_BACK': {str(camera)!r}: the video carries a display "
+        f"rotation of {degrees} degrees (its display matrix), which lightning_vstream does not apply" in err
+    )
+    turn = "transpose=cclock" if degrees == 90 else "transpose=clock"
+    assert "`ffmpeg -i IN.mp4 -c:v libx264 OUT.mp4`" in err and f"-vf {turn}" in err
+    assert (root / "index.json").read_bytes() == before  # nothing written
+
+
+# -- frame tables of another dataset ------------------------------------------------------------------
+def test_quick_check_reports_frame_tables_copied_from_another_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    from lightning_vstream.errors import VStreamWarning
+
+    small = ["--clips", "2", "--cameras", "2", "--frames", "6", "--size", "64x48", "-q"]
+    assert main(["synth", str(tmp_path / "a"), *small]) == 0
+    assert main(["synth", str(tmp_path / "other"), *small]) == 0
+    (tmp_path / "other" / "videos").rename(tmp_path / "other" / "cams")
+    assert main(["index", str(tmp_path / "other"), "-q"]) == 0
+    index = tmp_path / "a" / "index.json"
+    shutil.copy2(tables_path(tmp_path / "other" / "index.json"), tables_path(index))
+    capsys.readouterr()
+    with pytest.warns(VStreamWarning, match="has no frame table for 4 of its 4 video files"):
+        load_index(index)
+    # The quick check says what load_index warns about, names the tables file and fails, as --check does.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["index", str(index), "--quick-check"]) == 1
+    captured = capsys.readouterr()
+    assert "all files match" not in captured.out
+    assert (
+        f"1. the frame tables next to the index ({str(tables_path(index))!r}) describe none of its video files; "
+        "they list other files ('cams/scene-0000/CAM_BACK.mp4'," in captured.err
+    )
+    assert (
+        f"'{index.parent / 'videos' / 'scene-0000' / 'CAM_BACK.mp4'}' (clip 'scene-0000', camera 'CAM_BACK'): "
+        in captured.err
+    )
+    assert main(["index", str(index), "--check"]) == 1
+    # Its own tables written, both checks pass.
+    assert main(["index", str(index), "--tables", "-q"]) == 0
+    assert main(["index", str(index), "--quick-check"]) == 0
+    assert "all files match the index" in capsys.readouterr().out

@@ -420,3 +420,34 @@ def test_mpegts_with_bframes_seeks_frame_exactly(tmp_path: Path) -> None:
         before = decoder.frames_decoded
         assert read_stamp(decoder.get(k)).frame == k
         assert decoder.frames_decoded - before <= 8
+
+
+def test_a_display_rotation_is_refused_at_the_first_frame(
+    stamped_video: Callable[[Config], Path], tmp_path: Path
+) -> None:
+    """A file indexed without its rotation being seen (a hand-written index) is refused when first decoded."""
+    import json
+
+    from lightning_vstream import StreamVideoDataModule
+    from lightning_vstream.errors import RotatedVideoError
+    from tests._remux import rotated_copy
+
+    source = stamped_video(CONFIGS[0])
+    rotated = rotated_copy(source, tmp_path / "rotated.mp4", 90)
+    decoder = PyAVDecoder(rotated, label="clip 'scene-0000', camera 'CAM_FRONT'")
+    with pytest.raises(
+        RotatedVideoError,
+        match=r"\(clip 'scene-0000', camera 'CAM_FRONT'\): the video carries a display rotation of 90 degrees",
+    ):
+        decoder.get(0)
+    assert read_stamp(PyAVDecoder(source).get(0)) is not None  # the same frames without the matrix decode
+    # Through a DataModule: the clip and camera are named.
+    clip = tmp_path / "videos" / "scene-0000"
+    clip.mkdir(parents=True)
+    rotated.rename(clip / "CAM_FRONT.mp4")
+    (tmp_path / "index.json").write_text(json.dumps({"videos": {"scene-0000": 4}}))
+    dm = StreamVideoDataModule(index_file=tmp_path / "index.json", batch_size=1, engine="threads")
+    with pytest.warns(Warning):
+        dm.setup("fit")
+    with pytest.raises(RotatedVideoError, match=r"scene-0000.*CAM_FRONT.*display rotation of 90 degrees"):
+        next(iter(dm.train_dataloader()))

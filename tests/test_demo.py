@@ -16,8 +16,16 @@ from lightning_vstream.demos.demo import _coverage, run_demo
 
 def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "cache"
-    assert main(["demo", "--cache-dir", str(cache), "--steps", "5", "--num-workers", "0"]) == 0
+    assert main(["demo", "--cache-dir", str(cache), "--steps", "5"]) == 0
     first = capsys.readouterr().out
+    # The product's default engine, said by name: decode threads in the training process.
+    threads = " ".join(first.split())
+    assert re.search(
+        r"6 cameras, decoded by \d+ decode threads? in the training process \(the thread engine, engine='auto': "
+        r"decode threads in the training process; --engine workers for worker processes\)",
+        threads,
+    )
+    assert re.search(r"over 5 training steps, end to end \(thread engine\)", threads)
     assert "data     generated 10 clips x 6 cameras" in first
     assert "(6 clips to train on, 4 held out for validation)" in " ".join(first.split())
     assert re.search(r"result   \d+\.\d camera-frames/s \(\d+\.\d samples/s\) over 5 training steps", first)
@@ -39,8 +47,10 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     assert "metrics  train/* and val/* figures logged to" in first
     assert "loss" not in first  # no raw loss trend that a reader could take for divergence
 
-    result = run_demo(cache_dir=cache, steps=3, num_workers=0, progress_bar=False)
+    result = run_demo(cache_dir=cache, steps=3, engine="workers", num_workers=1, progress_bar=False)
     second = capsys.readouterr().out
+    assert "decoded by 1 decoding worker process (the worker engine, engine='workers')" in " ".join(second.split())
+    assert result.engine == "workers" and "end to end (worker engine)" in second
     assert "data     reused 10 clips x 6 cameras" in second and "(reused from cache)" in second
     assert result.reused and result.steps == 3 and result.stamp_errors == []
     assert result.annotations_checked > 3 * 4

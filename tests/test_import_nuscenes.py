@@ -239,7 +239,7 @@ def test_key_frames_only_without_sweeps_and_cli(
         progress=False,
     )
     assert (again.left_out, again.key_frames, again.encode.files_skipped) == (0, 3, 3)
-    assert main(["import-nuscenes", str(root), str(tmp_path / "o2"), "--dataset-version", "v1.0-trainval", "-q"]) == 1
+    assert main(["import-nuscenes", str(root), str(tmp_path / "o2"), "--dataset-version", "v1.0-trainval", "-q"]) == 2
     assert "has no table folder 'v1.0-trainval' (found ['v1.0-mini'])" in capsys.readouterr().err
 
 

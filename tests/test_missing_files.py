@@ -78,7 +78,7 @@ def test_index_leaves_out_incomplete_clips_and_lists_them(
         "['CAM_BACK', 'CAM_BACK_LEFT', 'CAM_BACK_RIGHT'])"
     )
     assert out[3].startswith(f"  scene-0002: camera 'CAM_BACK': {str(damaged)!r} is not a readable video file")
-    assert out[4].startswith("Restore their files and run `vstream index` again to include them")
+    assert out[4].startswith("Restore missing or damaged files and run `vstream index` again to include them")
     assert json.loads(copy.read_text()) == {"videos": {"scene-0000": 8, "scene-0003": 8}}
     listed = json.loads(listing.read_text())
     assert list(listed) == ["videos"] and list(listed["videos"]) == ["scene-0001", "scene-0002"]

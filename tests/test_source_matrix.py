@@ -1,4 +1,8 @@
-"""Every engine reads every source kind: video files and image folders, with stamped content checked.
+"""Every engine reads every source kind from every location, with stamped content checked.
+
+Locations: a local path, a ``file://`` URL and an S3 bucket (moto's server on 127.0.0.1). Video files
+are read from all three; image folders from local paths only, and an index at a URL that holds them
+is refused by every engine with an error naming the clip and its image-folder cameras.
 
 Engines: the stream DataModule's threads (the default) and worker processes, and the clip
 DataModule. Each engine's epoch over an image-folder dataset must deliver exactly the frames it
@@ -18,7 +22,7 @@ import pytest
 
 from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
-from lightning_vstream.errors import FileChangedError
+from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.identity import NotRegularFileError, file_identity, open_regular
 from tests.conftest import batch_stamp_errors
 
@@ -32,9 +36,13 @@ def source(request: pytest.FixtureRequest, make_dataset: Callable[..., Path]) ->
     return request.param, make_dataset(**SHAPE, images=request.param == "images")
 
 
-def _stream_epoch(index: Path, engine: str, after_setup: Callable[[], None]) -> list[tuple[int, int]]:
+def _stream_epoch(
+    index: Path | str, engine: str, after_setup: Callable[[], None], options: dict[str, Any]
+) -> list[tuple[int, int]]:
     workers = 2 if engine == "workers" else 0
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=workers, seed=3, engine=engine, timeout=10)
+    dm = StreamVideoDataModule(
+        index_file=index, batch_size=2, num_workers=workers, seed=3, engine=engine, timeout=10, **options
+    )
     dm.setup("fit")
     after_setup()
     seen = []
@@ -49,8 +57,8 @@ def _stream_epoch(index: Path, engine: str, after_setup: Callable[[], None]) -> 
     return seen
 
 
-def _clip_epoch(index: Path, after_setup: Callable[[], None]) -> list[tuple[int, int]]:
-    dm = ClipVideoDataModule(index_file=index, clip_frames=3, hop=2, batch_size=2, num_workers=0, seed=3)
+def _clip_epoch(index: Path | str, after_setup: Callable[[], None], options: dict[str, Any]) -> list[tuple[int, int]]:
+    dm = ClipVideoDataModule(index_file=index, clip_frames=3, hop=2, batch_size=2, num_workers=0, seed=3, **options)
     dm.setup("fit")
     after_setup()
     seen = []
@@ -71,9 +79,14 @@ def _nothing() -> None:
     pass
 
 
-def _epoch(index: Path, engine: str, after_setup: Callable[[], None] = _nothing) -> list[tuple[int, int]]:
-    """The (clip, frame) pairs one training epoch delivers, every frame's stamp checked against its labels."""
-    return _clip_epoch(index, after_setup) if engine == "clips" else _stream_epoch(index, engine, after_setup)
+def _epoch(
+    index: Path | str, engine: str, after_setup: Callable[[], None] = _nothing, **options: Any
+) -> list[tuple[int, int]]:
+    """The (clip, frame) pairs one training epoch delivers, every frame's stamp checked against its labels;
+    ``options`` go to the DataModule (``storage_options`` for an index in a bucket)."""
+    if engine == "clips":
+        return _clip_epoch(index, after_setup, options)
+    return _stream_epoch(index, engine, after_setup, options)
 
 
 @pytest.mark.parametrize("engine", ["threads", "workers", "clips"])
@@ -88,6 +101,51 @@ def test_every_engine_delivers_the_same_stamped_frames_from_videos_and_image_fol
     assert from_videos and sorted(from_images) == sorted(from_videos)
     every = {(0, f) for f in range(9)} | {(1, f) for f in range(7)}
     assert set(from_images) <= every and {(0, 0), (1, 0)} <= set(from_images)
+
+
+# -- the matrix: engine x source kind x location -------------------------------------------------------
+#: Where the dataset lies: a local path, a ``file://`` URL of it, an S3 bucket (moto's server on 127.0.0.1).
+LOCATIONS = ["local", "file", "s3"]
+BUCKET = "source-matrix"
+
+
+def _located(index: Path, location: str, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The index as the DataModule is given it from ``location``, and the options that reach it there."""
+    if location == "local":
+        return str(index), {}
+    if location == "file":
+        return index.resolve().as_uri(), {}
+    s3 = request.getfixturevalue("s3")
+    request.getfixturevalue("monkeypatch").setenv("AWS_EC2_METADATA_DISABLED", "true")
+    prefix = f"{index.parent.name}"
+    url = s3.upload(index.parent, BUCKET, prefix)
+    return f"{url}/{index.name}", {"storage_options": s3.storage_options()}
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+@pytest.mark.parametrize("kind", ["videos", "images"])
+@pytest.mark.parametrize("engine", ["threads", "workers", "clips"])
+def test_every_engine_reads_every_source_kind_from_every_location(
+    make_dataset: Callable[..., Path], request: pytest.FixtureRequest, engine: str, kind: str, location: str
+) -> None:
+    local = make_dataset(**SHAPE, images=kind == "images")
+    index, options = _located(local, location, request)
+    if kind == "images" and location != "local":
+        # Image folders are read from local paths only: every engine refuses them at a URL, naming them.
+        with pytest.raises(
+            IndexValidationError,
+            match=r"clip 'scene-0000': camera\(s\) \['CAM_BACK', 'CAM_BACK_LEFT'\] in '[^']+/videos/scene-0000' are "
+            r"image folders, which are read from local paths only: an index at a URL .* reads video files\. Encode "
+            r"the images to one video per camera first \(`vstream encode INDEX OUT_DIR`",
+        ):
+            _epoch(index, engine, **options)
+        return
+    expected = _epoch(local, engine) if location != "local" else None
+    seen = _epoch(index, engine, **options)
+    every = {(0, f) for f in range(9)} | {(1, f) for f in range(7)}
+    assert seen and set(seen) <= every and {(0, 0), (1, 0)} <= set(seen)
+    if expected is not None:
+        assert sorted(seen) == sorted(expected)  # the same frames as from the local path, stamps checked
 
 
 def test_open_regular_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["counts", "crf", "encode_options", "existing", "non_negative", "positive", "size"]
+__all__ = ["counts", "crf", "encode_options", "existing", "non_negative", "positive", "rate", "size"]
 
 
 def size(text: str) -> tuple[int, int]:
@@ -40,6 +40,17 @@ def positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer.") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1.")
+    return value
+
+
+def rate(text: str) -> float:
+    """A frame rate > 0 (``12``, ``29.97``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number.") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive frame rate, e.g. 12 or 29.97.")
     return value
 
 

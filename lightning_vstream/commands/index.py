@@ -110,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     if is_url(args.root):
         return _remote_index(args, modes[0] if modes else None)
     root = Path(args.root)
+    if args.storage_option:
+        raise ConfigurationError(
+            f"--storage-option applies to URLs (s3://, gs://, https://...); {args.root!r} is a local path. Leave the "
+            "option out, or pass the dataset's URL."
+        )
     if modes:
         flag = "--" + modes[0].replace("_", "-")
         if root.is_dir():
@@ -149,12 +154,32 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {path}: {len(index)} clips, cameras {list(index.camera_names)}, {index.total_frames} frames per camera"
     )
     print_incomplete(incomplete_path(path))
+    print_not_indexed(path, root=args.root)
     if args.no_metadata:
         print(
             "note: no frame tables (--no-metadata), so integrity checks are off for these files; "
             f"`vstream index --tables {path}` writes them."
         )
     return 0
+
+
+def print_not_indexed(index: Path | str, *, root: str | None = None) -> None:
+    """Print the camera files the build of ``index`` left out because the other clips lack their camera."""
+    from lightning_vstream.index import tables_path
+    from lightning_vstream.index.table_file import FrameTables
+    from lightning_vstream.indexing.build import not_indexed_note
+
+    tables = tables_path(index)
+    if not tables.is_file():
+        return
+    left = sorted(FrameTables(tables).not_indexed)
+    if not left:
+        return
+    folder = root if root is not None else str(Path(index).parent)
+    print(
+        f"note: {not_indexed_note(folder, index, left)} To index them, give every clip those cameras and run "
+        f"`vstream index {folder}` again; or move the files out of their clip folders."
+    )
 
 
 def print_incomplete(listing: str, *, read: Callable[[str], bytes | None] | None = None) -> None:
@@ -176,21 +201,40 @@ def print_incomplete(listing: str, *, read: Callable[[str], bytes | None] | None
         print(f"  {clip_id}: {'; '.join(reasons)}")
     if len(clips) > _SHOWN:
         print(f"  ... and {len(clips) - _SHOWN} more")
+    if any("that the other clips do not have" in reason for _, reasons in clips for reason in reasons):
+        print(
+            "A camera file the other clips do not have: move it out of its clip folder, or index with frame "
+            "tables (without --no-metadata), which keeps the clip with the cameras every clip has."
+        )
     print(
-        "Restore their files and run `vstream index` again to include them; --strict refuses a dataset with "
-        "incomplete clips."
+        "Restore missing or damaged files and run `vstream index` again to include them; --strict refuses a "
+        "dataset with incomplete clips."
     )
 
 
 def _quick_check(args: argparse.Namespace) -> int:
     from lightning_vstream.indexing import load_index
+    from lightning_vstream.indexing.verify import files_without_tables
 
-    index = load_index(args.root, check="thorough")
+    with warnings.catch_warnings():
+        # Files without frame tables are said below, in words, with the exit status of a failed check.
+        warnings.simplefilter("ignore", VStreamWarning)
+        index = load_index(args.root, check="thorough")
+    problems = files_without_tables(index.source)
+    if problems:
+        listed = "\n".join(f"  {i + 1}. {p}" for i, p in enumerate(problems))
+        print(
+            f"vstream index --quick-check: {index.source}: {len(problems)} problem(s):\n{listed}\n"
+            "Integrity checks are off for these files until the index has their frame tables.",
+            file=sys.stderr,
+        )
+        return 1
     print(
         f"{index.source}: {len(index)} clips, {len(index.camera_names)} cameras, "
         f"{index.total_frames} frames per camera: all files match the index (quick check: frame tables trusted "
         "where size and modification time are unchanged)."
     )
+    print_not_indexed(index.source)
     return 0
 
 

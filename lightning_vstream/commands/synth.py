@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from lightning_vstream.commands.args import counts, non_negative, positive, size
+from lightning_vstream.commands.args import counts, non_negative, positive, rate, size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=["h264", "hevc"], default="h264", help="video codec")
     parser.add_argument("--gop", type=positive, default=12, help="frames between keyframes")
     parser.add_argument("--bframes", type=non_negative, default=0, help="consecutive B-frames (0 for none)")
-    parser.add_argument("--fps", type=float, default=12.0, help="frame rate")
+    parser.add_argument("--fps", type=rate, default=12.0, help="frame rate")
     parser.add_argument("--preset", default="veryfast", help="x264/x265 speed preset")
     parser.add_argument("--jobs", type=positive, default=1, help="parallel encoding processes")
     parser.add_argument(

@@ -11,7 +11,14 @@ from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.colour import Interpolation, RGBConverter
 from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
 from lightning_vstream.decode.gops import FeedFilter
-from lightning_vstream.decode.probe import check_stream, open_container, probe_video, probe_video_file, video_stream
+from lightning_vstream.decode.probe import (
+    check_stream,
+    check_upright,
+    open_container,
+    probe_video,
+    probe_video_file,
+    video_stream,
+)
 from lightning_vstream.decode.rgb_output import RGBOutputDecoder
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index.identity import verify_identity
@@ -119,6 +126,7 @@ class PyAVDecoder(RGBOutputDecoder):
         self._next = 0  # index the frame iterator yields next
         self._target = 0  # index the next read() returns
         self._needs_seek = False
+        self._upright = False  # whether the open file's first frame was checked for a display rotation
         self._frames_decoded = 0
         self._seeks = 0
 
@@ -163,6 +171,7 @@ class PyAVDecoder(RGBOutputDecoder):
         self.feed.restart()
         self._frames = self._decode_iter()
         self._next = 0
+        self._upright = False
         opened(self)
 
     def _decode_iter(self) -> Iterator[Any]:
@@ -263,6 +272,13 @@ class PyAVDecoder(RGBOutputDecoder):
                     f"{self._where(target)}: the decoder flagged a corrupt frame (timestamp {frame.pts!r}); "
                     "the file is damaged."
                 )
+            if not self._upright:  # once per opened file: a display rotation is refused, not applied
+                try:
+                    check_upright(frame.rotation, self._where())
+                except VideoDecodeError:
+                    self._reset()
+                    raise
+                self._upright = True
             index = info.index_of_pts(frame.pts) if frame.pts is not None else None
             if index is None:
                 self._reset()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.bitstream import ReferenceReader
-from lightning_vstream.errors import ConfigurationError, MissingFileError
+from lightning_vstream.errors import ConfigurationError, MissingFileError, RotatedVideoError
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, PacketLayout
 from lightning_vstream.storage.urls import is_url
 
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Truncation",
     "check_stream",
+    "check_upright",
+    "frame_rotation",
     "open_container",
     "probe_video",
     "probe_video_bytes",
@@ -158,6 +160,55 @@ def probe_video(path: Path | str, *, stream: int | None = None, storage: Storage
         with open(path, "rb") as f:
             fd = f.fileno()
             return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))[0]
+    finally:
+        container.close()
+
+
+#: The ffmpeg filter that turns frames upright for a display rotation (counter-clockwise degrees).
+_TURN = {90: "transpose=cclock", 180: "hflip,vflip", 270: "transpose=clock"}
+
+
+def check_upright(rotation: float | int | None, where: str) -> None:
+    """Refuse a decoded frame's display rotation (``VideoFrame.rotation``, counter-clockwise degrees).
+
+    Frames are delivered as they are coded; a file whose display matrix turns them (a phone video held
+    upright) would arrive on its side, so it is refused with the fix.
+
+    Raises:
+        RotatedVideoError: ``rotation`` is not 0.
+
+    Example::
+
+        >>> check_upright(0, "'a.mp4'")
+    """
+    degrees = round(float(rotation or 0)) % 360
+    if degrees:
+        raise RotatedVideoError(
+            f"{where}: the video carries a display rotation of {degrees} degrees (its display matrix), which "
+            "lightning_vstream does not apply: its frames would be delivered in their coded orientation, on their "
+            "side. Re-encode it upright with ffmpeg, which turns the frames as players do (its -autorotate, on by "
+            "default) and writes no rotation: `ffmpeg -i IN.mp4 -c:v libx264 OUT.mp4` (or turn them yourself: "
+            f"`ffmpeg -noautorotate -i IN.mp4 -vf {_TURN.get(degrees, 'rotate=...')} -c:v libx264 OUT.mp4`), then "
+            "index the re-encoded files with `vstream index`."
+        )
+
+
+def frame_rotation(path: Path | str, *, stream: int | None = None) -> int:
+    """The display rotation of a local video's first decoded frame, in counter-clockwise degrees (0: none).
+
+    Example::
+
+        >>> frame_rotation("clip/CAM_FRONT.mp4")  # doctest: +SKIP
+        0
+    """
+    container = open_container(Path(path))
+    try:
+        video = video_stream(container, Path(path), check_stream(stream))
+        video.codec_context.thread_count = 1  # one frame: starting FFmpeg's thread pool costs more than it
+        for packet in container.demux(video):
+            for frame in packet.decode():
+                return round(float(frame.rotation or 0)) % 360
+        return 0
     finally:
         container.close()
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import lightning.pytorch as pl
 import torch
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from lightning_vstream.decode.counters import DecodeStats
     from lightning_vstream.demos.models import TinyStreamPETR
     from lightning_vstream.index import VideoIndex
+    from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -96,6 +97,8 @@ class DemoResult:
     val_frames: int = 0
     #: How the run covered the training clips, in words (one line each).
     coverage: list[str] = field(default_factory=list)
+    #: The engine that decoded (``"threads"`` or ``"workers"``): the figures are this engine's.
+    engine: str = ""
 
 
 class _StampCheck(pl.Callback):
@@ -338,7 +341,8 @@ def run_demo(
     *,
     cache_dir: Path | str = ".vstream_cache",
     steps: int = 40,
-    num_workers: int = 2,
+    engine: Literal["auto", "threads", "workers"] = "auto",
+    num_workers: int | None = None,
     out: TextIO | None = None,
     progress_bar: bool | None = None,
 ) -> DemoResult:
@@ -348,7 +352,11 @@ def run_demo(
         cache_dir: Folder for the dataset (``<cache_dir>/demo-v2``) and the run's metrics
             (``<cache_dir>/runs``).
         steps: Training steps (batches of 4 slots x 6 cameras).
-        num_workers: Decoding worker processes (0 decodes in the training process).
+        engine: How frames are decoded, as ``StreamVideoDataModule(engine=...)`` takes it: ``"auto"``
+            (the DataModule's default: decode threads in the training process, unless ``num_workers``
+            asks for worker processes), ``"threads"`` or ``"workers"``. The report says which ran.
+        num_workers: Decoding worker processes of ``engine="workers"`` (None: the DataModule's default,
+            2); 1 or more chooses workers under ``engine="auto"``, as in the DataModule.
         out: Where the report goes (standard output when None).
         progress_bar: Show Lightning's progress bar; when None, only on an interactive terminal.
 
@@ -371,32 +379,32 @@ def run_demo(
     from lightning_vstream.demos.models import TinyStreamPETR
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
-    _check_arguments(steps, num_workers)
-    out = out if out is not None else sys.stdout
     cache_dir = Path(cache_dir).expanduser().resolve()
+    _check_arguments(steps, num_workers, cache_dir)
+    out = out if out is not None else sys.stdout
     print("vstream demo: multi-camera clips streamed frame by frame into a temporal model (CPU)\n", file=out)
     root, reused = _dataset(cache_dir, out)
 
     cameras = DATASET["cameras"]
+    dm = StreamVideoDataModule(
+        index_file=root / "train.json",
+        val_index_file=root / "val.json",
+        batch_size=BATCH_SIZE,
+        engine=engine,
+        num_workers=num_workers,
+        seed=0,
+        decoder_threads=1,
+        annotations=root / "annotations",
+    )
     print(
-        f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, "
-        f"{num_workers} decoding worker{'s' if num_workers != 1 else ''}; then one validation pass",
+        f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, decoded by "
+        f"{_engine_words(dm)}; then one validation pass",
         file=out,
     )
     monitor = StreamThroughputMonitor(window=10, log_every_n_steps=min(10, steps), prog_bar=True)
     check = _StampCheck()
     pl.seed_everything(0, verbose=False)  # the model's initial weights too
     model = TinyStreamPETR(**MODEL)
-    dm = StreamVideoDataModule(
-        index_file=root / "train.json",
-        val_index_file=root / "val.json",
-        batch_size=BATCH_SIZE,
-        num_workers=num_workers,
-        seed=0,
-        decoder_threads=1,
-        persistent_workers=False,
-        annotations=root / "annotations",
-    )
     logger = CSVLogger(save_dir=cache_dir / "runs", name="demo")
     with _quiet_lightning(), _torch_threads(1):
         trainer = _trainer(cache_dir, steps, logger, [monitor, TemporalStateReset(), check], progress_bar)
@@ -413,6 +421,7 @@ def run_demo(
         logger=logger,
         stats=stats,
     )
+    result.engine = dm.engine_choice()[0]
     _report(result, stats, out)
     if result.stamp_errors:
         listed = "\n  ".join(result.stamp_errors[:10])
@@ -420,12 +429,35 @@ def run_demo(
     return result
 
 
-def _check_arguments(steps: int, num_workers: int) -> None:
-    """Refuse a step count below 1 or a negative worker count, worded for the command line (``vstream demo:
-    error: ...`` names the command itself)."""
+def _engine_words(dm: StreamVideoDataModule) -> str:
+    """Which engine the demo's DataModule decodes with, in words (the figures it reports are that engine's)."""
+    from lightning_vstream.stream.engine_loader import cpu_threads
+
+    choice, why = dm.engine_choice()
+    if choice == "threads":
+        threads = dm.engine_threads or cpu_threads()
+        return (
+            f"{threads} decode thread{'s' if threads != 1 else ''} in the training process (the thread engine, "
+            f"{why}; --engine workers for worker processes)"
+        )
+    workers = dm.workers()
+    return f"{workers} decoding worker process{'es' if workers != 1 else ''} (the worker engine, {why})"
+
+
+def _check_arguments(steps: int, num_workers: int | None, cache_dir: Path) -> None:
+    """Refuse a step count below 1, a negative worker count or a cache folder that is a file, worded for the
+    command line (``vstream demo: error: ...`` names the command itself), before anything is written."""
+    for folder in (cache_dir, *cache_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ConfigurationError(
+                    f"cache_dir={str(cache_dir)!r}: {str(folder)!r} is a file; the demo keeps its dataset and runs in "
+                    "a folder. Pass another --cache-dir."
+                )
+            break
     if not is_count(steps):
         raise ConfigurationError(f"steps={steps!r} is invalid; expected an integer >= 1 (for example --steps 40).")
-    if not is_count(num_workers, 0):
+    if num_workers is not None and not is_count(num_workers, 0):
         raise ConfigurationError(
             f"num_workers={num_workers!r} is invalid; expected an integer >= 0 (0 decodes in-process)."
         )
@@ -492,11 +524,14 @@ def _result(
     )
 
 
+_ENGINE_NAMES = {"threads": "thread engine", "workers": "worker engine"}
+
+
 def _report(result: DemoResult, stats: Any, out: TextIO) -> None:
     lines = [
         "",
         f"result   {result.frames_per_sec:.1f} camera-frames/s ({result.samples_per_sec:.1f} samples/s) over "
-        f"{result.steps} training steps, end to end; the loop waited for data {result.data_wait_fraction:.0%} of the time",
+        f"{result.steps} training steps, end to end ({_ENGINE_NAMES.get(result.engine, result.engine)}); the loop waited for data {result.data_wait_fraction:.0%} of the time",
         f"decode   amplification {result.decode_amplification:.2f}: {stats.frames_decoded} frames decoded for "
         f"{stats.frames_delivered} delivered in training, {stats.seeks} seeks, {stats.files_opened} files opened",
     ]

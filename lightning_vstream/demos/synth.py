@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_vstream.encode.settings import check_preset
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.storage.atomic import atomic_path, write_atomic
 
@@ -460,6 +462,9 @@ def write_dataset(
     if root.exists() and not root.is_dir():
         raise ConfigurationError(f"{str(root)!r} is a file; give a folder to write the dataset into.")
     _cell(*size)  # a frame size too small for a stamp is refused before anything is created
+    check_preset(preset)
+    if not (isinstance(fps, (int, float)) and not isinstance(fps, bool) and math.isfinite(fps) and fps > 0):
+        raise ConfigurationError(f"fps={fps!r} must be a positive frame rate, e.g. 12 or 29.97.")
     if isinstance(cameras, int):
         if cameras < 1:
             raise ConfigurationError(f"cameras={cameras!r} must be >= 1.")

@@ -9,7 +9,7 @@ from typing import Literal
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["DEFAULT_CRF", "CameraSource", "Codec", "EncodeSettings", "EncodeSummary"]
+__all__ = ["DEFAULT_CRF", "PRESETS", "CameraSource", "Codec", "EncodeSettings", "EncodeSummary", "check_preset"]
 
 Codec = Literal["hevc", "h264"]
 
@@ -36,6 +36,24 @@ def _parse_bitrate(value: int | str) -> int:
     if rate <= 0:
         raise ConfigurationError(f"bitrate={value!r} must be positive.")
     return rate
+
+
+#: The speed presets x264 and x265 share, fastest first.
+PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+
+
+def check_preset(preset: object) -> None:
+    """Refuse a name that is not an x264/x265 preset, before any file is written (the encoder would fail on open).
+
+    Raises:
+        ConfigurationError: ``preset`` is not one of :data:`PRESETS`.
+
+    Example::
+
+        >>> check_preset("fast")
+    """
+    if preset not in PRESETS:
+        raise ConfigurationError(f"preset={preset!r} is not an encoder speed preset; use one of {', '.join(PRESETS)}.")
 
 
 @dataclass(frozen=True)
@@ -96,8 +114,7 @@ class EncodeSettings:
             raise ConfigurationError(f"crf={self.crf!r} must be an integer from 0 (lossless) to 51.")
         if self.bitrate is not None:
             object.__setattr__(self, "bitrate", _parse_bitrate(self.bitrate))
-        if not isinstance(self.preset, str) or not self.preset:
-            raise ConfigurationError(f"preset={self.preset!r} must be an encoder preset name such as 'fast'.")
+        check_preset(self.preset)
         stride = self.keyframe_stride
         if stride is not None and (
             isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= MAX_KEYFRAME_STRIDE

@@ -427,6 +427,13 @@ def import_nuscenes(
         raise ConfigurationError(f"cameras={cameras!r} must be a non-empty list of distinct camera channels.")
     tables = NuScenesTables.load(root, version)
     all_scenes = _chosen_scenes(tables, scenes, root, version)
+    channels = sorted(set(tables.camera_channels.values()))
+    unknown = [c for c in cams if c not in channels]
+    if cameras is not None and unknown:  # a name the tables do not have (a typo): an argument is wrong, not the data
+        raise ConfigurationError(
+            f"cameras {unknown} are not camera channels of {version} under {str(root)!r}, which holds {channels}. "
+            "Pass cameras=[...] (--cameras) with names from that list."
+        )
     class_names = sorted({c["name"] for c in tables.records("category")})
     by_sample: dict[str, list[dict[str, Any]]] = {}
     for ann in tables.records("sample_annotation"):

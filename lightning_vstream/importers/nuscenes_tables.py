@@ -80,6 +80,10 @@ _KINDS: dict[str, tuple[Any, str]] = {
 }
 
 
+class _MissingFolderError(DatasetImportError, ConfigurationError):
+    """The data root or its table folder does not exist: a path on the command line is wrong (exit status 2)."""
+
+
 def _numbers(value: Any, count: int) -> bool:
     return (
         isinstance(value, list)
@@ -165,13 +169,13 @@ class NuScenesTables:
         root = Path(dataroot)
         folder = root / version
         if not root.is_dir():
-            raise DatasetImportError(
+            raise _MissingFolderError(
                 f"nuScenes folder {str(root)!r} does not exist; pass the folder that holds "
                 f"{version}/, samples/ and sweeps/."
             )
         if not folder.is_dir():
             found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("v1.0"))
-            raise DatasetImportError(
+            raise _MissingFolderError(
                 f"{str(root)!r} has no table folder {version!r} (found {found or 'none'}); pass version= (`vstream import-nuscenes "
                 "--dataset-version`) with one of those, e.g. v1.0-mini."
             )

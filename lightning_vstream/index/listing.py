@@ -168,6 +168,11 @@ def camera_reference(cameras: Sequence[str] | None) -> tuple[list[str] | None, R
     return cameras, ("the cameras argument", tuple(cameras))
 
 
+def _extra_files(found: Mapping[str, str], names: Sequence[str]) -> str:
+    """The camera files of ``found`` beyond ``names``, in words (``'CAM_X.mp4'``, ``'A.mp4', 'B.mp4'``)."""
+    return ", ".join(repr(file) for name, file in sorted(found.items()) if name not in names) or "a camera"
+
+
 def match_cameras(
     found: Mapping[str, str],
     reference: Reference,
@@ -178,12 +183,14 @@ def match_cameras(
     folder: str,
     listed: str,
     out: list[str],
+    reindex: str = "",
 ) -> tuple[str, ...] | None:
     """The clip's camera file names in ``reference``'s camera order, or None with its problem added to ``out``.
 
     ``found`` maps camera name -> file name in the clip's ``folder``; ``listed`` says where they were
     found, for the message (``""`` or ``"its frame tables list [...]; "``). Without ``cameras`` a clip
-    must have exactly the reference's cameras.
+    must have exactly the reference's cameras. ``reindex`` is the command that rebuilds the index, for the
+    message about a camera file the others lack.
     """
     names = reference[1]
     missing = [n for n in names if n not in found]
@@ -195,8 +202,10 @@ def match_cameras(
         return None
     if cameras is None and set(found) != set(names):
         out.append(
-            f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}; "
-            "pass cameras=[...] to load a common subset."
+            f"{where}: clip {clip_id!r} has cameras {sorted(found)} but {reference[0]} has {list(names)}: "
+            f"{_extra_files(found, names)} is not in the index (added since it was built?). "
+            + (f"Re-index: {reindex} indexes the cameras every clip has and names the others; " if reindex else "")
+            + "move the file out of the clip folder, or, in Python, pass cameras=[...] to load a common subset."
         )
         return None
     return tuple(found[n] for n in names)

@@ -66,6 +66,11 @@ FileCheck = Callable[[list[Clip], str, list[str], list[str]], list[Clip]]
 _WARNED_NO_TABLES: set[str] = set()
 
 
+class CameraChoiceError(IndexValidationError, ConfigurationError):
+    """``cameras=`` names a camera no clip of the index has: an argument is wrong, not the data (a typo,
+    another dataset's names), so ``vstream`` commands exit with status 2 for it."""
+
+
 def _pairs_without_duplicates(where: str) -> Any:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -160,6 +165,13 @@ def _parse_json(raw: bytes, where: str) -> Any:
 
 def _read_json(path: Path) -> Any:
     return _parse_json(read_index_bytes(path), repr(str(path)))
+
+
+def reindex_command(index: Path) -> str:
+    """The ``vstream index`` command that rebuilds ``index`` from the folder it lies in (quoted for a message)."""
+    base = index.parent
+    output = "" if index.name == "index.json" else f" -o {str(index)!r}"
+    return f"`vstream index {str(base)!r}{output}`"
 
 
 def _missing_folder_fix(base: Path, video_dir_key: str, entries: dict[str, Any]) -> str:
@@ -285,6 +297,7 @@ class _IndexReading:
         self.where = repr(str(path))
         self.base = path.parent
         self.tables, self.meta = _load_tables(path) if with_tables else (None, {})
+        self.not_indexed = self.tables.not_indexed if self.tables is not None else _not_indexed(path)
         self.cameras, self.reference = camera_reference(cameras)
         self.problems: list[str] = []
         self.lists = ClipLists()
@@ -355,6 +368,9 @@ class _IndexReading:
                 "check its permissions."
             )
             return None
+        if self.not_indexed:
+            # Files the build named and left out (a camera the other clips lack); a file added since is still found.
+            found = {name: file for name, file in found.items() if f"{prefix}{file}" not in self.not_indexed}
         if self.reference is None:
             if not found:
                 out.append(f"{where}: clip {clip_id!r}: folder {folder!r} holds no camera files.")
@@ -362,7 +378,9 @@ class _IndexReading:
             # The first clip sets the cameras, unless a file of it is gone since the tables were written:
             # then its own problem is that file, not every other clip's "extra" camera.
             recorded = table_cameras(self.tables, prefix.rstrip("/")) if self.tables is not None else {}
-            if set(recorded) > set(found):
+            if recorded and set(recorded) != set(found) and (set(recorded) > set(found) or set(recorded) < set(found)):
+                # A file gone, or one added since: the tables' cameras are the reference, the clip's own problem
+                # is that file, not every other clip's camera.
                 self.reference = (f"clip {clip_id!r} when it was indexed", tuple(recorded))
             else:
                 self.reference = (f"clip {clip_id!r}", tuple(found))
@@ -378,7 +396,15 @@ class _IndexReading:
             )
             return None
         return match_cameras(
-            found, self.reference, self.cameras, clip_id=clip_id, where=where, folder=folder, listed="", out=out
+            found,
+            self.reference,
+            self.cameras,
+            clip_id=clip_id,
+            where=where,
+            folder=folder,
+            listed="",
+            out=out,
+            reindex=reindex_command(self.path),
         )
 
     def check_cameras_asked_for(self) -> None:
@@ -388,7 +414,7 @@ class _IndexReading:
         nowhere = [n for n in self.cameras if not any(n in found for found in self.scanned)]
         if nowhere:
             existing = sorted(set().union(*self.scanned))
-            raise IndexValidationError(
+            raise CameraChoiceError(
                 self.where,
                 [
                     f"{self.where}: cameras={self.cameras!r}: no clip has camera(s) {nowhere}; the index's clips "
@@ -442,6 +468,14 @@ def _with_sidecar_tables(clip: Clip, meta: dict[str, Any], base: Path) -> Clip:
         for cam in clip.cameras
     )
     return Clip(clip.clip_id, clip.video_dir, clip.frame_count, streams)
+
+
+def _not_indexed(path: Path) -> frozenset[str]:
+    """The camera files the build of ``path`` left out on purpose, from its frame tables' header (none without)."""
+    try:
+        return FrameTables(tables_path(path)).not_indexed if tables_path(path).is_file() else frozenset()
+    except (OSError, IndexValidationError):
+        return frozenset()  # the reading that uses the tables names their problem
 
 
 def _load_tables(path: Path) -> tuple[FrameTables | None, dict[str, Any]]:

@@ -28,7 +28,7 @@ from lightning_vstream.errors import (
     MissingFileError,
 )
 from lightning_vstream.index.arrays import ClipArrays
-from lightning_vstream.index.files import VIDEO_EXTENSIONS
+from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
@@ -213,6 +213,17 @@ def _listed_cameras(storage: Storage, folder_url: str, cache: dict[str, dict[str
     return dict(sorted(listing.get(folder_url.rstrip("/"), {}).items()))
 
 
+def _image_folders(storage: Storage, folder_url: str) -> list[str]:
+    """The cameras of a clip folder that are folders of images (``CAM/0.jpg``), from one listing of it."""
+    folder = folder_url.rstrip("/")
+    cameras = set()
+    for url, _ in storage.list(folder):
+        parent = dirname(url)
+        if dirname(parent) == folder and os.path.splitext(basename(url))[1].lower() in IMAGE_EXTENSIONS:
+            cameras.add(basename(parent))
+    return sorted(cameras)
+
+
 def load_remote_index(
     url: str,
     *,
@@ -319,6 +330,16 @@ class _RemoteIndexReading:
             how = "the folder holds"
         if self.reference is None:
             if not found:
+                images = _image_folders(self.client, folder_url)
+                if images:
+                    out.append(
+                        f"{self.where}: clip {clip_id!r}: camera(s) {images} in {folder_url!r} are image folders, "
+                        "which are read from local paths only: an index at a URL (s3://, gs://, az://, https://, "
+                        "file://) reads video files. Encode the images to one video per camera first "
+                        "(`vstream encode INDEX OUT_DIR` on the local copy) and upload those, or give the index as a "
+                        "local path."
+                    )
+                    return None
                 out.append(f"{self.where}: clip {clip_id!r}: {how} no camera files in {folder_url!r}.")
                 return None
             self.reference = (f"clip {clip_id!r}", tuple(found))

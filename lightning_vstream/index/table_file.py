@@ -224,6 +224,12 @@ class FrameTables:
         if not isinstance(files, int) or not _count(files):
             raise self._bad("has a damaged header")
         self._codecs, self._n = list(codecs), files
+        not_indexed = fields.get("not_indexed", [])
+        if not (isinstance(not_indexed, list) and all(isinstance(k, str) for k in not_indexed)):
+            raise self._bad("has a damaged header (not_indexed)")
+        #: Keys of camera files in clip folders that the index build left out on purpose (a camera the
+        #: other clips lack); a check of the folders passes over these, and only these.
+        self.not_indexed: frozenset[str] = frozenset(not_indexed)
         start = -(-(_PREFIX.size + header_len) // _ALIGN) * _ALIGN
         known = _known_dtypes()
         arrays: dict[str, np.ndarray] = {}

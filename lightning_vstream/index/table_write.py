@@ -31,7 +31,7 @@ from lightning_vstream.storage.atomic import open_atomic
 __all__ = ["write_table_arrays", "write_tables"]
 
 
-def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
+def write_tables(path: Path | str, infos: Mapping[str, VideoInfo], *, not_indexed: Sequence[str] = ()) -> Path:
     """Write frame tables keyed by file path (relative to the index folder) to a binary table file.
 
     The file is written to a temporary name and renamed, so readers never see half a file.
@@ -39,6 +39,9 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
     Args:
         path: File to write (see :func:`tables_path`).
         infos: Key -> frame table.
+        not_indexed: Keys of camera files in clip folders that the index build left out on purpose (a
+            camera the other clips lack): recorded so that a check of the folders does not take them for
+            files added since (:attr:`FrameTables.not_indexed`).
 
     Returns:
         ``path``.
@@ -128,7 +131,7 @@ def write_tables(path: Path | str, infos: Mapping[str, VideoInfo]) -> Path:
         arrays[name] = np.asarray(column, dtype=_CONCAT[name]).reshape(len(column))
     arrays.update(_layout_arrays(layout_rows, pkt_pos, pkt_size, blobs))
     arrays["pkt_ref"] = np.asarray(pkt_ref, dtype=_OPTIONAL_PER_FRAME["pkt_ref"]).reshape(len(pkt_ref))
-    return write_table_arrays(path, encoded, codecs, arrays)
+    return write_table_arrays(path, encoded, codecs, arrays, not_indexed=not_indexed)
 
 
 def _layout_arrays(
@@ -148,7 +151,12 @@ def _layout_arrays(
 
 
 def write_table_arrays(
-    path: Path | str, keys: Sequence[bytes] | np.ndarray, codecs: Sequence[str], arrays: Mapping[str, np.ndarray]
+    path: Path | str,
+    keys: Sequence[bytes] | np.ndarray,
+    codecs: Sequence[str],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    not_indexed: Sequence[str] = (),
 ) -> Path:
     """Write frame tables given directly as arrays (for generated or converted tables at scale).
 
@@ -159,6 +167,7 @@ def write_table_arrays(
         arrays: Every per-file array (one row per key) and concatenated array of the format (see
             the module docs), in any integer or float dtype that converts losslessly;
             ``reorder_depth`` and ``pkt_ref`` may be left out (unknown).
+        not_indexed: Keys of files left out of the index on purpose (see :func:`write_tables`).
 
     Returns:
         ``path``.
@@ -211,7 +220,10 @@ def write_table_arrays(
         raise DataFormatError("every per-file frame-table array needs one row per key.")
     if len(key_array) > 1 and np.any(key_array[1:] <= key_array[:-1]):
         raise DataFormatError("frame-table keys must be sorted and distinct.")
-    _write_arrays(path, out, {"files": len(key_array), "codecs": list(codecs)})
+    header: dict[str, Any] = {"files": len(key_array), "codecs": list(codecs)}
+    if not_indexed:
+        header["not_indexed"] = sorted(not_indexed)
+    _write_arrays(path, out, header)
     return path
 
 

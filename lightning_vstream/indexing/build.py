@@ -21,6 +21,7 @@ from lightning_vstream.errors import (
     DataFormatError,
     IndexValidationError,
     MissingFileError,
+    RotatedVideoError,
     VideoDecodeError,
     VStreamWarning,
 )
@@ -42,7 +43,9 @@ __all__ = [
     "TableFormat",
     "Truncated",
     "build_index",
+    "extra_cameras",
     "incomplete_path",
+    "not_indexed_note",
     "refuse_incomplete",
     "warn_incomplete",
     "whole_clips",
@@ -69,7 +72,9 @@ def incomplete_path(index_path: Path | str) -> str:
     return f"{stem}.incomplete.json"
 
 
-def whole_clips(cameras: Mapping[K, Mapping[str, str | None]]) -> tuple[list[K], dict[K, list[str]]]:
+def whole_clips(
+    cameras: Mapping[K, Mapping[str, str | None]], *, keep_extra: bool = False
+) -> tuple[list[K], dict[K, list[str]]]:
     """Which clips have every camera, and why the others are not whole.
 
     The cameras every clip should have are the set most clips have (the larger set on a tie): a
@@ -78,6 +83,8 @@ def whole_clips(cameras: Mapping[K, Mapping[str, str | None]]) -> tuple[list[K],
     Args:
         cameras: Per clip, in index order: camera name -> None when its file is fine, else why it
             cannot be read.
+        keep_extra: A camera the other clips lack does not make its clip incomplete (the clip is
+            indexed with the common cameras; :func:`extra_cameras` names the files left out).
 
     Returns:
         The whole clips in order, and per clip left out, every reason (sentences without the clip id).
@@ -97,14 +104,31 @@ def whole_clips(cameras: Mapping[K, Mapping[str, str | None]]) -> tuple[list[K],
         if missing:
             reasons.append(f"missing camera file(s) {missing} (the other clips have {sorted(expected)})")
         extra = sorted(set(found) - expected)
-        if extra:
+        if extra and not keep_extra:
             reasons.append(f"camera file(s) {extra} that the other clips do not have (they have {sorted(expected)})")
-        reasons += [f"camera {name!r}: {problem}" for name, problem in sorted(found.items()) if problem is not None]
+        reasons += [
+            f"camera {name!r}: {problem}"
+            for name, problem in sorted(found.items())
+            if problem is not None and not (keep_extra and name in extra)
+        ]
         if reasons:
             left_out[clip] = reasons
         else:
             whole.append(clip)
     return whole, left_out
+
+
+def extra_cameras(cameras: Mapping[K, Mapping[str, str | None]]) -> dict[K, list[str]]:
+    """Per clip, the cameras it has beyond the set most clips have (see :func:`whole_clips`).
+
+    Example::
+
+        >>> extra_cameras({"a": {"F": None}, "b": {"F": None}, "c": {"F": None, "X": None}})
+        {'c': ['X']}
+    """
+    sets = Counter(frozenset(found) for found in cameras.values())
+    expected = max(sets, key=lambda s: (sets[s], len(s), sorted(s))) if sets else frozenset()
+    return {clip: sorted(set(found) - expected) for clip, found in cameras.items() if set(found) - expected}
 
 
 def warn_incomplete(root: str, listing: str, left_out: Mapping[str, Sequence[str]], total: int) -> None:
@@ -261,16 +285,47 @@ def build_index(
     infos, cameras = _probe_files(
         root, jobs, progress=progress, truncated=truncated, executor=executor, workers=workers
     )
-    whole, left_out = whole_clips(cameras)
+    # With frame tables, a camera one clip has beyond the others is left out of the index and recorded
+    # there as left out on purpose; without them nothing could tell it from a file added later.
+    whole, left_out = whole_clips(cameras, keep_extra=metadata)
     listing = Path(incomplete_path(output))
     named = {_clip_key(vd, folder, output): reasons for (vd, folder), reasons in left_out.items()}
     if left_out and (incomplete == "raise" or not whole):
         raise refuse_incomplete(str(root), {key[1]: reasons for key, reasons in named.items()}, whole=len(whole))
-    index, files = _whole_clips_index(jobs, set(whole), infos, output)
-    _write_index_files(output, index, files if metadata else None, named)
+    kept = set(whole)
+    extra = {clip: names for clip, names in extra_cameras(cameras).items() if clip in kept} if metadata else {}
+    skipped = {path for vd, folder, name, path in jobs if name in extra.get((vd, folder), ())}
+    index, files = _whole_clips_index([job for job in jobs if job[3] not in skipped], kept, infos, output)
+    not_indexed = sorted(table_key(output.parent, path) for path in skipped)
+    _write_index_files(output, index, files if metadata else None, named, not_indexed=not_indexed)
     if left_out:
         warn_incomplete(str(root), str(listing), {clip: r for (_, clip), r in named.items()}, len(cameras))
+    if not_indexed:
+        warnings.warn(
+            f"{not_indexed_note(root, output, not_indexed)} To index them, give every clip those cameras and call "
+            "build_index(...) again, or move the files out of their clip folders.",
+            VStreamWarning,
+            stacklevel=2,
+        )
     return output
+
+
+def not_indexed_note(root: Path | str, output: Path | str, not_indexed: Sequence[str]) -> str:
+    """The sentence that names the camera files an index build left out because the other clips lack them.
+
+    Example::
+
+        >>> not_indexed_note("data", "data/index.json", ["videos/scene-0001/CAM_EXTRA.mp4"])
+        "1 camera file(s) under 'data' are not indexed: the other clips lack their camera, so the index holds \
+the cameras every clip has: 'data/videos/scene-0001/CAM_EXTRA.mp4'."
+    """
+    base = Path(output).parent
+    listed = ", ".join(repr(str(base / key)) for key in not_indexed[:5])
+    more = f" and {len(not_indexed) - 5} more" if len(not_indexed) > 5 else ""
+    return (
+        f"{len(not_indexed)} camera file(s) under {str(root)!r} are not indexed: the other clips lack their camera, "
+        f"so the index holds the cameras every clip has: {listed}{more}."
+    )
 
 
 def _write_index_files(
@@ -278,6 +333,8 @@ def _write_index_files(
     index: Mapping[str, Mapping[str, int]],
     files: Mapping[str, VideoInfo] | None,
     left_out: Mapping[tuple[str, str], Sequence[str]],
+    *,
+    not_indexed: Sequence[str] = (),
 ) -> None:
     """Write the frame tables, the index and the list of clips left out, each whole or not at all.
 
@@ -287,7 +344,7 @@ def _write_index_files(
     """
     output.parent.mkdir(parents=True, exist_ok=True)
     if files is not None:
-        write_frame_tables(output, files)
+        write_frame_tables(output, files, not_indexed=not_indexed)
     write_atomic(output, json.dumps(index, indent=2) + "\n")
     listing = Path(incomplete_path(output))
     if left_out:
@@ -321,6 +378,8 @@ def _probe_one(path: Path) -> tuple[str, VideoInfo | None, str | None]:
     try:
         info, cut = probe_for_index(path)
         return "ok", info, cut
+    except RotatedVideoError as err:  # a readable video, in a form not delivered: refused, not left out
+        return "error", None, str(err)
     except (VideoDecodeError, DataFormatError) as err:
         return "bad", None, str(err)
     except (OSError, ValueError) as err:
@@ -446,14 +505,16 @@ def check_table_format(table_format: str) -> None:
         )
 
 
-def write_frame_tables(index_path: Path, infos: Mapping[str, VideoInfo]) -> Path:
+def write_frame_tables(index_path: Path, infos: Mapping[str, VideoInfo], *, not_indexed: Sequence[str] = ()) -> Path:
     """Write the version-2 binary frame tables next to ``index_path`` and remove a stale JSON sidecar.
+
+    ``not_indexed`` lists the camera files the build left out on purpose (see ``write_tables``).
 
     Returns:
         The file written (``index.tables.bin``).
     """
     binary = tables_path(index_path)
-    write_tables(binary, infos)
+    write_tables(binary, infos, not_indexed=not_indexed)
     metadata_path(index_path).unlink(missing_ok=True)
     return binary
 

@@ -77,10 +77,11 @@ def probe_for_index(path: Path) -> tuple[VideoInfo, str | None]:
     """
     if path.is_dir():
         return probe_with_identity(path), None
-    from lightning_vstream.decode.probe import probe_whole_frames
+    from lightning_vstream.decode.probe import check_upright, frame_rotation, probe_whole_frames
 
     identity = file_identity(path)
     info, truncation = probe_whole_frames(path)
+    check_upright(frame_rotation(path), repr(str(path)))  # refused here, not met on its side in training
     return dataclasses.replace(info, identity=identity), truncation.describe() if truncation is not None else None
 
 

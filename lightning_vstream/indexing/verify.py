@@ -11,6 +11,7 @@ same way, every file read whole (one GET each, ``If-Match`` on its recorded ETag
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,12 +24,13 @@ from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.local_index import _load_tables, _read_json, read_index_layout
 from lightning_vstream.index.records import CameraStream, Clip
 from lightning_vstream.index.remote_index import load_remote_index
+from lightning_vstream.index.table_file import tables_path
 from lightning_vstream.index.tables import VideoInfo, cached_info
 from lightning_vstream.indexing.camera_tables import PROBE_THREADS, probe, probe_object
 from lightning_vstream.storage.client import Expect, storage_for
 from lightning_vstream.storage.config import StorageConfig
 
-__all__ = ["VerifyReport", "verify_index", "verify_remote_index"]
+__all__ = ["VerifyReport", "files_without_tables", "verify_index", "verify_remote_index"]
 
 
 @dataclass
@@ -134,6 +136,46 @@ def _decode_problems(file: Path, stored: VideoInfo, listed: int, label: str) -> 
         f"{label}: {which} of the {len(wanted)} the index lists for its clip do not decode{failure}; restore "
         "the file, or re-run `vstream index` to index only the frames it holds whole."
     ]
+
+
+def files_without_tables(path: Path | str) -> list[str]:
+    """The video files an index lists that its frame tables do not describe, each as a problem sentence.
+
+    ``load_index`` warns about such files (their checksums and fingerprints go unchecked) and
+    ``vstream index --check`` reports them; ``--quick-check`` reports them from this, without reading a
+    file. Frame tables that describe none of the index's files (copied from another dataset) are named
+    first, with some keys they hold. Image folders carry no tables and are not counted.
+
+    Example::
+
+        >>> files_without_tables("data/index.json")  # doctest: +SKIP
+        []
+    """
+    path = Path(path).resolve()
+    layout = [entry for entry in read_index_layout(path) if not entry[3].is_dir()]
+    tables, meta = _load_tables(path)
+    rows = tables.rows([key for key, *_ in layout]).tolist() if tables is not None else [-1] * len(layout)
+    bare = [
+        (key, clip_id, camera, file)
+        for (key, clip_id, camera, file), row in zip(layout, rows)
+        if row < 0 and cached_info(meta, key) is None
+    ]
+    problems = [
+        f"{str(file)!r} (clip {clip_id!r}, camera {camera!r}): the index holds no frame table for this file, so its "
+        f"checksums cannot be verified; run `vstream index --tables {str(path)!r}` to record them."
+        for _, clip_id, camera, file in bare
+    ]
+    if tables is not None and bare and len(tables):
+        others = [key for key in itertools.islice(tables.keys(), 3)]
+        what = "none" if len(bare) == len(layout) else f"{len(bare)} of {len(layout)}"
+        problems.insert(
+            0,
+            f"the frame tables next to the index ({str(tables_path(path))!r}) describe {what} of its video files; "
+            f"they list other files ({', '.join(repr(k) for k in others)}{', ...' if len(tables) > 3 else ''}): "
+            f"tables of another dataset, or of an earlier layout? `vstream index --tables {str(path)!r}` writes "
+            "this index's own.",
+        )
+    return problems
 
 
 def verify_index(
