@@ -312,7 +312,8 @@ class StreamSchedule:
         rank: This rank.
         seed: Shuffle seed, identical on all ranks.
         epoch: Epoch number; with ``shuffle`` every epoch has its own order.
-        shuffle: Shuffle segment order per epoch; False keeps index order.
+        shuffle: Shuffle segment order per epoch; False keeps index order (in training, but for the swaps
+            that keep cuts at least ``min_segment_length`` long).
         segment_length: Split clips into segments of at most this many frames.
         frame_stride: Read every ``frame_stride``-th frame.
         remainder: ``"drop"`` (training: cut into equal pieces) or ``"pad"`` (evaluation: every frame once).
