@@ -8,15 +8,20 @@ handed over the batch's shared-memory file descriptors blocks the receiving proc
 ``rebuild_storage_fd`` for ever. So while the loader waits, a watchdog thread checks at the
 deadline which workers are stopped (``/proc/PID/stat`` state ``T``), kills them (which ends the
 blocked receive) and the wait ends as a :class:`~lightning_vstream.errors.WorkerError` naming
-each stopped worker and its pid.
+each stopped worker and its pid. A worker stopped half-way through writing a batch to the result
+pipe leaves the receive waiting for bytes no one sends: if the wait has not ended
+:data:`WATCHDOG_ESCALATE_S` after the kill, the watchdog ends the other workers and closes this
+process's own write end, so the read meets the end of the pipe.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -31,6 +36,8 @@ __all__ = ["ClipDataLoader", "stopped_workers"]
 
 #: Seconds past the timeout the watchdog waits before it looks for stopped workers.
 WATCHDOG_GRACE_S = 0.5
+#: Seconds the watchdog waits, once it killed stopped workers, before it ends the other workers too.
+WATCHDOG_ESCALATE_S = 2.0
 
 
 def stopped_workers(parts_iter: Any) -> list[tuple[int, int]]:
@@ -58,31 +65,48 @@ def _watched_get(ref: weakref.ref[Any], timeout: float) -> Any:
     assert parts_iter is not None  # it is calling us
     found: list[tuple[int, int]] = []
     fired = threading.Event()
+    returned = threading.Event()
 
     def watchdog() -> None:
+        if returned.wait(timeout + WATCHDOG_GRACE_S):
+            return
         fired.set()
         found.extend(stopped_workers(parts_iter))
-        for _, pid in found:
-            try:
-                os.kill(pid, 9)  # ends the handover the receiving thread is blocked in
-            except OSError:
-                pass
+        _kill(pid for _, pid in found)  # ends the handover the receiving thread is blocked in
+        if not found or returned.wait(WATCHDOG_ESCALATE_S):
+            return
+        # Still blocked: a stopped worker had begun writing a batch to the result pipe, and the other workers
+        # and this process keep its write end open, so the read waits for bytes that never come. With every
+        # write end closed the read ends (EOFError), and the wait with it.
+        _kill(worker.pid for worker in getattr(parts_iter, "_workers", ()))
+        writer = getattr(getattr(parts_iter, "_worker_result_queue", None), "_writer", None)
+        if writer is not None:
+            writer.close()
 
-    timer = threading.Timer(timeout + WATCHDOG_GRACE_S, watchdog)
-    timer.daemon = True
-    timer.start()
+    guard = threading.Thread(target=watchdog, name="vstream-clip-loader-watchdog", daemon=True)
+    guard.start()
     try:
         data = type(parts_iter)._get_data(parts_iter)
     except Exception as err:
-        timer.cancel()
+        returned.set()
         stopped = found if fired.is_set() else stopped_workers(parts_iter)
         if not stopped:
             raise
         raise WorkerError(_stopped_message(parts_iter, stopped, timeout)) from err
-    timer.cancel()
+    returned.set()
     if fired.is_set() and found:  # a batch got through, but a worker had to be killed
         raise WorkerError(_stopped_message(parts_iter, found, timeout))
     return data
+
+
+def _kill(pids: Iterable[int | None]) -> None:
+    for pid in pids:
+        if pid is None:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _stopped_message(parts_iter: Any, stopped: list[tuple[int, int]], timeout: float) -> str:

@@ -108,8 +108,13 @@ def bad_clip_id(clip_id: str) -> bool:
     )
 
 
-def table_cameras(tables: FrameTables, folder_key: str) -> dict[str, str]:
-    """Camera name -> file name of the video files directly in ``folder_key``, as the frame tables list them."""
+def table_cameras(tables: FrameTables, folder_key: str, *, image_folders: bool = False) -> dict[str, str]:
+    """Camera name -> file name of the cameras directly in ``folder_key``, as the frame tables list them.
+
+    A video file's camera is its name without the extension. With ``image_folders`` an image folder
+    (a key without a video extension: the tables list no other kind) is a camera too, named by its
+    whole name as the folder scan names it; indexes at URLs read video files only.
+    """
     found: dict[str, str] = {}
     prefix = folder_key + "/" if folder_key else ""
     for key, _ in tables.under(prefix):
@@ -119,6 +124,8 @@ def table_cameras(tables: FrameTables, folder_key: str) -> dict[str, str]:
         stem, ext = os.path.splitext(name)
         if ext.lower() in VIDEO_EXTENSIONS:
             found.setdefault(stem, name)
+        elif image_folders:
+            found.setdefault(name, name)
     return dict(sorted(found.items()))
 
 

@@ -377,7 +377,9 @@ class _IndexReading:
                 return None
             # The first clip sets the cameras, unless a file of it is gone since the tables were written:
             # then its own problem is that file, not every other clip's "extra" camera.
-            recorded = table_cameras(self.tables, prefix.rstrip("/")) if self.tables is not None else {}
+            recorded = (
+                table_cameras(self.tables, prefix.rstrip("/"), image_folders=True) if self.tables is not None else {}
+            )
             if recorded and set(recorded) != set(found) and (set(recorded) > set(found) or set(recorded) < set(found)):
                 # A file gone, or one added since: the tables' cameras are the reference, the clip's own problem
                 # is that file, not every other clip's camera.

@@ -93,15 +93,19 @@ class LocalTransport:
         return self.head(key)
 
     def list(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
-        root = Path("/" + prefix)
-        folder = root if root.is_dir() else root.parent
+        root = "/" + prefix
+        # os.path.isdir, not Path.is_dir: a name too long for the file system lists nothing, it does not raise.
+        folder = root if os.path.isdir(root) else os.path.dirname(root)
         found = []
         for dirpath, _, files in os.walk(folder, followlinks=True):
             for name in files:
                 full = os.path.join(dirpath, name)
                 key = full.lstrip("/")
                 if key.startswith(prefix):
-                    st = os.stat(full)
+                    try:
+                        st = os.stat(full)
+                    except FileNotFoundError:
+                        continue  # removed while listing, as a store lists only what is there
                     found.append((key, ObjectInfo(st.st_size, None, st.st_mtime_ns)))
         return sorted(found)
 
