@@ -276,6 +276,28 @@ DEBUG_ENV = "VSTREAM_DEBUG"
 _WORKER_TRACEBACK = "\n\n(raised in "
 
 
+def valid_indices(count: int) -> str:
+    """The indices ``0..count - 1`` as an error message gives them.
+
+    Example:
+        >>> valid_indices(13), valid_indices(0)
+        ('valid: 0..12', 'none is valid')
+    """
+    return f"valid: 0..{count - 1}" if count > 0 else "none is valid"
+
+
+def frame_out_of_range(frame: int, count: int, where: str) -> IndexError:
+    """The error for frame ``frame`` of ``where`` (a file, a clip) that holds ``count`` frames.
+
+    Example:
+        >>> frame_out_of_range(13, 13, "'a.mp4'")
+        IndexError("frame 13 is out of range for 'a.mp4', which holds 13 frames (valid: 0..12).")
+    """
+    return IndexError(
+        f"frame {frame} is out of range for {where}, which holds {count} frames ({valid_indices(count)})."
+    )
+
+
 #: Packages whose frames a warning of ours is not attributed to: the line shown is the user's own.
 _LIBRARY_MODULES = ("lightning_vstream", "lightning", "pytorch_lightning", "lightning_utilities", "torch")
 

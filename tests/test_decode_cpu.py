@@ -345,7 +345,9 @@ def test_out_of_range_frame(h264_b3: Path, index: int) -> None:
 def test_read_past_the_end(h264_b3: Path) -> None:
     decoder = PyAVDecoder(h264_b3)
     decoder.get(FRAMES - 1)
-    with pytest.raises(IndexError, match=rf"h264-bframes3\.mp4' has no frame {FRAMES}: .*\(valid: 0\.\.{FRAMES - 1}\)"):
+    with pytest.raises(
+        IndexError, match=rf"frame {FRAMES} is out of range for '.*h264-bframes3\.mp4'.*\(valid: 0\.\.{FRAMES - 1}\)"
+    ):
         decoder.read()
 
 

@@ -54,7 +54,7 @@ from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.decode.factory import make_decoder
 from lightning_vstream.decode.gops import GopPlanner, GopTask
 from lightning_vstream.decode.threads import GopExecutor, TaskDecoder, frames_decoder_tasks
-from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError
+from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, MissingFileError, frame_out_of_range
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.index.records import ClipSequence
@@ -306,10 +306,8 @@ class VideoClipDataset(Dataset[ClipSample]):
     def _check_frames(self, request: ClipRequest, frame_count: int, origin: str) -> None:
         for f in request.frames:
             if not 0 <= f < frame_count:
-                raise IndexError(
-                    f"{origin}: frame {f} is out of range for clip {request.clip_id!r}, which has "
-                    f"{frame_count} frames (valid: 0..{frame_count - 1}) in {self._where()}."
-                )
+                where = f"clip {request.clip_id!r} in {self._where()}"
+                raise IndexError(f"{origin}: {frame_out_of_range(f, frame_count, where)}")
 
     def _check_request(self, request: ClipRequest, origin: str) -> None:
         """:meth:`_check` without building the clip where the index holds its clips as arrays."""

@@ -20,7 +20,7 @@ from lightning_vstream.decode.probe import (
     video_stream,
 )
 from lightning_vstream.decode.rgb_output import RGBOutputDecoder
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, frame_out_of_range
 from lightning_vstream.index.identity import verify_identity
 
 __all__ = ["PyAVDecoder"]
@@ -182,10 +182,7 @@ class PyAVDecoder(RGBOutputDecoder):
     def seek(self, index: int) -> None:
         info = self.info
         if not 0 <= index < info.frame_count:
-            raise IndexError(
-                f"frame {index} is out of range for {self._where()}, which holds "
-                f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(index, info.frame_count, self._where())
         key = info.keyframe_at_or_before(index)
         forward_ok = (
             self._frames is not None
@@ -223,10 +220,7 @@ class PyAVDecoder(RGBOutputDecoder):
         info = self.info
         target = self._target
         if target >= info.frame_count:
-            raise IndexError(
-                f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
-                f"(valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(target, info.frame_count, self._where())
         if self.feed.aim(target):
             self._needs_seek = True  # the target, or what it is predicted from, was left out
         if self._container is None:

@@ -34,7 +34,7 @@ from lightning_vstream.decode.colour import Interpolation, RGBConverter
 from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
 from lightning_vstream.decode.range_file import expect_of
 from lightning_vstream.decode.rgb_output import RGBOutputDecoder
-from lightning_vstream.errors import ChecksumError, ConfigurationError
+from lightning_vstream.errors import ChecksumError, ConfigurationError, frame_out_of_range
 from lightning_vstream.storage.client import Expect
 from lightning_vstream.storage.fetcher import MERGE_GAP, Fetcher, Unit
 
@@ -411,10 +411,7 @@ class GopDecoder(RGBOutputDecoder):
     def seek(self, index: int) -> None:
         info = self._info
         if not 0 <= index < info.frame_count:
-            raise IndexError(
-                f"frame {index} is out of range for {self._where()}, which holds "
-                f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(index, info.frame_count, self._where())
         self._target = index
 
     def _read_frame(self) -> Any:
@@ -422,10 +419,7 @@ class GopDecoder(RGBOutputDecoder):
         info = self._info
         target = self._target
         if target >= info.frame_count:
-            raise IndexError(
-                f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
-                f"(valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(target, info.frame_count, self._where())
         for stale in [i for i in self._pending if i < target]:
             del self._pending[stale]
         if self.feed.aim(target):

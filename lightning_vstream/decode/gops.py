@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, frame_out_of_range
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, VideoInfo, is_reference, temporal_id
 
 __all__ = ["FeedFilter", "GopPlanner", "GopTask", "assign_tasks", "plan_feed"]
@@ -85,10 +85,7 @@ class GopPlanner:
     def add(self, source: Hashable, info: VideoInfo, frame: int, target: Hashable) -> None:
         """Ask for ``frame`` of ``source`` to be delivered to ``target``."""
         if not 0 <= frame < info.frame_count:
-            raise IndexError(
-                f"frame {frame} is out of range for {source!r}, which holds {info.frame_count} frames "
-                f"(valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(frame, info.frame_count, repr(source))
         known = self._infos.setdefault(source, info)
         if known is not info and known != info:
             raise ConfigurationError(

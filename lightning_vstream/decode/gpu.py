@@ -111,6 +111,7 @@ from lightning_vstream.errors import (
     DecoderCapabilityError,
     GpuError,
     UsageError,
+    frame_out_of_range,
 )
 from lightning_vstream.profiling import RANGE_DEMUX, nvtx_range
 
@@ -451,10 +452,7 @@ class NvDecoder(DecoderBase):
     def seek(self, index: int) -> None:
         info = self.info
         if not 0 <= index < info.frame_count:
-            raise IndexError(
-                f"frame {index} is out of range for {self._where()}, which holds "
-                f"{info.frame_count} frames (valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(index, info.frame_count, self._where())
         if index == self._target and not self._needs_seek:
             return  # already there: the sequential case costs nothing
         after, key = self._next, info.keyframe_at_or_before(index)
@@ -536,10 +534,7 @@ class NvDecoder(DecoderBase):
         info = self._info if self._info is not None else self.info
         target = self._target
         if target >= info.frame_count:
-            raise IndexError(
-                f"{self._where()} has no frame {target}: it holds {info.frame_count} frames "
-                f"(valid: 0..{info.frame_count - 1})."
-            )
+            raise frame_out_of_range(target, info.frame_count, self._where())
         if not aimed and self.feed.aim(target):
             self._needs_seek = True  # its picture, or one it is predicted from, was passed over
         key_ordinal = -1  # the GOP jumped to; -1 when reading on from where the decoder is

@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.errors import ConfigurationError, MissingDependencyError, MissingFileError, VStreamWarning
+from lightning_vstream.errors import (
+    ConfigurationError,
+    MissingDependencyError,
+    MissingFileError,
+    VStreamWarning,
+    frame_out_of_range,
+)
 from lightning_vstream.index.files import image_files as _list_images
 from lightning_vstream.index.identity import open_regular
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
@@ -230,10 +236,7 @@ class ImageFolderDecoder(DecoderBase):
     def seek(self, index: int) -> None:
         count = self.info.frame_count
         if not 0 <= index < count:
-            raise IndexError(
-                f"frame {index} is out of range for {self._where()}, which holds {count} frames "
-                f"(valid: 0..{count - 1})."
-            )
+            raise frame_out_of_range(index, count, self._where())
         self._target = index
 
     def read(self, out: torch.Tensor | None = None) -> torch.Tensor:

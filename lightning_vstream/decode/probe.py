@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.bitstream import ReferenceReader
-from lightning_vstream.errors import ConfigurationError, MissingFileError, RotatedVideoError
+from lightning_vstream.errors import ConfigurationError, MissingFileError, RotatedVideoError, valid_indices
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, PacketLayout
 from lightning_vstream.storage.urls import is_url
 
@@ -107,7 +107,7 @@ def video_stream(container: Any, path: Path, choice: int | None = None) -> Any:
     else:
         raise ConfigurationError(
             f"stream={choice} asks for video stream {choice} of {str(path)!r}, which holds {len(videos)} video "
-            f"stream(s) (valid: 0..{len(videos) - 1}, or None for FFmpeg's best)."
+            f"stream(s) ({valid_indices(len(videos))}, or None for FFmpeg's best)."
         )
     if stream.codec_context is None:
         # A damaged sample description can name a codec FFmpeg does not know.
