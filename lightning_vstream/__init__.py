@@ -43,8 +43,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_vstream._exports import lazy_exports
 
 if TYPE_CHECKING:
     from lightning_vstream.annotations import AnnotationFiles, AnnotationSource, GeometryAugment
@@ -115,20 +116,7 @@ def _version() -> str:
         return "0+unknown"
 
 
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        value: Any = _version()
-    else:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'lightning_vstream' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, computed={"__version__": _version})
 
 
 __all__ = [

@@ -336,7 +336,8 @@ def test_dataset_errors_name_request_clip_and_camera(small_index: Path) -> None:
     with pytest.raises(ValueError, match=r"requests\[1\]: clip 'scene-0099' is not in the index 'index.json'"):
         VideoClipDataset(index=small_index, requests=[at_indices("scene-0000", [0]), at_indices("scene-0099", [0])])
     with pytest.raises(
-        IndexError, match=r"requests\[0\]: frame 13 is out of range for clip 'scene-0001' in 'index.json', which holds 13 frames"
+        IndexError,
+        match=r"requests\[0\]: frame 13 is out of range for clip 'scene-0001' in 'index.json', which holds 13 frames",
     ):
         VideoClipDataset(index=small_index, requests=[at_indices("scene-0001", [0, 13])])
     with pytest.raises(ValueError, match=r"clip 'scene-0000' has no camera\(s\) \['CAM_FRONT'\]"):

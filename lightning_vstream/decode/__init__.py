@@ -45,8 +45,9 @@ GPU (PyNvVideoCodec, NVDEC):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lightning_vstream._exports import lazy_exports
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError, VideoInfo
 
 if TYPE_CHECKING:
@@ -74,12 +75,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_vstream.decode' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -20,9 +20,9 @@ Building, loading and checking an index probe its files with the decoders, so th
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lightning_vstream._exports import lazy_exports
 from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from lightning_vstream.index.identity import FileIdentity
@@ -77,11 +77,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _FROM_INDEXING:
-        return getattr(importlib.import_module("lightning_vstream.indexing"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_FROM_INDEXING, "lightning_vstream.indexing"))
