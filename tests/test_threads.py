@@ -14,7 +14,7 @@ import torch
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.factory import DecoderTable
+from lightning_vstream.decode.decoder_table import DecoderTable
 from lightning_vstream.decode.gops import GopPlanner, GopTask
 from lightning_vstream.decode.threads import DecodeThreads, GopExecutor, ThreadSlot, frames_decoder_tasks
 from lightning_vstream.demos.synth import clip_number, read_stamp

@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lightning_vstream.indexing import build_index, load_index
-    from lightning_vstream.indexing.build import incomplete_path
+    from lightning_vstream.indexing.output import incomplete_path
 
     modes = [flag for flag in ("check", "quick_check", "tables") if getattr(args, flag)]
     if len(modes) > 1:
@@ -300,7 +300,7 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
     from tqdm import tqdm
 
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.indexing.build import incomplete_path
+    from lightning_vstream.indexing.output import incomplete_path
     from lightning_vstream.indexing.remote_build import build_remote_index, write_remote_index_tables
     from lightning_vstream.indexing.verify import verify_remote_index
     from lightning_vstream.storage.config import StorageConfig

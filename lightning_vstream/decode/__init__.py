@@ -5,7 +5,8 @@ The protocol and what every backend shares:
 - :mod:`~lightning_vstream.decode.base`: the decoder protocol (:class:`FrameDecoder`), :class:`VideoInfo` and the
   bookkeeping backends share.
 - :mod:`~lightning_vstream.decode.factory`: how a decoder for a camera stream is chosen and made
-  (:func:`make_decoder`), and the table of those one reader keeps open (:class:`DecoderTable`).
+  (:func:`make_decoder`); :mod:`~lightning_vstream.decode.decoder_table`: the table of those one reader
+  keeps open (:class:`~lightning_vstream.decode.decoder_table.DecoderTable`).
 - :mod:`~lightning_vstream.decode.gops`: the one GOP scheduler: which GOPs of which streams to decode for a set of
   wanted frames, on which thread.
 - :mod:`~lightning_vstream.decode.threads`: the one runner of decoding threads (:class:`DecodeThreads`) and the

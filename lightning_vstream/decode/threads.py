@@ -1,7 +1,7 @@
 """The one runner of decoding threads, and the GOP tasks it runs.
 
 :class:`DecodeThreads` is the pool every reader decodes on: named daemon threads, each owning the
-decoders it opened (a :class:`~lightning_vstream.decode.factory.DecoderTable`; one decoder is only
+decoders it opened (a :class:`~lightning_vstream.decode.decoder_table.DecoderTable`; one decoder is only
 ever used by one thread, so decoders need no lock). Readers give it work two ways:
 
 - :meth:`DecodeThreads.run`: one list of jobs per thread, run to the end; the first failure (in the
@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lightning_vstream.decode.factory import DecoderTable
+from lightning_vstream.decode.decoder_table import DecoderTable
 from lightning_vstream.decode.gops import GopTask, assign_tasks
 from lightning_vstream.errors import ConfigurationError, WorkerError
 

@@ -35,7 +35,7 @@ from lightning_vstream.index.tables import (
     table_key,
 )
 from lightning_vstream.indexing.camera_tables import probe_for_index
-from lightning_vstream.indexing.output import check_output
+from lightning_vstream.indexing.output import check_output, incomplete_path
 from lightning_vstream.storage.atomic import write_atomic
 
 __all__ = [
@@ -62,14 +62,6 @@ Incomplete = Literal["skip", "raise"]
 #: whole (see :data:`Incomplete`), or keep it at the frames every camera holds whole.
 Truncated = Literal["incomplete", "shorten"]
 K = TypeVar("K", bound=Hashable)
-
-
-def incomplete_path(index_path: Path | str) -> str:
-    """Where the clips left out of an index are listed: ``index.incomplete.json`` next to ``index.json``
-    (a path, or a URL for a remote index)."""
-    text = str(index_path)
-    stem = text[: -len(".json")] if text.endswith(".json") else text
-    return f"{stem}.incomplete.json"
 
 
 def whole_clips(

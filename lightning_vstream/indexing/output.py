@@ -27,10 +27,18 @@ from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from lightning_vstream.index.table_file import _MAGIC, tables_path
 from lightning_vstream.index.tables import metadata_path
 
-__all__ = ["check_output"]
+__all__ = ["check_output", "incomplete_path"]
 
 #: Largest file read to tell whether it is one of ours: an index of a million clips holds ~40 MB.
 _MAX_READ = 1 << 28
+
+
+def incomplete_path(index_path: Path | str) -> str:
+    """Where the clips left out of an index are listed: ``index.incomplete.json`` next to ``index.json``
+    (a path, or a URL for a remote index)."""
+    text = str(index_path)
+    stem = text[: -len(".json")] if text.endswith(".json") else text
+    return f"{stem}.incomplete.json"
 
 
 def check_output(output: Path, clip_folders: Iterable[Path], *, force: bool, tables: bool = True) -> None:
@@ -47,8 +55,6 @@ def check_output(output: Path, clip_folders: Iterable[Path], *, force: bool, tab
             (without ``force``) one is not ours or ``output`` has a video or image extension; the
             message names the file and the fix.
     """
-    from lightning_vstream.indexing.build import incomplete_path
-
     inside = _enclosing(output, clip_folders)
     if inside is not None:
         raise ConfigurationError(

@@ -1,7 +1,7 @@
 """One decode thread of the stream engine: its decoders, and the writing of one camera frame into its rows.
 
 Each engine thread owns a :class:`ThreadDecoders`: the decoders of the camera streams it serves
-(its slot's :class:`~lightning_vstream.decode.factory.DecoderTable` of the runner,
+(its slot's :class:`~lightning_vstream.decode.decoder_table.DecoderTable` of the runner,
 :class:`~lightning_vstream.decode.threads.DecodeThreads`; kept while a slot stays on a clip), and
 :meth:`ThreadDecoders.write`, which decodes one frame straight into its batch row, or decodes it,
 augments and transforms it (:class:`~lightning_vstream.stream.frame_steps.FrameSteps`) and copies it
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
-from lightning_vstream.decode.factory import DecoderFactory, DecoderTable, announce_stride
+from lightning_vstream.decode.decoder_table import DecoderTable
+from lightning_vstream.decode.factory import DecoderFactory, announce_stride
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range

@@ -22,7 +22,8 @@ from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.counters import DecodeStats
-from lightning_vstream.decode.factory import DecoderTable, announce_stride, make_decoder
+from lightning_vstream.decode.decoder_table import DecoderTable
+from lightning_vstream.decode.factory import announce_stride, make_decoder
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_DECODE, nvtx_range
