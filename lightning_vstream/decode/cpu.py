@@ -238,15 +238,8 @@ class PyAVDecoder(RGBOutputDecoder):
             try:
                 frame = next(self._frames)  # type: ignore[arg-type]
             except StopIteration:
-                if just_jumped and key_ordinal > 0:
-                    # The demuxer landed after the keyframe and nothing decoded until the end.
-                    key_ordinal -= 1
-                    self._jump(key_ordinal)
-                    continue
-                if just_jumped:
-                    self._reset()
-                    self._open()
-                    just_jumped = False
+                if just_jumped:  # the demuxer landed after the keyframe and nothing decoded until the end
+                    key_ordinal, just_jumped = self._step_back(key_ordinal)
                     continue
                 self._reset()
                 raise VideoDecodeError(
@@ -284,16 +277,8 @@ class PyAVDecoder(RGBOutputDecoder):
             if index < target:
                 continue
             if index > target:
-                if just_jumped and key_ordinal > 0:
-                    # The demuxer landed past the wanted keyframe; step back one GOP.
-                    key_ordinal -= 1
-                    self._jump(key_ordinal)
-                    continue
-                if just_jumped:
-                    # Overshot even the first keyframe (MPEG-TS with B-frames does): read from the start.
-                    self._reset()
-                    self._open()
-                    just_jumped = False
+                if just_jumped:  # the demuxer landed past the wanted keyframe
+                    key_ordinal, just_jumped = self._step_back(key_ordinal)
                     continue
                 self._reset()
                 raise VideoDecodeError(
@@ -303,6 +288,20 @@ class PyAVDecoder(RGBOutputDecoder):
             self._next = index + 1
             self._target = index + 1
             return frame
+
+    def _step_back(self, key_ordinal: int) -> tuple[int, bool]:
+        """After a jump to GOP ``key_ordinal`` that landed past its keyframe: jump one GOP earlier, or from the
+        first GOP read from the start (MPEG-TS with B-frames overshoots even the first keyframe).
+
+        Returns:
+            The GOP jumped to, and whether that was a jump (False: reading from the start).
+        """
+        if key_ordinal > 0:
+            self._jump(key_ordinal - 1)
+            return key_ordinal - 1, True
+        self._reset()
+        self._open()
+        return key_ordinal, False
 
     def _reset(self) -> None:
         """Drop the open file so the next use starts clean."""
