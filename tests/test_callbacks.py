@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import lightning.pytorch as pl
 import pytest
 import torch
+from _trainers import quiet_trainer
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
@@ -94,17 +95,7 @@ class TimedModel(TinyStreamPETR):
 
 
 def _trainer(tmp_path: Path, callbacks: list[pl.Callback], logger: Logger | bool = False, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=logger,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-    return pl.Trainer(**{**options, **kwargs})
+    return quiet_trainer(tmp_path, callbacks=callbacks, logger=logger, **kwargs)
 
 
 def _logged_trainer(tmp_path: Path, monitor: StreamThroughputMonitor, logger: Logger, **kwargs: Any) -> pl.Trainer:

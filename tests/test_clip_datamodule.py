@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _trainers import quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_vstream import VStreamWarning
@@ -78,19 +79,6 @@ class EvalModel(ClipModel):
         self._record("predict", batch)
 
 
-def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-    return pl.Trainer(**{**options, **kwargs})
-
-
 @pytest.mark.parametrize(
     ("num_workers", "selection", "reload"),
     [(0, "random", 1), (2, "random", 1), (2, "regular", 0)],
@@ -110,7 +98,7 @@ def test_resume_mid_epoch_delivers_exactly_the_remaining_batches(
             seed=7,
         )
         model = ClipModel()
-        trainer = _trainer(
+        trainer = quiet_trainer(
             tmp_path,
             max_steps=max_steps,
             max_epochs=4,
@@ -138,7 +126,7 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
 ) -> None:
     dm = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=6, batch_size=2, num_workers=0)
     model = ClipModel()
-    _trainer(tmp_path, max_steps=2).fit(model, datamodule=dm)
+    quiet_trainer(tmp_path, max_steps=2).fit(model, datamodule=dm)
     assert model.seen["val"] == [] and len(model.seen["train"]) == 2
     messages = [str(w.message) for w in recwarn]
     assert not [m for m in messages if "Total length of" in m or "val_dataloader" in m or "validation_step" in m]
@@ -153,7 +141,7 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
         batch_size=2,
         num_workers=0,
     )
-    trainer = _trainer(tmp_path)
+    trainer = quiet_trainer(tmp_path)
     trainer.validate(model, datamodule=full)
     trainer.test(model, datamodule=full)
     trainer.predict(model, datamodule=full)
@@ -294,7 +282,7 @@ def test_random_clips_are_drawn_anew_every_epoch_without_reloading(
         seed=11,
     )
     model = EpochModel()
-    trainer = _trainer(tmp_path, max_epochs=2)  # reload_dataloaders_every_n_epochs stays 0
+    trainer = quiet_trainer(tmp_path, max_epochs=2)  # reload_dataloaders_every_n_epochs stays 0
     trainer.fit(model, datamodule=dm)
     assert set(model.per_epoch) == {0, 1}
     for epoch in (0, 1):  # each epoch reads exactly its own draw, shuffled
@@ -320,7 +308,7 @@ def test_augmentation_is_drawn_anew_every_epoch_in_persistent_workers(clip_index
         seed=3,
     )
     model = EpochModel()
-    _trainer(tmp_path, max_epochs=2).fit(model, datamodule=dm)
+    quiet_trainer(tmp_path, max_epochs=2).fit(model, datamodule=dm)
     first, second = model.matrices[0], model.matrices[1]
     assert set(first) == set(second)  # regular windows: the same samples every epoch ...
     assert any(not torch.equal(first[k], second[k]) for k in first)  # ... with new augmentation draws
@@ -389,7 +377,7 @@ def test_decode_stats_count_skips_and_missing_annotations_across_workers(
     model = ClipModel()
     with pytest.warns(VStreamWarning, match="no train loader has been created yet"):
         assert dm.decode_stats() == type(dm.decode_stats())()
-    _trainer(tmp_path, max_epochs=1, callbacks=[monitor]).fit(model, datamodule=dm)
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[monitor]).fit(model, datamodule=dm)
     stats = dm.decode_stats("train")
     # 6 windows of 2 frames x 2 cameras; the 2 windows of scene-0001 cannot be read.
     assert stats.skipped_samples == 2 and stats.frames_delivered == 4 * 2 * 2
@@ -429,5 +417,5 @@ def test_teardown_without_a_stage_stops_workers_and_closes_decoders(clip_index: 
     single.teardown(None)
     assert len(dataset.decoders) == 0
     model = ClipModel()
-    _trainer(tmp_path, max_steps=2).fit(model, datamodule=single)  # usable again after teardown
+    quiet_trainer(tmp_path, max_steps=2).fit(model, datamodule=single)  # usable again after teardown
     assert len(model.seen["train"]) == 2 and model.errors == []

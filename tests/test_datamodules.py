@@ -13,6 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _trainers import quiet_trainer
 
 from lightning_vstream import ClipVideoDataModule, GpuOptions, StreamVideoDataModule, VStreamWarning
 from lightning_vstream.callbacks import TemporalStateReset
@@ -26,16 +27,7 @@ def index(make_dataset: Any) -> Path:
 
 
 def _fit(model: pl.LightningModule, dm: pl.LightningDataModule, tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        max_steps=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-    trainer = pl.Trainer(**{**options, **kwargs})
+    trainer = quiet_trainer(tmp_path, **{"max_steps": 3, **kwargs})
     trainer.fit(model, datamodule=dm)
     return trainer
 

@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import lightning.pytorch as pl
 import pytest
 from _stream_models import RecordingModel
+from _trainers import quiet_trainer
 from conftest import cut_decodes
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -31,20 +31,6 @@ def engine_index(make_dataset: Any) -> Path:
     return make_dataset(clips=8, cameras=2, frames=FRAMES, size=(64, 48), gop=GOP)
 
 
-def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    defaults: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "default_root_dir": tmp_path,
-    }
-    defaults.update(kwargs)
-    return pl.Trainer(**defaults)
-
-
 def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
     return StreamVideoDataModule(index_file=index, batch_size=2, engine="threads", engine_threads=3, **kwargs)
 
@@ -52,7 +38,7 @@ def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
 def test_fit_with_the_engine_streams_exact_frames(engine_index: Path, tmp_path: Path) -> None:
     dm = _dm(engine_index, seed=0)
     model = RecordingModel()
-    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer = quiet_trainer(tmp_path, max_epochs=2)
     trainer.fit(model, datamodule=dm)
     assert isinstance(trainer.train_dataloader, EngineLoader)
     assert model.stamp_errors == []
@@ -68,7 +54,7 @@ def test_engine_and_worker_loaders_deliver_the_same_plan(engine_index: Path, tmp
     for engine in ("threads", "workers"):
         model = RecordingModel()
         dm = StreamVideoDataModule(index_file=engine_index, batch_size=2, engine=engine, num_workers=0, seed=4)
-        _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
+        quiet_trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
         assert model.stamp_errors == []
         seen.append(model.seen)
     assert seen[0] == seen[1]
@@ -77,7 +63,7 @@ def test_engine_and_worker_loaders_deliver_the_same_plan(engine_index: Path, tmp
 def test_resume_from_mid_epoch_checkpoint_with_the_engine(engine_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         model = RecordingModel()
-        trainer = _trainer(
+        trainer = quiet_trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
         )
         trainer.fit(model, datamodule=_dm(engine_index, seed=5), ckpt_path=ckpt)
@@ -94,7 +80,7 @@ def test_resume_from_mid_epoch_checkpoint_with_the_engine(engine_index: Path, tm
 def test_validation_with_the_engine_reads_every_frame_once(engine_index: Path, tmp_path: Path) -> None:
     dm = _dm(engine_index, val_index_file=engine_index)
     model = RecordingModel()
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
+    quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
     assert model.stamp_errors == []
     seen: Counter[tuple[str, int]] = Counter()
     for batch in model.val_seen:

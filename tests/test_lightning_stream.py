@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import pytest
 from _stream_models import RecordingModel
+from _trainers import quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
@@ -28,20 +29,6 @@ def lightning_index(make_dataset: Any) -> Path:
     return make_dataset(clips=8, cameras=2, frames=[9, 7, 11, 8, 10, 6, 9, 12], size=(64, 48), gop=4)
 
 
-def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    defaults: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(**defaults)
-
-
 def _starts(seen: list[dict[str, Any]], epoch: int) -> list[str]:
     return [c for b in seen if b["epoch"] == epoch for c, first in zip(b["clip_id"], b["is_first"]) if first]
 
@@ -50,7 +37,7 @@ def _starts(seen: list[dict[str, Any]], epoch: int) -> list[str]:
 def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, engine: str, num_workers: int) -> None:
     dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=num_workers, seed=0, engine=engine)
     model = RecordingModel()
-    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer = quiet_trainer(tmp_path, max_epochs=2)
     trainer.fit(model, datamodule=dm)
     assert model.stamp_errors == []
     assert len(model.seen) == 2 * trainer.num_training_batches
@@ -64,7 +51,7 @@ def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_in
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=5, engine="workers")
         model = RecordingModel()
-        trainer = _trainer(
+        trainer = quiet_trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
         )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
@@ -84,7 +71,7 @@ def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_in
 def test_validation_reads_every_frame_once_in_index_order(lightning_index: Path, tmp_path: Path) -> None:
     dm = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, batch_size=3, num_workers=0)
     model = RecordingModel()
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
+    quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
     assert model.stamp_errors == []
     seen = Counter()
     for batch in model.val_seen:
@@ -99,7 +86,7 @@ def test_predict_and_validate_work_through_lightning_loops(lightning_index: Path
     dm = StreamVideoDataModule(
         predict_index_file=lightning_index, val_index_file=lightning_index, batch_size=2, num_workers=0
     )
-    trainer = _trainer(tmp_path)
+    trainer = quiet_trainer(tmp_path)
     model = RecordingModel()
     outputs = trainer.predict(model, datamodule=dm)
     assert outputs and all(o["errors"] == [] for o in outputs)
@@ -126,7 +113,7 @@ def test_ddp_ranks_read_disjoint_clips_and_equal_steps(ddp_session: DdpSession, 
 def test_fit_without_training_index_is_an_error(lightning_index: Path, tmp_path: Path) -> None:
     dm = StreamVideoDataModule(val_index_file=lightning_index, batch_size=1, num_workers=0)
     with pytest.raises(ValueError, match="Trainer.fit needs index_file"):
-        _trainer(tmp_path, max_epochs=1).fit(RecordingModel(), datamodule=dm)
+        quiet_trainer(tmp_path, max_epochs=1).fit(RecordingModel(), datamodule=dm)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +178,7 @@ def test_a_models_own_batch_hook_still_runs(lightning_index: Path, tmp_path: Pat
     model = HookedModel()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _trainer(tmp_path, max_steps=3).fit(model, datamodule=dm)
+        quiet_trainer(tmp_path, max_steps=3).fit(model, datamodule=dm)
     assert model.hooked == 3
     # The DataModule does not override the hook, so Lightning never says it ignores the model's.
     assert not [w for w in caught if "overridden `on_before_batch_transfer` in both" in str(w.message)]
@@ -213,7 +200,7 @@ def test_no_validation_loop_or_warning_without_val_index(lightning_index: Path, 
     dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _trainer(tmp_path, max_steps=2, callbacks=[SanityProbe()]).fit(TrainOnlyModel(), datamodule=dm)
+        quiet_trainer(tmp_path, max_steps=2, callbacks=[SanityProbe()]).fit(TrainOnlyModel(), datamodule=dm)
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "Total length of" in m or "validation_step" in m or "val_dataloader" in m]
     assert SanityProbe.started == 0
@@ -233,7 +220,7 @@ def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Pat
     assert dm.hparams["index_file"] == str(lightning_index) and dm.hparams["seed"] == 4
     assert "transform" not in dm.hparams
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, filename="last")
-    _trainer(tmp_path, max_steps=2, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
+    quiet_trainer(tmp_path, max_steps=2, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
     import torch
 
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)  # plain types only
@@ -254,7 +241,7 @@ def test_resume_under_dataloader_iter_matches_uninterrupted_run(lightning_index:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
         dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9, engine="workers")
         model = IterModel()
-        trainer = _trainer(
+        trainer = quiet_trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
         )
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
@@ -274,10 +261,10 @@ def test_resume_with_other_settings_is_a_resume_state_error(lightning_index: Pat
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, filename="mid")
     dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=1)
-    _trainer(tmp_path, max_steps=3, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
+    quiet_trainer(tmp_path, max_steps=3, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
     other = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=2)
     with pytest.raises(ResumeStateError, match=r"seed=1 but this one has seed=2"):
-        _trainer(tmp_path, max_steps=6).fit(RecordingModel(), other, ckpt_path=str(tmp_path / "ckpt" / "mid.ckpt"))
+        quiet_trainer(tmp_path, max_steps=6).fit(RecordingModel(), other, ckpt_path=str(tmp_path / "ckpt" / "mid.ckpt"))
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
