@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import psutil
 import pytest
 from _stream_models import RecordingModel
+from _trainers import quiet_trainer
 
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
@@ -344,15 +344,7 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(
     dm = StreamVideoDataModule(
         index_file=pristine / "index.json", batch_size=2, num_workers=2, shuffle=False, engine="workers"
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
     model = _KillsWorkerModel()
     model.parked = worker_1_parks(4)  # in step 5: Lightning has fetched batch 4 before its step 3 runs
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -374,16 +366,7 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
             persistent_workers=persistent,
             engine="workers",
         )
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            max_epochs=1,
-            limit_train_batches=4,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-        )
+        trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=4)
         before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
         trainer.fit(RecordingModel(), datamodule=dm)
         children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
