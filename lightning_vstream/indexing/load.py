@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_vstream.errors import DataFormatError, FileChangedError, IndexValidationError, MissingFileError
+from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError, MissingFileError
 from lightning_vstream.index.identity import reverify
 from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.index.local_index import load_local_index
@@ -76,6 +76,8 @@ def load_index(
         ValueError: The JSON is malformed (message gives line and column), or ``cameras`` is empty
             or repeats a name.
         TypeError: ``cameras`` or ``exclude_clips`` is a single string instead of a list.
+        ConfigurationError: ``check`` is neither ``"fast"`` nor ``"thorough"`` (the class the DataModules
+            raise for ``index_check``).
         IndexValidationError: The index disagrees with the files (every problem listed).
         FileChangedError: With ``check="thorough"``, a file changed since the index was built and
             its packets no longer match the frame tables.
@@ -87,7 +89,7 @@ def load_index(
         ('scene-0003',)
     """
     if check not in ("fast", "thorough"):
-        raise DataFormatError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
+        raise ConfigurationError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
     thorough = check == "thorough"
     if is_url(path):
         config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
