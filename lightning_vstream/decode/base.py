@@ -5,6 +5,7 @@ This module imports neither torch nor any decoder library.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -21,7 +22,7 @@ __all__ = ["DecoderBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoIn
 Layout = Literal["chw", "hwc"]
 
 
-class DecoderBase:
+class DecoderBase(abc.ABC):
     """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, where a frame
     comes from for error messages, and which packets the decoder is fed
     (:class:`~lightning_vstream.decode.gops.FeedFilter`: non-reference pictures no frame read needs
@@ -35,8 +36,9 @@ class DecoderBase:
     _feed_filter: FeedFilter | None = None
 
     @property
-    def info(self) -> VideoInfo:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def info(self) -> VideoInfo:
+        """The file's frame table."""
 
     @property
     def feed(self) -> FeedFilter:

@@ -13,6 +13,7 @@ decodes: ``_read_frame()`` returns the FFmpeg frame at the cursor and moves the 
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,8 +43,9 @@ class RGBOutputDecoder(DecoderBase):
         """``(height, width)`` of the frames this decoder returns."""
         return self.size if self.size is not None else (self.info.height, self.info.width)
 
-    def _read_frame(self) -> Any:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _read_frame(self) -> Any:
+        """Decode the frame at the cursor, as PyAV's ``VideoFrame``, and move the cursor past it."""
 
     def _frame_where(self, index: int) -> str:
         """Where frame ``index`` comes from, as conversion errors name it."""
@@ -68,8 +70,9 @@ class RGBOutputDecoder(DecoderBase):
         self.seek(index)
         return self.read(out)
 
-    def seek(self, index: int) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def seek(self, index: int) -> None:
+        """Move the cursor to frame ``index`` (decoding happens at the next read)."""
 
     def get_sizes(
         self, index: int, sizes: Sequence[tuple[int, int]], out: torch.Tensor | None = None
@@ -130,8 +133,9 @@ class RGBOutputDecoder(DecoderBase):
         """Times decoding restarted at a keyframe (a demuxer seek, for a file read through its container)."""
         return self._seeks
 
-    def close(self) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the file and the decoder (a later read reopens them)."""
 
     def __enter__(self: _D) -> _D:
         return self
