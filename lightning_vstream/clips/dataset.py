@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 from torch.utils.data import Dataset
@@ -69,6 +69,18 @@ __all__ = ["DEFAULT_GOP_THREADS", "VideoClipDataset"]
 DEFAULT_GOP_THREADS = 2
 
 log = logging.getLogger("lightning_vstream")
+
+
+class _Resolved(NamedTuple):
+    """What one request reads: its clip, camera streams and their frame tables (empty when the sample is
+    skipped), the frames it returns, the request and where it came from (``requests[3]``, for errors)."""
+
+    clip: Clip
+    streams: list[CameraStream]
+    infos: list[VideoInfo]
+    indices: list[int]
+    request: ClipRequest
+    origin: str
 
 
 class VideoClipDataset(Dataset[ClipSample]):
@@ -336,13 +348,10 @@ class VideoClipDataset(Dataset[ClipSample]):
             info = self._infos[cam.path] = frame_table(cam, self.index.storage)
         return info
 
-    def _resolve(
-        self, item: int | ClipRequest, *, ahead: bool = False
-    ) -> tuple[Clip, list[CameraStream], list[VideoInfo], list[int], ClipRequest, str]:
-        """The clip, camera streams, their frame tables, the frame indices ``item`` returns, the request and
-        where it came from (for errors). Frame tables are empty when the first camera cannot be probed, or
-        a file does not hold the frames asked for, under ``on_error="skip"`` (``ahead``: raise, a sample
-        announced ahead is skipped when it is read)."""
+    def _resolve(self, item: int | ClipRequest, *, ahead: bool = False) -> _Resolved:
+        """What ``item`` reads. Frame tables are empty when the first camera cannot be probed, or a file
+        does not hold the frames asked for, under ``on_error="skip"`` (``ahead``: raise, a sample announced
+        ahead is skipped when it is read)."""
         if isinstance(item, ClipRequest):
             request, origin = item, "request"
         else:
@@ -368,7 +377,7 @@ class VideoClipDataset(Dataset[ClipSample]):
                 raise
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             self._skip(streams[0].path, label, err)
-            return clip, streams, [], [], request, origin
+            return _Resolved(clip, streams, [], [], request, origin)
         if request.times:
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             indices = resolve_times(
@@ -390,8 +399,8 @@ class VideoClipDataset(Dataset[ClipSample]):
                 if self.on_error == "raise" or ahead:
                     raise fault
                 self._skip(cam.path, label, fault)
-                return clip, streams, [], [], request, origin
-        return clip, streams, infos, indices, request, origin
+                return _Resolved(clip, streams, [], [], request, origin)
+        return _Resolved(clip, streams, infos, indices, request, origin)
 
     def _announce(self, streams: Sequence[CameraStream], infos: Sequence[VideoInfo], indices: Sequence[int]) -> None:
         """Have the I/O threads fetch every GOP the sample's remote files need, at once (merged where adjacent).
@@ -425,9 +434,10 @@ class VideoClipDataset(Dataset[ClipSample]):
         fetcher = fetcher_for(self.index.storage)
         for ahead, item in enumerate(items, start=1):
             try:
-                _, streams, infos, indices, _, _ = self._resolve(item, ahead=True)
+                resolved = self._resolve(item, ahead=True)
             except (VideoDecodeError, ConfigurationError, IndexError, OSError):
                 continue
+            streams, infos, indices = resolved.streams, resolved.infos, resolved.indices
             for cam, info in zip(streams, infos):
                 if info.layout is not None and isinstance(cam.path, str):
                     fetcher.prefetch(gop_runs(cam.path, info).units_for(info, indices), due=self._clock + ahead)
