@@ -84,6 +84,13 @@ _STEP_RANGE = nvtx_range(RANGE_ENGINE_STEP)
 
 
 @dataclass
+class _Reading:
+    """The camera stream (batch position) a decoding thread is reading, for its error report; -1: none."""
+
+    position: int = -1
+
+
+@dataclass
 class PlannedStep:
     """One planned step: its reads, the shifts they were planned with, its batch and what threads add to it."""
 
@@ -479,11 +486,11 @@ class StreamEngine:
         mine = [(position, *divmod(position, cams)) for position in positions]  # with their slot and camera
         # Frames nothing follows the decoder for take the short way (see _decode_plain).
         plain = self._plain and decoders.limit is None
-        at = [-1]  # the stream being read, for the error report
+        reading = _Reading()
         try:
             with self.device.use(stream):
                 for step in range(run.start, run.num_steps):
-                    at[0] = -1
+                    reading.position = -1
                     with run.cond:
                         run.cond.wait_for(functools.partial(self._may_write, run, step))
                         if run.stopping:
@@ -494,10 +501,10 @@ class StreamEngine:
                     self.device.synchronize(self._release_events[step % self.ring_size])
                     with _STEP_RANGE:
                         if plain:
-                            self._decode_plain(run, step, planned, decoders, mine, at)
+                            self._decode_plain(run, step, planned, decoders, mine, reading)
                         else:
                             for position in positions:
-                                at[0] = position
+                                reading.position = position
                                 self._decode_one(run, step, position, planned, decoders)
                     planned.counts[t] = decoders.counts()
                     self.device.record(self._done_events[t][step % self.ring_size], stream)
@@ -506,7 +513,7 @@ class StreamEngine:
                         run.cond.notify_all()
         except BaseException as err:
             with run.cond:
-                run.errors[t] = (step, at[0], err)
+                run.errors[t] = (step, reading.position, err)
                 run.cond.notify_all()
         finally:
             decoders.close_all()
@@ -564,19 +571,19 @@ class StreamEngine:
         planned: PlannedStep,
         decoders: ThreadDecoders,
         mine: list[tuple[int, int, int]],
-        at: list[int],
+        reading: _Reading,
     ) -> None:
         """:meth:`_decode_one` for all of a thread's streams (``(position, slot, camera)``) at ``step``, for
         frames nothing follows the decoder for: no transform left to apply, no augmentation, named output,
         geometry or annotation. Each frame goes from the decoder into its row, and its timestamp is noted
         (:meth:`ThreadDecoders.read_into <lightning_vstream.stream.engine_reads.ThreadDecoders.read_into>`);
-        failed reads are handled as there. ``at[0]`` follows the stream being read.
+        failed reads are handled as there. ``reading`` follows the stream being read.
         """
         reads, rows, timestamps = planned.reads, planned.rows, planned.timestamps
         ledger = self._ledger
         read_into = decoders.read_into
         for position, slot, camera in mine:
-            at[0] = position
+            reading.position = position
             read = reads[slot]
             if read is None:
                 continue
