@@ -144,9 +144,9 @@ def test_encode_sources_from_image_lists_and_cli(
     assert info is not None and info.pts == (7, 1_000_007, 2_000_007, 5_000_007, 6_000_007)
     assert info.time_base == (1, 1_000_000)
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
-    assert "4 files encoded (48 frames" in capsys.readouterr().out
+    assert "4 files (4 encoded, 0 already done), 48 frames, " in capsys.readouterr().out
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
-    assert "0 files encoded" in capsys.readouterr().out
+    assert "4 files (0 encoded, 4 already done), 0 frames, " in capsys.readouterr().out
     assert (
         main(["encode", str(image_index), str(tmp_path / "cli2"), "--bitrate", "fast", "-q"]) == 2
     )  # a malformed option value: the command line is wrong
