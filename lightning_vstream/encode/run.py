@@ -138,7 +138,9 @@ def _fault(spec: str, source: CameraSource, frames: int) -> Callable[[int], None
         if marker is not None:
             if marker.exists():
                 return
-            marker.write_text(f"{clip_id}/{camera}\n")
+            from lightning_vstream.storage.atomic import write_atomic
+
+            write_atomic(marker, f"{clip_id}/{camera}\n")
         if mode.startswith("exit"):
             os._exit(1)
         raise RuntimeError(f"test fault from {FAULT_VARIABLE} at frame {count} of clip {clip_id!r}, camera {camera!r}")
@@ -170,7 +172,7 @@ def _default_threads(executor: str, workers: int) -> int:
     return 0 if workers == 1 else max(1, (os.cpu_count() or 1) // workers)
 
 
-def _remove_debris(jobs: Sequence[EncodeJob], *, other_hosts: bool) -> int:
+def _remove_debris(jobs: Sequence[EncodeJob], *, writers_ended: bool) -> int:
     """Remove the temporary files of earlier tries of these jobs' files that no process writes any more."""
     from lightning_vstream.storage.atomic import remove_abandoned
 
@@ -178,7 +180,7 @@ def _remove_debris(jobs: Sequence[EncodeJob], *, other_hosts: bool) -> int:
     for job in jobs:
         names.setdefault(job.path.parent, set()).add(job.path.name)
     return sum(
-        len(remove_abandoned(folder, targets=targets, other_hosts=other_hosts)) for folder, targets in names.items()
+        len(remove_abandoned(folder, targets=targets, writers_ended=writers_ended)) for folder, targets in names.items()
     )
 
 
@@ -262,8 +264,8 @@ def encode_sources(
     ]
     start = time.perf_counter()
     retries = 0
-    # Left by processes of an earlier run that were killed on this machine (a cluster's: at the end).
-    _remove_debris(todo, other_hosts=False)
+    # Left by processes of an earlier run killed on this machine (those of a cluster's machines: at the end).
+    _remove_debris(todo, writers_ended=False)
     with tqdm(total=len(todo), desc="encoding", unit="file", disable=not progress) as bar:
 
         def retried(what: str, err: BaseException) -> None:
@@ -289,7 +291,7 @@ def encode_sources(
             raise EncodeError(f"{err} The files finished are kept: run again to encode the rest.") from err
         finally:
             # Every task has ended here (finished, failed or cancelled): what a killed one left is debris.
-            _remove_debris(todo, other_hosts=executor == "ray")
+            _remove_debris(todo, writers_ended=True)
     index = build_index(
         out_dir, output=out_dir / index_name, video_dirs=[video_dir], progress=False, executor=executor, workers=workers
     )

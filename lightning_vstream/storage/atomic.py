@@ -104,20 +104,20 @@ def _remove_abandoned(folder: Path) -> None:
 
 
 def remove_abandoned(
-    folder: Path | str, *, targets: Collection[str] | None = None, other_hosts: bool = False
+    folder: Path | str, *, targets: Collection[str] | None = None, writers_ended: bool = False
 ) -> list[Path]:
-    """Remove the temporary files of this module in ``folder`` whose writer is gone; returns them.
+    """Remove the temporary files of this module in ``folder`` that no process writes any more; returns them.
 
     Only names of the form this module gives (``.<name>.<host>.<pid>.<8 hex>.tmp``) are touched.
-    One written on this host is removed when its process no longer runs. Whether a process on
-    another host still runs cannot be seen from here: those are removed only with
-    ``other_hosts=True``, which a caller passes when it knows every writer of its own has ended
-    (a driver whose tasks on a cluster have all finished or been cancelled).
+    One written on this host is removed when its process no longer runs; whether a process on
+    another host still runs cannot be seen from here, so those are kept, unless the caller knows
+    that every writer of these ``targets`` has ended (``writers_ended=True``: a driver whose tasks,
+    here or on a cluster, have all finished or been cancelled and waited for).
 
     Args:
         folder: The folder to clean (a missing one is left alone).
         targets: Only temporaries of these file names (``"CAM_FRONT.mp4"``); all when None.
-        other_hosts: Also remove those written on other hosts.
+        writers_ended: Remove the temporaries of ``targets`` whichever process or host wrote them.
 
     Example::
 
@@ -135,12 +135,10 @@ def remove_abandoned(
         found = _TEMPORARY.match(entry.name)
         if found is None or (kept is not None and found["name"] not in kept):
             continue
-        if found["host"] == host:
+        if not writers_ended:
             pid = int(found["pid"])
-            if pid == os.getpid() or _alive(pid):
+            if found["host"] != host or pid == os.getpid() or _alive(pid):
                 continue
-        elif not other_hosts:
-            continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
             removed.append(Path(entry.path))
