@@ -12,7 +12,7 @@ Test-only fault injection: the environment variable :data:`FAULT_VARIABLE`, read
 when a run starts and carried by every task (so it reaches workers on other machines), makes the
 task writing one file fail half way through it, with that file's temporary name open. Its value
 is ``MODE:CLIP/CAMERA`` or ``MODE-once:CLIP/CAMERA:MARKER``: ``exit`` ends the task's process
-(``os._exit``), ``raise`` raises a ``RuntimeError``; the ``-once`` forms fail only while the file
+(``os._exit``), ``raise`` raises an :class:`~lightning_vstream.errors.InjectedFaultError`; the ``-once`` forms fail only while the file
 ``MARKER`` does not exist yet, and create it. It is for tests of retries and reruns; leave it
 unset otherwise.
 """
@@ -28,7 +28,17 @@ from pathlib import Path
 
 from lightning_vstream.encode.settings import CameraSource, Codec, EncodeSettings, EncodeSummary
 from lightning_vstream.encode.writer import encode_file, mismatch, plan_file
-from lightning_vstream.errors import ConfigurationError, EncodeError, VStreamError
+from lightning_vstream.errors import (
+    ConfigurationError,
+    DataFormatError,
+    DatasetImportError,
+    EncodeError,
+    FileWriteError,
+    IndexValidationError,
+    InjectedFaultError,
+    MissingFileError,
+    VideoDecodeError,
+)
 from lightning_vstream.executors import Executor, ExecutorError, check_executor, map_ordered
 
 __all__ = [
@@ -44,6 +54,16 @@ __all__ = [
 #: Tries of a failed file after the first (a crashed process, an I/O error); errors about the data
 #: itself (an unreadable frame, an encoder that drops frames) are not retried: they would repeat.
 RETRIES = 2
+_DATA_ERRORS = (
+    ConfigurationError,
+    DataFormatError,
+    DatasetImportError,
+    EncodeError,
+    FileWriteError,
+    IndexValidationError,
+    MissingFileError,
+    VideoDecodeError,
+)
 #: The test-only fault-injection variable (see the module docstring).
 FAULT_VARIABLE = "VSTREAM_TEST_ENCODE_FAULT"
 _FAULT_MODES = ("exit", "raise", "exit-once", "raise-once")
@@ -143,7 +163,9 @@ def _fault(spec: str, source: CameraSource, frames: int) -> Callable[[int], None
             write_atomic(marker, f"{clip_id}/{camera}\n")
         if mode.startswith("exit"):
             os._exit(1)
-        raise RuntimeError(f"test fault from {FAULT_VARIABLE} at frame {count} of clip {clip_id!r}, camera {camera!r}")
+        raise InjectedFaultError(
+            f"test fault from {FAULT_VARIABLE} at frame {count} of clip {clip_id!r}, camera {camera!r}"
+        )
 
     return inject
 
@@ -285,7 +307,7 @@ def encode_sources(
                 describe=EncodeJob.describe,
                 on_done=lambda: bar.update(1),
                 on_retry=retried,
-                no_retry=(VStreamError,),
+                no_retry=_DATA_ERRORS,
             )
         except ExecutorError as err:
             raise EncodeError(f"{err} The files finished are kept: run again to encode the rest.") from err
