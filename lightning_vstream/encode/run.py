@@ -295,7 +295,7 @@ def encode_sources(
             retries += 1
             if progress:
                 cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                bar.write(f"vstream encode: retrying {what}: {cause}", file=sys.stderr)
+                bar.write(f"encoding: retrying {what}: {cause}", file=sys.stderr)
 
         try:
             records = map_ordered(
