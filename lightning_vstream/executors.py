@@ -64,6 +64,7 @@ def map_ordered(
     on_retry: Callable[[str, BaseException], None] | None = None,
     no_retry: tuple[type[Exception], ...] = (),
     chunk_size: int | None = 1,
+    stall_timeout: float | None = 600.0,
 ) -> list[R]:
     """``[fn(item) for item in items]``, run in this process, a process pool or Ray tasks.
 
@@ -82,6 +83,8 @@ def map_ordered(
         chunk_size: Items sent per task (1: one task each). ``None`` picks about four tasks per
             worker, so cheap items (probing a file) do not pay a task's overhead each. A failed
             chunk is retried whole; its error names every item in it.
+        stall_timeout: On Ray, seconds without any task finishing after which the call gives up
+            (a hung cluster); None waits as long as tasks run (encoding a long video can take hours).
 
     Returns:
         The results, in the order of ``items``.
@@ -98,10 +101,19 @@ def map_ordered(
     """
     check_executor(executor, workers)
     if chunk_size != 1 and len(items) > 1:
-        return _map_chunked(fn, items, executor, workers, retries, describe, on_done, on_retry, no_retry, chunk_size)
+        return _map_chunked(
+            fn, items, executor, workers, retries, describe, on_done, on_retry, no_retry, chunk_size, stall_timeout
+        )
     if executor == "ray":
         return _map_ray(
-            fn, items, retries=retries, describe=describe, on_done=on_done, on_retry=on_retry, no_retry=no_retry
+            fn,
+            items,
+            retries=retries,
+            describe=describe,
+            on_done=on_done,
+            on_retry=on_retry,
+            no_retry=no_retry,
+            stall_timeout=stall_timeout,
         )
     if workers == 1 or len(items) <= 1:
         return [_call_retrying(fn, item, retries, describe, on_done, on_retry, no_retry) for item in items]
@@ -168,6 +180,7 @@ def _map_ray(
     on_done: Callable[[], None] | None,
     on_retry: Callable[[str, BaseException], None] | None,
     no_retry: tuple[type[Exception], ...],
+    stall_timeout: float | None,
 ) -> list[R]:
     try:
         import ray
@@ -189,9 +202,9 @@ def _map_ray(
     results: list[Any] = [None] * len(items)
     try:
         while index:
-            ready, _ = ray.wait(list(index), num_returns=1, timeout=600)
+            ready, _ = ray.wait(list(index), num_returns=1, timeout=stall_timeout)
             if not ready:
-                raise ExecutorError(f"no task finished in 600 s; {len(index)} pending.")
+                raise ExecutorError(f"no task finished in {stall_timeout} s; {len(index)} pending.")
             for ref in ready:
                 i = index.pop(ref)
                 try:
@@ -242,6 +255,7 @@ def _map_chunked(
     on_retry: Callable[[str, BaseException], None] | None,
     no_retry: tuple[type[Exception], ...],
     chunk_size: int | None,
+    stall_timeout: float | None,
 ) -> list[R]:
     if chunk_size is None:
         slots = workers
@@ -277,6 +291,7 @@ def _map_chunked(
         on_done=group_done,
         on_retry=on_retry,
         no_retry=no_retry,
+        stall_timeout=stall_timeout,
     )
     return [result for group in out for result in group]
 

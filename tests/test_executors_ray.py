@@ -78,6 +78,32 @@ def test_a_failing_task_is_retried_then_named() -> None:
         map_ordered(_fail_on_negative, [1, -3], executor="local", workers=2, retries=1, describe=lambda x: f"item {x}")
 
 
+@pytest.mark.parametrize(("executor", "workers"), [("ray", 1), ("local", 2), ("local", 1)])
+def test_retries_are_heard_of_and_errors_about_the_input_pass_at_once(executor: str, workers: int) -> None:
+    heard: list[str] = []
+
+    def retried(what: str, err: BaseException) -> None:
+        heard.append(f"{what}: {err}")
+
+    with pytest.raises(ExecutorError, match=r"item -3: failed 3 time\(s\)"):
+        map_ordered(
+            _fail_on_negative,
+            [1, -3],
+            executor=executor,
+            workers=workers,
+            describe=lambda x: f"item {x}",
+            on_retry=retried,
+        )
+    assert len(heard) == 2 and all(h.startswith("item -3: ") and "negative -3" in h for h in heard)
+    heard.clear()
+    # An error a retry would only repeat comes back as itself (unwrapped from Ray), on the first try.
+    with pytest.raises(ValueError, match=r"\Anegative -3\Z") as raised:
+        map_ordered(
+            _fail_on_negative, [1, -3], executor=executor, workers=workers, on_retry=retried, no_retry=(ValueError,)
+        )
+    assert type(raised.value) is ValueError and heard == []
+
+
 def test_a_worker_killed_mid_task_loses_only_that_task(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     # The first worker dies; Ray retries the task on a fresh one, which finds the marker.

@@ -308,6 +308,7 @@ def encode_sources(
                 on_done=lambda: bar.update(1),
                 on_retry=retried,
                 no_retry=_DATA_ERRORS,
+                stall_timeout=None,  # one long video may take longer than any fixed limit
             )
         except ExecutorError as err:
             raise EncodeError(f"{err} The files finished are kept: run again to encode the rest.") from err
