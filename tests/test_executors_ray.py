@@ -306,3 +306,27 @@ def test_vstream_encode_on_ray_prints_one_summary_line(
     assert "\n" not in line
     assert line.startswith(f"wrote {tmp_path / 'out' / 'index.json'}: 6 files (6 encoded, 0 already done), 44 frames, ")
     assert line.endswith(" 0 retries")
+
+
+def test_import_nuscenes_on_ray_writes_the_videos_index_and_annotations_of_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("PIL.Image")
+    from _nuscenes_fixture import write_nuscenes
+
+    from lightning_vstream.cli import main
+
+    dataset = write_nuscenes(tmp_path / "nuscenes")
+    outs = []
+    for name, flags in (("one", ["-j", "1"]), ("ray", ["--executor", "ray"])):
+        out = tmp_path / name
+        argv = ["import-nuscenes", str(dataset.root), str(out), "--codec", "h264", "--threads", "1", "-q", *flags]
+        argv += ["--cameras", *dataset.cameras]
+        assert main(argv) == 0
+        line = capsys.readouterr().out.strip()
+        assert "\n" not in line and " encoded, 0 already done), " in line and " 0 retries; keyframe stride " in line
+        files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+        files["index.tables.bin"] = _without_mtimes(files["index.tables.bin"])
+        outs.append(files)
+    assert any(name.startswith("annotations/") for name in outs[0])
+    assert outs[1] == outs[0]
