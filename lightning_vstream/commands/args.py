@@ -137,7 +137,7 @@ def encode_options(parser: argparse.ArgumentParser) -> None:
         type=non_negative,
         default=None,
         help="encoder threads per file (default: the cores over --jobs, 1 per Ray task; 0: the encoder's choice); "
-        "the same count writes the same bytes on any executor",
+        "x264/x265 write other bytes with other counts",
     )
 
 

@@ -239,7 +239,8 @@ def encode_sources(
             must be at the same paths on every worker).
         threads: Encoder threads per file; None: this machine's cores over ``jobs`` (the encoder's
             own choice for one process), 1 on Ray (a task holds one CPU). x264 and x265 can write
-            other bytes with other thread counts; frames and times are the same whatever it is.
+            other bytes with other thread counts (and, on a busy machine, now and then with the same
+            one); frames and times are the same whatever it is.
         progress: Show a progress bar over files (and retries on stderr).
         video_dir: Folder under ``out_dir`` that holds the clip folders.
         index_name: Index file written under ``out_dir`` (with its frame-table sidecar).
