@@ -127,7 +127,7 @@ def encode_options(parser: argparse.ArgumentParser) -> None:
         choices=("local", "ray"),
         default="local",
         help="where files are encoded: local processes (--jobs) or Ray tasks (the cluster at RAY_ADDRESS, or a "
-        "local one); the videos and the index are the same",
+        "local one); the frames, their times and the index are the same",
     )
     parser.add_argument(
         "-j", "--jobs", type=positive, default=1, help="files encoded at once by local processes (default: 1)"
