@@ -36,6 +36,7 @@ __all__ = [
     "GpuError",
     "GpuMemoryError",
     "IndexValidationError",
+    "InjectedFaultError",
     "MissingDependencyError",
     "MissingFileError",
     "RemoteAccessError",
@@ -160,6 +161,10 @@ class ConfigurationTypeError(ConfigurationError, TypeError):
 
 class EncodeError(VStreamError, RuntimeError):
     """Encoding a camera stream failed, or the written file does not keep the source's frames and times."""
+
+
+class InjectedFaultError(VStreamError, RuntimeError):
+    """A failure made on purpose by a test (``VSTREAM_TEST_ENCODE_FAULT``); retried as a crashed task is."""
 
 
 class DatasetImportError(VStreamError, ValueError):

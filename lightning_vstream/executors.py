@@ -2,8 +2,10 @@
 
 :func:`map_ordered` applies a picklable function to every item and gives the results back in the
 order of the items, whatever ran them; results are small records, the work itself (probing,
-encoding) reads and writes files in the task. A task that raises is retried ``retries`` times and
-then named by the caller's ``describe(item)`` in an :class:`ExecutorError`.
+encoding) reads and writes files in the task. A task that raises, or whose process dies, is
+retried ``retries`` times (``on_retry`` hears of each retry) and then named by the caller's
+``describe(item)`` in an :class:`ExecutorError`. When the call ends, by an error or an interrupt
+too, no task of it is left running: pending tasks are cancelled and waited for.
 
 Example::
 
@@ -20,9 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Literal, TypeVar
 
-from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.errors import ConfigurationError, VStreamError
 
-__all__ = ["EXECUTORS", "Executor", "ExecutorError", "map_ordered", "start_local_ray"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorError", "check_executor", "map_ordered", "start_local_ray"]
 
 Executor = Literal["local", "ray"]
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -30,11 +32,20 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(VStreamError, RuntimeError):
     """A task failed on every try; the message names its item and the cause."""
 
 
-def _check(executor: str, workers: int) -> None:
+def check_executor(executor: str, workers: int) -> None:
+    """Refuse an unknown executor or a number of workers that is not a positive integer.
+
+    Raises:
+        ConfigurationError: Names the argument, the value and what is accepted.
+
+    Example::
+
+        >>> check_executor("ray", 1)
+    """
     if executor not in EXECUTORS:
         raise ConfigurationError(f"executor={executor!r} is not supported; use one of {list(EXECUTORS)}.")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -50,7 +61,10 @@ def map_ordered(
     retries: int = 2,
     describe: Callable[[T], str] = repr,
     on_done: Callable[[], None] | None = None,
+    on_retry: Callable[[str, BaseException], None] | None = None,
+    no_retry: tuple[type[Exception], ...] = (),
     chunk_size: int | None = 1,
+    stall_timeout: float | None = 600.0,
 ) -> list[R]:
     """``[fn(item) for item in items]``, run in this process, a process pool or Ray tasks.
 
@@ -63,15 +77,21 @@ def map_ordered(
         retries: Extra tries of a failed task before it is named.
         describe: Names an item in the error (file, clip, camera).
         on_done: Called once per finished item (a progress bar).
+        on_retry: Called with ``describe(item)`` and the error each time a failed task is tried again.
+        no_retry: Errors a retry would only repeat (a malformed input): raised as they are, at once,
+            with their own message, which must name the item.
         chunk_size: Items sent per task (1: one task each). ``None`` picks about four tasks per
             worker, so cheap items (probing a file) do not pay a task's overhead each. A failed
             chunk is retried whole; its error names every item in it.
+        stall_timeout: On Ray, seconds without any task finishing after which the call gives up
+            (a hung cluster); None waits as long as tasks run (encoding a long video can take hours).
 
     Returns:
         The results, in the order of ``items``.
 
     Raises:
         ExecutorError: A task failed ``retries + 1`` times (named, with its cause).
+        Exception: A task raised one of ``no_retry`` (the task's own error, from any executor).
         KeyboardInterrupt: Interrupted; the pending tasks are cancelled first.
 
     Example::
@@ -79,13 +99,24 @@ def map_ordered(
         >>> map_ordered(abs, [-3], executor="local")
         [3]
     """
-    _check(executor, workers)
+    check_executor(executor, workers)
     if chunk_size != 1 and len(items) > 1:
-        return _map_chunked(fn, items, executor, workers, retries, describe, on_done, chunk_size)
+        return _map_chunked(
+            fn, items, executor, workers, retries, describe, on_done, on_retry, no_retry, chunk_size, stall_timeout
+        )
     if executor == "ray":
-        return _map_ray(fn, items, retries=retries, describe=describe, on_done=on_done)
+        return _map_ray(
+            fn,
+            items,
+            retries=retries,
+            describe=describe,
+            on_done=on_done,
+            on_retry=on_retry,
+            no_retry=no_retry,
+            stall_timeout=stall_timeout,
+        )
     if workers == 1 or len(items) <= 1:
-        return [_call_retrying(fn, item, retries, describe, on_done) for item in items]
+        return [_call_retrying(fn, item, retries, describe, on_done, on_retry, no_retry) for item in items]
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context) as pool:
         futures = [pool.submit(fn, item) for item in items]
@@ -94,10 +125,15 @@ def map_ordered(
             for item, future in zip(items, futures):
                 try:
                     results.append(future.result())
+                except no_retry:
+                    raise
                 except Exception as err:
                     if retries < 1:
                         raise ExecutorError(f"{describe(item)}: failed 1 time(s): {err}") from err
-                    results.append(_call_retrying(fn, item, retries, describe, None, tried=1))  # retried here
+                    if on_retry is not None:
+                        on_retry(describe(item), err)
+                    # Retried here: a pool whose process died is broken for the tasks after it too.
+                    results.append(_call_retrying(fn, item, retries, describe, None, on_retry, no_retry, tried=1))
                 if on_done is not None:
                     on_done()
         except BaseException:
@@ -108,16 +144,28 @@ def map_ordered(
 
 
 def _call_retrying(
-    fn: Callable[[T], R], item: T, retries: int, describe: Callable[[T], str], on_done: Any, *, tried: int = 0
+    fn: Callable[[T], R],
+    item: T,
+    retries: int,
+    describe: Callable[[T], str],
+    on_done: Any,
+    on_retry: Callable[[str, BaseException], None] | None,
+    no_retry: tuple[type[Exception], ...],
+    *,
+    tried: int = 0,
 ) -> R:
     """``fn(item)`` tried up to ``retries + 1`` times in all (``tried`` of them already failed elsewhere)."""
     for attempt in range(tried, max(0, retries) + 1):
         try:
             result = fn(item)
             break
+        except no_retry:
+            raise
         except Exception as err:
             if attempt >= retries:
                 raise ExecutorError(f"{describe(item)}: failed {attempt + 1} time(s): {err}") from err
+            if on_retry is not None:
+                on_retry(describe(item), err)
     if on_done is not None:
         on_done()
     return result
@@ -130,35 +178,64 @@ def _map_ray(
     retries: int,
     describe: Callable[[T], str],
     on_done: Callable[[], None] | None,
+    on_retry: Callable[[str, BaseException], None] | None,
+    no_retry: tuple[type[Exception], ...],
+    stall_timeout: float | None,
 ) -> list[R]:
     try:
         import ray
     except ImportError as err:  # pragma: no cover - depends on the installation
         raise ConfigurationError("executor='ray' needs Ray: pip install 'lightning-vstream[ray]'.") from err
     _ray_init()
-    remote = ray.remote(max_retries=retries, retry_exceptions=True)(fn)
-    refs = [remote.remote(item) for item in items]
-    index = {ref: i for i, ref in enumerate(refs)}
+    # Retried here rather than by Ray, so each retry is counted and heard of (a dead worker too:
+    # its task's result is a WorkerCrashedError).
+    remote = ray.remote(max_retries=0, retry_exceptions=False)(fn)
+    index: dict[Any, int] = {}
+    tries = [0] * len(items)
+
+    def submit(i: int) -> None:
+        tries[i] += 1
+        index[remote.remote(items[i])] = i
+
+    for i in range(len(items)):
+        submit(i)
     results: list[Any] = [None] * len(items)
-    pending = list(refs)
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=600)
+        while index:
+            ready, _ = ray.wait(list(index), num_returns=1, timeout=stall_timeout)
             if not ready:
-                raise ExecutorError(f"no task finished in 600 s; {len(pending)} pending.")
+                raise ExecutorError(f"no task finished in {stall_timeout} s; {len(index)} pending.")
             for ref in ready:
-                i = index[ref]
+                i = index.pop(ref)
                 try:
                     results[i] = ray.get(ref)
                 except Exception as err:
-                    raise ExecutorError(f"{describe(items[i])}: failed {retries + 1} time(s): {err}") from err
+                    # A task's own error comes wrapped (a RayTaskError that is also an instance of it).
+                    cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
+                    if isinstance(cause, no_retry):
+                        raise cause from None
+                    if tries[i] > retries:
+                        raise ExecutorError(f"{describe(items[i])}: failed {tries[i]} time(s): {err}") from err
+                    if on_retry is not None:
+                        on_retry(describe(items[i]), err)
+                    submit(i)
+                    continue
                 if on_done is not None:
                     on_done()
     except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        _cancel_ray(list(index))
         raise
     return results
+
+
+def _cancel_ray(refs: list[Any]) -> None:
+    """Cancel ``refs`` and wait (a bounded while) until they have ended, so none still writes a file."""
+    import ray
+
+    for ref in refs:
+        ray.cancel(ref, force=True)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=60)
 
 
 def _apply_all(task: tuple[Callable[[T], R], Sequence[T]]) -> list[R]:
@@ -175,7 +252,10 @@ def _map_chunked(
     retries: int,
     describe: Callable[[T], str],
     on_done: Callable[[], None] | None,
+    on_retry: Callable[[str, BaseException], None] | None,
+    no_retry: tuple[type[Exception], ...],
     chunk_size: int | None,
+    stall_timeout: float | None,
 ) -> list[R]:
     if chunk_size is None:
         slots = workers
@@ -209,6 +289,9 @@ def _map_chunked(
         retries=retries,
         describe=describe_group,
         on_done=group_done,
+        on_retry=on_retry,
+        no_retry=no_retry,
+        stall_timeout=stall_timeout,
     )
     return [result for group in out for result in group]
 

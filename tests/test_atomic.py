@@ -27,7 +27,7 @@ from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.errors import ConfigurationError, FileWriteError
 from lightning_vstream.index import tables_path
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.storage.atomic import atomic_path, is_temporary, open_atomic, write_atomic
+from lightning_vstream.storage.atomic import atomic_path, is_temporary, open_atomic, remove_abandoned, write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "lightning_vstream"
@@ -165,6 +165,30 @@ def test_temporary_names_are_hidden_and_never_a_camera_file(tmp_path: Path) -> N
         partial.write_bytes(b"x")
         assert partial.parent == tmp_path and partial.name.startswith(".") and is_temporary(partial.name)
         assert partial.suffix not in VIDEO_EXTENSIONS | IMAGE_EXTENSIONS
+
+
+def test_remove_abandoned_removes_only_our_temporaries_whose_writer_is_gone(tmp_path: Path) -> None:
+    from lightning_vstream.storage.atomic import _host
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a process that has ended
+    names = {
+        "dead": f".CAM_FRONT.mp4.{_host()}.{dead}.0a1b2c3d.tmp",
+        "alive": f".CAM_FRONT.mp4.{_host()}.{os.getppid()}.0a1b2c3d.tmp",
+        "elsewhere": f".CAM_FRONT.mp4.other-node.{dead}.0a1b2c3d.tmp",
+        "other target": f".CAM_BACK.mp4.{_host()}.{dead}.0a1b2c3d.tmp",
+        "not ours": f".CAM_FRONT.mp4.{_host()}.{dead}.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "CAM_FRONT.mp4").write_bytes(b"done")
+    assert remove_abandoned(tmp_path, targets=["CAM_FRONT.mp4"]) == [tmp_path / names["dead"]]
+    # Once every writer is known to have ended, those of other hosts and live processes go too.
+    removed = remove_abandoned(tmp_path, targets=["CAM_FRONT.mp4"], writers_ended=True)
+    assert sorted(removed) == sorted(tmp_path / names[k] for k in ("alive", "elsewhere"))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([names["other target"], names["not ours"], "CAM_FRONT.mp4"])
+    assert remove_abandoned(tmp_path / "missing") == []
 
 
 # -- replayed as an operator would -------------------------------------------------------------------

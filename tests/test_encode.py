@@ -144,9 +144,9 @@ def test_encode_sources_from_image_lists_and_cli(
     assert info is not None and info.pts == (7, 1_000_007, 2_000_007, 5_000_007, 6_000_007)
     assert info.time_base == (1, 1_000_000)
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
-    assert "4 files encoded (48 frames" in capsys.readouterr().out
+    assert "4 files (4 encoded, 0 already done), 48 frames, " in capsys.readouterr().out
     assert main(["encode", str(image_index), str(tmp_path / "cli"), "--codec", "h264", "--crf", "18", "-q"]) == 0
-    assert "0 files encoded" in capsys.readouterr().out
+    assert "4 files (0 encoded, 4 already done), 0 frames, " in capsys.readouterr().out
     assert (
         main(["encode", str(image_index), str(tmp_path / "cli2"), "--bitrate", "fast", "-q"]) == 2
     )  # a malformed option value: the command line is wrong
@@ -310,3 +310,69 @@ def test_a_file_not_in_the_stride_layout_is_named(image_index: Path, tmp_path: P
     task: FileTask = plan_file(CameraSource("scene-0000", "CAM_BACK", Path(src.path)), path)
     assert mismatch(task, path, "h264") is None
     assert mismatch(task, path, "h264", 4) == "frame 1 is a reference picture (keyframe stride 4)"
+
+
+def _debris(root: Path) -> list[Path]:
+    from lightning_vstream.storage.atomic import is_temporary
+
+    return [p for p in root.rglob("*") if is_temporary(p.name)]
+
+
+def test_a_failing_file_is_retried_then_named_and_a_rerun_encodes_the_rest(
+    image_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.encode.run import FAULT_VARIABLE
+
+    out = tmp_path / "out"
+    marker = tmp_path / "marker"
+    monkeypatch.setenv(FAULT_VARIABLE, f"raise-once:scene-0001/CAM_FRONT:{marker}")
+    summary = encode_index(image_index, out, codec="h264", crf=18, progress=False)
+    assert (summary.files_encoded, summary.retries) == (4, 1) and marker.is_file()
+    check_round_trip(image_index, summary.index)
+    assert _debris(out) == []
+    # Failing on every try: named (file, clip, camera, cause) after 3 tries; the other files are kept.
+    monkeypatch.setenv(FAULT_VARIABLE, "raise:scene-0001/CAM_FRONT")
+    failed = tmp_path / "failed"
+    with pytest.raises(
+        EncodeError,
+        match=r"'[^']*scene-0001/CAM_FRONT\.mp4' \(clip 'scene-0001', camera 'CAM_FRONT'\): failed 3 time\(s\): "
+        r"test fault from VSTREAM_TEST_ENCODE_FAULT at frame 6 .* run again to encode the rest",
+    ):
+        encode_index(image_index, failed, codec="h264", crf=18, jobs=2, progress=False)
+    assert _debris(failed) == [] and not (failed / "index.json").exists()
+    monkeypatch.delenv(FAULT_VARIABLE)
+    again = encode_index(image_index, failed, codec="h264", crf=18, jobs=2, progress=False)
+    assert (again.files_encoded, again.files_skipped, again.retries) == (1, 3, 0)
+    check_round_trip(image_index, again.index)
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_file_is_retried_and_leaves_no_temporary_file(
+    image_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_vstream.encode.run import FAULT_VARIABLE
+
+    monkeypatch.setenv(FAULT_VARIABLE, f"exit-once:scene-0000/CAM_BACK:{tmp_path / 'marker'}")
+    summary = encode_index(image_index, tmp_path / "out", codec="h264", crf=18, jobs=2, progress=False)
+    # The pool whose process died fails the tasks it held; each is tried again.
+    assert summary.files_encoded == 4 and summary.retries >= 1
+    assert _debris(tmp_path / "out") == []
+    check_round_trip(image_index, summary.index)
+
+
+def test_executor_options_are_checked_before_any_work(
+    image_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_vstream.encode.run import FAULT_VARIABLE
+
+    with pytest.raises(ConfigurationError, match=r"executor='dask' is not supported; use one of \['local', 'ray'\]"):
+        encode_index(image_index, tmp_path / "out", executor="dask", progress=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="threads=-1 must be a number of encoder threads"):
+        encode_index(image_index, tmp_path / "out", threads=-1, progress=False)
+    monkeypatch.setenv(FAULT_VARIABLE, "crash:scene-0000")
+    with pytest.raises(ConfigurationError, match="VSTREAM_TEST_ENCODE_FAULT='crash:scene-0000' is not a fault spec"):
+        encode_index(image_index, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as usage:
+        main(["encode", str(image_index), str(tmp_path / "out"), "--executor", "dask"])
+    assert usage.value.code == 2 and "invalid choice: 'dask'" in capsys.readouterr().err

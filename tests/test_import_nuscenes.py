@@ -225,7 +225,7 @@ def test_key_frames_only_without_sweeps_and_cli(
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "1 scenes, 3 frames per camera (3 key frames); 3 videos encoded" in printed
+    assert "1 scenes, 3 frames per camera (3 key frames); 3 files (3 encoded, 0 already done), 9 frames, " in printed
     assert printed.rstrip().endswith("keyframe stride 1 (the usual layout)")  # every frame is a key frame
     ann = np.load(tmp_path / "out" / "annotations" / "scene-0001.npz")
     assert ann["frame.is_key_frame"].all() and ann["frame.boxes.lengths"].tolist() == [2, 3, 2]

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_vstream.errors import ConfigurationError
 
-__all__ = ["counts", "crf", "encode_options", "existing", "non_negative", "positive", "rate", "size"]
+if TYPE_CHECKING:
+    from lightning_vstream.encode.settings import EncodeSummary
+
+__all__ = [
+    "counts",
+    "crf",
+    "encode_options",
+    "encode_summary",
+    "existing",
+    "non_negative",
+    "positive",
+    "rate",
+    "size",
+]
 
 
 def size(text: str) -> tuple[int, int]:
@@ -108,4 +122,30 @@ def encode_options(parser: argparse.ArgumentParser) -> None:
             "(import-nuscenes: the key-frame spacing, 6), else 1"
         ),
     )
-    parser.add_argument("--jobs", type=positive, default=1, help="files encoded in parallel (processes)")
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where files are encoded: local processes (--jobs) or Ray tasks (the cluster at RAY_ADDRESS, or a "
+        "local one); the frames, their times and the index are the same",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=positive, default=1, help="files encoded at once by local processes (default: 1)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=non_negative,
+        default=None,
+        help="encoder threads per file (default: the cores over --jobs, 1 per Ray task; 0: the encoder's choice); "
+        "x264/x265 write other bytes with other counts",
+    )
+
+
+def encode_summary(summary: EncodeSummary) -> str:
+    """The closing line of an encoding run: files, frames, bytes, seconds and retries."""
+    return (
+        f"{summary.files_encoded + summary.files_skipped} files ({summary.files_encoded} encoded, "
+        f"{summary.files_skipped} already done), {summary.frames_encoded} frames, {summary.output_bytes} bytes "
+        f"({summary.size_ratio:.3f} x source size), {summary.seconds:.1f} s "
+        f"({summary.frames_per_second:.1f} frames/s), {summary.retries} retries"
+    )

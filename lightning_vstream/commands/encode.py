@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_vstream.commands.args import encode_options, existing
+from lightning_vstream.commands.args import encode_options, encode_summary, existing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,11 +41,9 @@ def run(args: argparse.Namespace) -> int:
         keyframe_stride=args.keyframe_stride,
         cameras=args.cameras,
         jobs=args.jobs,
+        executor=args.executor,
+        threads=args.threads,
         progress=not args.quiet,
     )
-    print(
-        f"wrote {summary.index}: {summary.files_encoded} files encoded ({summary.frames_encoded} frames, "
-        f"{summary.frames_per_second:.1f} frames/s, {summary.size_ratio:.3f} x source size), "
-        f"{summary.files_skipped} already done"
-    )
+    print(f"wrote {summary.index}: {encode_summary(summary)}")
     return 0

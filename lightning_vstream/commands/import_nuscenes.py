@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_vstream.commands.args import encode_options, existing
+from lightning_vstream.commands.args import encode_options, encode_summary, existing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +52,13 @@ def run(args: argparse.Namespace) -> int:
         key_frames_only=args.key_frames_only,
         settings=settings,
         jobs=args.jobs,
+        executor=args.executor,
+        threads=args.threads,
         progress=not args.quiet,
     )
-    enc = result.encode
     print(
         f"wrote {result.index} and {result.annotations}/: {len(result.scenes)} scenes, {result.frames} frames per "
-        f"camera ({result.key_frames} key frames); {enc.files_encoded} videos encoded "
-        f"({enc.frames_per_second:.1f} frames/s, {enc.size_ratio:.3f} x JPEG size), {enc.files_skipped} already done; "
+        f"camera ({result.key_frames} key frames); {encode_summary(result.encode)}; "
         + (
             f"keyframe stride {result.keyframe_stride} (every {result.keyframe_stride}th frame a reference picture; "
             f"{result.key_frames_on_stride} of {result.key_frames} key frames on the stride)"

@@ -4,7 +4,8 @@ Any index can be encoded (image-folder cameras, other videos, or a mix) with :fu
 (``vstream encode``); :func:`encode_sources` encodes explicit :class:`CameraSource` streams (an
 importer's lists of image files with their times). Every frame keeps its source presentation time
 exactly: irregular intervals and dropped frames stay gaps in the timestamps, never renumbered to a
-constant rate.
+constant rate. Each camera file is one task, run in this process, local processes (``jobs=N``) or
+Ray tasks (``executor="ray"``), with the same index at the end (see ``docs/prepare_at_scale.md``).
 
 - :mod:`~lightning_vstream.encode.settings`: what to encode and how (:class:`EncodeSettings`,
   :class:`CameraSource`) and the summary of a run.

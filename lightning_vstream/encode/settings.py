@@ -214,6 +214,7 @@ class EncodeSummary:
         seconds: Wall time of the run.
         source_bytes: Size of the sources of the encoded files.
         output_bytes: Size of the encoded files.
+        retries: Tasks tried again after a failure (a crashed process, an I/O error).
 
     Example::
 
@@ -229,6 +230,7 @@ class EncodeSummary:
     seconds: float
     source_bytes: int
     output_bytes: int
+    retries: int = 0
 
     @property
     def frames_per_second(self) -> float:

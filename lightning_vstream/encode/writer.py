@@ -9,7 +9,7 @@ the source times, and only then renamed into place.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd
@@ -187,8 +187,14 @@ def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
     return options
 
 
-def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> tuple[int, int, int]:
+def encode_file(
+    task: FileTask, settings: EncodeSettings, threads: int = 0, on_frame: Callable[[int], None] | None = None
+) -> tuple[int, int, int]:
     """Encode one camera stream to ``task.path``; returns (frames, source bytes, output bytes).
+
+    ``threads`` is the encoder's thread count (0: its own choice from the machine's cores; the
+    bytes it writes can depend on it). ``on_frame`` is called with the count of frames written so
+    far after each frame, while the temporary file is open.
 
     The file is written under a temporary name next to ``task.path`` (never a video extension, so
     an index scan meanwhile skips it), checked, and renamed into place only when it keeps every
@@ -207,13 +213,20 @@ def encode_file(task: FileTask, settings: EncodeSettings, threads: int = 0) -> t
     rate = Fraction((len(ticks) - 1) / span).limit_denominator(1001) if len(ticks) > 1 and span > 0 else Fraction(10)
     try:
         with atomic_path(task.path) as partial:
-            count = _encode_into(partial, task, settings, threads, rate)
+            count = _encode_into(partial, task, settings, threads, rate, on_frame)
     except av.FFmpegError as err:
         raise EncodeError(f"{task.where}: encoding {str(task.path)!r} failed: {err}") from err
     return count, source_bytes(task.source), task.path.stat().st_size
 
 
-def _encode_into(partial: Path, task: FileTask, settings: EncodeSettings, threads: int, rate: Fraction) -> int:
+def _encode_into(
+    partial: Path,
+    task: FileTask,
+    settings: EncodeSettings,
+    threads: int,
+    rate: Fraction,
+    on_frame: Callable[[int], None] | None = None,
+) -> int:
     """Encode ``task``'s frames into the file ``partial`` and check it keeps them; returns the frame count.
 
     Raises:
@@ -253,6 +266,8 @@ def _encode_into(partial: Path, task: FileTask, settings: EncodeSettings, thread
                 frame.pict_type = PictureType.P if (count - 1) % settings.stride == 0 else PictureType.B
             for packet in stream.encode(frame):
                 out.mux(packet)
+            if on_frame is not None:
+                on_frame(count)
         if stream is None:
             raise EncodeError(f"{task.where}: the source holds no frames.")
         for packet in stream.encode():

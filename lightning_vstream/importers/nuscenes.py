@@ -33,6 +33,7 @@ import numpy as np
 
 from lightning_vstream.encode.settings import MAX_KEYFRAME_STRIDE, CameraSource, EncodeSettings, EncodeSummary
 from lightning_vstream.errors import ConfigurationError, DatasetImportError
+from lightning_vstream.executors import Executor
 from lightning_vstream.importers.nuscenes_tables import (
     NuScenesTables,
     box_velocity,
@@ -384,6 +385,8 @@ def import_nuscenes(
     key_frames_only: bool = False,
     settings: EncodeSettings | None = None,
     jobs: int = 1,
+    executor: Executor = "local",
+    threads: int | None = None,
     progress: bool = True,
 ) -> NuScenesImport:
     """Import a dataset in the nuScenes layout: encoded videos, their index, and annotation files.
@@ -398,7 +401,11 @@ def import_nuscenes(
         settings: Codec and rate control of the videos (defaults: :class:`~lightning_vstream.encode.EncodeSettings`).
             Its ``keyframe_stride`` None (the default) takes the stride layout from the data: the spacing of
             the key frames (:func:`key_frame_stride`, 6 on nuScenes; 1 with ``key_frames_only``).
-        jobs: Videos encoded in parallel (processes).
+        jobs: Videos encoded in parallel by local processes (1: in this process).
+        executor: ``"local"`` (``jobs`` processes) or ``"ray"`` (Ray tasks on the cluster at ``RAY_ADDRESS``
+            or a local runtime; ``dataroot`` and ``out_dir`` at the same paths on every worker). The videos
+            and the index are the same either way (see :func:`~lightning_vstream.encode.encode_sources`).
+        threads: Encoder threads per video (None: see :func:`~lightning_vstream.encode.encode_sources`).
         progress: Show a progress bar while encoding.
 
     Returns:
@@ -416,8 +423,9 @@ def import_nuscenes(
         >>> result.index, result.frames, result.key_frames  # doctest: +SKIP
         (PosixPath('/data/nuscenes_video/index.json'), 3962, 404)
     """
-    from lightning_vstream.encode.run import encode_sources
+    from lightning_vstream.encode.run import check_run_options, encode_sources
 
+    check_run_options(jobs=jobs, executor=executor, threads=threads)
     root = Path(dataroot)
     out_dir = Path(out_dir)
     if isinstance(cameras, str):
@@ -468,7 +476,9 @@ def import_nuscenes(
             file=sys.stderr,
         )
     settings = _stride_settings(settings, [cycles for _, cycles, _ in plans])
-    summary = encode_sources(sources, out_dir, settings=settings, jobs=jobs, progress=progress)
+    summary = encode_sources(
+        sources, out_dir, settings=settings, jobs=jobs, executor=executor, threads=threads, progress=progress
+    )
     folder = out_dir / "annotations"
     for scene, _, arrays in plans:
         _write_npz(folder, scene["name"], arrays)

@@ -40,13 +40,13 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from lightning_vstream.errors import FileWriteError
 
-__all__ = ["atomic_path", "is_temporary", "open_atomic", "write_atomic"]
+__all__ = ["atomic_path", "is_temporary", "open_atomic", "remove_abandoned", "write_atomic"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -100,20 +100,49 @@ def _remove_abandoned(folder: Path) -> None:
     Once per folder and process (remembered for the last few thousand folders): a process writing
     ten thousand files into one folder lists it once, not ten thousand times.
     """
+    remove_abandoned(folder)
+
+
+def remove_abandoned(
+    folder: Path | str, *, targets: Collection[str] | None = None, writers_ended: bool = False
+) -> list[Path]:
+    """Remove the temporary files of this module in ``folder`` that no process writes any more; returns them.
+
+    Only names of the form this module gives (``.<name>.<host>.<pid>.<8 hex>.tmp``) are touched.
+    One written on this host is removed when its process no longer runs; whether a process on
+    another host still runs cannot be seen from here, so those are kept, unless the caller knows
+    that every writer of these ``targets`` has ended (``writers_ended=True``: a driver whose tasks,
+    here or on a cluster, have all finished or been cancelled and waited for).
+
+    Args:
+        folder: The folder to clean (a missing one is left alone).
+        targets: Only temporaries of these file names (``"CAM_FRONT.mp4"``); all when None.
+        writers_ended: Remove the temporaries of ``targets`` whichever process or host wrote them.
+
+    Example::
+
+        >>> remove_abandoned("videos/scene-0001", targets=["CAM_FRONT.mp4"])  # doctest: +SKIP
+        [PosixPath('videos/scene-0001/.CAM_FRONT.mp4.node-2.4242.0a1b2c3d.tmp')]
+    """
     host = _host()
+    kept = None if targets is None else {name[:_NAME_KEPT] for name in targets}
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return
+        return []
+    removed: list[Path] = []
     for entry in entries:
         found = _TEMPORARY.match(entry.name)
-        if found is None or found["host"] != host:
+        if found is None or (kept is not None and found["name"] not in kept):
             continue
-        pid = int(found["pid"])
-        if pid == os.getpid() or _alive(pid):
-            continue
+        if not writers_ended:
+            pid = int(found["pid"])
+            if found["host"] != host or pid == os.getpid() or _alive(pid):
+                continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _sync_folder(folder: Path) -> None:
