@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lightning_vstream.decode.decoder_table import DecoderTable
+from lightning_vstream.decode.decoder_table import DecoderCounts, DecoderTable
 from lightning_vstream.decode.gops import GopTask, assign_tasks
 from lightning_vstream.errors import ConfigurationError, WorkerError
 
@@ -240,7 +240,7 @@ class DecodeThreads:
         self._finalizer: weakref.finalize | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._retired = (0, 0, 0, 0)  # counts of the decoder tables of threads stopped so far
+        self._retired = DecoderCounts()  # counts of the decoder tables of threads stopped so far
         #: Jobs that ran to the end in :meth:`run`.
         self.jobs_run = 0
 
@@ -348,10 +348,9 @@ class DecodeThreads:
                 run.done.notify_all()
 
     # -- counters and shutdown -------------------------------------------------------------
-    def counts(self) -> tuple[int, int, int, int]:
+    def counts(self) -> DecoderCounts:
         """Frames decoded, seeks, decoders opened and packets left out by every thread so far (stopped ones included)."""
-        totals = [self._retired, *(slot.decoders.counts() for slot in self.slots)]
-        return tuple(sum(values) for values in zip(*totals))
+        return DecoderCounts.total([self._retired, *(slot.decoders.counts() for slot in self.slots)])
 
     def close(self, timeout: float | None = None) -> list[threading.Thread]:
         """Stop the threads after their current job (the owner's bodies first) and close their decoders.
@@ -368,8 +367,7 @@ class DecodeThreads:
                 self._finalizer.detach()
                 self._finalizer = None
         alive = _stop(workers, timeout)
-        counted = [self._retired, *(worker.slot.decoders.counts() for worker in workers)]
-        self._retired = tuple(sum(values) for values in zip(*counted))
+        self._retired = DecoderCounts.total([self._retired, *(worker.slot.decoders.counts() for worker in workers)])
         return alive
 
     def __getstate__(self) -> dict[str, Any]:
@@ -533,12 +531,12 @@ class GopExecutor:
     @property
     def opened(self) -> int:
         """Decoders opened so far."""
-        return self.pool.counts()[2]
+        return self.pool.counts().files_opened
 
     @property
     def frames_decoded(self) -> int:
         """Frames decoded by every decoder so far."""
-        return self.pool.counts()[0]
+        return self.pool.counts().frames_decoded
 
     @property
     def tasks_run(self) -> int:

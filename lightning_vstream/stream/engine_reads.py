@@ -15,7 +15,8 @@ a :class:`~lightning_vstream.errors.FrameSizeError`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import torch
 
@@ -28,7 +29,22 @@ from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
 from lightning_vstream.stream.failures import failed_read, frame_size_error
 from lightning_vstream.stream.frame_steps import FrameSteps
 
-__all__ = ["ThreadDecoders"]
+__all__ = ["ThreadCounts", "ThreadDecoders"]
+
+
+class ThreadCounts(NamedTuple):
+    """An engine thread's decoding counters (named as :class:`~lightning_vstream.DecodeStats` names them)."""
+
+    frames_decoded: int = 0
+    seeks: int = 0
+    files_opened: int = 0
+    packets_skipped: int = 0
+    read_errors: int = 0
+
+    @classmethod
+    def total(cls, counts: Iterable[ThreadCounts]) -> ThreadCounts:
+        """The field-by-field sum (``+`` on tuples would join them)."""
+        return cls(*(sum(values) for values in zip(*counts)))
 
 
 class ThreadDecoders:
@@ -65,9 +81,9 @@ class ThreadDecoders:
         self._direct: dict[int, tuple[int, FrameDecoder, list[float]]] = {}
         self.read_errors = 0
 
-    def counts(self) -> tuple[int, int, int, int, int]:
+    def counts(self) -> ThreadCounts:
         """Frames decoded, seeks, files opened, packets left out and read errors of this thread so far."""
-        return (*self.table.counts(), self.read_errors)
+        return ThreadCounts(*self.table.counts(), self.read_errors)
 
     def write(
         self,
