@@ -29,7 +29,7 @@ class DecoderBase(abc.ABC):
     are left out). Subclasses set ``path``, ``label``, ``_target`` and ``_frames_decoded``, and
     have an ``info``."""
 
-    path: Path
+    path: Path | str  # a URL (a remote file read through its container) stays a string
     label: str
     _target: int
     _frames_decoded: int
@@ -93,7 +93,10 @@ class FrameDecoder(Protocol):
     process and used in a worker. Frame indices are presentation-order positions.
     """
 
-    path: Path
+    @property
+    def path(self) -> Path | str:
+        """The file (a URL stays a string)."""
+        ...
 
     @property
     def info(self) -> VideoInfo:

@@ -110,7 +110,7 @@ class PyAVDecoder(RGBOutputDecoder):
             raise ConfigurationError(f"layout={layout!r} is not supported; use 'chw' or 'hwc'.")
         if threads < 0:
             raise ConfigurationError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.path = Path(path) if source is None else path  # type: ignore[assignment]  # a URL stays a string
+        self.path = Path(path) if source is None else path  # a URL stays a string
         self._source = source
         self.layout = layout
         self.stream = check_stream(stream)
@@ -155,7 +155,7 @@ class PyAVDecoder(RGBOutputDecoder):
             # Size, mtime and fingerprint as the index recorded them; a file that differs is
             # re-verified packet by packet (FileChangedError if its content changed). A remote
             # file's size and ETag are checked by every read instead.
-            self._info = info = verify_identity(self.path, info, self._where(), probe=probe_video)
+            self._info = info = verify_identity(Path(self.path), info, self._where(), probe=probe_video)
         container = open_container(Path(self.path), self._source)
         stream = video_stream(container, Path(self.path), self.stream)
         if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:

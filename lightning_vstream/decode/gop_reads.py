@@ -173,7 +173,7 @@ class GopDecoder(RGBOutputDecoder):
             raise ConfigurationError(f"{url!r}: GopDecoder needs frame tables with packet byte ranges.")
         if threads < 0:
             raise ConfigurationError(f"threads={threads!r} must be >= 0 (0 lets FFmpeg choose).")
-        self.path = url  # type: ignore[assignment]  # a URL stays a string
+        self.path = url  # a URL stays a string
         self.url = url
         self.label = label
         self.fetcher = fetcher

@@ -210,6 +210,8 @@ class NvDecoder(DecoderBase):
         (torch.Size([3, 900, 1600]), device(type='cuda', index=0))
     """
 
+    path: Path  # a local file: NVDEC reads remote files through NvGopDecoder
+
     def __init__(
         self,
         path: Path | str,

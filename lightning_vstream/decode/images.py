@@ -194,6 +194,8 @@ class ImageFolderDecoder(DecoderBase):
         (torch.Size([3, 48, 64]), 1)
     """
 
+    path: Path  # image folders are read from local paths only
+
     def __init__(
         self,
         path: Path | str,
