@@ -353,7 +353,7 @@ def _restore(
     excluded: frozenset[str] = frozenset(),
 ) -> ClipArrays:
     """Rebuild the arrays in another process from the index file they were loaded from."""
-    from lightning_vstream.index.local_index import read_index_bytes
+    from lightning_vstream.index.files import read_index_bytes
 
     raw = read_index_bytes(source, storage=storage)
     if fingerprint(raw) != tuple(recorded):

@@ -6,9 +6,13 @@ import os
 import re
 import stat as stat_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
+from lightning_vstream.storage.urls import is_url
+
+if TYPE_CHECKING:
+    from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -18,6 +22,7 @@ __all__ = [
     "irregular_cameras",
     "is_dir",
     "natural_key",
+    "read_index_bytes",
     "scan_cameras",
 ]
 
@@ -115,3 +120,42 @@ def irregular_cameras(folder: str) -> dict[str, str]:
 def discover_cameras(folder: Path) -> dict[str, Path]:
     """Camera name -> file (or image folder) found in a clip folder."""
     return {name: folder / file for name, file in scan_cameras(str(folder)).items()}
+
+
+def read_index_bytes(path: Path | str, *, storage: StorageConfig | None = None) -> bytes:
+    """The bytes of an index file (also what a worker re-reads to rebuild the clip arrays).
+
+    An index at a URL is read through remote storage (one request, retried like every other),
+    with ``storage``'s options.
+
+    Raises:
+        FileNotFoundError: The file does not exist.
+        IndexValidationError: It cannot be read.
+        RemoteStorageError: Remote storage failed for good (retries spent).
+    """
+    where = repr(str(path))
+    if is_url(path):
+        from lightning_vstream.storage.client import storage_for
+        from lightning_vstream.storage.config import StorageConfig
+
+        try:
+            raw, _ = storage_for(storage or StorageConfig()).read(str(path), label="index")
+        except MissingFileError:
+            raise MissingFileError(f"index file {where} does not exist.") from None
+        return bytes(raw)
+    path = Path(path)
+    if path.is_dir():
+        inside = path / "index.json"
+        fix = f"pass {str(inside)!r}" if inside.is_file() else f"run `vstream index {path}` to write {str(inside)!r}"
+        raise ConfigurationError(f"index file {where} is a folder; {fix}.")
+    if not path.is_file():
+        raise MissingFileError(
+            f"index file {where} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
+            "or `vstream synth FOLDER` to write a stamped synthetic dataset."
+        )
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise IndexValidationError(
+            where, [f"index file {where} cannot be read ({err.strerror or err}); check its permissions."]
+        ) from None

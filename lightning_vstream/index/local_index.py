@@ -26,11 +26,10 @@ from lightning_vstream.errors import (
     DataFormatError,
     FileChangedError,
     IndexValidationError,
-    MissingFileError,
     VStreamWarning,
 )
 from lightning_vstream.index.arrays import ClipArrays
-from lightning_vstream.index.files import VIDEO_EXTENSIONS, irregular_cameras, is_dir, scan_cameras
+from lightning_vstream.index.files import VIDEO_EXTENSIONS, irregular_cameras, is_dir, read_index_bytes, scan_cameras
 from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
@@ -50,10 +49,9 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-from lightning_vstream.storage.urls import is_url
 
 if TYPE_CHECKING:
-    from lightning_vstream.storage.config import StorageConfig
+    pass
 
 __all__ = ["FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
 
@@ -92,45 +90,6 @@ def _pairs_without_duplicates(where: str) -> Any:
         return result
 
     return hook
-
-
-def read_index_bytes(path: Path | str, *, storage: StorageConfig | None = None) -> bytes:
-    """The bytes of an index file (also what a worker re-reads to rebuild the clip arrays).
-
-    An index at a URL is read through remote storage (one request, retried like every other),
-    with ``storage``'s options.
-
-    Raises:
-        FileNotFoundError: The file does not exist.
-        IndexValidationError: It cannot be read.
-        RemoteStorageError: Remote storage failed for good (retries spent).
-    """
-    where = repr(str(path))
-    if is_url(path):
-        from lightning_vstream.storage.client import storage_for
-        from lightning_vstream.storage.config import StorageConfig
-
-        try:
-            raw, _ = storage_for(storage or StorageConfig()).read(str(path), label="index")
-        except MissingFileError:
-            raise MissingFileError(f"index file {where} does not exist.") from None
-        return bytes(raw)
-    path = Path(path)
-    if path.is_dir():
-        inside = path / "index.json"
-        fix = f"pass {str(inside)!r}" if inside.is_file() else f"run `vstream index {path}` to write {str(inside)!r}"
-        raise ConfigurationError(f"index file {where} is a folder; {fix}.")
-    if not path.is_file():
-        raise MissingFileError(
-            f"index file {where} does not exist. Run `vstream index DATASET_FOLDER` to index your videos, "
-            "or `vstream synth FOLDER` to write a stamped synthetic dataset."
-        )
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise IndexValidationError(
-            where, [f"index file {where} cannot be read ({err.strerror or err}); check its permissions."]
-        ) from None
 
 
 def _parse_json(raw: bytes, where: str) -> Any:

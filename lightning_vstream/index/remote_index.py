@@ -28,7 +28,7 @@ from lightning_vstream.errors import (
     MissingFileError,
 )
 from lightning_vstream.index.arrays import ClipArrays
-from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+from lightning_vstream.index.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, read_index_bytes
 from lightning_vstream.index.listing import (
     ClipLists,
     camera_reference,
@@ -39,11 +39,7 @@ from lightning_vstream.index.listing import (
     match_cameras,
     table_cameras,
 )
-from lightning_vstream.index.local_index import (
-    _parse_json,
-    _warn_if_unchecked,
-    read_index_bytes,
-)
+from lightning_vstream.index.local_index import _parse_json, _warn_if_unchecked
 from lightning_vstream.index.records import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.table_file import DigestMismatchError, FrameTables
 from lightning_vstream.index.tables import cached_info
