@@ -275,7 +275,7 @@ def test_decoder_table_is_a_bounded_lru_with_versions(make_dataset: Callable[...
     again = table.get("a", opener(paths[1]), version="another clip")  # another version: reopened
     assert again is not first and table.opened == 4 and table.closed == 2
     table.close_all()
-    assert len(table) == 0 and table.frames_decoded == 4 and table.counts()[2] == 4
+    assert len(table) == 0 and table.frames_decoded == 4 and table.counts().files_opened == 4
 
 
 # -- the runner: bodies, shutdown, forks ---------------------------------------------------------------

@@ -487,7 +487,8 @@ class VideoClipDataset(Dataset[ClipSample]):
         batches)."""
         decoded = opened = skipped = 0
         if self._executor is not None:
-            decoded, _, opened, skipped = self._executor.pool.counts()
+            counts = self._executor.pool.counts()
+            decoded, opened, skipped = counts.frames_decoded, counts.files_opened, counts.packets_skipped
         if self._reader is not None:
             opened += self._reader.executor.opened
             skipped += self._reader.packets_skipped

@@ -225,7 +225,7 @@ class BatchReader:
     def packets_skipped(self) -> int:
         """Packets its NVDEC decoders were never fed because no wanted frame needs their picture (open and closed
         decoders; :attr:`NvGopDecoder.packets_skipped <lightning_vstream.decode.gpu.NvGopDecoder.packets_skipped>`)."""
-        return self.executor.pool.counts()[3]
+        return self.executor.pool.counts().packets_skipped
 
     def close(self) -> None:
         """Stop the decoding threads and close their decoders."""

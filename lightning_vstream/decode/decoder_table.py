@@ -8,33 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import Any
 
-__all__ = ["DecoderCounts", "DecoderTable"]
+from lightning_vstream.decode.counters import DecodeStats
+
+__all__ = ["DecoderTable"]
 
 log = logging.getLogger("lightning_vstream")
-
-
-class DecoderCounts(NamedTuple):
-    """What the decoders of a table (or of several tables) did so far.
-
-    Example::
-
-        >>> DecoderCounts.total([DecoderCounts(10, 1, 2, 0), DecoderCounts(5, 0, 1, 3)])
-        DecoderCounts(frames_decoded=15, seeks=1, files_opened=3, packets_skipped=3)
-    """
-
-    frames_decoded: int = 0
-    seeks: int = 0
-    files_opened: int = 0
-    #: Packets not fed to a decoder (no frame read needs their picture).
-    packets_skipped: int = 0
-
-    @classmethod
-    def total(cls, counts: Iterable[DecoderCounts]) -> DecoderCounts:
-        """The field-by-field sum (``+`` on tuples would join them)."""
-        return cls(*(sum(values) for values in zip(*counts)))
 
 
 class DecoderTable:
@@ -110,11 +91,13 @@ class DecoderTable:
         """Frames decoded by every decoder of this table, open or closed."""
         return self._decoded + sum(int(getattr(d, "frames_decoded", 0)) for _, d in self._open.values())
 
-    def counts(self) -> DecoderCounts:
+    def counts(self) -> DecodeStats:
         """Frames decoded, seeks, decoders opened and packets left out (not fed to a decoder) so far."""
         seeks = self._seeks + sum(int(getattr(d, "seeks", 0)) for _, d in self._open.values())
         skipped = self._skipped + sum(int(getattr(d, "packets_skipped", 0)) for _, d in self._open.values())
-        return DecoderCounts(self.frames_decoded, seeks, self.opened, skipped)
+        return DecodeStats(
+            frames_decoded=self.frames_decoded, seeks=seeks, files_opened=self.opened, packets_skipped=skipped
+        )
 
     def keys(self) -> list[Hashable]:
         """The keys with an open decoder, least recently used first."""

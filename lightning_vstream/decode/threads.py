@@ -42,7 +42,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lightning_vstream.decode.decoder_table import DecoderCounts, DecoderTable
+from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.decode.decoder_table import DecoderTable
 from lightning_vstream.decode.gops import GopTask, assign_tasks
 from lightning_vstream.errors import ConfigurationError, WorkerError
 
@@ -240,7 +241,7 @@ class DecodeThreads:
         self._finalizer: weakref.finalize | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._retired = DecoderCounts()  # counts of the decoder tables of threads stopped so far
+        self._retired = DecodeStats()  # counts of the decoder tables of threads stopped so far
         #: Jobs that ran to the end in :meth:`run`.
         self.jobs_run = 0
 
@@ -348,9 +349,9 @@ class DecodeThreads:
                 run.done.notify_all()
 
     # -- counters and shutdown -------------------------------------------------------------
-    def counts(self) -> DecoderCounts:
+    def counts(self) -> DecodeStats:
         """Frames decoded, seeks, decoders opened and packets left out by every thread so far (stopped ones included)."""
-        return DecoderCounts.total([self._retired, *(slot.decoders.counts() for slot in self.slots)])
+        return sum((slot.decoders.counts() for slot in self.slots), self._retired)
 
     def close(self, timeout: float | None = None) -> list[threading.Thread]:
         """Stop the threads after their current job (the owner's bodies first) and close their decoders.
@@ -367,7 +368,7 @@ class DecodeThreads:
                 self._finalizer.detach()
                 self._finalizer = None
         alive = _stop(workers, timeout)
-        self._retired = DecoderCounts.total([self._retired, *(worker.slot.decoders.counts() for worker in workers)])
+        self._retired = sum((worker.slot.decoders.counts() for worker in workers), self._retired)
         return alive
 
     def __getstate__(self) -> dict[str, Any]:

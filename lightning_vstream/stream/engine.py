@@ -65,7 +65,7 @@ from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
 from lightning_vstream.stream.batch import StreamBatch, stream_batch
 from lightning_vstream.stream.engine_device import EngineDevice
-from lightning_vstream.stream.engine_reads import ThreadCounts, ThreadDecoders
+from lightning_vstream.stream.engine_reads import ThreadDecoders
 from lightning_vstream.stream.failures import FILE_ERRORS, describe_streams
 from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.memory import EngineBatches
@@ -103,7 +103,7 @@ class PlannedStep:
     geometry: dict[int, Any] = field(default_factory=dict)  # position -> img_aug_matrix
     outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # per named output: as ``frames``
     output_geometry: dict[str, dict[int, Any]] = field(default_factory=dict)  # per named output: as ``geometry``
-    counts: dict[int, ThreadCounts] = field(default_factory=dict)  # thread -> its counts after it
+    counts: dict[int, DecodeStats] = field(default_factory=dict)  # thread -> its counts after it
     rows: list[torch.Tensor] = field(default_factory=list)  # position -> its row of ``frames``
 
 
@@ -269,8 +269,8 @@ class StreamEngine:
         self._stats = self._ledger.stats
         # Decoder counters as of the last step handed out (as the worker loader counts them, work done
         # for steps not delivered yet is left out): of earlier runs, and of this run by thread.
-        self._earlier_runs = ThreadCounts()
-        self._this_run: dict[int, ThreadCounts] = {}
+        self._earlier_runs = DecodeStats()
+        self._this_run: dict[int, DecodeStats] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
         self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
@@ -333,7 +333,7 @@ class StreamEngine:
         sampler.start_step = start
         self.steps.forget_draws()
         with self._stats_lock:
-            self._earlier_runs = ThreadCounts.total([self._earlier_runs, *self._this_run.values()])
+            self._earlier_runs = sum(self._this_run.values(), self._earlier_runs)
             self._this_run = {}
         run = EngineRun(
             start=start,
@@ -661,5 +661,4 @@ class StreamEngine:
     def stats(self) -> DecodeStats:
         """Decoding counters of every run so far, as of the last batch handed out."""
         with self._stats_lock:
-            totals = ThreadCounts.total([self._earlier_runs, *self._this_run.values()])
-            return self._stats + DecodeStats(**totals._asdict())
+            return self._stats + sum(self._this_run.values(), self._earlier_runs)

@@ -14,13 +14,14 @@ a :class:`~lightning_vstream.errors.FrameSizeError`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Mapping
 
 import torch
 
 from lightning_vstream.decode.base import FrameDecoder, VideoInfo
+from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.decoder_table import DecoderTable
 from lightning_vstream.decode.factory import DecoderFactory, announce_stride
 from lightning_vstream.errors import ConfigurationError
@@ -29,22 +30,7 @@ from lightning_vstream.profiling import RANGE_TRANSFORM, nvtx_range
 from lightning_vstream.stream.failures import failed_read, frame_size_error
 from lightning_vstream.stream.frame_steps import FrameSteps
 
-__all__ = ["ThreadCounts", "ThreadDecoders"]
-
-
-class ThreadCounts(NamedTuple):
-    """An engine thread's decoding counters (named as :class:`~lightning_vstream.DecodeStats` names them)."""
-
-    frames_decoded: int = 0
-    seeks: int = 0
-    files_opened: int = 0
-    packets_skipped: int = 0
-    read_errors: int = 0
-
-    @classmethod
-    def total(cls, counts: Iterable[ThreadCounts]) -> ThreadCounts:
-        """The field-by-field sum (``+`` on tuples would join them)."""
-        return cls(*(sum(values) for values in zip(*counts)))
+__all__ = ["ThreadDecoders"]
 
 
 class ThreadDecoders:
@@ -81,9 +67,9 @@ class ThreadDecoders:
         self._direct: dict[int, tuple[int, FrameDecoder, list[float]]] = {}
         self.read_errors = 0
 
-    def counts(self) -> ThreadCounts:
+    def counts(self) -> DecodeStats:
         """Frames decoded, seeks, files opened, packets left out and read errors of this thread so far."""
-        return ThreadCounts(*self.table.counts(), self.read_errors)
+        return dataclasses.replace(self.table.counts(), read_errors=self.read_errors)
 
     def write(
         self,

@@ -8,6 +8,7 @@ decoding the same streams sequentially, without seeking (see :mod:`lightning_vst
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import math
 import os
@@ -162,14 +163,7 @@ class StreamDataset(Dataset):
     @property
     def stats(self) -> DecodeStats:
         """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
-        decoded, seeks, opened, skipped = self.decoders.counts()
-        stats = DecodeStats(
-            frames_decoded=decoded,
-            seeks=seeks,
-            files_opened=opened,
-            read_errors=self._read_errors,
-            packets_skipped=skipped,
-        )
+        stats = dataclasses.replace(self.decoders.counts(), read_errors=self._read_errors)
         if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
             from lightning_vstream.storage.fetcher import fetcher_for
 
