@@ -19,7 +19,7 @@ import sys
 import warnings
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -49,9 +49,6 @@ from lightning_vstream.index.tables import (
     metadata_path,
     table_key,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FileCheck", "load_local_index", "read_index_bytes", "read_index_layout"]
 
