@@ -15,7 +15,7 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from lightning_vstream.clips.selection import (
     TIME_POLICIES,
@@ -29,9 +29,6 @@ from lightning_vstream.clips.selection import (
 )
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FrameWindow", "TimeWindow", "Weighting", "random_clips", "regular_clips"]
 
