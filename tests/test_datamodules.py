@@ -4,7 +4,6 @@ teardown, and the grouped GPU options (with LightningCLI)."""
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 import weakref
 from pathlib import Path
@@ -180,22 +179,9 @@ def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
         gc.enable()
     # Ended by the iterator's clean-up (asked, then terminated): gone within seconds on a loaded machine,
     # where the cycle collector would leave them running for as long as it does not pass.
-    deadline = time.monotonic() + 10
-    while (left := _running_children(psutil) - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left
-
-
-def _running_children(psutil: Any) -> set[int]:
-    """Pids of this process's children that have not exited (a zombie has: only its parent has not reaped it)."""
-    running = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                running.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+    workers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, alive
 
 
 def test_stream_teardown_ends_the_workers_of_an_unfinished_pass(index: Path) -> None:
