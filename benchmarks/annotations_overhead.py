@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from lightning_vstream import DecodeOptions, EngineOptions
 from lightning_vstream.annotations import GeometryAugment
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
@@ -51,7 +52,14 @@ def _ensure_data(data_dir: Path, clips: int, frames: int, size: tuple[int, int])
 
 def _epoch(index: Path, **options: Any) -> tuple[float, float, int]:
     """(camera-frames/sec, CPU ms per camera-frame, camera-frames) of one epoch after its first batch."""
-    dm = StreamVideoDataModule(index_file=index, batch_size=4, num_workers=0, decoder_threads=1, seed=0, **options)
+    dm = StreamVideoDataModule(
+        index_file=index,
+        batch_size=4,
+        engine=EngineOptions(num_workers=0),
+        decode=DecodeOptions(decoder_threads=1),
+        seed=0,
+        **options,
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     frames = 0

@@ -78,7 +78,7 @@ def main() -> None:
         server.bucket(BUCKET)
         server.put_bytes(BUCKET, KEY, bytes(range(256)) * (args.size // 256))
         options = {"endpoint": server.direct_endpoint, "allow_http": True, **CREDENTIALS}
-        spec = store_spec(parse(f"s3://{BUCKET}/{KEY}"), StorageConfig.make(options))
+        spec = store_spec(parse(f"s3://{BUCKET}/{KEY}"), StorageConfig(options))
         assert spec["egress"], "a configured endpoint is guarded"
         stores = {"guard": build_store(spec), "baseline": build_store({**spec, "egress": []})}
         for store in stores.values():  # warm up: connections, credentials

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lightning_vstream import EngineOptions, PlanOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("fork", "forkserver", "spawn")
 
@@ -59,10 +61,9 @@ def _child(index: str, method: str) -> None:
         dm = StreamVideoDataModule(
             index_file=index,
             batch_size=2,
-            num_workers=2,
-            shuffle=False,
-            decoder_threads=1,
-            multiprocessing_context=method,
+            engine=EngineOptions(num_workers=2, multiprocessing_context=method),
+            plan=PlanOptions(shuffle=False),
+            decode=DecodeOptions(decoder_threads=1),
         )
         dm.setup("fit")
         loader = dm.train_dataloader()

@@ -48,6 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import DecodeOptions
+
 GOAL_FPS = 600.0
 GOAL_RATIO = 1.5
 
@@ -221,11 +223,9 @@ class VStreamPeer(Peer):
         # which random access pays on every seek.
         self.dataset = VideoClipDataset(
             index=load_index(index_path),
-            decode_device=device,
+            decode=DecodeOptions(device=device, max_open_decoders=max_open, decoder_threads=1),
             gop_threads=threads,
             frame_policy=policy,
-            max_open_decoders=max_open,  # type: ignore[arg-type]
-            decoder_threads=1,
         )
         self.name = "vstream_gpu" + ("_keyframe" if policy != "exact" else "")
         self.settings = (
@@ -262,7 +262,7 @@ def measure_cpu_loader(
     for reads in batches:
         positions.append(list(range(start, start + len(reads))))
         start += len(reads)
-    dataset = VideoClipDataset(index=load_index(index_path), requests=requests, decoder_threads=1)
+    dataset = VideoClipDataset(index=load_index(index_path), requests=requests, decode=DecodeOptions(decoder_threads=1))
     loader = DataLoader(
         dataset,
         batch_sampler=positions,

@@ -7,7 +7,7 @@ frame (``--crf`` sets the rate; the measured bits per frame are reported). Three
     (no colour conversion, frames never touched), each decoder on its own CUDA stream and thread
     (``Decode`` releases the GIL), for every count in ``--decoders`` (1..28) and both latency modes;
     the best row is the ceiling.
-(b) **our loader**: ``StreamVideoDataModule(decode_device="cuda")`` (the in-process stream engine)
+(b) **our loader**: ``StreamVideoDataModule(decode=DecodeOptions(device="cuda"))`` (the in-process stream engine)
     feeding a Lightning training step, one row per ``--loader-config``; the best row counts.
 (c) **the seed design**: a map-style dataset decoding one multi-camera sample per item with
     PyNvVideoCodec (:class:`NvDecoder`) in 2 spawn DataLoader workers, frames handed to the training
@@ -39,7 +39,12 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "lightning_vstream.bench.gpu_throughput/2"
-DEFAULT_LOADER_CONFIGS = ("{}", '{"engine_threads": 7}', '{"engine_threads": 28}', '{"prefetch_factor": 4}')
+DEFAULT_LOADER_CONFIGS = (
+    "{}",
+    '{"engine": {"threads": 7}}',
+    '{"engine": {"threads": 28}}',
+    '{"engine": {"prefetch_factor": 4}}',
+)
 DEFAULT_DECODERS = "1,2,4,6,7,8,12,14,16,21,28"
 GOALS = {"loader_fps": 4000.0, "loader_over_raw": 0.9, "loader_over_seed": 1.6}
 
@@ -497,7 +502,7 @@ def measure_loader(index: Path, config: dict[str, Any], args: argparse.Namespace
             "reason": f"lightning_vstream.stream.stream_datamodule.StreamVideoDataModule cannot be imported "
             f"({type(err).__name__}: {err})",
         }
-    kwargs = {"index_file": str(index), "batch_size": args.batch_size, "decode_device": "cuda", **config}
+    kwargs = {"index_file": str(index), "batch_size": args.batch_size, "decode": {"device": "cuda"}, **config}
     try:
         StreamVideoDataModule(**kwargs)
     except TypeError as err:
@@ -634,7 +639,7 @@ def print_table(result: dict[str, Any]) -> None:
     loader = result.get("loader")
     if loader:
         print(
-            f"\n(b) our loader (StreamVideoDataModule, decode_device='cuda') in a Lightning step, "
+            f"\n(b) our loader (StreamVideoDataModule, decode.device='cuda') in a Lightning step, "
             f"batch_size={result.get('batch_size')}"
         )
         print(f"    {'config':<34}  {'median fps':>11}  {'min':>9}  {'max':>9}  {'/ (a)':>6}  usage")

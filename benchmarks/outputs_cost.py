@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from lightning_vstream import DecodeOptions
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 from lightning_vstream.transforms import FrameTransform
@@ -73,7 +74,9 @@ def configurations(size: tuple[int, int]) -> dict[str, dict[str, Any]]:
 
 def _epoch(index: Path, **options: Any) -> dict[str, float]:
     """Camera-frames/sec, CPU ms per camera-frame and decode amplification of one epoch after its first batch."""
-    dm = StreamVideoDataModule(index_file=index, batch_size=4, decoder_threads=1, seed=0, **options)
+    dm = StreamVideoDataModule(
+        index_file=index, batch_size=4, decode=DecodeOptions(decoder_threads=1), seed=0, **options
+    )
     dm.setup("fit")
     frames = 0
     start = cpu = 0.0

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import EngineOptions, ErrorOptions, StorageConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
@@ -50,7 +52,6 @@ import torch
 from lightning_vstream import StreamVideoDataModule, VideoClipDataset, at_indices, load_index
 from lightning_vstream.decode.gop_reads import gop_runs
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_dataset
-from lightning_vstream.storage import StorageConfig
 from lightning_vstream.storage.fetcher import fetcher_for
 from tests._s3 import S3TestServer
 
@@ -162,13 +163,15 @@ def _stream(index: str, args: argparse.Namespace, *, storage: dict[str, Any] | N
     """One epoch of the streaming loader: delivered camera-frames/s after the first batch, and data wait."""
     dm = StreamVideoDataModule(
         index_file=index,
-        storage_options=storage,
+        storage=StorageConfig(options=storage),
         batch_size=args.batch,
-        engine=args.engine,
-        num_workers=args.workers,
-        multiprocessing_context="fork" if args.engine == "workers" else None,
+        engine=EngineOptions(
+            kind=args.engine,
+            num_workers=args.workers,
+            multiprocessing_context="fork" if args.engine == "workers" else None,
+        ),
         seed=0,
-        timeout=600,
+        errors=ErrorOptions(timeout=600),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -248,15 +251,14 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
     options = s3.storage_options(backoff_initial=0.01, backoff_max=0.2)
     common: dict[str, Any] = {
         "batch_size": args.batch,
-        "engine": args.engine,
-        "num_workers": args.workers,
+        "engine": EngineOptions(kind=args.engine, num_workers=args.workers),
         "seed": 4,
-        "timeout": 600,
+        "errors": ErrorOptions(timeout=600),
     }
     reference = StreamVideoDataModule(index_file=str(local), **common)
     reference.setup("fit")
     expected = _epoch_frames(reference)
-    dm = StreamVideoDataModule(index_file=url, storage_options=options, **common)
+    dm = StreamVideoDataModule(index_file=url, storage=StorageConfig(options=options), **common)
     dm.setup("fit")
     # Random access too (one request per GOP): every GOP of every file, several passes, in this process.
     index = load_index(local)
@@ -265,9 +267,9 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
         for clip in index
         for k in (index[clip.clip_id].cameras[0].info.key_indices if index[clip.clip_id].cameras[0].info else [0])
     ]
-    remote_clips = VideoClipDataset(index=url, requests=samples, storage_options=options)
+    remote_clips = VideoClipDataset(index=url, requests=samples, storage=StorageConfig(options=options))
     local_clips = VideoClipDataset(index=local, requests=samples)
-    main_before = fetcher_for(StorageConfig.make(options)).stats
+    main_before = fetcher_for(StorageConfig(options)).stats
     s3.reset()
     s3.faults(rates={"503": 0.05, "500": 0.02, "truncate": 0.02, "flip": 0.001}, seed=1)
     got = _epoch_frames(dm)
@@ -277,14 +279,14 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
             wrong_samples += not torch.equal(remote_clips[i]["frames"], local_clips[i]["frames"])
             remote_clips.close()  # each read fetches its GOP again
     injected = [r.fault for r in s3.requests() if r.fault]
-    main_after = fetcher_for(StorageConfig.make(options)).stats
+    main_after = fetcher_for(StorageConfig(options)).stats
     stats = dm.decode_stats("train").remote
     retries = stats.retries + main_after.retries - main_before.retries
     refetches = stats.checksum_refetches + main_after.checksum_refetches - main_before.checksum_refetches
     wrong = sum(not torch.equal(a, b) for a, b in zip(got, expected)) + abs(len(got) - len(expected))
     # Resume: stop after half the epoch, restore the loader state in a new DataModule, compare.
     half = len(expected) // 2
-    first = StreamVideoDataModule(index_file=url, storage_options=options, **common)
+    first = StreamVideoDataModule(index_file=url, storage=StorageConfig(options=options), **common)
     first.setup("fit")
     loader = first.train_dataloader()
     head = []
@@ -294,7 +296,7 @@ def _faults(s3: S3TestServer, url: str, local: Path, args: argparse.Namespace) -
             break
     state = loader.state_dict()
     first.teardown()
-    resumed = StreamVideoDataModule(index_file=url, storage_options=options, **common)
+    resumed = StreamVideoDataModule(index_file=url, storage=StorageConfig(options=options), **common)
     resumed.setup("fit")
     again = resumed.train_dataloader()
     again.load_state_dict(state)
@@ -326,11 +328,11 @@ def _cache(s3: S3TestServer, args: argparse.Namespace, root: Path) -> dict[str, 
         cache = Path(tempfile.mkdtemp(prefix=f"vstream-bench-cache-{policy}-", dir=root))
         dm = StreamVideoDataModule(
             index_file=url,
-            storage_options=s3.storage_options(cache_policy=policy),
-            cache_dir=str(cache),
-            cache_limit=limit,
+            storage=StorageConfig(
+                options=s3.storage_options(cache_policy=policy), cache_dir=str(cache), cache_limit=limit
+            ),
             batch_size=args.batch,
-            num_workers=0,
+            engine=EngineOptions(num_workers=0),
             seed=6,
         )
         dm.setup("fit")
@@ -428,7 +430,7 @@ def main() -> None:
                 "bytes_over_needed": row["bytes"] / needed,
             }
         for latency in [float(v) for v in args.latencies.split(",")]:
-            dataset = VideoClipDataset(index=url, requests=[], storage_options=s3.storage_options())
+            dataset = VideoClipDataset(index=url, requests=[], storage=StorageConfig(options=s3.storage_options()))
             s3.reset()
             s3.faults(latency_ms=latency)
             start = time.perf_counter()

@@ -43,6 +43,8 @@ from typing import Any
 
 import psutil
 
+from lightning_vstream import DecodeOptions, EngineOptions, PlanOptions
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "pyav_baseline": {"mode": "pyav", "num_workers": 0, "persistent_workers": False},
     "workers_0": {"mode": "stream", "num_workers": 0, "persistent_workers": False},
@@ -108,10 +110,9 @@ def _stream_batches(
     dm = StreamVideoDataModule(
         index_file=index,
         batch_size=batch_size,
-        num_workers=cfg["num_workers"],
-        persistent_workers=cfg["persistent_workers"],
-        decoder_threads=threads,
-        shuffle=True,
+        engine=EngineOptions(num_workers=cfg["num_workers"], persistent_workers=cfg["persistent_workers"]),
+        decode=DecodeOptions(decoder_threads=threads),
+        plan=PlanOptions(shuffle=True),
         seed=0,
     )
     dm.setup("fit")

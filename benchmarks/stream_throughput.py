@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_vstream import DecodeOptions, EngineOptions
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.engine_loader import CPU_DECODER_THREADS
@@ -128,12 +129,9 @@ def measure_stream(
     dm = StreamVideoDataModule(
         index_file=index,
         batch_size=batch_size,
-        num_workers=num_workers,
-        decoder_threads=decoder_threads,
-        persistent_workers=False,
+        engine=EngineOptions(num_workers=num_workers, persistent_workers=False, kind=engine, threads=engine_threads),
+        decode=DecodeOptions(decoder_threads=decoder_threads),
         seed=0,
-        engine=engine,  # type: ignore[arg-type]
-        engine_threads=engine_threads,
     )
     dm.transform = transform  # set after construction: the DataModule's argument is typed FrameTransform
     dm.setup("fit")
@@ -226,7 +224,7 @@ class NaiveSeekDataset(Dataset):
 
 
 def measure_naive(index: Path, *, batch_size: int, num_workers: int, steps: int) -> float:
-    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, num_workers=0, seed=0)
+    dm = StreamVideoDataModule(index_file=index, batch_size=batch_size, engine=EngineOptions(num_workers=0), seed=0)
     dm.setup("fit")
     plan = dm.train_dataloader().sampler.schedule()  # type: ignore[attr-defined]
     items = [(r.clip, r.frame) for step in range(min(steps, plan.num_steps)) for r in plan.reads(step) if r]

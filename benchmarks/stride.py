@@ -110,6 +110,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import DecodeOptions, EngineOptions, PlanOptions
+
 SCHEMA = "lightning_vstream.bench.stride/1"
 PEERS = ("torchcodec", "decord2", "spdl")
 OURS = "vstream"
@@ -405,9 +407,8 @@ def ours_stream_pass(case: dict[str, Any], check: Checked | None, epochs: int) -
     dm = StreamVideoDataModule(
         index_file=case["index"],
         batch_size=case["clips"],
-        frame_stride=case["stride"],
-        shuffle=False,
-        engine="threads",
+        plan=PlanOptions(frame_stride=case["stride"], shuffle=False),
+        engine=EngineOptions(kind="threads"),
         seed=0,
     )
     dm.setup("fit")
@@ -453,7 +454,7 @@ def ours_random_pass(case: dict[str, Any], check: Checked | None) -> dict[str, A
     dataset = VideoClipDataset(
         index=case["index"],
         requests=[at_indices(clip, indices) for clip, indices in [*warmup, *requests]],
-        max_open_decoders=len(case["files"]),  # one kept decoder per file, as the peers keep theirs
+        decode=DecodeOptions(max_open_decoders=len(case["files"])),
     )
 
     def decoded() -> int | None:

@@ -59,8 +59,18 @@ if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
     from lightning_vstream.indexing import build_index, load_index
     from lightning_vstream.lightning_cli import VStreamCLI
-    from lightning_vstream.options import GpuOptions
+    from lightning_vstream.options import (
+        DecodeOptions,
+        EngineOptions,
+        ErrorOptions,
+        GpuOptions,
+        IndexOptions,
+        OutputOptions,
+        PlanOptions,
+        SamplingOptions,
+    )
     from lightning_vstream.preview import Preview, draw_batches, preview_batches
+    from lightning_vstream.storage.config import StorageConfig
     from lightning_vstream.stream.batch import StreamBatch
     from lightning_vstream.stream.schedule import StreamSchedule
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
@@ -80,8 +90,16 @@ _EXPORTS = {
     "FrameWindow": "lightning_vstream.clips.windows",
     "GeometryAugment": "lightning_vstream.annotations",
     "GpuOptions": "lightning_vstream.options",
+    "SamplingOptions": "lightning_vstream.options",
+    "PlanOptions": "lightning_vstream.options",
+    "OutputOptions": "lightning_vstream.options",
+    "IndexOptions": "lightning_vstream.options",
+    "ErrorOptions": "lightning_vstream.options",
+    "EngineOptions": "lightning_vstream.options",
+    "DecodeOptions": "lightning_vstream.options",
     "IndexValidationError": "lightning_vstream.errors",
     "Preview": "lightning_vstream.preview",
+    "StorageConfig": "lightning_vstream.storage.config",
     "StreamBatch": "lightning_vstream.stream.batch",
     "StreamSchedule": "lightning_vstream.stream.schedule",
     "StreamVideoDataModule": "lightning_vstream.stream.stream_datamodule",
@@ -126,12 +144,20 @@ __all__ = [
     "ClipRequest",
     "ClipSample",
     "ClipVideoDataModule",
+    "DecodeOptions",
+    "EngineOptions",
+    "ErrorOptions",
     "FrameTransform",
     "FrameWindow",
     "GeometryAugment",
     "GpuOptions",
+    "IndexOptions",
     "IndexValidationError",
+    "OutputOptions",
+    "PlanOptions",
     "Preview",
+    "SamplingOptions",
+    "StorageConfig",
     "StreamBatch",
     "StreamSchedule",
     "StreamVideoDataModule",

@@ -8,6 +8,7 @@ Imported only by the DataModule modules (it imports lightning); DataLoader worke
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
 import inspect
@@ -16,34 +17,42 @@ import multiprocessing.context
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import lightning.pytorch as pl
 
 from lightning_vstream.errors import ConfigurationError, VStreamWarning, user_stacklevel
 from lightning_vstream.options import (
-    CameraFrames,
+    DECODE_MOVES,
+    STORAGE_MOVES,
     DecodeOptions,
+    EngineOptions,
     ErrorOptions,
+    IndexOptions,
     MultiprocessingContext,
-    OnError,
     OutputOptions,
-    WorkerOptions,
+    check_arguments,
+    check_moved_keywords,
+    is_count,
+    option_group,
 )
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
 
 if TYPE_CHECKING:
+    from lightning_vstream.decode.counters import DecodeStats
     from lightning_vstream.index import VideoIndex
-    from lightning_vstream.outputs import OutputTransform
 
 __all__ = [
     "DEFAULT_NUM_WORKERS",
+    "SHARED_MOVES",
     "EvalLoader",
+    "Stage",
+    "VideoDataModule",
     "check_excluded_clips",
     "ignore_lightning_leafspec_warning",
     "plain_hparams",
     "save_init_hyperparameters",
-    "shared_options",
     "stage_index_files",
     "unused_options",
     "warn_unused_options",
@@ -51,6 +60,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Stage = Literal["train", "val", "test", "predict"]
 
 #: Worker processes when ``num_workers`` is None, where the DataModule decodes in worker processes.
 DEFAULT_NUM_WORKERS = 2
@@ -131,48 +141,6 @@ def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, 
     )
 
 
-def shared_options(
-    owner: str,
-    *,
-    decode_device: str,
-    decoder_threads: int,
-    max_open_decoders: int | None,
-    camera_frames: CameraFrames,
-    unbounded: bool,
-    transform: Callable[[Any], Any] | None,
-    outputs: Mapping[str, OutputTransform] | None,
-    on_error: OnError,
-    timeout: float,
-    num_workers: int | None,
-    prefetch_factor: int,
-    persistent_workers: bool,
-    multiprocessing_context: MultiprocessingContext | None,
-    pin_memory: bool,
-) -> tuple[DecodeOptions, OutputOptions, ErrorOptions, WorkerOptions]:
-    """The option groups both DataModules build from the flat arguments of their ``__init__``, each checked for
-    ``owner`` (``unbounded``: ``max_open_decoders=None`` is accepted)."""
-    return (
-        DecodeOptions.of(
-            owner,
-            decode_device=decode_device,
-            decoder_threads=decoder_threads,
-            max_open_decoders=max_open_decoders,
-            camera_frames=camera_frames,
-            unbounded=unbounded,
-        ),
-        OutputOptions.of(owner, transform=transform, outputs=outputs),
-        ErrorOptions.of(owner, on_error=on_error, timeout=timeout),
-        WorkerOptions.of(
-            owner,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            multiprocessing_context=multiprocessing_context,
-            pin_memory=pin_memory,
-        ),
-    )
-
-
 def stage_index_files(
     owner: str, *, train: Path | str | None, val: Path | str | None, test: Path | str | None, predict: Path | str | None
 ) -> dict[Any, Path | str | None]:
@@ -223,12 +191,28 @@ def plain_hparams(module: pl.LightningDataModule) -> None:
     ``repr``); pass them again when rebuilding the DataModule from a checkpoint.
     """
     for key, value in list(module.hparams.items()):
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # an option group such as GpuOptions
-            module.hparams[key] = dataclasses.asdict(value)
-        elif isinstance(value, PurePath):
-            module.hparams[key] = str(value)
-        elif not _plain(value):
-            module.hparams[key] = repr(value)
+        module.hparams[key] = _plain_value(value)
+
+
+#: Fields of option groups that may hold any object (transforms): not saved; pass them again.
+_UNSAVED_FIELDS: dict[type, tuple[str, ...]] = {OutputOptions: ("transform", "outputs")}
+
+
+def _plain_value(value: Any) -> Any:
+    """``value`` as something ``torch.load(weights_only=True)`` reads: an option group as a dict of its fields
+    (secrets of a :class:`StorageConfig` redacted), a path as a string, any other object as its ``repr``."""
+    if isinstance(value, StorageConfig):
+        return {"options": value.redacted(), "cache_dir": value.cache_dir, "cache_limit": value.cache_limit}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        unsaved = _UNSAVED_FIELDS.get(type(value), ())
+        return {
+            f.name: _plain_value(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name not in unsaved
+        }
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, tuple) and _plain(value):
+        return [_plain_value(v) for v in value]
+    return value if _plain(value) else repr(value)
 
 
 def _plain(value: object) -> bool:
@@ -265,7 +249,7 @@ def worker_context(
     if device != "cpu":
         if requested == "fork":
             raise ConfigurationError(
-                f"{owner}: multiprocessing_context='fork' cannot be used with decode_device={device!r}: a CUDA "
+                f"{owner}: multiprocessing_context='fork' cannot be used with decode.device={device!r}: a CUDA "
                 "context does not survive fork. Use 'spawn' or 'forkserver', or leave it None (spawn)."
             )
         method = requested or "spawn"
@@ -305,3 +289,214 @@ class EvalLoader(Generic[T]):
         if self.has_index(instance):
             return self.build.__get__(instance, owner)
         return getattr(pl.LightningDataModule, self.name).__get__(instance, owner)
+
+
+#: The flat keywords both DataModules took before their option groups, and where each went:
+#: ``{group argument: (group class, {old keyword: field})}`` (see :func:`~lightning_vstream.options.moved_keywords`).
+SHARED_MOVES: dict[str, tuple[type, dict[str, str]]] = {
+    "index": (IndexOptions, {"cameras": "cameras", "exclude_clips": "exclude_clips", "index_check": "check"}),
+    "decode": (DecodeOptions, DECODE_MOVES),
+    "output": (
+        OutputOptions,
+        {name: name for name in ("transform", "outputs", "annotations", "augment", "pad_annotations")},
+    ),
+    "engine": (
+        EngineOptions,
+        {
+            name: name
+            for name in (
+                "num_workers",
+                "prefetch_factor",
+                "persistent_workers",
+                "multiprocessing_context",
+                "pin_memory",
+            )
+        },
+    ),
+    "errors": (ErrorOptions, {"on_error": "on_error", "timeout": "timeout"}),
+    "storage": (StorageConfig, STORAGE_MOVES),
+}
+
+
+class VideoDataModule(pl.LightningDataModule, abc.ABC):
+    """What both DataModules do: the top-level arguments and the shared option groups (checked once, stored
+    once), each stage's index, the decode device and the placement of this rank, one loader per stage
+    (closed when replaced and on teardown), and the loaders' counters.
+
+    Subclasses build their loaders (``train_dataloader`` and ``_stage_loader(split)`` for the evaluation
+    stages), may add to :meth:`setup` through ``_after_setup``, and name in ``moved_keywords`` the flat
+    keywords their groups replaced.
+    """
+
+    #: ``{group argument: (group class, {old keyword: field})}``: answered with their new place.
+    moved_keywords: ClassVar[Mapping[str, tuple[type, Mapping[str, str]]]] = SHARED_MOVES
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Checked here rather than by wrapping __init__: Lightning collects the hyperparameters of a subclass
+        # of ours from the chain of __init__ frames, which a wrapper would cut.
+        own = set(inspect.signature(cls.__init__).parameters) - set(cls.moved_keywords)  # a subclass's own
+        check_moved_keywords(cls.__name__, cls.moved_keywords, kwargs, keep=own)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        *,
+        index_file: Path | str | None,
+        val_index_file: Path | str | None,
+        test_index_file: Path | str | None,
+        predict_index_file: Path | str | None,
+        batch_size: int,
+        seed: int,
+        rank: int | None,
+        world_size: int | None,
+        index: IndexOptions | None,
+        decode: DecodeOptions | None,
+        output: OutputOptions | None,
+        engine: EngineOptions | None,
+        errors: ErrorOptions | None,
+        storage: StorageConfig | None,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        check_arguments(
+            owner,
+            {
+                "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
+                "seed": (seed, is_count(seed, 0), "an integer >= 0"),
+                "world_size": (world_size, world_size is None or is_count(world_size), "None or an integer >= 1"),
+                "rank": (
+                    rank,
+                    rank is None or (is_count(rank, 0) and rank < (world_size or 1)),
+                    "None or an integer in 0..world_size-1",
+                ),
+            },
+        )
+        self.index_files: dict[Stage, Path | str | None] = stage_index_files(
+            owner, train=index_file, val=val_index_file, test=test_index_file, predict=predict_index_file
+        )
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.index_options = option_group(owner, "index", IndexOptions, index)
+        self.decode = option_group(owner, "decode", DecodeOptions, decode)
+        check_arguments(
+            owner,
+            {
+                "decode.device": (
+                    self.decode.device,
+                    self.decode.device in ("cpu", "cuda", "auto"),
+                    "'cpu', 'cuda' (each rank decodes on its Trainer's GPU) or 'auto'",
+                )
+            },
+        )
+        self.output = option_group(owner, "output", OutputOptions, output)
+        self.engine = option_group(owner, "engine", EngineOptions, engine)
+        self.errors = option_group(owner, "errors", ErrorOptions, errors)
+        # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
+        self.storage = option_group(owner, "storage", StorageConfig, storage)
+        self._indexes: dict[Stage, VideoIndex] = {}
+        self._loaders: dict[Stage, Any] = {}
+        self._resolved_device: str | None = None
+
+    def _record_hyperparameters(self, groups: Mapping[str, object]) -> None:
+        """Store plain hyperparameters, each option group as the checked whole (``groups``) rather than as given."""
+        for name, group in groups.items():
+            self.hparams[name] = group
+        plain_hparams(self)
+
+    # -- placement ---------------------------------------------------------------------------
+    def _device(self) -> str:
+        """The device this rank decodes on: ``"cpu"`` or ``"cuda:N"`` (resolved once)."""
+        if self._resolved_device is None:
+            self._resolved_device = rank_decode_device(self.decode.device, self.trainer)
+        return self._resolved_device
+
+    def _placement(self) -> tuple[int, int]:
+        """``(rank, world size)``: as given, else the Trainer's, else a single process."""
+        trainer = self.trainer
+        rank = self.rank if self.rank is not None else (trainer.global_rank if trainer is not None else 0)
+        world = self.world_size if self.world_size is not None else (trainer.world_size if trainer is not None else 1)
+        return rank, world
+
+    # -- indexes -----------------------------------------------------------------------------
+    def _load_index(self, split: Stage) -> VideoIndex:
+        """The parsed index of ``split``, loaded once."""
+        if split not in self._indexes:
+            from lightning_vstream.indexing import load_index
+
+            path = self.index_files[split]
+            if path is None:
+                raise ConfigurationError(f"{type(self).__name__} has no {split} index; pass {split}_index_file.")
+            options = self.index_options
+            self._indexes[split] = load_index(
+                path,
+                cameras=options.cameras,
+                check=options.check,
+                exclude_clips=options.exclude_clips,
+                storage_options=dict(self.storage.options),
+                cache_dir=self.storage.cache_dir,
+                cache_limit=self.storage.cache_limit,
+            )
+        return self._indexes[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Parse and validate the index files the stage needs (no decoder is opened) and resolve the decode device."""
+        wanted: dict[str | None, tuple[Stage, ...]] = {
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("predict",),
+        }
+        owner = type(self).__name__
+        self._device()
+        ignore_lightning_leafspec_warning()
+        for split in wanted.get(stage, ("train", "val", "test", "predict")):
+            if self.index_files[split] is not None:
+                self._load_index(split)
+        if stage == "fit" and self.index_files["train"] is None:
+            raise ConfigurationError(f"{owner}: Trainer.fit needs index_file (the training index).")
+        check_excluded_clips(owner, self.index_options.exclude_clips, self.index_files, self._indexes)
+        self._after_setup(stage)
+
+    def _after_setup(self, stage: str | None) -> None:
+        """What a subclass adds at the end of :meth:`setup`."""
+
+    # -- loaders -----------------------------------------------------------------------------
+    def _keep_loader(self, split: Stage, loader: T) -> T:
+        """Make ``loader`` the ``split`` loader, closing the one it replaces."""
+        old = self._loaders.get(split)
+        if old is not None:
+            old.close()
+        self._loaders[split] = loader
+        return loader
+
+    @abc.abstractmethod
+    def _stage_loader(self, split: Stage) -> Any:
+        """The loader of an evaluation stage (``"val"``, ``"test"``, ``"predict"``)."""
+
+    # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
+    val_dataloader = EvalLoader("val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._stage_loader("val"))
+    test_dataloader = EvalLoader(
+        "test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._stage_loader("test")
+    )
+    predict_dataloader = EvalLoader(
+        "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._stage_loader("predict")
+    )
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop the loaders' workers and close the decoders opened in this process; the DataModule can be
+        fitted again afterwards."""
+        for loader in self._loaders.values():
+            loader.close()
+
+    def decode_stats(self, split: Stage = "train") -> DecodeStats:
+        """Decoding counters of the ``split`` loader (summed over its workers): frames decoded and delivered,
+        seeks, samples or clips skipped, bad files, frames without annotation."""
+        from lightning_vstream.decode.counters import DecodeStats
+
+        loader = self._loaders.get(split)
+        if loader is None:
+            warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
+            return DecodeStats()
+        return loader.stats

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from lightning_vstream import DecodeOptions, EngineOptions
 from lightning_vstream.storage.atomic import write_atomic
 
 __all__ = ["COLOUR_TOLERANCE", "SCHEMA", "run_doctor"]
@@ -306,7 +307,11 @@ def _workers(index_path: Path, gpu: int, batches: int = 12) -> dict[str, Any]:
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(
-        index_file=index_path, batch_size=2, decode_device="cuda", engine="workers", num_workers=2, seed=0
+        index_file=index_path,
+        batch_size=2,
+        decode=DecodeOptions(device="cuda"),
+        engine=EngineOptions(kind="workers", num_workers=2),
+        seed=0,
     )
     dm.setup("fit")
     frames = 0
@@ -398,7 +403,7 @@ def run_doctor(
     out = out if out is not None else sys.stdout
     missing = _gpu_missing(gpu)
     if missing is not None:
-        print(f"vstream doctor: no usable NVIDIA GPU here ({missing}); decode_device='cpu' is what works.", file=out)
+        print(f"vstream doctor: no usable NVIDIA GPU here ({missing}); decode.device='cpu' is what works.", file=out)
         return 0
     from lightning_vstream.decode.nvdec import probe_nvdec
 

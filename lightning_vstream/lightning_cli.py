@@ -82,8 +82,22 @@ def class_argument_error(message: str) -> str | None:
     return f"{line}; it accepts {', '.join(accepted) or 'no arguments'}."
 
 
+def _moved_options() -> dict[str, list[str]]:
+    """Each flat keyword the DataModules' option groups replaced -> its places (``"engine.num_workers"``)."""
+    from lightning_vstream.clips.datamodule import CLIP_MOVES
+    from lightning_vstream.stream.stream_datamodule import STREAM_MOVES
+
+    places: dict[str, list[str]] = {}
+    for table in (STREAM_MOVES, CLIP_MOVES):
+        for group, (_, fields) in table.items():
+            for old, new in fields.items():
+                places.setdefault(old, []).append(f"{group}.{new}")
+    return places
+
+
 def closest_option(message: str, options: list[str]) -> str | None:
-    """The valid option closest to the unknown one ``message`` names, if one is close enough.
+    """The valid option closest to the unknown one ``message`` names, if one is close enough; for a keyword
+    that moved into an option group (``data.num_workers``), its new place (``data.engine.num_workers``).
 
     Example::
 
@@ -99,6 +113,11 @@ def closest_option(message: str, options: list[str]) -> str | None:
         if group:
             key = f"{group}.{key}"
         prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        moved = [
+            prefix + place for place in _moved_options().get(key.rsplit(".", 1)[-1], ()) if prefix + place in options
+        ]
+        if moved:
+            return moved[0]
         same_group = [o for o in options if o.startswith(prefix)] or options
         found = difflib.get_close_matches(key, same_group, n=1, cutoff=0.6)
         return found[0] if found else None
@@ -166,20 +185,21 @@ class VStreamCLI(LightningCLI):
 
 
 def redact_config(config: Any) -> Any:
-    """A copy of a parsed LightningCLI config with every secret of every ``storage_options`` set to None.
+    """A copy of a parsed LightningCLI config with every secret of every storage group's ``options`` (and of any
+    ``storage_options``) set to None.
 
     Example::
 
         >>> from jsonargparse import Namespace
-        >>> config = Namespace(data=Namespace(storage_options={"region": "eu", "secret_access_key": "s3cr3t"}))
-        >>> redact_config(config).data.storage_options
+        >>> config = Namespace(data=Namespace(storage=Namespace(options={"region": "eu", "secret_access_key": "s3cr3t"})))
+        >>> redact_config(config).data.storage.options
         {'region': 'eu', 'secret_access_key': None}
     """
     from lightning_vstream.storage.config import SECRET_KEYS
 
     redacted = config.clone()
     for key, value in config.items():
-        if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(value, dict):
+        if (key.rsplit(".", 1)[-1] == "storage_options" or key.endswith("storage.options")) and isinstance(value, dict):
             redacted[key] = {k: (None if k in SECRET_KEYS else v) for k, v in value.items()}
     return redacted
 

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import EngineOptions, OutputOptions
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 import lightning.pytorch as pl
@@ -61,10 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     dm = StreamVideoDataModule(
         index_file=index,
         batch_size=1,
-        num_workers=0,
+        engine=EngineOptions(num_workers=0),
         seed=3,
-        annotations=index.parent / "annotations",
-        augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2), flip=0.5),
+        output=OutputOptions(
+            annotations=index.parent / "annotations",
+            augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2), flip=0.5),
+        ),
     )
     model = CheckingModel()
     trainer = ddp_trainer(max_epochs=1)

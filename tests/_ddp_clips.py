@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import EngineOptions, SamplingOptions
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 import lightning.pytorch as pl
@@ -41,7 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     index, out_dir = Path(argv[0]), Path(argv[1])
     dm = ClipVideoDataModule(
-        index_file=index, clip_frames=2, selection="random", clips_per_epoch=8, batch_size=2, num_workers=0, seed=5
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=2, selection="random", clips_per_epoch=8),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+        seed=5,
     )
     model = Recorder()
     trainer = ddp_trainer(max_epochs=2)

@@ -23,6 +23,7 @@ from _ddp import ddp_trainer
 from _stream_models import RecordingModel
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions
 from lightning_vstream.stream.schedule import PlanSpec
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
@@ -70,12 +71,10 @@ def _fit(index: str, out: Path, **trainer_options: Any) -> tuple[RecordingModel,
         out=str(out),
         index_file=index,
         batch_size=BATCH,
-        num_workers=0,
         seed=SEED,
-        on_error="skip",
-        engine="threads",
-        engine_threads=1,
-        decoder_threads=1,
+        engine=EngineOptions(kind="threads", threads=1, num_workers=0),
+        errors=ErrorOptions(on_error="skip"),
+        decode=DecodeOptions(decoder_threads=1),
     )
     model = RecordingModel()
     ckpt = trainer_options.pop("ckpt_path", None)

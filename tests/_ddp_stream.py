@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from lightning_vstream import EngineOptions
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     index, out_dir, use_sampler = argv[0], Path(argv[1]), argv[2] == "1"
     engine = argv[3] if len(argv) > 3 else "workers"
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, seed=3, engine=engine)
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, engine=EngineOptions(num_workers=0, kind=engine), seed=3)
     model = RecordingModel()
     trainer = ddp_trainer(max_epochs=2, use_distributed_sampler=use_sampler)
     trainer.fit(model, datamodule=dm)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_vstream import EngineOptions
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             return super().training_step(batch, batch_idx)
 
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2, clock=clock)
-    dm = StreamVideoDataModule(index_file=index, batch_size=1, num_workers=0)
+    dm = StreamVideoDataModule(index_file=index, batch_size=1, engine=EngineOptions(num_workers=0))
     trainer = ddp_trainer(max_steps=2, callbacks=[monitor], default_root_dir=out)
     trainer.fit(Timed(feature_dim=4, memory_length=2, pool=2), datamodule=dm)
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:

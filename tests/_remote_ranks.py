@@ -13,6 +13,8 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from lightning_vstream import EngineOptions, StorageConfig
+
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 import torch.distributed as dist
@@ -28,10 +30,9 @@ def main() -> None:
     )
     dm = StreamVideoDataModule(
         index_file=url,
-        storage_options=json.loads(options),
-        cache_dir=cache_dir,
+        storage=StorageConfig(options=json.loads(options), cache_dir=cache_dir),
         batch_size=2,
-        num_workers=0,
+        engine=EngineOptions(num_workers=0),
         seed=11,
         rank=int(rank),
         world_size=int(world),

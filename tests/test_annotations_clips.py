@@ -13,6 +13,7 @@ from _annotation_checks import (
     projection_errors,
 )
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, SamplingOptions
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
@@ -26,18 +27,49 @@ def ann_index(make_dataset: Any) -> Path:
     return make_dataset(clips=4, cameras=2, frames=[10, 7, 12, 9], size=SIZE, gop=5, annotations=True)
 
 
-def _dm(index: Path, **kw: Any) -> ClipVideoDataModule:
-    options: dict[str, Any] = {
-        "batch_size": 3,
-        "num_workers": 0,
-        "seed": 2,
-        "clip_frames": 3,
-        "frame_stride": 2,
-        "selection": "random",
-        "clips_per_epoch": 9,
-        "annotations": index.parent / "annotations",
-    }
-    dm = ClipVideoDataModule(index_file=index, **{**options, **kw})
+_ANNOTATIONS = object()  # _dm's default: the dataset's own annotations folder
+
+
+def _dm(
+    index: Path,
+    *,
+    batch_size: int = 3,
+    num_workers: int = 0,
+    clip_frames: int = 3,
+    frame_stride: int = 2,
+    selection: str = "random",
+    clips_per_epoch: int | None = 9,
+    shuffle: bool = True,
+    annotations: Any = _ANNOTATIONS,
+    augment: GeometryAugment | None = None,
+    pad_annotations: bool = False,
+    on_error: str = "raise",
+    camera_frames: str = "stacked",
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> ClipVideoDataModule:
+    dm = ClipVideoDataModule(
+        index_file=index,
+        batch_size=batch_size,
+        seed=2,
+        sampling=SamplingOptions(
+            clip_frames=clip_frames,
+            frame_stride=frame_stride,
+            selection=selection,  # type: ignore[arg-type]
+            clips_per_epoch=clips_per_epoch,
+            shuffle=shuffle,
+        ),
+        decode=DecodeOptions(camera_frames=camera_frames),  # type: ignore[arg-type]
+        output=OutputOptions(
+            annotations=index.parent / "annotations" if annotations is _ANNOTATIONS else annotations,
+            augment=augment,
+            pad_annotations=pad_annotations,
+        ),
+        engine=EngineOptions(num_workers=num_workers),
+        errors=ErrorOptions(on_error=on_error),  # type: ignore[arg-type]
+        rank=rank,
+        world_size=world_size,
+    )
     dm.setup("fit")
     return dm
 

@@ -16,6 +16,7 @@ from _annotation_checks import (
     write_mixed_rig,
 )
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, PlanOptions
 from lightning_vstream.annotations import AnnotationFiles
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.demos.synth import clip_number, read_stamp
@@ -37,17 +38,41 @@ def ann_index(make_dataset: Any) -> Path:
     return make_dataset(clips=4, cameras=2, frames=[10, 7, 12, 9], size=SIZE, gop=5, annotations=True)
 
 
-def _dm(index: Path, **kw: Any) -> StreamVideoDataModule:
-    options: dict[str, Any] = {
-        "batch_size": 2,
-        "num_workers": 0,
-        "seed": 5,
-        "annotations": index.parent / "annotations",
-    }
-    options = {**options, **kw}
+_ANNOTATIONS = object()  # _dm's default: the dataset's own annotations folder
+
+
+def _dm(
+    index: Path,
+    *,
+    batch_size: int = 2,
+    num_workers: int = 0,
+    engine: str | None = None,
+    engine_threads: int | None = None,
+    annotations: Any = _ANNOTATIONS,
+    augment: GeometryAugment | None = None,
+    transform: Any = None,
+    pad_annotations: bool = False,
+    on_error: str = "raise",
+    shuffle: bool = True,
+    camera_frames: str = "stacked",
+) -> StreamVideoDataModule:
     # num_workers > 0 asks for the worker loader; 0 runs the default, the thread engine.
-    options.setdefault("engine", "workers" if options["num_workers"] else "auto")
-    dm = StreamVideoDataModule(index_file=index, **options)
+    kind = engine or ("workers" if num_workers else "auto")
+    dm = StreamVideoDataModule(
+        index_file=index,
+        batch_size=batch_size,
+        seed=5,
+        plan=PlanOptions(shuffle=shuffle),
+        decode=DecodeOptions(camera_frames=camera_frames),  # type: ignore[arg-type]
+        output=OutputOptions(
+            annotations=index.parent / "annotations" if annotations is _ANNOTATIONS else annotations,
+            augment=augment,
+            transform=transform,
+            pad_annotations=pad_annotations,
+        ),
+        engine=EngineOptions(kind=kind, threads=engine_threads, num_workers=num_workers),  # type: ignore[arg-type]
+        errors=ErrorOptions(on_error=on_error),  # type: ignore[arg-type]
+    )
     dm.setup("fit")
     return dm
 
@@ -96,9 +121,8 @@ def test_padded_boxes_and_evaluation_padding(ann_index: Path) -> None:
         index_file=ann_index,
         val_index_file=ann_index,
         batch_size=3,
-        num_workers=0,
-        annotations=ann_index.parent / "annotations",
-        pad_annotations=True,
+        engine=EngineOptions(num_workers=0),
+        output=OutputOptions(annotations=ann_index.parent / "annotations", pad_annotations=True),
     )
     dm.setup("validate")
     padded_slots = 0
@@ -251,13 +275,13 @@ def test_lightning_cli_configures_annotations_and_augmentation(
             str(ann_index),
             "--data.val_index_file",
             str(ann_index),
-            "--data.num_workers",
+            "--data.engine.num_workers",
             "0",
             "--data.batch_size",
             "2",
-            "--data.annotations",
+            "--data.output.annotations",
             str(ann_index.parent / "annotations"),
-            "--data.augment",
+            "--data.output.augment",
             "{output_size: [48, 64], flip: 0.5}",
             "--trainer.max_steps",
             "3",
@@ -269,7 +293,7 @@ def test_lightning_cli_configures_annotations_and_augmentation(
         run=False,
     )
     dm, model = cli.datamodule, cli.model
-    assert dm.augment == GeometryAugment(output_size=(48, 64), flip=0.5)
+    assert dm.output.augment == GeometryAugment(output_size=(48, 64), flip=0.5)
     cli.trainer.fit(model, datamodule=dm)
     assert cli.trainer.global_step == 3 and model.last_box_loss is not None
 
@@ -298,7 +322,7 @@ def test_per_camera_frames_keep_each_cameras_size(mixed_rig: Path, num_workers: 
         steps += 1
     assert steps > 0
     with pytest.raises(ValueError, match="camera_frames='sideways' is invalid; expected 'stacked' or 'per_camera'"):
-        StreamVideoDataModule(index_file=mixed_rig, camera_frames="sideways")  # type: ignore[arg-type]
+        StreamVideoDataModule(index_file=mixed_rig, decode=DecodeOptions(camera_frames="sideways"))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("augment", [None, AUGMENT])
@@ -349,10 +373,9 @@ def test_trainer_resume_from_mid_epoch_checkpoint_repeats_targets_and_draws(ann_
         dm = StreamVideoDataModule(
             index_file=ann_index,
             batch_size=2,
-            num_workers=0,
+            engine=EngineOptions(num_workers=0),
             seed=5,
-            annotations=ann_index.parent / "annotations",
-            augment=AUGMENT,
+            output=OutputOptions(annotations=ann_index.parent / "annotations", augment=AUGMENT),
         )
         model = _Recorder()
         trainer = pl.Trainer(

@@ -15,7 +15,18 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule, VideoClipDataset, at_indices, collate_clips
+from lightning_vstream import (
+    ClipVideoDataModule,
+    DecodeOptions,
+    EngineOptions,
+    ErrorOptions,
+    OutputOptions,
+    SamplingOptions,
+    StreamVideoDataModule,
+    VideoClipDataset,
+    at_indices,
+    collate_clips,
+)
 from lightning_vstream.annotations import GeometryAugment
 from lightning_vstream.demos.synth import clip_name
 from lightning_vstream.errors import VStreamWarning
@@ -53,11 +64,7 @@ def annotated(make_dataset: Any) -> Path:
 
 def _stream_batches(index_file: Path, engine: str, num_workers: int, **options: Any) -> list[dict[str, Any]]:
     dm = StreamVideoDataModule(
-        index_file=index_file,
-        batch_size=2,
-        engine=engine,
-        num_workers=num_workers,
-        **options,  # type: ignore[arg-type]
+        index_file=index_file, batch_size=2, engine=EngineOptions(kind=engine, num_workers=num_workers), **options
     )
     dm.setup("fit")
     try:
@@ -102,9 +109,11 @@ def test_stream_batches_with_outputs_annotations_and_geometry(annotated: Path, e
         annotated,
         engine,
         num_workers,
-        annotations=annotated.parent / "annotations",
-        augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2)),
-        outputs={"small": FrameTransform(resize=(28, 40))},
+        output=OutputOptions(
+            annotations=annotated.parent / "annotations",
+            augment=GeometryAugment(output_size=(56, 80), scale=(0.9, 1.2)),
+            outputs={"small": FrameTransform(resize=(28, 40))},
+        ),
     )
     assert len(batches) > 0
     for batch in batches:
@@ -121,7 +130,9 @@ def test_stream_batches_with_outputs_annotations_and_geometry(annotated: Path, e
 
 def test_stream_batches_per_camera(small_index: Path) -> None:
     for engine, num_workers in LOADERS:
-        for batch in _stream_batches(small_index, engine, num_workers, camera_frames="per_camera"):
+        for batch in _stream_batches(
+            small_index, engine, num_workers, decode=DecodeOptions(camera_frames="per_camera")
+        ):
             assert list(batch) == STREAM_KEYS
             assert (
                 isinstance(batch["frames"], list) and [tuple(f.shape) for f in batch["frames"]] == [(2, 3, 48, 64)] * 2
@@ -160,9 +171,11 @@ def test_clip_samples_with_annotations_outputs_and_geometry(annotated: Path) -> 
     dataset = VideoClipDataset(
         index=annotated,
         requests=[at_indices(clip_name(0), [0, 4]), at_indices(clip_name(2), [3, 9])],
-        annotations=annotated.parent / "annotations",
-        augment=GeometryAugment(output_size=(56, 80)),
-        outputs={"small": FrameTransform(resize=(28, 40))},
+        output=OutputOptions(
+            annotations=annotated.parent / "annotations",
+            augment=GeometryAugment(output_size=(56, 80)),
+            outputs={"small": FrameTransform(resize=(28, 40))},
+        ),
     )
     samples = [dataset[0], dataset[1]]
     for sample in samples:
@@ -186,7 +199,7 @@ def test_a_sample_that_cannot_be_read_has_the_same_keys(small_index: Path, tmp_p
     dataset = VideoClipDataset(
         index=root / small_index.name,
         requests=[at_indices(clip_name(0), [0, 1]), at_indices(clip_name(1), [0, 1])],
-        on_error="skip",
+        errors=ErrorOptions(on_error="skip"),
     )
     good, bad = dataset[0], dataset[1]
     assert list(bad) == list(good) == CLIP_SAMPLE_KEYS
@@ -198,7 +211,12 @@ def test_a_sample_that_cannot_be_read_has_the_same_keys(small_index: Path, tmp_p
 
 
 def test_clip_datamodule_batches_have_the_documented_keys(small_index: Path) -> None:
-    dm = ClipVideoDataModule(index_file=small_index, batch_size=2, num_workers=0, clip_frames=3)
+    dm = ClipVideoDataModule(
+        index_file=small_index,
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+        sampling=SamplingOptions(clip_frames=3),
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert list(batch) == CLIP_BATCH_KEYS
@@ -230,7 +248,7 @@ def test_a_sample_whose_file_cannot_be_probed_has_the_same_keys(small_index: Pat
         dataset = VideoClipDataset(
             index=index,
             requests=[at_indices(clip_name(0), [0, 1]), at_indices(clip_name(1), [0, 1])],
-            on_error="skip",
+            errors=ErrorOptions(on_error="skip"),
         )
     good, bad = dataset[0], dataset[1]
     assert list(bad) == list(good) == CLIP_SAMPLE_KEYS

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.demos.models import TinyStreamPETR
+from lightning_vstream.options import EngineOptions, PlanOptions
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
@@ -105,7 +106,13 @@ def _logged_trainer(tmp_path: Path, monitor: StreamThroughputMonitor, logger: Lo
 
 def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
     return StreamVideoDataModule(
-        **{"index_file": index, "batch_size": SLOTS, "num_workers": 0, "shuffle": False, **kwargs}
+        **{
+            "index_file": index,
+            "batch_size": SLOTS,
+            "engine": EngineOptions(num_workers=0),
+            "plan": PlanOptions(shuffle=False),
+            **kwargs,
+        }
     )
 
 

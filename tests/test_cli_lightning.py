@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import inspect
 import io
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_vstream import EngineOptions, PlanOptions
 from lightning_vstream.callbacks import StreamThroughputMonitor, TemporalStateReset
 from lightning_vstream.demos.models import TinyStreamPETR
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
@@ -51,7 +53,7 @@ def _args(index: Path, *extra: str) -> list[str]:
         str(index),
         "--data.val_index_file",
         str(index),
-        "--data.num_workers",
+        "--data.engine.num_workers",
         "0",
         "--trainer.max_steps",
         "3",
@@ -73,10 +75,16 @@ def test_config_sets_every_datamodule_option() -> None:
 
 def test_cli_parses_the_config_and_fits(cli_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    cli = _example().main(_args(cli_index, "--data.batch_size", "2", "--data.segment_length", "4"), run=False)
+    cli = _example().main(_args(cli_index, "--data.batch_size", "2", "--data.plan.segment_length", "4"), run=False)
     dm, model, trainer = cli.datamodule, cli.model, cli.trainer
     assert isinstance(dm, StreamVideoDataModule) and isinstance(model, TinyStreamPETR)
-    assert (dm.batch_size, dm.segment_length, dm.num_workers, dm.decoder_threads, dm.on_error) == (2, 4, 0, 1, "raise")
+    assert (
+        dm.batch_size,
+        dm.plan.segment_length,
+        dm.engine.num_workers,
+        dm.decode.decoder_threads,
+        dm.errors.on_error,
+    ) == (2, 4, 0, 1, "raise")
     monitors = [c for c in trainer.callbacks if isinstance(c, StreamThroughputMonitor)]
     resets = [c for c in trainer.callbacks if isinstance(c, TemporalStateReset)]
     assert len(monitors) == len(resets) == 1 and monitors[0].window == 10 and monitors[0].prog_bar
@@ -94,21 +102,37 @@ def test_cli_fit_subcommand_runs(cli_index: Path, tmp_path: Path, monkeypatch: p
     assert (tmp_path / "runs" / "stream").is_dir()
 
 
+def _merge(into: dict[str, Any], data: dict[str, Any]) -> None:
+    """Set ``data`` in the config section ``into``, group sections (``decode: {device: ...}``) key by key."""
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and "class_path" not in value:
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def _bad_config(tmp_path: Path, index: Path, **data: Any) -> Path:
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(index_file=str(index), val_index_file=str(index), **data)
+    _merge(config["data"], {"index_file": str(index), "val_index_file": str(index), **data})
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 def test_wrong_choice_in_yaml_fails_at_parse_time_naming_the_option(cli_index: Path, tmp_path: Path) -> None:
-    config = _bad_config(tmp_path, cli_index, decode_device="tpu")
+    config = _bad_config(tmp_path, cli_index, engine={"kind": "thread"})
     stderr = io.StringIO()
     with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
         _example().main(["--config", str(config)], run=False)
-    assert 'Parser key "data.decode_device"' in stderr.getvalue()
-    assert "Expected a typing.Literal['cpu', 'cuda', 'auto']. Got value: tpu" in stderr.getvalue()
+    assert 'Parser key "data.engine.kind"' in stderr.getvalue()
+    assert "Expected a typing.Literal['auto', 'threads', 'workers']. Got value: thread" in stderr.getvalue()
+    # decode.device also takes 'cuda:<index>' (a dataset), so its group checks it when built, naming it.
+    config = _bad_config(tmp_path, cli_index, decode={"device": "tpu"})
+    with pytest.raises(
+        ValueError,
+        match=re.escape("DecodeOptions: device='tpu' is invalid; expected 'cpu', 'cuda', 'cuda:<index>' or 'auto'."),
+    ):
+        _example().main(["--config", str(config)], run=False)
 
 
 def test_wrong_number_in_yaml_fails_before_training_with_a_clear_message(cli_index: Path, tmp_path: Path) -> None:
@@ -138,6 +162,12 @@ def test_wrong_number_in_yaml_fails_before_training_with_a_clear_message(cli_ind
             ["fit"],
             "error: Subcommand 'fit' does not accept option 'data.batch_sze'; did you mean 'data.batch_size'?",
         ),
+        (
+            "data",
+            "num_workers",
+            [],
+            "error: Group 'data' does not accept option 'num_workers'; did you mean 'data.engine.num_workers'?",
+        ),
     ],
 )
 def test_a_misspelt_option_is_named_first_with_the_closest_valid_one(
@@ -165,6 +195,13 @@ def test_a_misspelt_command_line_option_is_named_with_the_closest_valid_one(cli_
     assert stderr.getvalue().splitlines()[0] == (
         "error: unrecognized arguments: --data.batch_sze 2; did you mean 'data.batch_size'?"
     )
+    # A key of earlier releases is answered with its place in its option group.
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(stderr):
+        _example().main(["--data.index_file", str(cli_index), "--data.num_workers", "2"], run=False)
+    assert stderr.getvalue().splitlines()[0] == (
+        "error: unrecognized arguments: --data.num_workers 2; did you mean 'data.engine.num_workers'?"
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,13 +218,20 @@ def test_frame_transform_from_yaml_by_its_options_or_class_path(
     from lightning_vstream import FrameTransform
 
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(
-        index_file=str(cli_index), val_index_file=None, num_workers=0, batch_size=2, transform=transform
+    _merge(
+        config["data"],
+        {
+            "index_file": str(cli_index),
+            "val_index_file": None,
+            "engine": {"num_workers": 0},
+            "batch_size": 2,
+            "output": {"transform": transform},
+        },
     )
     path = tmp_path / "transform.yaml"
     path.write_text(yaml.safe_dump(config))
     dm = _example().main(["--config", str(path)], run=False).datamodule
-    assert dm.transform == FrameTransform(resize=(32, 48), dtype="float32")
+    assert dm.output.transform == FrameTransform(resize=(32, 48), dtype="float32")
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["frames"].shape == (2, 2, 3, 32, 48) and batch["frames"].dtype == torch.float32
@@ -201,13 +245,16 @@ def test_user_transform_class_from_yaml_class_path(
 
     monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(CONFIG.read_text())
-    config["data"].update(
-        index_file=str(cli_index),
-        val_index_file=str(cli_index),
-        num_workers=0,
-        batch_size=2,
-        shuffle=False,
-        transform={"class_path": "_user_transforms.Brighten", "init_args": {"amount": 40}},
+    _merge(
+        config["data"],
+        {
+            "index_file": str(cli_index),
+            "val_index_file": str(cli_index),
+            "engine": {"num_workers": 0},
+            "batch_size": 2,
+            "plan": {"shuffle": False},
+            "output": {"transform": {"class_path": "_user_transforms.Brighten", "init_args": {"amount": 40}}},
+        },
     )
     path = tmp_path / "brighten.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -225,9 +272,12 @@ def test_user_transform_class_from_yaml_class_path(
         run=False,
     )
     dm = cli.datamodule
-    assert isinstance(dm.transform, Brighten) and dm.transform.amount == 40
-    assert "transform" not in dm.hparams  # any object: not stored in checkpoints
-    plain = StreamVideoDataModule(index_file=cli_index, num_workers=0, batch_size=2, shuffle=False)
+    assert isinstance(dm.output.transform, Brighten) and dm.output.transform.amount == 40
+    # any object: not stored in checkpoints
+    assert "transform" not in dm.hparams and "transform" not in dm.hparams["output"]
+    plain = StreamVideoDataModule(
+        index_file=cli_index, engine=EngineOptions(num_workers=0), batch_size=2, plan=PlanOptions(shuffle=False)
+    )
     for module in (dm, plain):
         module.setup("fit")
     bright, base = next(iter(dm.train_dataloader())), next(iter(plain.train_dataloader()))
@@ -253,7 +303,7 @@ def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
         "--data.val_index_file",
         str(cli_index),
     ]
-    argv += ["--data.num_workers", "0", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1"]
+    argv += ["--data.engine.num_workers", "0", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_stream.py"), *argv],
         capture_output=True,
@@ -281,8 +331,11 @@ def test_the_example_prints_no_warning(cli_index: Path, tmp_path: Path) -> None:
             "'windw'; did you mean 'window'?",
         ),
         (
-            ["--data.transform", '{"class_path": "lightning_vstream.FrameTransform", "init_args": {"resise": [8, 8]}}'],
-            "error: data.transform: lightning_vstream.FrameTransform does not accept option 'resise'; "
+            [
+                "--data.output.transform",
+                '{"class_path": "lightning_vstream.FrameTransform", "init_args": {"resise": [8, 8]}}',
+            ],
+            "error: data.output.transform: lightning_vstream.FrameTransform does not accept option 'resise'; "
             "did you mean 'resize'?",
         ),
     ],

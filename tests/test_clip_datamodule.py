@@ -11,7 +11,7 @@ import torch
 from _trainers import quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_vstream import VStreamWarning
+from lightning_vstream import EngineOptions, ErrorOptions, OutputOptions, SamplingOptions, VStreamWarning
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import VideoDecodeError
@@ -89,12 +89,9 @@ def test_resume_mid_epoch_delivers_exactly_the_remaining_batches(
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> ClipModel:
         dm = ClipVideoDataModule(
             index_file=clip_index,
-            clip_frames=3,
-            frame_stride=2,
-            selection=selection,
-            clips_per_epoch=6,
+            sampling=SamplingOptions(clip_frames=3, frame_stride=2, selection=selection, clips_per_epoch=6),
             batch_size=2,
-            num_workers=num_workers,
+            engine=EngineOptions(num_workers=num_workers),
             seed=7,
         )
         model = ClipModel()
@@ -124,7 +121,12 @@ def test_resume_mid_epoch_delivers_exactly_the_remaining_batches(
 def test_all_four_stages_and_no_val_loop_without_val_index(
     clip_index: Path, tmp_path: Path, recwarn: pytest.WarningsRecorder
 ) -> None:
-    dm = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=6, batch_size=2, num_workers=0)
+    dm = ClipVideoDataModule(
+        index_file=clip_index,
+        sampling=SamplingOptions(clip_frames=2, hop=6),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+    )
     model = ClipModel()
     quiet_trainer(tmp_path, max_steps=2).fit(model, datamodule=dm)
     assert model.seen["val"] == [] and len(model.seen["train"]) == 2
@@ -136,10 +138,9 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
         val_index_file=clip_index,
         test_index_file=clip_index,
         predict_index_file=clip_index,
-        clip_frames=2,
-        hop=6,
+        sampling=SamplingOptions(clip_frames=2, hop=6),
         batch_size=2,
-        num_workers=0,
+        engine=EngineOptions(num_workers=0),
     )
     trainer = quiet_trainer(tmp_path)
     trainer.validate(model, datamodule=full)
@@ -154,11 +155,10 @@ def test_all_four_stages_and_no_val_loop_without_val_index(
 def test_transform_and_hyperparameters(clip_index: Path) -> None:
     dm = ClipVideoDataModule(
         index_file=clip_index,
-        clip_frames=2,
+        sampling=SamplingOptions(clip_frames=2, shuffle=False),
         batch_size=2,
-        num_workers=0,
-        shuffle=False,
-        transform=FrameTransform(resize=(96, 128), dtype="float32"),
+        engine=EngineOptions(num_workers=0),
+        output=OutputOptions(transform=FrameTransform(resize=(96, 128), dtype="float32")),
     )
     assert dm.hparams["index_file"] == str(clip_index) and "transform" not in dm.hparams
     dm.setup("fit")
@@ -173,19 +173,23 @@ def test_worker_options_a_gpu_run_does_not_use_are_warned_about_once(clip_index:
 
     cpu = ClipVideoDataModule(index_file=clip_index)
     assert cpu._workers(SimpleNamespace(decode_device="cpu")) == 2  # num_workers=None: 2 on the CPU
-    dm = ClipVideoDataModule(index_file=clip_index, num_workers=4, multiprocessing_context="spawn")
+    dm = ClipVideoDataModule(
+        index_file=clip_index, engine=EngineOptions(num_workers=4, multiprocessing_context="spawn")
+    )
     on_gpu = SimpleNamespace(decode_device="cuda:0")  # a dataset decoding on the GPU, as setup() makes it there
     with pytest.warns(
         VStreamWarning,
         match=r"^ClipVideoDataModule: num_workers=4 and multiprocessing_context='spawn' are not used: decoding on "
         r"cuda:0, each batch is decoded by threads of the training process, which starts no worker processes\. "
-        r"Those threads are gop_threads=None \(None: twice the GPU's NVDEC engines\)\.$",
+        r"Those threads are engine\.threads=None \(None: twice the GPU's NVDEC engines\)\.$",
     ):
         assert dm._workers(on_gpu) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert dm._workers(on_gpu) == 0  # once per DataModule
-    assert ClipVideoDataModule(index_file=clip_index, num_workers=0)._workers(on_gpu) == 0  # nothing to say
+    assert (
+        ClipVideoDataModule(index_file=clip_index, engine=EngineOptions(num_workers=0))._workers(on_gpu) == 0
+    )  # nothing to say
 
 
 def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, tmp_path: Path) -> None:
@@ -198,7 +202,11 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     bad = sorted((root / "videos").glob("*/*.mp4"))[1]
     bad.write_bytes(bad.read_bytes()[:200])  # truncated: its frames cannot be decoded
     dm = ClipVideoDataModule(
-        index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False, on_error="skip"
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=2, hop=8, shuffle=False),
+        batch_size=3,
+        engine=EngineOptions(num_workers=0),
+        errors=ErrorOptions(on_error="skip"),
     )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
@@ -207,7 +215,11 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     assert stamp_errors(batch) == []
     # A file that breaks after the index was loaded fails while decoding, not while probing.
     loaded = ClipVideoDataModule(
-        index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False, on_error="skip"
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=2, hop=8, shuffle=False),
+        batch_size=3,
+        engine=EngineOptions(num_workers=0),
+        errors=ErrorOptions(on_error="skip"),
     )
     loaded.setup("fit")
     late = sorted((root / "videos").glob("*/*.mp4"))[2]
@@ -215,7 +227,12 @@ def test_on_error_skip_flags_the_sample_and_keeps_the_batch(make_dataset: Any, t
     batch = next(iter(loaded.train_dataloader()))
     assert batch["valid"].tolist() == [True, False, False] and batch["frames"].shape == (3, 2, 1, 3, 48, 64)
     assert not batch["frames"][1:].any() and stamp_errors(batch) == []
-    strict = ClipVideoDataModule(index_file=index, clip_frames=2, hop=8, batch_size=3, num_workers=0, shuffle=False)
+    strict = ClipVideoDataModule(
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=2, hop=8, shuffle=False),
+        batch_size=3,
+        engine=EngineOptions(num_workers=0),
+    )
     strict.setup("fit")
     with pytest.raises(VideoDecodeError, match=r"scene-0001.*CAM_BACK.mp4' is not a readable video file"):
         next(iter(strict.train_dataloader()))
@@ -227,13 +244,10 @@ def test_clip_workers_start_without_lightning(clip_index: Path, tmp_path: Path, 
 
     dm = ClipVideoDataModule(
         index_file=clip_index,
-        clip_frames=2,
-        hop=3,
+        sampling=SamplingOptions(clip_frames=2, hop=3, shuffle=False),
         batch_size=2,
-        num_workers=2,
-        shuffle=False,
-        multiprocessing_context=method,
-        transform=ImportProbe(str(tmp_path)),
+        engine=EngineOptions(num_workers=2, multiprocessing_context=method),
+        output=OutputOptions(transform=ImportProbe(str(tmp_path))),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -273,12 +287,9 @@ def test_random_clips_are_drawn_anew_every_epoch_without_reloading(
 ) -> None:
     dm = ClipVideoDataModule(
         index_file=clip_index,
-        clip_frames=3,
-        selection="random",
-        clips_per_epoch=6,
+        sampling=SamplingOptions(clip_frames=3, selection="random", clips_per_epoch=6),
         batch_size=2,
-        num_workers=num_workers,
-        persistent_workers=persistent,
+        engine=EngineOptions(num_workers=num_workers, persistent_workers=persistent),
         seed=11,
     )
     model = EpochModel()
@@ -299,12 +310,10 @@ def test_augmentation_is_drawn_anew_every_epoch_in_persistent_workers(clip_index
 
     dm = ClipVideoDataModule(
         index_file=clip_index,
-        clip_frames=2,
-        hop=4,
+        sampling=SamplingOptions(clip_frames=2, hop=4),
         batch_size=2,
-        num_workers=2,
-        persistent_workers=True,
-        augment=GeometryAugment(output_size=(40, 56), scale=(0.7, 1.3), flip=0.5),
+        engine=EngineOptions(num_workers=2, persistent_workers=True),
+        output=OutputOptions(augment=GeometryAugment(output_size=(40, 56), scale=(0.7, 1.3), flip=0.5)),
         seed=3,
     )
     model = EpochModel()
@@ -312,8 +321,8 @@ def test_augmentation_is_drawn_anew_every_epoch_in_persistent_workers(clip_index
     first, second = model.matrices[0], model.matrices[1]
     assert set(first) == set(second)  # regular windows: the same samples every epoch ...
     assert any(not torch.equal(first[k], second[k]) for k in first)  # ... with new augmentation draws
-    expected = dm.augment.draw(seed=3, epoch=1, key="scene-0000:0")
-    assert expected != dm.augment.draw(seed=3, epoch=0, key="scene-0000:0")
+    expected = dm.output.augment.draw(seed=3, epoch=1, key="scene-0000:0")
+    assert expected != dm.output.augment.draw(seed=3, epoch=0, key="scene-0000:0")
 
 
 def test_ddp_ranks_share_each_epochs_draw(ddp_session: DdpSession) -> None:
@@ -365,13 +374,11 @@ def test_decode_stats_count_skips_and_missing_annotations_across_workers(
     bad.write_bytes(bad.read_bytes()[:300])
     dm = ClipVideoDataModule(
         index_file=root / "index.json",
-        clip_frames=2,
-        hop=4,
+        sampling=SamplingOptions(clip_frames=2, hop=4, shuffle=False),
         batch_size=2,
-        num_workers=num_workers,
-        shuffle=False,
-        on_error="skip",
-        annotations=PartlyAnnotated(root / "annotations"),
+        engine=EngineOptions(num_workers=num_workers),
+        errors=ErrorOptions(on_error="skip"),
+        output=OutputOptions(annotations=PartlyAnnotated(root / "annotations")),
     )
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=3)
     model = ClipModel()
@@ -397,7 +404,10 @@ def test_teardown_without_a_stage_stops_workers_and_closes_decoders(clip_index: 
     psutil = pytest.importorskip("psutil")
 
     dm = ClipVideoDataModule(
-        index_file=clip_index, clip_frames=2, hop=4, batch_size=2, num_workers=2, persistent_workers=True
+        index_file=clip_index,
+        sampling=SamplingOptions(clip_frames=2, hop=4),
+        batch_size=2,
+        engine=EngineOptions(num_workers=2, persistent_workers=True),
     )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     dm.setup("fit")
@@ -408,7 +418,12 @@ def test_teardown_without_a_stage_stops_workers_and_closes_decoders(clip_index: 
     dm.teardown(None)
     assert not workers & {p.pid for p in psutil.Process().children(recursive=True)}
 
-    single = ClipVideoDataModule(index_file=clip_index, clip_frames=2, hop=4, batch_size=2, num_workers=0)
+    single = ClipVideoDataModule(
+        index_file=clip_index,
+        sampling=SamplingOptions(clip_frames=2, hop=4),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+    )
     single.teardown(None)  # before setup: nothing to close
     single.setup("fit")
     next(iter(single.train_dataloader()))

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
+from lightning_vstream import DecodeOptions, SamplingOptions
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
 from lightning_vstream.clips.dataset import VideoClipDataset
@@ -245,7 +246,7 @@ def test_image_folder_camera_next_to_a_video_camera(mixed_index: Path) -> None:
 def test_dataloader_with_random_sampler(small_index: Path, num_workers: int) -> None:
     index = load_index(small_index)
     reqs = random_clips(index, FrameWindow(3, stride=2), count=10, seed=0)
-    ds = VideoClipDataset(index=index, requests=reqs, decoder_threads=1)
+    ds = VideoClipDataset(index=index, requests=reqs, decode=DecodeOptions(decoder_threads=1))
     loader = DataLoader(
         ds,
         batch_size=4,
@@ -350,7 +351,7 @@ def test_dataset_errors_name_request_clip_and_camera(small_index: Path) -> None:
     with pytest.raises(ValueError, match=r"cameras=\['CAM_FRONT'\]: \['CAM_FRONT'\] not in the index 'index.json'"):
         VideoClipDataset(index=small_index, cameras=["CAM_FRONT"])
     with pytest.raises(ValueError, match="max_open_decoders=0"):
-        VideoClipDataset(index=small_index, max_open_decoders=0)
+        VideoClipDataset(index=small_index, decode=DecodeOptions(max_open_decoders=0))
 
 
 def test_cameras_of_different_sizes_are_refused_by_name(tmp_path: Path) -> None:
@@ -431,9 +432,7 @@ def test_datamodule_fits_with_a_trainer(small_index: Path) -> None:
 
     dm = ClipVideoDataModule(
         index_file=small_index,
-        segments=[(6.0, 2), (12.0, 2)],
-        selection="random",
-        clips_per_epoch=6,
+        sampling=SamplingOptions(segments=[(6.0, 2), (12.0, 2)], selection="random", clips_per_epoch=6),
         batch_size=2,
         seed=1,
     )
@@ -458,7 +457,11 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     shards = []
     for rank in (0, 1):
         dm = ClipVideoDataModule(
-            index_file=small_index, clip_frames=3, frame_stride=2, batch_size=2, world_size=2, rank=rank, drop_last=True
+            index_file=small_index,
+            sampling=SamplingOptions(clip_frames=3, frame_stride=2, drop_last=True),
+            batch_size=2,
+            world_size=2,
+            rank=rank,
         )
         dm.setup("fit")
         loader = dm.train_dataloader()
@@ -468,7 +471,9 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     assert len(everything) == 11  # odd: drop_last leaves one request out rather than repeating one
     assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == 4  # 5 each, last batch dropped
     assert shards[0] | shards[1] <= everything
-    sequential = ClipVideoDataModule(index_file=small_index, clip_frames=2, shuffle=False, batch_size=50)
+    sequential = ClipVideoDataModule(
+        index_file=small_index, sampling=SamplingOptions(clip_frames=2, shuffle=False), batch_size=50
+    )
     sequential.setup("fit")
     [batch] = sequential.train_dataloader()  # read to the end: its workers stop now, not when collected
     assert [(c, tuple(f)) for c, f in zip(batch["clip_id"], batch["frame_index"].tolist())] == [
@@ -476,7 +481,7 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
     ]
     custom = ClipVideoDataModule(
         index_file=small_index,
-        clip_frames=2,
+        sampling=SamplingOptions(clip_frames=2),
         sampler=lambda ds: RequestSampler(["scene-0001"]),
         val_index_file=small_index,
     )
@@ -489,15 +494,30 @@ def test_datamodule_distributed_split_and_samplers(small_index: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"segments": [(1.0, 2)], "clip_frames": 4}, "pass either segments"),
-        ({"segments": [(1.0, 2)], "frame_stride": 2}, "frame_stride=2 applies to frame windows"),
-        ({"selection": "uniform"}, "selection='uniform' is invalid; expected 'regular' or 'random'"),
+        ({"sampling": {"segments": [(1.0, 2)], "clip_frames": 4}}, "^SamplingOptions: pass either segments"),
+        (
+            {"sampling": {"segments": [(1.0, 2)], "frame_stride": 2}},
+            "^SamplingOptions: frame_stride=2 applies to frame windows",
+        ),
+        (
+            {"sampling": {"selection": "uniform"}},
+            "^SamplingOptions: selection='uniform' is invalid; expected 'regular' or 'random'",
+        ),
         ({"sampler": "shuffle"}, "sampler='shuffle' is invalid; expected None or a callable"),
         ({"batch_size": 0}, "batch_size=0 is invalid; expected an integer >= 1"),
-        ({"world_size": 2, "rank": 2}, r"rank=2 is invalid; expected an integer in 0..world_size-1"),
-        ({"multiprocessing_context": "thread"}, r"multiprocessing_context='thread' is invalid"),
-        ({"on_error": "ignore"}, r"on_error='ignore' is invalid; expected 'raise' or 'skip'"),
-        ({"transform": 3}, r"transform=3 is invalid; expected None or a callable on frame tensors"),
+        ({"world_size": 2, "rank": 2}, r"rank=2 is invalid; expected None or an integer in 0..world_size-1"),
+        (
+            {"engine": {"multiprocessing_context": "thread"}},
+            r"^EngineOptions: multiprocessing_context='thread' is invalid",
+        ),
+        (
+            {"errors": {"on_error": "ignore"}},
+            r"^ErrorOptions: on_error='ignore' is invalid; expected 'raise' or 'skip'",
+        ),
+        (
+            {"output": {"transform": 3}},
+            r"^OutputOptions: transform=3 is invalid; expected None or a callable on frame tensors",
+        ),
     ],
 )
 def test_datamodule_argument_errors(small_index: Path, kwargs: dict, match: str) -> None:

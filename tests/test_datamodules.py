@@ -14,7 +14,15 @@ import pytest
 import torch
 from _trainers import quiet_trainer
 
-from lightning_vstream import ClipVideoDataModule, GpuOptions, StreamVideoDataModule, VStreamWarning
+from lightning_vstream import (
+    ClipVideoDataModule,
+    EngineOptions,
+    GpuOptions,
+    IndexOptions,
+    SamplingOptions,
+    StreamVideoDataModule,
+    VStreamWarning,
+)
 from lightning_vstream.callbacks import TemporalStateReset
 from lightning_vstream.demos.models import TinyStreamPETR
 from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
@@ -31,8 +39,8 @@ def _fit(model: pl.LightningModule, dm: pl.LightningDataModule, tmp_path: Path, 
     return trainer
 
 
-def _stream(index: Path, **kwargs: Any) -> StreamVideoDataModule:
-    return StreamVideoDataModule(index_file=index, batch_size=2, num_workers=0, **kwargs)
+def _stream(index_file: Path, **kwargs: Any) -> StreamVideoDataModule:
+    return StreamVideoDataModule(index_file=index_file, batch_size=2, engine=EngineOptions(num_workers=0), **kwargs)
 
 
 class Stateless(pl.LightningModule):
@@ -89,7 +97,7 @@ def test_no_warning_when_the_reset_is_handled(
 
 
 def test_the_warning_is_for_fit_only(index: Path, tmp_path: Path) -> None:
-    dm = StreamVideoDataModule(val_index_file=index, batch_size=2, num_workers=0)
+    dm = StreamVideoDataModule(val_index_file=index, batch_size=2, engine=EngineOptions(num_workers=0))
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", VStreamWarning)
@@ -102,18 +110,18 @@ def test_an_index_file_that_is_a_folder_names_the_file_inside(
     module: type[pl.LightningDataModule], index: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigurationError, match=rf"index file '{index.parent}' is a folder; pass '{index}'\."):
-        module(index_file=index.parent, num_workers=0).setup("fit")
+        module(index_file=index.parent, engine=EngineOptions(num_workers=0)).setup("fit")
     videos = index.parent / "videos"
     with pytest.raises(
         ConfigurationError, match=rf"is a folder; run `vstream index {videos}` to write '{videos}/index"
     ):
-        module(index_file=videos, num_workers=0).setup("fit")
+        module(index_file=videos, engine=EngineOptions(num_workers=0)).setup("fit")
 
 
 @pytest.mark.parametrize("module", [StreamVideoDataModule, ClipVideoDataModule])
 def test_a_missing_index_names_the_commands_that_make_one(module: type[pl.LightningDataModule], tmp_path: Path) -> None:
     with pytest.raises(MissingFileError) as info:
-        module(index_file=tmp_path / "index.json", num_workers=0).setup("fit")
+        module(index_file=tmp_path / "index.json", engine=EngineOptions(num_workers=0)).setup("fit")
     assert str(info.value) == (
         f"index file '{tmp_path / 'index.json'}' does not exist. Run `vstream index DATASET_FOLDER` to index your "
         "videos, or `vstream synth FOLDER` to write a stamped synthetic dataset."
@@ -122,7 +130,7 @@ def test_a_missing_index_names_the_commands_that_make_one(module: type[pl.Lightn
 
 def test_an_unknown_camera_is_one_problem_listing_the_cameras(index: Path) -> None:
     with pytest.raises(IndexValidationError) as info:
-        _stream(index, cameras=["CAM_BACK", "CAM_FRNT"]).setup("fit")
+        _stream(index, index=IndexOptions(cameras=["CAM_BACK", "CAM_FRNT"])).setup("fit")
     assert len(info.value.problems) == 1  # not one per clip
     assert str(info.value).endswith(
         "cameras=['CAM_BACK', 'CAM_FRNT']: no clip has camera(s) ['CAM_FRNT']; the index's clips have cameras "
@@ -134,7 +142,9 @@ def test_an_unknown_camera_is_one_problem_listing_the_cameras(index: Path) -> No
 def test_stream_teardown_without_a_stage_stops_persistent_workers(index: Path) -> None:
     psutil = pytest.importorskip("psutil")
 
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=2, persistent_workers=True)
+    dm = StreamVideoDataModule(
+        index_file=index, batch_size=2, engine=EngineOptions(num_workers=2, persistent_workers=True)
+    )
     dm.teardown(None)  # before setup: nothing to close
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     dm.setup(None)
@@ -149,7 +159,10 @@ def test_stream_teardown_without_a_stage_stops_persistent_workers(index: Path) -
 
 @pytest.mark.parametrize(
     ("module", "options"),
-    [(StreamVideoDataModule, {"engine": "workers"}), (ClipVideoDataModule, {"clip_frames": 3})],
+    [
+        (StreamVideoDataModule, {"engine": EngineOptions(kind="workers", num_workers=2)}),
+        (ClipVideoDataModule, {"engine": EngineOptions(num_workers=2), "sampling": SamplingOptions(clip_frames=3)}),
+    ],
 )
 def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
     module: type[pl.LightningDataModule], options: dict[str, Any], index: Path
@@ -166,7 +179,7 @@ def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     gc.disable()
     try:
-        dm = Subclass(index_file=index, batch_size=2, num_workers=2, **options)
+        dm = Subclass(index_file=index, batch_size=2, **options)
         assert dm.hparams["extra"] == 7 and dm.hparams["batch_size"] == 2  # the subclass's arguments too
         dm.setup("fit")
         iterator = iter(dm.train_dataloader())
@@ -187,7 +200,7 @@ def test_a_dropped_datamodule_and_its_unfinished_workers_go_at_once(
 def test_stream_teardown_ends_the_workers_of_an_unfinished_pass(index: Path) -> None:
     psutil = pytest.importorskip("psutil")
 
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, num_workers=2, engine="workers")
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, engine=EngineOptions(num_workers=2, kind="workers"))
     dm.setup("fit")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     batches = iter(dm.train_dataloader())
@@ -224,7 +237,7 @@ def test_gpu_options_from_a_yaml_section(index: Path, tmp_path: Path, monkeypatc
 
 
 # -- options: the public signatures stay, every shared option is refused in one wording ------------
-#: Every public constructor's parameters as the earlier release had them: name, default (repr) and annotation.
+#: Every public constructor's parameters since the option groups: name, default (repr) and annotation.
 #: YAML configs, saved hyperparameters and checkpoints name these; they change only on purpose.
 SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
     "StreamVideoDataModule": [
@@ -233,39 +246,33 @@ SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
         ("test_index_file", "None", "Path | str | None"),
         ("predict_index_file", "None", "Path | str | None"),
         ("batch_size", "4", "int"),
-        ("num_workers", "None", "int | None"),
-        ("cameras", "None", "list[str] | None"),
-        ("exclude_clips", "None", "list[str] | None"),
-        ("decode_device", "'cpu'", "Literal['cpu', 'cuda', 'auto']"),
         ("seed", "0", "int"),
-        ("shuffle", "True", "bool"),
-        ("segment_length", "None", "int | None"),
-        ("seq_split_num", "None", "int | None"),
-        ("min_segment_length", "8", "int"),
-        ("frame_stride", "1", "int"),
-        ("pin_memory", "False", "bool"),
-        ("prefetch_factor", "2", "int"),
-        ("persistent_workers", "False", "bool"),
-        ("max_open_decoders", "None", "int | None"),
-        ("decoder_threads", "0", "int"),
-        ("index_check", "'fast'", "Literal['fast', 'thorough']"),
-        ("transform", "None", "FrameTransform | Callable[[torch.Tensor], Any] | None"),
-        ("on_error", "'raise'", "Literal['raise', 'skip']"),
-        ("outputs", "None", "dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None"),
-        ("multiprocessing_context", "None", "MultiprocessingContext | None"),
-        ("timeout", "300.0", "float"),
+        ("index", "IndexOptions(cameras=None, exclude_clips=(), check='fast')", "IndexOptions"),
+        (
+            "plan",
+            "PlanOptions(shuffle=True, segment_length=None, seq_split_num=None, min_segment_length=8, frame_stride=1)",
+            "PlanOptions",
+        ),
+        (
+            "decode",
+            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
+            "DecodeOptions",
+        ),
+        (
+            "output",
+            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
+            "OutputOptions",
+        ),
+        (
+            "engine",
+            "EngineOptions(kind='auto', threads=None, num_workers=None, prefetch_factor=2, persistent_workers=False, multiprocessing_context=None, pin_memory=False)",
+            "EngineOptions",
+        ),
+        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
+        ("gpu", "GpuOptions(fallback='none', probe=True)", "GpuOptions"),
+        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
         ("rank", "None", "int | None"),
         ("world_size", "None", "int | None"),
-        ("annotations", "None", "AnnotationSource | Path | str | None"),
-        ("augment", "None", "GeometryAugment | None"),
-        ("pad_annotations", "False", "bool"),
-        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
-        ("engine", "'auto'", "Literal['auto', 'threads', 'workers']"),
-        ("engine_threads", "None", "int | None"),
-        ("gpu", "GpuOptions(fallback='none', probe=True)", "GpuOptions"),
-        ("storage_options", "None", "dict[str, Any] | None"),
-        ("cache_dir", "None", "str | None"),
-        ("cache_limit", "None", "int | str | None"),
     ],
     "ClipVideoDataModule": [
         ("index_file", "None", "Path | str | None"),
@@ -273,66 +280,55 @@ SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
         ("test_index_file", "None", "Path | str | None"),
         ("predict_index_file", "None", "Path | str | None"),
         ("batch_size", "4", "int"),
-        ("num_workers", "None", "int | None"),
-        ("cameras", "None", "Sequence[str] | None"),
-        ("exclude_clips", "None", "Sequence[str] | None"),
-        ("decode_device", "'cpu'", "Literal['cpu', 'cuda', 'auto']"),
-        ("decoder_threads", "0", "int"),
-        ("max_open_decoders", "8", "int"),
         ("seed", "0", "int"),
-        ("shuffle", "True", "bool"),
-        ("clip_frames", "None", "int | None"),
-        ("frame_stride", "1", "int"),
-        ("segments", "None", "Sequence[tuple[float, int]] | None"),
-        ("time_policy", "'nearest'", "TimePolicy"),
-        ("selection", "'regular'", "Selection"),
-        ("hop", "None", "float | None"),
-        ("clips_per_epoch", "None", "int | None"),
-        ("weighting", "'frames'", "Weighting"),
+        (
+            "sampling",
+            "SamplingOptions(selection='regular', clip_frames=None, frame_stride=1, segments=None, time_policy='nearest', hop=None, clips_per_epoch=None, weighting='frames', frame_policy='exact', shuffle=True, drop_last=False)",
+            "SamplingOptions",
+        ),
         ("sampler", "None", "Callable[[VideoClipDataset], Sampler[Any]] | None"),
-        ("pin_memory", "False", "bool"),
-        ("prefetch_factor", "2", "int"),
-        ("persistent_workers", "False", "bool"),
-        ("multiprocessing_context", "None", "MultiprocessingContext | None"),
-        ("index_check", "'fast'", "Literal['fast', 'thorough']"),
-        ("transform", "None", "FrameTransform | Callable[[torch.Tensor], Any] | None"),
-        ("on_error", "'raise'", "Literal['raise', 'skip']"),
-        ("outputs", "None", "dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None"),
-        ("timeout", "300.0", "float"),
-        ("drop_last", "False", "bool"),
+        ("index", "IndexOptions(cameras=None, exclude_clips=(), check='fast')", "IndexOptions"),
+        (
+            "decode",
+            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
+            "DecodeOptions",
+        ),
+        (
+            "output",
+            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
+            "OutputOptions",
+        ),
+        (
+            "engine",
+            "EngineOptions(kind='auto', threads=None, num_workers=None, prefetch_factor=2, persistent_workers=False, multiprocessing_context=None, pin_memory=False)",
+            "EngineOptions",
+        ),
+        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
+        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
         ("rank", "None", "int | None"),
         ("world_size", "None", "int | None"),
-        ("annotations", "None", "AnnotationSource | Path | str | None"),
-        ("augment", "None", "GeometryAugment | None"),
-        ("pad_annotations", "False", "bool"),
-        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
-        ("frame_policy", "'exact'", "FramePolicy"),
-        ("gop_threads", "None", "int | None"),
-        ("storage_options", "None", "dict[str, Any] | None"),
-        ("cache_dir", "None", "str | None"),
-        ("cache_limit", "None", "int | str | None"),
     ],
     "VideoClipDataset": [
         ("index", None, "VideoIndex | Path | str"),
         ("requests", "()", "Sequence[ClipRequest]"),
         ("cameras", "None", "Sequence[str] | None"),
-        ("max_open_decoders", "8", "int"),
-        ("decoder_threads", "0", "int"),
-        ("transform", "None", "Callable[[torch.Tensor], torch.Tensor] | None"),
-        ("decode_device", "'cpu'", "str"),
-        ("on_error", "'raise'", "Literal['raise', 'skip']"),
+        (
+            "decode",
+            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
+            "DecodeOptions",
+        ),
+        (
+            "output",
+            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
+            "OutputOptions",
+        ),
+        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
+        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
         ("size", "None", "tuple[int, int] | None"),
         ("gop_threads", "None", "int | None"),
-        ("annotations", "None", "AnnotationSource | Path | str | None"),
-        ("augment", "None", "GeometryAugment | None"),
+        ("frame_policy", "'exact'", "FramePolicy"),
         ("seed", "0", "int"),
         ("epoch", "0", "int"),
-        ("camera_frames", "'stacked'", "Literal['stacked', 'per_camera']"),
-        ("frame_policy", "'exact'", "FramePolicy"),
-        ("outputs", "None", "Mapping[str, OutputTransform] | None"),
-        ("storage_options", "None", "dict[str, Any] | None"),
-        ("cache_dir", "None", "str | None"),
-        ("cache_limit", "None", "int | str | None"),
     ],
 }
 
@@ -353,28 +349,36 @@ def test_public_signatures_are_unchanged(owner: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("option", "value", "accepted"),
+    ("group", "option", "value", "accepted"),
     [
-        ("camera_frames", "sideways", "'stacked' or 'per_camera'"),
-        ("on_error", "ignore", "'raise' or 'skip'"),
-        ("decoder_threads", -1, "an integer >= 0"),
-        ("max_open_decoders", 0, "an integer >= 1"),
-        ("transform", 3, "None or a callable on frame tensors"),
+        ("decode", "camera_frames", "sideways", "'stacked' or 'per_camera'"),
+        ("errors", "on_error", "ignore", "'raise' or 'skip'"),
+        ("decode", "decoder_threads", -1, "an integer >= 0"),
+        ("decode", "max_open_decoders", 0, "an integer >= 1"),
+        ("output", "transform", 3, "None or a callable on frame tensors"),
     ],
 )
-def test_shared_options_are_refused_in_one_wording(index: Path, option: str, value: Any, accepted: str) -> None:
-    from lightning_vstream import VideoClipDataset
+def test_shared_options_are_refused_in_one_wording(
+    index: Path, group: str, option: str, value: Any, accepted: str
+) -> None:
+    from lightning_vstream import DecodeOptions, ErrorOptions, OutputOptions, VideoClipDataset
     from lightning_vstream.errors import ConfigurationTypeError
 
+    kinds = {"decode": DecodeOptions, "errors": ErrorOptions, "output": OutputOptions}
     owners = {
         "StreamVideoDataModule": lambda **kwargs: StreamVideoDataModule(index_file=index, **kwargs),
         "ClipVideoDataModule": lambda **kwargs: ClipVideoDataModule(index_file=index, **kwargs),
         "VideoClipDataset": lambda **kwargs: VideoClipDataset(index=index, **kwargs),
     }
     kind = ConfigurationTypeError if option == "transform" else ConfigurationError
-    for owner, make in owners.items():
-        with pytest.raises(kind, match=rf"^{owner}: {option}={value!r} is invalid; expected .*{accepted}"):
-            make(**{option: value})
+    # The option is checked by its group, in the group's name, whether the group is made directly or
+    # by each owner from a plain dict of its options.
+    pattern = rf"^{kinds[group].__name__}: {option}={value!r} is invalid; expected .*{accepted}"
+    with pytest.raises(kind, match=pattern):
+        kinds[group](**{option: value})
+    for make in owners.values():
+        with pytest.raises(kind, match=pattern):
+            make(**{group: {option: value}})
 
 
 @pytest.mark.parametrize("module", [StreamVideoDataModule, ClipVideoDataModule])

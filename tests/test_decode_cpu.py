@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_vstream import EngineOptions
 from lightning_vstream.decode import FrameDecoder, make_decoder
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
@@ -448,7 +449,7 @@ def test_a_display_rotation_is_refused_at_the_first_frame(
     clip.mkdir(parents=True)
     rotated.rename(clip / "CAM_FRONT.mp4")
     (tmp_path / "index.json").write_text(json.dumps({"videos": {"scene-0000": 4}}))
-    dm = StreamVideoDataModule(index_file=tmp_path / "index.json", batch_size=1, engine="threads")
+    dm = StreamVideoDataModule(index_file=tmp_path / "index.json", batch_size=1, engine=EngineOptions(kind="threads"))
     with pytest.warns(Warning):
         dm.setup("fit")
     with pytest.raises(RotatedVideoError, match=r"scene-0000.*CAM_FRONT.*display rotation of 90 degrees"):

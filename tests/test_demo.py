@@ -21,7 +21,7 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
     # The product's default engine, said by name: decode threads in the training process.
     threads = " ".join(first.split())
     assert re.search(
-        r"6 cameras, decoded by \d+ decode threads? in the training process \(the thread engine, engine='auto': "
+        r"6 cameras, decoded by \d+ decode threads? in the training process \(the thread engine, engine\.kind='auto': "
         r"decode threads in the training process; --engine workers for worker processes\)",
         threads,
     )
@@ -49,7 +49,7 @@ def test_demo_command_generates_then_reuses_its_dataset(tmp_path: Path, capsys: 
 
     result = run_demo(cache_dir=cache, steps=3, engine="workers", num_workers=1, progress_bar=False)
     second = capsys.readouterr().out
-    assert "decoded by 1 decoding worker process (the worker engine, engine='workers')" in " ".join(second.split())
+    assert "decoded by 1 decoding worker process (the worker engine, engine.kind='workers')" in " ".join(second.split())
     assert result.engine == "workers" and "end to end (worker engine)" in second
     assert "data     reused 10 clips x 6 cameras" in second and "(reused from cache)" in second
     assert result.reused and result.steps == 3 and result.stamp_errors == []

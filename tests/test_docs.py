@@ -285,7 +285,7 @@ def smaller(argv: list[str]) -> list[str]:
         force("--steps", "1")
         force("--num-workers", "0")
     if out[0] == "python" and "fit" in out:
-        out += ["--trainer.max_steps", "2", "--data.num_workers", "0", "--trainer.enable_progress_bar", "false"]
+        out += ["--trainer.max_steps", "2", "--data.engine.num_workers", "0", "--trainer.enable_progress_bar", "false"]
     return out
 
 

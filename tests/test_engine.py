@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, PlanOptions
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.factory import pyav_factory
 from lightning_vstream.decode.probe import probe_video
@@ -21,7 +22,6 @@ from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.indexing import load_index
-from lightning_vstream.options import ErrorOptions, OutputOptions
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader, build_engine_loader
@@ -57,8 +57,8 @@ def _loader(
         sampler=_sampler(index, **kwargs),
         device=device or HostDevice(),
         decoder_factory=factory or pyav_factory(threads=1),
-        output=OutputOptions.of("StreamEngine", transform=transform, outputs=None),
-        errors=ErrorOptions.of("StreamEngine", **errors),
+        output=OutputOptions(transform=transform),
+        errors=ErrorOptions(**errors),
         num_threads=threads,
         prefetch=prefetch,
         hold=hold,
@@ -379,7 +379,9 @@ def _both(index_file: Path, split: str = "train", **options: Any) -> tuple[Any, 
     loaders = []
     for engine in ("threads", "workers"):
         key = "index_file" if split == "train" else f"{split}_index_file"
-        dm = StreamVideoDataModule(**{key: index_file}, batch_size=2, engine=engine, num_workers=0, **options)
+        dm = StreamVideoDataModule(
+            **{key: index_file}, batch_size=2, engine=EngineOptions(kind=engine, num_workers=0), **options
+        )
         dm.setup("fit" if split == "train" else "validate")
         loaders.append(dm.train_dataloader() if split == "train" else dm.val_dataloader())
     assert isinstance(loaders[0], EngineLoader) and isinstance(loaders[1], StreamDataLoader)
@@ -404,23 +406,25 @@ def annotated(make_dataset: Any) -> Path:
 @pytest.mark.parametrize(
     ("split", "options"),
     [
-        ("train", {"shuffle": True, "seed": 3}),
-        ("train", {"pad_annotations": True}),
-        ("train", {"augment": "random", "seed": 7}),
-        ("val", {"augment": "random"}),  # evaluation: the augmentation's deterministic version
-        ("train", {"transform": FrameTransform(resize=(32, 48))}),  # resized inside the decoder
-        ("train", {"transform": FrameTransform(crop=(4, 8, 56, 80), resize=(28, 40), dtype="float32")}),
-        ("train", {"augment": "random", "transform": FrameTransform(resize=(28, 40), dtype="float32")}),
-        ("train", {"max_open_decoders": 2}),
+        ("train", {"plan": PlanOptions(shuffle=True), "seed": 3}),
+        ("train", {"output": {"pad_annotations": True}}),
+        ("train", {"output": {"augment": "random"}, "seed": 7}),
+        ("val", {"output": {"augment": "random"}}),  # evaluation: the augmentation's deterministic version
+        ("train", {"output": {"transform": FrameTransform(resize=(32, 48))}}),  # resized inside the decoder
+        ("train", {"output": {"transform": FrameTransform(crop=(4, 8, 56, 80), resize=(28, 40), dtype="float32")}}),
+        ("train", {"output": {"augment": "random", "transform": FrameTransform(resize=(28, 40), dtype="float32")}}),
+        ("train", {"decode": DecodeOptions(max_open_decoders=2)}),
     ],
     ids=["annotations", "padded", "augment", "val-augment", "decoder-resize", "crop-float", "augment-float", "lru"],
 )
 def test_the_engine_delivers_what_the_worker_loader_delivers(annotated: Path, split: str, options: Any) -> None:
     from lightning_vstream.annotations.augment import GeometryAugment
 
-    if options.get("augment") == "random":
-        options = {**options, "augment": GeometryAugment(output_size=(56, 80), scale=(0.9, 1.3), flip=0.5)}
-    engine, workers = _both(annotated, split, annotations=annotated.parent / "annotations", **options)
+    output = dict(options.get("output", {}))
+    if output.get("augment") == "random":
+        output["augment"] = GeometryAugment(output_size=(56, 80), scale=(0.9, 1.3), flip=0.5)
+    options = {**options, "output": OutputOptions(annotations=annotated.parent / "annotations", **output)}
+    engine, workers = _both(annotated, split, **options)
     assert _assert_same_batches(engine, workers) == len(workers) > 0
 
 
@@ -428,7 +432,11 @@ def test_the_engine_delivers_per_camera_frames_of_each_cameras_size(tmp_path: Pa
     from _annotation_checks import MIXED_SIZES, write_mixed_rig
 
     index_file = write_mixed_rig(tmp_path)
-    engine, workers = _both(index_file, annotations=tmp_path / "annotations", camera_frames="per_camera")
+    engine, workers = _both(
+        index_file,
+        output=OutputOptions(annotations=tmp_path / "annotations"),
+        decode=DecodeOptions(camera_frames="per_camera"),
+    )
     steps = 0
     for got, expected in zip(engine, workers, strict=True):
         assert [tuple(f.shape[2:]) for f in got["frames"]] == [(h, w) for w, h in MIXED_SIZES.values()]
@@ -441,7 +449,12 @@ def test_the_engine_counts_missing_annotations_like_the_worker_loader(annotated:
     from _annotation_checks import holey_annotations
 
     folder = holey_annotations(annotated, tmp_path)
-    engine, workers = _both(annotated, annotations=folder, on_error="skip", shuffle=False)
+    engine, workers = _both(
+        annotated,
+        output=OutputOptions(annotations=folder),
+        errors=ErrorOptions(on_error="skip"),
+        plan=PlanOptions(shuffle=False),
+    )
     _assert_same_batches(engine, workers)
     assert engine.stats.missing_annotations > 0
 
@@ -462,7 +475,7 @@ def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotat
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     dm = StreamVideoDataModule(index_file=annotated, batch_size=4)
-    assert dm.engine_choice() == ("threads", "engine='auto': decode threads in the training process")
+    assert dm.engine_choice() == ("threads", "engine.kind='auto': decode threads in the training process")
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert isinstance(loader, EngineLoader)
@@ -472,11 +485,11 @@ def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotat
         ({"persistent_workers": True}, "persistent_workers=True"),
         ({"multiprocessing_context": "spawn"}, "multiprocessing_context='spawn'"),
     ]:
-        choice, reason = StreamVideoDataModule(index_file=annotated, **options).engine_choice()
+        choice, reason = StreamVideoDataModule(index_file=annotated, engine=EngineOptions(**options)).engine_choice()
         assert choice == "workers" and why in reason
-    assert StreamVideoDataModule(index_file=annotated, engine="workers").engine_choice() == (
+    assert StreamVideoDataModule(index_file=annotated, engine=EngineOptions(kind="workers")).engine_choice() == (
         "workers",
-        "engine='workers'",
+        "engine.kind='workers'",
     )
 
 
@@ -487,17 +500,19 @@ def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     # engine="auto" on the CPU: worker processes asked for by their count are worker processes.
-    dm = StreamVideoDataModule(index_file=annotated, num_workers=3)
-    assert dm.engine_choice() == ("workers", "engine='auto' with num_workers=3: worker processes")
-    assert StreamVideoDataModule(index_file=annotated, num_workers=0).engine_choice()[0] == "threads"
+    dm = StreamVideoDataModule(index_file=annotated, engine=EngineOptions(num_workers=3))
+    assert dm.engine_choice() == ("workers", "engine.kind='auto' with num_workers=3: worker processes")
+    assert (
+        StreamVideoDataModule(index_file=annotated, engine=EngineOptions(num_workers=0)).engine_choice()[0] == "threads"
+    )
     # The thread engine starts no processes: num_workers is named with what sets its parallelism.
-    dm = StreamVideoDataModule(index_file=annotated, batch_size=2, engine="threads", num_workers=16)
+    dm = StreamVideoDataModule(index_file=annotated, batch_size=2, engine=EngineOptions(kind="threads", num_workers=16))
     dm.setup("fit")
     with pytest.warns(
         VStreamWarning,
-        match=r"^StreamVideoDataModule: num_workers=16 is not used: engine='threads' decodes in threads of the "
-        r"training process and starts no worker processes\. Its decode threads are engine_threads=None \(None: one "
-        r"per core\); pass engine='workers' to decode in worker processes instead\.$",
+        match=r"^StreamVideoDataModule: num_workers=16 is not used: engine\.kind='threads' decodes in threads of the "
+        r"training process and starts no worker processes\. Its decode threads are engine\.threads=None \(None: one "
+        r"per core\); pass engine=EngineOptions\(kind='workers'\) to decode in worker processes instead\.$",
     ):
         loader = dm.train_dataloader()
     assert isinstance(loader, EngineLoader)
@@ -506,23 +521,24 @@ def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated
         dm.train_dataloader()  # once per DataModule
     dm.teardown()
     # On a GPU, engine="auto" keeps the stream engine: options of worker processes are named together.
-    gpu = StreamVideoDataModule(index_file=annotated, num_workers=4, persistent_workers=True)
+    gpu = StreamVideoDataModule(index_file=annotated, engine=EngineOptions(num_workers=4, persistent_workers=True))
     gpu._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
     with pytest.warns(
         VStreamWarning,
-        match=r"num_workers=4 and persistent_workers=True are not used: engine='auto' on cuda:0 decodes in threads "
-        r"of the training process .* engine_threads=None \(None: twice the GPU's NVDEC engines\)",
+        match=r"num_workers=4 and persistent_workers=True are not used: engine\.kind='auto' on cuda:0 decodes in "
+        r"threads of the training process .* engine\.threads=None \(None: twice the GPU's NVDEC engines\)",
     ):
         gpu._warn_unused_options()
     # Worker processes have no engine threads.
     workers = StreamVideoDataModule(
-        index_file=annotated, batch_size=2, engine="workers", num_workers=0, engine_threads=4
+        index_file=annotated, batch_size=2, engine=EngineOptions(kind="workers", num_workers=0, threads=4)
     )
     workers.setup("fit")
     with pytest.warns(
         VStreamWarning,
-        match=r"engine_threads=4 is not used: engine='workers' decodes in the training process \(num_workers=0\), not "
-        r"in engine threads\. Pass engine='threads' to decode with engine_threads threads instead\.",
+        match=r"StreamVideoDataModule: engine\.threads=4 is not used: engine\.kind='workers' decodes in the training process "
+        r"\(num_workers=0\), not in engine threads\. Pass engine=EngineOptions\(kind='threads'\) to decode with "
+        r"those threads instead\.",
     ):
         workers.train_dataloader()
     workers.teardown()

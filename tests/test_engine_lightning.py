@@ -13,6 +13,7 @@ from _trainers import quiet_trainer
 from conftest import cut_decodes
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_vstream import DecodeOptions, EngineOptions
 from lightning_vstream.stream.engine_loader import EngineLoader
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
@@ -32,7 +33,9 @@ def engine_index(make_dataset: Any) -> Path:
 
 
 def _dm(index: Path, **kwargs: Any) -> StreamVideoDataModule:
-    return StreamVideoDataModule(index_file=index, batch_size=2, engine="threads", engine_threads=3, **kwargs)
+    return StreamVideoDataModule(
+        index_file=index, batch_size=2, engine=EngineOptions(kind="threads", threads=3), **kwargs
+    )
 
 
 def test_fit_with_the_engine_streams_exact_frames(engine_index: Path, tmp_path: Path) -> None:
@@ -53,7 +56,9 @@ def test_engine_and_worker_loaders_deliver_the_same_plan(engine_index: Path, tmp
     seen = []
     for engine in ("threads", "workers"):
         model = RecordingModel()
-        dm = StreamVideoDataModule(index_file=engine_index, batch_size=2, engine=engine, num_workers=0, seed=4)
+        dm = StreamVideoDataModule(
+            index_file=engine_index, batch_size=2, engine=EngineOptions(kind=engine, num_workers=0), seed=4
+        )
         quiet_trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
         assert model.stamp_errors == []
         seen.append(model.seen)
@@ -91,26 +96,31 @@ def test_validation_with_the_engine_reads_every_frame_once(engine_index: Path, t
 
 
 def test_auto_uses_threads_on_the_cpu_and_on_cuda(engine_index: Path) -> None:
-    dm = StreamVideoDataModule(index_file=engine_index, num_workers=0)
+    dm = StreamVideoDataModule(index_file=engine_index, engine=EngineOptions(num_workers=0))
     assert dm.uses_engine()
     dm._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
     assert dm.uses_engine()
-    assert not StreamVideoDataModule(index_file=engine_index, engine="workers", decode_device="cpu").uses_engine()
+    assert not StreamVideoDataModule(
+        index_file=engine_index, engine=EngineOptions(kind="workers"), decode=DecodeOptions(device="cpu")
+    ).uses_engine()
     # Settings only processes have choose workers on the CPU, never on a GPU.
-    gpu = StreamVideoDataModule(index_file=engine_index, persistent_workers=True, num_workers=2)
+    gpu = StreamVideoDataModule(index_file=engine_index, engine=EngineOptions(persistent_workers=True, num_workers=2))
     assert gpu.engine_choice()[0] == "workers"
     gpu._resolved_device = "cuda:0"
     assert gpu.engine_choice() == (
         "threads",
-        "engine='auto' decoding on cuda:0: decode threads in the training process",
+        "engine.kind='auto' decoding on cuda:0: decode threads in the training process",
     )
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"engine": "processes"}, r"engine='processes' is invalid; expected 'auto', 'threads' or 'workers'"),
-        ({"engine_threads": 0}, r"engine_threads=0 is invalid; expected None or an integer >= 1"),
+        (
+            {"engine": {"kind": "processes"}},
+            r"EngineOptions: kind='processes' is invalid; expected 'auto', 'threads' or 'workers'",
+        ),
+        ({"engine": {"threads": 0}}, r"EngineOptions: threads=0 is invalid; expected None or an integer >= 1"),
         ({"gpu": {"fallback": "gpu"}}, r"fallback='gpu' is invalid; expected 'none' or 'cpu'"),
     ],
 )

@@ -13,7 +13,7 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 import lightning_vstream
-from lightning_vstream import errors
+from lightning_vstream import DecodeOptions, EngineOptions, errors
 
 PACKAGE = Path(lightning_vstream.__file__).parent
 #: Built-in exceptions the package may raise as they are: protocol signals, not errors of ours.
@@ -130,13 +130,15 @@ def test_a_clip_dataset_on_cuda_without_a_gpu_gives_the_datamodules_error(tmp_pa
     if torch.cuda.is_available():
         pytest.skip("torch sees a GPU here")
     index = write_dataset(tmp_path / "d", clips=1, cameras=2, frames=4, size=(64, 48))
-    dataset = VideoClipDataset(index=index, requests=[at_indices("scene-0000", [0, 3])], decode_device="cuda")
+    dataset = VideoClipDataset(
+        index=index, requests=[at_indices("scene-0000", [0, 3])], decode=DecodeOptions(device="cuda")
+    )
     loader = DataLoader(dataset, batch_size=1, collate_fn=lambda samples: samples)
     with pytest.raises(errors.DecoderCapabilityError) as from_dataset:
         next(iter(loader))  # once an AssertionError ("Torch not compiled with CUDA enabled")
-    dm = ClipVideoDataModule(index_file=index, decode_device="cuda", num_workers=0)
+    dm = ClipVideoDataModule(index_file=index, decode=DecodeOptions(device="cuda"), engine=EngineOptions(num_workers=0))
     with pytest.raises(errors.DecoderCapabilityError) as from_datamodule:
         dm.setup("fit")
         next(iter(dm.train_dataloader()))
     assert str(from_dataset.value) == str(from_datamodule.value)
-    assert "decode_device='cuda' needs a CUDA GPU" in str(from_dataset.value)
+    assert "decode.device='cuda' needs a CUDA GPU" in str(from_dataset.value)

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, PlanOptions, SamplingOptions
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FileChangedError, FrameSizeError, MissingFileError, VideoDecodeError
@@ -235,19 +236,19 @@ def _loader(kind: str, index_file: Path, on_error: str, *, training: bool = Fals
     """The loader of ``kind`` for the evaluation plan (or the training plan) of ``index_file``."""
     options: dict[str, Any] = {
         "batch_size": 2,
-        "on_error": on_error,
-        "timeout": 60,  # a stalled read fails the test instead of hanging it
-        "engine": "threads" if kind == "engine" else "workers",
-        "num_workers": 2 if kind == "workers2" else 0,
+        "errors": ErrorOptions(on_error=on_error, timeout=60),  # a stalled read fails the test instead of hanging it
+        "engine": EngineOptions(
+            kind="threads" if kind == "engine" else "workers",
+            num_workers=2 if kind == "workers2" else 0,
+            threads=3 if kind == "engine" else None,
+        ),
         # One FFmpeg thread per decoder, as the reference reads: with frame threads a decoder reads
         # packets ahead, so a damaged packet stops it at an earlier frame (how much earlier depends
         # on the cores); the engine on the CPU uses one anyway.
-        "decoder_threads": 1,
+        "decode": DecodeOptions(decoder_threads=1),
     }
-    if kind == "engine":
-        options["engine_threads"] = 3
     if training:
-        dm = StreamVideoDataModule(index_file=index_file, shuffle=False, **options)
+        dm = StreamVideoDataModule(index_file=index_file, plan=PlanOptions(shuffle=False), **options)
         dm.setup("fit")
         return dm.train_dataloader()
     dm = StreamVideoDataModule(val_index_file=index_file, **options)
@@ -354,7 +355,11 @@ def test_the_clip_loaders_workers_raise_the_files_error_as_itself(damaged: Calla
 
     data = damaged(case)
     dm = ClipVideoDataModule(
-        index_file=data.root / "index.json", batch_size=2, num_workers=1, clip_frames=6, shuffle=False, timeout=60
+        index_file=data.root / "index.json",
+        batch_size=2,
+        engine=EngineOptions(num_workers=1),
+        sampling=SamplingOptions(clip_frames=6, shuffle=False),
+        errors=ErrorOptions(timeout=60),
     )
     dm.setup("fit")
     with pytest.raises(CASES[case].error) as caught:

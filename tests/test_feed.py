@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_vstream import StreamVideoDataModule
+from lightning_vstream import EngineOptions, PlanOptions, StreamVideoDataModule
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.cpu import PyAVDecoder
@@ -148,10 +148,8 @@ def test_a_stream_at_the_layout_stride_decodes_fewer_frames_than_it_delivers_of_
     dm = StreamVideoDataModule(
         index_file=stride_dataset,
         batch_size=2,
-        frame_stride=6,
-        engine=engine,  # type: ignore[arg-type]
-        num_workers=1 if engine == "workers" else None,
-        shuffle=False,
+        plan=PlanOptions(frame_stride=6, shuffle=False),
+        engine=EngineOptions(kind=engine, num_workers=1 if engine == "workers" else None),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()

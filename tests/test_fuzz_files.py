@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lightning_vstream import VideoClipDataset, VStreamError, at_indices, load_index
+from lightning_vstream import StorageConfig, VideoClipDataset, VStreamError, at_indices, load_index
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_dataset
 from lightning_vstream.index.table_file import FrameTables, tables_path
 
@@ -281,7 +281,9 @@ def _every_row(tables: FrameTables) -> FrameTables:
 
 
 def _read_sample(url: str, cache: Path) -> list[tuple[int, int, int]]:
-    dataset = VideoClipDataset(index=url, requests=[at_indices("scene-0001", [1, 6])], cache_dir=str(cache))
+    dataset = VideoClipDataset(
+        index=url, requests=[at_indices("scene-0001", [1, 6])], storage=StorageConfig(cache_dir=str(cache))
+    )
     frames = dataset[0]["frames"]
     stamps = [read_stamp(frames[t, c]) for t in range(2) for c in range(2)]
     return [(stamp.clip, stamp.camera, stamp.frame) for stamp in stamps]

@@ -59,7 +59,7 @@ def remote(s3: S3TestServer, files: dict[str, Path]) -> dict[str, tuple[str, Vid
 
 
 def _fetcher(s3: S3TestServer, **options: Any) -> Fetcher:
-    config = StorageConfig.make(s3.storage_options(backoff_initial=0.01, backoff_max=0.05, **options))
+    config = StorageConfig(s3.storage_options(backoff_initial=0.01, backoff_max=0.05, **options))
     return Fetcher(Storage(config), threads=2)
 
 
@@ -210,7 +210,7 @@ def test_files_without_a_packet_layout_read_through_their_container(
 ) -> None:
     url, info = remote["ts"]
     assert info.layout is None
-    config = StorageConfig.make(s3.storage_options())
+    config = StorageConfig(s3.storage_options())
     dec = make_decoder(url, info=info, storage=config)
     assert isinstance(dec, PyAVDecoder)
     expected = _local_frames(files["ts"])

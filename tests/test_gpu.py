@@ -25,6 +25,7 @@ import pytest
 import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
+from lightning_vstream import DecodeOptions
 from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
@@ -148,7 +149,7 @@ def test_resolve_decode_device(choice: str, rank: int, probes: dict[str, Any], e
 
 
 def test_resolve_cuda_without_cuda_names_the_fix() -> None:
-    with pytest.raises(RuntimeError, match=r"torch.cuda.is_available\(\) is False.*decode_device='cpu'"):
+    with pytest.raises(RuntimeError, match=r"torch.cuda.is_available\(\) is False.*decode.device='cpu'"):
         resolve_decode_device("cuda", 0, cuda_available=False)
 
 
@@ -453,7 +454,7 @@ def test_probe_failure_is_an_error_with_the_child_output(monkeypatch: pytest.Mon
     with pytest.raises(
         DecoderCapabilityError,
         match=r"(?s)GPU 5 failed in a child process \(exit code 1\).*"
-        r"CUDA_ERROR_ILLEGAL_ADDRESS.*vstream doctor.*decode_device='cpu'",
+        r"CUDA_ERROR_ILLEGAL_ADDRESS.*vstream doctor.*decode.device='cpu'",
     ):
         nvdec.probe_nvdec(5, runner=crashed)
     cmd, env = seen[0]
@@ -661,7 +662,7 @@ def test_stream_engine_trains_on_gpu_batches(make_dataset: Any, tmp_path: Path) 
     from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
     index = make_dataset(clips=4, cameras=3, frames=[16, 12, 20, 14], size=(256, 256), codec="hevc", gop=8)
-    dm = StreamVideoDataModule(index_file=index, batch_size=2, decode_device="cuda", seed=1)
+    dm = StreamVideoDataModule(index_file=index, batch_size=2, decode=DecodeOptions(device="cuda"), seed=1)
     model = RecordingModel()
     trainer = pl.Trainer(
         accelerator="gpu",
@@ -797,4 +798,4 @@ def test_doctor_without_a_gpu_says_so_in_one_line_and_exits_0(
     assert main(["doctor", "--json", str(tmp_path / "doctor.json")]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("vstream doctor: no usable NVIDIA GPU here (PyNvVideoCodec")
-    assert "decode_device='cpu'" in out and not (tmp_path / "doctor.json").exists()
+    assert "decode.device='cpu'" in out and not (tmp_path / "doctor.json").exists()

@@ -568,11 +568,14 @@ def test_nvdec_memory_is_checked_before_the_first_step_for_the_engine_and_random
     with pytest.raises(
         GpuMemoryError,
         match=r"GPU 0 has 0.02 GiB free of 1.00 GiB, but NVDEC needs about 0.03 GiB for 4 decoders "
-        r"\(4 x hevc 256x256 \(\d+ MiB each\)\).*Lower engine_threads, batch_size or the cameras per step",
+        r"\(4 x hevc 256x256 \(\d+ MiB each\)\).*Lower engine\.threads, batch_size or the cameras per step",
     ):
         _engine_loader(index)
     info = probed(files["hevc"])[0]
-    with pytest.raises(GpuMemoryError, match=r"for 16 decoders \(8 x hevc 256x256.*Lower gop_threads or max_open"):
+    with pytest.raises(
+        GpuMemoryError,
+        match=r"for 16 decoders \(8 x hevc 256x256.*Lower gop_threads \(engine\.threads of ClipVideoDataModule\) or decode\.max_open",
+    ):
         make_reader("cuda:0", 2, 4, formats=[(files["hevc"], info)])
     assert not marker.decoders and not list(fake_log.calls("cuvidCreateDecoder"))  # refused before any existed
 
@@ -672,7 +675,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
         "normalized": FrameTransform(dtype="float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
     }
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    output = OutputOptions.of("StreamVideoDataModule", transform=default, outputs=outputs)
+    output = OutputOptions(transform=default, outputs=outputs)
     loader = build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), output=output)
     assert loader.engine.steps.direct == (default is None)
     spec = _spec(index.clips[0].cameras[0].path)

@@ -21,6 +21,7 @@ import pytest
 import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
+from lightning_vstream import DecodeOptions
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
@@ -372,7 +373,7 @@ def test_cuda_random_access_is_frame_exact(tmp_path: Path, codec: str) -> None:
     index = load_index(index_path)
     rng = random.Random(5)
     requests = [at_indices(c.clip_id, [rng.randrange(FRAMES) for _ in range(4)]) for c in index.clips for _ in range(3)]
-    gpu = VideoClipDataset(index=index, requests=requests, decode_device="cuda")
+    gpu = VideoClipDataset(index=index, requests=requests, decode=DecodeOptions(device="cuda"))
     cpu = VideoClipDataset(index=index, requests=requests)
     from torch.utils.data import DataLoader
 
@@ -399,7 +400,7 @@ def test_cuda_nearest_keyframe_policy(tmp_path: Path) -> None:
     dataset = VideoClipDataset(
         index=index,
         requests=[at_indices(index.clips[0].clip_id, [3, 13, 21])],
-        decode_device="cuda",
+        decode=DecodeOptions(device="cuda"),
         frame_policy="nearest_keyframe",
     )
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_vstream import ClipVideoDataModule
+from lightning_vstream import ClipVideoDataModule, EngineOptions, ErrorOptions, SamplingOptions
 from lightning_vstream.clips.loader import stopped_workers
 from lightning_vstream.errors import WorkerError
 
@@ -42,7 +42,12 @@ def test_a_stopped_clip_worker_raises_a_worker_error_naming_its_pid(
 ) -> None:
     index = make_dataset(clips=4, cameras=1, frames=[9, 9, 9, 9], size=(64, 48), gop=4)
     dm = ClipVideoDataModule(
-        index_file=index, clip_frames=3, hop=1, batch_size=1, num_workers=2, timeout=TIMEOUT, seed=round_
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=3, hop=1),
+        batch_size=1,
+        engine=EngineOptions(num_workers=2),
+        errors=ErrorOptions(timeout=TIMEOUT),
+        seed=round_,
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -69,7 +74,13 @@ def test_a_stopped_clip_worker_raises_a_worker_error_naming_its_pid(
 @pytest.mark.timeout(90)
 def test_stopped_workers_is_empty_for_running_workers(make_dataset: Callable[..., Path]) -> None:
     index = make_dataset(clips=2, cameras=1, frames=[9, 9], size=(64, 48), gop=4)
-    dm = ClipVideoDataModule(index_file=index, clip_frames=3, hop=2, batch_size=1, num_workers=2, timeout=TIMEOUT)
+    dm = ClipVideoDataModule(
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=3, hop=2),
+        batch_size=1,
+        engine=EngineOptions(num_workers=2),
+        errors=ErrorOptions(timeout=TIMEOUT),
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = iter(loader)
@@ -89,7 +100,13 @@ def test_a_batch_cut_mid_write_by_stopped_workers_ends_as_a_worker_error(make_da
     stopped workers, and when the read still waits, closes the last write end.
     """
     index = make_dataset(clips=4, cameras=1, frames=[9, 9, 9, 9], size=(64, 48), gop=4)
-    dm = ClipVideoDataModule(index_file=index, clip_frames=3, hop=1, batch_size=1, num_workers=2, timeout=TIMEOUT)
+    dm = ClipVideoDataModule(
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=3, hop=1),
+        batch_size=1,
+        engine=EngineOptions(num_workers=2),
+        errors=ErrorOptions(timeout=TIMEOUT),
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     outcome: list[BaseException | None] = []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_vstream import EngineOptions, ErrorOptions, PlanOptions
 from lightning_vstream.cli import main
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.probe import probe_video
@@ -444,9 +445,9 @@ def _stream(index_file: Path, on_error: str) -> list[dict[str, object]]:
     dm = StreamVideoDataModule(
         index_file=index_file,
         batch_size=2,
-        num_workers=0,
-        on_error=on_error,  # type: ignore[arg-type]
-        shuffle=False,
+        engine=EngineOptions(num_workers=0),
+        errors=ErrorOptions(on_error=on_error),
+        plan=PlanOptions(shuffle=False),
     )
     dm.setup("fit")
     return list(dm.train_dataloader())

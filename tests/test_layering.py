@@ -35,12 +35,13 @@ ALLOWED: dict[str, set[str]] = {
     "preview": {"errors", "storage"},  # storage.atomic: preview images are written whole
     "callbacks": {"errors", "preview"},
     "index": {"_exports", "errors", "storage"},
-    "options": {"errors", "outputs"},
+    "options": {"errors", "outputs", "index", "transforms", "annotations"},  # the last two for type hints only
     "decode": {"_exports", "errors", "profiling", "storage", "index"},
     "indexing": {"errors", "storage", "index", "decode", "executors"},
     "transforms": {"errors", "profiling", "decode"},  # decode.base.Layout only
     "_datamodule": {
         "errors",
+        "indexing",
         "outputs",
         "options",
         "storage",

@@ -15,6 +15,7 @@ from _stream_models import RecordingModel
 from _trainers import quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_vstream import DecodeOptions, EngineOptions, OutputOptions, PlanOptions
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ def _starts(seen: list[dict[str, Any]], epoch: int) -> list[str]:
 
 @pytest.mark.parametrize(("engine", "num_workers"), [("auto", 0), ("workers", 0), ("workers", 2)])
 def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, engine: str, num_workers: int) -> None:
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=num_workers, seed=0, engine=engine)
+    dm = StreamVideoDataModule(
+        index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=num_workers, kind=engine), seed=0
+    )
     model = RecordingModel()
     trainer = quiet_trainer(tmp_path, max_epochs=2)
     trainer.fit(model, datamodule=dm)
@@ -49,7 +52,9 @@ def test_fit_streams_exact_frames(lightning_index: Path, tmp_path: Path, engine:
 
 def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
-        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=5, engine="workers")
+        dm = StreamVideoDataModule(
+            index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=2, kind="workers"), seed=5
+        )
         model = RecordingModel()
         trainer = quiet_trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
@@ -69,7 +74,9 @@ def test_resume_from_mid_epoch_checkpoint_matches_uninterrupted_run(lightning_in
 
 
 def test_validation_reads_every_frame_once_in_index_order(lightning_index: Path, tmp_path: Path) -> None:
-    dm = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, batch_size=3, num_workers=0)
+    dm = StreamVideoDataModule(
+        index_file=lightning_index, val_index_file=lightning_index, batch_size=3, engine=EngineOptions(num_workers=0)
+    )
     model = RecordingModel()
     quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(model, datamodule=dm)
     assert model.stamp_errors == []
@@ -84,7 +91,10 @@ def test_validation_reads_every_frame_once_in_index_order(lightning_index: Path,
 
 def test_predict_and_validate_work_through_lightning_loops(lightning_index: Path, tmp_path: Path) -> None:
     dm = StreamVideoDataModule(
-        predict_index_file=lightning_index, val_index_file=lightning_index, batch_size=2, num_workers=0
+        predict_index_file=lightning_index,
+        val_index_file=lightning_index,
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
     )
     trainer = quiet_trainer(tmp_path)
     model = RecordingModel()
@@ -111,7 +121,7 @@ def test_ddp_ranks_read_disjoint_clips_and_equal_steps(ddp_session: DdpSession, 
 
 
 def test_fit_without_training_index_is_an_error(lightning_index: Path, tmp_path: Path) -> None:
-    dm = StreamVideoDataModule(val_index_file=lightning_index, batch_size=1, num_workers=0)
+    dm = StreamVideoDataModule(val_index_file=lightning_index, batch_size=1, engine=EngineOptions(num_workers=0))
     with pytest.raises(ValueError, match="Trainer.fit needs index_file"):
         quiet_trainer(tmp_path, max_epochs=1).fit(RecordingModel(), datamodule=dm)
 
@@ -120,9 +130,12 @@ def test_fit_without_training_index_is_an_error(lightning_index: Path, tmp_path:
     ("kwargs", "match"),
     [
         ({"batch_size": 0}, r"batch_size=0 is invalid; expected an integer >= 1"),
-        ({"num_workers": -1}, r"num_workers=-1 is invalid"),
-        ({"decode_device": "tpu"}, r"decode_device='tpu' is invalid; expected 'cpu', 'cuda' or 'auto'"),
-        ({"segment_length": 0}, r"segment_length=0 is invalid"),
+        ({"engine": {"num_workers": -1}}, r"EngineOptions: num_workers=-1 is invalid"),
+        (
+            {"decode": {"device": "tpu"}},
+            r"DecodeOptions: device='tpu' is invalid; expected 'cpu', 'cuda', 'cuda:<index>' or 'auto'",
+        ),
+        ({"plan": {"segment_length": 0}}, r"PlanOptions: segment_length=0 is invalid"),
         ({"index_file": None}, r"needs at least one of index_file"),
     ],
 )
@@ -135,14 +148,15 @@ def test_datamodule_rejects_bad_arguments(lightning_index: Path, kwargs: dict[st
 def test_transform_runs_in_the_workers(lightning_index: Path, assert_stamps: Any) -> None:
     from lightning_vstream.transforms import FrameTransform
 
-    plain = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=0, engine="workers")
+    plain = StreamVideoDataModule(
+        index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=2, kind="workers"), seed=0
+    )
     scaled = StreamVideoDataModule(
         index_file=lightning_index,
         batch_size=2,
-        num_workers=2,
-        engine="workers",
+        engine=EngineOptions(num_workers=2, kind="workers"),
         seed=0,
-        transform=FrameTransform(resize=(96, 128), dtype="float32"),
+        output=OutputOptions(transform=FrameTransform(resize=(96, 128), dtype="float32")),
     )
     for dm in (plain, scaled):
         dm.setup("fit")
@@ -159,7 +173,12 @@ def test_cuda_decoding_without_cuda_is_a_clear_error(lightning_index: Path) -> N
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=1, num_workers=0, decode_device="cuda")
+    dm = StreamVideoDataModule(
+        index_file=lightning_index,
+        batch_size=1,
+        engine=EngineOptions(num_workers=0),
+        decode=DecodeOptions(device="cuda"),
+    )
     with pytest.raises((RuntimeError, ImportError), match="CUDA|PyNvVideoCodec"):
         dm.setup("fit")
 
@@ -174,7 +193,7 @@ def test_a_models_own_batch_hook_still_runs(lightning_index: Path, tmp_path: Pat
             self.hooked += 1
             return batch
 
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=0))
     model = HookedModel()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -197,7 +216,7 @@ def test_no_validation_loop_or_warning_without_val_index(lightning_index: Path, 
         def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             SanityProbe.started += 1
 
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0)
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet_trainer(tmp_path, max_steps=2, callbacks=[SanityProbe()]).fit(TrainOnlyModel(), datamodule=dm)
@@ -207,7 +226,9 @@ def test_no_validation_loop_or_warning_without_val_index(lightning_index: Path, 
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
     assert not is_overridden("val_dataloader", dm) and not is_overridden("test_dataloader", dm)
-    with_val = StreamVideoDataModule(index_file=lightning_index, val_index_file=lightning_index, num_workers=0)
+    with_val = StreamVideoDataModule(
+        index_file=lightning_index, val_index_file=lightning_index, engine=EngineOptions(num_workers=0)
+    )
     assert is_overridden("val_dataloader", with_val) and not is_overridden("predict_dataloader", with_val)
 
 
@@ -215,7 +236,11 @@ def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Pat
     from _user_transforms import Brighten
 
     dm = StreamVideoDataModule(
-        index_file=lightning_index, batch_size=2, num_workers=0, seed=4, transform=Brighten(amount=0)
+        index_file=lightning_index,
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+        seed=4,
+        output=OutputOptions(transform=Brighten(amount=0)),
     )
     assert dm.hparams["index_file"] == str(lightning_index) and dm.hparams["seed"] == 4
     assert "transform" not in dm.hparams
@@ -239,7 +264,9 @@ class IterModel(RecordingModel):
 
 def test_resume_under_dataloader_iter_matches_uninterrupted_run(lightning_index: Path, tmp_path: Path) -> None:
     def run(max_steps: int, ckpt: str | None = None, callbacks: list[Any] | None = None) -> RecordingModel:
-        dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=2, seed=9, engine="workers")
+        dm = StreamVideoDataModule(
+            index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=2, kind="workers"), seed=9
+        )
         model = IterModel()
         trainer = quiet_trainer(
             tmp_path, max_steps=max_steps, max_epochs=3, callbacks=callbacks or [], enable_checkpointing=bool(callbacks)
@@ -260,9 +287,9 @@ def test_resume_with_other_settings_is_a_resume_state_error(lightning_index: Pat
     from lightning_vstream.errors import ResumeStateError
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, filename="mid")
-    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=1)
+    dm = StreamVideoDataModule(index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=0), seed=1)
     quiet_trainer(tmp_path, max_steps=3, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
-    other = StreamVideoDataModule(index_file=lightning_index, batch_size=2, num_workers=0, seed=2)
+    other = StreamVideoDataModule(index_file=lightning_index, batch_size=2, engine=EngineOptions(num_workers=0), seed=2)
     with pytest.raises(ResumeStateError, match=r"seed=1 but this one has seed=2"):
         quiet_trainer(tmp_path, max_steps=6).fit(RecordingModel(), other, ckpt_path=str(tmp_path / "ckpt" / "mid.ckpt"))
 
@@ -276,10 +303,9 @@ def test_workers_start_with_every_method_and_spawned_ones_skip_lightning(
     dm = StreamVideoDataModule(
         index_file=lightning_index,
         batch_size=2,
-        num_workers=2,
-        shuffle=False,
-        multiprocessing_context=method,
-        transform=ImportProbe(str(tmp_path)),
+        engine=EngineOptions(num_workers=2, multiprocessing_context=method),
+        plan=PlanOptions(shuffle=False),
+        output=OutputOptions(transform=ImportProbe(str(tmp_path))),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -298,7 +324,7 @@ def test_workers_start_with_every_method_and_spawned_ones_skip_lightning(
 def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
     from lightning_vstream._datamodule import worker_context
 
-    with pytest.raises(ValueError, match=r"multiprocessing_context='fork' cannot be used with decode_device='cuda:0'"):
+    with pytest.raises(ValueError, match=r"multiprocessing_context='fork' cannot be used with decode.device='cuda:0'"):
         worker_context("StreamVideoDataModule", "fork", "cuda:0", 2)
     assert worker_context("StreamVideoDataModule", None, "cuda:0", 2) == "spawn"
     assert worker_context("StreamVideoDataModule", "forkserver", "cuda:0", 2).get_start_method() == "forkserver"

@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule, VStreamWarning
+from lightning_vstream import (
+    ClipVideoDataModule,
+    EngineOptions,
+    ErrorOptions,
+    IndexOptions,
+    PlanOptions,
+    SamplingOptions,
+    StreamVideoDataModule,
+    VStreamWarning,
+)
 from lightning_vstream.cli import main
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, IndexValidationError, MissingFileError
@@ -83,7 +92,12 @@ def test_index_leaves_out_incomplete_clips_and_lists_them(
     listed = json.loads(listing.read_text())
     assert list(listed) == ["videos"] and list(listed["videos"]) == ["scene-0001", "scene-0002"]
     # The whole clips read exactly, every camera.
-    dm = ClipVideoDataModule(index_file=copy, clip_frames=8, batch_size=2, num_workers=0, shuffle=False)
+    dm = ClipVideoDataModule(
+        index_file=copy,
+        sampling=SamplingOptions(clip_frames=8, shuffle=False),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+    )
     dm.setup("fit")
     batches = list(dm.train_dataloader())
     assert [c for b in batches for c in b["clip_id"]] == ["scene-0000", "scene-0003"]
@@ -136,16 +150,19 @@ def test_datamodules_leave_out_a_clip_by_id(copy: Path, kind: str) -> None:
     _video(copy, "scene-0002", "CAM_BACK_RIGHT").unlink()  # gone after indexing
     if kind == "clips":
         dm: Any = ClipVideoDataModule(
-            index_file=copy, clip_frames=4, batch_size=2, num_workers=0, shuffle=False, exclude_clips=["scene-0002"]
+            index_file=copy,
+            sampling=SamplingOptions(clip_frames=4, shuffle=False),
+            batch_size=2,
+            engine=EngineOptions(num_workers=0),
+            index=IndexOptions(exclude_clips=["scene-0002"]),
         )
     else:
-        dm = StreamVideoDataModule(  # one slot: the epoch reads every clip
+        dm = StreamVideoDataModule(
             index_file=copy,
             batch_size=1,
-            shuffle=False,
-            engine=kind,
-            num_workers=1 if kind == "workers" else 0,
-            exclude_clips=["scene-0002"],
+            plan=PlanOptions(shuffle=False),
+            engine=EngineOptions(kind=kind, num_workers=1 if kind == "workers" else 0),
+            index=IndexOptions(exclude_clips=["scene-0002"]),
         )
     dm.setup("fit")
     batches = list(dm.train_dataloader())
@@ -158,7 +175,9 @@ def test_datamodules_leave_out_a_clip_by_id(copy: Path, kind: str) -> None:
 
 
 def test_a_misspelt_clip_id_to_leave_out_is_named(copy: Path) -> None:
-    dm = StreamVideoDataModule(index_file=copy, val_index_file=copy, exclude_clips=["scene-0002", "scene-002"])
+    dm = StreamVideoDataModule(
+        index_file=copy, val_index_file=copy, index=IndexOptions(exclude_clips=["scene-0002", "scene-002"])
+    )
     with pytest.raises(
         ConfigurationError,
         match=r"^StreamVideoDataModule: exclude_clips=\['scene-002'\]: no index lists them \('.*index\.json', "
@@ -166,7 +185,12 @@ def test_a_misspelt_clip_id_to_leave_out_is_named(copy: Path) -> None:
     ):
         dm.setup("fit")
     # An id of an index not loaded yet (the test index) is checked once that one is loaded.
-    clips = ClipVideoDataModule(index_file=copy, test_index_file=copy, exclude_clips=["elsewhere"], num_workers=0)
+    clips = ClipVideoDataModule(
+        index_file=copy,
+        test_index_file=copy,
+        index=IndexOptions(exclude_clips=["elsewhere"]),
+        engine=EngineOptions(num_workers=0),
+    )
     clips.setup("fit")
     with pytest.raises(ConfigurationError, match=r"exclude_clips=\['elsewhere'\]: no index lists them"):
         clips.setup("test")
@@ -176,16 +200,19 @@ def test_a_misspelt_clip_id_to_leave_out_is_named(copy: Path) -> None:
 def _loader(kind: str, index: Path, on_error: str) -> Any:
     if kind == "clips":
         dm: Any = ClipVideoDataModule(
-            index_file=index, clip_frames=4, batch_size=2, num_workers=1, shuffle=False, on_error=on_error
+            index_file=index,
+            sampling=SamplingOptions(clip_frames=4, shuffle=False),
+            batch_size=2,
+            engine=EngineOptions(num_workers=1),
+            errors=ErrorOptions(on_error=on_error),
         )
     else:
-        dm = StreamVideoDataModule(  # one slot: the epoch reads every clip
+        dm = StreamVideoDataModule(
             index_file=index,
             batch_size=1,
-            shuffle=False,
-            on_error=on_error,
-            engine=kind,
-            num_workers=1 if kind == "workers" else 0,
+            plan=PlanOptions(shuffle=False),
+            errors=ErrorOptions(on_error=on_error),
+            engine=EngineOptions(kind=kind, num_workers=1 if kind == "workers" else 0),
         )
     dm.setup("fit")
     return dm
@@ -230,7 +257,12 @@ def test_stopping_workers_after_an_error_prints_no_stray_traceback(copy: Path, m
     reported: list[str] = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: reported.append(f"{kind.__name__}: {value}"))
     for _ in range(3):  # the handshake is caught mid-way in most runs without the fix
-        dm = StreamVideoDataModule(index_file=copy, batch_size=2, engine="workers", num_workers=2, shuffle=False)
+        dm = StreamVideoDataModule(
+            index_file=copy,
+            batch_size=2,
+            engine=EngineOptions(kind="workers", num_workers=2),
+            plan=PlanOptions(shuffle=False),
+        )
         dm.setup("fit")
         with pytest.raises(MissingFileError):
             for _ in dm.train_dataloader():

@@ -108,7 +108,7 @@ def test_p016_ten_bit_frames(tmp_path: Path) -> None:
         (
             (256, 256),
             torch.uint8,
-            r"expected an NV12 frame of shape \[1.5 \* H, W\].*4:2:2 / 4:4:4.*decode_device='cpu'",
+            r"expected an NV12 frame of shape \[1.5 \* H, W\].*4:2:2 / 4:4:4.*decode.device='cpu'",
         ),
         ((3, 24, 16), torch.uint8, "expected an NV12 frame"),
         ((24, 16), torch.float32, "8- or 16-bit"),

@@ -19,6 +19,7 @@ import torch
 from _annotation_checks import MIXED_SIZES, projection_errors, stream_annotation_errors, write_mixed_rig
 from _output_checks import stamp_of
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, PlanOptions
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.decode.factory import pyav_factory
@@ -26,7 +27,6 @@ from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
 from lightning_vstream.indexing import load_index
-from lightning_vstream.options import OutputOptions
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader
@@ -39,9 +39,9 @@ HERE = Path(__file__).parent
 SIZE = (96, 64)  # (width, height) of the files
 CAMERAS = 2
 LOADERS = {
-    "workers0": {"engine": "workers", "num_workers": 0},
-    "workers2": {"engine": "workers", "num_workers": 2},
-    "engine": {"engine": "threads", "engine_threads": 3},
+    "workers0": EngineOptions(kind="workers", num_workers=0),
+    "workers2": EngineOptions(kind="workers", num_workers=2),
+    "engine": EngineOptions(kind="threads", threads=3),
 }
 SMALL = FrameTransform(resize=(32, 48))
 SMALL_SHARP = FrameTransform(resize=(24, 36), antialias=False)  # resized by torch, not in the decoder
@@ -66,8 +66,13 @@ def mixed_rig(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_mixed_rig(tmp_path_factory.mktemp("outputs_mixed"))
 
 
-def _dm(index: Path, loader: str, **kw: Any) -> StreamVideoDataModule:
-    options: dict[str, Any] = {"batch_size": 2, "seed": 5, "timeout": 60.0, **LOADERS[loader]}
+def _dm(index: Path, loader: str, *, on_error: str = "raise", **kw: Any) -> StreamVideoDataModule:
+    options: dict[str, Any] = {
+        "batch_size": 2,
+        "seed": 5,
+        "errors": ErrorOptions(on_error=on_error, timeout=60.0),  # type: ignore[arg-type]
+        "engine": LOADERS[loader],
+    }
     dm = StreamVideoDataModule(index_file=index, **{**options, **kw})
     dm.setup("fit")
     return dm
@@ -166,7 +171,12 @@ def test_which_outputs_the_decoder_resizes() -> None:
 @pytest.mark.parametrize("loader", list(LOADERS))
 def test_every_output_carries_the_stamps_of_one_decoded_frame(ann_index: Path, loader: str, camera_frames: str) -> None:
     default = FrameTransform(resize=(48, 72))
-    dm = _dm(ann_index, loader, transform=default, outputs=OUTPUTS, camera_frames=camera_frames)
+    dm = _dm(
+        ann_index,
+        loader,
+        output=OutputOptions(transform=default, outputs=OUTPUTS),
+        decode=DecodeOptions(camera_frames=camera_frames),
+    )
     reference = Reference(ann_index)
     transforms = {"frames": default, **OUTPUTS}
     labels, defaults, delivered = [], [], 0
@@ -188,7 +198,9 @@ def test_every_output_carries_the_stamps_of_one_decoded_frame(ann_index: Path, l
     reference.close()
     stats = dm.decode_stats()
     assert stats.frames_decoded == stats.frames_delivered == delivered > 0 and stats.amplification == 1.0
-    plain = _dm(ann_index, loader, transform=default, camera_frames=camera_frames)
+    plain = _dm(
+        ann_index, loader, output=OutputOptions(transform=default), decode=DecodeOptions(camera_frames=camera_frames)
+    )
     for batch, frames, label in zip(plain.train_dataloader(), defaults, labels, strict=True):
         assert _labels(batch) == label
         assert all(map(torch.equal, batch["frames"], frames))  # the default output as without outputs
@@ -201,7 +213,7 @@ def test_the_decoder_resizes_to_the_default_output_and_converts_the_other_sizes(
     output's size, and each other size is one more conversion of the same decoded frame."""
     default, quarter = FrameTransform(resize=(48, 72)), FrameTransform(resize=(16, 24))
     outputs = {"small": SMALL, "quarter": quarter}
-    dm = _dm(ann_index, loader, transform=default, outputs=outputs)
+    dm = _dm(ann_index, loader, output=OutputOptions(transform=default, outputs=outputs))
     loader_ = dm.train_dataloader()
     steps = loader_.engine.steps if loader == "engine" else loader_.dataset.steps
     assert steps.decode_size == (48, 72) and steps.extra_sizes == ((16, 24), (32, 48)) and steps.direct
@@ -220,7 +232,11 @@ def test_the_decoder_resizes_to_the_default_output_and_converts_the_other_sizes(
 def test_each_outputs_geometry_describes_its_own_pixels(ann_index: Path, loader: str) -> None:
     """One augmentation draw per segment, shared by every output; each output's intrinsics project onto its stamp."""
     small = FrameTransform(resize=(42, 60))
-    dm = _dm(ann_index, loader, augment=AUGMENT, annotations=ann_index.parent / "annotations", outputs={"small": small})
+    dm = _dm(
+        ann_index,
+        loader,
+        output=OutputOptions(augment=AUGMENT, annotations=ann_index.parent / "annotations", outputs={"small": small}),
+    )
     scale = torch.diag(torch.tensor([60 / 80, 42 / 56, 1.0], dtype=torch.float64))
     checked = {"frames": 0, "small": 0}
     for batch in dm.train_dataloader():
@@ -247,7 +263,10 @@ def test_each_outputs_geometry_describes_its_own_pixels(ann_index: Path, loader:
 def test_per_camera_outputs_keep_each_cameras_intrinsics(mixed_rig: Path, loader: str) -> None:
     outputs = {"square": FrameTransform(resize=(36, 48)), "full": FrameTransform()}
     dm = _dm(
-        mixed_rig, loader, camera_frames="per_camera", outputs=outputs, annotations=mixed_rig.parent / "annotations"
+        mixed_rig,
+        loader,
+        decode=DecodeOptions(camera_frames="per_camera"),
+        output=OutputOptions(outputs=outputs, annotations=mixed_rig.parent / "annotations"),
     )
     sizes = list(MIXED_SIZES.values())
     steps = 0
@@ -269,7 +288,7 @@ def test_per_camera_outputs_keep_each_cameras_intrinsics(mixed_rig: Path, loader
 def test_an_output_that_keeps_mixed_sizes_cannot_be_stacked(mixed_rig: Path) -> None:
     resize = FrameTransform(resize=(48, 64))
     for loader in ("workers0", "engine"):
-        dm = _dm(mixed_rig, loader, transform=resize, outputs={"full": FrameTransform()})
+        dm = _dm(mixed_rig, loader, output=OutputOptions(transform=resize, outputs={"full": FrameTransform()}))
         with pytest.raises(FrameSizeError, match=r"clip 'scene-0000', camera 'CAM_B'.* is \(3, 72, 128\)"):
             list(dm.train_dataloader())
         dm.teardown()
@@ -293,8 +312,8 @@ def damaged_index(ann_index: Path, tmp_path: Path) -> Path:
 def test_skipped_slots_are_zero_in_every_output(damaged_index: Path, loader: str) -> None:
     normalize = FrameTransform(dtype="float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     outputs = {"small": SMALL, "normalized": normalize}
-    options: dict[str, Any] = {"on_error": "skip", "shuffle": False}
-    dm = _dm(damaged_index, loader, outputs=outputs, **options)
+    options: dict[str, Any] = {"on_error": "skip", "plan": PlanOptions(shuffle=False)}
+    dm = _dm(damaged_index, loader, output=OutputOptions(outputs=outputs), **options)
     invalid = delivered = 0
     for batch in dm.train_dataloader():
         delivered += int(batch["valid"].sum()) * CAMERAS
@@ -327,7 +346,9 @@ def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("loader", list(LOADERS))
 def test_resume_mid_epoch_repeats_every_output(ann_index: Path, loader: str) -> None:
-    options: dict[str, Any] = {"augment": AUGMENT, "outputs": {"small": SMALL, "full": FrameTransform()}}
+    options: dict[str, Any] = {
+        "output": OutputOptions(augment=AUGMENT, outputs={"small": SMALL, "full": FrameTransform()})
+    }
     full = [_record(b) for b in _dm(ann_index, loader, **options).train_dataloader()]
     first = _dm(ann_index, loader, **options).train_dataloader()
     batches = iter(first)
@@ -346,7 +367,7 @@ def _engine(index: Any, *, outputs: Any, **kwargs: Any) -> EngineLoader:
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=len(index.camera_names), batch_size=2, shuffle=False
     )
-    output = OutputOptions.of("StreamEngine", transform=None, outputs=outputs)
+    output = OutputOptions(transform=None, outputs=outputs)
     return EngineLoader(
         StreamEngine(index=index, sampler=sampler, device=HostDevice(), output=output, num_threads=3, **kwargs)
     )
@@ -414,7 +435,11 @@ def test_nvdec_decodes_into_the_batch_and_the_outputs_are_made_from_it(
 @pytest.mark.cuda
 def test_cuda_engine_delivers_every_output_on_the_gpu(ann_index: Path) -> None:
     dm = StreamVideoDataModule(
-        index_file=ann_index, batch_size=2, decode_device="cuda", engine="threads", outputs=OUTPUTS
+        index_file=ann_index,
+        batch_size=2,
+        decode=DecodeOptions(device="cuda"),
+        engine=EngineOptions(kind="threads"),
+        output=OutputOptions(outputs=OUTPUTS),
     )
     dm.setup("fit")
     for batch in dm.train_dataloader():
@@ -425,18 +450,19 @@ def test_cuda_engine_delivers_every_output_on_the_gpu(ann_index: Path) -> None:
 
 # -- configuration -----------------------------------------------------------------------------------
 def test_outputs_are_checked_when_the_datamodule_is_built(ann_index: Path) -> None:
-    with pytest.raises(ConfigurationTypeError, match=r"StreamVideoDataModule: outputs=\[.*\] must be a dict of output"):
-        StreamVideoDataModule(index_file=ann_index, outputs=[SMALL])  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match=r"OutputOptions: outputs=\[.*\] must be a dict of output"):
+        StreamVideoDataModule(index_file=ann_index, output=OutputOptions(outputs=[SMALL]))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"outputs has the name ''; name every output with a non-empty"):
-        StreamVideoDataModule(index_file=ann_index, outputs={"": SMALL})
+        StreamVideoDataModule(index_file=ann_index, output=OutputOptions(outputs={"": SMALL}))
     with pytest.raises(ConfigurationTypeError, match=r"outputs\['small'\]=\(24, 32\) is not callable; pass a callable"):
-        StreamVideoDataModule(index_file=ann_index, outputs={"small": (24, 32)})  # type: ignore[dict-item]
+        StreamVideoDataModule(index_file=ann_index, output=OutputOptions(outputs={"small": (24, 32)}))  # type: ignore[dict-item]
     with pytest.raises(
         ConfigurationTypeError, match=r"frames as decoded, pass FrameTransform\(\) \(in YAML: full: \{\}\)"
     ):
-        StreamVideoDataModule(index_file=ann_index, outputs={"full": None})  # type: ignore[dict-item]
-    dm = StreamVideoDataModule(index_file=ann_index, outputs={"small": SMALL})
-    assert "outputs" not in dm.hparams and dm.outputs == {"small": SMALL}
+        StreamVideoDataModule(index_file=ann_index, output=OutputOptions(outputs={"full": None}))  # type: ignore[dict-item]
+    dm = StreamVideoDataModule(index_file=ann_index, output=OutputOptions(outputs={"small": SMALL}))
+    assert "outputs" not in dm.hparams and "outputs" not in dm.hparams["output"]
+    assert dm.output.outputs == {"small": SMALL}
 
 
 class OutputsModel(pl.LightningModule):
@@ -465,17 +491,19 @@ seed_everything: 0
 data:
   index_file: {index}
   batch_size: 2
-  num_workers: 0
-  engine: {engine}
-  outputs:
-    small: {{resize: [32, 48]}}
-    normalized:
-      class_path: lightning_vstream.FrameTransform
-      init_args: {{dtype: float32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}}
-    brighter:
-      class_path: _user_transforms.Brighten
-      init_args: {{amount: 0}}
-    full: {{}}
+  engine:
+    kind: {engine}
+    num_workers: 0
+  output:
+    outputs:
+      small: {{resize: [32, 48]}}
+      normalized:
+        class_path: lightning_vstream.FrameTransform
+        init_args: {{dtype: float32, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}}
+      brighter:
+        class_path: _user_transforms.Brighten
+        init_args: {{amount: 0}}
+      full: {{}}
 trainer:
   max_steps: 3
   accelerator: cpu
@@ -501,11 +529,15 @@ def test_lightning_cli_reads_outputs_from_yaml_and_fits(
         OutputsModel, StreamVideoDataModule, run=False, args=["--config", str(config)], save_config_callback=None
     )
     dm = cli.datamodule
-    assert list(dm.outputs) == ["small", "normalized", "brighter", "full"] and dm.outputs["full"] == FrameTransform()
-    assert dm.outputs["small"] == SMALL
-    assert dm.outputs["normalized"] == FrameTransform(dtype="float32", mean=(0.5,) * 3, std=(0.25,) * 3)
-    assert type(dm.outputs["brighter"]).__name__ == "Brighten"
+    outputs = dm.output.outputs
+    assert list(outputs) == ["small", "normalized", "brighter", "full"] and outputs["full"] == FrameTransform()
+    assert outputs["small"] == SMALL
+    assert outputs["normalized"] == FrameTransform(dtype="float32", mean=(0.5,) * 3, std=(0.25,) * 3)
+    assert type(outputs["brighter"]).__name__ == "Brighten"
     saved = cli.parser.dump(cli.config)  # what LightningCLI saves next to a run, read back as it was written
-    assert "Unable to serialize" not in saved and cli.parser.parse_string(saved).data.outputs == cli.config.data.outputs
+    assert (
+        "Unable to serialize" not in saved
+        and cli.parser.parse_string(saved).data.output.outputs == cli.config.data.output.outputs
+    )
     cli.trainer.fit(cli.model, datamodule=dm)
     assert cli.model.steps == 3 and cli.model.errors == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import types
@@ -14,6 +15,7 @@ import torch
 from _annotation_checks import MIXED_SIZES, projection_errors, write_mixed_rig
 from _output_checks import as_uint8_chw, stamp_of
 
+from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, SamplingOptions
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.datamodule import ClipVideoDataModule
@@ -41,16 +43,24 @@ def ann_index(make_dataset: Any) -> Path:
     return make_dataset(clips=4, cameras=2, frames=[10, 7, 12, 9], size=SIZE, gop=5, annotations=True)
 
 
-def _dm(index: Path, **kw: Any) -> ClipVideoDataModule:
+SAMPLING = SamplingOptions(clip_frames=3, frame_stride=2, selection="random", clips_per_epoch=9)
+
+
+def _dm(
+    index: Path,
+    *,
+    sampling: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
+    errors: dict[str, Any] | None = None,
+    **kw: Any,
+) -> ClipVideoDataModule:
+    """The test's DataModule; ``sampling``, ``engine`` and ``errors`` change fields of its own groups."""
     options: dict[str, Any] = {
         "batch_size": 3,
-        "num_workers": 0,
         "seed": 2,
-        "clip_frames": 3,
-        "frame_stride": 2,
-        "selection": "random",
-        "clips_per_epoch": 9,
-        "timeout": 60.0,
+        "sampling": dataclasses.replace(SAMPLING, **(sampling or {})),
+        "engine": EngineOptions(**{"num_workers": 0, **(engine or {})}),
+        "errors": ErrorOptions(**{"timeout": 60.0, **(errors or {})}),
     }
     dm = ClipVideoDataModule(index_file=index, **{**options, **kw})
     dm.setup("fit")
@@ -86,7 +96,12 @@ def test_every_clip_output_carries_the_stamps_of_one_decoded_frame(
     ann_index: Path, num_workers: int, camera_frames: str
 ) -> None:
     default = FrameTransform(resize=(48, 72))
-    dm = _dm(ann_index, num_workers=num_workers, camera_frames=camera_frames, transform=default, outputs=OUTPUTS)
+    dm = _dm(
+        ann_index,
+        engine={"num_workers": num_workers},
+        decode=DecodeOptions(camera_frames=camera_frames),
+        output=OutputOptions(transform=default, outputs=OUTPUTS),
+    )
     batches = 0
     for batch in dm.train_dataloader():
         assert set(batch["outputs"]) == set(OUTPUTS) and clip_stamp_errors(batch, [SIZE] * CAMERAS) == []
@@ -109,7 +124,11 @@ def test_clip_frames_are_decoded_once_whatever_the_outputs(ann_index: Path) -> N
     """Windows of 5 frames on GOP-5 files start at keyframes: every frame decoded is a frame delivered."""
     counts = []
     for outputs in ({}, OUTPUTS):
-        dm = _dm(ann_index, clip_frames=5, frame_stride=1, selection="regular", outputs=outputs)
+        dm = _dm(
+            ann_index,
+            sampling={"clip_frames": 5, "frame_stride": 1, "selection": "regular"},
+            output=OutputOptions(outputs=outputs),
+        )
         loader = dm.train_dataloader()
         delivered = sum(int(b["frame_index"].numel()) * CAMERAS for b in loader)
         counts.append((loader.dataset.decoders.frames_decoded, delivered))
@@ -118,7 +137,10 @@ def test_clip_frames_are_decoded_once_whatever_the_outputs(ann_index: Path) -> N
 
 def test_each_clip_outputs_geometry_describes_its_own_pixels(ann_index: Path) -> None:
     small = FrameTransform(resize=(42, 60))
-    dm = _dm(ann_index, augment=AUGMENT, annotations=ann_index.parent / "annotations", outputs={"small": small})
+    dm = _dm(
+        ann_index,
+        output=OutputOptions(augment=AUGMENT, annotations=ann_index.parent / "annotations", outputs={"small": small}),
+    )
     scale = torch.diag(torch.tensor([60 / 80, 42 / 56, 1.0], dtype=torch.float64))
     checked = 0
     for batch in dm.train_dataloader():
@@ -142,7 +164,7 @@ def test_each_clip_outputs_geometry_describes_its_own_pixels(ann_index: Path) ->
 def test_a_resizing_transform_is_part_of_the_clip_geometry(ann_index: Path) -> None:
     """Without augmentation too, img_aug_matrix and intrinsics follow the transform's crop and resize."""
     transform = FrameTransform(crop=(4, 8, 56, 80), resize=(42, 60))
-    dm = _dm(ann_index, transform=transform, annotations=ann_index.parent / "annotations")
+    dm = _dm(ann_index, output=OutputOptions(transform=transform, annotations=ann_index.parent / "annotations"))
     batch = next(iter(dm.train_dataloader()))
     expected = torch.tensor([[0.75, 0, -6.0], [0, 0.75, -3.0], [0, 0, 1]])
     assert torch.allclose(batch["img_aug_matrix"], expected.expand(3, CAMERAS, 3, 3))
@@ -164,9 +186,11 @@ def test_the_decoders_resize_is_part_of_the_clip_geometry(ann_index: Path, augme
         index=ann_index,
         requests=[at_indices("scene-0002", [3, 7])],
         size=(48, 72),
-        augment=augment,
-        annotations=ann_index.parent / "annotations",
-        outputs={"small": FrameTransform(resize=(24, 36))},
+        output=OutputOptions(
+            augment=augment,
+            annotations=ann_index.parent / "annotations",
+            outputs={"small": FrameTransform(resize=(24, 36))},
+        ),
     )
     sample = dataset[0]
     out = sample["outputs"]["small"]
@@ -188,13 +212,13 @@ def test_per_camera_clip_outputs_keep_each_cameras_intrinsics(
     index = write_mixed_rig(tmp_path_factory.mktemp("clip_outputs_mixed"))
     dm = _dm(
         index,
-        num_workers=num_workers,
-        camera_frames="per_camera",
-        annotations=index.parent / "annotations",
-        outputs={"square": FrameTransform(resize=(36, 48))},
-        clip_frames=2,
+        engine={"num_workers": num_workers},
+        decode=DecodeOptions(camera_frames="per_camera"),
+        output=OutputOptions(
+            annotations=index.parent / "annotations", outputs={"square": FrameTransform(resize=(36, 48))}
+        ),
+        sampling={"clip_frames": 2, "clips_per_epoch": 4},
         batch_size=2,
-        clips_per_epoch=4,
     )
     sizes = list(MIXED_SIZES.values())
     for batch in dm.train_dataloader():
@@ -217,13 +241,11 @@ def test_an_unreadable_clip_sample_is_zero_in_every_output(make_dataset: Any, tm
     normalize = FrameTransform(dtype="float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     dm = _dm(
         root / source.name,
-        clip_frames=2,
-        hop=8,
-        selection="regular",
-        shuffle=False,
-        on_error="skip",
-        transform=normalize,
-        outputs={"small": FrameTransform(resize=(24, 32)), "normalized": normalize},
+        sampling={"clip_frames": 2, "hop": 8, "selection": "regular", "shuffle": False},
+        errors={"on_error": "skip"},
+        output=OutputOptions(
+            transform=normalize, outputs={"small": FrameTransform(resize=(24, 32)), "normalized": normalize}
+        ),
     )
     batch = next(iter(dm.train_dataloader()))
     assert batch["valid"].tolist() == [True, False, True]
@@ -267,7 +289,10 @@ def _record(batch: dict[str, Any]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_clip_resume_mid_epoch_repeats_every_output(ann_index: Path, num_workers: int) -> None:
-    options: dict[str, Any] = {"augment": AUGMENT, "outputs": {"small": SMALL}, "num_workers": num_workers}
+    options: dict[str, Any] = {
+        "output": OutputOptions(augment=AUGMENT, outputs={"small": SMALL}),
+        "engine": {"num_workers": num_workers},
+    }
     full = [_record(b) for b in _dm(ann_index, **options).train_dataloader()]
     first = _dm(ann_index, **options).train_dataloader()
     batches = iter(first)
@@ -282,10 +307,10 @@ def test_clip_resume_mid_epoch_repeats_every_output(ann_index: Path, num_workers
 
 
 def test_clip_outputs_are_checked(ann_index: Path) -> None:
-    with pytest.raises(ConfigurationTypeError, match=r"ClipVideoDataModule: outputs=\['small'\] must be a dict"):
-        ClipVideoDataModule(index_file=ann_index, outputs=["small"])  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationTypeError, match=r"VideoClipDataset: outputs\['x'\]=3 is not callable"):
-        VideoClipDataset(index=ann_index, outputs={"x": 3})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationTypeError, match=r"OutputOptions: outputs=\['small'\] must be a dict"):
+        ClipVideoDataModule(index_file=ann_index, output=OutputOptions(outputs=["small"]))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match=r"OutputOptions: outputs\['x'\]=3 is not callable"):
+        VideoClipDataset(index=ann_index, output=OutputOptions(outputs={"x": 3}))  # type: ignore[dict-item]
 
 
 class ClipOutputsModel(pl.LightningModule):
@@ -312,16 +337,17 @@ def test_lightning_cli_configures_clip_outputs(
     config = tmp_path / "clips.yaml"
     config.write_text(
         f"seed_everything: 0\n"
-        f"data:\n  index_file: {ann_index}\n  num_workers: 0\n  clip_frames: 2\n  batch_size: 2\n"
-        "  outputs:\n    small: {resize: [32, 48]}\n"
-        "    full:\n      class_path: lightning_vstream.FrameTransform\n"
+        f"data:\n  index_file: {ann_index}\n  engine:\n    num_workers: 0\n  sampling:\n    clip_frames: 2\n"
+        "  batch_size: 2\n"
+        "  output:\n    outputs:\n      small: {resize: [32, 48]}\n"
+        "      full:\n        class_path: lightning_vstream.FrameTransform\n"
         "trainer:\n  max_steps: 2\n  accelerator: cpu\n  logger: false\n  enable_checkpointing: false\n"
         "  enable_progress_bar: false\n  enable_model_summary: false\n"
     )
     cli = LightningCLI(
         ClipOutputsModel, ClipVideoDataModule, run=False, args=["--config", str(config)], save_config_callback=None
     )
-    assert cli.datamodule.outputs == {"small": SMALL, "full": FrameTransform()}
+    assert cli.datamodule.output.outputs == {"small": SMALL, "full": FrameTransform()}
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2 and cli.model.errors == []
 
@@ -360,7 +386,9 @@ def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, nvdec_in
     from lightning_vstream.decode.decoder_pool import DecoderPool
 
     requests = [at_indices("scene-0000", [1, 4, 8]), at_indices("scene-0002", [0, 11, 5])]
-    dataset = VideoClipDataset(index=nvdec_index, requests=requests, decode_device="cuda", outputs=OUTPUTS)
+    dataset = VideoClipDataset(
+        index=nvdec_index, requests=requests, decode=DecodeOptions(device="cuda"), output=OutputOptions(outputs=OUTPUTS)
+    )
     dataset._reader = BatchReader(gpu=0, device="cpu", threads=2, pool=DecoderPool())
     try:
         batch = collate_clips(dataset.__getitems__([0, 1]))
@@ -375,7 +403,7 @@ def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, nvdec_in
 
 @pytest.mark.cuda
 def test_cuda_clip_outputs(ann_index: Path) -> None:
-    dm = _dm(ann_index, decode_device="cuda", outputs=OUTPUTS)
+    dm = _dm(ann_index, decode=DecodeOptions(device="cuda"), output=OutputOptions(outputs=OUTPUTS))
     for batch in dm.train_dataloader():
         assert all(out["frames"].is_cuda for out in batch["outputs"].values())
         assert clip_stamp_errors(batch, [SIZE] * CAMERAS) == []

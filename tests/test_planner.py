@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_vstream import DecodeOptions, EngineOptions, SamplingOptions
 from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices, snap_to_keyframes
@@ -164,8 +165,8 @@ def test_dataset_rejects_unknown_policy_device_and_threads(index_path: Path) -> 
         match=r"VideoClipDataset: frame_policy='keyframe' is invalid; expected 'exact' or 'nearest_keyframe'",
     ):
         VideoClipDataset(index=index_path, frame_policy="keyframe")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"VideoClipDataset: decode_device='gpu' is invalid; expected 'cpu', 'cuda'"):
-        VideoClipDataset(index=index_path, decode_device="gpu")
+    with pytest.raises(ValueError, match=r"DecodeOptions: device='gpu' is invalid; expected 'cpu', 'cuda'"):
+        VideoClipDataset(index=index_path, decode=DecodeOptions(device="gpu"))
     with pytest.raises(
         ValueError, match=r"VideoClipDataset: gop_threads=-1 is invalid; expected None or an integer >= 1"
     ):
@@ -198,13 +199,9 @@ def test_datamodule_passes_the_frame_policy_and_gop_threads(index_path: Path) ->
 
     dm = ClipVideoDataModule(
         index_file=index_path,
-        clip_frames=3,
-        frame_stride=7,
+        sampling=SamplingOptions(clip_frames=3, frame_stride=7, frame_policy="nearest_keyframe", shuffle=False),
         batch_size=2,
-        num_workers=0,
-        frame_policy="nearest_keyframe",
-        gop_threads=2,
-        shuffle=False,
+        engine=EngineOptions(num_workers=0, threads=2),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -224,14 +221,18 @@ def test_datamodule_cuda_without_a_gpu_names_the_fix(index_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU path")
-    dm = ClipVideoDataModule(index_file=index_path, decode_device="cuda", num_workers=0)
-    with pytest.raises(RuntimeError, match=r"decode_device='cuda' needs a CUDA GPU.*decode_device='cpu'"):
+    dm = ClipVideoDataModule(
+        index_file=index_path, decode=DecodeOptions(device="cuda"), engine=EngineOptions(num_workers=0)
+    )
+    with pytest.raises(RuntimeError, match=r"decode.device='cuda' needs a CUDA GPU.*decode.device='cpu'"):
         dm.setup("fit")
         dm.train_dataloader()
-    with pytest.raises(ValueError, match=r"decode_device='gpu' is invalid; expected 'cpu', 'cuda' or 'auto'"):
-        ClipVideoDataModule(index_file=index_path, decode_device="gpu")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"ClipVideoDataModule: frame_policy='fast' is invalid; expected 'exact'"):
-        ClipVideoDataModule(index_file=index_path, frame_policy="fast")  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"DecodeOptions: device='gpu' is invalid; expected 'cpu', 'cuda', 'cuda:<index>' or 'auto'"
+    ):
+        ClipVideoDataModule(index_file=index_path, decode=DecodeOptions(device="gpu"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"SamplingOptions: frame_policy='fast' is invalid; expected 'exact'"):
+        ClipVideoDataModule(index_file=index_path, sampling=SamplingOptions(frame_policy="fast"))  # type: ignore[arg-type]
 
 
 # -- plan_feed: which packets a decoder is fed -----------------------------------------------------------

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_vstream import EngineOptions, OutputOptions, SamplingOptions
+
 PIL = pytest.importorskip("PIL.Image")
 
 from lightning_vstream import ClipVideoDataModule, FrameTransform, StreamVideoDataModule  # noqa: E402
@@ -73,7 +75,12 @@ def test_every_drawn_label_matches_the_stamp_of_its_frame(annotated: Path, tmp_p
 
 
 def test_a_clip_batch_is_drawn_a_row_per_sample_and_time_step(annotated: Path, tmp_path: Path) -> None:
-    dm = ClipVideoDataModule(index_file=annotated, clip_frames=2, frame_stride=3, batch_size=2, num_workers=0)
+    dm = ClipVideoDataModule(
+        index_file=annotated,
+        sampling=SamplingOptions(clip_frames=2, frame_stride=3),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+    )
     picture = preview_batches(dm, steps=1)
     path = picture.save(tmp_path / "clips.png")
     assert len(picture.tiles) == 2 * 2 * 3  # samples x time steps x cameras
@@ -84,9 +91,12 @@ def test_a_clip_batch_is_drawn_a_row_per_sample_and_time_step(annotated: Path, t
 
 
 def test_boxes_are_projected_through_the_delivered_intrinsics(annotated: Path) -> None:
-    def drawn(**options: Any) -> dict[tuple[int, int, int], tuple[tuple[float, float], ...]]:
+    def drawn(transform: Any = None) -> dict[tuple[int, int, int], tuple[tuple[float, float], ...]]:
         dm = StreamVideoDataModule(
-            index_file=annotated, batch_size=2, seed=1, annotations=annotated.parent / "annotations", **options
+            index_file=annotated,
+            batch_size=2,
+            seed=1,
+            output=OutputOptions(transform=transform, annotations=annotated.parent / "annotations"),
         )
         picture = preview_batches(dm, steps=8)
         dm.teardown()
@@ -133,7 +143,7 @@ def test_vstream_preview_draws_an_index_a_clip_and_a_config(annotated: Path, tmp
     config = tmp_path / "train.yaml"
     config.write_text(
         f"trainer: {{max_steps: 3}}\ndata:\n  index_file: {annotated}\n  batch_size: 2\n"
-        "  transform: {resize: [24, 32], dtype: float32}\n"
+        "  output:\n    transform: {resize: [24, 32], dtype: float32}\n"
     )
     assert main(["preview", str(config), "--steps", "1", "-o", str(tmp_path / "config.png")]) == 0
     assert "1 step(s), 6 camera frames" in capsys.readouterr().out

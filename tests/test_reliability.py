@@ -18,6 +18,7 @@ import pytest
 from _stream_models import RecordingModel
 from _trainers import quiet_trainer
 
+from lightning_vstream import EngineOptions, ErrorOptions, PlanOptions
 from lightning_vstream.decode.base import VideoDecodeError
 from lightning_vstream.decode.cpu import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
@@ -86,10 +87,9 @@ def _stream(root: Path, *, num_workers: int, on_error: str) -> tuple[list[dict[s
     dm = StreamVideoDataModule(
         index_file=root / "index.json",
         batch_size=2,
-        num_workers=num_workers,
-        on_error=on_error,  # type: ignore[arg-type]
-        shuffle=False,
-        engine="workers",
+        engine=EngineOptions(num_workers=num_workers, kind="workers"),
+        errors=ErrorOptions(on_error=on_error),
+        plan=PlanOptions(shuffle=False),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -342,7 +342,10 @@ def test_a_worker_killed_under_lightning_is_a_worker_error(
     pristine: Path, tmp_path: Path, worker_1_parks: Callable[[int], Any], excepthook_calls: list[str]
 ) -> None:
     dm = StreamVideoDataModule(
-        index_file=pristine / "index.json", batch_size=2, num_workers=2, shuffle=False, engine="workers"
+        index_file=pristine / "index.json",
+        batch_size=2,
+        engine=EngineOptions(num_workers=2, kind="workers"),
+        plan=PlanOptions(shuffle=False),
     )
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     model = _KillsWorkerModel()
@@ -362,9 +365,7 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
         dm = StreamVideoDataModule(
             index_file=pristine / "index.json",
             batch_size=2,
-            num_workers=2,
-            persistent_workers=persistent,
-            engine="workers",
+            engine=EngineOptions(num_workers=2, persistent_workers=persistent, kind="workers"),
         )
         trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=4)
         before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. a forkserver
@@ -377,7 +378,7 @@ def test_trainer_shutdown_leaves_no_worker_or_decoder(pristine: Path, tmp_path: 
 
 def test_unknown_on_error_policy_is_rejected(pristine: Path) -> None:
     with pytest.raises(ValueError, match=r"on_error='ignore' is invalid; expected 'raise' or 'skip'"):
-        StreamVideoDataModule(index_file=pristine / "index.json", on_error="ignore")  # type: ignore[arg-type]
+        StreamVideoDataModule(index_file=pristine / "index.json", errors=ErrorOptions(on_error="ignore"))  # type: ignore[arg-type]
 
 
 def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path: Path) -> None:

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream import StreamVideoDataModule
-from lightning_vstream.storage import StorageConfig
+from lightning_vstream import EngineOptions, StorageConfig, StreamVideoDataModule
 from lightning_vstream.storage.cache import NodeCache, planned_priority
 from lightning_vstream.storage.client import Storage
 from lightning_vstream.storage.fetcher import Fetcher, Unit
@@ -41,10 +40,9 @@ def remote_url(s3: S3TestServer, local_index: Path) -> str:
 def _dm(url: str, s3: S3TestServer, cache: Path, **kw: Any) -> StreamVideoDataModule:
     dm = StreamVideoDataModule(
         index_file=url,
-        storage_options=s3.storage_options(),
-        cache_dir=str(cache),
+        storage=StorageConfig(options=s3.storage_options(), cache_dir=str(cache)),
         batch_size=2,
-        num_workers=0,
+        engine=EngineOptions(num_workers=0),
         seed=2,
         **kw,
     )
@@ -111,11 +109,9 @@ def test_the_cache_stays_under_its_limit(s3: S3TestServer, remote_url: str, loca
     limit = total // 3
     dm = StreamVideoDataModule(
         index_file=remote_url,
-        storage_options=s3.storage_options(),
-        cache_dir=str(tmp_path / "cache"),
-        cache_limit=limit,
+        storage=StorageConfig(options=s3.storage_options(), cache_dir=str(tmp_path / "cache"), cache_limit=limit),
         batch_size=2,
-        num_workers=0,
+        engine=EngineOptions(num_workers=0),
         seed=2,
     )
     dm.setup("fit")
@@ -136,7 +132,7 @@ def test_two_processes_download_a_gop_once(
     data = (local_index.parent / "videos" / "scene-0000" / "CAM_BACK.mp4").read_bytes()
     url = f"s3://{BUCKET}/ds/videos/scene-0000/CAM_BACK.mp4"
     unit = Unit(url, 0, len(data))
-    config = StorageConfig.make(s3.storage_options())
+    config = StorageConfig(s3.storage_options())
     s3.faults(latency_ms=300)
     children = []
     for _ in range(2):

@@ -11,7 +11,18 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule, VideoClipDataset, at_indices, load_index
+from lightning_vstream import (
+    ClipVideoDataModule,
+    DecodeOptions,
+    EngineOptions,
+    ErrorOptions,
+    SamplingOptions,
+    StorageConfig,
+    StreamVideoDataModule,
+    VideoClipDataset,
+    at_indices,
+    load_index,
+)
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import ConfigurationError, FileChangedError, IndexValidationError, MissingFileError
 from tests._s3 import S3TestServer
@@ -118,7 +129,7 @@ def test_an_index_without_tables_lists_its_folders_and_reads_through_containers(
 
 def test_video_clip_dataset_takes_a_url(s3: S3TestServer, local_index: Path, remote_url: str) -> None:
     requests = [at_indices("scene-0000", [1, 6, 11]), at_indices("scene-0002", [3, 4])]
-    dataset = VideoClipDataset(index=remote_url, requests=requests, storage_options=s3.storage_options())
+    dataset = VideoClipDataset(index=remote_url, requests=requests, storage=StorageConfig(options=s3.storage_options()))
     local = VideoClipDataset(index=local_index, requests=requests)
     s3.reset()
     for i, request in enumerate(requests):
@@ -129,9 +140,9 @@ def test_video_clip_dataset_takes_a_url(s3: S3TestServer, local_index: Path, rem
 
 
 def test_stream_datamodule_from_s3_equals_local(s3: S3TestServer, local_index: Path, remote_url: str) -> None:
-    common: dict[str, Any] = {"batch_size": 2, "num_workers": 0, "seed": 3}
+    common: dict[str, Any] = {"batch_size": 2, "engine": EngineOptions(num_workers=0), "seed": 3}
     secret = s3.storage_options(secret_access_key="kept-in-memory-only")
-    remote = StreamVideoDataModule(index_file=remote_url, storage_options=secret, **common)
+    remote = StreamVideoDataModule(index_file=remote_url, storage=StorageConfig(options=secret), **common)
     local = StreamVideoDataModule(index_file=str(local_index), **common)
     for dm in (remote, local):
         dm.setup("fit")
@@ -142,14 +153,18 @@ def test_stream_datamodule_from_s3_equals_local(s3: S3TestServer, local_index: P
         assert torch.equal(a["frames"], b["frames"]) and a["clip_id"] == b["clip_id"]
     # URLs stay strings and secrets stay out of what checkpoints and loggers see.
     assert remote.hparams["index_file"] == remote_url
-    assert remote.hparams["storage_options"]["secret_access_key"] is None
-    assert "storage_options" not in remote.hparams_initial
+    assert remote.hparams["storage"]["options"]["secret_access_key"] is None
+    assert "storage" not in remote.hparams_initial
     assert secret["secret_access_key"] not in repr(dict(remote.hparams))
 
 
 def test_clip_datamodule_from_s3(s3: S3TestServer, remote_url: str) -> None:
     dm = ClipVideoDataModule(
-        index_file=remote_url, storage_options=s3.storage_options(), batch_size=2, num_workers=0, clip_frames=3
+        index_file=remote_url,
+        storage=StorageConfig(options=s3.storage_options()),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+        sampling=SamplingOptions(clip_frames=3),
     )
     dm.setup("fit")
     with warnings.catch_warnings():
@@ -157,7 +172,7 @@ def test_clip_datamodule_from_s3(s3: S3TestServer, remote_url: str) -> None:
         batch = next(iter(dm.train_dataloader()))
     for b in range(batch["frames"].shape[0]):
         _stamps_match(batch["frames"][b], batch["clip_id"][b], batch["frame_index"][b].tolist(), 2)
-    assert dm.hparams["index_file"] == remote_url and dm.hparams["storage_options"]["access_key_id"] == "testing"
+    assert dm.hparams["index_file"] == remote_url and dm.hparams["storage"]["options"]["access_key_id"] == "testing"
 
 
 @pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
@@ -167,14 +182,12 @@ def test_workers_read_from_s3_under_every_start_method(
     common: dict[str, Any] = {"batch_size": 2, "seed": 1}
     remote = StreamVideoDataModule(
         index_file=remote_url,
-        storage_options=s3.storage_options(),
-        engine="workers",
-        num_workers=2,
-        multiprocessing_context=context,  # type: ignore[arg-type]
-        timeout=60,
+        storage=StorageConfig(options=s3.storage_options()),
+        engine=EngineOptions(kind="workers", num_workers=2, multiprocessing_context=context),
+        errors=ErrorOptions(timeout=60),
         **common,
     )
-    local = StreamVideoDataModule(index_file=str(local_index), num_workers=0, **common)
+    local = StreamVideoDataModule(index_file=str(local_index), engine=EngineOptions(num_workers=0), **common)
     for dm in (remote, local):
         dm.setup("fit")
     got = list(remote.train_dataloader())
@@ -197,11 +210,10 @@ def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url
     options = s3.storage_options()
     dm = ClipVideoDataModule(
         index_file=remote_url,
-        storage_options=options,
-        cache_dir=str(tmp_path),
+        storage=StorageConfig(options=options, cache_dir=str(tmp_path)),
         batch_size=2,
-        num_workers=0,
-        clip_frames=2,
+        engine=EngineOptions(num_workers=0),
+        sampling=SamplingOptions(clip_frames=2),
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -210,7 +222,7 @@ def test_random_access_fetches_the_next_batch_ahead(s3: S3TestServer, remote_url
     assert sampler.lookahead == 2  # type: ignore[attr-defined]
     items = list(sampler)
     assert [item.ahead for item in items] == [item.request for item in items[2:]] + [None, None]
-    config = StorageConfig.make(options, cache_dir=str(tmp_path))
+    config = StorageConfig(options, cache_dir=str(tmp_path))
     before = fetcher_for(config).stats
     s3.reset()
     with warnings.catch_warnings():
@@ -246,10 +258,10 @@ def test_lightning_cli_configures_remote_storage(
         args=[
             "--seed_everything=0",
             f"--data.index_file={remote_url}",
-            f"--data.storage_options={json.dumps(options)}",
-            f"--data.cache_dir={tmp_path / 'cache'}",
-            "--data.cache_limit=20GB",
-            "--data.num_workers=0",
+            f"--data.storage.options={json.dumps(options)}",
+            f"--data.storage.cache_dir={tmp_path / 'cache'}",
+            "--data.storage.cache_limit=20GB",
+            "--data.engine.num_workers=0",
             "--trainer.logger=false",
             f"--trainer.default_root_dir={tmp_path}",
         ],
@@ -268,7 +280,7 @@ def test_decoding_a_remote_index_on_the_gpu_is_refused_clearly(s3: S3TestServer,
     index = load_index(remote_url, storage_options=s3.storage_options())
     s3.reset()
     with pytest.raises(ConfigurationError, match=r"is remote: decoding remote files on 'cuda' is not supported yet"):
-        VideoClipDataset(index=index, requests=[at_indices("scene-0000", [0])], decode_device="cuda")
+        VideoClipDataset(index=index, requests=[at_indices("scene-0000", [0])], decode=DecodeOptions(device="cuda"))
     sampler = StreamSampler(list(index.frame_counts), num_cameras=2, batch_size=2)
     with pytest.raises(ConfigurationError, match=r"is remote: decoding remote files on the GPU is not supported yet"):
         build_engine_loader(index, sampler, "cuda:0")
@@ -279,15 +291,19 @@ def test_decoding_a_remote_index_on_the_gpu_is_refused_clearly(s3: S3TestServer,
 
 
 def test_clip_datamodule_workers_read_from_s3_and_count(s3: S3TestServer, remote_url: str, local_index: Path) -> None:
-    common: dict[str, Any] = {"batch_size": 2, "clip_frames": 3, "seed": 2, "timeout": 120}
+    common: dict[str, Any] = {
+        "batch_size": 2,
+        "sampling": SamplingOptions(clip_frames=3),
+        "seed": 2,
+        "errors": ErrorOptions(timeout=120),
+    }
     remote = ClipVideoDataModule(
         index_file=remote_url,
-        storage_options=s3.storage_options(),
-        num_workers=2,
-        multiprocessing_context="spawn",
+        storage=StorageConfig(options=s3.storage_options()),
+        engine=EngineOptions(num_workers=2, multiprocessing_context="spawn"),
         **common,
     )
-    local = ClipVideoDataModule(index_file=str(local_index), num_workers=0, **common)
+    local = ClipVideoDataModule(index_file=str(local_index), engine=EngineOptions(num_workers=0), **common)
     for dm in (remote, local):
         dm.setup("fit")
     loader = remote.train_dataloader()

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from lightning_vstream import StreamVideoDataModule
+from lightning_vstream import EngineOptions, ErrorOptions, StorageConfig, StreamVideoDataModule
 from lightning_vstream.errors import ChecksumError, RemoteStorageError
-from lightning_vstream.storage import StorageConfig, StorageStats
+from lightning_vstream.storage import StorageStats
 from lightning_vstream.storage.fetcher import fetcher_for
 from tests._s3 import S3TestServer
 from tests.conftest import batch_stamp_errors
@@ -32,10 +33,15 @@ def remote_url(s3: S3TestServer, local_index: Path) -> str:
     return f"{url}/index.json"
 
 
-def _dm(index: str | Path, **kw: Any) -> StreamVideoDataModule:
-    options: dict[str, Any] = {"batch_size": 2, "seed": 5, "num_workers": 0, "timeout": 60}
-    options.update(kw)
-    dm = StreamVideoDataModule(index_file=index, **options)
+def _dm(
+    index: str | Path, *, engine: EngineOptions | None = None, errors: ErrorOptions | None = None, **kw: Any
+) -> StreamVideoDataModule:
+    """A set-up DataModule: no worker processes unless ``engine`` asks for some, reads time out after 60 s."""
+    engine = engine or EngineOptions()
+    engine = replace(engine, num_workers=0 if engine.num_workers is None else engine.num_workers)
+    errors = replace(errors or ErrorOptions(), timeout=60)
+    options: dict[str, Any] = {"batch_size": 2, "seed": 5, **kw}
+    dm = StreamVideoDataModule(index_file=index, engine=engine, errors=errors, **options)
     dm.setup("fit")
     return dm
 
@@ -63,15 +69,15 @@ def test_the_plan_fetches_each_file_in_one_request(
     s3: S3TestServer, local_index: Path, remote_url: str, mode: str
 ) -> None:
     kw: dict[str, Any] = {
-        "in-process": {"engine": "workers"},
-        "workers": {"engine": "workers", "num_workers": 2},
-        "engine": {"engine": "threads"},
+        "in-process": {"engine": EngineOptions(kind="workers")},
+        "workers": {"engine": EngineOptions(kind="workers", num_workers=2)},
+        "engine": {"engine": EngineOptions(kind="threads")},
     }[mode]
     expected = _epoch(_dm(local_index, **kw))
     options = s3.storage_options()
     # Counters are per process (every loader of a process together): this test's share is a difference.
-    before = fetcher_for(StorageConfig.make(options)).stats
-    dm = _dm(remote_url, storage_options=options, **kw)
+    before = fetcher_for(StorageConfig(options)).stats
+    dm = _dm(remote_url, storage=StorageConfig(options=options), **kw)
     setup = s3.requests()  # the index, and the tables' HEAD (and GET, the first time on this machine)
     got = _epoch(dm)
     assert [b["clip_id"] for b in got] == [b["clip_id"] for b in expected]
@@ -98,8 +104,8 @@ def test_the_plan_fetches_each_file_in_one_request(
 def test_faults_under_load_deliver_the_same_frames(s3: S3TestServer, local_index: Path, remote_url: str) -> None:
     expected = _epoch(_dm(local_index))
     options = s3.storage_options(backoff_initial=0.01, backoff_max=0.05)
-    before = fetcher_for(StorageConfig.make(options)).stats
-    dm = _dm(remote_url, storage_options=options)
+    before = fetcher_for(StorageConfig(options)).stats
+    dm = _dm(remote_url, storage=StorageConfig(options=options))
     s3.faults(rates={"503": 0.15, "500": 0.1, "truncate": 0.1, "flip": 0.1}, seed=7)
     got = _epoch(dm)
     faults = [r.fault for r in s3.requests() if r.fault]
@@ -115,7 +121,12 @@ def test_faults_under_load_deliver_the_same_frames(s3: S3TestServer, local_index
 @pytest.mark.parametrize("engine", ["workers", "threads"])
 def test_a_failing_store_raises_also_under_skip(s3: S3TestServer, remote_url: str, engine: str) -> None:
     options = s3.storage_options(max_retries=1, backoff_initial=0.01)
-    dm = _dm(remote_url, storage_options=options, on_error="skip", engine=engine)
+    dm = _dm(
+        remote_url,
+        storage=StorageConfig(options=options),
+        errors=ErrorOptions(on_error="skip"),
+        engine=EngineOptions(kind=engine),
+    )
     s3.faults(rules=[{"kind": "503", "times": 1000, "method": "GET", "match": "scene-0002/CAM_BACK.mp4"}])
     with pytest.raises(RemoteStorageError, match=r"GET s3://remote-stream/ds/videos/scene-0002/CAM_BACK\.mp4 bytes"):
         _epoch(dm)
@@ -125,11 +136,11 @@ def test_a_corrupt_object_is_skipped_and_counted(s3: S3TestServer, local_index: 
     data = bytearray((local_index.parent / "videos" / "scene-0003" / "CAM_BACK.mp4").read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside a packet: same size, no ETag recorded (built locally), bad CRC
     s3.put_bytes(BUCKET, "ds/videos/scene-0003/CAM_BACK.mp4", bytes(data))
-    dm = _dm(remote_url, storage_options=s3.storage_options(), on_error="raise")
+    dm = _dm(remote_url, storage=StorageConfig(options=s3.storage_options()), errors=ErrorOptions(on_error="raise"))
     with pytest.raises(ChecksumError, match=r"scene-0003/CAM_BACK\.mp4' \(clip 'scene-0003', camera 'CAM_BACK'\)"):
         _epoch(dm)
-    before = fetcher_for(StorageConfig.make(s3.storage_options())).stats
-    dm = _dm(remote_url, storage_options=s3.storage_options(), on_error="skip")
+    before = fetcher_for(StorageConfig(s3.storage_options())).stats
+    dm = _dm(remote_url, storage=StorageConfig(options=s3.storage_options()), errors=ErrorOptions(on_error="skip"))
     got = _epoch(dm)
     stats = dm.decode_stats("train")
     assert stats.bad_files == 1 and stats.skipped_clips == 1
@@ -139,8 +150,8 @@ def test_a_corrupt_object_is_skipped_and_counted(s3: S3TestServer, local_index: 
 
 def test_resume_through_s3_equals_an_uninterrupted_run(s3: S3TestServer, remote_url: str) -> None:
     options = s3.storage_options()
-    whole = _epoch(_dm(remote_url, storage_options=options))
-    first = _dm(remote_url, storage_options=options)
+    whole = _epoch(_dm(remote_url, storage=StorageConfig(options=options)))
+    first = _dm(remote_url, storage=StorageConfig(options=options))
     loader = first.train_dataloader()
     head = []
     for batch in loader:
@@ -148,7 +159,7 @@ def test_resume_through_s3_equals_an_uninterrupted_run(s3: S3TestServer, remote_
         if len(head) == 3:
             break
     state = loader.state_dict()
-    resumed = _dm(remote_url, storage_options=options)
+    resumed = _dm(remote_url, storage=StorageConfig(options=options))
     again = resumed.train_dataloader()
     again.load_state_dict(state)
     tail = [b["frames"].clone() for b in again]
@@ -164,10 +175,9 @@ def test_a_lightning_fit_from_s3_logs_the_remote_counters(s3: S3TestServer, remo
 
     dm = StreamVideoDataModule(
         index_file=remote_url,
-        storage_options=s3.storage_options(),
+        storage=StorageConfig(options=s3.storage_options(), cache_dir=str(tmp_path)),
         batch_size=2,
-        num_workers=0,
-        cache_dir=str(tmp_path),
+        engine=EngineOptions(num_workers=0),
     )
     monitor = StreamThroughputMonitor(window=2, log_every_n_steps=2)
     trainer = pl.Trainer(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import batch_stamp_errors
 
-from lightning_vstream import StreamVideoDataModule
+from lightning_vstream import EngineOptions, PlanOptions, StreamVideoDataModule
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.errors import ResumeStateError
 from lightning_vstream.stream.ledger import STATE_VERSION
@@ -31,7 +31,13 @@ def dataset(make_dataset: Callable[..., Path]) -> Path:
 
 def _loader(index: Path, *, world: int = 1, rank: int = 0, batch: int = 2, **options: Any) -> Any:
     dm = StreamVideoDataModule(
-        index_file=index, batch_size=batch, world_size=world, rank=rank, seed=5, engine="threads", **options
+        index_file=index,
+        batch_size=batch,
+        world_size=world,
+        rank=rank,
+        seed=5,
+        engine=EngineOptions(kind="threads"),
+        **options,
     )
     dm.setup("fit")
     return dm.train_dataloader()
@@ -151,12 +157,20 @@ def test_settings_that_cannot_change_are_named_with_the_reason(dataset: Path) ->
     state = loader.state_dict()
     cases = [
         ({"seed": 6}, r"seed=5 but this one has seed=6, and seed cannot change within an epoch \(the shuffle"),
-        ({"frame_stride": 2}, r"frame_stride=1 .* frame_stride=2, .* \(the stride decides which frames are read"),
-        ({"min_segment_length": 3}, r"min_segment_length=8 .* min_segment_length=3, .* \(the cuts decide"),
-        ({"seq_split_num": 2}, r"seq_split_num=None .* seq_split_num=2"),
+        (
+            {"plan": PlanOptions(frame_stride=2)},
+            r"frame_stride=1 .* frame_stride=2, .* \(the stride decides which frames are read",
+        ),
+        (
+            {"plan": PlanOptions(min_segment_length=3)},
+            r"min_segment_length=8 .* min_segment_length=3, .* \(the cuts decide",
+        ),
+        ({"plan": PlanOptions(seq_split_num=2)}, r"seq_split_num=None .* seq_split_num=2"),
     ]
     for options, match in cases:
-        dm = StreamVideoDataModule(index_file=dataset, batch_size=2, engine="threads", **{"seed": 5, **options})
+        dm = StreamVideoDataModule(
+            index_file=dataset, batch_size=2, engine=EngineOptions(kind="threads"), **{"seed": 5, **options}
+        )
         dm.setup("fit")
         with pytest.raises(ResumeStateError, match=match):
             dm.train_dataloader().load_state_dict(state)

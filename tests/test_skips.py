@@ -71,9 +71,55 @@ def _labels(batch: dict[str, Any]) -> list[Any]:
     ]
 
 
+#: Where each flat hyperparameter of the earlier release went: ``old -> (group, field)``.
+_MOVED = {
+    "cameras": ("index", "cameras"),
+    "exclude_clips": ("index", "exclude_clips"),
+    "index_check": ("index", "check"),
+    "shuffle": ("plan", "shuffle"),
+    "segment_length": ("plan", "segment_length"),
+    "seq_split_num": ("plan", "seq_split_num"),
+    "min_segment_length": ("plan", "min_segment_length"),
+    "frame_stride": ("plan", "frame_stride"),
+    "decode_device": ("decode", "device"),
+    "decoder_threads": ("decode", "decoder_threads"),
+    "max_open_decoders": ("decode", "max_open_decoders"),
+    "camera_frames": ("decode", "camera_frames"),
+    "transform": ("output", "transform"),
+    "outputs": ("output", "outputs"),
+    "annotations": ("output", "annotations"),
+    "augment": ("output", "augment"),
+    "pad_annotations": ("output", "pad_annotations"),
+    "engine": ("engine", "kind"),
+    "engine_threads": ("engine", "threads"),
+    "num_workers": ("engine", "num_workers"),
+    "prefetch_factor": ("engine", "prefetch_factor"),
+    "persistent_workers": ("engine", "persistent_workers"),
+    "multiprocessing_context": ("engine", "multiprocessing_context"),
+    "pin_memory": ("engine", "pin_memory"),
+    "on_error": ("errors", "on_error"),
+    "timeout": ("errors", "timeout"),
+    "storage_options": ("storage", "options"),
+    "cache_dir": ("storage", "cache_dir"),
+    "cache_limit": ("storage", "cache_limit"),
+}
+
+
+def _grouped(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The earlier release's flat hyperparameters as this release's arguments, each option in its group."""
+    grouped: dict[str, Any] = {}
+    for name, value in hparams.items():
+        if name not in _MOVED:
+            grouped[name] = value
+        elif value is not None or name not in ("exclude_clips", "storage_options"):  # None: the group's default
+            group, field = _MOVED[name]
+            grouped.setdefault(group, {})[field] = value
+    return grouped
+
+
 def _run(index: Path, hparams: dict[str, Any], state: dict[str, Any] | None = None) -> list[list[Any]]:
     """The labels a DataModule rebuilt from saved hyperparameters delivers (from ``state`` when given)."""
-    dm = StreamVideoDataModule(index_file=index, **hparams)
+    dm = StreamVideoDataModule(index_file=index, **_grouped(hparams))
     dm.setup("fit")
     loader = dm.train_dataloader()
     if state is not None:
@@ -93,7 +139,7 @@ def test_states_saved_by_the_earlier_release_are_refused_with_what_to_do(
     root = tmp_path / "ds"
     shutil.copytree(damaged.parent, root)
     for step, state in saved["states"].items():
-        dm = StreamVideoDataModule(index_file=root / damaged.name, **saved["hparams"])
+        dm = StreamVideoDataModule(index_file=root / damaged.name, **_grouped(saved["hparams"]))
         dm.setup("fit")
         with pytest.raises(
             ResumeStateError,

@@ -20,7 +20,14 @@ from typing import Any
 
 import pytest
 
-from lightning_vstream import ClipVideoDataModule, StreamVideoDataModule
+from lightning_vstream import (
+    ClipVideoDataModule,
+    EngineOptions,
+    ErrorOptions,
+    SamplingOptions,
+    StorageConfig,
+    StreamVideoDataModule,
+)
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.errors import FileChangedError, IndexValidationError
 from lightning_vstream.index.identity import NotRegularFileError, file_identity, open_regular
@@ -41,7 +48,12 @@ def _stream_epoch(
 ) -> list[tuple[int, int]]:
     workers = 2 if engine == "workers" else 0
     dm = StreamVideoDataModule(
-        index_file=index, batch_size=2, num_workers=workers, seed=3, engine=engine, timeout=10, **options
+        index_file=index,
+        batch_size=2,
+        engine=EngineOptions(num_workers=workers, kind=engine),
+        seed=3,
+        errors=ErrorOptions(timeout=10),
+        **options,
     )
     dm.setup("fit")
     after_setup()
@@ -58,7 +70,14 @@ def _stream_epoch(
 
 
 def _clip_epoch(index: Path | str, after_setup: Callable[[], None], options: dict[str, Any]) -> list[tuple[int, int]]:
-    dm = ClipVideoDataModule(index_file=index, clip_frames=3, hop=2, batch_size=2, num_workers=0, seed=3, **options)
+    dm = ClipVideoDataModule(
+        index_file=index,
+        sampling=SamplingOptions(clip_frames=3, hop=2),
+        batch_size=2,
+        engine=EngineOptions(num_workers=0),
+        seed=3,
+        **options,
+    )
     dm.setup("fit")
     after_setup()
     seen = []
@@ -83,7 +102,7 @@ def _epoch(
     index: Path | str, engine: str, after_setup: Callable[[], None] = _nothing, **options: Any
 ) -> list[tuple[int, int]]:
     """The (clip, frame) pairs one training epoch delivers, every frame's stamp checked against its labels;
-    ``options`` go to the DataModule (``storage_options`` for an index in a bucket)."""
+    ``options`` go to the DataModule (``storage`` for an index in a bucket)."""
     if engine == "clips":
         return _clip_epoch(index, after_setup, options)
     return _stream_epoch(index, engine, after_setup, options)
@@ -119,7 +138,7 @@ def _located(index: Path, location: str, request: pytest.FixtureRequest) -> tupl
     request.getfixturevalue("monkeypatch").setenv("AWS_EC2_METADATA_DISABLED", "true")
     prefix = f"{index.parent.name}"
     url = s3.upload(index.parent, BUCKET, prefix)
-    return f"{url}/{index.name}", {"storage_options": s3.storage_options()}
+    return f"{url}/{index.name}", {"storage": StorageConfig(options=s3.storage_options())}
 
 
 @pytest.mark.parametrize("location", LOCATIONS)

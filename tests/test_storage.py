@@ -44,20 +44,20 @@ def test_urls_stay_strings_and_join_like_paths() -> None:
 
 # -- options ---------------------------------------------------------------------------------
 def test_storage_options_are_checked_and_secrets_redacted() -> None:
-    config = StorageConfig.make(
+    config = StorageConfig(
         {"endpoint": "http://x", "secret_access_key": "s3cr3t", "allow_http": True}, cache_dir="/c", cache_limit="2GB"
     )
     assert config.cache_limit == 2 * 10**9
     assert config.redacted() == {"endpoint": "http://x", "secret_access_key": None, "allow_http": True}
     assert "s3cr3t" not in repr(config)
     with pytest.raises(ConfigurationError, match=r"unknown key\(s\) \['secret'\]; accepted keys: \[.*'access_key_id'"):
-        StorageConfig.make({"secret": "x"})
+        StorageConfig({"secret": "x"})
     with pytest.raises(ConfigurationError, match=r"storage_options\['allow_http'\]='yes' must be bool"):
-        StorageConfig.make({"allow_http": "yes"})
+        StorageConfig({"allow_http": "yes"})
     with pytest.raises(ConfigurationError, match=r"storage_options\['secret_access_key'\]=<redacted> must be str"):
-        StorageConfig.make({"secret_access_key": 5})
+        StorageConfig({"secret_access_key": 5})
     with pytest.raises(ConfigurationError, match="cache_limit='2GB' needs cache_dir"):
-        StorageConfig.make({}, cache_limit="2GB")
+        StorageConfig({}, cache_limit="2GB")
 
 
 def test_parse_size() -> None:
@@ -115,7 +115,7 @@ def blob(s3: S3TestServer) -> str:
 
 
 def _storage(s3: S3TestServer, **options: object) -> Storage:
-    return Storage(StorageConfig.make(s3.storage_options(backoff_initial=0.01, backoff_max=0.05, **options)))
+    return Storage(StorageConfig(s3.storage_options(backoff_initial=0.01, backoff_max=0.05, **options)))
 
 
 def test_a_ranged_read_is_one_get_with_if_match(s3: S3TestServer, blob: str) -> None:
@@ -169,7 +169,7 @@ def test_missing_objects_and_refused_credentials(s3: S3TestServer, blob: str) ->
     with pytest.raises(MissingFileError, match=r"GET s3://storage/dir/none\.bin: the object does not exist \(.*404"):
         _storage(s3).read("s3://storage/dir/none.bin")
     anonymous = Storage(
-        StorageConfig.make({"endpoint": s3.endpoint, "allow_http": True, "anonymous": True, "region": "us-east-1"})
+        StorageConfig({"endpoint": s3.endpoint, "allow_http": True, "anonymous": True, "region": "us-east-1"})
     )
     with pytest.raises(RemoteAccessError, match="access denied"):
         anonymous.read(blob, 0, 10)
@@ -195,7 +195,7 @@ def test_the_training_process_stays_fork_safe(s3: S3TestServer, blob: str) -> No
     pid = os.fork()
     if pid == 0:  # a forked child reads too (its own helper), and exits
         try:
-            data, _ = storage_for(StorageConfig.make(s3.storage_options())).read(blob, 0, 10)
+            data, _ = storage_for(StorageConfig(s3.storage_options())).read(blob, 0, 10)
             os._exit(0 if bytes(data) == DATA[:10] else 1)
         except BaseException:
             os._exit(2)
@@ -225,7 +225,7 @@ def test_the_standard_environment_reaches_the_store(
         monkeypatch.setenv(key, value)
     close_helper()  # the training process's helper took its environment when it started
     try:
-        data, _ = storage_for(StorageConfig.make({})).read(blob, start=0, end=8)
+        data, _ = storage_for(StorageConfig({})).read(blob, start=0, end=8)
     finally:
         close_helper()
     assert len(bytes(data)) == 8 and [r.method for r in s3.requests()] == ["GET"]

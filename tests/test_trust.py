@@ -23,9 +23,14 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from lightning_vstream import (
     ClipVideoDataModule,
+    EngineOptions,
+    ErrorOptions,
+    SamplingOptions,
+    StorageConfig,
     StreamVideoDataModule,
     VideoClipDataset,
     VStreamError,
@@ -41,7 +46,7 @@ from lightning_vstream.errors import (
     VideoDecodeError,
 )
 from lightning_vstream.index.table_file import FrameTables, tables_path
-from lightning_vstream.storage import StorageConfig, storage_for
+from lightning_vstream.storage import storage_for
 from lightning_vstream.storage.cache import NodeCache
 from tests._s3 import S3TestServer
 from tests.conftest import batch_stamp_errors
@@ -61,7 +66,9 @@ def _expected(clip_id: str, indices: list[int], cameras: int) -> list[tuple[int,
 
 def _sample(url: str, cache: Path | None, clip: str = "scene-0001", frames: tuple[int, ...] = (0, 5)) -> torch.Tensor:
     dataset = VideoClipDataset(
-        index=url, requests=[at_indices(clip, list(frames))], cache_dir=None if cache is None else str(cache)
+        index=url,
+        requests=[at_indices(clip, list(frames))],
+        storage=StorageConfig(cache_dir=None if cache is None else str(cache)),
     )
     return dataset[0]["frames"]
 
@@ -268,8 +275,15 @@ def test_an_index_listing_more_frames_than_its_tables_is_a_named_data_fault(
     data["videos"]["scene-0001"] = 12
     index.write_text(json.dumps(data))
     location = index.resolve().as_uri() if url else str(index)
-    common: dict[str, Any] = {"index_file": location, "batch_size": 2, "num_workers": 0, "seed": 1}
-    clips = ClipVideoDataModule(clip_frames=3, on_error=on_error, **common)  # type: ignore[arg-type]
+    common: dict[str, Any] = {
+        "index_file": location,
+        "batch_size": 2,
+        "engine": EngineOptions(num_workers=0),
+        "seed": 1,
+    }
+    clips = ClipVideoDataModule(
+        sampling=SamplingOptions(clip_frames=3), errors=ErrorOptions(on_error=on_error), **common
+    )  # type: ignore[arg-type]
     clips.setup("fit")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", VStreamWarning)
@@ -285,7 +299,7 @@ def test_an_index_listing_more_frames_than_its_tables_is_a_named_data_fault(
             valid = [(clip, bool(ok)) for b in batches for clip, ok in zip(b["clip_id"], b["valid"])]
             assert all(ok for clip, ok in valid if clip == "scene-0000") and not all(ok for _, ok in valid)
             assert clips.decode_stats("train").skipped_samples == sum(not ok for _, ok in valid) > 0
-        stream = StreamVideoDataModule(on_error=on_error, **common)  # type: ignore[arg-type]
+        stream = StreamVideoDataModule(errors=ErrorOptions(on_error=on_error), **common)  # type: ignore[arg-type]
         stream.setup("fit")
         if on_error == "raise":  # the plan reads every frame the index lists: frame 8 is named
             with pytest.raises(
@@ -413,12 +427,12 @@ def _child(script: str) -> str:
 
 _READ_TWICE = """
 import warnings
-from lightning_vstream import VideoClipDataset, at_indices, VStreamWarning
+from lightning_vstream import StorageConfig, VideoClipDataset, at_indices, VStreamWarning
 from lightning_vstream.demos.synth import read_stamp
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for _ in range(2):
-        dataset = VideoClipDataset(index={url!r}, requests=[at_indices("scene-0001", [0, 5])], cache_dir={cache!r})
+        dataset = VideoClipDataset(index={url!r}, requests=[at_indices("scene-0001", [0, 5])], storage=StorageConfig(cache_dir={cache!r}))
         frames = dataset[0]["frames"]
         assert [read_stamp(frames[t, c]).frame for t in range(2) for c in range(2)] == [0, 0, 5, 5]
 mine = [str(w.message) for w in caught if issubclass(w.category, VStreamWarning)]
@@ -465,8 +479,8 @@ def test_a_store_gone_for_a_moment_mid_epoch_costs_retries_not_frames(s3: S3Test
     options = s3.storage_options(
         max_retries=30, backoff_initial=0.05, backoff_max=0.3, retry_deadline=60, prefetch_memory=1, io_threads=1
     )
-    common: dict[str, Any] = {"batch_size": 2, "num_workers": 0, "seed": 5}
-    dm = StreamVideoDataModule(index_file=url, storage_options=options, **common)
+    common: dict[str, Any] = {"batch_size": 2, "engine": EngineOptions(num_workers=0), "seed": 5}
+    dm = StreamVideoDataModule(index_file=url, storage=StorageConfig(options=options), **common)
     local = StreamVideoDataModule(index_file=str(remote_dataset), **common)
     for module in (dm, local):
         module.setup("fit")
@@ -554,7 +568,7 @@ def test_a_plain_http_endpoint_without_allow_http_is_named_at_once(
 
     s3.bucket("trust-config")
     options = {k: v for k, v in s3.storage_options().items() if k != "allow_http"}
-    storage = Storage(StorageConfig.make(options))
+    storage = Storage(StorageConfig(options))
     with pytest.raises(ConfigurationError, match=r"plain http:// .*allow_http"):
         storage.read("s3://trust-config/index.json")
     # The same through the standard environment (AWS_ENDPOINT_URL), as `vstream index` users set it.
@@ -564,7 +578,7 @@ def test_a_plain_http_endpoint_without_allow_http_is_named_at_once(
     close_helper()
     try:
         with pytest.raises(ConfigurationError, match=r"AWS_ENDPOINT_URL.*plain http://.*AWS_ALLOW_HTTP=true"):
-            Storage(StorageConfig.make({})).read("s3://trust-config/index.json")
+            Storage(StorageConfig({})).read("s3://trust-config/index.json")
         # What `vstream index --quick-check` users see: the cause, at once, with the exit code of a usage error.
         assert main(["index", "--quick-check", "s3://trust-config/ds/index.json"]) == 2
         printed = capsys.readouterr().err
@@ -577,7 +591,7 @@ def test_a_plain_http_endpoint_without_allow_http_is_named_at_once(
 @pytest.mark.parametrize("endpoint", ["ht!tp://[bad", "127.0.0.1:9000", "http://", "http://host:port/"])
 def test_a_bad_endpoint_url_is_named(endpoint: str) -> None:
     with pytest.raises(ConfigurationError, match=r"storage_options\['endpoint'\]=.* is not a valid URL"):
-        StorageConfig.make({"endpoint": endpoint})
+        StorageConfig({"endpoint": endpoint})
 
 
 def test_an_unknown_scheme_is_named() -> None:
@@ -600,7 +614,7 @@ def test_missing_credentials_are_named_at_once(
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     storage = Storage(
-        StorageConfig.make(
+        StorageConfig(
             {
                 "endpoint": s3.endpoint,
                 "allow_http": True,
@@ -709,7 +723,7 @@ def test_s3_credentials_never_follow_a_redirect_to_another_host(redirecting: _Se
         "max_retries": 2,
         "backoff_initial": 0.01,
     }
-    storage = Storage(StorageConfig.make(options))
+    storage = Storage(StorageConfig(options))
     with pytest.raises(RemoteStorageError, match=r"redirected to another host \(http://127\.0\.0\.1:\d+\)"):
         storage.read("s3://bucket/ds/index.json")
     leaked = [h for h in redirecting.captured if any(v in json.dumps(h) for v in ("session-token", "AKIDTRUST"))]
@@ -722,7 +736,7 @@ def test_http_headers_never_follow_a_redirect_to_another_host(redirecting: _Serv
     from lightning_vstream.storage.client import Storage
 
     options = {"allow_http": True, "headers": {"X-Api-Key": "api-key-value"}, "max_retries": 2}
-    storage = Storage(StorageConfig.make(options))
+    storage = Storage(StorageConfig(options))
     with pytest.raises(RemoteStorageError, match=r"redirected to another host"):
         storage.read(f"{redirecting.endpoint}/ds/index.json")
     assert [h for h in redirecting.captured if "api-key-value" in json.dumps(h)] == []
@@ -755,7 +769,7 @@ def test_a_redirect_carrying_no_secret_but_authorization_is_followed_unguarded(
         url = "s3://bucket/ds/index.json"
     else:
         url = f"{redirecting.endpoint}/ds/index.json"
-    config = StorageConfig.make(options)
+    config = StorageConfig(options)
     assert store_spec(parse_location(url), config)["egress"] == []
     data, _ = Storage(config).read(url)
     assert bytes(data) == b"0123456789"  # the other host's answer, reached without credentials
@@ -766,7 +780,7 @@ def test_a_redirect_carrying_no_secret_but_authorization_is_followed_unguarded(
     if scheme == "s3":
         monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-value")
     else:
-        config = StorageConfig.make({**options, "headers": {"X-Api-Key": "api-key-value"}})
+        config = StorageConfig({**options, "headers": {"X-Api-Key": "api-key-value"}})
     assert store_spec(parse_location(url), config)["egress"] != []
 
 
@@ -880,9 +894,9 @@ def test_the_cli_saves_its_config_without_secrets(
                 "seed_everything": 0,
                 "data": {
                     "index_file": remote_dataset.resolve().as_uri(),
-                    "storage_options": {"access_key_id": "kept", **secrets},
+                    "storage": {"options": {"access_key_id": "kept", **secrets}},
                     "batch_size": 2,
-                    "num_workers": 0,
+                    "engine": {"num_workers": 0},
                 },
                 "trainer": {"max_steps": 1, "default_root_dir": str(tmp_path / "run"), "enable_progress_bar": False},
             }
@@ -902,6 +916,9 @@ def test_the_cli_saves_its_config_without_secrets(
             assert secret.encode() not in content, f"{secret} written to {path}"
     saved = next(p for p in written if p.name == "config.yaml").read_text()
     assert "access_key_id: kept" in saved and "secret_access_key: null" in saved
+    saved_options = yaml.safe_load(saved)["data"]["storage"]["options"]
+    assert saved_options["access_key_id"] == "kept"
+    assert all(saved_options[key] is None for key in secrets), saved_options
 
 
 # -- 9. StreamVideoDataModule reads a remote index without tables -----------------------------------------
@@ -910,9 +927,9 @@ def test_the_stream_datamodule_reads_a_remote_index_without_tables(s3: S3TestSer
     for path in sorted((remote_dataset.parent / "videos").rglob("*.mp4")):
         s3.client().upload_file(str(path), bucket, f"bare/videos/{path.parent.name}/{path.name}")
     s3.client().upload_file(str(remote_dataset), bucket, "bare/index.json")
-    common: dict[str, Any] = {"batch_size": 2, "num_workers": 0, "seed": 4}
+    common: dict[str, Any] = {"batch_size": 2, "engine": EngineOptions(num_workers=0), "seed": 4}
     remote = StreamVideoDataModule(
-        index_file=f"s3://{bucket}/bare/index.json", storage_options=s3.storage_options(), **common
+        index_file=f"s3://{bucket}/bare/index.json", storage=StorageConfig(options=s3.storage_options()), **common
     )
     local = StreamVideoDataModule(index_file=str(remote_dataset), **common)
     with warnings.catch_warnings():

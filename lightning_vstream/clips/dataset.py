@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.utils.data import Dataset
 
-from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
+from lightning_vstream.annotations.source import resolve_annotations
 from lightning_vstream.clips.batch import (
     ClipSample,
     clip_sample,
@@ -59,14 +58,34 @@ from lightning_vstream.index import CameraStream, Clip, VideoIndex
 from lightning_vstream.index.listing import leave_out_hint
 from lightning_vstream.index.records import ClipSequence
 from lightning_vstream.indexing import load_index
-from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
-from lightning_vstream.outputs import OutputTransform, changes_geometry
+from lightning_vstream.options import (
+    DECODE_MOVES,
+    STORAGE_MOVES,
+    DecodeOptions,
+    ErrorOptions,
+    OutputOptions,
+    check_arguments,
+    is_count,
+    moved_keywords,
+    option_group,
+)
+from lightning_vstream.outputs import changes_geometry
+from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import basename
 
 __all__ = ["DEFAULT_GOP_THREADS", "VideoClipDataset"]
 
 #: GOPs a :class:`VideoClipDataset` decodes at once per sample by default.
 DEFAULT_GOP_THREADS = 2
+#: Files each process keeps open when ``max_open_decoders`` is None.
+DEFAULT_OPEN_DECODERS = 8
+#: The flat keywords the option groups replaced, and where each went.
+DATASET_MOVES: dict[str, tuple[type, dict[str, str]]] = {
+    "decode": (DecodeOptions, DECODE_MOVES),
+    "output": (OutputOptions, {name: name for name in ("transform", "outputs", "annotations", "augment")}),
+    "errors": (ErrorOptions, {"on_error": "on_error"}),
+    "storage": (StorageConfig, STORAGE_MOVES),
+}
 
 log = logging.getLogger("lightning_vstream")
 
@@ -106,53 +125,50 @@ class VideoClipDataset(Dataset[ClipSample]):
         requests: The samples of the dataset, in order.
         cameras: Cameras of every request that names none, in this order; all the index's
             cameras when None.
-        max_open_decoders: Files each worker keeps open (LRU); each holds up to ``gop_threads``
-            decoders (one per decoding thread).
-        decoder_threads: FFmpeg threads per video decoder (0 lets FFmpeg choose).
-        transform: Any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's
-            ``T x cameras`` frames where they are decoded (see
-            :class:`~lightning_vstream.transforms.FrameTransform`).
-        decode_device: ``"cpu"`` (PyAV), or a CUDA device (``"cuda"``, ``"cuda:1"``) to decode videos
+        decode: Where and how frames are decoded (:class:`~lightning_vstream.DecodeOptions`):
+            ``device`` ``"cpu"`` (PyAV), or a CUDA device (``"cuda"``, ``"cuda:1"``) to decode videos
             with NVDEC and image folders with nvJPEG; frames then arrive on that GPU. GPU decoding
             runs in the reading process (use ``num_workers=0``): the batch's GOPs are spread over
             ``gop_threads`` threads, each with its own decoders and CUDA stream (the DataLoader's
             batched fetch, ``__getitems__``). It delivers frames, labels and ``transform`` only:
-            annotations, augmentation, ``size`` and per-camera frames need ``decode_device="cpu"``.
-        on_error: ``"raise"``: an unreadable frame raises a :class:`VideoDecodeError` naming
+            annotations, augmentation, ``size`` and per-camera frames need the CPU.
+            ``max_open_decoders``: files each worker keeps open (LRU; None: 8), each holding up to
+            ``gop_threads`` decoders; ``camera_frames="per_camera"``: a list of ``[T, 3, H_c, W_c]``
+            tensors, one per camera, so cameras may differ in size.
+        output: What each sample carries (:class:`~lightning_vstream.OutputOptions`): ``transform``
+            (any callable on frame tensors ``[n, 3, H, W]``, applied to each sample's ``T x cameras``
+            frames where they are decoded), named ``outputs`` (each makes
+            ``sample["outputs"][name]["frames"]`` from the frames decoded and augmented once, with its
+            own geometry), ``annotations`` (a folder of ``<clip_id>.npz`` files or an
+            :class:`~lightning_vstream.annotations.AnnotationSource`) and ``augment`` (one draw per
+            sample from ``(seed, epoch, clip, first frame)``; cameras of different sizes all come out
+            at its ``output_size``). ``pad_annotations`` is :func:`collate_clips`' to apply.
+        errors: ``on_error="raise"``: an unreadable frame raises a :class:`VideoDecodeError` naming
             file, clip, camera and frame, and a frame without annotation an
             :class:`~lightning_vstream.errors.AnnotationError`. ``"skip"``: an unreadable sample
             comes back with ``valid=False`` (zeros), each bad file is logged once per process, and
             :attr:`skipped` counts the samples; a frame without annotation is delivered with
-            ``has_annotations=False`` and counted in :attr:`missing_annotations`.
+            ``has_annotations=False`` and counted in :attr:`missing_annotations`
+            (:class:`~lightning_vstream.ErrorOptions`; its ``timeout`` is the DataLoader's).
         size: Output ``(height, width)`` of every frame: video decoders resize while converting
             to RGB (uint8, FFmpeg's swscale), image folders are resized after decoding. Cameras
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
             by up to this many decoders (None: 2; 1 decodes them in turn, in the reading thread). On the GPU, per batch (None: twice the GPU's NVDEC engines).
-        annotations: Training targets per clip and frame: a folder of ``<clip_id>.npz`` files or an
-            :class:`~lightning_vstream.annotations.AnnotationSource` (see ``docs/training_data.md``).
-        augment: Geometry augmentation, one draw per sample from ``(seed, epoch, clip, first frame)``;
-            cameras of different sizes all come out at its ``output_size``.
         seed: Seed of the augmentation draws.
         epoch: Epoch of the augmentation draws (the DataModule sets it when it builds a loader).
-        camera_frames: ``"stacked"``: ``frames`` is one tensor; ``"per_camera"``: a list of
-            ``[T, 3, H_c, W_c]`` tensors, one per camera, so cameras may differ in size.
         frame_policy: ``"exact"`` (default) returns the requested frames. ``"nearest_keyframe"`` is
             APPROXIMATE: each requested frame is replaced by the first camera's keyframe nearest to
             it, which decodes without its GOP's other frames (much faster for random access on
             long GOPs). Returned ``frame_index`` and ``timestamp`` are always the real ones of the
             frames returned; cameras whose keyframes sit elsewhere decode those same frames exactly.
-        outputs: More versions of the same frames, ``{name: transform}`` (``FrameTransform()``: the
-            frames as decoded and augmented): every frame is decoded and augmented once, then each transform
-            makes ``sample["outputs"][name]["frames"]``, with its own geometry.
-        storage_options: How to reach an index given as a URL (see ``docs/remote.md``).
-        cache_dir: Node-local cache of a remote index's tables and GOPs.
-        cache_limit: Bytes the GOP cache may hold (``"20GB"``).
+        storage: How to reach an index given as a URL, and where to cache it
+            (:class:`~lightning_vstream.StorageConfig`; see ``docs/remote.md``).
 
     Raises:
         ValueError: A request names a clip or camera that is not in the index.
-        DecoderCapabilityError: ``decode_device`` is a CUDA device but torch sees no GPU (the DataModules' error).
+        DecoderCapabilityError: ``decode.device`` is a CUDA device but torch sees no GPU (the DataModules' error).
         IndexError: A request asks for a frame index outside its clip.
 
     Example::
@@ -167,45 +183,37 @@ class VideoClipDataset(Dataset[ClipSample]):
         torch.Size([4, 8, 6, 3, 900, 1600])
     """
 
+    @moved_keywords("VideoClipDataset", DATASET_MOVES)
     def __init__(
         self,
         *,
         index: VideoIndex | Path | str,
         requests: Sequence[ClipRequest] = (),
         cameras: Sequence[str] | None = None,
-        max_open_decoders: int = 8,
-        decoder_threads: int = 0,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        decode_device: str = "cpu",
-        on_error: Literal["raise", "skip"] = "raise",
+        decode: DecodeOptions = DecodeOptions(),
+        output: OutputOptions = OutputOptions(),
+        errors: ErrorOptions = ErrorOptions(),
+        storage: StorageConfig = StorageConfig(),
         size: tuple[int, int] | None = None,
         gop_threads: int | None = None,
-        annotations: AnnotationSource | Path | str | None = None,
-        augment: GeometryAugment | None = None,
+        frame_policy: FramePolicy = "exact",
         seed: int = 0,
         epoch: int = 0,
-        camera_frames: Literal["stacked", "per_camera"] = "stacked",
-        frame_policy: FramePolicy = "exact",
-        outputs: Mapping[str, OutputTransform] | None = None,
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_limit: int | str | None = None,
     ) -> None:
         owner = "VideoClipDataset"
-        decode = DecodeOptions.of(
-            owner,
-            decode_device=decode_device,
-            decoder_threads=decoder_threads,
-            max_open_decoders=max_open_decoders,
-            camera_frames=camera_frames,
-            ranked=False,
-            unbounded=False,
-        )
-        output = OutputOptions.of(owner, transform=transform, outputs=outputs)
-        errors = ErrorOptions.of(owner, on_error=on_error)
+        decode = option_group(owner, "decode", DecodeOptions, decode)
+        output = option_group(owner, "output", OutputOptions, output)
+        errors = option_group(owner, "errors", ErrorOptions, errors)
+        storage = option_group(owner, "storage", StorageConfig, storage)
+        device = decode.device
         check_arguments(
             owner,
             {
+                "decode.device": (
+                    device,
+                    device != "auto",
+                    "'cpu', 'cuda' or 'cuda:<index>' (the DataModules also take 'auto')",
+                ),
                 "frame_policy": (
                     frame_policy,
                     frame_policy in FRAME_POLICIES,
@@ -214,18 +222,19 @@ class VideoClipDataset(Dataset[ClipSample]):
                 "gop_threads": (gop_threads, gop_threads is None or is_count(gop_threads), "None or an integer >= 1"),
             },
         )
-        if decode_device != "cpu" and (
-            annotations is not None or augment is not None or size is not None or camera_frames != "stacked"
+        annotations, augment = output.annotations, output.augment
+        if device != "cpu" and (
+            annotations is not None or augment is not None or size is not None or decode.camera_frames != "stacked"
         ):
             raise ConfigurationError(
-                f"{owner}: decode_device={decode_device!r} delivers frames and labels only; annotations, augment, "
-                "size and camera_frames='per_camera' need decode_device='cpu'."
+                f"{owner}: decode.device={device!r} delivers frames and labels only; annotations, augment, "
+                "size and camera_frames='per_camera' need decode.device='cpu'."
             )
-        self.index = self._load(index, storage_options, cache_dir, cache_limit, decode_device)
+        self.index = self._load(index, storage, device)
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
-        self.decode_device = decode.decode_device
-        self.max_open_decoders = max_open_decoders  # checked: an integer >= 1
+        self.decode_device = device
+        self.max_open_decoders = DEFAULT_OPEN_DECODERS if decode.max_open_decoders is None else decode.max_open_decoders
         self.decoder_threads = decode.decoder_threads
         self.camera_frames = decode.camera_frames
         self.transform = output.transform
@@ -252,20 +261,19 @@ class VideoClipDataset(Dataset[ClipSample]):
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
 
     @staticmethod
-    def _load(
-        index: VideoIndex | Path | str,
-        storage_options: dict[str, Any] | None,
-        cache_dir: str | None,
-        cache_limit: int | str | None,
-        decode_device: str,
-    ) -> VideoIndex:
+    def _load(index: VideoIndex | Path | str, storage: StorageConfig, decode_device: str) -> VideoIndex:
         """The index given, or loaded from its path or URL (a remote one decodes on the CPU only)."""
         if not isinstance(index, VideoIndex):
-            index = load_index(index, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+            index = load_index(
+                index,
+                storage_options=dict(storage.options),
+                cache_dir=storage.cache_dir,
+                cache_limit=storage.cache_limit,
+            )
         if decode_device != "cpu" and index.storage is not None:
             raise ConfigurationError(
                 f"index {index.source!r} is remote: decoding remote files on {decode_device!r} is not supported "
-                "yet; use decode_device='cpu'."
+                "yet; use decode=DecodeOptions(device='cpu')."
             )
         return index
 

@@ -277,7 +277,7 @@ def make_reader(
             gpu,
             [(largest, max(1, gop_threads) * max_open), *((info, idle) for info in infos)],
             memory=memory,
-            lower="gop_threads or max_open_decoders",
+            lower="gop_threads (engine.threads of ClipVideoDataModule) or decode.max_open_decoders",
             headroom=0 if memory.host else DEFAULT_HEADROOM,
         )
     prepare_conversion(device)

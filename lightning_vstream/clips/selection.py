@@ -33,11 +33,12 @@ import numbers
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, get_args
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError
 from lightning_vstream.index import CameraStream
+from lightning_vstream.options import FramePolicy, TimePolicy
 
 if TYPE_CHECKING:
     from lightning_vstream.storage.config import StorageConfig
@@ -60,7 +61,6 @@ __all__ = [
     "snap_to_keyframes",
 ]
 
-TimePolicy = Literal["nearest", "at_or_before"]
 #: Seconds within which a requested time counts as equal to a frame's timestamp.
 TIME_TOLERANCE = 1e-6
 #: The accepted :data:`TimePolicy` values.
@@ -372,8 +372,7 @@ def frame_table(camera: CameraStream, storage: StorageConfig | None = None) -> V
 # -- the frame policy ----------------------------------------------------------------------------
 #: ``"exact"``: the requested frames. ``"nearest_keyframe"``: APPROXIMATE, each requested frame
 #: replaced by the keyframe nearest to it (labelled with that keyframe's real index and time).
-FramePolicy = Literal["exact", "nearest_keyframe"]
-FRAME_POLICIES: tuple[str, ...] = ("exact", "nearest_keyframe")
+FRAME_POLICIES: tuple[str, ...] = get_args(FramePolicy)
 
 
 def snap_to_keyframes(indices: Sequence[int], info: VideoInfo) -> list[int]:

@@ -15,7 +15,7 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from lightning_vstream.clips.selection import (
     TIME_POLICIES,
@@ -29,10 +29,9 @@ from lightning_vstream.clips.selection import (
 )
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import CameraStream, Clip, VideoIndex
+from lightning_vstream.options import Weighting
 
 __all__ = ["FrameWindow", "TimeWindow", "Weighting", "random_clips", "regular_clips"]
-
-Weighting = Literal["frames", "videos"]
 
 
 @dataclass(frozen=True)

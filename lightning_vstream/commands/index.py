@@ -306,7 +306,7 @@ def _remote_index(args: argparse.Namespace, mode: str | None) -> int:
     from lightning_vstream.storage.config import StorageConfig
 
     options = _storage_options(args.storage_option)
-    config = StorageConfig.make(options)
+    config = StorageConfig(options)
 
     def bar(items: Any) -> Any:
         return tqdm(items, desc="reading", unit="file", disable=args.quiet, file=sys.stderr)

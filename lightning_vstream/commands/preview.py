@@ -97,7 +97,7 @@ def _index_data(index: str) -> dict[str, Any]:
     if not is_url(index):
         annotations = Path(index).parent / "annotations"
         if annotations.is_dir():
-            data["annotations"] = str(annotations)
+            data["output"] = {"annotations": str(annotations)}
     return data
 
 
@@ -128,16 +128,22 @@ def _one_clip(data: dict[str, Any], clip_id: str) -> None:
     index_file = options.get("index_file")
     if index_file is None:
         raise ConfigurationError("--clip needs the config's data.index_file (the training index).")
-    storage = {key: options[key] for key in ("storage_options", "cache_dir", "cache_limit") if options.get(key)}
-    index = load_index(index_file, cameras=options.get("cameras"), **storage)
+    storage = dict(options.get("storage") or {})
+    given = {"storage_options": storage.get("options"), "cache_dir": storage.get("cache_dir")}
+    given["cache_limit"] = storage.get("cache_limit")
+    index_options = dict(options.get("index") or {})
+    index = load_index(
+        index_file, cameras=index_options.get("cameras"), **{key: value for key, value in given.items() if value}
+    )
     ids = [index.clip_id(i) for i in range(len(index))]
     if clip_id not in ids:
         close = difflib.get_close_matches(clip_id, ids, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f" (it has {len(ids)} clips, e.g. {ids[0]!r})."
         raise ConfigurationError(f"--clip {clip_id!r}: {str(index_file)!r} has no such clip{hint}")
-    options["exclude_clips"] = [other for other in ids if other != clip_id]
+    options["index"] = {**index_options, "exclude_clips": [other for other in ids if other != clip_id]}
     options["batch_size"] = 1
-    options["shuffle"] = False
+    order = "sampling" if str(data.get("class_path", "")).endswith("ClipVideoDataModule") else "plan"
+    options[order] = {**dict(options.get(order) or {}), "shuffle": False}
     for split in ("val_index_file", "test_index_file", "predict_index_file"):
         options.pop(split, None)
 
@@ -146,7 +152,8 @@ def _datamodule(data: dict[str, Any]) -> Any:
     """The DataModule the options describe, built as LightningCLI builds it (``class_path`` or the streaming one)."""
     from lightning_vstream.errors import MissingDependencyError
 
-    if set(data) <= {"index_file", "annotations", "batch_size", "exclude_clips", "shuffle"}:
+    plain = set(data) <= {"index_file", "output", "batch_size", "index", "plan"}
+    if plain and set(data.get("output") or {}) <= {"annotations"}:  # an index's options: nothing to build
         from lightning_vstream import StreamVideoDataModule
 
         return StreamVideoDataModule(**data)

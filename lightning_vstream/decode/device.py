@@ -61,7 +61,7 @@ DecodeDevice = Literal["cpu", "cuda", "auto"]
 GPU_INSTALL_HINT = (
     "GPU decoding needs PyNvVideoCodec and an NVIDIA driver with NVDEC: run "
     "`pip install lightning_vstream[gpu]` on a machine with an NVIDIA GPU and driver, or use "
-    "decode_device='cpu'."
+    "decode.device='cpu'."
 )
 #: Oldest PyNvVideoCodec accepted: 2.0.0 to 2.2.3 export 10-bit (P016) frames with the strides of
 #: an 8-bit surface, a wrong view of the buffer that decodes silently into wrong pixels.
@@ -172,9 +172,9 @@ def resolve_decode_device(
     if not cuda_available:
         if decode_device == "cuda":
             raise DecoderCapabilityError(
-                "decode_device='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False (no "
+                "decode.device='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False (no "
                 "NVIDIA driver, a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides every GPU). Use "
-                "decode_device='cpu', or 'auto' to fall back to the CPU automatically."
+                "decode.device='cpu', or 'auto' to fall back to the CPU automatically."
             )
         return torch.device("cpu")
     if nvdec is None:
@@ -184,7 +184,7 @@ def resolve_decode_device(
             import_pynvvideocodec()  # raises the ImportError that explains the fix
             raise MissingDependencyError(f"PyNvVideoCodec is not usable. {GPU_INSTALL_HINT}")
         warnings.warn(
-            "decode_device='auto' decodes on the CPU: CUDA is available but PyNvVideoCodec is not. "
+            "decode.device='auto' decodes on the CPU: CUDA is available but PyNvVideoCodec is not. "
             "Run `pip install lightning_vstream[gpu]` to decode on the GPU.",
             VStreamWarning,
             stacklevel=2,

@@ -118,7 +118,7 @@ def _url_decoder(
     if device != "cpu":
         raise ConfigurationError(
             f"{url!r}{f' ({label})' if label else ''}: decoding remote files on {device!r} is not supported yet; "
-            "use decode_device='cpu' (remote files are read GOP by GOP and decoded with PyAV)."
+            "use decode.device='cpu' (remote files are read GOP by GOP and decoded with PyAV)."
         )
     config = storage if storage is not None else StorageConfig()
     if info is not None and info.layout is not None and stream is None:

@@ -152,7 +152,7 @@ def _gpu_ordinal(device: Any) -> int:
         if dev.type != "cuda":
             raise ConfigurationError(
                 f"NvDecoder decodes on an NVIDIA GPU, but device={str(dev)!r}; use PyAVDecoder "
-                "(decode_device='cpu') for CPU decoding."
+                "(decode.device='cpu') for CPU decoding."
             )
         index = dev.index if dev.index is not None else 0
     if index < 0:
@@ -702,7 +702,7 @@ class NvDecoder(DecoderBase):
             f"{self._where(target)}: PyNvVideoCodec {version} exported frame {index} as a {surface.dtype} "
             f"surface of shape {tuple(surface.shape)} with strides {tuple(surface.stride())}; expected "
             f"{'NV12' if itemsize == 1 else 'P016'} {shape} with strides {strides}. Reading it would give wrong "
-            "pixels; install pynvvideocodec>=2.2.4, or decode this file with decode_device='cpu'."
+            "pixels; install pynvvideocodec>=2.2.4, or decode this file with decode.device='cpu'."
         )
 
     def _to_tensor(self, frame: Any, index: int, out: torch.Tensor | None) -> torch.Tensor:
@@ -937,7 +937,7 @@ class NvGopDecoder:
                 f"{self._where(index)}: PyNvVideoCodec {version} exported a {surface.dtype} surface of shape "
                 f"{tuple(surface.shape)} with strides {tuple(surface.stride())}; expected {shape} with strides "
                 f"{strides}. Reading it would give wrong pixels; install pynvvideocodec>=2.2.4, or use "
-                "decode_device='cpu'."
+                "decode.device='cpu'."
             )
         return surface
 

@@ -147,7 +147,7 @@ def _frame_size(nv12: torch.Tensor) -> tuple[int, int]:
     if nv12.dim() != 2 or nv12.shape[0] % 3 or nv12.shape[1] % 2:
         raise DecoderCapabilityError(
             f"expected an NV12 frame of shape [1.5 * H, W] with even H and W, got {tuple(nv12.shape)}; "
-            "only 4:2:0 streams convert on the GPU (decode 4:2:2 / 4:4:4 files with decode_device='cpu')."
+            "only 4:2:0 streams convert on the GPU (decode 4:2:2 / 4:4:4 files with decode.device='cpu')."
         )
     height = nv12.shape[0] * 2 // 3
     if height % 2:

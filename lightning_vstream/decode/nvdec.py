@@ -279,7 +279,7 @@ def _run_child(gpu: int, cmd: list[str], timeout: float, runner: Runner | None, 
             f"{what} on GPU {gpu} failed in a child process (exit code {result.returncode}); GPU decoding would "
             f"fail the same way in training. Its output:\n{tail}\n"
             "Check the NVIDIA driver and PyNvVideoCodec install (docs/gpu.md, `vstream doctor`), or use "
-            "decode_device='cpu'."
+            "decode.device='cpu'."
         )
     return report
 
@@ -308,7 +308,7 @@ def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner |
     Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
     :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
     """
-    fix = "decode this file with decode_device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
+    fix = "decode this file with decode.device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
     label = _FormatLabel(fmt)  # written out only in an error message
     if fmt.codec not in NVDEC_CODECS:
         raise DecoderCapabilityError(

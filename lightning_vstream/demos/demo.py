@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 import lightning.pytorch as pl
 import torch
 
+from lightning_vstream import DecodeOptions, EngineOptions, OutputOptions
 from lightning_vstream.errors import ConfigurationError, VideoDecodeError
 from lightning_vstream.options import is_count
 from lightning_vstream.storage.atomic import write_atomic
@@ -390,11 +391,10 @@ def run_demo(
         index_file=root / "train.json",
         val_index_file=root / "val.json",
         batch_size=BATCH_SIZE,
-        engine=engine,
-        num_workers=num_workers,
+        engine=EngineOptions(kind=engine, num_workers=num_workers),
         seed=0,
-        decoder_threads=1,
-        annotations=root / "annotations",
+        decode=DecodeOptions(decoder_threads=1),
+        output=OutputOptions(annotations=root / "annotations"),
     )
     print(
         f"train    TinyStreamPETR, {steps} steps x {BATCH_SIZE} slots x {cameras} cameras, decoded by "
@@ -435,7 +435,7 @@ def _engine_words(dm: StreamVideoDataModule) -> str:
 
     choice, why = dm.engine_choice()
     if choice == "threads":
-        threads = dm.engine_threads or cpu_threads()
+        threads = dm.engine.threads or cpu_threads()
         return (
             f"{threads} decode thread{'s' if threads != 1 else ''} in the training process (the thread engine, "
             f"{why}; --engine workers for worker processes)"

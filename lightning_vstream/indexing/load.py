@@ -92,7 +92,7 @@ def load_index(
         raise ConfigurationError(f"check={check!r} is not supported; use 'fast' or 'thorough'.")
     thorough = check == "thorough"
     if is_url(path):
-        config = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        config = StorageConfig(dict(storage_options or {}), cache_dir=cache_dir, cache_limit=cache_limit)
         return load_remote_index(
             str(path),
             cameras=cameras,

@@ -77,7 +77,7 @@ class Storage:
 
     Example::
 
-        >>> storage = storage_for(StorageConfig.make({"anonymous": True}))  # doctest: +SKIP
+        >>> storage = storage_for(StorageConfig({"anonymous": True}))  # doctest: +SKIP
         >>> data, info = storage.read("s3://bucket/ds/index.json")  # doctest: +SKIP
     """
 

@@ -7,7 +7,7 @@ is what hyperparameters and logs see.
 
 Example::
 
-    >>> config = StorageConfig.make({"endpoint": "http://127.0.0.1:9000", "allow_http": True,
+    >>> config = StorageConfig({"endpoint": "http://127.0.0.1:9000", "allow_http": True,
     ...                              "secret_access_key": "s3cr3t"}, cache_limit="20GB")
     >>> config.cache_limit, config.redacted()["secret_access_key"]
     (20000000000, None)
@@ -144,34 +144,33 @@ class StorageConfig:
     one job, never to disk); ``repr`` and :meth:`redacted` hide them.
 
     Args:
-        options: ``storage_options`` (see :data:`OPTION_KEYS`).
-        cache_dir: Node-local cache folder; None: no disk cache.
-        cache_limit: Bytes the cache may hold; None: no limit.
+        options: How to reach index files and videos given as URLs (``s3://``, ``gs://``, ``az://``,
+            ``http(s)://``, ``file://``): endpoint, credentials, retries, timeouts (see
+            :data:`OPTION_KEYS` and ``docs/remote.md``); the provider's standard environment
+            otherwise. Secrets are never saved in hyperparameters or configs.
+        cache_dir: Node-local folder caching a remote index's frame tables and every GOP read, shared
+            by the ranks and workers of a machine; None: GOPs are held in memory only while needed.
+        cache_limit: Bytes the cache may hold, an int or a size such as ``"20GB"``; None: no limit.
+
+    Raises:
+        ConfigurationError: An unknown key (all accepted keys listed), a value out of range, or a
+            ``cache_limit`` that is not a size or has no ``cache_dir``.
+        ConfigurationTypeError: A value of the wrong type.
+
+    Example::
+
+        >>> StorageConfig({"anonymous": True}, cache_dir="/tmp/vstream-cache", cache_limit="1GB").cache_limit
+        1000000000
     """
 
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     cache_dir: str | None = None
-    cache_limit: int | None = None
+    cache_limit: int | str | None = None
 
-    @classmethod
-    def make(
-        cls,
-        storage_options: Mapping[str, Any] | None = None,
-        *,
-        cache_dir: str | None = None,
-        cache_limit: int | str | None = None,
-    ) -> StorageConfig:
-        """Check ``storage_options`` and the cache settings.
-
-        Raises:
-            ConfigurationError: An unknown key (all accepted keys listed), a value of the wrong type,
-                or a ``cache_limit`` that is not a size.
-        """
-        options = dict(storage_options or {})
-        if not isinstance(storage_options, (Mapping, type(None))):
-            raise ConfigurationTypeError(
-                f"storage_options={storage_options!r} must be a dict of option names to values."
-            )
+    def __post_init__(self) -> None:
+        options = dict(self.options or {})
+        if not isinstance(self.options, (Mapping, type(None))):
+            raise ConfigurationTypeError(f"storage_options={self.options!r} must be a dict of option names to values.")
         unknown = sorted(k for k in options if k not in OPTION_KEYS)
         if unknown:
             raise ConfigurationError(
@@ -203,14 +202,15 @@ class StorageConfig:
             )
         if options.get("prefetch_memory") is not None:
             options["prefetch_memory"] = parse_size(options["prefetch_memory"], "storage_options['prefetch_memory']")
-        limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
-        if cache_dir is not None and not isinstance(cache_dir, str):
-            cache_dir = str(cache_dir)
+        limit = None if self.cache_limit is None else parse_size(self.cache_limit, "cache_limit")
+        cache_dir = None if self.cache_dir is None else str(self.cache_dir)
         if limit is not None and cache_dir is None:
             raise ConfigurationError(
-                f"cache_limit={cache_limit!r} needs cache_dir (the node-local folder to cache in)."
+                f"cache_limit={self.cache_limit!r} needs cache_dir (the node-local folder to cache in)."
             )
-        return cls({k: v for k, v in options.items() if v is not None}, cache_dir, limit)
+        object.__setattr__(self, "options", {k: v for k, v in options.items() if v is not None})
+        object.__setattr__(self, "cache_dir", cache_dir)
+        object.__setattr__(self, "cache_limit", limit)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.options.get(key, default)

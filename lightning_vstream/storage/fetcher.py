@@ -123,7 +123,7 @@ class Fetcher:
 
     Example::
 
-        >>> fetcher = fetcher_for(StorageConfig.make({"anonymous": True}))  # doctest: +SKIP
+        >>> fetcher = fetcher_for(StorageConfig({"anonymous": True}))  # doctest: +SKIP
         >>> unit = Unit("s3://bucket/a.mp4", 48, 600_000)  # doctest: +SKIP
         >>> fetcher.prefetch([unit], due=3); data = fetcher.get(unit); fetcher.release(unit)  # doctest: +SKIP
     """

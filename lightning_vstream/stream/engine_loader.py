@@ -160,7 +160,7 @@ def build_engine_loader(
     if target.type == "cuda" and index.storage is not None:
         raise ConfigurationError(
             f"index {index.source!r} is remote: decoding remote files on the GPU is not supported yet; use "
-            "decode_device='cpu'."
+            "decode.device='cpu'."
         )
     if target.type == "cuda":
         from lightning_vstream.decode.device import frame_memory
@@ -183,7 +183,7 @@ def build_engine_loader(
             ordinal,
             [(info, workers * per_thread) for _, info in formats],
             memory=memory,
-            lower="engine_threads, batch_size or the cameras per step",
+            lower="engine.threads, batch_size or the cameras per step",
             headroom=0 if memory.host else DEFAULT_HEADROOM,
         )
         prepare_conversion(memory.device(ordinal))

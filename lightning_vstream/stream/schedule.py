@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from lightning_vstream.errors import ConfigurationError
+from lightning_vstream.options import DEFAULT_MIN_SEGMENT_LENGTH
 
 if TYPE_CHECKING:
     from lightning_vstream.index.records import VideoIndex
@@ -65,7 +66,6 @@ Remainder = Literal["drop", "pad"]
 #: Frames a cut leaves on each side at least, where the segment order allows. StreamPETR trains on
 #: nuScenes scenes split in two (about 20 frames) with a memory of 4 frames; 8 leaves it a memory
 #: and a few frames to learn from after every cut.
-DEFAULT_MIN_SEGMENT_LENGTH = 8
 #: Segments ahead of the cut the plan may swap in to avoid a short piece.
 CUT_WINDOW = 32
 

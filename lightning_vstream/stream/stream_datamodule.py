@@ -4,57 +4,54 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch as pl
-import torch
-
 from lightning_vstream._datamodule import (
     DEFAULT_NUM_WORKERS,
-    EvalLoader,
-    check_excluded_clips,
-    ignore_lightning_leafspec_warning,
-    plain_hparams,
-    rank_decode_device,
+    SHARED_MOVES,
+    Stage,
+    VideoDataModule,
     save_init_hyperparameters,
-    shared_options,
-    stage_index_files,
     worker_context,
 )
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
-from lightning_vstream.decode.counters import DecodeStats
-from lightning_vstream.errors import ConfigurationError, VStreamWarning
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.index.listing import check_exclude_clips
-from lightning_vstream.indexing import load_index
 from lightning_vstream.options import (
     DEFAULT_GPU_OPTIONS,
+    DecodeOptions,
+    EngineOptions,
+    ErrorOptions,
     GpuOptions,
-    MultiprocessingContext,
-    check_arguments,
-    gpu_options,
-    is_count,
+    IndexOptions,
+    OutputOptions,
+    PlanOptions,
+    option_group,
 )
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
 from lightning_vstream.stream.ledger import dataset_identity
 from lightning_vstream.stream.sampler import StreamSampler
-from lightning_vstream.stream.schedule import DEFAULT_MIN_SEGMENT_LENGTH, PlanSpec, Remainder
+from lightning_vstream.stream.schedule import PlanSpec, Remainder
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
-from lightning_vstream.transforms import FrameTransform
 
 __all__ = ["StreamVideoDataModule"]
 
-Stage = Literal["train", "val", "test", "predict"]
+#: The flat keywords the groups replaced, and where each went.
+STREAM_MOVES: dict[str, tuple[type, dict[str, str]]] = {
+    **SHARED_MOVES,
+    "plan": (PlanOptions, {f.name: f.name for f in dataclasses.fields(PlanOptions)}),
+    "engine": (
+        EngineOptions,
+        {**SHARED_MOVES["engine"][1], "engine": "kind", "engine_threads": "threads"},
+    ),
+}
 log = logging.getLogger("lightning_vstream")
 
 
-class StreamVideoDataModule(pl.LightningDataModule):
+class StreamVideoDataModule(VideoDataModule):
     """Streams frames of multi-camera clips to a temporal model, slot by slot.
 
     Every training batch holds ``batch_size`` slots; slot ``s`` at step ``t`` holds frame ``t``
@@ -83,91 +80,46 @@ class StreamVideoDataModule(pl.LightningDataModule):
             shared with :class:`~lightning_vstream.ClipVideoDataModule`: the smallest batch whose
             normalisation statistics are usable, and 4 slots x 6 cameras of 1600x900 frames
             (104 MB as uint8) fit any training GPU.
-        num_workers: Decoding worker processes of ``engine="workers"``, each serving fixed camera streams
-            (None: 2; 0: the training process decodes). 1 or more chooses workers under ``engine="auto"`` on the CPU.
-        cameras: Cameras to load, in this order; all (sorted) when None.
-        exclude_clips: Clip ids left out of every index loaded, unchecked and never read (a camera file gone
-            since indexing); an id none of the indexes lists is an error.
-        decode_device: ``"cpu"`` (PyAV), ``"cuda"`` (PyNvVideoCodec) or ``"auto"``.
-        seed: Shuffle seed, identical on every rank.
-        shuffle: Shuffle clip order per training epoch.
-        segment_length: Split clips into segments of at most this many frames (41 frames at 20: 20 + 20 + 1).
-        seq_split_num: Split every clip into this many nearly equal segments instead (StreamPETR's
-            ``seq_split_num``; its nuScenes configs use 2: 41 frames give 21 + 20). Exclusive with
-            ``segment_length``.
-        min_segment_length: The training plan cuts the epoch into one piece per global slot; a cut
-            leaves at least this many frames on each side wherever the order of the segments near it
-            allows (see docs/streaming.md). 8 keeps a StreamPETR memory of 4 frames useful.
-        frame_stride: Read every ``frame_stride``-th frame.
-        pin_memory: Assemble batches in pinned memory for faster host-to-GPU copies.
-        prefetch_factor: Parts each worker prepares ahead.
-        persistent_workers: Keep workers alive between epochs.
-        max_open_decoders: Open decoders per worker; None keeps one per camera stream.
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; the thread engine on the CPU
-            then uses 1, its own threads being the parallelism).
-        index_check: ``"fast"`` (files exist, camera sets match) or ``"thorough"`` (probe every file).
-        transform: Any callable taking and returning a frame tensor ``[n, 3, H, W]`` (uint8 as
-            decoded), applied where frames are decoded (in the workers, on the decode device):
-            :class:`~lightning_vstream.transforms.FrameTransform` (the fast built-in crop / resize /
-            normalize / dtype), a torchvision v2 or kornia transform, or your own class (LightningCLI:
-            ``class_path`` + ``init_args``). It must pickle when workers are spawned.
-        on_error: ``"raise"``: an unreadable frame (truncated, corrupt or missing file) raises
-            an error naming file, clip, camera and frame. ``"skip"``: the slot gives up that clip
-            and moves to its next one (``is_first=True``); the batches in between mark it
-            ``valid=False``; each bad file is logged once and counted in :meth:`decode_stats`.
-        outputs: More versions of the same frames, ``{name: transform}`` (each a transform as
-            ``transform`` takes; ``FrameTransform()`` for the frames as decoded): every frame is decoded and
-            augmented once, then each output's transform makes ``batch["outputs"][name]["frames"]``
-            (laid out like ``batch["frames"]``, which stays the output of ``transform``), with its own
-            ``img_aug_matrix`` and ``intrinsics`` (see :mod:`lightning_vstream.outputs` and
-            ``docs/streaming.md``). In YAML, a mapping of names to ``class_path`` transforms or to
-            ``FrameTransform`` options. On the CPU, every output whose ``FrameTransform`` starts with a
-            resize is resized by the decoder's YUV -> RGB conversion of the one decoded frame.
-        multiprocessing_context: How workers start: ``"fork"``, ``"forkserver"`` or ``"spawn"``;
-            None takes torch's default (``fork`` on Linux), or ``spawn`` when decoding on CUDA.
-            Workers import no lightning, so ``spawn`` and ``forkserver`` start in about the time
-            torch takes to import.
-        timeout: Seconds to wait for a worker's part before raising, so a stalled or dead worker
-            surfaces as an error instead of a hang (0 waits forever).
-        rank: This process's rank; taken from the Trainer when None.
-        world_size: Number of ranks; taken from the Trainer when None.
-        annotations: Training targets delivered next to the frames (``batch["annotations"]``,
-            ``batch["has_annotations"]``): a folder of ``<clip_id>.npz`` files or an
-            :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
-        augment: Geometry augmentation drawn once per segment from ``(seed, epoch, clip)``, applied
-            before ``transform``; the batch carries ``img_aug_matrix`` and updated ``intrinsics``.
-            Evaluation loaders use its deterministic version (:meth:`GeometryAugment.for_evaluation`).
-            A ``FrameTransform`` crop / resize is included in ``img_aug_matrix`` as well.
-        pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead
-            of delivering them as lists.
-        camera_frames: ``"stacked"``: ``frames`` is one ``[batch_size, cameras, 3, H, W]`` tensor;
-            ``"per_camera"``: a list of ``[batch_size, 3, H_c, W_c]`` tensors, one per camera, so
-            cameras of different resolutions keep their own size (and their own intrinsics).
-        engine: How frames are decoded. ``"threads"``: the in-process stream engine
-            (:mod:`lightning_vstream.stream.engine`): decode threads in the training process write
-            each frame once into its batch (on a GPU: a ring of batches ordered by CUDA events; on
-            the CPU: PyAV, which decodes without holding the GIL, no copies between processes).
-            ``"workers"``: DataLoader worker processes (``num_workers``; spawned for CUDA, each with
-            its own CUDA context, frames shipped between processes). ``"auto"`` (default): threads;
-            on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
+        seed: Shuffle and augmentation seed, identical on every rank.
+        index: Which cameras and clips of the index files are read, and how they are checked
+            (:class:`~lightning_vstream.IndexOptions`).
+        plan: How clips are laid out on slots: shuffling, segments, the shortest piece a cut leaves,
+            the frame stride (:class:`~lightning_vstream.PlanOptions`; see ``docs/streaming.md``).
+        decode: Where and how frames are decoded: device (``"cpu"``, ``"cuda"``, ``"auto"``), FFmpeg
+            threads, open decoders, the cameras' layout in the batch
+            (:class:`~lightning_vstream.DecodeOptions`).
+        output: What each batch carries: ``transform`` (applied where frames are decoded, on the
+            decode device), named ``outputs``, ``annotations``, ``augment`` (drawn once per segment from
+            ``(seed, epoch, clip)``), ``pad_annotations`` (:class:`~lightning_vstream.OutputOptions`). On the
+            CPU, every output whose ``FrameTransform`` starts with a resize is resized by the decoder's
+            YUV -> RGB conversion of the one decoded frame.
+        engine: How frames are decoded (:class:`~lightning_vstream.EngineOptions`). ``kind="threads"``:
+            the in-process stream engine (:mod:`lightning_vstream.stream.engine`): decode threads in the
+            training process write each frame once into its batch (on a GPU: a ring of batches ordered by
+            CUDA events; on the CPU: PyAV, which decodes without holding the GIL, no copies between
+            processes). ``kind="workers"``: ``num_workers`` DataLoader worker processes, each serving fixed
+            camera streams (spawned for CUDA, frames shipped between processes). ``kind="auto"`` (default):
+            threads; on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
             ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why; an
-            option the chosen engine does not use is warned about once, naming the one it uses). Choose ``"workers"``
-            when your training step holds the GIL for long stretches (much Python per step, a
-            CPU-bound model in Python): decode threads then wait for it, worker processes do not.
-            Both deliver the same batches (also around a clip skipped under ``on_error="skip"``), count
-            alike, and save the same state.
-        engine_threads: Decode threads of the engine; None: twice the GPU's NVDEC engines, or one
-            per core this process may run on (``os.sched_getaffinity``).
+            option the chosen engine does not use is warned about once). Both deliver the same batches,
+            count alike, and save the same state.
+        errors: ``on_error="raise"``: an unreadable frame (truncated, corrupt or missing file) raises
+            an error naming file, clip, camera and frame; ``"skip"``: the slot gives up that clip and
+            moves to its next one (``is_first=True``), the batches in between mark it ``valid=False``,
+            each bad file is logged once and counted in :meth:`decode_stats`. ``timeout``: seconds to
+            wait for decoded frames before raising (:class:`~lightning_vstream.ErrorOptions`).
         gpu: Options used only when decoding on an NVIDIA GPU: what to do with files NVDEC cannot
             decode, and whether to probe the decoder at setup (:class:`~lightning_vstream.GpuOptions`).
-            In YAML, a ``gpu:`` section with ``fallback`` and ``probe``.
-        storage_options: How to reach index files given as URLs (``s3://``, ``gs://``, ``az://``,
-            ``http(s)://``, ``file://``): endpoint, credentials, retries, timeouts (see ``docs/remote.md``);
-            the provider's standard environment otherwise. Secrets are not saved in hyperparameters:
-            pass them again to ``load_from_checkpoint`` (or keep them in the environment).
-        cache_dir: Node-local folder caching a remote index's frame tables and every GOP read, shared
-            by the ranks and workers of a machine; None: GOPs are held in memory only while needed.
-        cache_limit: Bytes the GOP cache may hold, an int or ``"20GB"``; None: no limit.
+        storage: How to reach index files given as URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://``) and where to cache them (:class:`~lightning_vstream.StorageConfig`; see
+            ``docs/remote.md``). Secrets are not saved in hyperparameters: pass them again to
+            ``load_from_checkpoint`` (or keep them in the environment).
+        rank: This process's rank; taken from the Trainer when None.
+        world_size: Number of ranks; taken from the Trainer when None.
+
+    In Python each group is its dataclass or a dict of its fields; in a LightningCLI config, a
+    section (``data.decode.device: cuda``). A keyword these groups replaced (``num_workers=``) is
+    answered with an error naming its new place.
 
     Fitting without :class:`~lightning_vstream.callbacks.TemporalStateReset` in the Trainer's
     callbacks warns once (a :class:`~lightning_vstream.VStreamWarning`): nothing would clear
@@ -177,12 +129,15 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     Example::
 
-        >>> dm = StreamVideoDataModule(index_file="data/index.json", batch_size=4, num_workers=2)
-        >>> dm.hparams["batch_size"]
-        4
+        >>> dm = StreamVideoDataModule(index_file="data/index.json", batch_size=4,
+        ...                            plan=PlanOptions(seq_split_num=2), engine=EngineOptions(threads=4))
+        >>> dm.hparams["plan"]["seq_split_num"]
+        2
         >>> trainer = pl.Trainer(max_epochs=1)  # doctest: +SKIP
         >>> trainer.fit(model, datamodule=dm)  # doctest: +SKIP
     """
+
+    moved_keywords = STREAM_MOVES
 
     def __init__(
         self,
@@ -192,150 +147,47 @@ class StreamVideoDataModule(pl.LightningDataModule):
         test_index_file: Path | str | None = None,
         predict_index_file: Path | str | None = None,
         batch_size: int = 4,
-        num_workers: int | None = None,
-        cameras: list[str] | None = None,
-        exclude_clips: list[str] | None = None,
-        decode_device: Literal["cpu", "cuda", "auto"] = "cpu",
         seed: int = 0,
-        shuffle: bool = True,
-        segment_length: int | None = None,
-        seq_split_num: int | None = None,
-        min_segment_length: int = DEFAULT_MIN_SEGMENT_LENGTH,
-        frame_stride: int = 1,
-        pin_memory: bool = False,
-        prefetch_factor: int = 2,
-        persistent_workers: bool = False,
-        max_open_decoders: int | None = None,
-        decoder_threads: int = 0,
-        index_check: Literal["fast", "thorough"] = "fast",
-        # FrameTransform first, so that a YAML mapping of its options ({resize: ..., dtype: ...}) builds
-        # one. The callable returns a tensor; typed Any because LightningCLI (jsonargparse) reads a class
-        # return type as "class_path must name a subclass of it" and would refuse transform classes.
-        transform: FrameTransform | Callable[[torch.Tensor], Any] | None = None,
-        on_error: Literal["raise", "skip"] = "raise",
-        outputs: dict[str, FrameTransform | Callable[[torch.Tensor], Any]] | None = None,
-        multiprocessing_context: MultiprocessingContext | None = None,
-        timeout: float = 300.0,
+        index: IndexOptions = IndexOptions(),
+        plan: PlanOptions = PlanOptions(),
+        decode: DecodeOptions = DecodeOptions(),
+        output: OutputOptions = OutputOptions(),
+        engine: EngineOptions = EngineOptions(),
+        errors: ErrorOptions = ErrorOptions(),
+        gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
+        storage: StorageConfig = StorageConfig(),
         rank: int | None = None,
         world_size: int | None = None,
-        annotations: AnnotationSource | Path | str | None = None,
-        augment: GeometryAugment | None = None,
-        pad_annotations: bool = False,
-        camera_frames: Literal["stacked", "per_camera"] = "stacked",
-        engine: Literal["auto", "threads", "workers"] = "auto",
-        engine_threads: int | None = None,
-        gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_limit: int | str | None = None,
     ) -> None:
-        super().__init__()
-        save_init_hyperparameters(self, ["transform", "outputs", "storage_options"])
-        plain_hparams(self)
-        # Secrets stay in memory: checkpoints get the options without them, loggers none at all.
-        self.storage = StorageConfig.make(storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
-        self.hparams["storage_options"] = self.storage.redacted() if storage_options is not None else None
-        owner = "StreamVideoDataModule"
-        self.decode_options, self.output_options, self.error_options, self.worker_options = shared_options(
-            owner,
-            decode_device=decode_device,
-            decoder_threads=decoder_threads,
-            max_open_decoders=max_open_decoders,
-            camera_frames=camera_frames,
-            unbounded=True,
-            transform=transform,
-            outputs=outputs,
-            on_error=on_error,
-            timeout=timeout,
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            multiprocessing_context=multiprocessing_context,
-            pin_memory=pin_memory,
-        )
-        self.gpu = gpu_options(owner, gpu)
-        _check_stream_options(
-            owner,
+        super().__init__(
+            index_file=index_file,
+            val_index_file=val_index_file,
+            test_index_file=test_index_file,
+            predict_index_file=predict_index_file,
             batch_size=batch_size,
-            frame_stride=frame_stride,
-            segment_length=segment_length,
-            seq_split_num=seq_split_num,
-            min_segment_length=min_segment_length,
-            index_check=index_check,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            index=index,
+            decode=decode,
+            output=output,
             engine=engine,
-            engine_threads=engine_threads,
+            errors=errors,
+            storage=storage,
         )
-        self.index_files: dict[Stage, Path | str | None] = stage_index_files(
-            owner, train=index_file, val=val_index_file, test=test_index_file, predict=predict_index_file
-        )
-        # The options as given (checked above), for reading; loaders take the groups.
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.cameras = list(cameras) if cameras is not None else None
-        self.exclude_clips = sorted(check_exclude_clips(exclude_clips))
-        self.decode_device = decode_device
-        self.seed = seed
-        self.shuffle = shuffle
-        self.segment_length = segment_length
-        self.seq_split_num = seq_split_num
-        self.min_segment_length = min_segment_length
-        self.frame_stride = frame_stride
-        self.pin_memory = pin_memory
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = persistent_workers
-        self.max_open_decoders = max_open_decoders
-        self.decoder_threads = decoder_threads
-        self.index_check = index_check
-        self.transform = transform
-        self.on_error = on_error
-        self.outputs = self.output_options.outputs
-        self.multiprocessing_context = multiprocessing_context
-        self.timeout = timeout
-        self.rank = rank
-        self.world_size = world_size
-        self.annotations = annotations
-        self.augment = augment
-        self.pad_annotations = pad_annotations
-        self.camera_frames = camera_frames
-        self.engine = engine
-        self.engine_threads = engine_threads
+        save_init_hyperparameters(self, ["output", "storage"])
+        owner = "StreamVideoDataModule"
+        self.plan = option_group(owner, "plan", PlanOptions, plan)
+        self.gpu = option_group(owner, "gpu", GpuOptions, gpu)
+        groups = {"index": self.index_options, "plan": self.plan, "decode": self.decode, "output": self.output}
+        more = {"engine": self.engine, "errors": self.errors, "gpu": self.gpu, "storage": self.storage}
+        self._record_hyperparameters({**groups, **more})
         self._annotation_source: AnnotationSource | None = None
         self._warned_reset = False
         self._warned_unused = False
-        self._resolved_device: str | None = None
-        self._indexes: dict[Stage, VideoIndex] = {}
-        self._loaders: dict[Stage, Any] = {}
 
     # -- setup -----------------------------------------------------------------------------
-    def _device(self) -> str:
-        """The device this rank decodes on: ``"cpu"`` or ``"cuda:N"`` (resolved once)."""
-        if self._resolved_device is None:
-            self._resolved_device = rank_decode_device(self.decode_device, self.trainer)
-        return self._resolved_device
-
-    def _placement(self) -> tuple[int, int]:
-        trainer = self.trainer
-        rank = self.rank if self.rank is not None else (trainer.global_rank if trainer is not None else 0)
-        world = self.world_size if self.world_size is not None else (trainer.world_size if trainer is not None else 1)
-        return rank, world
-
-    def setup(self, stage: str | None = None) -> None:
-        """Parse and validate the index files the stage needs (no decoder is opened)."""
-        wanted: dict[str | None, tuple[Stage, ...]] = {
-            "fit": ("train", "val"),
-            "validate": ("val",),
-            "test": ("test",),
-            "predict": ("predict",),
-            None: ("train", "val", "test", "predict"),
-        }
-        self._device()
-        ignore_lightning_leafspec_warning()
-        for split in wanted.get(stage, ("train", "val", "test", "predict")):
-            if self.index_files[split] is not None:
-                self.index(split)
-        if stage == "fit" and self.index_files["train"] is None:
-            raise ConfigurationError("StreamVideoDataModule: Trainer.fit needs index_file (the training index).")
-        check_excluded_clips("StreamVideoDataModule", self.exclude_clips, self.index_files, self._indexes)
+    def _after_setup(self, stage: str | None) -> None:
         if stage == "fit":
             self._check_temporal_reset()
 
@@ -347,24 +199,8 @@ class StreamVideoDataModule(pl.LightningDataModule):
             self._warned_reset = warn_without_temporal_reset(self.trainer)
 
     def index(self, split: Stage = "train") -> VideoIndex:
-        """The parsed index of ``split`` (after :meth:`setup`)."""
-        if split not in self._indexes:
-            path = self.index_files[split]
-            if path is None:
-                raise ConfigurationError(f"StreamVideoDataModule has no {split} index; pass {split}_index_file.")
-            storage = self.storage_arguments()
-            self._indexes[split] = load_index(
-                path, cameras=self.cameras, check=self.index_check, exclude_clips=self.exclude_clips, **storage
-            )
-        return self._indexes[split]
-
-    def storage_arguments(self) -> dict[str, Any]:
-        """The remote-storage arguments of :func:`~lightning_vstream.load_index` (secrets included, never saved)."""
-        return {
-            "storage_options": dict(self.storage.options),
-            "cache_dir": self.storage.cache_dir,
-            "cache_limit": self.storage.cache_limit,
-        }
+        """The parsed index of ``split`` (loaded on first use; :meth:`setup` loads the stage's)."""
+        return self._load_index(split)
 
     def uses_engine(self) -> bool:
         """Whether loaders decode with the in-process stream engine (see ``engine``)."""
@@ -372,25 +208,26 @@ class StreamVideoDataModule(pl.LightningDataModule):
 
     def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
         """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
-        options = (self.num_workers, self.persistent_workers, self.multiprocessing_context)
-        return choose_engine(self.engine, self._device(), *options)
+        return choose_engine(self.engine, self._device())
 
     def workers(self) -> int:
-        """Worker processes of ``engine="workers"``: ``num_workers``, or 2 when it is None."""
-        return DEFAULT_NUM_WORKERS if self.num_workers is None else self.num_workers
+        """Worker processes of ``engine.kind="workers"``: ``num_workers``, or 2 when it is None."""
+        return DEFAULT_NUM_WORKERS if self.engine.num_workers is None else self.engine.num_workers
 
     def _warn_unused_options(self) -> None:
         """Warn once about options the chosen engine ignores, naming what it uses instead."""
         if not self._warned_unused:
             self._warned_unused = True
-            warn_unused_engine_options(self.engine, self._device(), self.hparams, workers=self.workers())
+            warn_unused_engine_options(self.engine, self._device(), workers=self.workers())
 
     def _loader(self, split: Stage) -> Any:
         self._warn_unused_options()
         training = split == "train"
         if training:
             log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
-        augment = self.augment if training or self.augment is None else self.augment.for_evaluation()
+        augment = self.output.augment
+        if augment is not None and not training:
+            augment = augment.for_evaluation()
         if self.uses_engine():
             return self._keep_loader(split, self._engine_loader(split, augment))
         return self._keep_loader(split, self._worker_loader(split, augment))
@@ -401,6 +238,7 @@ class StreamVideoDataModule(pl.LightningDataModule):
         rank, world = self._placement()
         training = split == "train"
         remainder: Remainder = "drop" if training else "pad"
+        plan = self.plan
         spec = PlanSpec(
             None,
             num_cameras=len(index.camera_names),
@@ -408,12 +246,12 @@ class StreamVideoDataModule(pl.LightningDataModule):
             world_size=world,
             rank=rank,
             seed=self.seed,
-            shuffle=self.shuffle and training,
-            segment_length=self.segment_length,
-            frame_stride=self.frame_stride,
+            shuffle=plan.shuffle and training,
+            segment_length=plan.segment_length,
+            frame_stride=plan.frame_stride,
             remainder=remainder,
-            seq_split_num=self.seq_split_num,
-            min_segment_length=self.min_segment_length,
+            seq_split_num=plan.seq_split_num,
+            min_segment_length=plan.min_segment_length,
         )
         lengths = index.frame_counts.tolist()
         return StreamSampler(
@@ -433,17 +271,17 @@ class StreamVideoDataModule(pl.LightningDataModule):
             self.index(split),
             self._sampler(split),
             self._device(),
-            decode=dataclasses.replace(self.decode_options, decode_device=self._device()),
-            output=self.output_options,
-            errors=self.error_options,
+            decode=dataclasses.replace(self.decode, device=self._device()),
+            output=self.output,
+            errors=self.errors,
             gpu=self.gpu,
-            threads=self.engine_threads,
-            prefetch=self.prefetch_factor,
+            threads=self.engine.threads,
+            prefetch=self.engine.prefetch_factor,
             annotations=self._source(),
             augment=augment,
             seed=self.seed,
-            pad_annotations=self.pad_annotations,
-            pin_memory=self.pin_memory,
+            pad_annotations=self.output.pad_annotations,
+            pin_memory=self.engine.pin_memory,
         )
 
     def _worker_loader(self, split: Stage, augment: GeometryAugment | None) -> StreamDataLoader:
@@ -451,63 +289,38 @@ class StreamVideoDataModule(pl.LightningDataModule):
         device = self._device()
         dataset = StreamDataset(
             index=self.index(split),
-            decode=dataclasses.replace(self.decode_options, decode_device=device),
-            output=self.output_options,
-            errors=self.error_options,
+            decode=dataclasses.replace(self.decode, device=device),
+            output=self.output,
+            errors=self.errors,
             annotations=self._source(),
             augment=augment,
             seed=self.seed,
-            pad_annotations=self.pad_annotations,
+            pad_annotations=self.output.pad_annotations,
         )
         return StreamDataLoader(
             dataset,
             sampler=self._sampler(split),
             num_workers=self.workers(),
-            pin_memory=self.pin_memory,
-            prefetch_factor=self.prefetch_factor,
-            persistent_workers=self.persistent_workers,
+            pin_memory=self.engine.pin_memory,
+            prefetch_factor=self.engine.prefetch_factor,
+            persistent_workers=self.engine.persistent_workers,
             multiprocessing_context=worker_context(
-                "StreamVideoDataModule", self.multiprocessing_context, device, self.workers()
+                "StreamVideoDataModule", self.engine.multiprocessing_context, device, self.workers()
             ),
-            timeout=self.timeout,
+            timeout=self.errors.timeout,
         )
-
-    def _keep_loader(self, split: Stage, loader: Any) -> Any:
-        """Make ``loader`` the ``split`` loader, closing the one it replaces."""
-        old = self._loaders.get(split)
-        if old is not None:
-            old.close()
-        self._loaders[split] = loader
-        return loader
 
     def _source(self) -> AnnotationSource | None:
         if self._annotation_source is None:
-            self._annotation_source = resolve_annotations(self.annotations)
+            self._annotation_source = resolve_annotations(self.output.annotations)
         return self._annotation_source
 
     def train_dataloader(self) -> StreamDataLoader:
         """The training loader: shuffled per epoch, stateful (Lightning checkpoints its position)."""
         return self._loader("train")
 
-    # Defined per instance: only a DataModule given that stage's index has the hook (see EvalLoader).
-    val_dataloader = EvalLoader("val", lambda dm: dm.index_files["val"] is not None, lambda dm: dm._loader("val"))
-    test_dataloader = EvalLoader("test", lambda dm: dm.index_files["test"] is not None, lambda dm: dm._loader("test"))
-    predict_dataloader = EvalLoader(
-        "predict", lambda dm: dm.index_files["predict"] is not None, lambda dm: dm._loader("predict")
-    )
-
-    def teardown(self, stage: str | None = None) -> None:
-        """Shut down persistent workers and close the decoders opened in this process."""
-        for loader in self._loaders.values():
-            loader.close()
-
-    def decode_stats(self, split: Stage = "train") -> DecodeStats:
-        """Decoding counters of the ``split`` loader (frames decoded / delivered, seeks...)."""
-        loader = self._loaders.get(split)
-        if loader is None:
-            warnings.warn(f"no {split} loader has been created yet; counters are zero.", VStreamWarning, stacklevel=2)
-            return DecodeStats()
-        return loader.stats
+    def _stage_loader(self, split: Stage) -> Any:
+        return self._loader(split)
 
 
 def _clip_ids(index: VideoIndex) -> list[str]:
@@ -517,44 +330,3 @@ def _clip_ids(index: VideoIndex) -> list[str]:
     if by_position is not None:
         return [by_position(position) for position in range(len(clips))]
     return [clip.clip_id for clip in clips]
-
-
-def _check_stream_options(
-    owner: str,
-    *,
-    batch_size: int,
-    frame_stride: int,
-    segment_length: int | None,
-    seq_split_num: int | None,
-    min_segment_length: int,
-    index_check: str,
-    engine: str,
-    engine_threads: int | None,
-) -> None:
-    """Check the options only the stream DataModule has (the shared ones are checked by their groups)."""
-    check_arguments(
-        owner,
-        {
-            "batch_size": (batch_size, is_count(batch_size), "an integer >= 1"),
-            "frame_stride": (frame_stride, is_count(frame_stride), "an integer >= 1"),
-            "segment_length": (
-                segment_length,
-                segment_length is None or is_count(segment_length),
-                "None or an integer >= 1",
-            ),
-            "seq_split_num": (
-                seq_split_num,
-                (seq_split_num is None or is_count(seq_split_num))
-                and (seq_split_num is None or segment_length is None),
-                "None or an integer >= 1, and not with segment_length (both split clips; set one)",
-            ),
-            "min_segment_length": (min_segment_length, is_count(min_segment_length), "an integer >= 1"),
-            "index_check": (index_check, index_check in ("fast", "thorough"), "'fast' or 'thorough'"),
-            "engine": (engine, engine in ("auto", "threads", "workers"), "'auto', 'threads' or 'workers'"),
-            "engine_threads": (
-                engine_threads,
-                engine_threads is None or is_count(engine_threads),
-                "None or an integer >= 1",
-            ),
-        },
-    )

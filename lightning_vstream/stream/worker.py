@@ -68,7 +68,7 @@ class StreamDataset(Dataset):
 
     Args:
         index: The clips to read.
-        decode: Where frames are decoded (``decode_device``: ``"cpu"`` for PyAV, a CUDA device for
+        decode: Where frames are decoded (``device``: ``"cpu"`` for PyAV, a CUDA device for
             NVDEC), with how many FFmpeg threads, how many decoders each process keeps open (least
             recently used are closed; None keeps one per stream), and ``camera_frames``:
             ``"stacked"`` returns one frame tensor per part, ``"per_camera"`` every frame on its own
@@ -114,7 +114,7 @@ class StreamDataset(Dataset):
         self.index = index
         self.max_open_decoders = decode.max_open_decoders
         self.decoder_threads = decode.decoder_threads
-        self.device = decode.decode_device
+        self.device = decode.device
         self.camera_frames = decode.camera_frames
         self.transform = output.transform
         self.outputs = output.outputs
@@ -131,7 +131,7 @@ class StreamDataset(Dataset):
             seed=seed,
             annotations=annotations,
             on_error=errors.on_error,
-            decode_device=decode.decode_device,
+            decode_device=decode.device,
             outputs=output.outputs,
         )
         self._given_up: set[tuple[int, int, int]] = set()  # (position, clip, segment) that failed this epoch
