@@ -117,7 +117,7 @@ def decode_jpegs(index_path: Path) -> tuple[int, float]:
 
 
 def decode_videos(index_path: Path) -> tuple[int, float]:
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
     from lightning_vstream.indexing import load_index
 
     start, count = time.perf_counter(), 0

@@ -12,7 +12,7 @@ call cut short still brings back what finished:
    encoded again in the stride layout (``vstream encode --keyframe-stride 6``: every 6th frame a
    reference picture, the frames between non-reference B-frames; GOP 12).
 3. ``kernel``: the NV12 -> RGB kernel compiled and checked against the torch conversion on the
-   GPU (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), the compile time, and both
+   GPU (:func:`~lightning_vstream.decode.nvdec.nv12.prepare_conversion`), the compile time, and both
    conversions' host and GPU time per 1600x900 frame.
 4. ``stamps``: every file kind decoded on NVDEC against PyAV, read in order and shuffled: every
    stamp exact (the right frame under the right index) and the colour within ``docs/gpu.md``'s
@@ -329,8 +329,8 @@ def section_environment(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     import torch
 
     from lightning_vstream.decode.device import import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import probe_nvdec
-    from lightning_vstream.decode.nvdec_probe import driver_version
+    from lightning_vstream.decode.nvdec.probe_child import driver_version
+    from lightning_vstream.decode.nvdec.session import probe_nvdec
     from lightning_vstream.doctor import _nvdec
 
     result: dict[str, Any] = {
@@ -448,7 +448,7 @@ def _stride_layout_file(index_path: Path, root: Path) -> dict[str, Any]:
 def section_kernel(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     import torch
 
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     result: dict[str, Any] = {"triton_available": nv12.triton_available()}
     if host:
@@ -457,7 +457,7 @@ def section_kernel(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
 
-        from lightning_vstream.decode.nv12_kernel import BLOCK, PARAMETERS, nv12_to_rgb_kernel
+        from lightning_vstream.decode.nvdec.nv12_kernel import BLOCK, PARAMETERS, nv12_to_rgb_kernel
 
         began = time.monotonic()
         for sixteen, sample in ((False, "*u8"), (True, "*i16")):
@@ -514,10 +514,10 @@ def section_kernel(args: argparse.Namespace, host: bool) -> dict[str, Any]:
 def section_stamps(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     import torch
 
-    from lightning_vstream.decode.cpu import PyAVDecoder
-    from lightning_vstream.decode.decoder_pool import DecoderPool
-    from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
     from lightning_vstream.doctor import COLOUR_TOLERANCE
 
     rows = []
@@ -573,8 +573,8 @@ def section_stamps(args: argparse.Namespace, host: bool) -> dict[str, Any]:
 
 
 def section_stride(args: argparse.Namespace, host: bool) -> dict[str, Any]:
-    from lightning_vstream.decode.decoder_pool import DecoderPool
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
 
     entry = json.loads((args.data_dir / "stride.json").read_text())
     clip = int(entry["clip"])
@@ -619,7 +619,7 @@ def _read_at_stride(
     args: argparse.Namespace, host: bool, path: Path, info: Any, step: int, clip: int, pool: Any
 ) -> dict[str, Any]:
     """Frames 0, ``step``, 2 ``step``, ... of one file on NVDEC: stamps (first pass), packets, frames/s."""
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
 
     wanted = range(0, info.frame_count, step)
     wrong: list[int] = []
@@ -707,9 +707,9 @@ def _stride_random_access(args: argparse.Namespace, host: bool, path: Path, info
 
 def section_raw_nvdec(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import DecoderKey, create_session
-    from lightning_vstream.decode.nvdec_memory import nvdec_bytes
-    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.nvdec.memory import nvdec_bytes
+    from lightning_vstream.decode.nvdec.session import DecoderKey, create_session
+    from lightning_vstream.decode.nvdec.sources import PacketSource
     from lightning_vstream.indexing import load_index
 
     nvc = import_pynvvideocodec()
@@ -923,7 +923,7 @@ def section_slow_consumer(args: argparse.Namespace, host: bool) -> dict[str, Any
 def section_random_access(args: argparse.Namespace, host: bool) -> dict[str, Any]:
     from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample, make_reader
     from lightning_vstream.clips.windows import FrameWindow, random_clips
-    from lightning_vstream.decode.nvdec_memory import one_file_per_format
+    from lightning_vstream.decode.nvdec.memory import one_file_per_format
     from lightning_vstream.demos.synth import clip_number
     from lightning_vstream.indexing import load_index
 

@@ -11,7 +11,7 @@ on the same files:
   per packet ``PacketData`` -> ``Decode`` -> ``__dlpack__`` of each frame (the capsule, no import).
 - **bare_per_stream**: the same loop over one decoder per engine stream, taking turns as the
   engine's streams do (the fake's host copies then miss the cache as the engine's do).
-- **decoder**: :class:`~lightning_vstream.decode.gpu.NvDecoder` reading every frame into a batch
+- **decoder**: :class:`~lightning_vstream.decode.nvdec.decoder.NvDecoder` reading every frame into a batch
   row: opening each file, reading its packets, CRC-32 and timestamp checks, the export's layout
   check, the DLPack import, the conversion's launch.
 - **engine**: the stream engine (:func:`~lightning_vstream.stream.engine_loader.build_engine_loader`,
@@ -19,7 +19,7 @@ on the same files:
   assembly and the hand-over between the decode thread and the consumer included.
 
 Packets: NvDecoder reads each packet from its file at the place the version-2 frame tables record
-(:mod:`lightning_vstream.decode.nvdec_packets`), from a process's first epoch on.
+(:mod:`lightning_vstream.decode.nvdec.packets`), from a process's first epoch on.
 
 **GIL contention.** A training step that runs Python code holds the GIL while ``Decode`` (which
 releases it) works; a thread that comes back from ``Decode`` then waits for the interpreter to hand
@@ -161,8 +161,8 @@ def make_data(args: argparse.Namespace, root: Path) -> Path:
 def bare_loop(files: list[Any]) -> Callable[[], int]:
     """PacketData -> Decode -> __dlpack__ over packets demuxed beforehand; returns a run function."""
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import NVDEC_CODECS
-    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.nvdec.session import NVDEC_CODECS
+    from lightning_vstream.decode.nvdec.sources import PacketSource
 
     nvc = import_pynvvideocodec()
     demuxed = []
@@ -211,8 +211,8 @@ def bare_loop_per_stream(files: list[Any], streams: int) -> Callable[[], int]:
     touch ``streams`` decoders' buffers in turn (cache misses a GPU's DMA copies do not cost the host).
     """
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import NVDEC_CODECS
-    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.nvdec.session import NVDEC_CODECS
+    from lightning_vstream.decode.nvdec.sources import PacketSource
 
     nvc = import_pynvvideocodec()
     first = files[0][1]
@@ -266,8 +266,8 @@ def decoder_loop(files: list[Any]) -> Callable[[], int]:
     """NvDecoder.get(i, out=row) for every frame of every file (one pool, the decoder reused)."""
     import torch
 
-    from lightning_vstream.decode.decoder_pool import DecoderPool
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
 
     pool = DecoderPool()
     first = files[0][1]
@@ -525,7 +525,7 @@ def dlpack_import(repeats: int = 20000) -> dict[str, Any]:
 
 def _stub_conversion() -> dict[str, Any]:
     """Replace the colour conversion by a call that does nothing (its GPU work cannot run here)."""
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     calls = [0]
 
@@ -536,7 +536,7 @@ def _stub_conversion() -> dict[str, Any]:
     nv12.Nv12Converter.__call__ = launch  # type: ignore[method-assign]
     return {
         "measured": "stubbed: one call per frame, no work (the conversion is GPU work)",
-        "on_gpu": "one Triton launch per frame (lightning_vstream.decode.nv12_kernel); 0 ATen ops",
+        "on_gpu": "one Triton launch per frame (lightning_vstream.decode.nvdec.nv12_kernel); 0 ATen ops",
         "calls": calls,
     }
 

@@ -63,7 +63,7 @@ def unavailable_reason(gpu: int) -> str | None:
         return "torch.cuda.is_available() is False (no NVIDIA driver, or a CPU-only torch build)"
     if gpu >= torch.cuda.device_count():
         return f"--gpu {gpu} does not exist: this process sees {torch.cuda.device_count()} CUDA device(s)"
-    from lightning_vstream.decode.gpu import import_pynvvideocodec
+    from lightning_vstream.decode.nvdec.decoder import import_pynvvideocodec
 
     try:
         import_pynvvideocodec()
@@ -81,7 +81,7 @@ def environment(gpu: int) -> dict[str, Any]:
         import PyNvVideoCodec
 
         env["pynvvideocodec"] = getattr(PyNvVideoCodec, "__version__", "unknown")
-        from lightning_vstream.decode.nvdec import num_decoder_engines
+        from lightning_vstream.decode.nvdec.session import num_decoder_engines
 
         env["nvdec_engines"] = num_decoder_engines(gpu, "hevc")
     return env

@@ -145,7 +145,7 @@ def gpu_unavailable_reason(gpu: int) -> str | None:
         return "no GPU: torch.cuda.is_available() is False (CUDA is required for this benchmark)"
     if gpu >= torch.cuda.device_count():
         return f"--gpu {gpu} does not exist: this process sees {torch.cuda.device_count()} CUDA device(s)"
-    from lightning_vstream.decode.gpu import import_pynvvideocodec
+    from lightning_vstream.decode.nvdec.decoder import import_pynvvideocodec
 
     try:
         import_pynvvideocodec()
@@ -169,7 +169,7 @@ def environment(gpu: int | None) -> dict[str, Any]:
             import PyNvVideoCodec
 
             env["pynvvideocodec"] = getattr(PyNvVideoCodec, "__version__", "unknown")
-            from lightning_vstream.decode.nvdec import decoder_caps
+            from lightning_vstream.decode.nvdec.session import decoder_caps
 
             env["nvdec_engines"] = decoder_caps(gpu, "hevc").engines
         except Exception as err:
@@ -301,8 +301,8 @@ def load_packets(nvc: Any, files: list[Path]) -> list[tuple[list[Any], list[Any]
     """Per file: prebuilt PacketData objects, the buffers they point into, and the frame count."""
     import numpy as np
 
-    from lightning_vstream.decode.nvdec_sources import PacketSource
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
+    from lightning_vstream.decode.nvdec.sources import PacketSource
 
     loaded = []
     for path in files:
@@ -326,7 +326,7 @@ def load_packets(nvc: Any, files: list[Path]) -> list[tuple[list[Any], list[Any]
 
 def _create_raw_decoder(nvc: Any, gpu: int, codec: str, width: int, height: int, latency: str) -> Any:
     from lightning_vstream.decode.device import frame_memory
-    from lightning_vstream.decode.nvdec import DecoderKey, create_session
+    from lightning_vstream.decode.nvdec.session import DecoderKey, create_session
 
     # Each decoder on a CUDA stream of its own (the NULL stream would synchronise after every frame).
     return create_session(nvc, DecoderKey(gpu, codec, width, height, latency=latency), frame_memory())  # type: ignore[arg-type]
@@ -377,7 +377,7 @@ def raw_decode_run(
 def measure_raw(
     nvc: Any, index: Path, args: argparse.Namespace, latencies: tuple[str, ...] = ("NATIVE", "LOW")
 ) -> dict[str, Any]:
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
 
     files = video_files(index)
     info = probe_video(files[0])
@@ -544,7 +544,7 @@ class SeedDataset:
     def __getitem__(self, i: int) -> Any:
         import torch
 
-        from lightning_vstream.decode.gpu import NvDecoder
+        from lightning_vstream.decode.nvdec.decoder import NvDecoder
         from lightning_vstream.indexing import load_index
 
         if self._index is None:
@@ -693,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_throughput skipped: {reason}")
         _write(args.output, result)
         return 0
-    from lightning_vstream.decode.gpu import import_pynvvideocodec
+    from lightning_vstream.decode.nvdec.decoder import import_pynvvideocodec
 
     nvc = import_pynvvideocodec()
     result.update(status="ok", environment=environment(args.gpu), batch_size=args.batch_size)

@@ -96,7 +96,7 @@ class Stream:
     def __init__(self, path: Path) -> None:
         import av
 
-        from lightning_vstream.decode.probe import probe_video
+        from lightning_vstream.decode.cpu.probe import probe_video
 
         self.info = probe_video(path)
         with av.open(str(path)) as container:

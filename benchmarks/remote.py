@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from lightning_vstream import StreamVideoDataModule, VideoClipDataset, at_indices, load_index
-from lightning_vstream.decode.gop_reads import gop_runs
+from lightning_vstream.decode.ranged.gop_reads import gop_runs
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_dataset
 from lightning_vstream.storage.fetcher import fetcher_for
 from tests._s3 import S3TestServer

@@ -246,7 +246,7 @@ def measure_decoder_resize(paths: list[str], size: tuple[int, int], repeats: int
     Without a loader around it, so it isolates what the conversion costs: no resize, resize in the
     conversion, and a float32 ``FrameTransform`` resize of each decoded frame. Alternates the three.
     """
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 
     float_resize = FrameTransform(resize=size)
     configs = {"no resize": None, "resize in decoder (uint8 swscale)": size, "resize after decoding (float32)": None}

@@ -25,7 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.indexing import load_index
 from lightning_vstream.indexing.camera_tables import probe_with_identity

@@ -159,7 +159,7 @@ def stage_index_files(
 
 def rank_decode_device(decode_device: str, trainer: pl.Trainer | None) -> str:
     """The device this rank decodes on, ``"cpu"`` or ``"cuda:N"``: the Trainer's device for this rank when it has one."""
-    from lightning_vstream.decode.gpu import resolve_decode_device
+    from lightning_vstream.decode.nvdec.decoder import resolve_decode_device
 
     local_rank = trainer.local_rank if trainer is not None else 0
     root = trainer.strategy.root_device if trainer is not None else None

@@ -31,7 +31,7 @@ def lazy_exports(
 
     Example::
 
-        __getattr__, __dir__ = lazy_exports(__name__, {"PyAVDecoder": "lightning_vstream.decode.cpu"})
+        __getattr__, __dir__ = lazy_exports(__name__, {"PyAVDecoder": "lightning_vstream.decode.cpu.pyav"})
     """
     namespace = sys.modules[package].__dict__
     made = dict(computed or {})

@@ -4,7 +4,7 @@ One command to run before training on a new machine, and whose JSON to attach to
 
 1. **Environment**: Python, torch and its CUDA, the GPU, the NVIDIA driver, PyNvVideoCodec.
 2. **NVDEC**: engines and size limits per codec and bit depth (asked in a child process that sees
-   only the chosen GPU, see :func:`~lightning_vstream.decode.nvdec.probe_nvdec`).
+   only the chosen GPU, see :func:`~lightning_vstream.decode.nvdec.session.probe_nvdec`).
 3. **Frames**: stamped synthetic files (HEVC and H.264, 8- and 10-bit, with and without B-frames)
    decoded on NVDEC and on the CPU, compared frame by frame: every stamp exact (the right frame
    under the right index) and colour within the tolerance ``docs/gpu.md`` gives (mean absolute
@@ -71,7 +71,7 @@ def _environment(gpu: int, host: bool) -> dict[str, Any]:
     import torch
 
     from lightning_vstream.decode.device import import_pynvvideocodec
-    from lightning_vstream.decode.nvdec_probe import driver_version
+    from lightning_vstream.decode.nvdec.probe_child import driver_version
 
     nvc = import_pynvvideocodec()
     env: dict[str, Any] = {
@@ -90,7 +90,7 @@ def _environment(gpu: int, host: bool) -> dict[str, Any]:
         env["gpu"] = props.name
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
     try:
-        from lightning_vstream.decode.nv12 import triton_available
+        from lightning_vstream.decode.nvdec.nv12 import triton_available
 
         env["triton"] = triton_available()
     except Exception:  # pragma: no cover - informational only
@@ -185,10 +185,10 @@ def _comparison_files(root: Path, size: tuple[int, int], frames: int) -> list[di
 
 def _compare(entry: dict[str, Any], gpu: int, host: bool) -> dict[str, Any]:
     """Decode one file on NVDEC and on the CPU; compare stamps and colour frame by frame."""
-    from lightning_vstream.decode.cpu import PyAVDecoder
-    from lightning_vstream.decode.decoder_pool import DecoderPool
-    from lightning_vstream.decode.gpu import NvDecoder
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
     from lightning_vstream.demos.synth import read_stamp
 
     path: Path = entry["path"]
@@ -245,8 +245,8 @@ def _synchronize(gpu: int, host: bool) -> None:
 def _raw_nvdec(index_path: Path, gpu: int, host: bool, decoders: int) -> dict[str, Any]:
     """PyNvVideoCodec alone: packets in memory, NV12 out, ``decoders`` threads each with its decoder and stream."""
     from lightning_vstream.decode.device import frame_memory, import_pynvvideocodec
-    from lightning_vstream.decode.nvdec import DecoderKey, create_session
-    from lightning_vstream.decode.nvdec_sources import PacketSource
+    from lightning_vstream.decode.nvdec.session import DecoderKey, create_session
+    from lightning_vstream.decode.nvdec.sources import PacketSource
     from lightning_vstream.indexing import load_index
 
     nvc = import_pynvvideocodec()
@@ -405,7 +405,7 @@ def run_doctor(
     if missing is not None:
         print(f"vstream doctor: no usable NVIDIA GPU here ({missing}); decode.device='cpu' is what works.", file=out)
         return 0
-    from lightning_vstream.decode.nvdec import probe_nvdec
+    from lightning_vstream.decode.nvdec.session import probe_nvdec
 
     host = frame_memory().host
     result: dict[str, Any] = {

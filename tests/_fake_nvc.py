@@ -165,7 +165,7 @@ CAPS = {
 
 def caps_runner(calls: list[list[str]] | None = None, **overrides: int) -> Any:
     """A probe-child runner reporting ``CAPS`` (with ``overrides``) for every codec and bit depth."""
-    from lightning_vstream.decode.nvdec import CAPS_BIT_DEPTHS, NVDEC_CODECS, PROBE_REPORT, caps_key
+    from lightning_vstream.decode.nvdec.session import CAPS_BIT_DEPTHS, NVDEC_CODECS, PROBE_REPORT, caps_key
 
     def run(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         if calls is not None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_vstream.decode.nv12 import ColorSpec, Nv12Converter
+from lightning_vstream.decode.nvdec.nv12 import ColorSpec, Nv12Converter
 from lightning_vstream.index.tables import VideoInfo
 
 Stamp = tuple[int, int, int]
@@ -84,8 +84,8 @@ def encode(
 @functools.cache
 def probed(path: Path) -> tuple[VideoInfo, ColorSpec]:
     """A file's frame table and colour spec, as PyAV's demuxer reads them (probed once per path)."""
-    from lightning_vstream.decode.nvdec_sources import PacketSource
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
+    from lightning_vstream.decode.nvdec.sources import PacketSource
 
     info = probe_video(path)
     source = PacketSource(path, info)
@@ -192,8 +192,8 @@ class _MarkingDecoder:
 
 def install_marker(monkeypatch: pytest.MonkeyPatch) -> Marker:
     """Wrap every decoder the GPU readers create with a new :class:`Marker`."""
-    from lightning_vstream.decode import gpu as decode_gpu
-    from lightning_vstream.decode import nvdec
+    from lightning_vstream.decode.nvdec import decoder as decode_gpu
+    from lightning_vstream.decode.nvdec import session as nvdec
 
     mark = Marker()
     real = nvdec.create_session

@@ -202,13 +202,13 @@ def kernel_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], 
     Triton reads ``TRITON_INTERPRET`` when a kernel is defined, i.e. when the module is imported, so
     the module is imported again for the test, and the one imported before is put back after it.
     """
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     if not nv12.triton_available():
         pytest.skip("Triton is not installed")
     import lightning_vstream.decode as decode
 
-    name = "lightning_vstream.decode.nv12_kernel"
+    name = "lightning_vstream.decode.nvdec.nv12_kernel"
     before = sys.modules.get(name)
 
     def fresh(interpret: bool) -> Any:
@@ -226,7 +226,7 @@ def kernel_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], 
         decode.__dict__.pop("nv12_kernel", None)
     else:
         sys.modules[name] = before
-        decode.nv12_kernel = before  # type: ignore[attr-defined]
+        decode.nvdec.nv12_kernel = before  # type: ignore[attr-defined]
 
 
 @pytest.fixture

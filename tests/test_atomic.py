@@ -36,7 +36,7 @@ PACKAGE = REPO / "lightning_vstream"
 DIRECT_WRITES = {
     ("storage/cache.py", "claim"): "the claim file is a lock: O_EXCL creation is the claim, a torn stamp reads as none",
     ("doctor.py", "_ten_bit_file"): "a scratch video in the doctor's own temporary folder, removed with it",
-    ("decode/nvdec_probe.py", "_write_clip"): "a scratch video in a temporary folder, removed with it",
+    ("decode/nvdec/probe_child.py", "_write_clip"): "a scratch video in a temporary folder, removed with it",
     ("demos/demo.py", "_dataset"): "a whole staging folder (written through the helper) renamed into place",
     ("encode/writer.py", "_encode_into"): "muxes into the temporary path encode_file's atomic_path hands it",
     ("preview.py", "_repr_png_"): "an in-memory PNG for notebooks (io.BytesIO), no file",

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from lightning_vstream.decode.bitstream import ReferenceReader
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.index.tables import (
     REFERENCE_UNKNOWN,
     VideoInfo,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_vstream.cli import main
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.index import metadata_path, tables_path
 from lightning_vstream.indexing import load_index

@@ -23,7 +23,7 @@ from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.from_files import index_from_files
 from lightning_vstream.clips.selection import ClipRequest, at_indices, at_times, multi_rate
 from lightning_vstream.clips.windows import FrameWindow, TimeWindow, random_clips, regular_clips
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import (
     Stamp,
     clip_number,

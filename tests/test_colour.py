@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.colour import RGBConverter
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.colour import RGBConverter
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import (
     Stamp,
     _frame,

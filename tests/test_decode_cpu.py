@@ -16,8 +16,8 @@ import torch
 from lightning_vstream import EngineOptions
 from lightning_vstream.decode import FrameDecoder, make_decoder
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp, write_stamped_video
 from lightning_vstream.index.tables import VideoInfo, is_reference
 from tests._remux import remux

@@ -244,8 +244,8 @@ def test_parallel_jobs(image_index: Path, tmp_path: Path) -> None:
 def test_keyframe_stride_layout_keeps_every_frame_and_only_the_stride_as_references(
     image_index: Path, tmp_path: Path, codec: str
 ) -> None:
+    from lightning_vstream.decode.cpu.probe import probe_video
     from lightning_vstream.decode.gops import plan_feed
-    from lightning_vstream.decode.probe import probe_video
     from lightning_vstream.index import is_reference
 
     summary = encode_index(image_index, tmp_path / "out", codec=codec, gop=8, keyframe_stride=4, progress=False)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, PlanOptions
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.decode.factory import pyav_factory
-from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index.records import CameraStream

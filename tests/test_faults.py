@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, PlanOptions, SamplingOptions
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, write_stamped_video
 from lightning_vstream.errors import FileChangedError, FrameSizeError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.listing import leave_out_hint

@@ -20,9 +20,9 @@ import torch
 from lightning_vstream import EngineOptions, PlanOptions, StreamVideoDataModule
 from lightning_vstream.decode import make_decoder
 from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.gop_reads import GopDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
+from lightning_vstream.decode.ranged.gop_reads import GopDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.encode import encode_index
 from lightning_vstream.indexing import load_index

@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 from lightning_vstream import VStreamWarning
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import (
     Stamp,
     read_stamp,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.gop_reads import GopDecoder, gop_runs
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
+from lightning_vstream.decode.ranged.gop_reads import GopDecoder, gop_runs
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ChecksumError, FileChangedError
 from lightning_vstream.index import FileIdentity
@@ -246,7 +246,7 @@ def test_closing_mid_gop_with_frame_threads_never_hangs(tmp_path: Path) -> None:
         import sys
         import threading
         from lightning_vstream.decode import make_decoder
-        from lightning_vstream.decode.probe import probe_video
+        from lightning_vstream.decode.cpu.probe import probe_video
         info = probe_video({str(path)!r})
         sys.setswitchinterval(0.0005)
         busy = threading.Event()

@@ -26,11 +26,13 @@ import torch
 from _fake_nvc import StandInMemory, caps_runner, fake_module
 
 from lightning_vstream import DecodeOptions
-from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.base import FrameDecoder, VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.decode.device import CudaMemory, frame_memory, host_view, pynvvideocodec_version
-from lightning_vstream.decode.gpu import (
+from lightning_vstream.decode.nvdec import session as nvdec
+from lightning_vstream.decode.nvdec import sources as nvdec_sources
+from lightning_vstream.decode.nvdec.decoder import (
     DecoderKey,
     DecoderPool,
     NvDecoder,
@@ -38,9 +40,8 @@ from lightning_vstream.decode.gpu import (
     nvdec_available,
     resolve_decode_device,
 )
-from lightning_vstream.decode.nvdec import child_env
-from lightning_vstream.decode.nvdec_sources import PacketSource
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.nvdec.session import child_env
+from lightning_vstream.decode.nvdec.sources import PacketSource
 from lightning_vstream.demos.synth import read_stamp, write_stamped_video
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, GpuError, GpuMemoryError
 from lightning_vstream.transforms import FrameTransform
@@ -90,7 +91,7 @@ def _stamp(frame: torch.Tensor, layout: str = "chw") -> int:
 # -- import and availability ---------------------------------------------------------------------
 def test_importing_the_package_loads_no_gpu_library() -> None:
     code = (
-        "import sys, lightning_vstream.decode.gpu, lightning_vstream.transforms, lightning_vstream.profiling\n"
+        "import sys, lightning_vstream.decode.nvdec.decoder, lightning_vstream.transforms, lightning_vstream.profiling\n"
         "print(sorted(m for m in ('PyNvVideoCodec', 'nvtx') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -342,7 +343,7 @@ def test_nvdec_failures_are_the_gpus_or_the_files_and_the_decoder_is_never_flush
 def test_a_failed_conversion_drops_the_decoder_unflushed_and_a_cuda_error_there_is_the_gpus(
     fake_nvc: types.ModuleType, videos: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     pool = DecoderPool()
     dec = _decoder(videos["hevc"], pool=pool, stream="current")
@@ -458,7 +459,7 @@ def test_probe_failure_is_an_error_with_the_child_output(monkeypatch: pytest.Mon
     ):
         nvdec.probe_nvdec(5, runner=crashed)
     cmd, env = seen[0]
-    assert cmd[-1] == "lightning_vstream.decode.nvdec_probe" and env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert cmd[-1] == "lightning_vstream.decode.nvdec.probe_child" and env["CUDA_VISIBLE_DEVICES"] == "5"
 
 
 def test_probe_runs_once_per_gpu_and_fills_the_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -484,7 +485,7 @@ def test_probe_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_probe_child_reports_a_machine_without_a_driver() -> None:
     """Run for real here: without an NVIDIA driver the child fails, and says why."""
     done = subprocess.run(
-        [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe", "--caps-only"],
+        [sys.executable, "-m", "lightning_vstream.decode.nvdec.probe_child", "--caps-only"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -31,12 +31,13 @@ from _fake_nvc import StandInMemory, caps_runner, fake_module
 from _nvdriver import FakeLog, Marker, fake_format, install_marker, probed, stamped_rgb
 
 from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
-from lightning_vstream.decode import gpu as decode_gpu
-from lightning_vstream.decode import nvdec, nvdec_sources
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.decoder_pool import DecoderPool
 from lightning_vstream.decode.gops import GopPlanner, GopTask, plan_feed
-from lightning_vstream.decode.gpu import NvDecoder, NvGopDecoder
+from lightning_vstream.decode.nvdec import decoder as decode_gpu
+from lightning_vstream.decode.nvdec import session as nvdec
+from lightning_vstream.decode.nvdec import sources as nvdec_sources
+from lightning_vstream.decode.nvdec.decoder import NvDecoder, NvGopDecoder
+from lightning_vstream.decode.nvdec.pool import DecoderPool
 from lightning_vstream.index.tables import VideoInfo, is_reference
 from tests import _gop_shapes
 

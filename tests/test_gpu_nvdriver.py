@@ -31,13 +31,14 @@ from _nvdriver import (
 )
 from conftest import cut_decodes
 
-from lightning_vstream.decode import nvdec, nvdec_sources
-from lightning_vstream.decode.decoder_pool import DecoderPool
+from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.decode.device import frame_memory, host_view, import_pynvvideocodec, pynvvideocodec_version
-from lightning_vstream.decode.gpu import NvDecoder
-from lightning_vstream.decode.nv12 import Nv12Converter
-from lightning_vstream.decode.nvdec_sources import PacketSource, packet_data
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.nvdec import session as nvdec
+from lightning_vstream.decode.nvdec import sources as nvdec_sources
+from lightning_vstream.decode.nvdec.decoder import NvDecoder
+from lightning_vstream.decode.nvdec.nv12 import Nv12Converter
+from lightning_vstream.decode.nvdec.pool import DecoderPool
+from lightning_vstream.decode.nvdec.sources import PacketSource, packet_data
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, VideoDecodeError
 from lightning_vstream.options import ErrorOptions, GpuOptions, OutputOptions
 
@@ -255,7 +256,7 @@ def test_a_p016_export_with_8_bit_strides_is_refused(tmp_path: Path, monkeypatch
         def Decode(self, data: Any) -> list[Any]:
             return [OldExport(f) for f in self.real.Decode(data)]
 
-    from lightning_vstream.decode import gpu as decode_gpu
+    from lightning_vstream.decode.nvdec import decoder as decode_gpu
 
     def create(*args: Any, **kwargs: Any) -> Any:
         session = nvdec.create_session(*args, **kwargs)
@@ -585,7 +586,7 @@ def test_the_memory_estimate_covers_what_a_decoder_asks_nvdec_and_the_driver_for
 ) -> None:
     import re
 
-    from lightning_vstream.decode.nvdec_memory import nvdec_bytes
+    from lightning_vstream.decode.nvdec.memory import nvdec_bytes
 
     for name in ("hevc", "h264_bframes"):
         path = files[name]
@@ -996,7 +997,7 @@ def test_gop_decoder_latency_reuse_and_refusals(
     files: dict[str, Path], marker: Marker, monkeypatch: pytest.MonkeyPatch, fake_log: FakeLog
 ) -> None:
     from lightning_vstream.decode.gops import GopPlanner
-    from lightning_vstream.decode.gpu import NvGopDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvGopDecoder
 
     def collect(decoder: NvGopDecoder, wanted: list[int]) -> dict[int, torch.Tensor]:
         planner = GopPlanner()
@@ -1069,7 +1070,7 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
 def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     tmp_path: Path, marker: Marker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_vstream.decode import nvdec_memory
+    from lightning_vstream.decode.nvdec import memory as nvdec_memory
     from lightning_vstream.indexing import load_index
     from lightning_vstream.indexing.build import build_index
     from lightning_vstream.stream.engine_loader import build_engine_loader

@@ -26,16 +26,16 @@ from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.gpu_reader import BatchReader, PlannedSample
 from lightning_vstream.clips.selection import at_indices
-from lightning_vstream.decode import gpu as decode_gpu
-from lightning_vstream.decode import nvdec
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.decoder_pool import DecoderPool
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.decode.gops import GopPlanner, GopTask
-from lightning_vstream.decode.gpu import NvGopDecoder
 from lightning_vstream.decode.images import decode_images
-from lightning_vstream.decode.nv12 import ColorSpec, nv12_to_rgb
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.nvdec import decoder as decode_gpu
+from lightning_vstream.decode.nvdec import session as nvdec
+from lightning_vstream.decode.nvdec.decoder import NvGopDecoder
+from lightning_vstream.decode.nvdec.nv12 import ColorSpec, nv12_to_rgb
+from lightning_vstream.decode.nvdec.pool import DecoderPool
 from lightning_vstream.decode.threads import GopExecutor
 from lightning_vstream.demos.synth import read_stamp, write_dataset, write_stamped_video
 from lightning_vstream.errors import DecoderCapabilityError, WorkerError

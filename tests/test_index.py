@@ -13,7 +13,7 @@ import pytest
 
 from lightning_vstream import VStreamWarning
 from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.index import CameraStream, IndexValidationError, metadata_path
 from lightning_vstream.index.table_file import FrameTables, tables_path

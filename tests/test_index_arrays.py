@@ -21,7 +21,7 @@ import pytest
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices
 from lightning_vstream.clips.windows import FrameWindow, random_clips, regular_clips
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import ConfigurationError, IndexValidationError, MissingFileError
 from lightning_vstream.index import VideoIndex

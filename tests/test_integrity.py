@@ -19,8 +19,8 @@ import pytest
 
 from lightning_vstream import EngineOptions, ErrorOptions, PlanOptions
 from lightning_vstream.cli import main
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp
 from lightning_vstream.errors import (
     FileChangedError,

@@ -334,7 +334,7 @@ def test_fork_with_cuda_decoding_is_refused(lightning_index: Path) -> None:
 def test_package_import_does_not_import_lightning() -> None:
     code = (
         "import sys, lightning_vstream, lightning_vstream.stream.worker, lightning_vstream.stream.worker_loader, "
-        "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu, lightning_vstream.index, "
+        "lightning_vstream.clips.dataset, lightning_vstream.decode.cpu.pyav, lightning_vstream.index, "
         "lightning_vstream.transforms; "
         "assert 'lightning' not in sys.modules, sorted(m for m in sys.modules if m.startswith('lightning.'))[:5]; "
         "from lightning_vstream import StreamVideoDataModule; assert 'lightning' in sys.modules"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_vstream.decode.nv12 import (
+from lightning_vstream.decode.nvdec.nv12 import (
     ColorSpec,
     Nv12Converter,
     color_spec_from_stream,
@@ -184,7 +184,7 @@ def test_triton_kernel_converts_ten_bit_frames_like_ffmpeg(triton_kernel: None) 
 
 
 def test_backend_choice() -> None:
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     assert Nv12Converter(ColorSpec(), 4, 4, device=torch.device("cpu")).backend == "torch"  # "auto" on the CPU
     with pytest.raises(ValueError, match="backend='cuda' is not supported"):
@@ -236,7 +236,7 @@ def test_the_kernel_compiles_for_a_gpu_here_without_one(kernel_module: Any, monk
 
 
 def test_prepare_conversion_checks_the_kernel_once_per_device(triton_interpreter: Any) -> None:
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
 
     launches: list[int] = []
     real = triton_interpreter.launch_nv12_to_rgb
@@ -261,7 +261,7 @@ def test_prepare_conversion_checks_the_kernel_once_per_device(triton_interpreter
 def test_a_kernel_that_fails_its_check_falls_back_to_torch_with_one_warning(
     triton_interpreter: Any, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
-    from lightning_vstream.decode import nv12
+    from lightning_vstream.decode.nvdec import nv12
     from lightning_vstream.errors import VStreamWarning
 
     real = triton_interpreter.launch_nv12_to_rgb

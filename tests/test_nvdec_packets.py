@@ -1,5 +1,5 @@
-"""NVDEC's packets read from their file's bytes at the places the frame tables record (decode/nvdec_packets.py,
-decode/nvdec_sources.py), against PyAV's demuxer and FFmpeg's own filters.
+"""NVDEC's packets read from their file's bytes at the places the frame tables record (decode/nvdec/packets.py,
+decode/nvdec/sources.py), against PyAV's demuxer and FFmpeg's own filters.
 
 No driver is needed: a source fills any object with ``bsl_data`` / ``bsl`` / ``pts`` attributes as it fills
 PyNvVideoCodec's ``PacketData``, and the bytes it points at are read back with ctypes. The `nvdriver` tests
@@ -21,7 +21,8 @@ from _nvdriver import encode
 from av.bitstream import BitStreamFilterContext
 
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.nvdec_packets import (
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.nvdec.packets import (
     IN_PLACE,
     REWRITTEN,
     annexb_mode,
@@ -29,8 +30,7 @@ from lightning_vstream.decode.nvdec_packets import (
     packet_kind,
     to_annexb,
 )
-from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.nvdec.sources import PacketSource, TableSource, packet_source
 from lightning_vstream.errors import DataFormatError
 
 KINDS: dict[str, dict[str, Any]] = {
@@ -185,7 +185,7 @@ def test_checksums_are_computed_in_pieces_and_read_buffers_are_reused(
     the buffer the last one gave back."""
     import zlib
 
-    from lightning_vstream.decode import nvdec_sources
+    from lightning_vstream.decode.nvdec import sources as nvdec_sources
 
     monkeypatch.setattr(nvdec_sources, "_BUFFERS", nvdec_sources._BufferPool())  # empty, whatever ran before
 

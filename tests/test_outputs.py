@@ -21,7 +21,7 @@ from _output_checks import stamp_of
 
 from lightning_vstream import DecodeOptions, EngineOptions, ErrorOptions, OutputOptions, PlanOptions
 from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.decode.factory import pyav_factory
 from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
@@ -395,7 +395,7 @@ def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The stand-in module, with GPU 0's capability table read from a stand-in probe report."""
     from _fake_nvc import caps_runner, fake_module
 
-    from lightning_vstream.decode import nvdec
+    from lightning_vstream.decode.nvdec import session as nvdec
 
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
@@ -410,8 +410,8 @@ def test_nvdec_decodes_into_the_batch_and_the_outputs_are_made_from_it(
     """With NVDEC the default output is converted straight into its ring row; the other outputs read that row."""
     from _fake_nvc import StandInMemory
 
-    from lightning_vstream.decode.decoder_pool import DecoderPool
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
 
     # NVDEC's HEVC minimum is 144x144: the stand-in refuses smaller files as the library does.
     index = load_index(make_dataset(clips=2, cameras=2, frames=[9, 7], size=(192, 144), codec="hevc", gop=4))

@@ -359,8 +359,8 @@ def fake_nvc(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     from _fake_nvc import StandInMemory, caps_runner, fake_module
 
     import lightning_vstream.decode.device as device_module
-    from lightning_vstream.decode import gpu as decode_gpu
-    from lightning_vstream.decode import nvdec
+    from lightning_vstream.decode.nvdec import decoder as decode_gpu
+    from lightning_vstream.decode.nvdec import session as nvdec
 
     module = fake_module()
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", module)
@@ -383,7 +383,7 @@ def nvdec_index(make_dataset: Any) -> Path:
 def test_batched_reads_deliver_every_output(fake_nvc: types.ModuleType, nvdec_index: Path) -> None:
     """The path NVDEC takes (a whole batch planned by GOP), run on the CPU with a stand-in PyNvVideoCodec."""
     from lightning_vstream.clips.gpu_reader import BatchReader
-    from lightning_vstream.decode.decoder_pool import DecoderPool
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
 
     requests = [at_indices("scene-0000", [1, 4, 8]), at_indices("scene-0002", [0, 11, 5])]
     dataset = VideoClipDataset(

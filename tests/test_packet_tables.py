@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lightning_vstream.decode import make_decoder
-from lightning_vstream.decode.probe import probe_video, probe_video_bytes
+from lightning_vstream.decode.cpu.probe import probe_video, probe_video_bytes
 from lightning_vstream.demos.synth import clip_number, read_stamp, write_stamped_video
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.index import FileIdentity, FrameTables, tables_path

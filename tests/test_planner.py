@@ -17,8 +17,8 @@ from lightning_vstream.clips.batch import collate_clips
 from lightning_vstream.clips.dataset import VideoClipDataset
 from lightning_vstream.clips.selection import at_indices, snap_to_keyframes
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
+from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.decode.gops import GopPlanner, assign_tasks, plan_feed
-from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.demos.synth import Stamp, clip_number, read_stamp
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, is_reference, reference_code, temporal_id
 from lightning_vstream.indexing import load_index

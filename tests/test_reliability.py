@@ -20,7 +20,7 @@ from _trainers import quiet_trainer
 
 from lightning_vstream import EngineOptions, ErrorOptions, PlanOptions
 from lightning_vstream.decode.base import VideoDecodeError
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import WorkerError
 from lightning_vstream.indexing import build_index, load_index
@@ -409,7 +409,7 @@ def test_thorough_check_reports_every_problem_together(pristine: Path, tmp_path:
 
 _FORK_AFTER_GARBAGE = r"""
 import gc, multiprocessing, sys
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 gc.disable()
 garbage = []
 for path in sys.argv[1:]:

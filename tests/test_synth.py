@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video
+from lightning_vstream.decode.cpu.probe import probe_video
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import (
     NUSCENES_CAMERAS,
     Stamp,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.cpu import PyAVDecoder
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.decode.decoder_table import DecoderTable
 from lightning_vstream.decode.gops import GopPlanner, GopTask
 from lightning_vstream.decode.threads import DecodeThreads, GopExecutor, ThreadSlot, frames_decoder_tasks

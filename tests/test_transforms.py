@@ -257,7 +257,7 @@ def _stream_loader(index_path: Any, transform: Any, num_workers: int) -> Any:
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
 def test_stream_loader_resizes_in_the_decoder(make_dataset: Any, num_workers: int, dtype: str) -> None:
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
     from lightning_vstream.demos.synth import clip_number
     from lightning_vstream.indexing import load_index
 

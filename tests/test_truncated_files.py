@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lightning_vstream.cli import main
-from lightning_vstream.decode.cpu import PyAVDecoder
-from lightning_vstream.decode.probe import probe_video, probe_whole_frames
+from lightning_vstream.decode.cpu.probe import probe_video, probe_whole_frames
+from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 from lightning_vstream.demos.synth import Stamp, read_stamp, write_stamped_video
 from lightning_vstream.errors import IndexValidationError
 from lightning_vstream.indexing import build_index, load_index, verify_index

@@ -48,7 +48,7 @@ from lightning_vstream.clips.selection import (
     snap_to_keyframes,
 )
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.colour import check_size
+from lightning_vstream.decode.cpu.colour import check_size
 from lightning_vstream.decode.device import gpu_failure
 from lightning_vstream.decode.factory import make_decoder
 from lightning_vstream.decode.gops import GopPlanner, GopTask
@@ -418,7 +418,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         """
         if self.index.storage is None:
             return
-        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.decode.ranged.gop_reads import gop_runs
         from lightning_vstream.storage.fetcher import fetcher_for
 
         fetcher = fetcher_for(self.index.storage)
@@ -436,7 +436,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         """
         if self.index.storage is None or self.decode_device != "cpu":
             return
-        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.decode.ranged.gop_reads import gop_runs
         from lightning_vstream.storage.fetcher import fetcher_for
 
         fetcher = fetcher_for(self.index.storage)
@@ -734,7 +734,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         """This process's :class:`~lightning_vstream.clips.gpu_reader.BatchReader` (created on first use)."""
         if self._reader is None:
             from lightning_vstream.clips.gpu_reader import make_reader
-            from lightning_vstream.decode.nvdec_memory import one_file_per_format
+            from lightning_vstream.decode.nvdec.memory import one_file_per_format
 
             formats = one_file_per_format(self.index)
             self._reader = make_reader(self.decode_device, self.gop_threads, self.max_open_decoders, formats=formats)

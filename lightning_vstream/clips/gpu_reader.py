@@ -5,7 +5,7 @@ decodes on a GPU (the DataLoader's batched fetch, ``__getitems__``): the frames 
 batch needs are planned by GOP (:class:`~lightning_vstream.decode.gops.GopPlanner`), the GOP tasks
 spread over decoding threads (:class:`~lightning_vstream.decode.threads.GopExecutor`), and each
 wanted frame is written once, straight into its slot of one preallocated batch tensor. The threads
-decode with NVDEC (:class:`~lightning_vstream.decode.gpu.NvGopDecoder`), image-folder cameras decode with nvJPEG in
+decode with NVDEC (:class:`~lightning_vstream.decode.nvdec.decoder.NvGopDecoder`), image-folder cameras decode with nvJPEG in
 one batched call, and the caller's CUDA stream waits once for each decoding stream that wrote into
 the batch (no host synchronisation, no event per frame). No decoding stream ever waits for the
 caller's: the batch is allocated on a stream of the reader's own that runs no work, so no earlier
@@ -32,7 +32,7 @@ from lightning_vstream.decode.threads import GopExecutor, TaskDecoder
 if TYPE_CHECKING:
     import torch
 
-    from lightning_vstream.decode.gpu import DecoderPool
+    from lightning_vstream.decode.nvdec.decoder import DecoderPool
 
 __all__ = ["BatchReader", "PlannedSample", "make_reader"]
 
@@ -90,7 +90,7 @@ class BatchReader:
         self.executor = GopExecutor(self._open, workers=threads, max_open_per_worker=max_open_per_thread)
 
     def _open(self, task: GopTask) -> TaskDecoder:
-        from lightning_vstream.decode.gpu import NvGopDecoder
+        from lightning_vstream.decode.nvdec.decoder import NvGopDecoder
 
         label = self._labels.get(task.source, "")
         return NvGopDecoder(Path(str(task.source)), info=task.info, gpu=self.gpu, pool=self.pool, label=label)
@@ -158,7 +158,7 @@ class BatchReader:
         outs: list[torch.Tensor],
         tensors: list[torch.Tensor],
     ) -> None:
-        from lightning_vstream.decode.gpu import Nv12Frame
+        from lightning_vstream.decode.nvdec.decoder import Nv12Frame
 
         # The decoding streams that wrote into the batch; the caller's stream waits for each once, after every
         # conversion has been queued (also when a task failed: nothing may write into memory handed out again).
@@ -224,7 +224,7 @@ class BatchReader:
     @property
     def packets_skipped(self) -> int:
         """Packets its NVDEC decoders were never fed because no wanted frame needs their picture (open and closed
-        decoders; :attr:`NvGopDecoder.packets_skipped <lightning_vstream.decode.gpu.NvGopDecoder.packets_skipped>`)."""
+        decoders; :attr:`NvGopDecoder.packets_skipped <lightning_vstream.decode.nvdec.decoder.NvGopDecoder.packets_skipped>`)."""
         return self.executor.pool.counts().packets_skipped
 
     def close(self) -> None:
@@ -246,17 +246,17 @@ def make_reader(
     is the calling thread's current GPU (the rank's, once Lightning or the user set it). Before the
     reader exists, the decoders it may hold at once (``gop_threads x max_open`` open, and the pool's
     idle ones for each of ``formats``) are checked against the GPU's free memory
-    (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`) and the colour kernel is
-    compiled and checked (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), on the calling
+    (:func:`~lightning_vstream.decode.nvdec.memory.check_nvdec_memory`) and the colour kernel is
+    compiled and checked (:func:`~lightning_vstream.decode.nvdec.nv12.prepare_conversion`), on the calling
     thread.
     """
     import torch
 
-    from lightning_vstream.decode.decoder_pool import shared_decoder_pool
     from lightning_vstream.decode.device import frame_memory
-    from lightning_vstream.decode.gpu import resolve_decode_device
-    from lightning_vstream.decode.nv12 import prepare_conversion
-    from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
+    from lightning_vstream.decode.nvdec.decoder import resolve_decode_device
+    from lightning_vstream.decode.nvdec.memory import DEFAULT_HEADROOM, check_nvdec_memory
+    from lightning_vstream.decode.nvdec.nv12 import prepare_conversion
+    from lightning_vstream.decode.nvdec.pool import shared_decoder_pool
 
     device = torch.device(decode_device)
     if device.index is None:  # the rank's GPU, as the caller's thread has it
@@ -265,7 +265,7 @@ def make_reader(
         device = resolve_decode_device("cuda", 0, root_device=torch.device("cuda", torch.cuda.current_device()))
     gpu = device.index or 0
     if gop_threads is None:
-        from lightning_vstream.decode.nvdec import num_decoder_engines
+        from lightning_vstream.decode.nvdec.session import num_decoder_engines
 
         gop_threads = 2 * num_decoder_engines(gpu, "hevc")
     infos = [info for _, info in formats if info is not None]

@@ -8,7 +8,7 @@
   Triton failure), which stops a run whatever its error policy says, rather than a file's.
 
 How decoded frames reach torch, and the device operations GPU threads need, are
-:mod:`lightning_vstream.decode.surfaces`' (:class:`FrameMemory`, :func:`frame_memory`; importable
+:mod:`lightning_vstream.decode.nvdec.surfaces`' (:class:`FrameMemory`, :func:`frame_memory`; importable
 from here too).
 """
 
@@ -19,7 +19,7 @@ import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
-from lightning_vstream.decode.surfaces import (
+from lightning_vstream.decode.nvdec.surfaces import (
     HOST_MEMORY_ENV,
     CudaMemory,
     FrameMemory,

@@ -22,7 +22,7 @@ from lightning_vstream.storage.urls import is_url
 if TYPE_CHECKING:
     import torch
 
-    from lightning_vstream.decode.gpu import LatencyChoice
+    from lightning_vstream.decode.nvdec.decoder import LatencyChoice
     from lightning_vstream.storage.config import StorageConfig
 
 __all__ = [
@@ -72,7 +72,7 @@ def make_decoder(
             the frames' shape, or resize them afterwards).
         storage: How to reach a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``...):
             options, node cache. A URL whose frame table records packet byte ranges is read GOP by
-            GOP (:class:`~lightning_vstream.decode.gop_reads.GopDecoder`); any other through its
+            GOP (:class:`~lightning_vstream.decode.ranged.gop_reads.GopDecoder`); any other through its
             container. Plain paths are opened with PyAV as they are (faster on a local disk).
 
     Example::
@@ -89,10 +89,10 @@ def make_decoder(
 
         return ImageFolderDecoder(path, info=info, layout=layout, label=label)
     if device != "cpu":
-        from lightning_vstream.decode.gpu import NvDecoder
+        from lightning_vstream.decode.nvdec.decoder import NvDecoder
 
         return NvDecoder(path, info=info, device=device, layout=layout, label=label)
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 
     return PyAVDecoder(path, info=info, layout=layout, threads=threads, label=label, stream=stream, size=size)
 
@@ -108,9 +108,9 @@ def _url_decoder(
     size: tuple[int, int] | None,
     storage: StorageConfig | None,
 ) -> FrameDecoder:
-    from lightning_vstream.decode.cpu import PyAVDecoder
-    from lightning_vstream.decode.gop_reads import GopDecoder
-    from lightning_vstream.decode.range_file import RangeFile, expect_of
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
+    from lightning_vstream.decode.ranged.gop_reads import GopDecoder
+    from lightning_vstream.decode.ranged.range_file import RangeFile, expect_of
     from lightning_vstream.storage.client import Expect, storage_for
     from lightning_vstream.storage.config import StorageConfig
     from lightning_vstream.storage.fetcher import fetcher_for
@@ -159,7 +159,7 @@ def pyav_factory(
     """
     import torch
 
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
 
     target = torch.device(device)
 
@@ -195,9 +195,9 @@ def nvdec_factory(
 
         >>> make = nvdec_factory(0, fallback="cpu")  # doctest: +SKIP
     """
-    from lightning_vstream.decode.cpu import PyAVDecoder
+    from lightning_vstream.decode.cpu.pyav import PyAVDecoder
     from lightning_vstream.decode.device import frame_memory
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
 
     target = frame_memory().device(gpu)  # the GPU (the CPU under a test driver's host memory)
 

@@ -21,7 +21,7 @@ are assigned up front (:func:`~lightning_vstream.decode.gops.assign_tasks`: long
 least-loaded thread, preferring one that already has the stream open), so a run is deterministic;
 each thread keeps a small LRU of decoders per stream between runs. Every task reaches its decoder
 in one place (:meth:`GopExecutor._decode`): there the GPU's batch reader
-(:class:`~lightning_vstream.decode.gpu.NvGopDecoder`) and the CPU's per-sample reads (any frame
+(:class:`~lightning_vstream.decode.nvdec.decoder.NvGopDecoder`) and the CPU's per-sample reads (any frame
 decoder, :func:`frames_decoder_tasks`) decode a GOP from its keyframe to its last wanted frame, and
 only the wanted frames reach the caller.
 
@@ -401,7 +401,7 @@ class GopExecutor:
 
     Example::
 
-        >>> from lightning_vstream.decode.cpu import PyAVDecoder
+        >>> from lightning_vstream.decode.cpu.pyav import PyAVDecoder
         >>> executor = GopExecutor(lambda task: frames_decoder_tasks(PyAVDecoder(task.source, info=task.info)),
         ...                        workers=4)
         >>> frames = {}

@@ -285,7 +285,7 @@ def write_stamped_video(
         if audio is not None:
             for packet in audio.encode():
                 container.mux(packet)
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
 
     written = probe_video(path).frame_count
     if written != frames:

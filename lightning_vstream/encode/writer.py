@@ -64,7 +64,7 @@ def plan_file(source: CameraSource, path: Path) -> FileTask:
 def mismatch(task: FileTask, path: Path, codec: str, keyframe_stride: int = 1) -> str | None:
     """None when ``path`` holds exactly the task's frame times in ``codec`` (in the stride layout of
     ``keyframe_stride`` when it is over 1); otherwise what differs."""
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
 
     try:
         info = probe_video(path)

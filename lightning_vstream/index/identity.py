@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Reads a local file's frame table (every packet's timestamp and CRC-32), e.g.
-#: :func:`lightning_vstream.decode.probe.probe_video`.
+#: :func:`lightning_vstream.decode.cpu.probe.probe_video`.
 Probe = Callable[[Path], "VideoInfo"]
 
 #: Bytes read at each end of a file for its fingerprint.

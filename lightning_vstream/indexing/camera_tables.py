@@ -45,7 +45,7 @@ def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
         240
     """
     if isinstance(path, str) and is_url(path):
-        from lightning_vstream.decode.range_file import probe_url
+        from lightning_vstream.decode.cpu.probe import probe_url
 
         return probe_url(path, storage)
     path = Path(path)
@@ -53,7 +53,7 @@ def probe(path: Path | str, storage: StorageConfig | None = None) -> VideoInfo:
         from lightning_vstream.decode.images import probe_image_folder
 
         return probe_image_folder(path)
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
 
     return probe_video(path)
 
@@ -72,12 +72,12 @@ def probe_for_index(path: Path) -> tuple[VideoInfo, str | None]:
     """:func:`probe_with_identity` for building an index: only the frames a file holds whole, and how it is cut.
 
     A video file cut short keeps the frames whose packets lie whole in it and decode
-    (:func:`~lightning_vstream.decode.probe.probe_whole_frames`); the second value then says how it
+    (:func:`~lightning_vstream.decode.cpu.probe.probe_whole_frames`); the second value then says how it
     is truncated (``"truncated: 14 whole frames of the 36 its container lists ..."``), else None.
     """
     if path.is_dir():
         return probe_with_identity(path), None
-    from lightning_vstream.decode.probe import check_upright, frame_rotation, probe_whole_frames
+    from lightning_vstream.decode.cpu.probe import check_upright, frame_rotation, probe_whole_frames
 
     identity = file_identity(path)
     info, truncation = probe_whole_frames(path)
@@ -139,7 +139,7 @@ def _decodable(codec: str) -> bool:
 
 def probe_object(client: Storage, url: str, expect: Expect | None = None) -> VideoInfo:
     """Read ``url`` whole (one GET) and probe it from memory; its identity holds the response's size and ETag."""
-    from lightning_vstream.decode.probe import probe_video_bytes
+    from lightning_vstream.decode.cpu.probe import probe_video_bytes
 
     data, info = client.read(url, expect=expect)
     view = memoryview(data)

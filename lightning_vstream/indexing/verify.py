@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.decode.probe import probe_whole_frames
+from lightning_vstream.decode.cpu.probe import probe_whole_frames
 from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
 from lightning_vstream.index.identity import file_identity
 from lightning_vstream.index.local_index import _load_tables, _read_json, read_index_layout
@@ -107,7 +107,7 @@ def _decode_problems(file: Path, stored: VideoInfo, listed: int, label: str) -> 
     """Decode the first ``listed`` frames of ``file`` (those its clip reads): what does not come out, named."""
     import av
 
-    from lightning_vstream.decode.probe import open_container, video_stream
+    from lightning_vstream.decode.cpu.probe import open_container, video_stream
 
     wanted = {p: i for i, p in enumerate(stored.pts[: listed or stored.frame_count])}
     seen: set[int] = set()

@@ -16,7 +16,7 @@ How a step flows:
   for. On a GPU the ``prefetch + hold`` batches are allocated once and step ``s`` writes into batch
   ``s % ring``; on the CPU (``buffers="pool"``) every step takes a batch from a pool that reuses
   its memory only once nothing references the batch handed out. Each frame is written once into its
-  row (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.gpu.NvDecoder.get>`), or copied
+  row (:meth:`NvDecoder.get(..., out=row) <lightning_vstream.decode.nvdec.decoder.NvDecoder.get>`), or copied
   once after the transform. With named ``outputs`` every output has batches of its own (a ring
   each, or one from the pool each per step), and the thread that decodes a frame writes every
   output of it, on its own stream (:meth:`ThreadDecoders.write
@@ -56,8 +56,8 @@ import torch
 from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.counters import DecodeStats
+from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.decode.factory import DecoderFactory
-from lightning_vstream.decode.probe import probe_video
 from lightning_vstream.decode.threads import DecodeThreads, ThreadSlot
 from lightning_vstream.errors import VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lightning_vstream.decode.nvdec_memory import one_file_per_format
+from lightning_vstream.decode.nvdec.memory import one_file_per_format
 
 __all__ = ["CudaDevice", "EngineDevice", "HostDevice", "HostNvdecDevice", "nvdec_engine_device", "one_file_per_format"]
 
@@ -249,9 +249,9 @@ def nvdec_engine_device(
     driver, see :class:`~lightning_vstream.decode.device.HostMemory`), with as many threads as on
     the GPU. With ``prepare`` (one ``(path, frame table)`` per format the rank reads), each decode
     thread creates ``streams_per_thread`` decoders per format on its own stream when it starts
-    (:func:`~lightning_vstream.decode.nvdec_memory.prepare_decoders`), so NVDEC allocates its surfaces before
+    (:func:`~lightning_vstream.decode.nvdec.memory.prepare_decoders`), so NVDEC allocates its surfaces before
     training does, not at a clip switch hours later (whether they fit is checked before, see
-    :func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`).
+    :func:`~lightning_vstream.decode.nvdec.memory.check_nvdec_memory`).
 
     Example::
 
@@ -267,7 +267,7 @@ def nvdec_engine_device(
         files = list(prepare)
 
         def hook() -> None:
-            from lightning_vstream.decode.nvdec_memory import prepare_decoders
+            from lightning_vstream.decode.nvdec.memory import prepare_decoders
 
             prepare_decoders(files, streams_per_thread, gpu=gpu)
 

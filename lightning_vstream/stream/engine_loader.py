@@ -136,9 +136,9 @@ def build_engine_loader(
 
     On a GPU this runs the one-time NVDEC probe (unless ``gpu.probe`` is False), sizes the thread pool
     from the GPU's NVDEC engine count (``GetDecoderCaps``), checks that the decoders fit in the GPU's
-    free memory (:func:`~lightning_vstream.decode.nvdec_memory.check_nvdec_memory`: a
+    free memory (:func:`~lightning_vstream.decode.nvdec.memory.check_nvdec_memory`: a
     :class:`~lightning_vstream.errors.GpuMemoryError` names what to lower), compiles and checks the
-    colour kernel (:func:`~lightning_vstream.decode.nv12.prepare_conversion`), all on the calling
+    colour kernel (:func:`~lightning_vstream.decode.nvdec.nv12.prepare_conversion`), all on the calling
     thread, and has each decode thread create its decoders for every format of the index before the
     first step; batches are views of a ring in GPU memory (one ring per output). On the CPU the thread pool has one thread per core available
     (:func:`cpu_threads`), each PyAV decoder uses ``decode.decoder_threads`` FFmpeg threads
@@ -164,9 +164,9 @@ def build_engine_loader(
         )
     if target.type == "cuda":
         from lightning_vstream.decode.device import frame_memory
-        from lightning_vstream.decode.nv12 import prepare_conversion
-        from lightning_vstream.decode.nvdec import num_decoder_engines, probe_nvdec
-        from lightning_vstream.decode.nvdec_memory import DEFAULT_HEADROOM, check_nvdec_memory
+        from lightning_vstream.decode.nvdec.memory import DEFAULT_HEADROOM, check_nvdec_memory
+        from lightning_vstream.decode.nvdec.nv12 import prepare_conversion
+        from lightning_vstream.decode.nvdec.session import num_decoder_engines, probe_nvdec
 
         ordinal = target.index if target.index is not None else 0
         if gpu.probe:

@@ -40,7 +40,7 @@ def decoder_sizes(
     decoder's YUV -> RGB conversion at that size, unless an augmentation must see the frame at
     its own size first. The decoder converts each decoded frame once to its own size (the first
     value: the default output's size when no output needs the file's size, else None) and once
-    more to every other size (:meth:`PyAVDecoder.get_sizes <lightning_vstream.decode.cpu.PyAVDecoder.get_sizes>`).
+    more to every other size (:meth:`PyAVDecoder.get_sizes <lightning_vstream.decode.cpu.pyav.PyAVDecoder.get_sizes>`).
 
     Returns:
         The decoder's own size (None: the file's), and per output (``""``: the default output,

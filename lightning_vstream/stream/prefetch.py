@@ -180,7 +180,7 @@ class StreamPrefetcher:
         self, plan: StreamSchedule, epoch: int, position: int, slot: int, camera: int, where: int, shift: int
     ) -> None:
         """Announce the stream's next units until :data:`LOW_WATER` bytes are ahead (then up to ``merge_limit``)."""
-        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.decode.ranged.gop_reads import gop_runs
 
         stream = self._streams.setdefault(position, _Stream())
         now = self._clock(epoch, where - shift)

@@ -6,7 +6,7 @@ the stream, decode none, and return its :class:`~lightning_vstream.index.tables.
 count, timestamps, keyframes, checksums, reordering depth, which pictures are references
 (:class:`~lightning_vstream.decode.bitstream.ReferenceReader`) and, where every packet lies whole in
 the file, the packets' byte ranges. :func:`open_container` and :func:`video_stream` open a file the way
-the decoders (:class:`~lightning_vstream.decode.cpu.PyAVDecoder`, NVDEC's packet source) open it too.
+the decoders (:class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`, NVDEC's packet source) open it too.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "check_upright",
     "frame_rotation",
     "open_container",
+    "probe_url",
     "probe_video",
     "probe_video_bytes",
     "probe_video_file",
@@ -150,8 +151,6 @@ def probe_video(path: Path | str, *, stream: int | None = None, storage: Storage
         (40, (0, 10, 20))
     """
     if isinstance(path, str) and is_url(path):
-        from lightning_vstream.decode.range_file import probe_url
-
         return probe_url(path, storage, stream=stream)
     path = Path(path)
     choice = check_stream(stream)
@@ -524,3 +523,21 @@ def _reorder_depth(decode_order_pts: list[int]) -> int:
         reached = max(reached, decoded)
         depth = max(depth, reached - shown)
     return depth
+
+
+def probe_url(url: str, storage: StorageConfig | None = None, *, stream: int | None = None) -> VideoInfo:
+    """The frame table of the video at ``url``, probed through its container over a :class:`RangeFile`.
+
+    For a file an index gives no frame table (an accvlab index without tables): a few block reads.
+
+    Example::
+
+        >>> probe_url("s3://bucket/ds/videos/scene-0000/CAM_FRONT.mp4").frame_count  # doctest: +SKIP
+        40
+    """
+    from lightning_vstream.decode.ranged.range_file import RangeFile
+    from lightning_vstream.storage.client import Expect, storage_for
+    from lightning_vstream.storage.config import StorageConfig
+
+    client = storage_for(storage or StorageConfig())
+    return probe_video_file(lambda: RangeFile(client, url, Expect()), name=url, stream=stream)

@@ -15,7 +15,7 @@ configuration the tables keep (:func:`config_format`: the ``hvcC``, ``avcC`` or 
 and the colour tags). Files whose tables hold no places (version 1, MPEG-TS, whose packets are cut
 into pieces), and streams whose format or Annex-B conversion cannot be read from their
 configuration (VP9, MPEG-2, NAL lengths of other than 4 bytes), are read through PyAV's demuxer
-(:class:`~lightning_vstream.decode.nvdec_sources.PacketSource`).
+(:class:`~lightning_vstream.decode.nvdec.sources.PacketSource`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import functools
 from typing import Any
 
 from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.decode.nv12 import color_spec_from_stream
-from lightning_vstream.decode.nvdec import StreamFormat
+from lightning_vstream.decode.nvdec.nv12 import color_spec_from_stream
+from lightning_vstream.decode.nvdec.session import StreamFormat
 from lightning_vstream.errors import DataFormatError
 
 __all__ = ["AS_IS", "CHECKSUM_FIX", "IN_PLACE", "REWRITTEN", "annexb_mode", "config_format", "packet_kind", "to_annexb"]
@@ -168,12 +168,12 @@ def _canonical(codec: str) -> str:
 
 
 def config_format(info: VideoInfo) -> StreamFormat | None:
-    """The stream's :class:`~lightning_vstream.decode.nvdec.StreamFormat` from what its frame table records.
+    """The stream's :class:`~lightning_vstream.decode.nvdec.session.StreamFormat` from what its frame table records.
 
     Codec, size and reordering come from the table; bit depth and chroma from the codec configuration
     (``hvcC``: its chroma format and bit depth fields; ``avcC``: its first sequence parameter set;
     ``av1C``: its bit depth, monochrome and subsampling flags); colour from the container's tags, as
-    :func:`~lightning_vstream.decode.nv12.color_spec_from_stream` reads them. None when the table
+    :func:`~lightning_vstream.decode.nvdec.nv12.color_spec_from_stream` reads them. None when the table
     records no packet places, or the configuration does not say (VP9, MPEG-2, an Annex-B record): the
     file is then read through PyAV, whose view of the stream gives the format.
 

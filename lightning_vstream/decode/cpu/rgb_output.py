@@ -1,9 +1,9 @@
 """What both PyAV decoders share: a decoded FFmpeg frame converted to RGB at the decoder's size, and at more.
 
-:class:`~lightning_vstream.decode.cpu.PyAVDecoder` (a file read through its container) and
-:class:`~lightning_vstream.decode.gop_reads.GopDecoder` (GOP byte ranges) decode with the same FFmpeg
+:class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder` (a file read through its container) and
+:class:`~lightning_vstream.decode.ranged.gop_reads.GopDecoder` (GOP byte ranges) decode with the same FFmpeg
 decoder and hand out frames the same way: one swscale conversion per frame to RGB (resized on the
-way when ``size`` is given, :class:`~lightning_vstream.decode.colour.RGBConverter`), more sizes of
+way when ``size`` is given, :class:`~lightning_vstream.decode.cpu.colour.RGBConverter`), more sizes of
 the same decoded frame for one more conversion each (:meth:`RGBOutputDecoder.get_sizes`), and
 several frames in ascending order (:meth:`RGBOutputDecoder.get_many`), and feed the decoder only
 the packets the frames asked for need (:class:`~lightning_vstream.decode.gops.FeedFilter`:
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_vstream.decode.base import DecoderBase
-from lightning_vstream.decode.colour import RGBConverter
-from lightning_vstream.decode.ffmpeg_fork import keep_forever
+from lightning_vstream.decode.cpu.colour import RGBConverter
+from lightning_vstream.decode.cpu.ffmpeg_fork import keep_forever
 
 if TYPE_CHECKING:
     import torch

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import FrameMemory
+from lightning_vstream.decode.nvdec.pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.errors import DecoderCapabilityError, GpuMemoryError
 
 if TYPE_CHECKING:
-    from lightning_vstream.decode.gpu import LatencyChoice
+    from lightning_vstream.decode.nvdec.decoder import LatencyChoice
 
 __all__ = ["DEFAULT_HEADROOM", "check_nvdec_memory", "nvdec_bytes", "one_file_per_format", "prepare_decoders"]
 
@@ -77,7 +77,7 @@ def one_file_per_format(index: Any) -> list[tuple[Any, Any]]:
 
 def _bit_depth(info: VideoInfo) -> int:
     """The stream's bit depth from its codec configuration; 10 (the larger surfaces) when it cannot be read."""
-    from lightning_vstream.decode.nvdec_packets import config_format
+    from lightning_vstream.decode.nvdec.packets import config_format
 
     found = config_format(info)
     return found.bit_depth if found is not None else 10
@@ -165,7 +165,7 @@ def prepare_decoders(
         >>> prepare_decoders([(Path("clip/CAM_FRONT.mp4"), None)], 6, gpu=0)  # doctest: +SKIP
         6
     """
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
 
     pool = pool if pool is not None else shared_decoder_pool()
     pool.max_idle_per_key = max(pool.max_idle_per_key, count)

@@ -1,6 +1,6 @@
 """One fused NV12 / P016 -> RGB kernel in Triton: read the decoder's surface once, write the batch row once.
 
-The torch conversion (:func:`~lightning_vstream.decode.nv12.torch_nv12_to_rgb`) takes about 25 ATen
+The torch conversion (:func:`~lightning_vstream.decode.nvdec.nv12.torch_nv12_to_rgb`) takes about 25 ATen
 operations and a dozen kernel launches per frame, moving about 230 MB through GPU memory for a
 1600x900 frame; this kernel is one launch that reads the 2.2 MB surface and writes the 4.3 MB RGB
 row. Matrix and range arrive as coefficients and the sample width as a flag, so one compiled
@@ -11,7 +11,7 @@ Both conversions compute in float32 in the same order and round half up, so they
 up to float contraction on the GPU (at most one level on rare pixels).
 
 This module imports Triton, so only code that converts on a GPU imports it (through
-:func:`~lightning_vstream.decode.nv12.prepare_conversion` or a converter with
+:func:`~lightning_vstream.decode.nvdec.nv12.prepare_conversion` or a converter with
 ``backend="triton"``); CPU builds of torch may not ship Triton. The kernel is defined at module
 level and reaches ``tl`` as a global, which every Triton from 3.2 on resolves (closure variables
 only resolve in later versions). Every argument is left unspecialised (no specialisation on
@@ -117,7 +117,7 @@ def launch_nv12_to_rgb(
     """Convert ``surface`` (``[1.5 H, W]`` uint8, or int16 holding P016) into ``out`` in one launch.
 
     ``coefficients`` are ``(y_offset, y_scale, r_v, g_u, g_v, b_u)`` on the 8-bit scale (see
-    :func:`~lightning_vstream.decode.nv12.coefficients`); ``out`` is ``[3, H, W]`` (``chw``) or
+    :func:`~lightning_vstream.decode.nvdec.nv12.coefficients`); ``out`` is ``[3, H, W]`` (``chw``) or
     ``[H, W, 3]`` uint8 with any strides. The launch goes to the current stream; nothing is checked
     here (callers validate once per file, not per frame).
     """

@@ -1,6 +1,6 @@
-"""Child process of :func:`~lightning_vstream.decode.nvdec.probe_nvdec` and :func:`~lightning_vstream.decode.nvdec.gpu_caps`.
+"""Child process of :func:`~lightning_vstream.decode.nvdec.session.probe_nvdec` and :func:`~lightning_vstream.decode.nvdec.session.gpu_caps`.
 
-Run as ``python -m lightning_vstream.decode.nvdec_probe [--caps-only]`` with ``CUDA_VISIBLE_DEVICES``
+Run as ``python -m lightning_vstream.decode.nvdec.probe_child [--caps-only]`` with ``CUDA_VISIBLE_DEVICES``
 naming the one GPU to ask (it is device 0 here, so PyNvVideoCodec's ``GetDecoderCaps``, which asks
 device 0 whatever it is told, asks the right GPU and no other). Prints one line
 ``NVDEC_PROBE {json}``: PyNvVideoCodec's and the driver's versions, the capability table of every
@@ -51,7 +51,7 @@ def _write_clip(path: Path) -> None:
 
 
 def _caps(nvc: Any) -> dict[str, dict[str, int]]:
-    from lightning_vstream.decode.nvdec import CAPS_BIT_DEPTHS, NVDEC_CODECS, caps_key
+    from lightning_vstream.decode.nvdec.session import CAPS_BIT_DEPTHS, NVDEC_CODECS, caps_key
 
     table: dict[str, dict[str, int]] = {}
     for codec, member in NVDEC_CODECS.items():
@@ -70,9 +70,9 @@ def _caps(nvc: Any) -> dict[str, dict[str, int]]:
 
 
 def _decode(report: dict[str, Any]) -> bool:
-    from lightning_vstream.decode.decoder_pool import DecoderPool
     from lightning_vstream.decode.device import frame_memory
-    from lightning_vstream.decode.gpu import NvDecoder
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+    from lightning_vstream.decode.nvdec.pool import DecoderPool
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "probe.mp4"

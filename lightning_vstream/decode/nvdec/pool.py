@@ -1,8 +1,8 @@
 """NVDEC decoders kept for reuse between files, per process.
 
 Decoders are expensive to create (tens of milliseconds), so a closed
-:class:`~lightning_vstream.decode.gpu.NvDecoder` hands its decoder back to a :class:`DecoderPool`,
-and the next file with the same :class:`~lightning_vstream.decode.nvdec.DecoderKey` (GPU, codec,
+:class:`~lightning_vstream.decode.nvdec.decoder.NvDecoder` hands its decoder back to a :class:`DecoderPool`,
+and the next file with the same :class:`~lightning_vstream.decode.nvdec.session.DecoderKey` (GPU, codec,
 size, bit depth, chroma, latency, stream) takes it instead of creating one.
 """
 

@@ -2,7 +2,7 @@
 
 :class:`TableSource` gives NVDEC every packet read straight from the file at the place the
 version-2 frame table records for it, one GOP per read, checked against the table's CRC-32 and
-converted to Annex-B (:mod:`lightning_vstream.decode.nvdec_packets`). :class:`PacketSource` demuxes
+converted to Annex-B (:mod:`lightning_vstream.decode.nvdec.packets`). :class:`PacketSource` demuxes
 a video stream with PyAV and turns H.264/H.265 into Annex-B with FFmpeg's bitstream filters,
 checking every packet against the frame table's CRC-32: for files whose tables hold no places
 (version 1, MPEG-TS) or whose format their codec configuration does not give.
@@ -25,15 +25,15 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
-from lightning_vstream.decode.nvdec import StreamFormat, stream_format
-from lightning_vstream.decode.nvdec_packets import (
+from lightning_vstream.decode.cpu.probe import video_stream
+from lightning_vstream.decode.nvdec.packets import (
     CHECKSUM_FIX,
     START4,
     annexb_mode,
     config_format,
     to_annexb,
 )
-from lightning_vstream.decode.probe import video_stream
+from lightning_vstream.decode.nvdec.session import StreamFormat, stream_format
 from lightning_vstream.errors import MissingFileError
 
 if TYPE_CHECKING:
@@ -215,16 +215,16 @@ class TableSource:
     What :class:`PacketSource` hands NVDEC, without a demuxer: the same packets in the same (decode)
     order with the same timestamps, each checked against the frame table's CRC-32 before it is
     converted to Annex-B. Decode order is the packets' byte order, as the tables record places only
-    for files where it is (:func:`~lightning_vstream.decode.gop_reads.gop_runs`); the file is read one
+    for files where it is (:func:`~lightning_vstream.decode.ranged.gop_reads.gop_runs`); the file is read one
     GOP at a time. A packet :attr:`feed` leaves out is passed over: not checked, not converted.
 
     Args:
         path: Video file.
         info: Its frame table, with packet places.
         where: File, clip and camera for error messages.
-        fmt: The stream's format (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
+        fmt: The stream's format (:func:`~lightning_vstream.decode.nvdec.packets.config_format`).
         conversion: ``(mode, parameter sets)`` of its Annex-B conversion
-            (:func:`~lightning_vstream.decode.nvdec_packets.annexb_mode`).
+            (:func:`~lightning_vstream.decode.nvdec.packets.annexb_mode`).
 
     Raises:
         MissingFileError: The file does not exist.
@@ -234,7 +234,7 @@ class TableSource:
     def __init__(
         self, path: Path, info: VideoInfo, where: str, fmt: StreamFormat, conversion: tuple[str, bytes]
     ) -> None:
-        from lightning_vstream.decode.gop_reads import gop_runs
+        from lightning_vstream.decode.ranged.gop_reads import gop_runs
 
         layout = info.layout
         if layout is None:  # pragma: no cover - packet_source checks
@@ -456,7 +456,7 @@ def packet_source(path: Path, info: VideoInfo, where: str) -> PacketSource | Tab
 
     The demuxer reads files whose tables hold no packet places (version 1, MPEG-TS) and streams whose
     format or Annex-B conversion their codec configuration does not give
-    (:func:`~lightning_vstream.decode.nvdec_packets.config_format`).
+    (:func:`~lightning_vstream.decode.nvdec.packets.config_format`).
     """
     layout = info.layout
     if layout is not None:

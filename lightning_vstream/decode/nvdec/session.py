@@ -1,6 +1,6 @@
 """NVDEC building blocks shared by every GPU reader: stream formats, capabilities, decoder sessions and a
-one-time probe (decoder reuse: :mod:`~lightning_vstream.decode.decoder_pool`; packets:
-:mod:`~lightning_vstream.decode.nvdec_sources`).
+one-time probe (decoder reuse: :mod:`~lightning_vstream.decode.nvdec.pool`; packets:
+:mod:`~lightning_vstream.decode.nvdec.sources`).
 
 - :class:`StreamFormat` describes what a decoder must handle (codec, size, bit depth, chroma,
   colour) and comes from PyAV's view of the file (:func:`stream_format`).
@@ -9,7 +9,7 @@ one-time probe (decoder reuse: :mod:`~lightning_vstream.decode.decoder_pool`; pa
   limit otherwise. The question is asked in a child process that sees only that GPU, since
   PyNvVideoCodec asks device 0 whatever GPU it is given.
 - :class:`DecoderKey` keys decoders reused between files
-  (:class:`~lightning_vstream.decode.decoder_pool.DecoderPool`): a key holds everything
+  (:class:`~lightning_vstream.decode.nvdec.pool.DecoderPool`): a key holds everything
   ``CreateDecoder`` fixes (GPU, codec, size, bit depth, chroma, output format, latency, stream),
   because PyNvVideoCodec refuses to reconfigure a decoder across a bit-depth change.
 - :func:`create_session` creates a decoder on a CUDA stream that is not the NULL stream (which
@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from lightning_vstream.decode.base import VideoInfo
 from lightning_vstream.decode.device import FrameMemory
-from lightning_vstream.decode.nv12 import ColorSpec, color_spec_from_stream
+from lightning_vstream.decode.nvdec.nv12 import ColorSpec, color_spec_from_stream
 from lightning_vstream.errors import DecoderCapabilityError
 
 __all__ = [
@@ -64,7 +64,7 @@ Latency = Literal["NATIVE", "LOW"]
 #: FFmpeg codec name -> ``PyNvVideoCodec.cudaVideoCodec`` member, for codecs whose packets NVDEC
 #: takes as PyAV demuxes them (after the Annex-B filter for H.264/H.265).
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2"}
-#: Prefix of the JSON line a probe child prints (see :mod:`lightning_vstream.decode.nvdec_probe`).
+#: Prefix of the JSON line a probe child prints (see :mod:`lightning_vstream.decode.nvdec.probe_child`).
 PROBE_REPORT = "NVDEC_PROBE "
 
 
@@ -246,7 +246,7 @@ def gpu_caps(gpu: int, *, runner: Runner | None = None, timeout: float = 180.0) 
     """NVDEC's capability table of ``gpu`` (:func:`caps_key` -> :class:`DecoderCaps`), asked once per process.
 
     Filled by :func:`probe_nvdec` when it has run; otherwise a child process asks only for the
-    table (``python -m lightning_vstream.decode.nvdec_probe --caps-only``).
+    table (``python -m lightning_vstream.decode.nvdec.probe_child --caps-only``).
 
     Raises:
         DecoderCapabilityError: The child failed or timed out; the message holds its output.
@@ -255,7 +255,7 @@ def gpu_caps(gpu: int, *, runner: Runner | None = None, timeout: float = 180.0) 
         cached = _caps_tables.get(gpu)
         if cached is not None:
             return cached
-        cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe", "--caps-only"]
+        cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec.probe_child", "--caps-only"]
         report = _run_child(gpu, cmd, timeout, runner, "asking NVDEC's capabilities")
         table = {str(k): DecoderCaps.from_dict(v) for k, v in dict(report.get("caps") or {}).items()}
         _caps_tables[gpu] = table
@@ -306,7 +306,7 @@ def check_decodable(gpu: int, fmt: StreamFormat, where: str, *, runner: Runner |
     """Raise :class:`DecoderCapabilityError` unless NVDEC on ``gpu`` decodes ``fmt``.
 
     Besides NVDEC's own limits, frames must be 4:2:0 (NV12 / P016 output, which
-    :func:`~lightning_vstream.decode.nv12.nv12_to_rgb` converts).
+    :func:`~lightning_vstream.decode.nvdec.nv12.nv12_to_rgb` converts).
     """
     fix = "decode this file with decode.device='cpu', or pass gpu=GpuOptions(fallback='cpu') to decode such files on the CPU."
     label = _FormatLabel(fmt)  # written out only in an error message
@@ -421,7 +421,7 @@ def probe_nvdec(
     with _probe_lock:
         if not force and gpu in _probed:
             return _probed[gpu]
-    cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec_probe"]
+    cmd = [sys.executable, "-m", "lightning_vstream.decode.nvdec.probe_child"]
     report = _run_child(gpu, cmd, timeout, runner, "decoding one HEVC frame with NVDEC")
     _store_caps(gpu, report)
     with _probe_lock:

@@ -11,7 +11,7 @@ do; FFmpeg's swscale interpolates, so GPU and CPU frames differ by a few levels 
 (see ``docs/gpu.md`` for the measured tolerance).
 
 Two implementations compute the same thing: one fused Triton kernel
-(:mod:`lightning_vstream.decode.nv12_kernel`: one launch per frame, written straight into the
+(:mod:`lightning_vstream.decode.nvdec.nv12_kernel`: one launch per frame, written straight into the
 batch row), used on a GPU once it has passed :func:`prepare_conversion`, and a torch one
 (:func:`torch_nv12_to_rgb`), the fallback and the reference. :func:`prepare_conversion` compiles the
 kernel once per GPU and process, at setup on the main thread, and compares it there with the torch
@@ -272,7 +272,7 @@ def _kernel_mismatch(device: Any) -> str | None:
     import torch
 
     try:
-        from lightning_vstream.decode.nv12_kernel import launch_nv12_to_rgb
+        from lightning_vstream.decode.nvdec.nv12_kernel import launch_nv12_to_rgb
 
         generator = torch.Generator().manual_seed(0)
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
@@ -372,7 +372,7 @@ class Nv12Converter:
         self.shape = (3, height, width) if self.chw else (height, width, 3)
         self._coeffs = coefficients(spec)
         if backend == "triton":
-            from lightning_vstream.decode.nv12_kernel import launch_nv12_to_rgb
+            from lightning_vstream.decode.nvdec.nv12_kernel import launch_nv12_to_rgb
 
             self._launch: Any = launch_nv12_to_rgb
         else:

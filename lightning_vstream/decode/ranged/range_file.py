@@ -2,7 +2,7 @@
 
 Files without a packet layout (MPEG-TS, tables written without byte ranges) are read through their
 container: PyAV demuxes a :class:`RangeFile` over the object
-(:class:`~lightning_vstream.decode.cpu.PyAVDecoder` with ``source``). Every read must find the size
+(:class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder` with ``source``). Every read must find the size
 and ETag the index recorded (:func:`expect_of`).
 """
 
@@ -13,10 +13,9 @@ from collections import OrderedDict
 from typing import Any
 
 from lightning_vstream.decode.base import VideoInfo
-from lightning_vstream.storage.client import Expect, Storage, storage_for
-from lightning_vstream.storage.config import StorageConfig
+from lightning_vstream.storage.client import Expect, Storage
 
-__all__ = ["RangeFile", "expect_of", "probe_url"]
+__all__ = ["RangeFile", "expect_of"]
 
 
 def expect_of(info: VideoInfo) -> Expect:
@@ -102,19 +101,3 @@ class RangeFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
-
-
-def probe_url(url: str, storage: StorageConfig | None = None, *, stream: int | None = None) -> VideoInfo:
-    """The frame table of the video at ``url``, probed through its container over a :class:`RangeFile`.
-
-    For a file an index gives no frame table (an accvlab index without tables): a few block reads.
-
-    Example::
-
-        >>> probe_url("s3://bucket/ds/videos/scene-0000/CAM_FRONT.mp4").frame_count  # doctest: +SKIP
-        40
-    """
-    from lightning_vstream.decode.probe import probe_video_file
-
-    client = storage_for(storage or StorageConfig())
-    return probe_video_file(lambda: RangeFile(client, url, Expect()), name=url, stream=stream)

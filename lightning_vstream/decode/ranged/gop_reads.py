@@ -10,12 +10,12 @@ fetched ahead, then the node cache, then one request per run), checks every pack
 before decoding it (a packet that fails is fetched once more, then raises
 :class:`~lightning_vstream.errors.ChecksumError`), and decodes with a bare codec context given the
 file's codec configuration: no container, no header read per open, no HEAD. Frames are bit-identical
-to :class:`~lightning_vstream.decode.cpu.PyAVDecoder`'s (same decoder, same packets, same colour
+to :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`'s (same decoder, same packets, same colour
 tags, same RGB conversion), and every frame's timestamp is checked against the frame table.
 
 Files without a packet layout (MPEG-TS, tables written without byte ranges) are read through their
-container by :class:`~lightning_vstream.decode.cpu.PyAVDecoder` over a
-:class:`~lightning_vstream.decode.range_file.RangeFile`.
+container by :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder` over a
+:class:`~lightning_vstream.decode.ranged.range_file.RangeFile`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from fractions import Fraction
 from typing import Any
 
 from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.decode.colour import Interpolation, RGBConverter
-from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
-from lightning_vstream.decode.range_file import expect_of
-from lightning_vstream.decode.rgb_output import RGBOutputDecoder
+from lightning_vstream.decode.cpu.colour import Interpolation, RGBConverter
+from lightning_vstream.decode.cpu.ffmpeg_fork import keep_forever, opened
+from lightning_vstream.decode.cpu.rgb_output import RGBOutputDecoder
+from lightning_vstream.decode.ranged.range_file import expect_of
 from lightning_vstream.errors import ChecksumError, ConfigurationError, frame_out_of_range
 from lightning_vstream.storage.client import Expect
 from lightning_vstream.storage.fetcher import MERGE_GAP, Fetcher, Unit
@@ -134,7 +134,7 @@ def gop_runs(url: str, info: VideoInfo) -> GopRuns:
 class GopDecoder(RGBOutputDecoder):
     """Frame-exact decoder of one remote (or ``file://``) video, from GOP byte ranges (see the module docs).
 
-    Same interface and frames as :class:`~lightning_vstream.decode.cpu.PyAVDecoder`: sequential
+    Same interface and frames as :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`: sequential
     :meth:`read` calls decode each frame once; a seek within the current GOP decodes forward, any
     other restarts at the GOP's keyframe. Nothing is fetched or opened until the first frame is
     asked for.

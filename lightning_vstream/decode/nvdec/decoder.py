@@ -4,9 +4,9 @@ How a frame travels:
 
 1. **demux** (CPU): PyAV reads the compressed packets, checks them against the frame table's
    CRC-32s and converts H.264/H.265 to the Annex-B form NVDEC's parser needs
-   (:class:`~lightning_vstream.decode.nvdec_sources.PacketSource`). PyAV rather than PyNvVideoCodec's
+   (:class:`~lightning_vstream.decode.nvdec.sources.PacketSource`). PyAV rather than PyNvVideoCodec's
    demuxer because seeking must use the frame table's seek targets exactly as
-   :class:`~lightning_vstream.decode.cpu.PyAVDecoder` does. Non-reference pictures no read needs
+   :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder` does. Non-reference pictures no read needs
    are never handed to NVDEC (:class:`~lightning_vstream.decode.gops.FeedFilter`, from the frame
    table's reference codes): a stream read at a stride decodes only the frames read and the
    references between them.
@@ -17,7 +17,7 @@ How a frame travels:
    streams whose frame table records no reordering (no B-frames).
 3. **hand-off and colour** (GPU): ``DecodedFrame.__dlpack__(stream=...)`` wraps the decoder's
    surface without a copy, and one fused kernel
-   (:class:`~lightning_vstream.decode.nv12.Nv12Converter`) converts it with the stream's own matrix
+   (:class:`~lightning_vstream.decode.nvdec.nv12.Nv12Converter`) converts it with the stream's own matrix
    and range (FFmpeg's rules, so GPU frames match CPU frames) straight into the caller's tensor.
    The surface is one of the decoder's few output buffers, which its next ``Decode`` overwrites:
    the conversion is queued on the decoder's stream before that call, so the stream orders them.
@@ -36,7 +36,7 @@ A CUDA error, a GPU out of memory or a failed kernel launch raises
 it is dropped without another ``Decode`` call (a flush on a broken context can end the process).
 
 Decoders are expensive to create (tens of milliseconds), so closed :class:`NvDecoder` s hand theirs
-back to a :class:`~lightning_vstream.decode.decoder_pool.DecoderPool`, and the next file with the same GPU,
+back to a :class:`~lightning_vstream.decode.nvdec.pool.DecoderPool`, and the next file with the same GPU,
 codec, size, bit depth and chroma format takes it instead of creating one. A pool is per process.
 
 PyNvVideoCodec is imported only when a decoder first opens a file: on machines without an NVIDIA
@@ -45,7 +45,7 @@ driver its import fails, and the CPU path never touches it.
 **GOP decoding for explicit frame selection** (``decode_device="cuda"`` in random access):
 :class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.decode.threads.TaskDecoder`
 with PyNvVideoCodec: packets come from the file's bytes at the places the frame tables record (or
-from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec_sources.packet_source`),
+from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec.sources.packet_source`),
 each checked against the frame table's CRC-32, are decoded on NVDEC with ``NATIVE`` output (NV12),
 and only the wanted frames are converted to RGB, on the decoder's own CUDA stream, straight into
 their place in the batch. NVDEC is fed what :func:`~lightning_vstream.decode.gops.plan_feed` plans:
@@ -59,7 +59,7 @@ without being flushed, and a CUDA error, a GPU out of memory or a failed kernel 
 Decoders: one NVDEC decoder per planner worker thread and open file, each created with its own
 CUDA stream (``cudastream``; the NULL stream would synchronise after every frame) in the primary
 context torch uses (``cudacontext=0``). A closed decoder goes back to a
-:class:`~lightning_vstream.decode.gpu.DecoderPool` keyed by GPU, codec, coded size, bit depth,
+:class:`~lightning_vstream.decode.nvdec.decoder.DecoderPool` keyed by GPU, codec, coded size, bit depth,
 chroma format and latency mode, so the next file of the same format reuses it (PyNvVideoCodec
 refuses to reconfigure across a bit-depth change). Latency is ``LOW`` (each packet flagged
 ``ENDOFPICTURE``, so a frame comes out as soon as it is decoded) only when the frame table records
@@ -71,8 +71,8 @@ that stream before the next ``Decode`` is called, so the stream orders the two: 
 waits for a frame.
 
 The NVDEC building blocks (stream format, capabilities, decoder keys and pool, sessions, packets)
-come from :mod:`lightning_vstream.decode.nvdec` and the colour conversion from
-:class:`lightning_vstream.decode.nv12.Nv12Converter`, shared with the GPU stream engine: the
+come from :mod:`lightning_vstream.decode.nvdec.session` and the colour conversion from
+:class:`lightning_vstream.decode.nvdec.nv12.Nv12Converter`, shared with the GPU stream engine: the
 stream's matrix and range are honoured, and formats NVDEC or the conversion cannot take raise
 :class:`~lightning_vstream.errors.DecoderCapabilityError` naming the fix.
 """
@@ -89,7 +89,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.decode.decoder_pool import DecoderPool, shared_decoder_pool
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
@@ -101,9 +100,10 @@ from lightning_vstream.decode.device import (
     resolve_decode_device,
 )
 from lightning_vstream.decode.gops import FeedFilter, GopTask
-from lightning_vstream.decode.nv12 import Backend, Nv12Converter
-from lightning_vstream.decode.nvdec import DecoderKey, Latency, Session, check_decodable, create_session
-from lightning_vstream.decode.nvdec_sources import PacketSource, TableSource, packet_source
+from lightning_vstream.decode.nvdec.nv12 import Backend, Nv12Converter
+from lightning_vstream.decode.nvdec.pool import DecoderPool, shared_decoder_pool
+from lightning_vstream.decode.nvdec.session import DecoderKey, Latency, Session, check_decodable, create_session
+from lightning_vstream.decode.nvdec.sources import PacketSource, TableSource, packet_source
 from lightning_vstream.decode.threads import Emit
 from lightning_vstream.errors import (
     ConfigurationError,
@@ -163,7 +163,7 @@ def _gpu_ordinal(device: Any) -> int:
 class NvDecoder(DecoderBase):
     """Frame-exact decoder for one video file on an NVIDIA GPU (NVDEC via PyNvVideoCodec).
 
-    Behaves like :class:`~lightning_vstream.decode.cpu.PyAVDecoder`, with frames returned as
+    Behaves like :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`, with frames returned as
     uint8 RGB CUDA tensors: opens lazily on first use; sequential :meth:`read` calls keep the
     decoder's state and decode each frame once; :meth:`seek` decodes forward within the current
     GOP and otherwise jumps to the keyframe at or before the target (stepping back a GOP if the
@@ -279,7 +279,7 @@ class NvDecoder(DecoderBase):
     @property
     def info(self) -> VideoInfo:
         if self._info is None:
-            from lightning_vstream.decode.probe import probe_video
+            from lightning_vstream.decode.cpu.probe import probe_video
 
             self._info = probe_video(self.path)
         return self._info
@@ -763,7 +763,7 @@ _MATCHED_KEPT = 65536
 
 def verified(path: Path, info: VideoInfo, where: str) -> VideoInfo:
     """:func:`~lightning_vstream.index.identity.verify_identity`, skipped for a file unchanged since it matched."""
-    from lightning_vstream.decode.probe import probe_video
+    from lightning_vstream.decode.cpu.probe import probe_video
     from lightning_vstream.index.identity import verify_identity
 
     key = (str(path), info.identity)
@@ -821,7 +821,7 @@ class NvGopDecoder:
         path: Video file.
         info: Its frame table.
         gpu: GPU ordinal.
-        pool: Decoder pool; :func:`~lightning_vstream.decode.gpu.shared_decoder_pool` when None.
+        pool: Decoder pool; :func:`~lightning_vstream.decode.nvdec.decoder.shared_decoder_pool` when None.
         label: Clip and camera, for error messages.
         memory: Where frames live (:func:`~lightning_vstream.decode.device.frame_memory` when None).
 

@@ -4,8 +4,8 @@ FFmpeg's decoding threads do not survive ``fork()``. A forked child that frees a
 (even garbage the parent had not collected yet) joins threads that no longer exist and hangs. So
 after a fork the child takes every live decoder's FFmpeg objects into a list that is never freed
 (each decoder's ``_disown``, which calls :func:`keep_forever`); the decoders themselves reopen their
-files lazily when used. Both PyAV decoders (:class:`~lightning_vstream.decode.cpu.PyAVDecoder`,
-:class:`~lightning_vstream.decode.gop_reads.GopDecoder`) register here when they open (:func:`opened`).
+files lazily when used. Both PyAV decoders (:class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`,
+:class:`~lightning_vstream.decode.ranged.gop_reads.GopDecoder`) register here when they open (:func:`opened`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CPU decoding with PyAV (FFmpeg): frame-exact seeks and RGB output (frame tables: :mod:`lightning_vstream.decode.probe`)."""
+"""CPU decoding with PyAV (FFmpeg): frame-exact seeks and RGB output (frame tables: :mod:`lightning_vstream.decode.cpu.probe`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
-from lightning_vstream.decode.colour import Interpolation, RGBConverter
-from lightning_vstream.decode.ffmpeg_fork import keep_forever, opened
-from lightning_vstream.decode.gops import FeedFilter
-from lightning_vstream.decode.probe import (
+from lightning_vstream.decode.cpu.colour import Interpolation, RGBConverter
+from lightning_vstream.decode.cpu.ffmpeg_fork import keep_forever, opened
+from lightning_vstream.decode.cpu.probe import (
     check_stream,
     check_upright,
     open_container,
@@ -19,7 +18,8 @@ from lightning_vstream.decode.probe import (
     probe_video_file,
     video_stream,
 )
-from lightning_vstream.decode.rgb_output import RGBOutputDecoder
+from lightning_vstream.decode.cpu.rgb_output import RGBOutputDecoder
+from lightning_vstream.decode.gops import FeedFilter
 from lightning_vstream.errors import ConfigurationError, frame_out_of_range
 from lightning_vstream.index.identity import verify_identity
 
@@ -66,7 +66,7 @@ class PyAVDecoder(RGBOutputDecoder):
 
     Frames are converted to RGB by one swscale conversion whatever the layout, so ``"chw"`` and
     ``"hwc"`` hold the same pixels; the colour matrix and range follow the stream's tags (see
-    :mod:`lightning_vstream.decode.colour`). With ``size`` the conversion also resizes, in uint8,
+    :mod:`lightning_vstream.decode.cpu.colour`). With ``size`` the conversion also resizes, in uint8,
     at a fraction of the cost of resizing decoded frames afterwards.
 
     Args:
@@ -82,7 +82,7 @@ class PyAVDecoder(RGBOutputDecoder):
         interpolation: Resampling filter when ``size`` differs from the stream's size
             (``"bilinear"``, ``"area"``, ``"bicubic"`` or ``"nearest"``).
         source: Opens a file object to demux instead of ``path`` (a remote file without packet
-            layout, read through its container: :class:`~lightning_vstream.decode.range_file.RangeFile`);
+            layout, read through its container: :class:`~lightning_vstream.decode.ranged.range_file.RangeFile`);
             ``path`` is then only its name (a URL, kept a string).
 
     Example::
