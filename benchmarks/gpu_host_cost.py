@@ -291,7 +291,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     ``wrap_use`` wraps the engine device's ``use`` (each decode thread's block on its stream).
     """
     from lightning_vstream.indexing import load_index
-    from lightning_vstream.options import GpuOptions
+    from lightning_vstream.options import EngineOptions, GpuOptions
     from lightning_vstream.stream.engine_loader import build_engine_loader
     from lightning_vstream.stream.sampler import StreamSampler
 
@@ -299,7 +299,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     sampler = StreamSampler(
         [c.frame_count for c in index.clips], num_cameras=args.cameras, batch_size=args.batch_size, shuffle=False
     )
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=1, gpu=GpuOptions(probe=False))
+    loader = build_engine_loader(index, sampler, "cuda:0", engine=EngineOptions(threads=1), gpu=GpuOptions(probe=False))
     if wrap_use is not None:
         device = loader.engine.device
         device.use = wrap_use(device.use)
@@ -573,7 +573,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "bare": "packets demuxed beforehand; PacketData, Decode, __dlpack__ per frame; one decoder",
             "bare_per_stream": "the bare loop over one decoder per engine stream, taking turns",
             "decoder": "NvDecoder(stream='current', latency='native').get(i, out=row), pooled decoder",
-            "engine": f"build_engine_loader(threads=1), batch_size={args.batch_size} x {args.cameras} cameras, "
+            "engine": f"build_engine_loader(engine=EngineOptions(threads=1)), batch_size={args.batch_size} x {args.cameras} cameras, "
             "HostNvdecDevice ring",
             "packets": "decoder and engine read packets from the files' bytes at the frame tables' places",
             "driver": "fake NVIDIA driver, FAKE_FILL=0 (no pixel work), host memory",

@@ -461,7 +461,9 @@ def test_the_engine_counts_missing_annotations_like_the_worker_loader(annotated:
 
 def test_cpu_batches_stay_intact_while_referenced(index: Any) -> None:
     # CPU engine batches come from a pool: memory is reused only once no batch refers to it.
-    loader = build_engine_loader(index, _sampler(index, shuffle=False), "cpu", threads=2, prefetch=1)
+    loader = build_engine_loader(
+        index, _sampler(index, shuffle=False), "cpu", engine=EngineOptions(threads=2, prefetch_factor=1)
+    )
     kept = list(loader)
     assert len({b["frames"].data_ptr() for b in kept}) == len(kept)
     for batch in kept:

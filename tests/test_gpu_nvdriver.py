@@ -40,7 +40,7 @@ from lightning_vstream.decode.nvdec.nv12 import Nv12Converter
 from lightning_vstream.decode.nvdec.pool import DecoderPool
 from lightning_vstream.decode.nvdec.sources import PacketSource, packet_data
 from lightning_vstream.errors import ConfigurationError, DecoderCapabilityError, VideoDecodeError
-from lightning_vstream.options import ErrorOptions, GpuOptions, OutputOptions
+from lightning_vstream.options import EngineOptions, ErrorOptions, GpuOptions, OutputOptions
 
 pytestmark = pytest.mark.nvdriver
 
@@ -434,7 +434,9 @@ def test_stream_engine_runs_from_packet_to_batch_over_the_real_library(
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
     clips = _mark_dataset(marker, index)
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2)  # probes NVDEC in a child first
+    loader = build_engine_loader(
+        index, sampler, "cuda:0", engine=EngineOptions(threads=2)
+    )  # probes NVDEC in a child first
     steps = 0
     for batch in loader:
         steps += 1
@@ -463,7 +465,9 @@ def _engine_loader(index: Any, **kwargs: Any) -> Any:
     from lightning_vstream.stream.sampler import StreamSampler
 
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
-    return build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), **kwargs)
+    return build_engine_loader(
+        index, sampler, "cuda:0", engine=EngineOptions(threads=2), gpu=GpuOptions(probe=False), **kwargs
+    )
 
 
 def _batch_errors(batch: dict[str, Any], clips: dict[str, int], spec: Any) -> list[str]:
@@ -632,7 +636,12 @@ def test_stream_engine_skips_a_damaged_file_and_counts_it_over_the_real_library(
     index = replace(index, clips=(*list(index.clips)[:2], replace(bad, cameras=cameras)))
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
     loader = build_engine_loader(
-        index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), errors=ErrorOptions(on_error="skip")
+        index,
+        sampler,
+        "cuda:0",
+        engine=EngineOptions(threads=2),
+        gpu=GpuOptions(probe=False),
+        errors=ErrorOptions(on_error="skip"),
     )
     spec = _spec(index.clips[0].cameras[0].path)
     delivered = []
@@ -677,7 +686,9 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     }
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=2, shuffle=False)
     output = OutputOptions(transform=default, outputs=outputs)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False), output=output)
+    loader = build_engine_loader(
+        index, sampler, "cuda:0", engine=EngineOptions(threads=2), gpu=GpuOptions(probe=False), output=output
+    )
     assert loader.engine.steps.direct == (default is None)
     spec = _spec(index.clips[0].cameras[0].path)
     steps = 0
@@ -1085,7 +1096,7 @@ def test_the_engine_creates_every_decoder_it_needs_before_the_first_step(
     fake_format(monkeypatch, index.clips[0].cameras[0].info)
     clips = _mark_dataset(marker, index)
     sampler = StreamSampler([c.frame_count for c in index.clips], num_cameras=2, batch_size=1, shuffle=False)
-    loader = build_engine_loader(index, sampler, "cuda:0", threads=2, gpu=GpuOptions(probe=False))
+    loader = build_engine_loader(index, sampler, "cuda:0", engine=EngineOptions(threads=2), gpu=GpuOptions(probe=False))
     batches = iter(loader)
     first = next(batches)
     before_first_step = len(marker.decoders)

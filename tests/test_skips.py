@@ -25,7 +25,7 @@ from lightning_vstream import StreamVideoDataModule
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
 from lightning_vstream.errors import ResumeStateError
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.options import DecodeOptions, ErrorOptions
+from lightning_vstream.options import DecodeOptions, EngineOptions, ErrorOptions
 from lightning_vstream.stream.engine_loader import build_engine_loader
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.worker import StreamDataset
@@ -170,7 +170,12 @@ def _skip_loader(
     errors, decode = ErrorOptions(on_error="skip"), DecodeOptions(decoder_threads=1)
     if engine_threads:
         return build_engine_loader(
-            index, sampler, "cpu", threads=engine_threads, prefetch=prefetch, errors=errors, decode=decode
+            index,
+            sampler,
+            "cpu",
+            engine=EngineOptions(threads=engine_threads, prefetch_factor=prefetch),
+            errors=errors,
+            decode=decode,
         )
     return StreamDataLoader(
         StreamDataset(index=index, errors=errors, decode=decode),

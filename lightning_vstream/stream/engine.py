@@ -53,8 +53,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.annotations.source import AnnotationSource
+from lightning_vstream.annotations.source import resolve_annotations
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.cpu.probe import probe_video
 from lightning_vstream.decode.factory import DecoderFactory
@@ -144,16 +143,15 @@ class StreamEngine:
             after decoding; ``outputs`` are named outputs made from each decoded (and augmented) frame
             besides the default one (see :mod:`lightning_vstream.outputs`): each has batches of its own
             (a ring of them with ``buffers="ring"``), written on the same thread and stream as the
-            default output.
+            default output. ``annotations`` are delivered next to the frames (see
+            :mod:`lightning_vstream.annotations`); ``augment`` is applied before ``transform``, drawn once
+            per segment from ``(seed, epoch, clip, segment start)``; ``pad_annotations`` pads ragged
+            annotation fields with a mask instead of delivering lists.
         errors: ``on_error="raise"`` re-raises the first failed read's error after the batches before
             it; ``"skip"`` moves the slot to its next clip and marks the batches in between invalid.
             ``timeout``: seconds the consumer waits for a step before raising :class:`WorkerError`
             (0: forever).
-        annotations: Delivered next to the frames (see :mod:`lightning_vstream.annotations`); None: none.
-        augment: Geometry augmentation, applied before ``transform``, drawn once per segment from
-            ``(seed, epoch, clip, segment start)``.
         seed: Seed of the augmentation draws.
-        pad_annotations: Pad ragged annotation fields with a mask instead of delivering lists.
         num_threads: Decode threads; ``device.default_threads()`` when None.
         prefetch: Steps decoded ahead of the one the consumer asks for.
         hold: Batches the consumer may hold after asking for them (``buffers="ring"``: their memory is not reused).
@@ -185,10 +183,7 @@ class StreamEngine:
         decode: DecodeOptions | None = None,
         output: OutputOptions | None = None,
         errors: ErrorOptions | None = None,
-        annotations: AnnotationSource | None = None,
-        augment: GeometryAugment | None = None,
         seed: int = 0,
-        pad_annotations: bool = False,
         num_threads: int | None = None,
         prefetch: int = 2,
         hold: int = 2,
@@ -218,16 +213,16 @@ class StreamEngine:
         self.transform = output.transform
         self.on_error = errors.on_error
         self.timeout = errors.timeout
-        self.pad_annotations = pad_annotations
+        self.pad_annotations = output.pad_annotations
         self.camera_frames = decode.camera_frames
         self.buffers = buffers
         self.outputs = output.outputs
         self.steps = FrameSteps(
             index=index,
             transform=output.transform,
-            augment=augment,
+            augment=output.augment,
             seed=seed,
-            annotations=annotations,
+            annotations=resolve_annotations(output.annotations),
             on_error=errors.on_error,
             decode_device="cpu" if decoder_resizes else "cuda",
             outputs=self.outputs,

@@ -15,13 +15,18 @@ from typing import Any
 
 import torch
 
-from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.annotations.source import AnnotationSource
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.factory import DecoderFactory, nvdec_factory, pyav_factory
 from lightning_vstream.errors import ConfigurationError
 from lightning_vstream.index import VideoIndex
-from lightning_vstream.options import DEFAULT_GPU_OPTIONS, DecodeOptions, ErrorOptions, GpuOptions, OutputOptions
+from lightning_vstream.options import (
+    DEFAULT_GPU_OPTIONS,
+    DecodeOptions,
+    EngineOptions,
+    ErrorOptions,
+    GpuOptions,
+    OutputOptions,
+)
 from lightning_vstream.stream.batch import StreamBatch
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
@@ -123,14 +128,9 @@ def build_engine_loader(
     decode: DecodeOptions | None = None,
     output: OutputOptions | None = None,
     errors: ErrorOptions | None = None,
+    engine: EngineOptions | None = None,
     gpu: GpuOptions = DEFAULT_GPU_OPTIONS,
-    threads: int | None = None,
-    prefetch: int = 2,
-    annotations: AnnotationSource | None = None,
-    augment: GeometryAugment | None = None,
     seed: int = 0,
-    pad_annotations: bool = False,
-    pin_memory: bool = False,
 ) -> EngineLoader:
     """An :class:`EngineLoader` decoding ``index`` on ``device`` (``"cpu"`` or ``"cuda:N"``).
 
@@ -145,7 +145,8 @@ def build_engine_loader(
     (:data:`CPU_DECODER_THREADS` for 0), decoders resize while converting for every output whose
     transform is a resizing :class:`~lightning_vstream.FrameTransform` (see
     :func:`~lightning_vstream.stream.frame_steps.decoder_sizes`), and every batch is memory of its own
-    until the caller drops it.
+    until the caller drops it. ``engine`` gives the decode threads (``threads``), the steps decoded ahead
+    (``prefetch_factor``) and pinned pool batches (``pin_memory``); the rest of it chooses between engines.
 
     Example::
 
@@ -153,6 +154,8 @@ def build_engine_loader(
     """
     decode = decode or DecodeOptions()
     output = output or OutputOptions()
+    engine = engine or EngineOptions()
+    threads = engine.threads
     target = torch.device(device)
     backend: EngineDevice
     factory: DecoderFactory
@@ -191,13 +194,15 @@ def build_engine_loader(
         factory = nvdec_factory(ordinal, fallback=gpu.fallback, cpu_threads=decode.decoder_threads)
     else:
         backend = HostDevice(threads=cpu_threads())
-        resize, _ = decoder_sizes(output.transform, output.outputs, augment)  # swscale resizes while it converts to RGB
+        resize, _ = decoder_sizes(
+            output.transform, output.outputs, output.augment
+        )  # swscale resizes while it converts to RGB
         # The engine's threads are the parallelism: FFmpeg's own threads per decoder (0: about one
         # per core each) oversubscribe the cores and delay frames (measured slower, and more memory).
         factory = pyav_factory(
             threads=decode.decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage
         )
-    engine = StreamEngine(
+    stream = StreamEngine(
         index=index,
         sampler=sampler,
         device=backend,
@@ -205,18 +210,15 @@ def build_engine_loader(
         decode=decode,
         output=output,
         errors=errors,
-        annotations=annotations,
-        augment=augment,
         seed=seed,
-        pad_annotations=pad_annotations,
         num_threads=threads,
-        prefetch=prefetch,
+        prefetch=engine.prefetch_factor,
         decoder_resizes=target.type == "cpu",
         buffers="ring" if target.type == "cuda" else "pool",
-        pin_memory=pin_memory,
+        pin_memory=engine.pin_memory,
     )
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import StreamPrefetcher
 
-        engine.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
-    return EngineLoader(engine)
+        stream.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
+    return EngineLoader(stream)

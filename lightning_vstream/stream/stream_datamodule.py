@@ -272,16 +272,11 @@ class StreamVideoDataModule(VideoDataModule):
             self._sampler(split),
             self._device(),
             decode=dataclasses.replace(self.decode, device=self._device()),
-            output=self.output,
+            output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
             errors=self.errors,
+            engine=self.engine,
             gpu=self.gpu,
-            threads=self.engine.threads,
-            prefetch=self.engine.prefetch_factor,
-            annotations=self._source(),
-            augment=augment,
             seed=self.seed,
-            pad_annotations=self.output.pad_annotations,
-            pin_memory=self.engine.pin_memory,
         )
 
     def _worker_loader(self, split: Stage, augment: GeometryAugment | None) -> StreamDataLoader:
@@ -290,12 +285,9 @@ class StreamVideoDataModule(VideoDataModule):
         dataset = StreamDataset(
             index=self.index(split),
             decode=dataclasses.replace(self.decode, device=device),
-            output=self.output,
+            output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
             errors=self.errors,
-            annotations=self._source(),
-            augment=augment,
             seed=self.seed,
-            pad_annotations=self.output.pad_annotations,
         )
         return StreamDataLoader(
             dataset,

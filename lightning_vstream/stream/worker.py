@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from lightning_vstream.annotations.augment import GeometryAugment
-from lightning_vstream.annotations.source import AnnotationSource
+from lightning_vstream.annotations.source import resolve_annotations
 from lightning_vstream.decode.base import FrameDecoder
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.decode.decoder_table import DecoderTable
@@ -79,16 +78,15 @@ class StreamDataset(Dataset):
             :meth:`FrameTransform.decoder_size`). ``outputs`` are named outputs made from each decoded
             (and augmented) frame (see :mod:`lightning_vstream.outputs`); on the CPU an output whose
             transform starts with a resize takes its frame from the decoder's conversion at that size
-            (:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`).
+            (:func:`~lightning_vstream.stream.frame_steps.decoder_sizes`). ``annotations`` are looked up for
+            every slot's frame by the part that reads the slot's first camera (see
+            :mod:`lightning_vstream.annotations`); ``augment`` is applied to every frame before
+            ``transform``, drawn once per segment from ``(seed, epoch, clip, segment start)``;
+            ``pad_annotations`` batches ragged annotation fields padded with a mask.
         errors: ``on_error="raise"`` stops at the first unreadable frame (or frame of the wrong size)
             with an error naming file, clip, camera and frame; ``"skip"`` reports the failed reads in
             the part, and the loader moves the slot on to its next clip.
-        annotations: Looked up for every slot's frame by the part that reads the slot's first
-            camera (see :mod:`lightning_vstream.annotations`); None delivers frames only.
-        augment: Geometry augmentation applied to every frame before ``transform``, drawn once
-            per segment from ``(seed, epoch, clip, segment start)``.
         seed: Seed of the augmentation draws.
-        pad_annotations: Batch ragged annotation fields padded with a mask instead of as lists.
 
     Example::
 
@@ -103,10 +101,7 @@ class StreamDataset(Dataset):
         decode: DecodeOptions | None = None,
         output: OutputOptions | None = None,
         errors: ErrorOptions | None = None,
-        annotations: AnnotationSource | None = None,
-        augment: GeometryAugment | None = None,
         seed: int = 0,
-        pad_annotations: bool = False,
     ) -> None:
         decode = decode or DecodeOptions()
         output = output or OutputOptions()
@@ -119,15 +114,16 @@ class StreamDataset(Dataset):
         self.transform = output.transform
         self.outputs = output.outputs
         self.on_error = errors.on_error
+        annotations = resolve_annotations(output.annotations)
         self.annotations = annotations
-        self.augment = augment
+        self.augment = output.augment
         self.seed = seed
-        self.pad_annotations = pad_annotations
+        self.pad_annotations = output.pad_annotations
         # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
         self.steps = FrameSteps(
             index=index,
             transform=output.transform,
-            augment=augment,
+            augment=output.augment,
             seed=seed,
             annotations=annotations,
             on_error=errors.on_error,
