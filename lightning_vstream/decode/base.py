@@ -17,22 +17,19 @@ from lightning_vstream.index.tables import VideoInfo
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DecoderBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoInfo"]
+__all__ = ["DecoderBase", "FileBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoInfo"]
 
 Layout = Literal["chw", "hwc"]
 
 
-class DecoderBase(abc.ABC):
-    """Bookkeeping every backend shares: the read cursor, the decoded-frame counter, where a frame
-    comes from for error messages, and which packets the decoder is fed
+class FileBase(abc.ABC):
+    """What every reader of one video file shares, sequential or GOP by GOP: where a frame comes from
+    for error messages, and which packets the decoder is fed
     (:class:`~lightning_vstream.decode.gops.FeedFilter`: non-reference pictures no frame read needs
-    are left out). Subclasses set ``path``, ``label``, ``_target`` and ``_frames_decoded``, and
-    have an ``info``."""
+    are left out). Subclasses set ``path`` and ``label``, and have an ``info``."""
 
     path: Path | str  # a URL (a remote file read through its container) stays a string
     label: str
-    _target: int
-    _frames_decoded: int
     _feed_filter: FeedFilter | None = None
 
     @property
@@ -46,6 +43,27 @@ class DecoderBase(abc.ABC):
         if self._feed_filter is None:
             self._feed_filter = FeedFilter(self.info.references)
         return self._feed_filter
+
+    @property
+    def packets_skipped(self) -> int:
+        """Packets left out because no frame read needs their picture."""
+        return 0 if self._feed_filter is None else self._feed_filter.skipped
+
+    def _where(self, index: int | None = None) -> str:
+        where = f"{str(self.path)!r}"
+        if self.label:
+            where += f" ({self.label})"
+        if index is not None:
+            where += f" frame {index}"
+        return where
+
+
+class DecoderBase(FileBase):
+    """Bookkeeping every sequential decoder shares besides :class:`FileBase`'s: the read cursor and the
+    decoded-frame counter. Subclasses also set ``_target`` and ``_frames_decoded``."""
+
+    _target: int
+    _frames_decoded: int
 
     def expect(self, frames: Sequence[int] | range | None) -> None:
         """Announce the frames the next reads ask for, ascending (a ``range`` for a stride; None: unknown).
@@ -62,11 +80,6 @@ class DecoderBase(abc.ABC):
         self.feed.expect(frames)
 
     @property
-    def packets_skipped(self) -> int:
-        """Packets left out because no frame read needs their picture."""
-        return 0 if self._feed_filter is None else self._feed_filter.skipped
-
-    @property
     def position(self) -> int:
         """Index of the frame the next ``read()`` returns."""
         return self._target
@@ -75,14 +88,6 @@ class DecoderBase(abc.ABC):
     def frames_decoded(self) -> int:
         """Frames decoded so far, including those decoded only to reach a seek target."""
         return self._frames_decoded
-
-    def _where(self, index: int | None = None) -> str:
-        where = f"{str(self.path)!r}"
-        if self.label:
-            where += f" ({self.label})"
-        if index is not None:
-            where += f" frame {index}"
-        return where
 
 
 @runtime_checkable

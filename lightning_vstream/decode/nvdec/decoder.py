@@ -88,7 +88,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.decode.base import DecoderBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import DecoderBase, FileBase, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
@@ -127,6 +127,7 @@ __all__ = [
     "Nv12Frame",
     "NvDecoder",
     "NvGopDecoder",
+    "NvdecFile",
     "StreamChoice",
     "converter_for",
     "import_pynvvideocodec",
@@ -160,7 +161,41 @@ def _gpu_ordinal(device: Any) -> int:
     return index
 
 
-class NvDecoder(DecoderBase):
+class NvdecFile(FileBase):
+    """What both NVDEC readers of a file share: the GPU, the decoder pool its session comes from and goes back
+    to, where frames live, and the end of stream that makes a session drop its state. Subclasses set ``gpu``,
+    ``_pool``, ``_memory``, ``_session``, ``_nvc`` and ``_dirty``."""
+
+    gpu: int
+    _pool: DecoderPool | None
+    _memory: FrameMemory | None
+    _session: Session | None
+    _nvc: ModuleType | None
+    _dirty: bool
+
+    @property
+    def pool(self) -> DecoderPool:
+        """The pool NVDEC decoders come from and go back to."""
+        if self._pool is None:
+            self._pool = shared_decoder_pool()
+        return self._pool
+
+    @property
+    def memory(self) -> FrameMemory:
+        """Where frames live and how they reach torch."""
+        if self._memory is None:
+            self._memory = frame_memory()
+        return self._memory
+
+    def _flush(self) -> None:
+        """Send the end of stream, if packets were fed since the last, so the session drops its state; the frames
+        it returns are discarded."""
+        if self._dirty and self._session is not None and self._nvc is not None:
+            self._session.decoder.Decode(self._nvc.PacketData())
+        self._dirty = False
+
+
+class NvDecoder(DecoderBase, NvdecFile):
     """Frame-exact decoder for one video file on an NVIDIA GPU (NVDEC via PyNvVideoCodec).
 
     Behaves like :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`, with frames returned as
@@ -285,13 +320,6 @@ class NvDecoder(DecoderBase):
         return self._info
 
     @property
-    def memory(self) -> FrameMemory:
-        """Where frames live and how they reach torch."""
-        if self._memory is None:
-            self._memory = frame_memory()
-        return self._memory
-
-    @property
     def device(self) -> torch.device:
         """The device frames are returned on (the GPU; the CPU only under a test driver's host memory)."""
         return self.memory.device(self.gpu)
@@ -305,13 +333,6 @@ class NvDecoder(DecoderBase):
     def packets_fed(self) -> int:
         """Packets handed to NVDEC so far (the end-of-stream calls not counted)."""
         return self._packets_fed
-
-    @property
-    def pool(self) -> DecoderPool:
-        """The pool decoders come from and go back to."""
-        if self._pool is None:
-            self._pool = shared_decoder_pool()
-        return self._pool
 
     @property
     def key(self) -> DecoderKey | None:
@@ -343,11 +364,8 @@ class NvDecoder(DecoderBase):
         return "LOW" if reorder_depth == 0 else "NATIVE"
 
     def _flush(self) -> None:
-        """Send the end of stream so the decoder drops its state; discard the frames it returns."""
         self._queue.clear()  # their surfaces die with the next Decode
-        if self._dirty and self._session is not None and self._nvc is not None:
-            self._session.decoder.Decode(self._nvc.PacketData())
-        self._dirty = False
+        super()._flush()
 
     def _reset(self, *, reusable: bool = True) -> None:
         """Close the file; flush the decoder and return it to the pool (or drop it after a failure)."""
@@ -807,7 +825,7 @@ class Nv12Frame:
             self.convert(self.surface, out)
 
 
-class NvGopDecoder:
+class NvGopDecoder(NvdecFile):
     """Decodes GOP tasks of one video file on NVDEC (see the module docs).
 
     A task's decode is fed only what :func:`~lightning_vstream.decode.gops.plan_feed` plans for its
@@ -831,6 +849,8 @@ class NvGopDecoder:
         >>> dec.decode_gop(task, lambda index, frame: frame.write_into(out[index]))  # doctest: +SKIP
     """
 
+    path: Path  # a local file: remote GOPs are read with PyAV
+
     def __init__(
         self,
         path: Path | str,
@@ -842,7 +862,7 @@ class NvGopDecoder:
         memory: FrameMemory | None = None,
     ) -> None:
         self.path = Path(path)
-        self.info = info
+        self._info = info
         self.gpu = gpu
         self.label = label
         self._pool = pool
@@ -862,35 +882,10 @@ class NvGopDecoder:
         #: Packets handed to NVDEC so far (the end-of-stream calls not counted).
         self.packets_fed = 0
 
-    def _where(self, index: int | None = None) -> str:
-        where = repr(str(self.path)) + (f" ({self.label})" if self.label else "")
-        return where if index is None else f"{where} frame {index}"
-
     @property
-    def feed(self) -> FeedFilter:
-        """Which packets NVDEC is fed (built from the frame table's reference codes on first use)."""
-        if self._feed_filter is None:
-            self._feed_filter = FeedFilter(self.info.references)
-        return self._feed_filter
-
-    @property
-    def packets_skipped(self) -> int:
-        """Packets passed over because no wanted frame needs their picture."""
-        return 0 if self._feed_filter is None else self._feed_filter.skipped
-
-    @property
-    def pool(self) -> DecoderPool:
-        """The pool NVDEC decoders come from and go back to."""
-        if self._pool is None:
-            self._pool = shared_decoder_pool()
-        return self._pool
-
-    @property
-    def memory(self) -> FrameMemory:
-        """Where frames live and how they reach torch."""
-        if self._memory is None:
-            self._memory = frame_memory()
-        return self._memory
+    def info(self) -> VideoInfo:
+        """The file's frame table."""
+        return self._info
 
     def _open(self) -> None:
         nvc = import_pynvvideocodec()
@@ -918,11 +913,6 @@ class NvGopDecoder:
         self._data = nvc.PacketData()
         if latency == "LOW":  # DisplayDecodeLatencyType.LOW needs every packet to end its picture
             self._data.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-        self._dirty = False
-
-    def _flush(self) -> None:
-        if self._dirty and self._session is not None and self._nvc is not None:
-            self._session.decoder.Decode(self._nvc.PacketData())  # end of stream; frames discarded
         self._dirty = False
 
     def _surface(self, frame: Any, index: int) -> Any:
