@@ -391,7 +391,7 @@ class OutputOptions:
         annotations: Training targets delivered next to the frames (``batch["annotations"]``,
             ``batch["has_annotations"]``): a folder of ``<clip_id>.npz`` files or an
             :class:`~lightning_vstream.annotations.AnnotationSource`; see ``docs/training_data.md``.
-        augment: Geometry augmentation (:class:`~lightning_vstream.GeometryAugment`), applied before
+        augment: Geometry augmentation (:class:`~lightning_vstream.GeometryAugment`, or a dict of its fields), applied before
             ``transform``; the batch carries ``img_aug_matrix`` and updated ``intrinsics``. Evaluation
             loaders use its deterministic version.
         pad_annotations: Pad ragged annotation fields (boxes...) with a ``<name>_mask`` instead of
@@ -417,6 +417,9 @@ class OutputOptions:
         from lightning_vstream.annotations.augment import GeometryAugment
 
         transform, augment = self.transform, self.augment
+        if isinstance(augment, Mapping):  # its fields, as hyperparameters (and checkpoints) hold it
+            augment = GeometryAugment(**{k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()})
+            _settle(self, "augment", augment)
         check_arguments(
             "OutputOptions",
             {
@@ -429,7 +432,7 @@ class OutputOptions:
                 "augment": (
                     augment,
                     augment is None or isinstance(augment, GeometryAugment),
-                    "None or a GeometryAugment (pass it again to load_from_checkpoint: checkpoints hold its repr)",
+                    "None, a GeometryAugment or a dict of its fields",
                     ConfigurationTypeError,
                 ),
                 "pad_annotations": (self.pad_annotations, isinstance(self.pad_annotations, bool), "True or False"),

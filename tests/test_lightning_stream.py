@@ -240,10 +240,10 @@ def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Pat
         batch_size=2,
         engine=EngineOptions(num_workers=0),
         seed=4,
-        output=OutputOptions(transform=Brighten(amount=0)),
+        output=OutputOptions(transform=Brighten(amount=0), pad_annotations=True),
     )
     assert dm.hparams["index_file"] == str(lightning_index) and dm.hparams["seed"] == 4
-    assert "transform" not in dm.hparams
+    assert "transform" not in dm.hparams and "transform" not in dm.hparams["output"]
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, filename="last")
     quiet_trainer(tmp_path, max_steps=2, callbacks=[checkpoint], enable_checkpointing=True).fit(RecordingModel(), dm)
     import torch
@@ -252,6 +252,12 @@ def test_hyperparameters_are_saved_and_the_checkpoint_loads(lightning_index: Pat
     assert saved["datamodule_hyper_parameters"]["batch_size"] == 2
     restored = StreamVideoDataModule.load_from_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     assert (restored.batch_size, restored.seed, restored.index_files["train"]) == (2, 4, lightning_index)
+    assert restored.output.pad_annotations and restored.output.transform is None  # the transform is not saved
+    again = StreamVideoDataModule.load_from_checkpoint(
+        tmp_path / "ckpt" / "last.ckpt",
+        output={**saved["datamodule_hyper_parameters"]["output"], "transform": Brighten(amount=0)},
+    )
+    assert again.output.pad_annotations and isinstance(again.output.transform, Brighten)
 
 
 class IterModel(RecordingModel):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from lightning_vstream import (
     ClipVideoDataModule,
@@ -156,11 +157,12 @@ def test_the_clip_datamodule_chooses_its_engine_by_device() -> None:
 
 
 @pytest.mark.parametrize("cls", [StreamVideoDataModule, ClipVideoDataModule])
-def test_hyperparameters_rebuild_the_same_groups_without_secrets_or_transforms(cls: type) -> None:
+def test_hyperparameters_rebuild_the_same_groups_without_secrets_or_transforms(cls: type, tmp_path: Path) -> None:
     storage = StorageConfig(
         {"access_key_id": "kept", "secret_access_key": "s3cr3t"}, cache_dir="/tmp/c", cache_limit="1GB"
     )
-    output = OutputOptions(transform=FrameTransform(dtype="float32"), pad_annotations=True)
+    augment = GeometryAugment(output_size=(8, 16), scale=(0.9, 1.1), flip=0.5)
+    output = OutputOptions(transform=FrameTransform(dtype="float32"), augment=augment, pad_annotations=True)
     dm = cls(
         index_file="data/index.json",
         index=IndexOptions(cameras=["CAM_FRONT"], exclude_clips=["b", "a"]),
@@ -178,9 +180,13 @@ def test_hyperparameters_rebuild_the_same_groups_without_secrets_or_transforms(c
     assert "s3cr3t" not in repr(hparams) and "s3cr3t" not in repr(dm.hparams_initial)
     assert "transform" not in hparams["output"] and "outputs" not in hparams["output"]
     assert hparams["index"] == {"cameras": ["CAM_FRONT"], "exclude_clips": ["a", "b"], "check": "fast"}
+    path = tmp_path / "hparams.pt"
+    torch.save({"datamodule_hyper_parameters": hparams}, path)
+    hparams = torch.load(path, weights_only=True)["datamodule_hyper_parameters"]  # plain types only, as checkpoints
     rebuilt = cls(**hparams)  # what load_from_checkpoint does with them
     assert rebuilt.index_options == dm.index_options and rebuilt.decode == dm.decode and rebuilt.engine == dm.engine
     assert rebuilt.output == dataclasses.replace(output, transform=None)  # transforms are passed again
+    assert rebuilt.output.augment == augment  # the augmentation comes back from its fields
     assert rebuilt.storage.options == {"access_key_id": "kept"} and rebuilt.storage.cache_limit == 1_000_000_000
 
 
