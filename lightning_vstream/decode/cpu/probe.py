@@ -152,15 +152,7 @@ def probe_video(path: Path | str, *, stream: int | None = None, storage: Storage
     """
     if isinstance(path, str) and is_url(path):
         return probe_url(path, storage, stream=stream)
-    path = Path(path)
-    choice = check_stream(stream)
-    container = open_container(path)
-    try:
-        with open(path, "rb") as f:
-            fd = f.fileno()
-            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start))[0]
-    finally:
-        container.close()
+    return _probe_local(Path(path), stream, trim=False)[0]
 
 
 #: The ffmpeg filter that turns frames upright for a display rotation (counter-clockwise degrees).
@@ -233,15 +225,7 @@ def probe_whole_frames(path: Path | str, *, stream: int | None = None) -> tuple[
         >>> cut.describe() if cut else "whole"  # doctest: +SKIP
         'truncated: 14 whole frames of the 36 its container lists (the packet at byte 4307 is cut off)'
     """
-    path = Path(path)
-    choice = check_stream(stream)
-    container = open_container(path)
-    try:
-        with open(path, "rb") as f:
-            fd = f.fileno()
-            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start), trim=True)
-    finally:
-        container.close()
+    return _probe_local(Path(path), stream, trim=True)
 
 
 def probe_video_file(source: Callable[[], Any], *, name: str, stream: int | None = None) -> VideoInfo:
@@ -294,6 +278,18 @@ _LOCATE_SLACK = 256
 
 #: One packet of a probed stream: ``(pts, dts, keyframe, crc32, byte position, size, reference code)``.
 _Record = tuple[int, int, bool, int, int, int, int]
+
+
+def _probe_local(path: Path, stream: int | None, *, trim: bool) -> tuple[VideoInfo, Truncation | None]:
+    """:func:`_probe` of a local file, its bytes read with ``pread``."""
+    choice = check_stream(stream)
+    container = open_container(path)
+    try:
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            return _probe(container, str(path), choice, lambda start, end: os.pread(fd, end - start, start), trim=trim)
+    finally:
+        container.close()
 
 
 def _probe(
