@@ -346,6 +346,29 @@ def test_a_failing_file_is_retried_then_named_and_a_rerun_encodes_the_rest(
     check_round_trip(image_index, again.index)
 
 
+def test_a_file_written_by_a_try_whose_result_was_lost_counts_as_encoded(
+    image_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool breaks when one of its processes dies: a task another process had just finished (its file renamed
+    # into place) fails with it, and its retry finds the file done. The run still wrote that file.
+    from lightning_vstream.encode import run
+
+    real = run.encode_job
+
+    def lost_result(job: run.EncodeJob) -> run.FileRecord:
+        record = real(job)
+        if job.source.camera == "CAM_BACK" and job.source.clip_id == "scene-0000":
+            return real(job)  # the retry: the file is there and right, so it is left alone
+        return record
+
+    monkeypatch.setattr(run, "encode_job", lost_result)
+    summary = encode_index(image_index, tmp_path / "out", codec="h264", crf=18, jobs=1, progress=False)
+    assert (summary.files_encoded, summary.files_skipped) == (4, 0)
+    assert summary.frames_encoded == sum(clip.frame_count * len(clip.cameras) for clip in load_index(summary.index))
+    again = encode_index(image_index, tmp_path / "out", codec="h264", crf=18, jobs=1, progress=False)
+    assert (again.files_encoded, again.files_skipped, again.frames_encoded) == (0, 4, 0)  # there before: left alone
+
+
 @pytest.mark.slow
 def test_a_process_killed_mid_file_is_retried_and_leaves_no_temporary_file(
     image_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lightning_vstream.encode.settings import CameraSource, Codec, EncodeSettings, EncodeSummary
 from lightning_vstream.encode.writer import encode_file, mismatch, plan_file
+from lightning_vstream.encode.writer import source_bytes as source_size
 from lightning_vstream.errors import (
     ConfigurationError,
     DataFormatError,
@@ -170,6 +171,13 @@ def _fault(spec: str, source: CameraSource, frames: int) -> Callable[[int], None
     return inject
 
 
+def _written_earlier(job: EncodeJob) -> FileRecord:
+    """The record of a file this run wrote in a try whose result was lost: what the try would have returned."""
+    return FileRecord(
+        True, len(plan_file(job.source, job.path).ticks), source_size(job.source), job.path.stat().st_size
+    )
+
+
 def check_run_options(*, jobs: int, executor: str, threads: int | None) -> None:
     """Refuse ``jobs``, ``executor`` or ``threads`` values an encoding run cannot take (before any work).
 
@@ -289,6 +297,7 @@ def encode_sources(
     retries = 0
     # Left by processes of an earlier run killed on this machine (those of a cluster's machines: at the end).
     _remove_debris(todo, writers_ended=False)
+    existed = {job.path for job in todo if job.path.is_file()}  # files this run did not write
     with tqdm(total=len(todo), desc="encoding", unit="file", disable=not progress) as bar:
 
         def retried(what: str, err: BaseException) -> None:
@@ -319,6 +328,9 @@ def encode_sources(
     index = build_index(
         out_dir, output=out_dir / index_name, video_dirs=[video_dir], progress=False, executor=executor, workers=workers
     )
+    # A file left alone that was not there at the start was written by this run, in a try whose result was
+    # lost (its pool broke when another process died after it had renamed the file into place).
+    records = [r if r.encoded or job.path in existed else _written_earlier(job) for r, job in zip(records, todo)]
     done = [r for r in records if r.encoded]
     return EncodeSummary(
         index,
