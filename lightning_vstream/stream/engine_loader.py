@@ -10,8 +10,7 @@ device backend (:mod:`lightning_vstream.stream.engine_device`), the decoder fact
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
@@ -31,13 +30,14 @@ from lightning_vstream.stream.batch import StreamBatch
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
+from lightning_vstream.stream.loader_shell import StreamLoaderShell
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import PlanSpec
 
 __all__ = ["CPU_DECODER_THREADS", "EngineLoader", "build_engine_loader", "cpu_threads"]
 
 
-class EngineLoader:
+class EngineLoader(StreamLoaderShell):
     """Streaming batches from a :class:`~lightning_vstream.stream.engine.StreamEngine`, resumable mid-epoch.
 
     Batches are the dicts :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader` yields, with
@@ -60,15 +60,8 @@ class EngineLoader:
         #: Lightning inspects loaders' ``batch_sampler``; the sampler plans whole batches itself.
         self.batch_sampler = None
 
-    def __len__(self) -> int:
-        return len(self.sampler.schedule())
-
-    def __iter__(self) -> Iterator[StreamBatch]:
-        sampler, ledger = self.sampler, self.sampler.ledger
-        for batch in self.engine.run(ledger.begin_pass(sampler.epoch)):
-            ledger.yielded(sampler.epoch, batch["step"])
-            yield batch
-        ledger.end_pass()
+    def _run(self, start: int) -> Iterator[StreamBatch]:
+        return self.engine.run(start)
 
     def close(self) -> None:
         """Stop the decode threads of a run in progress."""
@@ -82,22 +75,7 @@ class EngineLoader:
             stats.remote = self.engine.prefetcher.fetcher.stats
         return stats
 
-    # -- resumable state (the one ledger's, as StreamDataLoader's) ----------------------------
-    def mark_consumed(self, batch: Mapping[str, Any]) -> None:
-        """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not)."""
-        self.sampler.ledger.mark_consumed(batch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
-
-        The format of :meth:`StreamDataLoader.state_dict
-        <lightning_vstream.stream.worker_loader.StreamDataLoader.state_dict>` (see :mod:`lightning_vstream.stream.ledger`).
-        """
-        return self.sampler.ledger.state_dict(self.sampler)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        self.sampler.set_epoch(self.sampler.ledger.load_state_dict(state, self.sampler))
+    def _follow_plan(self) -> None:
         if self.engine.prefetcher is not None:  # a resume on another world size continues on another plan
             self.engine.prefetcher.follow(PlanSpec.of(self.sampler, self.engine.prefetcher.index))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import multiprocessing.context
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from lightning_vstream.errors import (
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
 from lightning_vstream.stream.batch import StreamBatch, stream_batch
 from lightning_vstream.stream.failures import describe_streams, frame_size_error
+from lightning_vstream.stream.loader_shell import StreamLoaderShell
 from lightning_vstream.stream.memory import BufferPool
 from lightning_vstream.stream.parts import (
     ReadFailure,
@@ -60,7 +61,7 @@ def _identity(item: Any) -> Any:
     return item
 
 
-class StreamDataLoader(DataLoader):
+class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # yields batches, not parts
     """DataLoader that assembles stream-affine parts into full streaming batches.
 
     Each batch is a :class:`~lightning_vstream.StreamBatch` (a dict; its keys are documented in
@@ -150,13 +151,10 @@ class StreamDataLoader(DataLoader):
         self._pool = BufferPool(shared=num_workers > 0)
 
     # -- iteration -------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.sampler.schedule())  # type: ignore[attr-defined]
-
-    def __iter__(self) -> Iterator[StreamBatch]:  # type: ignore[override]
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+    def _run(self, start: int) -> Iterator[StreamBatch]:
+        sampler = self._stream_sampler
         plan = sampler.schedule()
-        start = sampler.start_step = self._ledger.begin_pass(sampler.epoch)
+        sampler.start_step = start
         parts_iter = self._start_workers()
         if self.num_workers > 0:
             self._passes.add(parts_iter)
@@ -165,7 +163,6 @@ class StreamDataLoader(DataLoader):
                 parts = [self._receive(parts_iter, step, p) for p in range(sampler.num_parts)]
                 with nvtx_range(RANGE_COLLATE):
                     batch = self._assemble(sampler, step, parts)
-                self._ledger.yielded(sampler.epoch, step)
                 yield batch
         except Exception:
             # Whatever failed, end our workers now: one that stalls and ignores SIGTERM would
@@ -174,12 +171,11 @@ class StreamDataLoader(DataLoader):
             raise
         finally:
             sampler.start_step = 0
-        self._ledger.end_pass()
 
     def _start_workers(self) -> Iterator[StreamPart]:
         """``iter()`` of the DataLoader, with its workers watched by the loader rather than torch's SIGCHLD handler."""
         try:
-            parts_iter = super().__iter__()
+            parts_iter = DataLoader.__iter__(self)  # the parts, as torch fetches them (not the shell's pass)
             watch_workers(parts_iter, self.timeout)
         except RuntimeError as err:
             # A worker that died while starting, reported by torch's SIGCHLD handler.
@@ -210,7 +206,7 @@ class StreamDataLoader(DataLoader):
 
     def _streams(self, step: int, part: int) -> str:
         """The camera streams part ``part`` reads at ``step``, for errors: slot, camera, clip, frame and file."""
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        sampler: StreamSampler = self.sampler
         entry = sampler._issued.get(step)
         if entry is None:
             return "camera streams not known yet"
@@ -298,7 +294,7 @@ class StreamDataLoader(DataLoader):
     ) -> torch.Tensor | list[torch.Tensor]:
         """The step's frames of output ``key`` as the batch delivers them, from the three ways workers return them
         (see :mod:`lightning_vstream.stream.parts`)."""
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        sampler: StreamSampler = self.sampler
         cams, batch_size = sampler.num_cameras, sampler.batch_size
         if self.dataset.camera_frames == "per_camera":  # type: ignore[attr-defined]
             templates = self._camera_templates.setdefault(key, {})
@@ -329,7 +325,7 @@ class StreamDataLoader(DataLoader):
         if key not in self._templates and delivered:
             first = rows[delivered[0]]
             self._templates[key] = (tuple(first.shape), first.dtype, first.device)
-            self.sampler.frame_shapes[key] = tuple(first.shape)  # type: ignore[attr-defined]
+            self.sampler.frame_shapes[key] = tuple(first.shape)
         if key not in self._templates:
             return []
         shape, dtype, _ = self._templates[key]
@@ -368,7 +364,7 @@ class StreamDataLoader(DataLoader):
         keys = ["", *self.dataset.outputs]  # type: ignore[attr-defined]
         if any(key not in self._templates or self._templates[key][2].type != "cpu" for key in keys):
             return None
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
+        sampler: StreamSampler = self.sampler
         buffers = {}
         for key in keys:
             shape, dtype, _ = self._templates[key]
@@ -396,32 +392,10 @@ class StreamDataLoader(DataLoader):
             total = total + stats
         return total
 
-    # -- resumable state -------------------------------------------------------------------
-    def mark_consumed(self, batch: Mapping[str, Any]) -> None:
-        """Record that a loop which fetches batches ahead used ``batch`` (Lightning's loops need not).
-
-        When a loop has taken more batches than it has used, a resume must start after the last
-        batch used, not after the last one handed out; the latest mark wins until the next
-        ``load_state_dict``.
-        """
-        self._ledger.mark_consumed(batch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-dict position: the epoch, the first step not yet consumed, and the skips in force there.
-
-        Skips (``on_error="skip"``) are stored as per-slot ``shifts``, ``pending_shifts``
-        (``[from_step, slot, shift]``: steps issued before a skip was found still read the clip
-        given up) and ``abandoned`` (``[slot, segment]``), so that a resumed run delivers exactly
-        the batches the interrupted run would have delivered (see :mod:`lightning_vstream.stream.ledger`).
-        """
-        return self._ledger.state_dict(self.sampler)  # type: ignore[arg-type]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the position of :meth:`state_dict`; the configuration must match."""
-        sampler: StreamSampler = self.sampler  # type: ignore[assignment]
-        sampler.set_epoch(self._ledger.load_state_dict(state, sampler))
+    # -- resumable state (the shell's; a remote index's workers fetch by the plan) ----------
+    def _follow_plan(self) -> None:
         dataset = self.dataset
         if getattr(dataset, "plan", None) is not None:  # a resume on another world size continues on another plan
             from lightning_vstream.stream.schedule import PlanSpec
 
-            dataset.plan = PlanSpec.of(sampler, dataset.index)  # type: ignore[attr-defined]
+            dataset.plan = PlanSpec.of(self._stream_sampler, dataset.index)  # type: ignore[attr-defined]
