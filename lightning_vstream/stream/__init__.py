@@ -21,7 +21,7 @@ Modules in the order a step's data flows through them:
 - :mod:`~lightning_vstream.stream.memory`: batch memory: host batches returned to a pool (:class:`BufferPool`) and
   the engine's batches on its device (:class:`EngineBatches`).
 - :mod:`~lightning_vstream.stream.batch`: the streaming batch (:class:`StreamBatch`) and its one builder
-  (:func:`stream_batch`), used by both loaders.
+  (:class:`~lightning_vstream.stream.batch.StepAssembler`), used by both loaders.
 - :mod:`~lightning_vstream.stream.engine`: the in-process engine (:class:`StreamEngine`): decode threads writing
   each frame once into the batches of a step.
 - :mod:`~lightning_vstream.stream.engine_reads`: one engine thread's decoders and the writing of a camera frame

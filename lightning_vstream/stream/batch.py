@@ -1,4 +1,4 @@
-"""The streaming batch: its keys (:class:`StreamBatch`) and the one function that builds it (:func:`stream_batch`).
+"""The streaming batch: its keys (:class:`StreamBatch`) and the one stage that builds it (:class:`StepAssembler`).
 
 Both stream loaders deliver the same batch, built here: the worker loader
 (:class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`) once it has put its parts' frames
@@ -27,12 +27,14 @@ from lightning_vstream.annotations.batch import add_annotations
 from lightning_vstream.decode.counters import DecodeStats
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.outputs import OutputFrames
+from lightning_vstream.stream.failures import describe_streams
 
 if TYPE_CHECKING:
     from lightning_vstream.stream.frame_steps import FrameSteps
+    from lightning_vstream.stream.sampler import StreamSampler
     from lightning_vstream.stream.schedule import SlotRead
 
-__all__ = ["StreamBatch", "attach_annotations", "stream_batch"]
+__all__ = ["StepAssembler", "StreamBatch", "attach_annotations"]
 
 log = logging.getLogger("lightning_vstream")
 
@@ -88,94 +90,142 @@ class StreamBatch(_StreamBatchKeys, total=False):
     img_aug_matrix: torch.Tensor
 
 
-def stream_batch(
-    *,
-    index: VideoIndex,
-    epoch: int,
-    step: int,
-    reads: Sequence[SlotRead | None],
-    valid: list[bool],
-    frames: Mapping[str, Frames],
-    camera_timestamps: np.ndarray,
-    steps: FrameSteps,
-    pad_annotations: bool,
-    stats: DecodeStats,
-    clip_ids: dict[int, str],
-    annotations: Iterable[tuple[int, Mapping[str, Any]]] = (),
-    missing: Iterable[tuple[int, str]] = (),
-    geometry: Iterable[tuple[int, Any]] = (),
-    output_geometry: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
-) -> StreamBatch:
-    """The batch of one step: the frames of every output, the slots' labels, and what the frames carry.
+class StepAssembler:
+    """The last stage of both stream loaders, written once: which slots of a step deliver a frame, the step's
+    counters, its batch, and the camera streams a lane of decoders reads (for errors).
 
     Args:
         index: The clips read (clip ids and camera names).
-        epoch: The epoch of the plan.
-        step: The step of the plan.
-        reads: What each slot read at this step (None: padding).
-        valid: Per slot, whether it delivers a frame; the rows of the others are zeroed in every output.
-        frames: Per output (``""``: the default one, else a name of ``steps.outputs``), the step's frames
-            laid out as delivered (``[slots, cameras, ...]``, or a list of ``[slots, ...]`` per camera).
-        camera_timestamps: float64 ``[slots, cameras]`` presentation times of the frames decoded; set
-            to NaN here for slots that are not valid.
+        sampler: The stream sampler: the plan, its epoch and the ledger of skips and counters.
         steps: What followed decoding (which outputs, annotations and geometry there are).
         pad_annotations: Pad ragged annotation fields with a mask instead of delivering lists.
-        stats: Counts the valid slots delivered without their annotation.
-        clip_ids: Clip ordinal -> its id, filled here (the loaders keep one across steps).
-        annotations: ``(slot, annotations of its frame)`` as looked up.
-        missing: ``(slot, why)`` of the slots whose annotation is missing (``on_error="skip"``).
-        geometry: ``(slot * cameras + camera, img_aug_matrix)`` of the frames decoded.
-        output_geometry: Per named output, ``(slot * cameras + camera, img_aug_matrix)``.
 
-    Returns:
-        The batch, with its keys in the documented order.
+    Example::
+
+        >>> assembler = StepAssembler(index, sampler, steps, pad_annotations=False)  # doctest: +SKIP
+        >>> batch = assembler.batch(step, reads, assembler.valid(step, reads), frames, timestamps)  # doctest: +SKIP
     """
-    cameras = len(index.camera_names)
-    for output in frames.values():
-        _zero_invalid(output, valid)
-    camera_timestamps[[slot for slot, ok in enumerate(valid) if not ok]] = math.nan
-    ids, frame_index, is_first = [], [], []
-    for read, ok in zip(reads, valid):
-        if ok and read is not None:
-            clip_id = clip_ids.get(read.clip)
-            if clip_id is None:
-                clip_id = clip_ids[read.clip] = index.clips[read.clip].clip_id
-            ids.append(clip_id)
-            frame_index.append(read.frame)
-            is_first.append(read.is_first)
-        else:
-            ids.append("")
-            frame_index.append(-1)
-            is_first.append(False)
-    batch: dict[str, Any] = {
-        "frames": frames[""],
-        "clip_id": ids,
-        # Small label tensors through numpy: a third of what torch.tensor(list) costs the host.
-        "frame_index": torch.from_numpy(np.array(frame_index, dtype=np.int64)),
-        "is_first": torch.from_numpy(np.array(is_first, dtype=np.bool_)),
-        "valid": torch.from_numpy(np.array(valid, dtype=np.bool_)),
-        "timestamp": torch.from_numpy(camera_timestamps[:, 0].copy()),
-        "camera_timestamp": torch.from_numpy(camera_timestamps),
-        "camera_names": list(index.camera_names),
-        "epoch": epoch,
-        "step": step,
-    }
-    if steps.outputs:
-        batch["outputs"] = {name: {"frames": frames[name]} for name in steps.outputs}
-    if steps.annotations is not None or steps.has_geometry:
-        attach_annotations(
-            batch,
-            steps,
+
+    def __init__(self, index: VideoIndex, sampler: StreamSampler, steps: FrameSteps, *, pad_annotations: bool) -> None:
+        self.index = index
+        self.sampler = sampler
+        self.ledger = sampler.ledger
+        self.steps = steps
+        self.pad_annotations = pad_annotations
+        self.clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
+
+    def valid(self, step: int, reads: Sequence[SlotRead | None]) -> list[bool]:
+        """Per slot, whether it delivers a frame at ``step``: it reads one, of a clip not given up there."""
+        ledger = self.ledger
+        if not ledger.any_given_up:
+            return [r is not None for r in reads]
+        return [r is not None and not ledger.invalid(slot, r.segment, step) for slot, r in enumerate(reads)]
+
+    def count(self, step: int, reads: Sequence[SlotRead | None], valid: list[bool], shifts: Sequence[int]) -> None:
+        """Count the step's frames delivered and skipped in the ledger (once per step, as it is delivered)."""
+        sampler = self.sampler
+        self.ledger.count_step(
+            reads=reads,
             valid=valid,
-            cameras=cameras,
-            found=annotations,
-            missing=missing,
-            geometry=geometry,
-            pad=pad_annotations,
-            stats=stats,
-            output_geometry=output_geometry,
+            shifts=shifts,
+            step=step,
+            num_steps=sampler.schedule().num_steps,
+            cameras=sampler.num_cameras,
         )
-    return cast(StreamBatch, batch)
+
+    def streams(self, step: int, reads: Sequence[SlotRead | None] | None, lane: int, lanes: int) -> str:
+        """The camera streams lane ``lane`` of ``lanes`` (a decode thread, a worker's part) reads at ``step``:
+        slot, camera, clip, frame and file, for errors. Position ``slot * cameras + camera`` belongs to lane
+        ``position % lanes``, in both loaders."""
+        if reads is None:
+            return "camera streams not known yet (the step is not planned yet)"
+        cams = self.sampler.num_cameras
+        streams = [
+            (position // cams, position % cams, reads[position // cams])
+            for position in range(lane, len(reads) * cams, lanes)
+            if reads[position // cams] is not None
+        ]
+        return describe_streams(self.index, streams) or "no camera stream at this step"
+
+    def batch(
+        self,
+        step: int,
+        reads: Sequence[SlotRead | None],
+        valid: list[bool],
+        frames: Mapping[str, Frames],
+        camera_timestamps: np.ndarray,
+        *,
+        annotations: Iterable[tuple[int, Mapping[str, Any]]] = (),
+        missing: Iterable[tuple[int, str]] = (),
+        geometry: Iterable[tuple[int, Any]] = (),
+        output_geometry: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
+    ) -> StreamBatch:
+        """The batch of one step: the frames of every output, the slots' labels, and what the frames carry.
+
+        Args:
+            step: The step of the plan.
+            reads: What each slot read at this step (None: padding).
+            valid: Per slot, whether it delivers a frame; the rows of the others are zeroed in every output.
+            frames: Per output (``""``: the default one, else a name of ``steps.outputs``), the step's frames
+                laid out as delivered (``[slots, cameras, ...]``, or a list of ``[slots, ...]`` per camera).
+            camera_timestamps: float64 ``[slots, cameras]`` presentation times of the frames decoded; set
+                to NaN here for slots that are not valid.
+            annotations: ``(slot, annotations of its frame)`` as looked up.
+            missing: ``(slot, why)`` of the slots whose annotation is missing (``on_error="skip"``); counted
+                in the ledger's counters.
+            geometry: ``(slot * cameras + camera, img_aug_matrix)`` of the frames decoded.
+            output_geometry: Per named output, ``(slot * cameras + camera, img_aug_matrix)``.
+
+        Returns:
+            The batch, with its keys in the documented order.
+        """
+        index, steps, clip_ids = self.index, self.steps, self.clip_ids
+        cameras = len(index.camera_names)
+        for output in frames.values():
+            _zero_invalid(output, valid)
+        camera_timestamps[[slot for slot, ok in enumerate(valid) if not ok]] = math.nan
+        ids, frame_index, is_first = [], [], []
+        for read, ok in zip(reads, valid):
+            if ok and read is not None:
+                clip_id = clip_ids.get(read.clip)
+                if clip_id is None:
+                    clip_id = clip_ids[read.clip] = index.clips[read.clip].clip_id
+                ids.append(clip_id)
+                frame_index.append(read.frame)
+                is_first.append(read.is_first)
+            else:
+                ids.append("")
+                frame_index.append(-1)
+                is_first.append(False)
+        batch: dict[str, Any] = {
+            "frames": frames[""],
+            "clip_id": ids,
+            # Small label tensors through numpy: a third of what torch.tensor(list) costs the host.
+            "frame_index": torch.from_numpy(np.array(frame_index, dtype=np.int64)),
+            "is_first": torch.from_numpy(np.array(is_first, dtype=np.bool_)),
+            "valid": torch.from_numpy(np.array(valid, dtype=np.bool_)),
+            "timestamp": torch.from_numpy(camera_timestamps[:, 0].copy()),
+            "camera_timestamp": torch.from_numpy(camera_timestamps),
+            "camera_names": list(index.camera_names),
+            "epoch": self.sampler.epoch,
+            "step": step,
+        }
+        if steps.outputs:
+            batch["outputs"] = {name: {"frames": frames[name]} for name in steps.outputs}
+        if steps.annotations is not None or steps.has_geometry:
+            attach_annotations(
+                batch,
+                steps,
+                valid=valid,
+                cameras=cameras,
+                found=annotations,
+                missing=missing,
+                geometry=geometry,
+                pad=self.pad_annotations,
+                stats=self.ledger.stats,
+                output_geometry=output_geometry,
+            )
+        return cast(StreamBatch, batch)
 
 
 def _zero_invalid(frames: Frames, valid: Sequence[bool]) -> None:

@@ -62,10 +62,10 @@ from lightning_vstream.errors import VideoDecodeError, WorkerError
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import DecodeOptions, ErrorOptions, OutputOptions, check_arguments, is_count
 from lightning_vstream.profiling import RANGE_COLLATE, RANGE_ENGINE_STEP, RANGE_WAIT, nvtx_range
-from lightning_vstream.stream.batch import StreamBatch, stream_batch
+from lightning_vstream.stream.batch import StepAssembler, StreamBatch
 from lightning_vstream.stream.engine_device import EngineDevice
 from lightning_vstream.stream.engine_reads import ThreadDecoders
-from lightning_vstream.stream.failures import FILE_ERRORS, describe_streams
+from lightning_vstream.stream.failures import FILE_ERRORS
 from lightning_vstream.stream.frame_steps import FrameSteps
 from lightning_vstream.stream.memory import EngineBatches
 from lightning_vstream.stream.sampler import StreamSampler
@@ -227,6 +227,7 @@ class StreamEngine:
             decode_device="cpu" if decoder_resizes else "cuda",
             outputs=self.outputs,
         )
+        self._assembler = StepAssembler(index, sampler, self.steps, pad_annotations=self.pad_annotations)
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
@@ -267,7 +268,6 @@ class StreamEngine:
         self._earlier_runs = DecodeStats()
         self._this_run: dict[int, DecodeStats] = {}
         #: The skips of the current pass (for resuming mid-epoch after skipped clips).
-        self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
         #: Announces each planned step's upcoming GOPs (a remote index; set by ``build_engine_loader``).
         self.prefetcher: Any = None
 
@@ -392,46 +392,22 @@ class StreamEngine:
     def _streams_of(self, run: EngineRun, step: int, t: int) -> str:
         """The camera streams thread ``t`` decodes at ``step``, for errors: slot, camera, clip, frame and file."""
         planned = run.steps.get(step)
-        if planned is None:
-            return "its camera streams (not planned yet)"
-        cams = self.sampler.num_cameras
-        streams = [
-            (position // cams, position % cams, planned.reads[position // cams])
-            for position in range(t, len(planned.reads) * cams, self.num_threads)
-            if planned.reads[position // cams] is not None
-        ]
-        return describe_streams(self.index, streams) or "no camera stream at this step"
+        return self._assembler.streams(step, None if planned is None else planned.reads, t, self.num_threads)
 
     def _assemble(self, step: int, planned: PlannedStep) -> StreamBatch:
-        reads = planned.reads
-        if self._ledger.any_given_up:
-            valid = [r is not None and not self._ledger.invalid(slot, r.segment, step) for slot, r in enumerate(reads)]
-        else:
-            valid = [r is not None for r in reads]
+        reads, assembler = planned.reads, self._assembler
+        valid = assembler.valid(step, reads)
         with self._stats_lock:
             self._this_run.update(planned.counts)
-            self._ledger.count_step(
-                reads=reads,
-                valid=valid,
-                shifts=planned.shifts,
-                step=step,
-                num_steps=self.sampler.schedule().num_steps,
-                cameras=self.sampler.num_cameras,
-            )
+            assembler.count(step, reads, valid, planned.shifts)
             frames = {"": self.batches.layout(planned.frames)}
             frames.update((name, self.batches.layout(planned.outputs[name])) for name in self.outputs)
-            return stream_batch(
-                index=self.index,
-                epoch=self.sampler.epoch,
-                step=step,
-                reads=reads,
-                valid=valid,
-                frames=frames,
-                camera_timestamps=np.array(planned.timestamps, dtype=np.float64).reshape(len(reads), -1),
-                steps=self.steps,
-                pad_annotations=self.pad_annotations,
-                stats=self._stats,
-                clip_ids=self._clip_ids,
+            return assembler.batch(
+                step,
+                reads,
+                valid,
+                frames,
+                np.array(planned.timestamps, dtype=np.float64).reshape(len(reads), -1),
                 annotations=planned.annotations.items(),
                 missing=planned.missing,
                 geometry=planned.geometry.items(),

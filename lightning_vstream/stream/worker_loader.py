@@ -30,8 +30,8 @@ from lightning_vstream.errors import (
     WorkerError,
 )
 from lightning_vstream.profiling import RANGE_COLLATE, nvtx_range
-from lightning_vstream.stream.batch import StreamBatch, stream_batch
-from lightning_vstream.stream.failures import describe_streams, frame_size_error
+from lightning_vstream.stream.batch import StepAssembler, StreamBatch
+from lightning_vstream.stream.failures import frame_size_error
 from lightning_vstream.stream.loader_shell import StreamLoaderShell
 from lightning_vstream.stream.memory import BufferPool
 from lightning_vstream.stream.parts import (
@@ -136,7 +136,7 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
         self._ledger = sampler.ledger
         self._ledger.lookahead = prefetch_factor if prefetch_factor is not None else 2
         self._skips = self._ledger.stats
-        self._clip_ids: dict[int, str] = {}  # clip ordinal -> its id, as batches label slots
+        self._assembler = StepAssembler(dataset.index, sampler, dataset.steps, pad_annotations=dataset.pad_annotations)
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
         # (output, camera) with camera_frames="per_camera".
         self._templates: dict[str, Template] = {}
@@ -208,16 +208,7 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
         """The camera streams part ``part`` reads at ``step``, for errors: slot, camera, clip, frame and file."""
         sampler: StreamSampler = self.sampler
         entry = sampler._issued.get(step)
-        if entry is None:
-            return "camera streams not known yet"
-        cams = sampler.num_cameras
-        streams = [
-            (slot, camera, read)
-            for slot, read in enumerate(entry[0])
-            for camera in range(cams)
-            if read is not None and (slot * cams + camera) % sampler.num_parts == part
-        ]
-        return describe_streams(self.dataset.index, streams) or "no camera stream at this step"  # type: ignore[attr-defined]
+        return self._assembler.streams(step, None if entry is None else entry[0], part, sampler.num_parts)
 
     def _stop_workers(self, parts_iter: Any) -> None:
         """End the worker processes of ``parts_iter`` (terminate, then kill) and close its queues."""
@@ -237,7 +228,8 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
                 )
             self._worker_stats[part.worker] = part.stats
         reads, shifts, buffers = sampler.issued(step)
-        valid = [r is not None and not self._ledger.invalid(slot, r.segment, step) for slot, r in enumerate(reads)]
+        assembler = self._assembler
+        valid = assembler.valid(step, reads)
         keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
         failed = [failure for part in parts for failure in part.failed]
         rows: dict[str, dict[int, torch.Tensor]] = {}
@@ -254,26 +246,18 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
             valid[slot] = False
             clip_id = index.clips[read.clip].clip_id
             sampler.give_up(slot, step, shifts[slot], read, clip_id=clip_id, path=path, error=error)
-        self._ledger.count_step(
-            reads=reads, valid=valid, shifts=shifts, step=step, num_steps=sampler.schedule().num_steps, cameras=cams
-        )
+        assembler.count(step, reads, valid, shifts)
         frames = {key: self._frames(step, parts, key, buffers, rows.get(key, {}), valid) for key in keys}
         camera_timestamps = np.full((sampler.batch_size, cams), math.nan, dtype=np.float64)
         flat = camera_timestamps.reshape(-1)
         for part in parts:
             flat[part.positions] = part.timestamps
-        return stream_batch(
-            index=index,
-            epoch=sampler.epoch,
-            step=step,
-            reads=reads,
-            valid=valid,
-            frames=frames,
-            camera_timestamps=camera_timestamps,
-            steps=dataset.steps,
-            pad_annotations=dataset.pad_annotations,
-            stats=self._skips,
-            clip_ids=self._clip_ids,
+        return assembler.batch(
+            step,
+            reads,
+            valid,
+            frames,
+            camera_timestamps,
             annotations=[item for part in parts for item in part.annotations.items()],
             missing=[item for part in parts for item in part.missing],
             geometry=[item for part in parts for item in part.frames[""].geometry.items()],
