@@ -133,6 +133,13 @@ class StepAssembler:
             cameras=sampler.num_cameras,
         )
 
+    def give_up(self, step: int, position: int, read: SlotRead, shift: int, *, path: str, error: object) -> None:
+        """Give up the segment slot ``position // cameras`` reads at ``step``: a read of it failed
+        (``on_error="skip"``); the ledger moves the slot on to its next clip and counts the skip."""
+        slot = position // self.sampler.num_cameras
+        clip_id = self.index.clips[read.clip].clip_id
+        self.sampler.give_up(slot, step, shift, read, clip_id=clip_id, path=path, error=error)
+
     def streams(self, step: int, reads: Sequence[SlotRead | None] | None, lane: int, lanes: int) -> str:
         """The camera streams lane ``lane`` of ``lanes`` (a decode thread, a worker's part) reads at ``step``:
         slot, camera, clip, frame and file, for errors. Position ``slot * cameras + camera`` belongs to lane

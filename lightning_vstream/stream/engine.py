@@ -582,9 +582,8 @@ class StreamEngine:
         decoders.close(position)
         decoders.read_errors += 1
         slot, camera = divmod(position, self.sampler.num_cameras)
-        clip = self.index.clips[read.clip]
-        path = str(clip.cameras[camera].path)
-        self.sampler.give_up(slot, step, planned.shifts[slot], read, clip_id=clip.clip_id, path=path, error=err)
+        path = str(self.index.clips[read.clip].cameras[camera].path)
+        self._assembler.give_up(step, position, read, planned.shifts[slot], path=path, error=err)
 
     def _shutdown(self, run: EngineRun) -> None:
         """Stop the threads of ``run`` (the current run, or an earlier one whose iterator is dropped only now)."""

@@ -218,7 +218,6 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
 
     def _assemble(self, sampler: StreamSampler, step: int, parts: list[StreamPart]) -> StreamBatch:
         dataset: StreamDataset = self.dataset  # type: ignore[assignment]
-        index = dataset.index
         cams = sampler.num_cameras
         for p, part in enumerate(parts):
             if (part.epoch, part.step, part.part) != (sampler.epoch, step, p):
@@ -244,8 +243,7 @@ class StreamDataLoader(StreamLoaderShell, DataLoader):  # type: ignore[misc]  # 
             if read is None:
                 continue
             valid[slot] = False
-            clip_id = index.clips[read.clip].clip_id
-            sampler.give_up(slot, step, shifts[slot], read, clip_id=clip_id, path=path, error=error)
+            assembler.give_up(step, position, read, shifts[slot], path=path, error=error)
         assembler.count(step, reads, valid, shifts)
         frames = {key: self._frames(step, parts, key, buffers, rows.get(key, {}), valid) for key in keys}
         camera_timestamps = np.full((sampler.batch_size, cams), math.nan, dtype=np.float64)
