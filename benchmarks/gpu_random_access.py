@@ -7,7 +7,7 @@ Two cases, each peer with its best settings (the table says which):
    draw independently). Metric: camera-frames per second.
 
    - ``vstream_gpu``: :class:`~lightning_vstream.clips.dataset.VideoClipDataset` with
-     ``decode_device="cuda"``; a batch of samples is read with ``__getitems__`` (what the
+     ``decode=DecodeOptions(device="cuda")``; a batch of samples is read with ``__getitems__`` (what the
      DataLoader calls), its GOPs spread over ``--threads`` decoding threads (the best is kept).
    - ``vstream_gpu_keyframe``: the same with ``frame_policy="nearest_keyframe"`` (APPROXIMATE
      frames, shown for scale, not compared).
@@ -229,7 +229,7 @@ class VStreamPeer(Peer):
         )
         self.name = "vstream_gpu" + ("_keyframe" if policy != "exact" else "")
         self.settings = (
-            f"decode_device={device!r}, gop_threads={threads}, frame_policy={policy!r}, "
+            f"decode.device={device!r}, gop_threads={threads}, frame_policy={policy!r}, "
             f"max_open_decoders={max_open}, __getitems__"
         )
 

@@ -2,7 +2,7 @@
 
 One run, same files, same settings (``StreamVideoDataModule``, batch 4 slots x 6 cameras, one
 FFmpeg thread per decoder), for two loaders: the worker loader decoding in the training process
-(``num_workers=0``, so CPU time is measurable) and the thread engine (``engine="threads"``, 2
+(``engine.num_workers=0``, so CPU time is measurable) and the thread engine (``engine.kind="threads"``, 2
 threads). Configurations:
 
 - 1 output: the frames as decoded (the baseline);

@@ -5,9 +5,9 @@ H.265, GOP 30, no B-frames, 12 fps).
 
 - ceiling: plain sequential PyAV decoding of every file to RGB, one process per core, FFmpeg
   threading on, no loader.
-- stream loader, workers: ``StreamVideoDataModule(engine="workers")`` train loader, delivered
+- stream loader, workers: ``StreamVideoDataModule(engine=EngineOptions(kind="workers"))`` train loader, delivered
   camera-frames/sec over one epoch after the first batch, plus its decode amplification.
-- stream loader, engine: the same with ``engine="threads"`` (decode threads in the training
+- stream loader, engine: the same with ``kind="threads"`` (decode threads in the training
   process), with 2 and 4 threads.
 - ``--gil-ms N``: the loop that consumes the batches runs N ms of pure Python per batch, holding
   the GIL as a Python-heavy training step does (``--gil-mode python``: bytecode, which the

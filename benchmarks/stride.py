@@ -22,8 +22,8 @@ Every reader then reads the same frames:
 Readers and their settings (a peer runs each of its settings; the tables show its best per case,
 and the JSON every setting):
 
-- ``vstream`` (the baseline): ``StreamVideoDataModule(frame_stride=N, batch_size=clips, shuffle=False,
-  engine="threads")`` (the CPU default: decode threads in the process, one per core, one FFmpeg thread
+- ``vstream`` (the baseline): ``StreamVideoDataModule(batch_size=clips,
+  plan=PlanOptions(frame_stride=N, shuffle=False), engine=EngineOptions(kind="threads"))`` (the CPU default: decode threads in the process, one per core, one FFmpeg thread
   per decoder, frames written once into recycled batch memory); random access ``VideoClipDataset``
   over ``at_indices`` requests (its defaults: two GOPs decoded at once, FFmpeg threads automatic, one
   kept decoder per file). Frames decoded per frame delivered come from ``decode_stats()`` (streaming)
