@@ -237,93 +237,73 @@ def test_gpu_options_from_a_yaml_section(index: Path, tmp_path: Path, monkeypatc
 
 
 # -- options: the public signatures stay, every shared option is refused in one wording ------------
+Row = tuple[str, str | None, str]
+#: The rows the constructors share, each written once.
+_TOP: list[Row] = [
+    *((f"{stage}index_file", "None", "Path | str | None") for stage in ("", "val_", "test_", "predict_")),
+    ("batch_size", "4", "int"),
+    ("seed", "0", "int"),
+]
+_GROUPS: dict[str, Row] = {
+    "index": ("index", "IndexOptions(cameras=None, exclude_clips=(), check='fast')", "IndexOptions"),
+    "plan": (
+        "plan",
+        "PlanOptions(shuffle=True, segment_length=None, seq_split_num=None, min_segment_length=8, frame_stride=1)",
+        "PlanOptions",
+    ),
+    "sampling": (
+        "sampling",
+        "SamplingOptions(selection='regular', clip_frames=None, frame_stride=1, segments=None, time_policy='nearest', "
+        "hop=None, clips_per_epoch=None, weighting='frames', frame_policy='exact', shuffle=True, drop_last=False)",
+        "SamplingOptions",
+    ),
+    "decode": (
+        "decode",
+        "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
+        "DecodeOptions",
+    ),
+    "output": (
+        "output",
+        "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
+        "OutputOptions",
+    ),
+    "engine": (
+        "engine",
+        "EngineOptions(kind='auto', threads=None, num_workers=None, prefetch_factor=2, persistent_workers=False, "
+        "multiprocessing_context=None, pin_memory=False)",
+        "EngineOptions",
+    ),
+    "errors": ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
+    "gpu": ("gpu", "GpuOptions(fallback='none', probe=True)", "GpuOptions"),
+    "storage": ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
+}
+_PLACEMENT: list[Row] = [("rank", "None", "int | None"), ("world_size", "None", "int | None")]
+
+
+def _groups(*names: str) -> list[Row]:
+    return [_GROUPS[name] for name in names]
+
+
 #: Every public constructor's parameters since the option groups: name, default (repr) and annotation.
 #: YAML configs, saved hyperparameters and checkpoints name these; they change only on purpose.
-SIGNATURES: dict[str, list[tuple[str, str | None, str]]] = {
+SIGNATURES: dict[str, list[Row]] = {
     "StreamVideoDataModule": [
-        ("index_file", "None", "Path | str | None"),
-        ("val_index_file", "None", "Path | str | None"),
-        ("test_index_file", "None", "Path | str | None"),
-        ("predict_index_file", "None", "Path | str | None"),
-        ("batch_size", "4", "int"),
-        ("seed", "0", "int"),
-        ("index", "IndexOptions(cameras=None, exclude_clips=(), check='fast')", "IndexOptions"),
-        (
-            "plan",
-            "PlanOptions(shuffle=True, segment_length=None, seq_split_num=None, min_segment_length=8, frame_stride=1)",
-            "PlanOptions",
-        ),
-        (
-            "decode",
-            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
-            "DecodeOptions",
-        ),
-        (
-            "output",
-            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
-            "OutputOptions",
-        ),
-        (
-            "engine",
-            "EngineOptions(kind='auto', threads=None, num_workers=None, prefetch_factor=2, persistent_workers=False, multiprocessing_context=None, pin_memory=False)",
-            "EngineOptions",
-        ),
-        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
-        ("gpu", "GpuOptions(fallback='none', probe=True)", "GpuOptions"),
-        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
-        ("rank", "None", "int | None"),
-        ("world_size", "None", "int | None"),
+        *_TOP,
+        *_groups("index", "plan", "decode", "output", "engine", "errors", "gpu", "storage"),
+        *_PLACEMENT,
     ],
     "ClipVideoDataModule": [
-        ("index_file", "None", "Path | str | None"),
-        ("val_index_file", "None", "Path | str | None"),
-        ("test_index_file", "None", "Path | str | None"),
-        ("predict_index_file", "None", "Path | str | None"),
-        ("batch_size", "4", "int"),
-        ("seed", "0", "int"),
-        (
-            "sampling",
-            "SamplingOptions(selection='regular', clip_frames=None, frame_stride=1, segments=None, time_policy='nearest', hop=None, clips_per_epoch=None, weighting='frames', frame_policy='exact', shuffle=True, drop_last=False)",
-            "SamplingOptions",
-        ),
+        *_TOP,
+        _GROUPS["sampling"],
         ("sampler", "None", "Callable[[VideoClipDataset], Sampler[Any]] | None"),
-        ("index", "IndexOptions(cameras=None, exclude_clips=(), check='fast')", "IndexOptions"),
-        (
-            "decode",
-            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
-            "DecodeOptions",
-        ),
-        (
-            "output",
-            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
-            "OutputOptions",
-        ),
-        (
-            "engine",
-            "EngineOptions(kind='auto', threads=None, num_workers=None, prefetch_factor=2, persistent_workers=False, multiprocessing_context=None, pin_memory=False)",
-            "EngineOptions",
-        ),
-        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
-        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
-        ("rank", "None", "int | None"),
-        ("world_size", "None", "int | None"),
+        *_groups("index", "decode", "output", "engine", "errors", "storage"),
+        *_PLACEMENT,
     ],
     "VideoClipDataset": [
         ("index", None, "VideoIndex | Path | str"),
         ("requests", "()", "Sequence[ClipRequest]"),
         ("cameras", "None", "Sequence[str] | None"),
-        (
-            "decode",
-            "DecodeOptions(device='cpu', decoder_threads=0, max_open_decoders=None, camera_frames='stacked')",
-            "DecodeOptions",
-        ),
-        (
-            "output",
-            "OutputOptions(transform=None, outputs={}, annotations=None, augment=None, pad_annotations=False)",
-            "OutputOptions",
-        ),
-        ("errors", "ErrorOptions(on_error='raise', timeout=300.0)", "ErrorOptions"),
-        ("storage", "StorageConfig(options={}, cache_dir=None, cache_limit=None)", "StorageConfig"),
+        *_groups("decode", "output", "errors", "storage"),
         ("size", "None", "tuple[int, int] | None"),
         ("gop_threads", "None", "int | None"),
         ("frame_policy", "'exact'", "FramePolicy"),
