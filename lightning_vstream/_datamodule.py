@@ -70,13 +70,13 @@ def unused_options(
     num_workers: int | None, persistent_workers: bool, multiprocessing_context: str | None
 ) -> dict[str, object]:
     """The worker-process options among these that were given a value that needs worker processes."""
-    given: dict[str, object] = {}
+    given: dict[str, object] = {}  # named by their place: the engine group's
     if num_workers:
-        given["num_workers"] = num_workers
+        given["engine.num_workers"] = num_workers
     if persistent_workers:
-        given["persistent_workers"] = persistent_workers
+        given["engine.persistent_workers"] = persistent_workers
     if multiprocessing_context is not None:
-        given["multiprocessing_context"] = multiprocessing_context
+        given["engine.multiprocessing_context"] = multiprocessing_context
     return given
 
 
@@ -127,10 +127,10 @@ def warn_unused_options(owner: str, unused: Mapping[str, object], because: str, 
 
     Example::
 
-        >>> warn_unused_options("StreamVideoDataModule", {"num_workers": 16},
-        ...                     "engine='threads' decodes in threads of the training process",
-        ...                     "engine_threads sets how many")  # doctest: +SKIP
-        VStreamWarning: StreamVideoDataModule: num_workers=16 is not used: engine='threads' decodes in ...
+        >>> warn_unused_options("StreamVideoDataModule", {"engine.num_workers": 16},
+        ...                     "engine.kind='threads' decodes in threads of the training process",
+        ...                     "engine.threads sets how many")  # doctest: +SKIP
+        VStreamWarning: StreamVideoDataModule: engine.num_workers=16 is not used: engine.kind='threads' decodes in ...
     """
     if not unused:
         return

@@ -179,7 +179,7 @@ def test_worker_options_a_gpu_run_does_not_use_are_warned_about_once(clip_index:
     on_gpu = SimpleNamespace(decode_device="cuda:0")  # a dataset decoding on the GPU, as setup() makes it there
     with pytest.warns(
         VStreamWarning,
-        match=r"^ClipVideoDataModule: num_workers=4 and multiprocessing_context='spawn' are not used: decoding on "
+        match=r"^ClipVideoDataModule: engine\.num_workers=4 and engine\.multiprocessing_context='spawn' are not used: decoding on "
         r"cuda:0, each batch is decoded by threads of the training process, which starts no worker processes\. "
         r"Those threads are engine\.threads=None \(None: twice the GPU's NVDEC engines\)\.$",
     ):

@@ -512,7 +512,7 @@ def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated
     dm.setup("fit")
     with pytest.warns(
         VStreamWarning,
-        match=r"^StreamVideoDataModule: num_workers=16 is not used: engine\.kind='threads' decodes in threads of the "
+        match=r"^StreamVideoDataModule: engine\.num_workers=16 is not used: engine\.kind='threads' decodes in threads of the "
         r"training process and starts no worker processes\. Its decode threads are engine\.threads=None \(None: one "
         r"per core\); pass engine=EngineOptions\(kind='workers'\) to decode in worker processes instead\.$",
     ):
@@ -527,7 +527,7 @@ def test_an_option_the_chosen_engine_does_not_use_is_warned_about_once(annotated
     gpu._resolved_device = "cuda:0"  # as resolve_decode_device gives on a GPU machine
     with pytest.warns(
         VStreamWarning,
-        match=r"num_workers=4 and persistent_workers=True are not used: engine\.kind='auto' on cuda:0 decodes in "
+        match=r"engine\.num_workers=4 and engine\.persistent_workers=True are not used: engine\.kind='auto' on cuda:0 decodes in "
         r"threads of the training process .* engine\.threads=None \(None: twice the GPU's NVDEC engines\)",
     ):
         gpu._warn_unused_options()
