@@ -17,7 +17,7 @@ import multiprocessing.context
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import lightning.pytorch as pl
 
@@ -35,6 +35,7 @@ from lightning_vstream.options import (
     check_moved_keywords,
     is_count,
     option_group,
+    regroup_moved_keywords,
 )
 from lightning_vstream.storage.config import StorageConfig
 from lightning_vstream.storage.urls import index_location
@@ -398,6 +399,59 @@ class VideoDataModule(pl.LightningDataModule, abc.ABC):
         self._indexes: dict[Stage, VideoIndex] = {}
         self._loaders: dict[Stage, Any] = {}
         self._resolved_device: str | None = None
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path | IO[bytes],
+        map_location: Any = None,
+        hparams_file: str | Path | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The DataModule a checkpoint's hyperparameters describe, as Lightning's ``load_from_checkpoint`` builds it,
+        with ``kwargs`` over them, and its state loaded.
+
+        Lightning passes a constructor only the arguments it names, so the flat options of a checkpoint saved
+        before the option groups would be dropped without a word; they are put into their groups here (with
+        one :class:`~lightning_vstream.VStreamWarning` naming them). A flat keyword in ``kwargs`` is an error
+        naming its new place, as in the constructor.
+
+        Example::
+
+            >>> dm = StreamVideoDataModule.load_from_checkpoint("last.ckpt", output=OutputOptions(transform=t))  # doctest: +SKIP
+        """
+        own = set(inspect.signature(cls.__init__).parameters) - set(cls.moved_keywords)
+        check_moved_keywords(cls.__name__, cls.moved_keywords, kwargs, keep=own)
+        if hparams_file is not None:  # hyperparameters from a file: Lightning's own reading of it
+            return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, weights_only, **kwargs)
+        import fsspec
+        import torch
+
+        if isinstance(checkpoint_path, (str, Path)):
+            with fsspec.open(str(checkpoint_path), "rb") as f:
+                checkpoint = torch.load(f, map_location=map_location or "cpu", weights_only=weights_only)
+        else:
+            checkpoint = torch.load(checkpoint_path, map_location=map_location or "cpu", weights_only=weights_only)
+        saved = dict(checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
+        saved, moved = regroup_moved_keywords(cls.moved_keywords, saved, keep=own)
+        if moved:
+            warnings.warn(
+                f"{cls.__name__}: the checkpoint holds options of an earlier release as flat hyperparameters "
+                f"({', '.join(moved)}); they were put into their option groups. Save a new checkpoint to keep them "
+                "that way.",
+                VStreamWarning,
+                stacklevel=2,
+            )
+        arguments = {**saved, **kwargs}
+        parameters = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            arguments = {name: value for name, value in arguments.items() if name in parameters}
+        module = cls(**arguments)
+        state = checkpoint.get(type(module).__qualname__)
+        if state is not None:
+            module.load_state_dict(state)
+        return module
 
     def _record_hyperparameters(self, groups: Mapping[str, object]) -> None:
         """Store plain hyperparameters, each option group as the checked whole (``groups``) rather than as given."""

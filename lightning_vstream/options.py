@@ -76,6 +76,7 @@ __all__ = [
     "is_count",
     "moved_keywords",
     "option_group",
+    "regroup_moved_keywords",
 ]
 
 OnError = Literal["raise", "skip"]
@@ -668,6 +669,40 @@ def check_moved_keywords(
                 f"{owner}: {old}= is an option of the {group} group now: pass "
                 f"{group}={kind.__name__}({new}={value!r}) (YAML: data.{group}.{new}: {shown})."
             )
+
+
+def regroup_moved_keywords(
+    groups: Mapping[str, tuple[type, Mapping[str, str]]], given: Mapping[str, Any], keep: Collection[str] = ()
+) -> tuple[dict[str, Any], list[str]]:
+    """``given`` with every keyword that moved into an option group put into that group's dict, and the names moved.
+
+    For the hyperparameters of an earlier release's checkpoint: ``{"num_workers": 0, "engine": "threads"}``
+    becomes ``{"engine": {"num_workers": 0, "kind": "threads"}}``; a group given whole (a dict or the group) is
+    merged with the moved fields. ``keep``: names the callee takes itself.
+
+    Example::
+
+        >>> regroup_moved_keywords({"errors": (ErrorOptions, {"on_error": "on_error"})}, {"on_error": "skip", "seed": 1})
+        ({'seed': 1, 'errors': {'on_error': 'skip'}}, ['on_error'])
+    """
+    places = {old: (group, kind, new) for group, (kind, fields) in groups.items() for old, new in fields.items()}
+    out: dict[str, Any] = {}
+    moved: dict[str, dict[str, Any]] = {}
+    names: list[str] = []
+    for name, value in given.items():
+        place = places.get(name)
+        if place is None or name in keep or (name == place[0] and _groupish(value, place[1])):
+            out[name] = value
+            continue
+        group, _, field_name = place
+        moved.setdefault(group, {})[field_name] = value
+        names.append(name)
+    for group, fields in moved.items():
+        whole: Any = out.get(group)
+        if dataclasses.is_dataclass(whole) and not isinstance(whole, type):
+            whole = {f.name: getattr(whole, f.name) for f in dataclasses.fields(whole)}
+        out[group] = {**(whole or {}), **fields}
+    return out, names
 
 
 def _groupish(value: Any, kind: type) -> bool:

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import torch
 
 from lightning_vstream import StreamVideoDataModule
 from lightning_vstream.demos.synth import clip_name, read_stamp, write_stamped_video
-from lightning_vstream.errors import ResumeStateError
+from lightning_vstream.errors import ConfigurationError, ResumeStateError, VStreamWarning
 from lightning_vstream.indexing import build_index, load_index
-from lightning_vstream.options import DecodeOptions, EngineOptions, ErrorOptions
+from lightning_vstream.options import DecodeOptions, EngineOptions, ErrorOptions, regroup_moved_keywords
 from lightning_vstream.stream.engine_loader import build_engine_loader
 from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.stream_datamodule import STREAM_MOVES
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
 
@@ -71,49 +73,10 @@ def _labels(batch: dict[str, Any]) -> list[Any]:
     ]
 
 
-#: Where each flat hyperparameter of the earlier release went: ``old -> (group, field)``.
-_MOVED = {
-    "cameras": ("index", "cameras"),
-    "exclude_clips": ("index", "exclude_clips"),
-    "index_check": ("index", "check"),
-    "shuffle": ("plan", "shuffle"),
-    "segment_length": ("plan", "segment_length"),
-    "seq_split_num": ("plan", "seq_split_num"),
-    "min_segment_length": ("plan", "min_segment_length"),
-    "frame_stride": ("plan", "frame_stride"),
-    "decode_device": ("decode", "device"),
-    "decoder_threads": ("decode", "decoder_threads"),
-    "max_open_decoders": ("decode", "max_open_decoders"),
-    "camera_frames": ("decode", "camera_frames"),
-    "transform": ("output", "transform"),
-    "outputs": ("output", "outputs"),
-    "annotations": ("output", "annotations"),
-    "augment": ("output", "augment"),
-    "pad_annotations": ("output", "pad_annotations"),
-    "engine": ("engine", "kind"),
-    "engine_threads": ("engine", "threads"),
-    "num_workers": ("engine", "num_workers"),
-    "prefetch_factor": ("engine", "prefetch_factor"),
-    "persistent_workers": ("engine", "persistent_workers"),
-    "multiprocessing_context": ("engine", "multiprocessing_context"),
-    "pin_memory": ("engine", "pin_memory"),
-    "on_error": ("errors", "on_error"),
-    "timeout": ("errors", "timeout"),
-    "storage_options": ("storage", "options"),
-    "cache_dir": ("storage", "cache_dir"),
-    "cache_limit": ("storage", "cache_limit"),
-}
-
-
 def _grouped(hparams: dict[str, Any]) -> dict[str, Any]:
     """The earlier release's flat hyperparameters as this release's arguments, each option in its group."""
-    grouped: dict[str, Any] = {}
-    for name, value in hparams.items():
-        if name not in _MOVED:
-            grouped[name] = value
-        elif value is not None or name not in ("exclude_clips", "storage_options"):  # None: the group's default
-            group, field = _MOVED[name]
-            grouped.setdefault(group, {})[field] = value
+    grouped, moved = regroup_moved_keywords(STREAM_MOVES, hparams)
+    assert moved  # they were flat
     return grouped
 
 
@@ -128,6 +91,24 @@ def _run(index: Path, hparams: dict[str, Any], state: dict[str, Any] | None = No
         return [_labels(batch) for batch in loader]
     finally:
         dm.teardown("fit")
+
+
+@pytest.mark.parametrize("loader", ["workers0", "workers2", "engine"])
+def test_a_checkpoint_of_the_earlier_release_loads_its_flat_options_into_their_groups(
+    damaged: Path, tmp_path: Path, loader: str
+) -> None:
+    """Lightning passes a constructor only the arguments it names: without regrouping, the earlier release's
+    flat options would be dropped without a word (its engine, workers and on_error taking their defaults)."""
+    hparams = json.loads(SAVED.read_text())[loader]["hparams"]
+    path = tmp_path / "earlier.ckpt"
+    torch.save({"datamodule_hyper_parameters": {**hparams, "index_file": str(damaged)}}, path)
+    with pytest.warns(VStreamWarning, match=r"flat hyperparameters \(.*num_workers.*on_error.*\); they were put into"):
+        dm = StreamVideoDataModule.load_from_checkpoint(path)
+    assert dm.engine.kind == hparams["engine"] and dm.engine.num_workers == hparams["num_workers"]
+    assert dm.errors.on_error == hparams["on_error"] == "skip" and dm.plan.shuffle is hparams["shuffle"]
+    assert dm.decode.decoder_threads == hparams["decoder_threads"]
+    with pytest.raises(ConfigurationError, match=r"num_workers= is an option of the engine group now"):
+        StreamVideoDataModule.load_from_checkpoint(path, num_workers=0)  # a flat keyword given now: its new place
 
 
 @pytest.mark.parametrize("loader", ["workers0", "workers2", "engine"])
