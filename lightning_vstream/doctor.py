@@ -10,7 +10,7 @@ One command to run before training on a new machine, and whose JSON to attach to
    under the right index) and colour within the tolerance ``docs/gpu.md`` gives (mean absolute
    difference at most :data:`COLOUR_TOLERANCE` levels).
 4. **Throughput**, in one run on the same files: raw NVDEC (PyNvVideoCodec alone), the stream
-   engine, and the worker design (``engine="workers"``).
+   engine, and the worker design (``engine.kind="workers"``).
 
 Without an NVIDIA GPU it says so in one line and exits 0. Under a test driver whose device memory
 is host memory (``VSTREAM_NVDEC_HOST_MEMORY=1``, how the test suite runs it) it runs everything that

@@ -68,7 +68,7 @@ class NuScenesImport:
         keyframe_stride: The stride layout the videos were written in (1: the usual layout): every
             ``keyframe_stride``-th frame, counted from each scene's first, is a reference picture.
         key_frames_on_stride: Key frames at a frame index that is a multiple of ``keyframe_stride``:
-            those a stream read at ``frame_stride=keyframe_stride`` from a scene's start delivers
+            those a stream read at ``plan.frame_stride=keyframe_stride`` from a scene's start delivers
             while decoding only reference pictures. Scenes that start with sweeps, and dropped
             cycles, put key frames off the stride.
     """

@@ -42,7 +42,7 @@ codec, size, bit depth and chroma format takes it instead of creating one. A poo
 PyNvVideoCodec is imported only when a decoder first opens a file: on machines without an NVIDIA
 driver its import fails, and the CPU path never touches it.
 
-**GOP decoding for explicit frame selection** (``decode_device="cuda"`` in random access):
+**GOP decoding for explicit frame selection** (``decode.device="cuda"`` in random access):
 :class:`NvGopDecoder` implements the planner's :class:`~lightning_vstream.decode.threads.TaskDecoder`
 with PyNvVideoCodec: packets come from the file's bytes at the places the frame tables record (or
 from PyAV's demuxer where they record none; see :func:`~lightning_vstream.decode.nvdec.sources.packet_source`),
