@@ -335,9 +335,13 @@ class VideoDataModule(pl.LightningDataModule, abc.ABC):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Checked here rather than by wrapping __init__: Lightning collects the hyperparameters of a subclass
         # of ours from the chain of __init__ frames, which a wrapper would cut.
-        own = set(inspect.signature(cls.__init__).parameters) - set(cls.moved_keywords)  # a subclass's own
-        check_moved_keywords(cls.__name__, cls.moved_keywords, kwargs, keep=own)
+        check_moved_keywords(cls.__name__, cls.moved_keywords, kwargs, keep=cls._own_arguments())
         return super().__new__(cls)
+
+    @classmethod
+    def _own_arguments(cls) -> set[str]:
+        """The arguments ``__init__`` takes besides the option groups' (a subclass's own may share an old name)."""
+        return set(inspect.signature(cls.__init__).parameters) - set(cls.moved_keywords)
 
     def __init__(
         self,
@@ -421,7 +425,7 @@ class VideoDataModule(pl.LightningDataModule, abc.ABC):
 
             >>> dm = StreamVideoDataModule.load_from_checkpoint("last.ckpt", output=OutputOptions(transform=t))  # doctest: +SKIP
         """
-        own = set(inspect.signature(cls.__init__).parameters) - set(cls.moved_keywords)
+        own = cls._own_arguments()
         check_moved_keywords(cls.__name__, cls.moved_keywords, kwargs, keep=own)
         if hparams_file is not None:  # hyperparameters from a file: Lightning's own reading of it
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, weights_only, **kwargs)
@@ -453,9 +457,11 @@ class VideoDataModule(pl.LightningDataModule, abc.ABC):
             module.load_state_dict(state)
         return module
 
-    def _record_hyperparameters(self, groups: Mapping[str, object]) -> None:
-        """Store plain hyperparameters, each option group as the checked whole (``groups``) rather than as given."""
-        for name, group in groups.items():
+    def _record_hyperparameters(self, **own: object) -> None:
+        """Store plain hyperparameters, each option group as the checked whole rather than as given: the shared
+        groups, then the subclass's ``own``."""
+        shared = {"index": self.index_options, "decode": self.decode, "output": self.output, "engine": self.engine}
+        for name, group in {**shared, "errors": self.errors, "storage": self.storage, **own}.items():
             self.hparams[name] = group
         plain_hparams(self)
 

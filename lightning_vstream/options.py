@@ -660,7 +660,7 @@ def check_moved_keywords(
     Raises:
         ConfigurationError: Names the keyword, its group and field, and the YAML key.
     """
-    places = {old: (group, kind, new) for group, (kind, fields) in groups.items() for old, new in fields.items()}
+    places = _places(groups)
     for old, value in given.items():
         if old in places and old not in keep and not (old == places[old][0] and _groupish(value, places[old][1])):
             group, kind, new = places[old]
@@ -685,7 +685,7 @@ def regroup_moved_keywords(
         >>> regroup_moved_keywords({"errors": (ErrorOptions, {"on_error": "on_error"})}, {"on_error": "skip", "seed": 1})
         ({'seed': 1, 'errors': {'on_error': 'skip'}}, ['on_error'])
     """
-    places = {old: (group, kind, new) for group, (kind, fields) in groups.items() for old, new in fields.items()}
+    places = _places(groups)
     out: dict[str, Any] = {}
     moved: dict[str, dict[str, Any]] = {}
     names: list[str] = []
@@ -703,6 +703,11 @@ def regroup_moved_keywords(
             whole = {f.name: getattr(whole, f.name) for f in dataclasses.fields(whole)}
         out[group] = {**(whole or {}), **fields}
     return out, names
+
+
+def _places(groups: Mapping[str, tuple[type, Mapping[str, str]]]) -> dict[str, tuple[str, type, str]]:
+    """``{old keyword: (group argument, group class, field)}`` of a table of moved keywords."""
+    return {old: (group, kind, new) for group, (kind, fields) in groups.items() for old, new in fields.items()}
 
 
 def _groupish(value: Any, kind: type) -> bool:

@@ -203,9 +203,7 @@ class ClipVideoDataModule(VideoDataModule):
         )
         self.sampler = sampler
         self.window = _window(self.sampling)
-        groups = {"sampling": self.sampling, "index": self.index_options, "decode": self.decode, "output": self.output}
-        more = {"engine": self.engine, "errors": self.errors, "storage": self.storage}
-        self._record_hyperparameters({**groups, **more})
+        self._record_hyperparameters(sampling=self.sampling)
         self._warned_unused = False
 
     # -- setup -----------------------------------------------------------------------------

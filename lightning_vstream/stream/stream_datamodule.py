@@ -179,9 +179,7 @@ class StreamVideoDataModule(VideoDataModule):
         owner = "StreamVideoDataModule"
         self.plan = option_group(owner, "plan", PlanOptions, plan)
         self.gpu = option_group(owner, "gpu", GpuOptions, gpu)
-        groups = {"index": self.index_options, "plan": self.plan, "decode": self.decode, "output": self.output}
-        more = {"engine": self.engine, "errors": self.errors, "gpu": self.gpu, "storage": self.storage}
-        self._record_hyperparameters({**groups, **more})
+        self._record_hyperparameters(plan=self.plan, gpu=self.gpu)
         self._annotation_source: AnnotationSource | None = None
         self._warned_reset = False
         self._warned_unused = False
