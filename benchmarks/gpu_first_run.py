@@ -852,7 +852,7 @@ def section_engine(args: argparse.Namespace, host: bool) -> dict[str, Any]:
         run["frames_decoded"] = stats.frames_decoded
         run["packets_skipped"] = int(getattr(stats, "packets_skipped", 0))
         free = memory.mem_get_info(args.gpu)[0]
-        run["threads"] = loader.engine.num_threads
+        run["threads"] = loader.executor.num_threads
         run["gpu_memory_used_gib"] = NOT_CHECKED if host else round((free0 - free) / 2**30, 2)
         loader.engine.close()
         result[name] = run

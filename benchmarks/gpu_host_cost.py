@@ -301,7 +301,7 @@ def engine_loop(index_path: Path, args: argparse.Namespace, wrap_use: Any = None
     )
     loader = build_engine_loader(index, sampler, "cuda:0", engine=EngineOptions(threads=1), gpu=GpuOptions(probe=False))
     if wrap_use is not None:
-        device = loader.engine.device
+        device = loader.executor.device
         device.use = wrap_use(device.use)
 
     def run() -> int:

@@ -298,9 +298,9 @@ def _engine(index_path: Path, gpu: int) -> dict[str, Any]:
     start = time.perf_counter()
     for batch in loader:
         frames += int(batch["valid"].sum()) * len(batch["camera_names"])
-    _synchronize(gpu, loader.engine.device.torch_device.type == "cpu")
+    _synchronize(gpu, loader.executor.device.torch_device.type == "cpu")
     elapsed = time.perf_counter() - start
-    return {"threads": loader.engine.num_threads, "frames": frames, "frames_per_s": round(frames / elapsed, 1)}
+    return {"threads": loader.executor.num_threads, "frames": frames, "frames_per_s": round(frames / elapsed, 1)}
 
 
 def _workers(index_path: Path, gpu: int, batches: int = 12) -> dict[str, Any]:

@@ -22,10 +22,10 @@ from lightning_vstream.demos.synth import write_stamped_video
 from lightning_vstream.errors import FrameSizeError, VideoDecodeError, WorkerError
 from lightning_vstream.index.records import CameraStream
 from lightning_vstream.indexing import load_index
-from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader, build_engine_loader
 from lightning_vstream.stream.sampler import StreamSampler
+from lightning_vstream.stream.thread_executor import ThreadExecutor
 from lightning_vstream.stream.worker import StreamDataset
 from lightning_vstream.stream.worker_loader import StreamDataLoader
 from lightning_vstream.transforms import FrameTransform
@@ -52,7 +52,7 @@ def _loader(
     **kwargs: Any,
 ) -> EngineLoader:
     errors = {k: kwargs.pop(k) for k in ("on_error", "timeout") if k in kwargs}
-    engine = StreamEngine(
+    executor = ThreadExecutor(
         index=index,
         sampler=_sampler(index, **kwargs),
         device=device or HostDevice(),
@@ -63,7 +63,7 @@ def _loader(
         prefetch=prefetch,
         hold=hold,
     )
-    return EngineLoader(engine)
+    return EngineLoader(executor)
 
 
 def _labels(batch: dict[str, Any]) -> tuple[Any, ...]:
@@ -120,7 +120,7 @@ def test_padding_on_evaluation_plans(index: Any) -> None:
 
 def test_ring_batches_are_recycled_only_after_the_hold(index: Any) -> None:
     loader = _loader(index, prefetch=1, hold=2, shuffle=False)
-    ring = loader.engine.ring_size
+    ring = loader.executor.ring_size
     assert ring == 3
     seen: list[dict[str, Any]] = []
     for batch in loader:
@@ -166,7 +166,7 @@ def test_consumer_waits_on_every_thread_event_and_threads_wait_for_released_batc
     the host, never on its stream (on which NVDEC copies frames out, see docs/gpu.md)."""
     device = RecordingDevice()
     loader = _loader(index, threads=2, prefetch=1, device=device, shuffle=False)
-    engine = loader.engine
+    engine = loader.executor
     steps = 0
     for batch in loader:
         steps += 1
@@ -481,8 +481,8 @@ def test_auto_uses_threads_on_the_cpu_with_one_thread_per_available_core(annotat
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert isinstance(loader, EngineLoader)
-    assert loader.engine.num_threads == min(cpu_threads(), 4 * 2) == min(len(os.sched_getaffinity(0)), 8)
-    assert loader.engine.buffers == "pool"
+    assert loader.executor.num_threads == min(cpu_threads(), 4 * 2) == min(len(os.sched_getaffinity(0)), 8)
+    assert loader.executor.buffers == "pool"
     for options, why in [
         ({"persistent_workers": True}, "persistent_workers=True"),
         ({"multiprocessing_context": "spawn"}, "multiprocessing_context='spawn'"),

@@ -544,7 +544,7 @@ def test_a_consumer_that_takes_20_ms_per_step_gets_every_stamp_and_keeps_the_bat
     clips = _mark_dataset(marker, index)
     spec = _spec(index.clips[0].cameras[0].path)
     loader = _engine_loader(index)
-    assert loader.engine.hold == 2
+    assert loader.executor.hold == 2
     previous: dict[str, Any] | None = None
     steps = 0
     for batch in loader:
@@ -689,7 +689,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     loader = build_engine_loader(
         index, sampler, "cuda:0", engine=EngineOptions(threads=2), gpu=GpuOptions(probe=False), output=output
     )
-    assert loader.engine.steps.direct == (default is None)
+    assert loader.executor.steps.direct == (default is None)
     spec = _spec(index.clips[0].cameras[0].path)
     steps = 0
     pointers: dict[str, set[int]] = {"frames": set(), "small": set(), "normalized": set()}
@@ -718,7 +718,7 @@ def test_stream_engine_delivers_two_outputs_of_each_decoded_frame_over_the_real_
     assert loader.stats.frames_decoded == loader.stats.frames_delivered + cut_decodes(sampler.schedule(), 6, 2)
     assert marker.decode_calls > 0 and len(marker.decoders) == 4  # each frame decoded once, for all outputs
     # Every output has a ring of its own, reused as the default output's is.
-    ring = loader.engine.ring_size
+    ring = loader.executor.ring_size
     assert all(len(p) == ring for p in pointers.values()) and not set.intersection(*pointers.values())
     assert not list(fake_log.calls("cuStreamSynchronize"))
 

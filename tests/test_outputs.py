@@ -27,12 +27,12 @@ from lightning_vstream.demos.synth import clip_number, read_stamp
 from lightning_vstream.demos.synth_annotations import synth_intrinsics
 from lightning_vstream.errors import ConfigurationError, ConfigurationTypeError, FrameSizeError
 from lightning_vstream.indexing import load_index
-from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import HostDevice
 from lightning_vstream.stream.engine_loader import EngineLoader
 from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.stream_datamodule import StreamVideoDataModule
+from lightning_vstream.stream.thread_executor import ThreadExecutor
 from lightning_vstream.transforms import FrameTransform
 
 HERE = Path(__file__).parent
@@ -215,7 +215,7 @@ def test_the_decoder_resizes_to_the_default_output_and_converts_the_other_sizes(
     outputs = {"small": SMALL, "quarter": quarter}
     dm = _dm(ann_index, loader, output=OutputOptions(transform=default, outputs=outputs))
     loader_ = dm.train_dataloader()
-    steps = loader_.engine.steps if loader == "engine" else loader_.dataset.steps
+    steps = loader_.executor.steps if loader == "engine" else loader_.dataset.steps
     assert steps.decode_size == (48, 72) and steps.extra_sizes == ((16, 24), (32, 48)) and steps.direct
     reference = Reference(ann_index)
     transforms = {"frames": default, **outputs}
@@ -369,14 +369,14 @@ def _engine(index: Any, *, outputs: Any, **kwargs: Any) -> EngineLoader:
     )
     output = OutputOptions(transform=None, outputs=outputs)
     return EngineLoader(
-        StreamEngine(index=index, sampler=sampler, device=HostDevice(), output=output, num_threads=3, **kwargs)
+        ThreadExecutor(index=index, sampler=sampler, device=HostDevice(), output=output, num_threads=3, **kwargs)
     )
 
 
 def test_the_engine_ring_holds_every_output_until_the_hold(ann_index: Path) -> None:
     index = load_index(ann_index)
     loader = _engine(index, decoder_factory=pyav_factory(threads=1), prefetch=1, hold=2, outputs={"small": SMALL})
-    ring = loader.engine.ring_size
+    ring = loader.executor.ring_size
     seen: list[dict[str, Any]] = []
     for batch in loader:
         seen.append(batch)
@@ -423,7 +423,7 @@ def test_nvdec_decodes_into_the_batch_and_the_outputs_are_made_from_it(
         ),
         outputs={"small": FrameTransform(resize=(72, 96)), "float": FrameTransform(dtype="float32")},
     )
-    assert loader.engine.steps.direct
+    assert loader.executor.steps.direct
     steps = 0
     for batch in loader:
         assert output_stamp_errors(batch, [(192, 144)] * 2) == []

@@ -289,7 +289,7 @@ def _kill_worker(loader: StreamDataLoader, worker_id: int, parked: Any) -> int:
     """SIGKILL one decoding worker once it has parked and wait until it is dead (not reaped): torch's SIGCHLD has been
     sent then."""
     assert parked.wait(timeout=120), f"decoding worker {worker_id} never parked"
-    pid = next(pid for pid, wid in loader._worker_stats if wid == worker_id)
+    pid = next(pid for pid, wid in loader.engine.counts if wid == worker_id)
     os.kill(pid, signal.SIGKILL)
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     return pid

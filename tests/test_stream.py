@@ -314,7 +314,7 @@ def test_batches_kept_by_the_user_are_never_overwritten(
         assert_stamps(batch)
     for _step, view in enumerate(views):
         assert view.any()  # the view's base is still alive, so its storage was not recycled
-    assert loader._pool.allocated >= len(kept) - 4  # held batches each needed their own storage
+    assert loader.engine.executor.pool.allocated >= len(kept) - 4  # held batches each needed their own storage
 
 
 def test_dropped_batches_recycle_their_storage(stream_index: Path, assert_stamps: Any) -> None:
@@ -323,4 +323,4 @@ def test_dropped_batches_recycle_their_storage(stream_index: Path, assert_stamps
     for batch in loader:
         assert_stamps(batch)
         steps += 1
-    assert steps > 10 and loader._pool.allocated <= 6
+    assert steps > 10 and loader.engine.executor.pool.allocated <= 6

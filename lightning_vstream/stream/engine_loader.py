@@ -10,7 +10,6 @@ device backend (:mod:`lightning_vstream.stream.engine_device`), the decoder fact
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import torch
 
@@ -26,42 +25,43 @@ from lightning_vstream.options import (
     GpuOptions,
     OutputOptions,
 )
-from lightning_vstream.stream.batch import StreamBatch
 from lightning_vstream.stream.engine import StreamEngine
 from lightning_vstream.stream.engine_device import EngineDevice, HostDevice, nvdec_engine_device, one_file_per_format
 from lightning_vstream.stream.frame_steps import decoder_sizes
 from lightning_vstream.stream.loader_shell import StreamLoaderShell
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import PlanSpec
+from lightning_vstream.stream.thread_executor import ThreadExecutor
 
 __all__ = ["CPU_DECODER_THREADS", "EngineLoader", "build_engine_loader", "cpu_threads"]
 
 
 class EngineLoader(StreamLoaderShell):
-    """Streaming batches from a :class:`~lightning_vstream.stream.engine.StreamEngine`, resumable mid-epoch.
+    """Streaming batches from a :class:`~lightning_vstream.stream.engine.StreamEngine` decoding with threads
+    (:class:`~lightning_vstream.stream.thread_executor.ThreadExecutor`), resumable mid-epoch.
 
     Batches are the dicts :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader` yields, with
-    ``frames`` on the engine's device (with the engine's ``buffers="ring"``, views of its ring:
+    ``frames`` on the executor's device (with the executor's ``buffers="ring"``, views of its ring:
     see its docs). Its state has the format of the worker loader's, skips included, so a run
     resumed from any step delivers the batches the interrupted run would have delivered.
 
     Args:
-        engine: The engine to run.
+        executor: The decode threads the loader's engine runs.
 
     Example::
 
-        >>> loader = EngineLoader(engine)  # doctest: +SKIP
+        >>> loader = EngineLoader(ThreadExecutor(index=index, sampler=sampler, device=HostDevice()))  # doctest: +SKIP
         >>> for batch in loader: ...  # doctest: +SKIP
     """
 
-    def __init__(self, engine: StreamEngine) -> None:
-        self.engine = engine
-        self.sampler = engine.sampler
+    def __init__(self, executor: ThreadExecutor) -> None:
+        #: The decode threads (their device, ring and thread count).
+        self.executor = executor
+        #: The one stream engine, decoding with ``executor``.
+        self.engine = StreamEngine(executor)
+        self.sampler = executor.sampler
         #: Lightning inspects loaders' ``batch_sampler``; the sampler plans whole batches itself.
         self.batch_sampler = None
-
-    def _run(self, start: int) -> Iterator[StreamBatch]:
-        return self.engine.run(start)
 
     def close(self) -> None:
         """Stop the decode threads of a run in progress."""
@@ -71,13 +71,15 @@ class EngineLoader(StreamLoaderShell):
     def stats(self) -> DecodeStats:
         """Decoding counters of this loader's engine (and, for a remote index, what reading it cost)."""
         stats = self.engine.stats
-        if self.engine.prefetcher is not None:
-            stats.remote = self.engine.prefetcher.fetcher.stats
+        prefetcher = self.executor.prefetcher
+        if prefetcher is not None:
+            stats.remote = prefetcher.fetcher.stats
         return stats
 
     def _follow_plan(self) -> None:
-        if self.engine.prefetcher is not None:  # a resume on another world size continues on another plan
-            self.engine.prefetcher.follow(PlanSpec.of(self.sampler, self.engine.prefetcher.index))
+        prefetcher = self.executor.prefetcher
+        if prefetcher is not None:  # a resume on another world size continues on another plan
+            prefetcher.follow(PlanSpec.of(self.sampler, prefetcher.index))
 
 
 #: FFmpeg threads per decoder of the engine on the CPU when ``decoder_threads=0``.
@@ -180,7 +182,7 @@ def build_engine_loader(
         factory = pyav_factory(
             threads=decode.decoder_threads or CPU_DECODER_THREADS, size=resize, storage=index.storage
         )
-    stream = StreamEngine(
+    threads_executor = ThreadExecutor(
         index=index,
         sampler=sampler,
         device=backend,
@@ -198,5 +200,5 @@ def build_engine_loader(
     if index.storage is not None:  # a remote index: the plan fetches ahead of the decode threads
         from lightning_vstream.stream.prefetch import StreamPrefetcher
 
-        stream.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
-    return EngineLoader(stream)
+        threads_executor.prefetcher = StreamPrefetcher(index, PlanSpec.of(sampler, index))
+    return EngineLoader(threads_executor)

@@ -1,27 +1,28 @@
 """What both stream loaders are to Lightning: one pass per epoch over the plan, its length, and the resumable
 position, all kept by the sampler's one :class:`~lightning_vstream.stream.ledger.SkipLedger`.
 
-The thread engine's :class:`~lightning_vstream.stream.engine_loader.EngineLoader` and the worker loader
-:class:`~lightning_vstream.stream.worker_loader.StreamDataLoader` differ only in how a pass decodes its
-steps (:meth:`StreamLoaderShell._run`) and in what follows the plan for a remote index
+The thread loader :class:`~lightning_vstream.stream.engine_loader.EngineLoader` and the worker loader
+:class:`~lightning_vstream.stream.worker_loader.StreamDataLoader` both run one
+:class:`~lightning_vstream.stream.engine.StreamEngine`; they differ only in its executor (decode threads,
+or the DataLoader's worker processes) and in what follows the plan for a remote index
 (:meth:`StreamLoaderShell._follow_plan`); the pass, the state and its checks are written here once.
 """
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_vstream.stream.batch import StreamBatch
+    from lightning_vstream.stream.engine import StreamEngine
     from lightning_vstream.stream.sampler import StreamSampler
 
 __all__ = ["StreamLoaderShell"]
 
 
-class StreamLoaderShell(abc.ABC):
-    """A stream loader's pass over the plan and its resumable state; subclasses decode the steps.
+class StreamLoaderShell:
+    """A stream loader's pass over the plan and its resumable state; its ``engine`` decodes the steps.
 
     Lightning saves ``state_dict()`` in every checkpoint (it does so for any loader with these two
     methods) and fetches exactly one batch per training step from a loader with a length, so the
@@ -30,6 +31,7 @@ class StreamLoaderShell(abc.ABC):
     """
 
     sampler: Any  # the StreamSampler (typed loosely: DataLoader declares it as a torch Sampler)
+    engine: StreamEngine
 
     @property
     def _stream_sampler(self) -> StreamSampler:
@@ -41,16 +43,12 @@ class StreamLoaderShell(abc.ABC):
     def __iter__(self) -> Iterator[StreamBatch]:
         sampler = self._stream_sampler
         ledger = sampler.ledger
-        for batch in self._run(ledger.begin_pass(sampler.epoch)):
+        for batch in self.engine.run(ledger.begin_pass(sampler.epoch)):
             ledger.yielded(sampler.epoch, batch["step"])
             yield batch
         ledger.end_pass()
 
-    @abc.abstractmethod
-    def _run(self, start: int) -> Iterator[StreamBatch]:
-        """The batches of the epoch's steps from ``start`` on, in order."""
-
-    def _follow_plan(self) -> None:  # noqa: B027 - a hook: nothing follows the plan of a local index
+    def _follow_plan(self) -> None:  # a hook: nothing follows the plan of a local index
         """Point what fetches a remote index ahead at the sampler's plan (it changes on a resume elsewhere)."""
 
     # -- resumable state ---------------------------------------------------------------------
