@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from lightning_vstream.index import VideoIndex
 
 __all__ = [
-    "DEFAULT_NUM_WORKERS",
     "SHARED_MOVES",
     "EvalLoader",
     "Stage",
@@ -62,9 +61,6 @@ __all__ = [
 
 T = TypeVar("T")
 Stage = Literal["train", "val", "test", "predict"]
-
-#: Worker processes when ``num_workers`` is None, where the DataModule decodes in worker processes.
-DEFAULT_NUM_WORKERS = 2
 
 
 def unused_options(

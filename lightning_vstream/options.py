@@ -56,6 +56,7 @@ __all__ = [
     "DECODE_MOVES",
     "DEFAULT_GPU_OPTIONS",
     "DEFAULT_MIN_SEGMENT_LENGTH",
+    "DEFAULT_NUM_WORKERS",
     "STORAGE_MOVES",
     "CameraFrames",
     "DecodeOptions",
@@ -93,6 +94,8 @@ FramePolicy = Literal["exact", "nearest_keyframe"]
 Weighting = Literal["frames", "videos"]
 #: A cut of the training stream plan leaves at least this many frames on each side where it can.
 DEFAULT_MIN_SEGMENT_LENGTH = 8
+#: Worker processes where a DataModule decodes in workers and ``num_workers`` is None.
+DEFAULT_NUM_WORKERS = 2
 #: A check: ``(value, ok, what is accepted)``, optionally with the error class to raise.
 Check = tuple[Any, bool, str] | tuple[Any, bool, str, type[ConfigurationError]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -506,6 +509,45 @@ class EngineOptions:
                 "pin_memory": (self.pin_memory, isinstance(self.pin_memory, bool), "True or False"),
             },
         )
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes where decoding runs in workers: ``num_workers``, or :data:`DEFAULT_NUM_WORKERS` when None.
+
+        Example::
+
+            >>> EngineOptions().worker_processes, EngineOptions(num_workers=0).worker_processes
+            (2, 0)
+        """
+        return DEFAULT_NUM_WORKERS if self.num_workers is None else self.num_workers
+
+    def choose(self, device: str) -> tuple[Literal["threads", "workers"], str]:
+        """The stream engine's executor for decoding on ``device``, ``"threads"`` or ``"workers"``, and why.
+
+        ``kind="auto"`` decodes in threads of the training process unless, on the CPU, an option asks
+        for worker processes: ``num_workers`` of 1 or more, ``persistent_workers`` or a
+        ``multiprocessing_context``.
+
+        Example::
+
+            >>> EngineOptions(num_workers=4).choose("cpu")
+            ('workers', "engine.kind='auto' with num_workers=4: worker processes")
+        """
+        kind = self.kind
+        if kind != "auto":
+            return ("threads" if kind == "threads" else "workers"), f"engine.kind={kind!r}"
+        if device != "cpu":
+            return "threads", f"engine.kind='auto' decoding on {device}: decode threads in the training process"
+        if self.num_workers:
+            return "workers", f"engine.kind='auto' with num_workers={self.num_workers}: worker processes"
+        if self.persistent_workers:
+            return "workers", "engine.kind='auto' with persistent_workers=True, which only worker processes have"
+        if self.multiprocessing_context is not None:
+            return "workers", (
+                f"engine.kind='auto' with multiprocessing_context={self.multiprocessing_context!r}, which only "
+                "worker processes have"
+            )
+        return "threads", "engine.kind='auto': decode threads in the training process"
 
 
 @dataclass(frozen=True)

@@ -289,6 +289,52 @@ def test_on_error_skip_moves_the_slot_to_its_next_clip(index: Any, tmp_path: Pat
     assert any(step > min(invalid_steps) for step, _ in firsts)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_one_constructor_gives_either_executor_the_same_batches_and_skips(
+    index: Any, tmp_path: Path, workers: int
+) -> None:
+    from lightning_vstream.stream.loaders import build_stream_loader
+
+    index = _truncated_index(index, tmp_path)
+    options = {
+        "decode": DecodeOptions(decoder_threads=1),
+        "errors": ErrorOptions(on_error="skip"),
+        "engine": EngineOptions(num_workers=workers, multiprocessing_context="spawn" if workers else None),
+    }
+    threads = build_stream_loader(
+        index, _sampler(index, shuffle=True, seed=4, remainder="pad"), executor="threads", **options
+    )
+    processes = build_stream_loader(
+        index,
+        _sampler(index, shuffle=True, seed=4, remainder="pad", num_parts=max(1, workers)),
+        executor="workers",
+        **options,
+    )
+    assert isinstance(threads, EngineLoader) and isinstance(processes, StreamDataLoader)
+    assert type(threads.engine) is type(processes.engine)  # one engine, two executors
+    try:
+        for got, expected in zip(threads, processes, strict=True):
+            assert not batch_stamp_errors(got) and not batch_stamp_errors(expected)
+            _same(got, expected, f"step {got['step']}")
+        ours, theirs = threads.stats, processes.stats
+        if workers:  # a worker learns of a skip only from its next task: it decodes the window's other cameras
+            assert theirs.frames_decoded >= ours.frames_decoded
+            ours, theirs = dataclasses.replace(ours, frames_decoded=0), dataclasses.replace(theirs, frames_decoded=0)
+        _same(ours, theirs, "stats")
+        assert ours.skipped_clips == 1 and ours.bad_files == 1 and ours.frames_delivered > 0
+    finally:
+        threads.close()
+        processes.close()
+
+
+def test_the_one_constructor_names_the_executors_it_takes(index: Any) -> None:
+    from lightning_vstream.errors import ConfigurationError
+    from lightning_vstream.stream.loaders import build_stream_loader
+
+    with pytest.raises(ConfigurationError, match=r"executor='processes' is invalid; expected 'threads' or 'workers'"):
+        build_stream_loader(index, _sampler(index), executor="processes")  # type: ignore[arg-type]
+
+
 def test_resume_mid_epoch_continues_frame_exactly(index: Any) -> None:
     full = [_labels(b) for b in _loader(index, shuffle=True, seed=5)]
     first = _loader(index, shuffle=True, seed=5)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Sampler
 
 from lightning_vstream._datamodule import (
-    DEFAULT_NUM_WORKERS,
     SHARED_MOVES,
     Stage,
     VideoDataModule,
@@ -257,7 +256,7 @@ class ClipVideoDataModule(VideoDataModule):
         # On the GPU the batch is decoded by threads of this process (CUDA does not survive fork,
         # and worker processes would ship frames over IPC); frames arrive on the GPU already.
         if dataset.decode_device == "cpu":
-            return DEFAULT_NUM_WORKERS if self.engine.num_workers is None else self.engine.num_workers
+            return self.engine.worker_processes
         if not self._warned_unused:
             self._warned_unused = True
             engine = self.engine

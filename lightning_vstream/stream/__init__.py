@@ -15,23 +15,27 @@ Modules in the order a step's data flows through them:
 - :mod:`~lightning_vstream.stream.frame_steps`: what follows the decoding of a camera frame, the same in workers
   and engine threads (:class:`FrameSteps`: augment, transform, outputs, annotations).
 - :mod:`~lightning_vstream.stream.failures`: what a failed camera read becomes, the same in both loaders.
-- :mod:`~lightning_vstream.stream.worker_loader`: the main-process side of the worker loader
-  (:class:`StreamDataLoader`).
+- :mod:`~lightning_vstream.stream.engine`: the one stream engine (:class:`StreamEngine`): what makes a step's
+  decoded frames a batch, and the counters, whichever :class:`Executor` decoded them.
+- :mod:`~lightning_vstream.stream.worker_executor`: the executor of DataLoader worker processes
+  (:class:`WorkerExecutor`): the parts of each step put into its tensors.
+- :mod:`~lightning_vstream.stream.worker_loader`: the worker loader (:class:`StreamDataLoader`), a DataLoader
+  running the engine with its workers.
 - :mod:`~lightning_vstream.worker_processes`: watching the worker processes: a death or a stall ends as one error.
 - :mod:`~lightning_vstream.stream.memory`: batch memory: host batches returned to a pool (:class:`BufferPool`) and
   the engine's batches on its device (:class:`EngineBatches`).
 - :mod:`~lightning_vstream.stream.batch`: the streaming batch (:class:`StreamBatch`) and its one builder
   (:class:`~lightning_vstream.stream.batch.StepAssembler`), used by both loaders.
-- :mod:`~lightning_vstream.stream.engine`: the in-process engine (:class:`StreamEngine`): decode threads writing
-  each frame once into the batches of a step.
-- :mod:`~lightning_vstream.stream.engine_reads`: one engine thread's decoders and the writing of a camera frame
+- :mod:`~lightning_vstream.stream.thread_executor`: the executor of decode threads in the training process
+  (:class:`ThreadExecutor`): each frame written once into the batches of a step.
+- :mod:`~lightning_vstream.stream.engine_reads`: one decode thread's decoders and the writing of a camera frame
   into its rows (:class:`ThreadDecoders`).
 - :mod:`~lightning_vstream.stream.engine_device`: where the engine keeps its batches and orders its work (CUDA
   streams and events, or the host).
-- :mod:`~lightning_vstream.stream.engine_loader`: the engine as a loader (:class:`EngineLoader`) and how it is
-  built (:func:`build_engine_loader`).
-- :mod:`~lightning_vstream.stream.engine_choice`: which way :class:`~lightning_vstream.StreamVideoDataModule`
-  decodes (``engine=``), and the options that way does not use.
+- :mod:`~lightning_vstream.stream.engine_loader`: the thread loader (:class:`EngineLoader`) and how it is
+  built for a device (:func:`build_engine_loader`).
+- :mod:`~lightning_vstream.stream.loaders`: the one constructor of a stream loader, its executor a parameter
+  (:func:`build_stream_loader`), and the options the chosen executor does not use.
 - :mod:`~lightning_vstream.stream.prefetch`: remote GOPs fetched ahead, driven by the schedule
   (:class:`StreamPrefetcher`).
 - :mod:`~lightning_vstream.stream.stream_datamodule`: :class:`~lightning_vstream.StreamVideoDataModule`.

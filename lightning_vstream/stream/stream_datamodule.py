@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_vstream._datamodule import (
-    DEFAULT_NUM_WORKERS,
     SHARED_MOVES,
     Stage,
     VideoDataModule,
     save_init_hyperparameters,
-    worker_context,
 )
-from lightning_vstream.annotations.augment import GeometryAugment
 from lightning_vstream.annotations.source import AnnotationSource, resolve_annotations
 from lightning_vstream.index import VideoIndex
 from lightning_vstream.options import (
@@ -30,12 +27,11 @@ from lightning_vstream.options import (
     option_group,
 )
 from lightning_vstream.storage.config import StorageConfig
-from lightning_vstream.stream.engine_choice import choose_engine, warn_unused_engine_options
 from lightning_vstream.stream.ledger import dataset_identity
+from lightning_vstream.stream.loader_shell import StreamLoaderShell
+from lightning_vstream.stream.loaders import build_stream_loader, warn_unused_engine_options
 from lightning_vstream.stream.sampler import StreamSampler
 from lightning_vstream.stream.schedule import PlanSpec, Remainder
-from lightning_vstream.stream.worker import StreamDataset
-from lightning_vstream.stream.worker_loader import StreamDataLoader
 
 __all__ = ["StreamVideoDataModule"]
 
@@ -93,15 +89,15 @@ class StreamVideoDataModule(VideoDataModule):
             ``(seed, epoch, clip)``), ``pad_annotations`` (:class:`~lightning_vstream.OutputOptions`). On the
             CPU, every output whose ``FrameTransform`` starts with a resize is resized by the decoder's
             YUV -> RGB conversion of the one decoded frame.
-        engine: How frames are decoded (:class:`~lightning_vstream.EngineOptions`). ``kind="threads"``:
-            the in-process stream engine (:mod:`lightning_vstream.stream.engine`): decode threads in the
-            training process write each frame once into its batch (on a GPU: a ring of batches ordered by
+        engine: How frames are decoded (:class:`~lightning_vstream.EngineOptions`): the one stream
+            engine (:mod:`lightning_vstream.stream.engine`) with one of two executors. ``kind="threads"``:
+            decode threads in the training process write each frame once into its batch (on a GPU: a ring of batches ordered by
             CUDA events; on the CPU: PyAV, which decodes without holding the GIL, no copies between
             processes). ``kind="workers"``: ``num_workers`` DataLoader worker processes, each serving fixed
             camera streams (spawned for CUDA, frames shipped between processes). ``kind="auto"`` (default):
             threads; on the CPU, workers when ``num_workers`` (1 or more), ``persistent_workers`` or
             ``multiprocessing_context`` ask for processes (:meth:`engine_choice` says which and why; an
-            option the chosen engine does not use is warned about once). Both deliver the same batches,
+            option the chosen executor does not use is warned about once). Both deliver the same batches,
             count alike, and save the same state.
         errors: ``on_error="raise"``: an unreadable frame (truncated, corrupt or missing file) raises
             an error naming file, clip, camera and frame; ``"skip"``: the slot gives up that clip and
@@ -206,17 +202,17 @@ class StreamVideoDataModule(VideoDataModule):
 
     def engine_choice(self) -> tuple[Literal["threads", "workers"], str]:
         """How this DataModule decodes, ``"threads"`` or ``"workers"``, and why (what ``engine="auto"`` chose)."""
-        return choose_engine(self.engine, self._device())
+        return self.engine.choose(self._device())
 
     def workers(self) -> int:
         """Worker processes of ``engine.kind="workers"``: ``num_workers``, or 2 when it is None."""
-        return DEFAULT_NUM_WORKERS if self.engine.num_workers is None else self.engine.num_workers
+        return self.engine.worker_processes
 
     def _warn_unused_options(self) -> None:
         """Warn once about options the chosen engine ignores, naming what it uses instead."""
         if not self._warned_unused:
             self._warned_unused = True
-            warn_unused_engine_options(self.engine, self._device(), workers=self.workers())
+            warn_unused_engine_options(self.engine, self._device())
 
     def _loader(self, split: Stage) -> Any:
         self._warn_unused_options()
@@ -226,9 +222,19 @@ class StreamVideoDataModule(VideoDataModule):
         augment = self.output.augment
         if augment is not None and not training:
             augment = augment.for_evaluation()
-        if self.uses_engine():
-            return self._keep_loader(split, self._engine_loader(split, augment))
-        return self._keep_loader(split, self._worker_loader(split, augment))
+        loader = build_stream_loader(
+            self.index(split),
+            self._sampler(split),
+            executor=self.engine_choice()[0],
+            decode=dataclasses.replace(self.decode, device=self._device()),
+            output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
+            errors=self.errors,
+            engine=self.engine,
+            gpu=self.gpu,
+            seed=self.seed,
+            owner="StreamVideoDataModule",
+        )
+        return self._keep_loader(split, loader)
 
     def _sampler(self, split: Stage) -> StreamSampler:
         """The stream plan of ``split`` for this rank: shuffled and dropping the remainder when training."""
@@ -261,51 +267,12 @@ class StreamVideoDataModule(VideoDataModule):
             identity=dataset_identity(lengths, _clip_ids(index), index.camera_names),
         )
 
-    def _engine_loader(self, split: Stage, augment: GeometryAugment | None) -> Any:
-        """The thread engine's loader of ``split`` (``engine="threads"``)."""
-        from lightning_vstream.stream.engine_loader import build_engine_loader
-
-        return build_engine_loader(
-            self.index(split),
-            self._sampler(split),
-            self._device(),
-            decode=dataclasses.replace(self.decode, device=self._device()),
-            output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
-            errors=self.errors,
-            engine=self.engine,
-            gpu=self.gpu,
-            seed=self.seed,
-        )
-
-    def _worker_loader(self, split: Stage, augment: GeometryAugment | None) -> StreamDataLoader:
-        """The worker loader of ``split`` (``engine="workers"``): a stream dataset decoded in worker processes."""
-        device = self._device()
-        dataset = StreamDataset(
-            index=self.index(split),
-            decode=dataclasses.replace(self.decode, device=device),
-            output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
-            errors=self.errors,
-            seed=self.seed,
-        )
-        return StreamDataLoader(
-            dataset,
-            sampler=self._sampler(split),
-            num_workers=self.workers(),
-            pin_memory=self.engine.pin_memory,
-            prefetch_factor=self.engine.prefetch_factor,
-            persistent_workers=self.engine.persistent_workers,
-            multiprocessing_context=worker_context(
-                "StreamVideoDataModule", self.engine.multiprocessing_context, device, self.workers()
-            ),
-            timeout=self.errors.timeout,
-        )
-
     def _source(self) -> AnnotationSource | None:
         if self._annotation_source is None:
             self._annotation_source = resolve_annotations(self.output.annotations)
         return self._annotation_source
 
-    def train_dataloader(self) -> StreamDataLoader:
+    def train_dataloader(self) -> StreamLoaderShell:
         """The training loader: shuffled per epoch, stateful (Lightning checkpoints its position)."""
         return self._loader("train")
 
