@@ -49,7 +49,6 @@ from lightning_vstream.worker_processes import (
 
 if TYPE_CHECKING:
     from lightning_vstream.stream.worker import StreamDataset
-    from lightning_vstream.stream.worker_loader import StreamDataLoader
 
 __all__ = ["WorkerExecutor"]
 
@@ -58,7 +57,8 @@ class WorkerExecutor(Executor):
     """Decodes a stream plan's steps in the worker processes of ``loader`` (``num_workers=0``: in this process).
 
     Args:
-        loader: The DataLoader whose workers decode: its dataset is a
+        loader: The DataLoader whose workers decode (a
+            :class:`~lightning_vstream.stream.worker_loader.StreamDataLoader`): its dataset is a
             :class:`~lightning_vstream.stream.worker.StreamDataset`, its sampler the
             :class:`~lightning_vstream.stream.sampler.StreamSampler` with one part per worker.
         pin_memory: Allocate the steps' frames in pinned memory (when CUDA is available).
@@ -68,9 +68,9 @@ class WorkerExecutor(Executor):
         >>> engine = StreamEngine(WorkerExecutor(loader))  # doctest: +SKIP
     """
 
-    def __init__(self, loader: StreamDataLoader, *, pin_memory: bool = False) -> None:
+    def __init__(self, loader: DataLoader, *, pin_memory: bool = False) -> None:
         dataset: StreamDataset = loader.dataset  # type: ignore[assignment]
-        sampler: StreamSampler = loader.sampler
+        sampler: StreamSampler = loader.sampler  # type: ignore[assignment]  # torch types it as a Sampler
         self.loader = loader
         self.dataset = dataset
         self.sampler = sampler
