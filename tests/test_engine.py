@@ -327,6 +327,14 @@ def test_the_one_constructor_gives_either_executor_the_same_batches_and_skips(
         processes.close()
 
 
+def test_stats_are_a_copy_the_caller_may_change(index: Any) -> None:
+    loader = _loader(index)
+    stats = loader.stats  # before any step: nothing decoded yet, only the ledger's counters
+    assert stats is not loader.sampler.ledger.stats
+    stats.read_errors += 5
+    assert loader.sampler.ledger.stats.read_errors == 0 and loader.stats.read_errors == 0
+
+
 def test_the_one_constructor_names_the_executors_it_takes(index: Any) -> None:
     from lightning_vstream.errors import ConfigurationError
     from lightning_vstream.stream.loaders import build_stream_loader

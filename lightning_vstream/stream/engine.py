@@ -111,6 +111,8 @@ class StreamEngine:
     def assemble(self, step: int, result: StepResult) -> StreamBatch:
         """The batch of ``step`` from what the executor decoded: valid slots, skips given up, counters, labels."""
         reads, assembler = result.reads, self.assembler
+        with self._lock:  # the decoders' work on the step counts even if the step then fails (a frame's size)
+            self.counts.update(result.counts)
         valid = assembler.valid(step, reads)
         cams = self.sampler.num_cameras
         for position, path, error in result.failures(valid):
@@ -121,7 +123,6 @@ class StreamEngine:
             valid[slot] = False
             assembler.give_up(step, position, read, result.shifts[slot], path=path, error=error)
         with self._lock:
-            self.counts.update(result.counts)
             assembler.count(step, reads, valid, result.shifts)
             return assembler.batch(
                 step,
@@ -141,6 +142,7 @@ class StreamEngine:
 
     @property
     def stats(self) -> DecodeStats:
-        """Decoding counters of every run so far, as of the last batch handed out, skips included."""
+        """Decoding counters of every run so far, as of the last batch handed out, skips included (a new object:
+        callers may change it without changing the ledger's)."""
         with self._lock:
-            return sum(self.counts.values(), self.sampler.ledger.stats)
+            return self.sampler.ledger.stats + sum(self.counts.values(), DecodeStats())
