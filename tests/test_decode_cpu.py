@@ -425,6 +425,25 @@ def test_mpegts_with_bframes_seeks_frame_exactly(tmp_path: Path) -> None:
         assert decoder.frames_decoded - before <= 8
 
 
+def test_both_seeking_decoders_step_back_by_one_rule() -> None:
+    """One GOP earlier after an overshoot; nothing done from the first GOP or without a jump (-1)."""
+    from lightning_vstream.decode.base import KeyframeSeeking
+    from lightning_vstream.decode.nvdec.decoder import NvDecoder
+
+    class Recorder(KeyframeSeeking):
+        def __init__(self) -> None:
+            self.jumps: list[int] = []
+
+        def _jump(self, key_ordinal: int) -> None:
+            self.jumps.append(key_ordinal)
+
+    seeker = Recorder()
+    assert [seeker._step_back(k) for k in (3, 1, 0, -1)] == [2, 0, None, None]
+    assert seeker.jumps == [2, 0]
+    assert issubclass(PyAVDecoder, KeyframeSeeking) and issubclass(NvDecoder, KeyframeSeeking)
+    assert "_step_back" not in vars(PyAVDecoder) and "_step_back" not in vars(NvDecoder)
+
+
 def test_a_display_rotation_is_refused_at_the_first_frame(
     stamped_video: Callable[[Config], Path], tmp_path: Path
 ) -> None:

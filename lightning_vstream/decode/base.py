@@ -17,7 +17,7 @@ from lightning_vstream.index.tables import VideoInfo
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DecoderBase", "FileBase", "FrameDecoder", "Layout", "VideoDecodeError", "VideoInfo"]
+__all__ = ["DecoderBase", "FileBase", "FrameDecoder", "KeyframeSeeking", "Layout", "VideoDecodeError", "VideoInfo"]
 
 Layout = Literal["chw", "hwc"]
 
@@ -88,6 +88,28 @@ class DecoderBase(FileBase):
     def frames_decoded(self) -> int:
         """Frames decoded so far, including those decoded only to reach a seek target."""
         return self._frames_decoded
+
+
+class KeyframeSeeking(abc.ABC):
+    """The one step-back rule of the decoders that jump to keyframes: a demuxer may land past the keyframe it
+    was sent to (MPEG-TS, some B-frame files), and the frame asked for then never comes out. The retry is
+    one GOP earlier, and from the first GOP there is nothing earlier to jump to (the caller then reads
+    from the file's start, or gives up)."""
+
+    @abc.abstractmethod
+    def _jump(self, key_ordinal: int) -> None:
+        """Position the demuxer on keyframe ``key_ordinal`` (in ``info.key_indices``), flushing the decoder."""
+
+    def _step_back(self, key_ordinal: int) -> int | None:
+        """After a jump to GOP ``key_ordinal`` that landed past its keyframe: jump one GOP earlier.
+
+        Returns:
+            The GOP jumped to, or None when ``key_ordinal`` is the first (nothing was done).
+        """
+        if key_ordinal <= 0:
+            return None
+        self._jump(key_ordinal - 1)
+        return key_ordinal - 1
 
 
 @runtime_checkable

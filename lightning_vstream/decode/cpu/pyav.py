@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_vstream.decode.base import Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import KeyframeSeeking, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.cpu.colour import Interpolation, RGBConverter
 from lightning_vstream.decode.cpu.ffmpeg_fork import keep_forever, opened
 from lightning_vstream.decode.cpu.probe import (
@@ -54,7 +54,7 @@ def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str, fe
         raise
 
 
-class PyAVDecoder(RGBOutputDecoder):
+class PyAVDecoder(RGBOutputDecoder, KeyframeSeeking):
     """Frame-exact decoder for one video file on the CPU.
 
     Opens the file lazily on first use. Sequential :meth:`read` calls decode each frame once;
@@ -239,7 +239,7 @@ class PyAVDecoder(RGBOutputDecoder):
                 frame = next(self._frames)  # type: ignore[arg-type]
             except StopIteration:
                 if just_jumped:  # the demuxer landed after the keyframe and nothing decoded until the end
-                    key_ordinal, just_jumped = self._step_back(key_ordinal)
+                    key_ordinal, just_jumped = self._back_or_restart(key_ordinal)
                     continue
                 self._reset()
                 raise VideoDecodeError(
@@ -278,7 +278,7 @@ class PyAVDecoder(RGBOutputDecoder):
                 continue
             if index > target:
                 if just_jumped:  # the demuxer landed past the wanted keyframe
-                    key_ordinal, just_jumped = self._step_back(key_ordinal)
+                    key_ordinal, just_jumped = self._back_or_restart(key_ordinal)
                     continue
                 self._reset()
                 raise VideoDecodeError(
@@ -289,16 +289,16 @@ class PyAVDecoder(RGBOutputDecoder):
             self._target = index + 1
             return frame
 
-    def _step_back(self, key_ordinal: int) -> tuple[int, bool]:
-        """After a jump to GOP ``key_ordinal`` that landed past its keyframe: jump one GOP earlier, or from the
+    def _back_or_restart(self, key_ordinal: int) -> tuple[int, bool]:
+        """After a jump to GOP ``key_ordinal`` that landed past its keyframe: :meth:`_step_back`, or from the
         first GOP read from the start (MPEG-TS with B-frames overshoots even the first keyframe).
 
         Returns:
             The GOP jumped to, and whether that was a jump (False: reading from the start).
         """
-        if key_ordinal > 0:
-            self._jump(key_ordinal - 1)
-            return key_ordinal - 1, True
+        earlier = self._step_back(key_ordinal)
+        if earlier is not None:
+            return earlier, True
         self._reset()
         self._open()
         return key_ordinal, False

@@ -88,7 +88,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_vstream.decode.base import DecoderBase, FileBase, Layout, VideoDecodeError, VideoInfo
+from lightning_vstream.decode.base import DecoderBase, FileBase, KeyframeSeeking, Layout, VideoDecodeError, VideoInfo
 from lightning_vstream.decode.device import (
     GPU_INSTALL_HINT,
     DecodeDevice,
@@ -195,7 +195,7 @@ class NvdecFile(FileBase):
         self._dirty = False
 
 
-class NvDecoder(DecoderBase, NvdecFile):
+class NvDecoder(DecoderBase, NvdecFile, KeyframeSeeking):
     """Frame-exact decoder for one video file on an NVIDIA GPU (NVDEC via PyNvVideoCodec).
 
     Behaves like :class:`~lightning_vstream.decode.cpu.pyav.PyAVDecoder`, with frames returned as
@@ -584,7 +584,7 @@ class NvDecoder(DecoderBase, NvdecFile):
         """Take frames out of the decoder until frame ``target``'s; ``index`` (not ``target``) came out first.
 
         Frames before ``target`` are passed over. A frame past it means the demuxer landed past the
-        wanted keyframe after a jump to GOP ``key_ordinal`` (then the jump steps back one GOP), or
+        wanted keyframe after a jump to GOP ``key_ordinal`` (then :meth:`_step_back` jumps one GOP earlier), or
         frames are missing (:class:`VideoDecodeError`).
         """
         queue = self._queue
@@ -594,10 +594,9 @@ class NvDecoder(DecoderBase, NvdecFile):
             if index == target:
                 return index, frame
             if index > target:
-                if key_ordinal > 0:
-                    # The demuxer landed past the wanted keyframe; step back one GOP.
-                    key_ordinal -= 1
-                    self._jump(key_ordinal)
+                earlier = self._step_back(key_ordinal)  # the demuxer landed past the wanted keyframe
+                if earlier is not None:
+                    key_ordinal = earlier
                 else:
                     self._reset(reusable=False)
                     raise VideoDecodeError(
