@@ -10,8 +10,9 @@ Loaders:
 
 - ``vstream``: :class:`lightning_vstream.VideoClipDataset` over an index written by
   ``build_index`` (keyframes and timestamps from its metadata), requests given as times.
-  Decoders stay open between requests (per-worker LRU), as in a DataLoader worker; FFmpeg
-  chooses its threads. Measured with ``gop_threads`` 1 (GOPs decoded in turn) and the default 2
+  Decoders stay open between requests (per-worker LRU), as in a DataLoader worker; its default
+  FFmpeg threads (``decoder_threads=0``: one per decoder when GOPs decode at once, FFmpeg's choice
+  when they decode in turn). Measured with ``gop_threads`` 1 (GOPs decoded in turn) and the default 2
   (a request's GOPs decoded on two decoders of the file at once), rows ``vstream[gop=N]``.
 - ``naive_pyav``: a typical ``Dataset.__getitem__``: open the file with PyAV, and for every
   frame seek to its position (``index / fps``) and decode forward to it.
@@ -19,9 +20,12 @@ Loaders:
   frame (when OpenCV is installed).
 - ``torchcodec``: its best CPU settings: one ``VideoDecoder(path, seek_mode="exact",
   num_ffmpeg_threads=0)`` per file, kept open across samples (FFmpeg chooses its threads), and
-  the batched ``get_frames_at(indices)``. When torchcodec is not installed or does not import
-  (a CUDA build next to CPU torch does not), the table says so. Install a CPU build with
-  ``apt-get install ffmpeg`` and ``pip install torchcodec==0.13.0``.
+  the batched ``get_frames_at(indices)``. When it does not import here (the torchcodec 0.17 wheel
+  is a CUDA build, which does not load next to CPU torch), it runs in an interpreter where it
+  does (``--torchcodec-python``, ``VSTREAM_TORCHCODEC_PYTHON`` or ``/tmp/torchcodec-venv``; set up
+  as ``benchmarks/stride.py`` says) at four settings, each in a process of its own that times its
+  calls itself: ``seek_mode`` ``"exact"`` and ``"approximate"``, FFmpeg's thread count and one
+  thread. When neither works, the table says so.
 
 Every frame every loader returns is checked against its stamp, outside the timed region.
 Wall time and process CPU time (all threads) are both reported.
@@ -43,8 +47,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -230,6 +236,106 @@ class TorchCodec:
         return None
 
 
+#: The torchcodec reader run by another interpreter (a venv where torchcodec imports): it imports only numpy,
+#: torch and torchcodec, times each call itself (wall and process CPU time) and hands the frames back in a file.
+_TORCHCODEC_CHILD = r"""
+import json, sys, time
+import numpy as np
+from torchcodec.decoders import VideoDecoder
+mode, threads = sys.argv[1], int(sys.argv[2])
+import torchcodec
+print(json.dumps({"version": torchcodec.__version__}), flush=True)
+decoders = {}
+for line in sys.stdin:
+    message = json.loads(line)
+    try:
+        path = message["path"]
+        started, started_cpu = time.perf_counter(), time.process_time()
+        decoder = decoders.get(path)
+        if decoder is None:
+            decoder = decoders[path] = VideoDecoder(path, seek_mode=mode, device="cpu", num_ffmpeg_threads=threads)
+        frames = decoder.get_frames_at(message["indices"]).data
+        wall, cpu = time.perf_counter() - started, time.process_time() - started_cpu
+        np.save(message["out"], frames.numpy())
+        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+    except Exception as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {err}"[:400]}), flush=True)
+"""
+TORCHCODEC_VENV = Path("/tmp/torchcodec-venv/bin/python")
+
+
+class TorchCodecProcess:
+    """torchcodec in an interpreter of its own (the 0.17 wheel is a CUDA build that imports only next to the CUDA
+    build of torch; it then decodes on the CPU), at one seek mode and FFmpeg thread count, kept for the run.
+
+    Its call's wall and CPU time are the child's own (``timing``); the frames come back through a file, untimed.
+    """
+
+    def __init__(self, python: str, mode: str, threads: int, scratch: Path) -> None:
+        import subprocess
+
+        label = "auto" if threads == 0 else str(threads)
+        self.name = f"torchcodec[{mode}, ffmpeg threads {label}]"
+        self.setting = (
+            f"VideoDecoder(seek_mode={mode!r}, num_ffmpeg_threads={threads}) kept open per file, get_frames_at, "
+            "in its own venv"
+        )
+        self._out = scratch / f"torchcodec-{mode}-{threads}.npy"
+        self.process = subprocess.Popen(
+            [python, "-c", _TORCHCODEC_CHILD, mode, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        first = self._answer()
+        if "version" not in first:
+            self.close()
+            raise RuntimeError(f"{python}: torchcodec does not import")
+        self.version = first["version"]
+        self.timing: tuple[float, float] | None = None
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: the reader's process ended (exit {self.process.wait(timeout=60)})")
+        return dict(json.loads(line))
+
+    def __call__(self, path: Path, clip_id: str, indices: list[int]) -> list[Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"path": str(path), "indices": indices, "out": str(self._out)}) + "\n")
+        self.process.stdin.flush()
+        answer = self._answer()
+        if "error" in answer:
+            raise RuntimeError(f"{self.name}: {answer['error']}")
+        self.timing = (answer["wall"], answer["cpu"])
+        return list(np.load(self._out))
+
+    def decoded(self) -> None:
+        return None
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+def torchcodec_processes(python: str | None, scratch: Path) -> list[TorchCodecProcess]:
+    """torchcodec at its four settings (exact or approximate seeks, FFmpeg's thread count or one thread), each
+    in a process of its own, when an interpreter where it imports is found."""
+    import os
+
+    given = python or os.environ.get("VSTREAM_TORCHCODEC_PYTHON")
+    chosen = given or (str(TORCHCODEC_VENV) if TORCHCODEC_VENV.exists() else None)
+    if chosen is None:
+        raise RuntimeError("no interpreter where torchcodec imports (--torchcodec-python)")
+    return [
+        TorchCodecProcess(chosen, mode, threads, scratch) for mode in ("exact", "approximate") for threads in (0, 1)
+    ]
+
+
 def _try(factory: Callable[[], Any]) -> tuple[Any, str | None]:
     try:
         return factory(), None
@@ -288,10 +394,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     peers: dict[str, Any] = {}
     unavailable: dict[str, str] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="vstream-ra-"))  # frames handed back by readers in other processes
     for name, factory in (("naive_pyav", lambda: NaivePyAV(args.fps)), ("opencv", OpenCV), ("torchcodec", TorchCodec)):
         if name in args.skip:
             continue
         loader, reason = _try(factory)
+        if loader is None and name == "torchcodec":  # the CUDA build, in a venv of its own
+            children, why = _try(lambda: torchcodec_processes(args.torchcodec_python, scratch))
+            if children is not None:
+                peers.update((child.name, child) for child in children)
+                continue
+            reason = f"{reason}; {why}"
         if loader is None:
             unavailable[name] = reason or "unavailable"
             print(f"  {name}: not measured ({reason})", flush=True)
@@ -332,6 +445,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 started, started_cpu = time.perf_counter(), time.process_time()
                 frames = loader(clip.cameras[0].path, clip.clip_id, indices)
                 elapsed, elapsed_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+                if getattr(loader, "timing", None) is not None:  # a reader in another process times itself
+                    elapsed, elapsed_cpu = loader.timing
                 after = loader.decoded()
                 _check(frames, indices, case["stamped"], case["period"], loader.name)
                 key = (loader.name, length)
@@ -344,6 +459,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if before is not None and after is not None:
                     decoded[key].append(after - before)
         print(f"  round {r + 1}/{total} done", flush=True)
+    for loader in peers.values():
+        getattr(loader, "close", lambda: None)()
+    shutil.rmtree(scratch, ignore_errors=True)
 
     results: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -395,9 +513,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tiled_lengths": [x for x in lengths if x > TILE_BASE and x % TILE_BASE == 0],
         },
         "peer_settings": {
-            "vstream[gop=N]": "VideoClipDataset, decoders kept open, FFmpeg threads automatic, N GOPs at once",
+            "vstream[gop=N]": "VideoClipDataset, decoders kept open, N GOPs at once, default FFmpeg threads (1 per "
+            "decoder when N > 1)",
             "torchcodec": "VideoDecoder kept open per file, num_ffmpeg_threads=0 (automatic), seek_mode='exact', "
             "get_frames_at",
+            **{name: loader.setting for name, loader in peers.items() if hasattr(loader, "setting")},
             "naive_pyav": "file opened per sample, seek per frame, FFmpeg threads automatic",
             "opencv": "VideoCapture per sample, CAP_PROP_POS_FRAMES seek per frame",
         },
@@ -480,6 +600,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prepare-only", action="store_true", help="write the videos and indexes, measure nothing")
     parser.add_argument("--skip", type=lambda s: s.split(","), default=[], help="peers to skip, e.g. opencv")
+    parser.add_argument(
+        "--torchcodec-python",
+        default=None,
+        help="interpreter of a venv where torchcodec imports (default: VSTREAM_TORCHCODEC_PYTHON, then "
+        "/tmp/torchcodec-venv/bin/python), used when it does not import here",
+    )
     parser.add_argument(
         "--gop-threads",
         type=lambda s: [int(v) for v in s.split(",")],

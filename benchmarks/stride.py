@@ -25,7 +25,7 @@ and the JSON every setting):
 - ``vstream`` (the baseline): ``StreamVideoDataModule(batch_size=clips,
   plan=PlanOptions(frame_stride=N, shuffle=False), engine=EngineOptions(kind="threads"))`` (the CPU default: decode threads in the process, one per core, one FFmpeg thread
   per decoder, frames written once into recycled batch memory); random access ``VideoClipDataset``
-  over ``at_indices`` requests (its defaults: two GOPs decoded at once, FFmpeg threads automatic, one
+  over ``at_indices`` requests (its defaults: two GOPs decoded at once, one FFmpeg thread per decoder, one
   kept decoder per file). Frames decoded per frame delivered come from ``decode_stats()`` (streaming)
   and ``VideoClipDataset.decoders.frames_decoded`` (random access). ``--ours-baseline DIR`` adds
   ``vstream@baseline``, the same reader imported from another checkout (a worktree of the commit

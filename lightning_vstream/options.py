@@ -329,8 +329,10 @@ class DecodeOptions:
         device: ``"cpu"`` (PyAV), ``"cuda"`` (NVDEC: a DataModule decodes on its rank's GPU; a dataset
             on the current one), ``"cuda:<index>"`` (a dataset only) or ``"auto"`` (a DataModule only:
             ``"cuda"`` when usable, else ``"cpu"``).
-        decoder_threads: FFmpeg threads per decoder (0 lets FFmpeg choose; the stream engine's threads
-            on the CPU then use 1, its own threads being the parallelism).
+        decoder_threads: FFmpeg threads per decoder (0: automatic. The stream engine's decoders on the CPU
+            then use 1, its own threads being the parallelism, and so do a clip dataset's when it
+            decodes GOPs on several threads (``gop_threads`` > 1, the default); FFmpeg chooses
+            otherwise).
         max_open_decoders: Decoders (files) kept open (LRU); None: one per camera stream when
             streaming, 8 per process when reading clip samples.
         camera_frames: ``"stacked"``: ``frames`` is one tensor with a camera dimension;

@@ -241,6 +241,27 @@ def test_image_folder_camera_next_to_a_video_camera(mixed_index: Path) -> None:
     check_stamps(sample, camera_numbers={"CAM_A": 0, "CAM_B": 1})
 
 
+@pytest.mark.parametrize(
+    ("gop_threads", "decoder_threads", "ffmpeg_threads"),
+    [(None, 0, 1), (3, 0, 1), (1, 0, 0), (None, 2, 2), (1, 3, 3)],
+)
+def test_ffmpeg_threads_follow_the_gop_threads(
+    small_index: Path, gop_threads: int | None, decoder_threads: int, ffmpeg_threads: int
+) -> None:
+    """GOPs decoded at once are the parallelism: each decoder then gets one FFmpeg thread, unless asked for more."""
+    index = load_index(small_index)
+    reqs = random_clips(index, FrameWindow(3, stride=2), count=4, seed=1)
+    ds = VideoClipDataset(
+        index=index, requests=reqs, decode=DecodeOptions(decoder_threads=decoder_threads), gop_threads=gop_threads
+    )
+    assert ds.ffmpeg_threads == ffmpeg_threads
+    for i in range(len(ds)):
+        check_stamps(ds[i])
+    opened = [slot.decoders.peek(key) for slot in ds.decoders.pool.slots for key in slot.decoders.keys()]  # noqa: SIM118
+    assert opened and {task.decoder.threads for task in opened} == {ffmpeg_threads}
+    ds.close()
+
+
 # -- DataLoader, samplers, workers ------------------------------------------------------------
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_dataloader_with_random_sampler(small_index: Path, num_workers: int) -> None:

@@ -155,7 +155,9 @@ class VideoClipDataset(Dataset[ClipSample]):
             of different sizes can then share a sample. None keeps the files' size.
         gop_threads: GOPs decoded at once. On the CPU, per sample: a request's frames are grouped
             by GOP and the groups of all its cameras spread over this many threads, each file read
-            by up to this many decoders (None: 2; 1 decodes them in turn, in the reading thread). On the GPU, per batch (None: twice the GPU's NVDEC engines).
+            by up to this many decoders (None: 2; 1 decodes them in turn, in the reading thread). With more than
+            one, each CPU decoder uses one FFmpeg thread unless ``decode.decoder_threads`` asks for more
+            (:attr:`ffmpeg_threads`). On the GPU, per batch (None: twice the GPU's NVDEC engines).
         seed: Seed of the augmentation draws.
         epoch: Epoch of the augmentation draws (the DataModule sets it when it builds a loader).
         frame_policy: ``"exact"`` (default) returns the requested frames. ``"nearest_keyframe"`` is
@@ -469,7 +471,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         inherited decoders stay usable.
         """
         if self._executor is None:
-            threads = self.gop_threads if self.gop_threads is not None else DEFAULT_GOP_THREADS
+            threads = self._gop_thread_count
             self._executor = GopExecutor(
                 self._open,
                 workers=0 if threads == 1 else threads,
@@ -478,12 +480,26 @@ class VideoClipDataset(Dataset[ClipSample]):
             )
         return self._executor
 
+    @property
+    def _gop_thread_count(self) -> int:
+        return self.gop_threads if self.gop_threads is not None else DEFAULT_GOP_THREADS
+
+    @property
+    def ffmpeg_threads(self) -> int:
+        """FFmpeg threads each CPU decoder of this dataset uses: ``decode.decoder_threads``, or with 0 (the default)
+        1 when GOPs decode on several threads (``gop_threads`` > 1: those threads are the parallelism; frame
+        threads on top oversubscribe the cores and, after every seek, refill and decode frames past the last
+        one wanted) and FFmpeg's own choice when they decode one after another."""
+        if self.decoder_threads == 0 and self._gop_thread_count > 1:
+            return 1
+        return self.decoder_threads
+
     def _open(self, task: GopTask) -> TaskDecoder:
         """A decoder of ``task``'s file, for the thread that decodes it."""
         decoder = make_decoder(
             task.source,  # type: ignore[arg-type]
             info=task.info,
-            threads=self.decoder_threads,
+            threads=self.ffmpeg_threads,
             label=self._labels.get(task.source, ""),
             size=self.size,
             storage=self.index.storage,
