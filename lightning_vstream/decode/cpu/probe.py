@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_vstream.decode.base import VideoDecodeError, VideoInfo
 from lightning_vstream.decode.bitstream import ReferenceReader
 from lightning_vstream.errors import ConfigurationError, MissingFileError, RotatedVideoError, valid_indices
+from lightning_vstream.index.checksum import crc32
 from lightning_vstream.index.tables import REFERENCE_UNKNOWN, PacketLayout
 from lightning_vstream.storage.urls import is_url
 
@@ -334,7 +334,7 @@ def _probe(
         key_indices=tuple(key_indices),
         key_seek=tuple(key_seek),
         crc32=tuple(r[3] for r in records),
-        config_crc32=zlib.crc32(extradata),
+        config_crc32=crc32(extradata),
         average_fps=_frame_rate(video, pts, time_base),
         layout=layout,
         reorder_depth=reorder,
@@ -420,7 +420,7 @@ def _demux_records(container: Any, video: Any, where: str, read: Any) -> tuple[l
             code = references.read(data)  # in decode order: AV1 carries state from packet to packet
             if packet.is_corrupt:
                 corrupt.append(len(records))
-            records.append((pts, dts, bool(packet.is_keyframe), zlib.crc32(data), pos, len(data), code))
+            records.append((pts, dts, bool(packet.is_keyframe), crc32(data), pos, len(data), code))
     except av.FFmpegError as err:
         raise VideoDecodeError(
             f"{where!r} could not be demuxed after {len(records)} packets (truncated or corrupt file?): {err}"

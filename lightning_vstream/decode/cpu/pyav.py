@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from lightning_vstream.decode.cpu.probe import (
 from lightning_vstream.decode.cpu.rgb_output import RGBOutputDecoder
 from lightning_vstream.decode.gops import FeedFilter
 from lightning_vstream.errors import ConfigurationError, frame_out_of_range
+from lightning_vstream.index.checksum import crc32
 from lightning_vstream.index.identity import verify_identity
 
 __all__ = ["PyAVDecoder"]
@@ -41,7 +41,7 @@ def _decode_packets(container: Any, stream: Any, info: VideoInfo, where: str, fe
                 index = info.index_of_pts(packet.pts)
                 if index is not None and not feed.feeds(index):
                     continue
-                if info.crc32 is not None and index is not None and zlib.crc32(packet) != info.crc32[index]:
+                if info.crc32 is not None and index is not None and crc32(packet) != info.crc32[index]:
                     raise VideoDecodeError(
                         f"{where} frame {index}: the compressed data differs from the checksum recorded when "
                         f"the index was built {_CHECKSUM_FIX}"
@@ -158,7 +158,7 @@ class PyAVDecoder(RGBOutputDecoder, KeyframeSeeking):
             self._info = info = verify_identity(Path(self.path), info, self._where(), probe=probe_video)
         container = open_container(Path(self.path), self._source)
         stream = video_stream(container, Path(self.path), self.stream)
-        if info.config_crc32 is not None and zlib.crc32(stream.codec_context.extradata or b"") != info.config_crc32:
+        if info.config_crc32 is not None and crc32(stream.codec_context.extradata or b"") != info.config_crc32:
             container.close()
             raise VideoDecodeError(
                 f"{self._where()}: the codec configuration (SPS/PPS) differs from the checksum recorded when "

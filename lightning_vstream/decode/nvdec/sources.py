@@ -18,7 +18,6 @@ import bisect
 import ctypes
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +34,7 @@ from lightning_vstream.decode.nvdec.packets import (
 )
 from lightning_vstream.decode.nvdec.session import StreamFormat, stream_format
 from lightning_vstream.errors import MissingFileError
+from lightning_vstream.index.checksum import crc32, crc32_holding_gil
 
 if TYPE_CHECKING:
     from lightning_vstream.decode.gops import FeedFilter
@@ -69,7 +69,7 @@ class PacketSource:
             raise VideoDecodeError(f"{str(path)!r} holds no video stream.")
         self._stream = video_stream(self._container, path)  # the stream probe_video reads: FFmpeg's best
         extradata = self._stream.codec_context.extradata or b""
-        if info.config_crc32 is not None and zlib.crc32(extradata) != info.config_crc32:
+        if info.config_crc32 is not None and crc32(extradata) != info.config_crc32:
             self._container.close()
             raise VideoDecodeError(
                 f"{self.where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the "
@@ -134,7 +134,6 @@ class PacketSource:
         """
         crcs = self.info.crc32
         lookup = self.info.pts_index.get
-        crc32 = zlib.crc32
         bsf = self._bsf
         feed = self.feed
         for packet in self._container.demux(self._stream):
@@ -243,7 +242,7 @@ class TableSource:
         self.where = where
         self.format = fmt
         self._mode, self._prefix = conversion
-        if info.config_crc32 is not None and zlib.crc32(layout.extradata) != info.config_crc32:
+        if info.config_crc32 is not None and crc32(layout.extradata) != info.config_crc32:
             raise VideoDecodeError(
                 f"{where}: the codec configuration (SPS/PPS) differs from the checksum recorded when the index "
                 f"was built {CHECKSUM_FIX}"
@@ -315,7 +314,7 @@ class TableSource:
         offset = self._pos[i] - self._base
         view = self._view[offset : offset + size]  # type: ignore[index]
         crcs = self._crcs
-        if crcs is not None and _crc32(view, size) != crcs[i]:
+        if crcs is not None and crc32_holding_gil(view, size) != crcs[i]:
             raise VideoDecodeError(
                 f"{self.where} frame {self._frames[i]}: the compressed data differs from the checksum recorded when "
                 f"the index was built {CHECKSUM_FIX}"
@@ -400,25 +399,6 @@ class TableSource:
             _BUFFERS.give_back(self._block, self._origin)
         self._block = None
         self._held = None
-
-
-#: zlib.crc32 releases the GIL for buffers larger than this; pieces of this size keep it.
-_GIL_FREE_CRC = 5 * 1024
-
-
-def _crc32(view: memoryview, size: int) -> int:
-    """CRC-32 of a packet, computed holding the GIL.
-
-    ``zlib.crc32`` releases the GIL for more than 5 KiB; taking it back costs a thread up to the
-    interpreter's switch interval (5 ms) when a Python-heavy training step holds it, which per
-    frame would dwarf the 10-30 microseconds the checksum takes. In pieces, it never lets go.
-    """
-    if size <= _GIL_FREE_CRC:
-        return zlib.crc32(view)
-    crc = 0
-    for at in range(0, size, _GIL_FREE_CRC):
-        crc = zlib.crc32(view[at : at + _GIL_FREE_CRC], crc)
-    return crc
 
 
 class _BufferPool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from lightning_vstream.decode.cpu.ffmpeg_fork import keep_forever, opened
 from lightning_vstream.decode.cpu.rgb_output import RGBOutputDecoder
 from lightning_vstream.decode.ranged.range_file import expect_of
 from lightning_vstream.errors import ChecksumError, ConfigurationError, frame_out_of_range
+from lightning_vstream.index.checksum import crc32
 from lightning_vstream.storage.client import Expect
 from lightning_vstream.storage.fetcher import MERGE_GAP, Fetcher, Unit
 
@@ -313,14 +313,14 @@ class GopDecoder(RGBOutputDecoder):
         lo = layout.pos[frame] - unit.start
         hi = lo + layout.size[frame]
         data = self._bytes(unit)[lo:hi]
-        if info.crc32 is not None and zlib.crc32(data) != info.crc32[frame]:
+        if info.crc32 is not None and crc32(data) != info.crc32[frame]:
             if unit in self._checked:
                 self._raise_checksum(frame, unit)
             self._checked.add(unit)
             view = self.fetcher.refetch(unit)
             self._held[unit] = view
             data = view[lo:hi]
-            if zlib.crc32(data) != info.crc32[frame]:
+            if crc32(data) != info.crc32[frame]:
                 self.fetcher.recorder.add(checksum_failures=1)
                 self._raise_checksum(frame, unit)
         # A packet that owns FFmpeg-allocated memory: one made from a Python bytes object is freed by a
