@@ -278,6 +278,25 @@ def test_decoder_table_is_a_bounded_lru_with_versions(make_dataset: Callable[...
     assert len(table) == 0 and table.frames_decoded == 4 and table.counts().files_opened == 4
 
 
+def test_decoder_table_counts_open_and_closed_decoders_with_the_readers_errors() -> None:
+    class Counting:
+        def __init__(self, decoded: int, seeks: int, skipped: int) -> None:
+            self.frames_decoded, self.seeks, self.packets_skipped = decoded, seeks, skipped
+
+        def close(self) -> None:
+            pass
+
+    table = DecoderTable()
+    table.get("a", lambda: Counting(5, 1, 2))
+    table.get("b", lambda: Counting(7, 0, 3))
+    table.get("c", object)  # a decoder without counters counts zero
+    table.drop("a")  # closed: its counters stay
+    counts = table.counts(read_errors=4)
+    assert (counts.frames_decoded, counts.seeks, counts.packets_skipped) == (12, 1, 5)
+    assert (counts.files_opened, counts.read_errors) == (3, 4)
+    assert table.counts().read_errors == 0 and table.frames_decoded == 12
+
+
 # -- the runner: bodies, shutdown, forks ---------------------------------------------------------------
 def test_bodies_run_once_per_thread_and_stop_when_their_owner_says() -> None:
     stop = threading.Event()

@@ -91,12 +91,23 @@ class DecoderTable:
         """Frames decoded by every decoder of this table, open or closed."""
         return self._decoded + sum(int(getattr(d, "frames_decoded", 0)) for _, d in self._open.values())
 
-    def counts(self) -> DecodeStats:
-        """Frames decoded, seeks, decoders opened and packets left out (not fed to a decoder) so far."""
-        seeks = self._seeks + sum(int(getattr(d, "seeks", 0)) for _, d in self._open.values())
-        skipped = self._skipped + sum(int(getattr(d, "packets_skipped", 0)) for _, d in self._open.values())
+    def counts(self, read_errors: int = 0) -> DecodeStats:
+        """Frames decoded, seeks, decoders opened and packets left out (not fed to a decoder) so far, with the
+        reader's own ``read_errors``.
+
+        One pass over the open decoders: the stream engine takes a thread's counters at every step.
+        """
+        decoded, seeks, skipped = self._decoded, self._seeks, self._skipped
+        for _, decoder in self._open.values():
+            decoded += int(getattr(decoder, "frames_decoded", 0))
+            seeks += int(getattr(decoder, "seeks", 0))
+            skipped += int(getattr(decoder, "packets_skipped", 0))
         return DecodeStats(
-            frames_decoded=self.frames_decoded, seeks=seeks, files_opened=self.opened, packets_skipped=skipped
+            frames_decoded=decoded,
+            seeks=seeks,
+            files_opened=self.opened,
+            packets_skipped=skipped,
+            read_errors=read_errors,
         )
 
     def keys(self) -> list[Hashable]:

@@ -14,7 +14,6 @@ a :class:`~lightning_vstream.errors.FrameSizeError`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 
@@ -69,7 +68,7 @@ class ThreadDecoders:
 
     def counts(self) -> DecodeStats:
         """Frames decoded, seeks, files opened, packets left out and read errors of this thread so far."""
-        return dataclasses.replace(self.table.counts(), read_errors=self.read_errors)
+        return self.table.counts(self.read_errors)
 
     def write(
         self,
