@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,28 @@ def test_auto_uses_threads_on_the_cpu_and_on_cuda(engine_index: Path) -> None:
         "threads",
         "engine.kind='auto' decoding on cuda:0: decode threads in the training process",
     )
+
+
+@pytest.mark.parametrize("kind", ["threads", "workers"])
+def test_a_loader_asks_for_its_executor_once_and_plans_for_it(
+    engine_index: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    choose = EngineOptions.choose
+
+    def counting(self: EngineOptions, device: str) -> Any:
+        asked.append(device)
+        return choose(self, device)
+
+    monkeypatch.setattr(EngineOptions, "choose", counting)
+    dm = StreamVideoDataModule(index_file=engine_index, engine=EngineOptions(kind=kind, num_workers=2))
+    dm.setup("fit")
+    asked.clear()  # setup may ask (its own checks); a loader asks once more
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # num_workers with decode threads: warned about, as its own test shows
+        loader = dm.train_dataloader()
+    assert asked == ["cpu"]
+    assert loader.sampler.num_parts == (1 if kind == "threads" else 2)
 
 
 @pytest.mark.parametrize(

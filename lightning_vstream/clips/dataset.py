@@ -235,13 +235,12 @@ class VideoClipDataset(Dataset[ClipSample]):
         self.index = self._load(index, storage, device)
         names = camera_names(cameras)
         self.cameras = tuple(self.index.camera_names) if names is None else names
-        self.decode_device = device
+        #: The option groups, as given (``output.annotations`` is resolved into :attr:`annotations`).
+        self.decode = decode
+        self.output = output
+        self.errors = errors
+        #: Files each process keeps open (``decode.max_open_decoders``, or 8).
         self.max_open_decoders = DEFAULT_OPEN_DECODERS if decode.max_open_decoders is None else decode.max_open_decoders
-        self.decoder_threads = decode.decoder_threads
-        self.camera_frames = decode.camera_frames
-        self.transform = output.transform
-        self.outputs = output.outputs
-        self.on_error = errors.on_error
         self.frame_policy: FramePolicy = frame_policy
         self.gop_threads = gop_threads
         self.size = check_size(size)
@@ -254,13 +253,17 @@ class VideoClipDataset(Dataset[ClipSample]):
         self._executor: GopExecutor | None = None
         self._labels: dict[Hashable, str] = {}  # file -> clip and camera, for the errors of its decoder
         self.annotations = resolve_annotations(annotations)
-        self.augment = augment
         self.seed = seed
         self.epoch = epoch
         #: Frames this process delivered with ``has_annotations=False`` (``on_error="skip"``).
         self.missing_annotations = 0
         self._reader: Any = None
         self._clock = 0  # samples read by this process: the order in which remote GOPs are fetched
+
+    @property
+    def decode_device(self) -> str:
+        """Where frames are decoded (``decode.device``): ``"cpu"`` or a CUDA device."""
+        return self.decode.device
 
     @staticmethod
     def _load(index: VideoIndex | Path | str, storage: StorageConfig, decode_device: str) -> VideoIndex:
@@ -383,7 +386,7 @@ class VideoClipDataset(Dataset[ClipSample]):
         try:
             reference = self._info(streams[0])
         except (VideoDecodeError, OSError) as err:  # the file cannot even be probed
-            if self.on_error == "raise":
+            if self.errors.on_error == "raise":
                 raise
             label = f"clip {clip.clip_id!r}, camera {streams[0].name!r}"
             self._skip(streams[0].path, label, err)
@@ -406,7 +409,7 @@ class VideoClipDataset(Dataset[ClipSample]):
                     f"{info.frame_count}, so frame {max(indices)} cannot be read. Re-run `vstream index` to rebuild "
                     "the index."
                 )
-                if self.on_error == "raise" or ahead:
+                if self.errors.on_error == "raise" or ahead:
                     raise fault
                 self._skip(cam.path, label, fault)
                 return _Resolved(clip, streams, [], [], request, origin)
@@ -490,9 +493,9 @@ class VideoClipDataset(Dataset[ClipSample]):
         1 when GOPs decode on several threads (``gop_threads`` > 1: those threads are the parallelism; frame
         threads on top oversubscribe the cores and, after every seek, refill and decode frames past the last
         one wanted) and FFmpeg's own choice when they decode one after another."""
-        if self.decoder_threads == 0 and self._gop_thread_count > 1:
+        if self.decode.decoder_threads == 0 and self._gop_thread_count > 1:
             return 1
-        return self.decoder_threads
+        return self.decode.decoder_threads
 
     def _open(self, task: GopTask) -> TaskDecoder:
         """A decoder of ``task``'s file, for the thread that decodes it."""
@@ -527,19 +530,19 @@ class VideoClipDataset(Dataset[ClipSample]):
         clip, streams, infos, indices, request, origin = self._resolve(item)
         if not infos:
             count = len(request.times or request.frames)
-            return unreadable_sample(clip.clip_id, [cam.name for cam in streams], count, self.outputs)
+            return unreadable_sample(clip.clip_id, [cam.name for cam in streams], count, self.output.outputs)
         self._check_frame_sizes(origin, clip, streams, infos)
         frames, targets = self._sample_memory(streams, infos, len(indices))
         valid = self._read_sample(clip, streams, infos, indices, targets)
         # Geometry from the file's pixels to those of the decoded (and augmented) frames, per camera.
         decoded = [self.size or (info.height, info.width) for info in infos]
         before = [resize_matrix(info.height, info.width, *size) for info, size in zip(infos, decoded)]
-        if self.augment is not None:
+        if self.output.augment is not None:
             frames = self._augmented(clip.clip_id, indices, targets, before)
-            decoded = [self.augment.output_size] * len(streams)
-        per_camera = self.camera_frames == "per_camera"
+            decoded = [self.output.augment.output_size] * len(streams)
+        per_camera = self.decode.camera_frames == "per_camera"
         base: torch.Tensor | list[torch.Tensor] = (
-            frames if not per_camera else (targets if self.augment is None else list(frames.unbind(1)))
+            frames if not per_camera else (targets if self.output.augment is None else list(frames.unbind(1)))
         )
         return self._sample(clip.clip_id, streams, indices, infos[0], base, valid, decoded, before)
 
@@ -548,8 +551,8 @@ class VideoClipDataset(Dataset[ClipSample]):
     ) -> None:
         """Cameras of different sizes stack only when something brings them to one size."""
         sizes = {cam.name: (info.width, info.height) for cam, info in zip(streams, infos)}
-        per_camera = self.camera_frames == "per_camera"
-        if self.size is None and len(set(sizes.values())) > 1 and self.augment is None and not per_camera:
+        per_camera = self.decode.camera_frames == "per_camera"
+        if self.size is None and len(set(sizes.values())) > 1 and self.output.augment is None and not per_camera:
             listed = ", ".join(f"{n}={w}x{h}" for n, (w, h) in sizes.items())
             raise ConfigurationError(
                 f"{origin}: clip {clip.clip_id!r} has cameras of different frame sizes ({listed}); samples stack "
@@ -563,7 +566,7 @@ class VideoClipDataset(Dataset[ClipSample]):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Where a sample's frames are decoded: one ``[T, 3, H, W]`` target per camera, views of one stacked
         tensor when nothing follows decoding (decoders write each frame straight into its place)."""
-        if self.camera_frames != "per_camera" and self.augment is None:
+        if self.decode.camera_frames != "per_camera" and self.output.augment is None:
             height, width = self.size if self.size is not None else (infos[0].height, infos[0].width)
             frames = torch.empty((steps, len(streams), 3, height, width), dtype=torch.uint8, device=self.decode_device)
             return frames, [frames[:, c] for c in range(len(streams))]
@@ -632,7 +635,7 @@ class VideoClipDataset(Dataset[ClipSample]):
             err = MissingFileError(
                 f"clip {clip.clip_id!r}, frames {list(indices)}: {first} {leave_out_hint(clip.clip_id)}"
             )
-        if self.on_error == "raise":
+        if self.errors.on_error == "raise":
             if isinstance(err, (VideoDecodeError, MissingFileError)):
                 raise err
             raise VideoDecodeError(f"clip {clip.clip_id!r}, frames {list(indices)}: {err}") from err
@@ -645,13 +648,15 @@ class VideoClipDataset(Dataset[ClipSample]):
         self, clip_id: str, indices: Sequence[int], targets: list[torch.Tensor], before: list[torch.Tensor]
     ) -> torch.Tensor:
         """The sample's frames augmented (one draw per sample), ``before`` updated with the augmentation."""
-        assert self.augment is not None
-        params = self.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip_id}:{indices[0]}")
+        assert self.output.augment is not None
+        params = self.output.augment.draw(seed=self.seed, epoch=self.epoch, key=f"{clip_id}:{indices[0]}")
         frames = torch.empty(
-            (len(indices), len(targets), 3, *self.augment.output_size), dtype=torch.uint8, device=self.decode_device
+            (len(indices), len(targets), 3, *self.output.augment.output_size),
+            dtype=torch.uint8,
+            device=self.decode_device,
         )
         for c, native in enumerate(targets):
-            frames[:, c], matrix = self.augment.apply(native, params)
+            frames[:, c], matrix = self.output.augment.apply(native, params)
             before[c] = matrix.double() @ before[c]
         return frames
 
@@ -659,10 +664,10 @@ class VideoClipDataset(Dataset[ClipSample]):
     def has_geometry(self) -> bool:
         """Whether samples carry ``img_aug_matrix``: something between the file and a delivered output crops or resizes."""
         return (
-            self.augment is not None
+            self.output.augment is not None
             or self.size is not None
-            or changes_geometry(self.transform)
-            or any(changes_geometry(t) for t in self.outputs.values())
+            or changes_geometry(self.output.transform)
+            or any(changes_geometry(t) for t in self.output.outputs.values())
         )
 
     def _sample(
@@ -688,22 +693,22 @@ class VideoClipDataset(Dataset[ClipSample]):
             from lightning_vstream.annotations.batch import sample_annotations
 
             fields, has, missing = sample_annotations(
-                self.annotations, clip_id, indices, timestamps, camera_names, on_error=self.on_error
+                self.annotations, clip_id, indices, timestamps, camera_names, on_error=self.errors.on_error
             )
             self.missing_annotations += missing
             annotations = (fields, has)
         geometry = None
         if self.has_geometry:
-            named = {name: output_matrices(t, sizes, before) for name, t in self.outputs.items()}
-            geometry = (output_matrices(self.transform, sizes, before), named)
+            named = {name: output_matrices(t, sizes, before) for name, t in self.output.outputs.items()}
+            geometry = (output_matrices(self.output.transform, sizes, before), named)
         return clip_sample(
             clip_id=clip_id,
             camera_names=camera_names,
             frame_index=indices,
             timestamps=timestamps,
             valid=valid,
-            frames=make_output(self.transform, base, valid),
-            outputs={name: make_output(transform, base, valid) for name, transform in self.outputs.items()},
+            frames=make_output(self.output.transform, base, valid),
+            outputs={name: make_output(transform, base, valid) for name, transform in self.output.outputs.items()},
             annotations=annotations,
             geometry=geometry,
         )

@@ -106,19 +106,25 @@ def build_stream_loader(
     )
 
 
-def warn_unused_engine_options(engine: EngineOptions, device: str) -> None:
+def warn_unused_engine_options(engine: EngineOptions, device: str, choice: str | None = None) -> None:
     """Warn (a :class:`~lightning_vstream.VStreamWarning`) about the options the chosen executor ignores.
 
     Decode threads start no processes, so the worker-process options do nothing there; worker
     processes decode one part each, so ``threads`` does nothing there. Each is named with what sets
     the same thing for the executor chosen.
 
+    Args:
+        engine: The engine options given.
+        device: Where frames are decoded.
+        choice: The executor already chosen (``engine.choose(device)``'s); None: chosen here.
+
     Example::
 
         >>> warn_unused_engine_options(EngineOptions(kind="threads", num_workers=4), "cpu")  # doctest: +SKIP
         VStreamWarning: StreamVideoDataModule: engine.num_workers=4 is not used: engine.kind='threads' decodes ...
     """
-    choice, _ = engine.choose(device)
+    if choice is None:
+        choice, _ = engine.choose(device)
     chosen = f"engine.kind={engine.kind!r}" + (f" on {device}" if engine.kind == "auto" else "")
     if choice == "threads":
         threads = "twice the GPU's NVDEC engines" if device != "cpu" else "one per core"

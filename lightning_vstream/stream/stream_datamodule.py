@@ -208,24 +208,26 @@ class StreamVideoDataModule(VideoDataModule):
         """Worker processes of ``engine.kind="workers"``: ``num_workers``, or 2 when it is None."""
         return self.engine.worker_processes
 
-    def _warn_unused_options(self) -> None:
-        """Warn once about options the chosen engine ignores, naming what it uses instead."""
+    def _warn_unused_options(self, executor: Literal["threads", "workers"] | None = None) -> None:
+        """Warn once about options the chosen executor (``executor``, else :meth:`engine_choice`'s) ignores, naming
+        what it uses instead."""
         if not self._warned_unused:
             self._warned_unused = True
-            warn_unused_engine_options(self.engine, self._device())
+            warn_unused_engine_options(self.engine, self._device(), executor)
 
     def _loader(self, split: Stage) -> Any:
-        self._warn_unused_options()
         training = split == "train"
+        executor, why = self.engine_choice()
+        self._warn_unused_options(executor)
         if training:
-            log.info("StreamVideoDataModule decodes with %s (%s).", *self.engine_choice())
+            log.info("StreamVideoDataModule decodes with %s (%s).", executor, why)
         augment = self.output.augment
         if augment is not None and not training:
             augment = augment.for_evaluation()
         loader = build_stream_loader(
             self.index(split),
-            self._sampler(split),
-            executor=self.engine_choice()[0],
+            self._sampler(split, executor),
+            executor=executor,
             decode=dataclasses.replace(self.decode, device=self._device()),
             output=dataclasses.replace(self.output, annotations=self._source(), augment=augment),
             errors=self.errors,
@@ -236,8 +238,9 @@ class StreamVideoDataModule(VideoDataModule):
         )
         return self._keep_loader(split, loader)
 
-    def _sampler(self, split: Stage) -> StreamSampler:
-        """The stream plan of ``split`` for this rank: shuffled and dropping the remainder when training."""
+    def _sampler(self, split: Stage, executor: Literal["threads", "workers"]) -> StreamSampler:
+        """The stream plan of ``split`` for this rank: shuffled and dropping the remainder when training; in one
+        part for decode threads, one per worker process for ``executor="workers"``."""
         index = self.index(split)
         rank, world = self._placement()
         training = split == "train"
@@ -262,7 +265,7 @@ class StreamVideoDataModule(VideoDataModule):
             lengths,
             num_cameras=spec.num_cameras,
             batch_size=spec.batch_size,
-            num_parts=1 if self.uses_engine() else max(1, self.workers()),
+            num_parts=1 if executor == "threads" else max(1, self.workers()),
             spec=spec,
             identity=dataset_identity(lengths, _clip_ids(index), index.camera_names),
         )

@@ -213,13 +213,11 @@ class ThreadExecutor(Executor):
         self.decoder_factory = decoder_factory
         self.prefetch = prefetch
         self.hold = hold
-        self.transform = output.transform
-        self.on_error = errors.on_error
-        self.timeout = errors.timeout
-        self.pad_annotations = output.pad_annotations
-        self.camera_frames = decode.camera_frames
+        #: The option groups, as given.
+        self.decode = decode
+        self.output = output
+        self.errors = errors
         self.buffers = buffers
-        self.outputs = output.outputs
         self.steps = FrameSteps(
             index=index,
             transform=output.transform,
@@ -228,15 +226,15 @@ class ThreadExecutor(Executor):
             annotations=resolve_annotations(output.annotations),
             on_error=errors.on_error,
             decode_device="cpu" if decoder_resizes else "cuda",
-            outputs=self.outputs,
+            outputs=output.outputs,
         )
-        self.assembler = StepAssembler(index, sampler, self.steps, pad_annotations=self.pad_annotations)
+        self.assembler = StepAssembler(index, sampler, self.steps, pad_annotations=output.pad_annotations)
         streams = sampler.batch_size * sampler.num_cameras
         self.num_threads = max(1, min(num_threads or device.default_threads(), streams))
         self.ring_size = prefetch + hold
         #: Every frame goes straight from the decoder into its batch row with nothing else to add.
         self._plain = (
-            self.steps.direct and not self.outputs and not self.steps.has_geometry and self.steps.annotations is None
+            self.steps.direct and not output.outputs and not self.steps.has_geometry and self.steps.annotations is None
         )
         max_open = decode.max_open_decoders
         self._decoders_per_thread = None if max_open is None else max(1, max_open // self.num_threads)
@@ -280,7 +278,7 @@ class ThreadExecutor(Executor):
 
     def output_shapes(self, camera: int = 0) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shape and dtype of one frame of ``camera`` in each named output (see :meth:`frame_shape`)."""
-        if not self.outputs:
+        if not self.output.outputs:
             return {}
         height, width = self._file_size(camera)
         return self.steps.output_shapes(height, width, self.device.torch_device)
@@ -305,10 +303,12 @@ class ThreadExecutor(Executor):
     def _allocate(self) -> None:
         if self.batches.shapes:
             return
-        cameras = self.sampler.num_cameras if self.camera_frames == "per_camera" else 1
+        cameras = self.sampler.num_cameras if self.decode.camera_frames == "per_camera" else 1
         frame_shapes = [self.frame_shape(camera) for camera in range(cameras)]
         per_camera = [self.output_shapes(camera) for camera in range(cameras)]
-        self.batches.allocate(frame_shapes, {name: [shapes[name] for shapes in per_camera] for name in self.outputs})
+        self.batches.allocate(
+            frame_shapes, {name: [shapes[name] for shapes in per_camera] for name in self.output.outputs}
+        )
         self._streams = [self.device.new_stream() for _ in range(self.num_threads)]
         self._done_events = [[self.device.new_event() for _ in range(self.ring_size)] for _ in range(self.num_threads)]
         self._release_events = [self.device.new_event() for _ in range(self.ring_size)]
@@ -364,13 +364,13 @@ class ThreadExecutor(Executor):
             if not finished:
                 with _WAIT_RANGE:
                     finished = run.cond.wait_for(
-                        functools.partial(self._ready, run, step), timeout=self.timeout or None
+                        functools.partial(self._ready, run, step), timeout=self.errors.timeout or None
                     )
             if not finished:
                 run.timed_out = True
                 late = [t for t, done in enumerate(run.progress) if done < step]
                 raise WorkerError(
-                    f"the stream engine produced no batch for step {step} within timeout={self.timeout:g} s: "
+                    f"the stream engine produced no batch for step {step} within timeout={self.errors.timeout:g} s: "
                     + "; ".join(f"decode thread {t} did not finish {self._streams_of(run, step, t)}" for t in late)
                     + ". A file may be stalled on a slow file system, or a decoder hangs: check the files named, "
                     "or raise the timeout if decoding is only slow."
@@ -396,7 +396,7 @@ class ThreadExecutor(Executor):
 
         def frames(valid: list[bool]) -> dict[str, Any]:
             laid_out = {"": batches.layout(planned.frames)}
-            laid_out.update((name, batches.layout(planned.outputs[name])) for name in self.outputs)
+            laid_out.update((name, batches.layout(planned.outputs[name])) for name in self.output.outputs)
             return laid_out
 
         return StepResult(
@@ -408,7 +408,7 @@ class ThreadExecutor(Executor):
             annotations=planned.annotations.items(),
             missing=planned.missing,
             geometry=planned.geometry.items(),
-            output_geometry={name: planned.output_geometry[name].items() for name in self.outputs},
+            output_geometry={name: planned.output_geometry[name].items() for name in self.output.outputs},
         )
 
     # -- the decode threads ----------------------------------------------------------------
@@ -426,7 +426,7 @@ class ThreadExecutor(Executor):
                 frames,
                 [math.nan] * streams,
                 outputs=outputs,
-                output_geometry={name: {} for name in self.outputs},
+                output_geometry={name: {} for name in self.output.outputs},
                 rows=rows,
             )
             if self.prefetcher is not None:
@@ -574,7 +574,7 @@ class ThreadExecutor(Executor):
         err: BaseException,
     ) -> None:
         """A camera read of ``step`` failed: raise (``on_error="raise"``), or give up the slot's segment."""
-        if self.on_error == "raise":
+        if self.errors.on_error == "raise":
             raise err
         decoders.close(position)
         decoders.read_errors += 1

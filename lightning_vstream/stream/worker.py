@@ -8,7 +8,6 @@ decoding the same streams sequentially, without seeking (see :mod:`lightning_vst
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import math
 import os
@@ -107,18 +106,14 @@ class StreamDataset(Dataset):
         output = output or OutputOptions()
         errors = errors or ErrorOptions()
         self.index = index
-        self.max_open_decoders = decode.max_open_decoders
-        self.decoder_threads = decode.decoder_threads
-        self.device = decode.device
-        self.camera_frames = decode.camera_frames
-        self.transform = output.transform
-        self.outputs = output.outputs
-        self.on_error = errors.on_error
+        #: The option groups, as given (``annotations`` resolved below).
+        self.decode = decode
+        self.output = output
+        self.errors = errors
         annotations = resolve_annotations(output.annotations)
+        #: The annotation source of ``output.annotations``, resolved once.
         self.annotations = annotations
-        self.augment = output.augment
         self.seed = seed
-        self.pad_annotations = output.pad_annotations
         # Video decoded on the CPU is resized by swscale while it converts to RGB (steps.decode_size).
         self.steps = FrameSteps(
             index=index,
@@ -136,10 +131,10 @@ class StreamDataset(Dataset):
         # The loader recycles a handful of shared batch buffers. torch maps a received buffer
         # again unless this process still holds it, so holding the last few keeps them mapped
         # and paged in (a few MB of page faults per step otherwise).
-        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
+        self._recent_buffers: deque[torch.Tensor] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.output.outputs)))
         self._read_errors = 0
         #: This process's decoders, by stream position (each reopened when its slot moves to another clip).
-        self.decoders = DecoderTable(limit=self.max_open_decoders)
+        self.decoders = DecoderTable(limit=self.decode.max_open_decoders)
         #: The rank's stream plan (set by the loader): with a remote index, GOPs are fetched ahead by it.
         self.plan: Any = None
         #: The plan's ``frame_stride`` (set by the loader): each new decoder is told its reads go at that stride.
@@ -151,15 +146,15 @@ class StreamDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["decoders"] = DecoderTable(limit=self.max_open_decoders)  # decoders never travel between processes
+        state["decoders"] = DecoderTable(limit=self.decode.max_open_decoders)  # decoders never travel between processes
         state["_prefetcher"] = None  # nor I/O threads
-        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.outputs)))
+        state["_recent_buffers"] = deque(maxlen=RECENT_BUFFERS * (1 + len(self.output.outputs)))
         return state
 
     @property
     def stats(self) -> DecodeStats:
         """Counters of this process, open decoders included (``frames_delivered`` is the loader's)."""
-        stats = dataclasses.replace(self.decoders.counts(), read_errors=self._read_errors)
+        stats = self.decoders.counts(self._read_errors)
         if self.index.storage is not None:  # this process's remote reading (every dataset of the process)
             from lightning_vstream.storage.fetcher import fetcher_for
 
@@ -189,9 +184,9 @@ class StreamDataset(Dataset):
         decoder = make_decoder(
             camera.path,
             info=camera.info,
-            threads=self.decoder_threads,
+            threads=self.decode.decoder_threads,
             label=f"clip {clip.clip_id!r}, camera {camera.name!r}",
-            device=self.device,
+            device=self.decode.device,
             size=self.steps.decode_size,
             storage=self.index.storage,  # a remote index: GOP reads (None for local files)
         )
@@ -223,8 +218,8 @@ class StreamDataset(Dataset):
             if failure is None or failure is err:
                 raise
             raise failure from err
-        if image.device.type != torch.device(self.device).type:
-            image = image.to(self.device)  # image folders decode on the CPU
+        if image.device.type != torch.device(self.decode.device).type:
+            image = image.to(self.decode.device)  # image folders decode on the CPU
         return image, converted
 
     def _size_error(
@@ -277,7 +272,7 @@ class StreamDataset(Dataset):
             self.steps.forget_draws()
         if self.plan is not None and self.index.storage is not None:
             self._prefetch(task)
-        part = _PartBuilder(task, ["", *self.outputs], per_camera=self.camera_frames == "per_camera")
+        part = _PartBuilder(task, ["", *self.output.outputs], per_camera=self.decode.camera_frames == "per_camera")
         if in_worker:
             self._recent_buffers.extend(part.buffers.values())
         # Decode straight into the batch when nothing is left to do after the decoder.
@@ -304,7 +299,7 @@ class StreamDataset(Dataset):
             for key, frame in outputs.items():
                 self._place(read, frame, part.row(key, read.position), part.expected[key])
         except FILE_ERRORS as err:
-            if self.on_error == "raise":
+            if self.errors.on_error == "raise":
                 raise
             # The loader decides what the failure means for the slot; here the decoder goes
             # and the rest of this stream's segment fails without decoding.

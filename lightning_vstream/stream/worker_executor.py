@@ -75,7 +75,9 @@ class WorkerExecutor(Executor):
         self.dataset = dataset
         self.sampler = sampler
         self.pin_output = pin_memory
-        self.assembler = StepAssembler(dataset.index, sampler, dataset.steps, pad_annotations=dataset.pad_annotations)
+        self.assembler = StepAssembler(
+            dataset.index, sampler, dataset.steps, pad_annotations=dataset.output.pad_annotations
+        )
         self._skips = sampler.ledger.stats
         # Per output ("": the default one), the frames' shape, dtype and device once known; per
         # (output, camera) with camera_frames="per_camera".
@@ -165,7 +167,7 @@ class WorkerExecutor(Executor):
                     f"step {part.step} (epoch {part.epoch}); the DataLoader did not keep the sampler's order."
                 )
         reads, shifts, buffers = sampler.issued(step)
-        keys = ["", *dataset.outputs]  # "": the default output (batch["frames"]); then the named outputs
+        keys = ["", *dataset.output.outputs]  # "": the default output (batch["frames"]); then the named outputs
         rows: dict[str, dict[int, torch.Tensor]] = {}
 
         def failures(valid: list[bool]) -> list[ReadFailure]:
@@ -196,7 +198,7 @@ class WorkerExecutor(Executor):
             geometry=[item for part in parts for item in part.frames[""].geometry.items()],
             output_geometry={
                 name: [item for part in parts for item in part.frames[name].geometry.items()]
-                for name in dataset.outputs
+                for name in dataset.output.outputs
             },
         )
 
@@ -213,7 +215,7 @@ class WorkerExecutor(Executor):
         (see :mod:`lightning_vstream.stream.parts`)."""
         sampler = self.sampler
         cams, batch_size = sampler.num_cameras, sampler.batch_size
-        if self.dataset.camera_frames == "per_camera":
+        if self.dataset.decode.camera_frames == "per_camera":
             templates = self._camera_templates.setdefault(key, {})
             return merge_cameras(step, parts, key, valid, cams, batch_size, templates, pin=self.pin_output)
         if buffers is not None:
@@ -265,7 +267,7 @@ class WorkerExecutor(Executor):
                 got_dtype=frame.dtype,
                 expected_dtype=dtype,
             )
-            if self.dataset.on_error == "raise":
+            if self.dataset.errors.on_error == "raise":
                 raise err
             self._skips.read_errors += 1
             found.add(pos)
@@ -278,7 +280,7 @@ class WorkerExecutor(Executor):
         Frames then cross from worker to batch with a single write: no per-part tensors, no
         copy in the main process. The first steps, and GPU decoding, use per-part tensors.
         """
-        keys = ["", *self.dataset.outputs]
+        keys = ["", *self.dataset.output.outputs]
         if any(key not in self._templates or self._templates[key][2].type != "cpu" for key in keys):
             return None
         sampler = self.sampler
