@@ -238,7 +238,7 @@ def main() -> None:
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, size: tuple[int, int]) -> None:
     baselines = {row["config"]["codec"]: row for row in rows if row["config"].get("keyframe_stride", 1) == 1}
     print(
-        f"{args.cameras} cameras x {args.frames} frames at {size[0]}x{size[1]}, GOP 12, 1 decoding thread, CPU time; "
+        f"{args.cameras} cameras x {args.frames} frames at {size[0]}x{size[1]}, 1 decoding thread, CPU time; "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}. Median of {args.repeats} (min-max)."
     )
     print(

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_vstream import DecodeOptions, EngineOptions
+from lightning_vstream import DecodeOptions, EngineOptions, OutputOptions
 from lightning_vstream.demos.synth import write_dataset
 from lightning_vstream.indexing import load_index
 from lightning_vstream.stream.engine_loader import CPU_DECODER_THREADS
@@ -131,9 +131,9 @@ def measure_stream(
         batch_size=batch_size,
         engine=EngineOptions(num_workers=num_workers, persistent_workers=False, kind=engine, threads=engine_threads),
         decode=DecodeOptions(decoder_threads=decoder_threads),
+        output=OutputOptions(transform=transform),
         seed=0,
     )
-    dm.transform = transform  # set after construction: the DataModule's argument is typed FrameTransform
     dm.setup("fit")
     loader = dm.train_dataloader()
     frames = 0

@@ -1067,6 +1067,14 @@ def test_host_cost_benchmark_measures_bare_loop_and_engine_in_one_run(tmp_path: 
     for key in ("bare_us_per_frame", "engine_us_per_frame", "ratio", "python_calls_per_frame", "torch_ops_per_frame"):
         assert result[key] > 0 or key == "torch_ops_per_frame", key
     assert result["ratio"] == result["engine_us_per_frame"] / result["bare_us_per_frame"]
+    # The threaded bare loop decodes every frame the engine delivers, on a thread beside the caller.
+    assert (
+        result["rows"]["bare_threaded"]["frames_per_run"] == result["rows"]["bare_per_stream"]["frames_per_run"] == 48
+    )
+    assert result["ratio_to_bare_threaded"] == (
+        result["engine_us_per_frame"] / result["rows"]["bare_threaded"]["cpu_us_per_frame"]["median"]
+    )
+    assert result["host_cores_at"]["4000"] == result["engine_us_per_frame"] * 4000 / 1e6
     assert result["conversion"]["calls"] > 0 and result["profile"]
     contended = result["contended"]
     assert set(contended["rows"]) == set(result["rows"]) and contended["ratio"] > 0
