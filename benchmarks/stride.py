@@ -5,9 +5,10 @@ multi-scale texture, sensor noise), ``--clips`` clips x ``--cameras`` cameras (6
 ``--size`` (1600x900), 12 fps, each clip drawn from its own seeds, written losslessly once and encoded with
 :func:`lightning_vstream.encode.encode_sources` three ways:
 
-- ``ippp``: the usual layout, what ``vstream encode`` writes by default (H.265, GOP ``--gop`` 12, no B-frames);
+- ``ippp``: the usual layout, what ``vstream encode`` writes by default (H.265, GOP 12 or ``--gop``, no B-frames);
 - ``stride``: the stride layout, ``EncodeSettings(keyframe_stride=--keyframe-stride)`` (6, nuScenes' key
-  frames): every 6th frame a reference picture, the frames between non-reference B-frames;
+  frames): every 6th frame a reference picture, the frames between non-reference B-frames; GOP 36 (six
+  references, ``vstream encode``'s default there) or ``--gop``;
 - ``x264b``: H.264 as x264 writes it by default (``bframes=3``, ``b-pyramid=normal``, adaptive B-frames),
   GOP ``--bframes-gop`` (36), as camera footage encoded by others often is; read in random access only.
 
@@ -549,10 +550,11 @@ def probe(reader: str) -> None:
 
 # -- the parent: data, peers, orchestration, report ----------------------------------------------------------
 def encode_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    common = {"preset": args.preset}
+    common: dict[str, Any] = {"preset": args.preset}
+    gop = {} if args.gop is None else {"gop": args.gop}  # None: what vstream encode writes (12; 6 x N at stride N)
     return {
-        "ippp": {"codec": "hevc", "gop": args.gop, **common},
-        "stride": {"codec": "hevc", "gop": args.gop, "keyframe_stride": args.keyframe_stride, **common},
+        "ippp": {"codec": "hevc", **gop, **common},
+        "stride": {"codec": "hevc", **gop, "keyframe_stride": args.keyframe_stride, **common},
         "x264b": {"codec": "h264", "gop": args.bframes_gop, "bframes": 3, **common},
     }
 
@@ -1061,7 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cameras", type=int, default=6)
     parser.add_argument("--frames", type=int, default=48, help="frames per camera file")
     parser.add_argument("--size", type=lambda s: tuple(int(v) for v in s.lower().split("x")), default=(1600, 900))
-    parser.add_argument("--gop", type=int, default=12, help="keyframe interval of the ippp and stride encodes")
+    parser.add_argument(
+        "--gop",
+        type=int,
+        default=None,
+        help="keyframe interval of the ippp and stride encodes (default: vstream encode's, 12 and 6 x N)",
+    )
     parser.add_argument(
         "--keyframe-stride", type=int, default=6, help="the stride layout's N, and the longest stride read"
     )

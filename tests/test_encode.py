@@ -273,6 +273,42 @@ def test_keyframe_stride_layout_keeps_every_frame_and_only_the_stride_as_referen
     )
 
 
+def test_the_keyframe_interval_defaults_to_six_references_per_gop_in_the_stride_layout() -> None:
+    import dataclasses
+
+    assert EncodeSettings().keyframe_interval == 12 and EncodeSettings().gop is None
+    expected = {1: 12, 2: 12, 3: 18, 5: 30, 6: 36, 16: 96}
+    for stride, interval in expected.items():
+        assert EncodeSettings(keyframe_stride=stride).keyframe_interval == interval
+        # An importer sets the stride on the defaults later: the interval follows it.
+        assert dataclasses.replace(EncodeSettings(), keyframe_stride=stride).keyframe_interval == interval
+    assert EncodeSettings(gop=12, keyframe_stride=6).keyframe_interval == 12  # given: kept
+    assert EncodeSettings(gop=7).keyframe_interval == 7
+
+
+@pytest.mark.parametrize(("stride", "keyframes"), [(1, (0, 12, 24, 36)), (3, (0, 18, 36))])
+def test_encodes_without_a_gop_put_keyframes_at_the_default_interval(
+    tmp_path: Path, stride: int, keyframes: tuple[int, ...]
+) -> None:
+    source = write_stamped_video(tmp_path / "src.mp4", clip=0, camera=0, frames=40, gop=40)
+    settings = EncodeSettings(codec="h264", keyframe_stride=stride, preset="ultrafast")
+    summary = encode_sources([CameraSource("c", "CAM", source)], tmp_path / "out", settings=settings, progress=False)
+    info = load_index(summary.index)[0].cameras[0].info
+    assert info is not None and info.key_indices == keyframes
+    if stride > 1:
+        assert info.references is not None
+        assert [f for f in range(36) if info.references[f] & 1] == list(range(0, 36, stride))
+
+
+def test_the_command_line_takes_the_default_interval_for_any_stride(image_index: Path, tmp_path: Path) -> None:
+    """Without --gop a stride that does not divide 12 is no error: the interval follows the stride."""
+    out = tmp_path / "cli"
+    assert main(["encode", str(image_index), str(out), "--codec", "h264", "--keyframe-stride", "5", "-q"]) == 0
+    info = load_index(out / "index.json")[0].cameras[0].info
+    assert info is not None and info.references is not None and info.key_indices == (0,)
+    assert [f for f in range(11) if info.references[f] & 1] == [0, 5, 10]
+
+
 @pytest.mark.parametrize("preset", ["ultrafast", "superfast"])
 def test_keyframe_stride_with_the_fastest_presets(image_index: Path, tmp_path: Path, preset: str) -> None:
     """x265's fastest presets look ahead fewer frames than the stride layout's B-frames in a row: raised, not refused."""

@@ -100,7 +100,12 @@ def existing(path: Path, what: str, *, hint: str = "") -> Path:
 def encode_options(parser: argparse.ArgumentParser) -> None:
     """The encoder options ``vstream encode`` and ``vstream import-nuscenes`` share."""
     parser.add_argument("--codec", choices=["hevc", "h264"], default="hevc", help="video codec")
-    parser.add_argument("--gop", type=positive, default=12, help="frames between keyframes")
+    parser.add_argument(
+        "--gop",
+        type=positive,
+        default=None,
+        help="frames between keyframes (default: 12; with --keyframe-stride N > 1, 6 x N, at least 12)",
+    )
     parser.add_argument("--bframes", type=non_negative, default=0, help="consecutive B-frames (0 for none)")
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument(

@@ -349,7 +349,7 @@ def encode_index(
     out_dir: Path | str,
     *,
     codec: Codec = "hevc",
-    gop: int = 12,
+    gop: int | None = None,
     bframes: int = 0,
     crf: int | None = None,
     bitrate: int | str | None = None,
@@ -372,7 +372,8 @@ def encode_index(
         src_index: Index of the source dataset (image folders, videos, or both).
         out_dir: Output folder; must not be a folder the source's clips live in.
         codec: ``"hevc"`` or ``"h264"``.
-        gop: Keyframe interval in frames.
+        gop: Keyframe interval in frames; None: 12, or six references per GOP in the stride layout (36 at
+            ``keyframe_stride=6``; see :class:`EncodeSettings`).
         bframes: Maximum consecutive B-frames.
         crf: Constant quality (0..51); the codec's default when neither this nor ``bitrate`` is given.
         bitrate: Target bit rate (bits per second, or ``"4M"`` / ``"800k"``) instead of ``crf``.

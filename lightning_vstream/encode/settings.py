@@ -18,6 +18,11 @@ DEFAULT_CRF = {"h264": 23, "hevc": 28}
 ENCODERS = {"h264": "libx264", "hevc": "libx265"}
 #: The longest stride a stride layout takes: x264 and x265 code at most 16 B-frames in a row.
 MAX_KEYFRAME_STRIDE = 17
+#: The keyframe interval of the usual layout when none is given.
+DEFAULT_GOP = 12
+#: Reference pictures per GOP in the stride layout when no interval is given: ``gop`` = this x the stride
+#: (36 at stride 6), so a random access decodes as many pictures as in the usual layout's GOP 12.
+REFERENCES_PER_GOP = 6
 
 
 def _parse_bitrate(value: int | str) -> int:
@@ -62,7 +67,11 @@ class EncodeSettings:
 
     Args:
         codec: ``"hevc"`` (libx265; accvlab's format) or ``"h264"`` (libx264).
-        gop: Keyframe interval in frames: a random access decodes at most this many frames.
+        gop: Keyframe interval in frames: a random access decodes at most this many frames. None (the
+            default): 12 in the usual layout; in the stride layout six references per GOP, ``6 x
+            keyframe_stride`` (36 at stride 6; at least 12), which halves the size and the stride reads'
+            decoding of GOP 12 there while a random access decodes what it does in the usual GOP 12
+            (``docs/encode.md``). :attr:`keyframe_interval` is the interval written.
         bframes: Maximum consecutive B-frames (0 keeps decode order equal to presentation order).
         crf: Constant quality, 0 (lossless) .. 51 (worst); the codec's default (23 for H.264, 28 for
             H.265) when neither ``crf`` nor ``bitrate`` is given.
@@ -86,10 +95,12 @@ class EncodeSettings:
         'crf 18'
         >>> EncodeSettings(gop=12, keyframe_stride=6).stride
         6
+        >>> EncodeSettings(keyframe_stride=6).keyframe_interval, EncodeSettings().keyframe_interval
+        (36, 12)
     """
 
     codec: Codec = "hevc"
-    gop: int = 12
+    gop: int | None = None
     bframes: int = 0
     crf: int | None = None
     bitrate: int | str | None = None
@@ -99,7 +110,7 @@ class EncodeSettings:
     def __post_init__(self) -> None:
         if self.codec not in ENCODERS:
             raise ConfigurationError(f"codec={self.codec!r} is not supported; use 'hevc' or 'h264'.")
-        if isinstance(self.gop, bool) or not isinstance(self.gop, int) or self.gop < 1:
+        if self.gop is not None and (isinstance(self.gop, bool) or not isinstance(self.gop, int) or self.gop < 1):
             raise ConfigurationError(f"gop={self.gop!r} must be a keyframe interval of at least 1 frame.")
         if isinstance(self.bframes, bool) or not isinstance(self.bframes, int) or not 0 <= self.bframes <= 16:
             raise ConfigurationError(f"bframes={self.bframes!r} must be an integer from 0 to 16.")
@@ -124,7 +135,7 @@ class EncodeSettings:
                 "(x264 and x265 code at most 16 B-frames in a row), or None (from the data)."
             )
         if stride is not None and stride > 1:
-            if self.gop % stride:
+            if self.gop is not None and self.gop % stride:
                 multiple = -(-self.gop // stride) * stride
                 raise ConfigurationError(
                     f"gop={self.gop} is not a multiple of keyframe_stride={stride}: keyframes must be on the stride. "
@@ -140,6 +151,14 @@ class EncodeSettings:
     def stride(self) -> int:
         """The keyframe stride the encoder writes: ``keyframe_stride``, 1 when None (no importer chose one)."""
         return self.keyframe_stride or 1
+
+    @property
+    def keyframe_interval(self) -> int:
+        """The keyframe interval the encoder writes: ``gop``, or when None 12 in the usual layout and
+        ``6 x stride`` (at least 12) in the stride layout."""
+        if self.gop is not None:
+            return self.gop
+        return max(DEFAULT_GOP, REFERENCES_PER_GOP * self.stride)
 
     @property
     def quality(self) -> str:

@@ -167,7 +167,7 @@ _X265_LOOKAHEAD = {
 def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
     stride = settings.stride
     bframes = stride - 1 if stride > 1 else settings.bframes
-    params = f"keyint={settings.gop}:min-keyint={settings.gop}:scenecut=0:bframes={bframes}"
+    params = f"keyint={settings.keyframe_interval}:min-keyint={settings.keyframe_interval}:scenecut=0:bframes={bframes}"
     if stride > 1:
         # The stride layout: a fixed pattern (no adaptive B-frame placement) of N - 1 B-frames that are
         # not references (no pyramid) between references on the stride. Open GOPs let the B-frames
@@ -259,7 +259,7 @@ def _encode_into(
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts = ticks[count - 1]
             frame.time_base = base
-            if settings.stride > 1 and (count - 1) % settings.gop:
+            if settings.stride > 1 and (count - 1) % settings.keyframe_interval:
                 # The stride layout, frame by frame: the encoders' fixed B-frame pattern alone moves a
                 # P-frame before a keyframe on some content. Keyframes are left to keyint (a forced
                 # I-frame would not be a random-access point).
