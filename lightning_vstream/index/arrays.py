@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from lightning_vstream.errors import IndexValidationError
+from lightning_vstream.index.checksum import crc32
 from lightning_vstream.index.records import CameraStream, Clip, ClipSequence
 from lightning_vstream.storage.urls import child, is_url
 
@@ -46,7 +46,7 @@ CACHED_CLIPS = 512
 
 def fingerprint(raw: bytes) -> tuple[int, int]:
     """``(size, CRC-32)`` of an index file's bytes: how a worker knows it reads the file its parent loaded."""
-    return len(raw), zlib.crc32(raw)
+    return len(raw), crc32(raw)
 
 
 def _smallest_uint(limit: int) -> type[np.unsignedinteger[Any]]:
@@ -362,7 +362,7 @@ def _restore(
             [
                 (
                     f"index file {source!r} changed after it was loaded (it held {recorded[0]} bytes with CRC-32 "
-                    f"{recorded[1]:08x}, now {len(raw)} bytes with CRC-32 {zlib.crc32(raw):08x}); every worker "
+                    f"{recorded[1]:08x}, now {len(raw)} bytes with CRC-32 {crc32(raw):08x}); every worker "
                     "re-reads it, so keep it unchanged while training, or load it again."
                 )
             ],

@@ -20,13 +20,13 @@ import dataclasses
 import errno
 import os
 import stat as stat_module
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from lightning_vstream.errors import FileChangedError, MissingFileError, VideoDecodeError
+from lightning_vstream.index.checksum import crc32
 
 if TYPE_CHECKING:
     from lightning_vstream.index.tables import VideoInfo
@@ -193,7 +193,7 @@ def file_identity(path: Path | str, *, stat: os.stat_result | None = None) -> Fi
             tail = f.read(BLOCK)
         else:
             tail = head
-    return FileIdentity(st.st_size, st.st_mtime_ns, zlib.crc32(head), zlib.crc32(tail))
+    return FileIdentity(st.st_size, st.st_mtime_ns, crc32(head), crc32(tail))
 
 
 def _difference(stored: VideoInfo, probed: VideoInfo) -> tuple[str, int] | None:

@@ -8,13 +8,13 @@ loads no decoder library.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from lightning_vstream.errors import VideoDecodeError, VStreamError
+from lightning_vstream.index.checksum import crc32
 from lightning_vstream.index.identity import BLOCK, FileIdentity, file_identity
 from lightning_vstream.index.records import CameraStream, Clip
 from lightning_vstream.index.tables import VideoInfo
@@ -144,8 +144,8 @@ def probe_object(client: Storage, url: str, expect: Expect | None = None) -> Vid
     data, info = client.read(url, expect=expect)
     view = memoryview(data)
     probed = probe_video_bytes(view, name=url)
-    head = zlib.crc32(view[:BLOCK])
-    tail = zlib.crc32(view[max(len(view) - BLOCK, 0) :])
+    head = crc32(view[:BLOCK])
+    tail = crc32(view[max(len(view) - BLOCK, 0) :])
     identity = FileIdentity(len(view), max(info.mtime_ns or 0, 0), head, tail, etag=info.etag)
     return dataclasses.replace(probed, identity=identity)
 
