@@ -167,7 +167,8 @@ _X265_LOOKAHEAD = {
 def _encoder_options(settings: EncodeSettings, threads: int) -> dict[str, str]:
     stride = settings.stride
     bframes = stride - 1 if stride > 1 else settings.bframes
-    params = f"keyint={settings.keyframe_interval}:min-keyint={settings.keyframe_interval}:scenecut=0:bframes={bframes}"
+    gop = settings.keyframe_interval
+    params = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}"
     if stride > 1:
         # The stride layout: a fixed pattern (no adaptive B-frame placement) of N - 1 B-frames that are
         # not references (no pyramid) between references on the stride. Open GOPs let the B-frames
@@ -237,6 +238,7 @@ def _encode_into(
     from av.video.frame import PictureType
 
     ticks, base = task.ticks, task.time_base
+    stride, gop = settings.stride, settings.keyframe_interval
     count = 0
     # movie_timescale = the track's: an edit list holding a large start time stays exact.
     with av.open(str(partial), mode="w", format="mp4", options={"movie_timescale": str(base.denominator)}) as out:
@@ -259,11 +261,11 @@ def _encode_into(
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts = ticks[count - 1]
             frame.time_base = base
-            if settings.stride > 1 and (count - 1) % settings.keyframe_interval:
+            if stride > 1 and (count - 1) % gop:
                 # The stride layout, frame by frame: the encoders' fixed B-frame pattern alone moves a
                 # P-frame before a keyframe on some content. Keyframes are left to keyint (a forced
                 # I-frame would not be a random-access point).
-                frame.pict_type = PictureType.P if (count - 1) % settings.stride == 0 else PictureType.B
+                frame.pict_type = PictureType.P if (count - 1) % stride == 0 else PictureType.B
             for packet in stream.encode(frame):
                 out.mux(packet)
             if on_frame is not None:

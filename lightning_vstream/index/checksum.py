@@ -1,9 +1,10 @@
 """The CRC-32 that frame tables record for every packet, computed with the fastest implementation installed.
 
 Every packet a decoder is fed is checked against its frame table's CRC-32 (zlib's polynomial), so
-the checksum's speed is a per-frame cost (file identities and index files are checksummed with it too): at 1600x900 a packet is about 100 KB, which zlib checks in
-about 20 us and ISA-L (``isal``, a dependency of the package) in about 2 us. :data:`crc32` is
-``isal.isal_zlib.crc32`` where it imports and ``zlib.crc32`` otherwise; both give the same values.
+the checksum's speed is a per-frame cost: at 1600x900 a packet is about 100 KB, which zlib checks in
+about 20 us and ISA-L (``isal``, a dependency of the package) in about 2 us. File identities and
+index files are checksummed with it too. :data:`crc32` is ``isal.isal_zlib.crc32`` where it imports
+and ``zlib.crc32`` otherwise; both give the same values.
 
 Example::
 
